@@ -1,0 +1,46 @@
+# Two entry points, both self-contained on a fresh machine:
+#   make demo  - runs the quickstart on an embedded in-process cluster
+#   make test  - installs everything (venv, Python packages, Debian's zookeeper) and runs
+#                ruff, mypy and the whole test suite
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck pytest venv system-deps bench clean
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# ZooKeeper (Java) from Debian, for the tests that run a real ZooKeeper server.
+system-deps:
+	@if [ ! -f /usr/share/java/zookeeper.jar ]; then \
+	  echo "installing Debian's zookeeper package"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends zookeeper >/dev/null; \
+	fi
+
+demo: $(STAMP)
+	$(PY) examples/quickstart.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check pybk tests benchmarks examples
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy pybk
+
+pytest: $(STAMP) system-deps
+	$(VENV)/bin/pytest -q -p no:cacheprovider
+
+test: lint typecheck pytest
+
+bench: $(STAMP)
+	$(PY) benchmarks/bookie_append.py
+	$(PY) benchmarks/ledger_append.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,236 @@
+"""The pybk exception hierarchy.
+
+One class per failure a caller can act on, all rooted at :class:`BKError`. The names follow
+BookKeeper's ``BKException.Code`` so that people who know BookKeeper find what they expect.
+
+Bad input from a *caller* (a wrong argument) raises ``ValueError``/``TypeError`` naming the
+offending value; the classes here describe what the cluster, the network or the disk did.
+
+Every class carries a ``status`` (see :class:`pybk.protocol.Status`) so an error raised on a
+bookie can travel over the wire and be raised again, as the same class, on the client.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+
+class BKError(Exception):
+    """Base class of every error pybk raises on purpose."""
+
+    #: The wire status code for this error (``pybk.protocol.Status`` value).
+    status: int = 100
+
+
+class LedgerFencedError(BKError):
+    """The ledger was fenced by a recovering reader; this writer may no longer add to it.
+
+    An add that fails this way is *indeterminate*: the entry may or may not be part of the
+    ledger once it is closed (like a timeout).
+    """
+
+    status = 6
+
+
+class LedgerClosedError(BKError):
+    """The ledger is closed (or this handle was closed); it accepts no more adds."""
+
+    status = 14
+
+
+class NoSuchLedgerError(BKError):
+    """The ledger does not exist (in the metadata store, or on this bookie)."""
+
+    status = 1
+
+
+class NoSuchEntryError(BKError):
+    """The entry does not exist. A bookie says so only when its index proves absence."""
+
+    status = 2
+
+
+class LedgerExistsError(BKError):
+    """A ledger with this id already exists."""
+
+    status = 15
+
+
+class NotEnoughBookiesError(BKError):
+    """Too few writable bookies to form (or repair) an ensemble."""
+
+    status = 16
+
+
+class DigestMismatchError(BKError):
+    """An entry failed its digest check, or its embedded ledger/entry ids did not match."""
+
+    status = 17
+
+
+class BookieUnavailableError(BKError):
+    """A bookie could not be reached, or it is stopped."""
+
+    status = 13
+
+
+class UnauthorizedError(BKError):
+    """Wrong password / master key, or an unauthenticated connection."""
+
+    status = 5
+
+
+class CorruptRecordError(BKError):
+    """A record on disk failed its checksum or could not be parsed.
+
+    Never turned into "absent": corruption is an error (BookKeeper issue #2908).
+    """
+
+    status = 9
+
+    def __init__(self, message: str, *, path: str | None = None, offset: int | None = None):
+        super().__init__(message)
+        self.path = path
+        self.offset = offset
+
+
+class MetadataVersionError(BKError):
+    """A compare-and-set on ledger metadata lost: someone else updated it first."""
+
+    status = 18
+
+
+class MetadataStoreError(BKError):
+    """The metadata store failed or its session was lost; the operation's outcome is unknown."""
+
+    status = 19
+
+
+class TimeoutError(BKError, builtins.TimeoutError):  # noqa: A001 - the name is the contract
+    """An operation did not complete in time. Also a built-in ``TimeoutError``."""
+
+    status = 12
+
+
+class ReadOnlyBookieError(BKError):
+    """The bookie is read-only (disk above its watermark, or a journal failure)."""
+
+    status = 7
+
+
+class TooManyRequestsError(BKError):
+    """The bookie is applying backpressure; retry later."""
+
+    status = 8
+
+
+class EntryExistsError(BKError):
+    """An add of an existing (ledger, entry) with *different* bytes (replicas must agree)."""
+
+    status = 10
+
+
+class UnknownLedgerStateError(BKError):
+    """The bookie may have lost data for this ledger and cannot answer truthfully (limbo)."""
+
+    status = 11
+
+
+class BadRequestError(BKError):
+    """A request was malformed or not allowed in the current state."""
+
+    status = 3
+
+
+class IOBookieError(BKError):
+    """An I/O error on the bookie's disk."""
+
+    status = 4
+
+
+class JournalFailedError(IOBookieError):
+    """The journal hit an unrecoverable error (e.g. fsync failed) and stopped accepting writes.
+
+    Nothing covered by the failed fsync is ever acknowledged; the bookie never retries an
+    fsync and then acknowledges (the "fsyncgate" lesson).
+    """
+
+
+class LedgerRecoveryError(BKError):
+    """Recovery could not decide the ledger's end; the ledger stays IN_RECOVERY.
+
+    Raised instead of closing the ledger short when the replies do not prove where it ends.
+    """
+
+    status = 20
+
+
+class UnexpectedConditionError(BKError):
+    """Something that the protocol says cannot happen did (e.g. metadata changed under recovery)."""
+
+    status = 21
+
+
+class BookieStateError(BKError):
+    """A bookie refuses to start or serve: its data directory does not match its identity,
+    or it is stopped."""
+
+    status = 22
+
+
+class ProtocolError(BKError):
+    """A malformed frame or message on the wire (bad length, CRC, version, operation...)."""
+
+    status = 23
+
+
+class ClientClosedError(BKError):
+    """The client (or the cluster) was closed."""
+
+    status = 24
+
+
+_BY_STATUS: dict[int, type[BKError]] = {}
+for _cls in list(globals().values()):
+    if isinstance(_cls, type) and issubclass(_cls, BKError) and _cls is not BKError:
+        _BY_STATUS.setdefault(_cls.status, _cls)
+_BY_STATUS[JournalFailedError.status] = IOBookieError
+
+
+def error_for_status(status: int, message: str = "") -> BKError:
+    """Build the exception that corresponds to a non-OK wire status."""
+    cls = _BY_STATUS.get(status, BKError)
+    if cls is CorruptRecordError:
+        return CorruptRecordError(message or "corrupt record")
+    return cls(message or cls.__name__)
+
+
+__all__ = [
+    "BKError",
+    "BadRequestError",
+    "BookieStateError",
+    "BookieUnavailableError",
+    "ClientClosedError",
+    "CorruptRecordError",
+    "DigestMismatchError",
+    "EntryExistsError",
+    "IOBookieError",
+    "JournalFailedError",
+    "LedgerClosedError",
+    "LedgerExistsError",
+    "LedgerFencedError",
+    "LedgerRecoveryError",
+    "MetadataStoreError",
+    "MetadataVersionError",
+    "NoSuchEntryError",
+    "NoSuchLedgerError",
+    "NotEnoughBookiesError",
+    "ProtocolError",
+    "ReadOnlyBookieError",
+    "TimeoutError",
+    "TooManyRequestsError",
+    "UnauthorizedError",
+    "UnexpectedConditionError",
+    "UnknownLedgerStateError",
+    "error_for_status",
+]

@@ -1,0 +1,285 @@
+"""The metadata store seam: ledger metadata with compare-and-set, ids, bookie registry, watches.
+
+One small interface, three backends (``memory://``, ``sqlite:///path``, ``zk://host:port/root``).
+Nothing here is ZooKeeper-specific: versions are opaque integers that change on every write,
+liveness is "the registration disappears when its owner stops heartbeating or its session
+ends", and watches are callbacks that may coalesce several changes into one call (a watcher
+always re-reads; it never trusts a delta).
+
+All updates of existing ledger metadata go through :meth:`MetadataStore.update_ledger`, the
+one read-check-transform-CAS retry loop (BookKeeper's ``MetadataUpdateLoop``).
+"""
+
+from __future__ import annotations
+
+import abc
+import base64
+import json
+import struct
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Final
+
+import crc32c
+
+from pybk.errors import CorruptRecordError, MetadataVersionError
+
+OPEN: Final = "OPEN"
+IN_RECOVERY: Final = "IN_RECOVERY"
+CLOSED: Final = "CLOSED"
+STATES: Final = (OPEN, IN_RECOVERY, CLOSED)
+
+
+@dataclass(frozen=True)
+class LedgerMetadata:
+    """What the metadata store knows about one ledger.
+
+    ``ensembles`` maps the first entry id of each fragment to the bookie ids of its ensemble;
+    entry ``e`` belongs to the fragment with the greatest first entry id <= ``e``.
+    ``version`` is the store's version of this record (not serialized; -1 = never stored).
+    """
+
+    ledger_id: int
+    ensemble_size: int
+    write_quorum: int
+    ack_quorum: int
+    ensembles: Mapping[int, tuple[str, ...]]
+    state: str = OPEN
+    last_entry_id: int = -1
+    length: int = 0
+    digest_type: str = "CRC32C"
+    password_hash: bytes = b""
+    custom_metadata: Mapping[str, bytes] = field(default_factory=dict)
+    ctime_ms: int = 0
+    version: int = -1
+
+    # -- derived views ---------------------------------------------------------------------
+
+    @property
+    def is_closed(self) -> bool:
+        return self.state == CLOSED
+
+    @property
+    def last_ensemble(self) -> tuple[str, ...]:
+        return self.ensembles[max(self.ensembles)]
+
+    @property
+    def last_ensemble_start(self) -> int:
+        return max(self.ensembles)
+
+    def ensemble_for(self, entry_id: int) -> tuple[str, ...]:
+        """The ensemble in force for ``entry_id``."""
+        starts = [s for s in self.ensembles if s <= entry_id]
+        return self.ensembles[max(starts) if starts else min(self.ensembles)]
+
+    def with_changes(self, **changes: Any) -> LedgerMetadata:
+        """A copy with some fields replaced (metadata objects are immutable)."""
+        return replace(self, **changes)
+
+    # -- serialization (versioned, checksummed) ---------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        doc = {
+            "ledger_id": self.ledger_id,
+            "ensemble_size": self.ensemble_size,
+            "write_quorum": self.write_quorum,
+            "ack_quorum": self.ack_quorum,
+            "ensembles": [[k, list(v)] for k, v in sorted(self.ensembles.items())],
+            "state": self.state,
+            "last_entry_id": self.last_entry_id,
+            "length": self.length,
+            "digest_type": self.digest_type,
+            "password_hash": base64.b64encode(self.password_hash).decode(),
+            "custom_metadata": {
+                k: base64.b64encode(v).decode() for k, v in sorted(self.custom_metadata.items())
+            },
+            "ctime_ms": self.ctime_ms,
+        }
+        payload = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
+        return _MAGIC + _HDR.pack(FORMAT_VERSION, crc32c.crc32c(payload), len(payload)) + payload
+
+    @classmethod
+    def from_bytes(cls, data: bytes, version: int = -1) -> LedgerMetadata:
+        """Parse serialized metadata; raise CorruptRecordError on any damage or unknown format."""
+        if len(data) < len(_MAGIC) + _HDR.size or not data.startswith(_MAGIC):
+            raise CorruptRecordError("ledger metadata: bad magic")
+        fmt, crc, length = _HDR.unpack_from(data, len(_MAGIC))
+        if fmt != FORMAT_VERSION:
+            raise CorruptRecordError(f"ledger metadata: unknown format version {fmt}")
+        payload = data[len(_MAGIC) + _HDR.size :]
+        if len(payload) != length or crc32c.crc32c(payload) != crc:
+            raise CorruptRecordError("ledger metadata: checksum mismatch")
+        try:
+            doc = json.loads(payload)
+            return cls(
+                ledger_id=int(doc["ledger_id"]),
+                ensemble_size=int(doc["ensemble_size"]),
+                write_quorum=int(doc["write_quorum"]),
+                ack_quorum=int(doc["ack_quorum"]),
+                ensembles={int(k): tuple(str(b) for b in v) for k, v in doc["ensembles"]},
+                state=str(doc["state"]),
+                last_entry_id=int(doc["last_entry_id"]),
+                length=int(doc["length"]),
+                digest_type=str(doc["digest_type"]),
+                password_hash=base64.b64decode(doc["password_hash"]),
+                custom_metadata={
+                    str(k): base64.b64decode(v) for k, v in doc["custom_metadata"].items()
+                },
+                ctime_ms=int(doc.get("ctime_ms", 0)),
+                version=version,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptRecordError(f"ledger metadata: malformed document ({exc})") from exc
+
+
+FORMAT_VERSION: Final = 1
+_MAGIC: Final = b"PYBKLM"
+_HDR = struct.Struct(">HII")  # format version, crc32c(payload), payload length
+
+
+@dataclass(frozen=True)
+class BookieRegistration:
+    """A live bookie as the registry sees it."""
+
+    bookie_id: str
+    address: str  # "host:port" for TCP bookies, "" for in-process ones
+    read_only: bool = False
+
+
+class Watch(abc.ABC):
+    """Handle of a registered watch; ``cancel()`` stops further callbacks."""
+
+    @abc.abstractmethod
+    def cancel(self) -> None: ...
+
+
+#: A transform for :meth:`MetadataStore.update_ledger`: return the new metadata, or ``None``
+#: when no update is needed (the "needs update" predicate is false).
+Transform = Callable[[LedgerMetadata], "LedgerMetadata | None"]
+
+
+class MetadataStore(abc.ABC):
+    """Ledger metadata, ledger ids, bookie registry and watches."""
+
+    #: Seconds between polls for backends that watch by polling.
+    poll_interval: float = 0.05
+
+    # -- ledgers -----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def allocate_ledger_id(self) -> int:
+        """A ledger id never handed out before (unique across processes sharing the store)."""
+
+    @abc.abstractmethod
+    async def create_ledger(self, metadata: LedgerMetadata) -> LedgerMetadata:
+        """Store metadata for a new ledger; LedgerExistsError if the id is taken.
+        Returns the stored metadata with its ``version`` set."""
+
+    @abc.abstractmethod
+    async def read_ledger(self, ledger_id: int) -> LedgerMetadata:
+        """Current metadata with its version; NoSuchLedgerError if absent."""
+
+    @abc.abstractmethod
+    async def write_ledger(self, metadata: LedgerMetadata, expected_version: int) -> LedgerMetadata:
+        """Compare-and-set: store ``metadata`` only if the stored version is
+        ``expected_version``. MetadataVersionError if it is not, NoSuchLedgerError if the
+        ledger is gone. Returns the stored metadata with its new version."""
+
+    @abc.abstractmethod
+    async def delete_ledger(self, ledger_id: int, expected_version: int | None = None) -> None:
+        """Remove a ledger's metadata (CAS when ``expected_version`` is given).
+        NoSuchLedgerError if absent."""
+
+    @abc.abstractmethod
+    async def list_ledgers(self) -> list[int]:
+        """All ledger ids, ascending."""
+
+    async def update_ledger(
+        self, ledger_id: int, transform: Transform, *, max_attempts: int = 100
+    ) -> LedgerMetadata:
+        """The one read-check-transform-CAS loop every metadata update goes through.
+
+        Reads the current metadata, calls ``transform`` on it; ``None`` means "no update
+        needed" and returns the current metadata unchanged. Otherwise CAS-writes the result;
+        on MetadataVersionError re-reads and tries again (``transform`` must be a pure
+        function of its argument). Exceptions raised by ``transform`` propagate.
+        """
+        last_error: MetadataVersionError | None = None
+        for _ in range(max_attempts):
+            current = await self.read_ledger(ledger_id)
+            new = transform(current)
+            if new is None:
+                return current
+            try:
+                return await self.write_ledger(new, current.version)
+            except MetadataVersionError as exc:
+                last_error = exc
+        raise MetadataVersionError(
+            f"ledger {ledger_id}: gave up after {max_attempts} conflicting updates"
+        ) from last_error
+
+    # -- bookies -----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def register_bookie(self, registration: BookieRegistration) -> None:
+        """Announce a live bookie. It stays listed while its owner lives (heartbeat/session);
+        registering again updates it (e.g. to flip ``read_only``)."""
+
+    @abc.abstractmethod
+    async def unregister_bookie(self, bookie_id: str) -> None:
+        """Remove a bookie's registration now (clean shutdown)."""
+
+    @abc.abstractmethod
+    async def list_bookies(self) -> list[BookieRegistration]:
+        """Live bookies (writable and read-only), sorted by id."""
+
+    async def writable_bookies(self) -> list[str]:
+        return [b.bookie_id for b in await self.list_bookies() if not b.read_only]
+
+    async def read_only_bookies(self) -> list[str]:
+        return [b.bookie_id for b in await self.list_bookies() if b.read_only]
+
+    # -- watches -----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def watch_ledger(self, ledger_id: int, callback: Callable[[int], None]) -> Watch:
+        """Call ``callback(ledger_id)`` (on the event loop) after the ledger's metadata changes
+        or it is deleted. Several changes may produce one call."""
+
+    @abc.abstractmethod
+    def watch_bookies(self, callback: Callable[[], None]) -> Watch:
+        """Call ``callback()`` (on the event loop) after the set of live bookies changes."""
+
+    # -- under-replication marks (used by auto-recovery, a later wave) ------------------------
+
+    @abc.abstractmethod
+    async def mark_under_replicated(self, ledger_id: int, missing_bookies: list[str]) -> None:
+        """Record that ``ledger_id`` lacks replicas on ``missing_bookies`` (merged with any
+        existing mark)."""
+
+    @abc.abstractmethod
+    async def list_under_replicated(self) -> dict[int, list[str]]:
+        """Ledger id -> missing bookies, for every marked ledger."""
+
+    @abc.abstractmethod
+    async def clear_under_replicated(self, ledger_id: int) -> None:
+        """Remove the mark (the ledger was re-replicated or deleted)."""
+
+    # -- bookie cookies (identity of a bookie's data directory, rule R4) ----------------------
+
+    @abc.abstractmethod
+    async def read_cookie(self, bookie_id: str) -> bytes | None:
+        """The cookie stored for ``bookie_id`` (None if the bookie was never registered)."""
+
+    @abc.abstractmethod
+    async def write_cookie(self, bookie_id: str, cookie: bytes) -> None:
+        """Store (or replace) the cookie of ``bookie_id``."""
+
+    @abc.abstractmethod
+    async def delete_cookie(self, bookie_id: str) -> None:
+        """Forget a bookie's cookie (operator action: the bookie's data was deliberately wiped)."""
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections and stop heartbeats/watch pollers."""

@@ -1,0 +1,416 @@
+"""Request/response types, status codes, entry framing and digests.
+
+These are the messages a client exchanges with a bookie, whatever carries them: the
+in-process transport passes the objects themselves, the TCP transport encodes them with
+``pybk.transport.codec``, the simulator delays/drops/duplicates them. Keeping one set of
+types means the protocol code is identical on every path.
+
+Entry framing (what the client builds and the bookie stores opaquely)::
+
+    offset 0   ledger_id   i64 big-endian
+    offset 8   entry_id    i64
+    offset 16  lac         i64   the writer's last-add-confirmed when this entry was sent
+    offset 24  length      i64   ledger length in bytes *including* this entry
+    offset 32  digest      CRC32C: 4 bytes, MAC (HMAC-SHA256): 32 bytes, DUMMY: 0 bytes
+    offset 32+d payload
+
+The digest covers bytes [0, 32) and the payload. Readers verify it and check that the
+embedded ledger and entry ids are the ones they asked for.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import struct
+from dataclasses import dataclass, field
+from typing import Final
+
+import crc32c
+
+from pybk.errors import DigestMismatchError
+
+# --------------------------------------------------------------------------- status codes
+
+
+class Status(enum.IntEnum):
+    """Wire status codes. Each non-OK code maps to one class in :mod:`pybk.errors`."""
+
+    OK = 0
+    NO_SUCH_LEDGER = 1
+    NO_SUCH_ENTRY = 2
+    BAD_REQUEST = 3
+    IO_ERROR = 4
+    UNAUTHORIZED = 5
+    FENCED = 6
+    READ_ONLY = 7
+    TOO_MANY_REQUESTS = 8
+    CORRUPT = 9
+    ENTRY_EXISTS = 10
+    UNKNOWN_LEDGER_STATE = 11
+    TIMEOUT = 12
+    UNAVAILABLE = 13
+    LEDGER_CLOSED = 14
+    PROTOCOL_ERROR = 23
+
+
+class Op(enum.IntEnum):
+    """Operations a bookie serves."""
+
+    ADD = 1
+    READ = 2
+    READ_LAC = 3
+    WRITE_LAC = 4
+    FENCE = 5
+    LIST_ENTRIES = 6
+    BOOKIE_INFO = 7
+    AUTH = 8
+
+
+# --------------------------------------------------------------------------- requests
+
+#: Entry id meaning "the last entry you hold" in a read request.
+LAST_ENTRY: Final = -1
+
+
+@dataclass(frozen=True, slots=True)
+class AddRequest:
+    """Store one framed entry. ``body`` is the whole digested entry (see module doc).
+
+    ``recovery=True`` is a recovery add: it is accepted on a fenced ledger (that is how a
+    recovering client writes entries back).
+    """
+
+    ledger_id: int
+    entry_id: int
+    master_key: bytes
+    body: bytes
+    recovery: bool = False
+    op = Op.ADD
+
+
+@dataclass(frozen=True, slots=True)
+class ReadRequest:
+    """Read one entry.
+
+    * ``entry_id == LAST_ENTRY`` reads the last entry the bookie holds.
+    * ``fence=True`` fences the ledger first (durably) and needs ``master_key``; a fencing
+      read of a ledger the bookie has never seen creates it, fenced.
+    * Long poll: ``previous_lac`` set and ``timeout > 0``: the bookie waits until its LAC for
+      the ledger is above ``previous_lac`` (or the ledger is fenced, or the timeout passes),
+      then answers with its LAC and, when it holds it, entry ``previous_lac + 1``.
+    """
+
+    ledger_id: int
+    entry_id: int
+    fence: bool = False
+    master_key: bytes = b""
+    previous_lac: int | None = None
+    timeout: float = 0.0
+    op = Op.READ
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLacRequest:
+    """Ask for the explicit LAC body and the last entry the bookie holds."""
+
+    ledger_id: int
+    op = Op.READ_LAC
+
+
+@dataclass(frozen=True, slots=True)
+class WriteLacRequest:
+    """Store an explicit LAC (``body`` = digested (ledger_id, lac), see :func:`frame_lac`)."""
+
+    ledger_id: int
+    lac: int
+    master_key: bytes
+    body: bytes
+    op = Op.WRITE_LAC
+
+
+@dataclass(frozen=True, slots=True)
+class FenceRequest:
+    """Fence a ledger (durably) without reading an entry."""
+
+    ledger_id: int
+    master_key: bytes
+    op = Op.FENCE
+
+
+@dataclass(frozen=True, slots=True)
+class ListEntriesRequest:
+    """Which entries of a ledger does this bookie hold?"""
+
+    ledger_id: int
+    op = Op.LIST_ENTRIES
+
+
+@dataclass(frozen=True, slots=True)
+class BookieInfoRequest:
+    """Free space, total space and state of the bookie."""
+
+    op = Op.BOOKIE_INFO
+
+
+@dataclass(frozen=True, slots=True)
+class AuthRequest:
+    """Authenticate a connection with a token (TCP transport only)."""
+
+    token: bytes
+    op = Op.AUTH
+
+
+Request = (
+    AddRequest
+    | ReadRequest
+    | ReadLacRequest
+    | WriteLacRequest
+    | FenceRequest
+    | ListEntriesRequest
+    | BookieInfoRequest
+    | AuthRequest
+)
+
+# --------------------------------------------------------------------------- responses
+
+
+@dataclass(frozen=True, slots=True)
+class AddResponse:
+    status: Status
+    ledger_id: int
+    entry_id: int
+    message: str = ""
+    op = Op.ADD
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResponse:
+    """``body`` is the stored framed entry (None when absent). ``lac`` is the bookie's LAC for
+    the ledger (-1 when unknown); a long poll uses it to report progress without an entry."""
+
+    status: Status
+    ledger_id: int
+    entry_id: int
+    body: bytes | None = None
+    lac: int = -1
+    message: str = ""
+    op = Op.READ
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLacResponse:
+    status: Status
+    ledger_id: int
+    lac_body: bytes | None = None
+    last_entry_body: bytes | None = None
+    message: str = ""
+    op = Op.READ_LAC
+
+
+@dataclass(frozen=True, slots=True)
+class WriteLacResponse:
+    status: Status
+    ledger_id: int
+    message: str = ""
+    op = Op.WRITE_LAC
+
+
+@dataclass(frozen=True, slots=True)
+class FenceResponse:
+    """``lac`` is the bookie's LAC for the ledger at fencing time."""
+
+    status: Status
+    ledger_id: int
+    lac: int = -1
+    message: str = ""
+    op = Op.FENCE
+
+
+@dataclass(frozen=True, slots=True)
+class ListEntriesResponse:
+    """``ranges`` are inclusive (first, last) entry-id runs the bookie holds, ascending."""
+
+    status: Status
+    ledger_id: int
+    ranges: tuple[tuple[int, int], ...] = ()
+    message: str = ""
+    op = Op.LIST_ENTRIES
+
+
+@dataclass(frozen=True, slots=True)
+class BookieInfoResponse:
+    status: Status
+    bookie_id: str = ""
+    free_bytes: int = 0
+    total_bytes: int = 0
+    state: str = ""  # "writable" | "read-only" | "stopped"
+    message: str = ""
+    op = Op.BOOKIE_INFO
+
+
+@dataclass(frozen=True, slots=True)
+class AuthResponse:
+    status: Status
+    message: str = ""
+    op = Op.AUTH
+
+
+Response = (
+    AddResponse
+    | ReadResponse
+    | ReadLacResponse
+    | WriteLacResponse
+    | FenceResponse
+    | ListEntriesResponse
+    | BookieInfoResponse
+    | AuthResponse
+)
+
+
+def error_response(request: Request, status: Status, message: str = "") -> Response:
+    """A response of the right type for ``request`` carrying a non-OK ``status``."""
+    if isinstance(request, AddRequest):
+        return AddResponse(status, request.ledger_id, request.entry_id, message)
+    if isinstance(request, ReadRequest):
+        return ReadResponse(status, request.ledger_id, request.entry_id, message=message)
+    if isinstance(request, ReadLacRequest):
+        return ReadLacResponse(status, request.ledger_id, message=message)
+    if isinstance(request, WriteLacRequest):
+        return WriteLacResponse(status, request.ledger_id, message)
+    if isinstance(request, FenceRequest):
+        return FenceResponse(status, request.ledger_id, message=message)
+    if isinstance(request, ListEntriesRequest):
+        return ListEntriesResponse(status, request.ledger_id, message=message)
+    if isinstance(request, BookieInfoRequest):
+        return BookieInfoResponse(status, message=message)
+    return AuthResponse(status, message)
+
+
+# --------------------------------------------------------------------------- keys & digests
+
+DIGEST_TYPES: Final = ("CRC32C", "MAC", "DUMMY")
+DIGEST_SIZES: Final = {"CRC32C": 4, "MAC": 32, "DUMMY": 0}
+
+ENTRY_HEADER = struct.Struct(">qqqq")  # ledger_id, entry_id, lac, length
+ENTRY_HEADER_SIZE: Final = ENTRY_HEADER.size  # 32
+LAC_HEADER = struct.Struct(">qq")  # ledger_id, lac
+_CRC = struct.Struct(">I")
+
+
+def master_key(password: bytes) -> bytes:
+    """The key a bookie checks on every add and fence (BookKeeper: SHA1("ledger"+pw))."""
+    return hashlib.sha256(b"ledger" + password).digest()
+
+
+def password_hash(password: bytes) -> bytes:
+    """What the metadata stores to check a password at open (never the password itself)."""
+    return hashlib.sha256(b"pybk-password" + password).digest()
+
+
+def mac_key(password: bytes) -> bytes:
+    """HMAC key for the MAC digest type (BookKeeper: SHA1("mac"+pw))."""
+    return hashlib.sha256(b"mac" + password).digest()
+
+
+@dataclass(frozen=True, slots=True)
+class DecodedEntry:
+    """A framed entry after its digest was verified."""
+
+    ledger_id: int
+    entry_id: int
+    lac: int
+    length: int
+    payload: bytes
+
+
+@dataclass(slots=True)
+class DigestManager:
+    """Frames and verifies entries for one ledger (one digest type and key)."""
+
+    ledger_id: int
+    digest_type: str = "CRC32C"
+    password: bytes = b""
+    _key: bytes = field(init=False, repr=False, default=b"")
+    _size: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        if self.digest_type not in DIGEST_SIZES:
+            raise ValueError(
+                f"digest_type must be one of {', '.join(DIGEST_TYPES)}, not {self.digest_type!r}"
+            )
+        self._size = DIGEST_SIZES[self.digest_type]
+        self._key = mac_key(self.password) if self.digest_type == "MAC" else b""
+
+    def _digest(self, header: bytes, payload: bytes | memoryview) -> bytes:
+        if self.digest_type == "CRC32C":
+            return _CRC.pack(crc32c.crc32c(payload, crc32c.crc32c(header)))
+        if self.digest_type == "MAC":
+            mac = hmac.new(self._key, header, hashlib.sha256)
+            mac.update(payload)
+            return mac.digest()
+        return b""
+
+    def frame(self, entry_id: int, lac: int, length: int, payload: bytes) -> bytes:
+        """The bytes sent to and stored by bookies for one entry."""
+        header = ENTRY_HEADER.pack(self.ledger_id, entry_id, lac, length)
+        return header + self._digest(header, payload) + payload
+
+    def verify(self, body: bytes, expected_entry_id: int | None = None) -> DecodedEntry:
+        """Check the digest and the embedded ids; raise DigestMismatchError if anything is off.
+
+        ``expected_entry_id=None`` skips the entry-id check (LAC reads of "the last entry").
+        """
+        hsize = ENTRY_HEADER_SIZE
+        if len(body) < hsize + self._size:
+            raise DigestMismatchError(
+                f"ledger {self.ledger_id}: entry of {len(body)} bytes is shorter than its header"
+            )
+        header = body[:hsize]
+        ledger_id, entry_id, lac, length = ENTRY_HEADER.unpack(header)
+        view = memoryview(body)
+        payload = view[hsize + self._size :]
+        if not hmac.compare_digest(body[hsize : hsize + self._size], self._digest(header, payload)):
+            raise DigestMismatchError(
+                f"ledger {self.ledger_id} entry {entry_id}: digest mismatch ({self.digest_type})"
+            )
+        if ledger_id != self.ledger_id:
+            raise DigestMismatchError(
+                f"entry claims ledger {ledger_id}, expected ledger {self.ledger_id}"
+            )
+        if expected_entry_id is not None and entry_id != expected_entry_id:
+            raise DigestMismatchError(
+                f"ledger {self.ledger_id}: entry claims id {entry_id}, expected {expected_entry_id}"
+            )
+        return DecodedEntry(ledger_id, entry_id, lac, length, bytes(payload))
+
+    def frame_lac(self, lac: int) -> bytes:
+        """Digested explicit-LAC body: (ledger_id, lac) + digest."""
+        header = LAC_HEADER.pack(self.ledger_id, lac)
+        return header + self._digest(header, b"")
+
+    def verify_lac(self, body: bytes) -> int:
+        """Verify an explicit-LAC body and return the LAC."""
+        hsize = LAC_HEADER.size
+        if len(body) != hsize + self._size:
+            raise DigestMismatchError(f"ledger {self.ledger_id}: bad explicit LAC body length")
+        header = body[:hsize]
+        ledger_id, lac = LAC_HEADER.unpack(header)
+        if not hmac.compare_digest(body[hsize:], self._digest(header, b"")) or (
+            ledger_id != self.ledger_id
+        ):
+            raise DigestMismatchError(f"ledger {self.ledger_id}: explicit LAC digest mismatch")
+        return int(lac)
+
+
+def parse_entry_header(body: bytes) -> tuple[int, int, int, int]:
+    """(ledger_id, entry_id, lac, length) of a framed entry, without verifying the digest.
+
+    Bookies use this: they store entries opaquely but need the ids and the piggybacked LAC.
+    Raises ValueError when the body is too short to hold a header.
+    """
+    if len(body) < ENTRY_HEADER_SIZE:
+        raise ValueError(f"entry body of {len(body)} bytes is shorter than the 32-byte header")
+    ledger_id, entry_id, lac, length = ENTRY_HEADER.unpack_from(body)
+    return int(ledger_id), int(entry_id), int(lac), int(length)

@@ -1,0 +1,114 @@
+"""The FileSystem seam: every byte pybk's storage writes or reads goes through here.
+
+Two implementations (in this module):
+
+* ``OsFileSystem``: real files. Blocking ``fsync``/``fdatasync`` runs off the event loop (a
+  dedicated thread), with one loop wake-up per sync, never one per record. Creating or
+  renaming a file is followed by a directory fsync when the caller asks for it
+  (``fsync_dir``).
+* ``MemFileSystem``: for tests and the simulator. It keeps *synced* and *unsynced* bytes apart
+  and models what a power cut does: ``crash()`` drops unsynced bytes (or keeps a torn prefix
+  of the last write), unsynced file creations/renames/deletions not covered by a directory
+  fsync can be undone, the next fsync can fail with EIO, writes can hit ENOSPC, and a bit can
+  be flipped at a given offset. A fault hook lets tests stop at every write/fsync/rename/
+  dir-fsync boundary (crash-point enumeration).
+
+Paths are plain strings; storage code joins them with ``posixpath.join``. Storage code never
+calls ``open``/``os.*`` directly.
+"""
+
+from __future__ import annotations
+
+import abc
+
+
+class FileHandle(abc.ABC):
+    """An open file, positioned for appends. Obtained from :meth:`FileSystem.open_append`."""
+
+    path: str
+
+    @abc.abstractmethod
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        """Append ``data`` (to the OS cache: not durable until :meth:`sync`).
+        Raises ``OSError`` (e.g. ENOSPC); a failed write may have written a prefix."""
+
+    @abc.abstractmethod
+    async def sync(self) -> None:
+        """Make every byte written so far durable (fdatasync). Raises ``OSError`` (EIO).
+        After a failure the file's unsynced state is unknown: callers must treat it as fatal."""
+
+    @abc.abstractmethod
+    def size(self) -> int:
+        """Bytes written so far (synced or not)."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close the handle (does not sync)."""
+
+
+class FileSystem(abc.ABC):
+    """The operations pybk's storage needs, and nothing more."""
+
+    @abc.abstractmethod
+    def open_append(self, path: str) -> FileHandle:
+        """Open ``path`` for appending, creating it if missing."""
+
+    @abc.abstractmethod
+    def pread(self, path: str, offset: int, size: int) -> bytes:
+        """Read up to ``size`` bytes at ``offset`` (short at end of file). Raises ``OSError``
+        (EIO for a latent read error) or ``FileNotFoundError``."""
+
+    @abc.abstractmethod
+    def read_file(self, path: str) -> bytes:
+        """The whole content of a (small) file."""
+
+    @abc.abstractmethod
+    def file_size(self, path: str) -> int:
+        """Current size of ``path`` (including unsynced bytes)."""
+
+    @abc.abstractmethod
+    def exists(self, path: str) -> bool: ...
+
+    @abc.abstractmethod
+    def listdir(self, path: str) -> list[str]:
+        """Names in a directory, sorted."""
+
+    @abc.abstractmethod
+    def makedirs(self, path: str) -> None:
+        """Create a directory and its parents if missing."""
+
+    @abc.abstractmethod
+    def rename(self, src: str, dst: str) -> None:
+        """Atomically replace ``dst`` with ``src`` (durable only after ``fsync_dir``)."""
+
+    @abc.abstractmethod
+    def delete(self, path: str) -> None:
+        """Remove a file (durable only after ``fsync_dir``). Missing file: FileNotFoundError."""
+
+    @abc.abstractmethod
+    def truncate(self, path: str, size: int) -> None:
+        """Cut a file to ``size`` bytes (used to drop a torn journal tail)."""
+
+    @abc.abstractmethod
+    async def fsync_dir(self, path: str) -> None:
+        """Make creations, renames and deletions in directory ``path`` durable."""
+
+    @abc.abstractmethod
+    def disk_usage(self, path: str) -> tuple[int, int]:
+        """(free_bytes, total_bytes) of the file system holding ``path``."""
+
+    async def write_file_atomic(self, path: str, data: bytes) -> None:
+        """Write a small file durably and atomically: temp file, sync, rename, dir fsync."""
+        import posixpath
+
+        tmp = path + ".tmp"
+        if self.exists(tmp):
+            self.delete(tmp)
+        fh = self.open_append(tmp)
+        try:
+            fh.write(data)
+            await fh.sync()
+        finally:
+            fh.close()
+        self.rename(tmp, path)
+        await self.fsync_dir(posixpath.dirname(path) or ".")
