@@ -52,7 +52,17 @@ class Status(enum.IntEnum):
     TIMEOUT = 12
     UNAVAILABLE = 13
     LEDGER_CLOSED = 14
+    LEDGER_EXISTS = 15
+    NOT_ENOUGH_BOOKIES = 16
+    DIGEST_MISMATCH = 17
+    METADATA_VERSION = 18
+    METADATA_STORE_ERROR = 19
+    LEDGER_RECOVERY_ERROR = 20
+    UNEXPECTED_CONDITION = 21
+    BOOKIE_STATE = 22
     PROTOCOL_ERROR = 23
+    CLIENT_CLOSED = 24
+    GENERIC_ERROR = 100  # BKError itself (no more specific class)
 
 
 class Op(enum.IntEnum):
