@@ -112,3 +112,17 @@ class FileSystem(abc.ABC):
             fh.close()
         self.rename(tmp, path)
         await self.fsync_dir(posixpath.dirname(path) or ".")
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources (threads, cached descriptors)."""
+
+
+class SimulatedCrash(Exception):
+    """Raised by a test's ``MemFileSystem.fault_hook`` to stop a workload at a chosen boundary."""
+
+
+# The implementations live in their own modules; import them from here.
+from pybk.storage.memfs import MemFileSystem  # noqa: E402
+from pybk.storage.osfs import OsFileSystem  # noqa: E402
+
+__all__ = ["FileHandle", "FileSystem", "MemFileSystem", "OsFileSystem", "SimulatedCrash"]

@@ -1,0 +1,337 @@
+"""An in-memory FileSystem that models what a crash does to files.
+
+Used by the storage tests (crash-point enumeration, stateful tests) and by the simulator. It
+follows the persistence model of the ALICE and LazyFS work (research/reliability.md 3.4):
+
+* File content: every file (inode) has *durable* bytes (as of its last successful sync) and
+  *current* bytes. A crash keeps the durable bytes plus, depending on the mode, none of the
+  unsynced suffix (``drop``), a random prefix of it cut at any byte (``torn``), or a random
+  subset of its sectors with the lost ones reading back as zeros (``reorder``).
+* Directory entries: creations, renames and deletions are durable only after an
+  ``fsync_dir`` of their directory. A crash keeps none (``drop``) or a random in-order prefix
+  (``torn``/``reorder``) of each directory's pending changes.
+* A failed fsync (``fail_next_fsync``) behaves like Linux: it reports EIO *and* the unsynced
+  bytes are lost for good (the pages are marked clean), so a retried sync "succeeds" while the
+  data is gone. Code that retries and acknowledges is caught by this.
+
+Nothing here touches the OS, threads or the wall clock; ``sync`` yields to the event loop
+(``asyncio.sleep(sync_delay)``), so under the simulator slow disks cost virtual time only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import errno
+import posixpath
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pybk.storage.fs import FileHandle, FileSystem
+
+CRASH_MODES = ("drop", "torn", "reorder")
+
+
+@dataclass
+class _Inode:
+    current: bytearray = field(default_factory=bytearray)
+    durable: bytearray = field(default_factory=bytearray)
+    #: Byte ranges [start, end) whose unsynced data was lost by a failed fsync: they never
+    #: become durable (a later successful sync persists zeros there).
+    lost: list[tuple[int, int]] = field(default_factory=list)
+    #: Latent sector errors: ranges whose reads fail with EIO.
+    bad_reads: list[tuple[int, int]] = field(default_factory=list)
+
+    def unsynced_is_append(self) -> bool:
+        n = len(self.durable)
+        return len(self.current) >= n and self.current[:n] == self.durable
+
+
+@dataclass
+class _DirOp:
+    op: str  # "link" (create or rename target) or "unlink"
+    name: str
+    inode: _Inode | None
+
+
+class _MemFileHandle(FileHandle):
+    def __init__(self, fs: MemFileSystem, path: str, inode: _Inode) -> None:
+        self.path = path
+        self._fs = fs
+        self._inode = inode
+        self._generation = fs._generation
+        self._closed = False
+
+    def _check_open(self) -> None:
+        if self._closed or self._generation != self._fs._generation:
+            raise OSError(errno.EBADF, f"{self.path}: handle invalid (closed or crashed)")
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self._check_open()
+        self._fs._hook("write", self.path)
+        size = len(data)
+        if self._fs._used() + size > self._fs.capacity:
+            raise OSError(errno.ENOSPC, f"{self.path}: no space left on device")
+        self._inode.current += data
+        self._fs.counters["write"] += 1
+
+    async def sync(self) -> None:
+        self._check_open()
+        self._fs._hook("sync", self.path)
+        await asyncio.sleep(self._fs.sync_delay)
+        self._check_open()  # a crash may have happened while the sync was "in flight"
+        self._fs.counters["sync"] += 1
+        inode = self._inode
+        failure = self._fs._take_fsync_failure(self.path)
+        if failure is not None:
+            start = len(inode.durable)
+            if len(inode.current) > start:
+                inode.lost.append((start, len(inode.current)))
+            raise OSError(failure, f"{self.path}: fsync failed")
+        inode.durable = bytearray(inode.current)
+        for start, end in inode.lost:
+            end = min(end, len(inode.durable))
+            if start < end:
+                inode.durable[start:end] = bytes(end - start)
+
+    def size(self) -> int:
+        return len(self._inode.current)
+
+    def close(self) -> None:
+        self._closed = True
+
+
+class MemFileSystem(FileSystem):
+    """Files in memory with synced and unsynced state kept apart. See the module docstring."""
+
+    def __init__(self, *, capacity: int = 1 << 40, sector_size: int = 512) -> None:
+        self.capacity = capacity
+        self.sector_size = sector_size
+        self.sync_delay = 0.0
+        #: Called as ``fault_hook(op, path)`` before every mutating operation.
+        self.fault_hook: Callable[[str, str], None] | None = None
+        self.counters: dict[str, int] = {
+            k: 0 for k in ("create", "write", "sync", "rename", "delete", "truncate", "fsync_dir")
+        }
+        self._files: dict[str, _Inode] = {}  # the current namespace
+        self._durable_files: dict[str, _Inode] = {}  # the namespace as of the last dir fsyncs
+        self._pending: dict[str, list[_DirOp]] = {}  # per directory, since its last fsync_dir
+        self._dirs: set[str] = {"/", "."}
+        self._generation = 0
+        self._fsync_failures: list[tuple[int, str | None]] = []
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _norm(path: str) -> str:
+        return posixpath.normpath(path)
+
+    def _hook(self, op: str, path: str) -> None:
+        if self.fault_hook is not None:
+            self.fault_hook(op, path)
+
+    def _used(self) -> int:
+        return sum(len(i.current) for i in self._files.values())
+
+    def _inode(self, path: str) -> _Inode:
+        try:
+            return self._files[self._norm(path)]
+        except KeyError:
+            raise FileNotFoundError(errno.ENOENT, "no such file", path) from None
+
+    def _dir_op(self, path: str, op: str, inode: _Inode | None) -> None:
+        directory, name = posixpath.split(path)
+        self._pending.setdefault(directory or ".", []).append(_DirOp(op, name, inode))
+
+    def _take_fsync_failure(self, path: str) -> int | None:
+        for i, (err, prefix) in enumerate(self._fsync_failures):
+            if prefix is None or path.startswith(prefix):
+                del self._fsync_failures[i]
+                return err
+        return None
+
+    # -- FileSystem: reads -----------------------------------------------------------------------
+
+    def pread(self, path: str, offset: int, size: int) -> bytes:
+        inode = self._inode(path)
+        end = offset + size
+        for start, stop in inode.bad_reads:
+            if start < end and offset < stop:
+                raise OSError(errno.EIO, f"{path}: read error at offset {offset}")
+        return bytes(inode.current[offset:end])
+
+    def read_file(self, path: str) -> bytes:
+        return self.pread(path, 0, len(self._inode(path).current))
+
+    def file_size(self, path: str) -> int:
+        return len(self._inode(path).current)
+
+    def exists(self, path: str) -> bool:
+        p = self._norm(path)
+        return p in self._files or p in self._dirs
+
+    def listdir(self, path: str) -> list[str]:
+        d = self._norm(path)
+        if d not in self._dirs:
+            raise FileNotFoundError(errno.ENOENT, "no such directory", path)
+        names = {posixpath.basename(p) for p in self._files if posixpath.dirname(p) == d}
+        names |= {posixpath.basename(p) for p in self._dirs if posixpath.dirname(p) == d and p != d}
+        return sorted(names)
+
+    def disk_usage(self, path: str) -> tuple[int, int]:
+        return max(0, self.capacity - self._used()), self.capacity
+
+    # -- FileSystem: changes ---------------------------------------------------------------------
+
+    def open_append(self, path: str) -> FileHandle:
+        p = self._norm(path)
+        if posixpath.dirname(p) not in self._dirs:
+            raise FileNotFoundError(errno.ENOENT, "no such directory", posixpath.dirname(p))
+        inode = self._files.get(p)
+        if inode is None:
+            self._hook("create", p)
+            inode = _Inode()
+            self._files[p] = inode
+            self._dir_op(p, "link", inode)
+            self.counters["create"] += 1
+        return _MemFileHandle(self, p, inode)
+
+    def makedirs(self, path: str) -> None:
+        # Directories are modelled as always durable: pybk creates them once, at set-up.
+        p = self._norm(path)
+        while p not in self._dirs:
+            self._dirs.add(p)
+            p = posixpath.dirname(p)
+
+    def rename(self, src: str, dst: str) -> None:
+        s, d = self._norm(src), self._norm(dst)
+        self._hook("rename", s)
+        inode = self._inode(s)
+        del self._files[s]
+        self._files[d] = inode
+        self._dir_op(s, "unlink", None)
+        self._dir_op(d, "link", inode)
+        self.counters["rename"] += 1
+
+    def delete(self, path: str) -> None:
+        p = self._norm(path)
+        self._hook("delete", p)
+        self._inode(p)
+        del self._files[p]
+        self._dir_op(p, "unlink", None)
+        self.counters["delete"] += 1
+
+    def truncate(self, path: str, size: int) -> None:
+        p = self._norm(path)
+        self._hook("truncate", p)
+        inode = self._inode(p)
+        del inode.current[size:]
+        self.counters["truncate"] += 1
+
+    async def fsync_dir(self, path: str) -> None:
+        d = self._norm(path)
+        self._hook("fsync_dir", d)
+        await asyncio.sleep(self.sync_delay)
+        self.counters["fsync_dir"] += 1
+        for op in self._pending.pop(d, []):
+            self._apply(self._durable_files, d, op)
+
+    @staticmethod
+    def _apply(namespace: dict[str, _Inode], directory: str, op: _DirOp) -> None:
+        path = posixpath.join(directory, op.name) if directory != "." else op.name
+        path = posixpath.normpath(path)
+        if op.op == "link":
+            assert op.inode is not None
+            namespace[path] = op.inode
+        else:
+            namespace.pop(path, None)
+
+    # -- fault injection ---------------------------------------------------------------------------
+
+    def crash(self, mode: str = "drop", rng: random.Random | None = None) -> None:
+        """Simulate a power cut: see the module docstring for what each ``mode`` keeps."""
+        if mode not in CRASH_MODES:
+            raise ValueError(f"crash mode must be one of {CRASH_MODES}, not {mode!r}")
+        rng = rng or random.Random(0)
+        self._generation += 1
+        # Directory entries: durable ones plus a random prefix of each dir's pending changes.
+        namespace = dict(self._durable_files)
+        for directory in sorted(self._pending):
+            ops = self._pending[directory]
+            keep = 0 if mode == "drop" else rng.randint(0, len(ops))
+            for op in ops[:keep]:
+                self._apply(namespace, directory, op)
+        self._pending.clear()
+        self._files = namespace
+        self._durable_files = dict(namespace)
+        # File contents.
+        for path in sorted(self._files):
+            self._crash_inode(self._files[path], mode, rng)
+
+    def _crash_inode(self, inode: _Inode, mode: str, rng: random.Random) -> None:
+        durable = inode.durable
+        if mode == "drop" or not inode.unsynced_is_append():
+            inode.current = bytearray(durable)
+        else:
+            base = len(durable)
+            suffix = bytes(inode.current[base:])
+            for start, end in inode.lost:  # data lost by a failed fsync never comes back
+                s, e = max(start - base, 0), max(end - base, 0)
+                if s < e:
+                    suffix = suffix[:s] + bytes(min(e, len(suffix)) - s) + suffix[e:]
+            if mode == "torn":
+                kept = suffix[: rng.randint(0, len(suffix))]
+            else:  # reorder: each sector of the unsynced suffix survives independently
+                out = bytearray(suffix)
+                last_kept = 0
+                pos = 0
+                while pos < len(suffix):
+                    sector_end = min(len(suffix), ((base + pos) // self.sector_size + 1)
+                                     * self.sector_size - base)
+                    if rng.random() < 0.5:
+                        last_kept = sector_end
+                    else:
+                        out[pos:sector_end] = bytes(sector_end - pos)
+                    pos = sector_end
+                kept = bytes(out[:last_kept])
+            inode.current = bytearray(durable) + kept
+        inode.durable = bytearray(inode.current)
+        inode.lost = []
+
+    def fail_next_fsync(self, err: int = errno.EIO, path_prefix: str | None = None) -> None:
+        """Make the next sync of a file under ``path_prefix`` (any file if None) fail."""
+        self._fsync_failures.append((err, path_prefix))
+
+    def set_capacity(self, capacity: int) -> None:
+        self.capacity = capacity
+
+    def flip_bit(self, path: str, offset: int, bit: int = 0) -> None:
+        """Corrupt one bit of a file, in its current and (if present there) durable bytes."""
+        inode = self._inode(path)
+        if not 0 <= offset < len(inode.current):
+            raise ValueError(f"offset {offset} outside {path} ({len(inode.current)} bytes)")
+        inode.current[offset] ^= 1 << bit
+        if offset < len(inode.durable):
+            inode.durable[offset] ^= 1 << bit
+
+    def fail_reads(self, path: str, offset: int, length: int) -> None:
+        """A latent sector error: preads overlapping [offset, offset+length) raise EIO."""
+        self._inode(path).bad_reads.append((offset, offset + length))
+
+    def unsynced_bytes(self) -> int:
+        """How many bytes a crash in ``drop`` mode would lose right now (tests, stats)."""
+        return sum(
+            max(0, len(i.current) - len(i.durable)) for i in self._files.values()
+        )
+
+    def clone(self) -> MemFileSystem:
+        """A deep copy of the durable and unsynced state (open handles are not carried over)."""
+        other = MemFileSystem(capacity=self.capacity, sector_size=self.sector_size)
+        memo: dict[int, object] = {}
+        other._files = copy.deepcopy(self._files, memo)
+        other._durable_files = copy.deepcopy(self._durable_files, memo)
+        other._pending = copy.deepcopy(self._pending, memo)
+        other._dirs = set(self._dirs)
+        other.sync_delay = self.sync_delay
+        return other

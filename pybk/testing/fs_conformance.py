@@ -1,0 +1,76 @@
+"""A conformance suite any FileSystem implementation can run (cf. trio.testing's
+``check_two_way_stream``): the behaviours pybk's storage relies on, checked from the outside.
+
+Usage in a test::
+
+    await check_filesystem(MyFileSystem(), "/some/empty/dir")
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+from pybk.storage.fs import FileSystem
+
+
+async def check_filesystem(fs: FileSystem, root: str) -> None:
+    """Exercise every FileSystem operation under the empty directory ``root``."""
+    d = posixpath.join(root, "conf")
+    fs.makedirs(d)
+    fs.makedirs(d)  # idempotent
+    assert fs.exists(d)
+    assert fs.listdir(d) == []
+
+    a = posixpath.join(d, "a.seg")
+    fh = fs.open_append(a)
+    fh.write(b"hello ")
+    fh.write(bytearray(b"big "))
+    fh.write(memoryview(b"world"))
+    assert fh.size() == len(b"hello big world")
+    await fh.sync()
+    await fs.fsync_dir(d)
+    assert fs.file_size(a) == 15
+    assert fs.pread(a, 6, 3) == b"big"
+    assert fs.pread(a, 10, 100) == b"world", "pread past the end must be short, not an error"
+    assert fs.pread(a, 100, 5) == b""
+    assert fs.read_file(a) == b"hello big world"
+    fh.close()
+
+    fh = fs.open_append(a)  # reopening appends
+    assert fh.size() == 15
+    fh.write(b"!")
+    await fh.sync()
+    fh.close()
+    assert fs.read_file(a) == b"hello big world!"
+
+    fs.truncate(a, 5)
+    assert fs.read_file(a) == b"hello"
+
+    b = posixpath.join(d, "b.seg")
+    await fs.write_file_atomic(b, b"checkpoint-1")
+    await fs.write_file_atomic(b, b"checkpoint-2")
+    assert fs.read_file(b) == b"checkpoint-2"
+    assert fs.listdir(d) == ["a.seg", "b.seg"]
+
+    c = posixpath.join(d, "c.seg")
+    fs.rename(a, c)
+    assert not fs.exists(a)
+    assert fs.read_file(c) == b"hello"
+    fs.delete(c)
+    await fs.fsync_dir(d)
+    assert fs.listdir(d) == ["b.seg"]
+    try:
+        fs.pread(c, 0, 1)
+    except FileNotFoundError:
+        pass
+    else:
+        raise AssertionError("pread of a deleted file must raise FileNotFoundError")
+    try:
+        fs.delete(c)
+    except FileNotFoundError:
+        pass
+    else:
+        raise AssertionError("deleting a missing file must raise FileNotFoundError")
+
+    free, total = fs.disk_usage(d)
+    assert 0 <= free <= total and total > 0

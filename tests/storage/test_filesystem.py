@@ -1,0 +1,159 @@
+"""The FileSystem seam: both implementations pass the conformance suite, and MemFileSystem
+models crashes, failed fsyncs, full disks, bit flips and read errors as documented."""
+
+from __future__ import annotations
+
+import errno
+import random
+
+import pytest
+
+from pybk.storage.fs import FileSystem, MemFileSystem, OsFileSystem, SimulatedCrash
+from pybk.testing.fs_conformance import check_filesystem
+
+
+@pytest.fixture(params=["os", "mem"])
+def any_fs(request: pytest.FixtureRequest, tmp_path):  # type: ignore[no-untyped-def]
+    fs: FileSystem = OsFileSystem() if request.param == "os" else MemFileSystem()
+    root = str(tmp_path) if request.param == "os" else "/data"
+    fs.makedirs(root)
+    yield fs, root
+    fs.close()
+
+
+async def test_conformance(any_fs) -> None:  # type: ignore[no-untyped-def]
+    fs, root = any_fs
+    await check_filesystem(fs, root)
+
+
+async def _file(fs: MemFileSystem, path: str, synced: bytes, unsynced: bytes = b"") -> None:
+    fh = fs.open_append(path)
+    fh.write(synced)
+    await fh.sync()
+    fh.write(unsynced)
+
+
+async def test_crash_drop_keeps_only_synced_bytes_and_durable_names() -> None:
+    fs = MemFileSystem()
+    fs.makedirs("/d")
+    await _file(fs, "/d/a", b"durable", b"-lost")
+    await fs.fsync_dir("/d")
+    await _file(fs, "/d/b", b"synced-but-name-not-durable")
+    fs.crash("drop")
+    assert fs.read_file("/d/a") == b"durable"
+    assert not fs.exists("/d/b"), "a file whose directory was never fsynced vanishes"
+
+
+async def test_crash_torn_keeps_a_prefix_of_the_unsynced_tail() -> None:
+    seen = set()
+    for seed in range(40):
+        fs = MemFileSystem()
+        fs.makedirs("/d")
+        await _file(fs, "/d/a", b"AAAA", b"BBBBBBBB")
+        await fs.fsync_dir("/d")
+        fs.crash("torn", random.Random(seed))
+        data = fs.read_file("/d/a")
+        assert data.startswith(b"AAAA") and b"BBBBBBBB".startswith(data[4:])
+        seen.add(len(data))
+    assert len(seen) > 3, "torn crashes should cut at different places"
+
+
+async def test_crash_reorder_loses_whole_sectors_as_zeros() -> None:
+    fs = MemFileSystem(sector_size=4)
+    fs.makedirs("/d")
+    await _file(fs, "/d/a", b"", b"11112222333344445555")
+    await fs.fsync_dir("/d")
+    fs.crash("reorder", random.Random(7))
+    data = fs.read_file("/d/a")
+    for i in range(0, len(data), 4):
+        sector = data[i : i + 4]
+        assert sector in (b"\0\0\0\0", str(i // 4 + 1).encode() * 4)
+
+
+async def test_handles_are_invalid_after_a_crash() -> None:
+    fs = MemFileSystem()
+    fs.makedirs("/d")
+    fh = fs.open_append("/d/a")
+    fs.crash()
+    with pytest.raises(OSError) as info:
+        fh.write(b"x")
+    assert info.value.errno == errno.EBADF
+
+
+async def test_failed_fsync_loses_the_data_for_good() -> None:
+    """fsyncgate: after EIO a retried fsync 'succeeds' but the bytes never become durable."""
+    fs = MemFileSystem()
+    fs.makedirs("/d")
+    await _file(fs, "/d/a", b"ok")
+    await fs.fsync_dir("/d")
+    fh = fs.open_append("/d/a")
+    fh.write(b"doomed")
+    fs.fail_next_fsync()
+    with pytest.raises(OSError) as info:
+        await fh.sync()
+    assert info.value.errno == errno.EIO
+    await fh.sync()  # the retry reports success...
+    fs.crash("drop")
+    assert fs.read_file("/d/a") == b"ok" + bytes(6), "...yet the data is gone (zeros)"
+
+
+async def test_enospc_writes_nothing() -> None:
+    fs = MemFileSystem(capacity=10)
+    fs.makedirs("/d")
+    fh = fs.open_append("/d/a")
+    fh.write(b"12345678")
+    with pytest.raises(OSError) as info:
+        fh.write(b"abc")
+    assert info.value.errno == errno.ENOSPC
+    assert fs.read_file("/d/a") == b"12345678"
+    assert fs.disk_usage("/d") == (2, 10)
+    fs.set_capacity(100)
+    fh.write(b"abc")
+    assert fs.read_file("/d/a") == b"12345678abc"
+
+
+async def test_bit_flip_and_latent_read_errors() -> None:
+    fs = MemFileSystem()
+    fs.makedirs("/d")
+    await _file(fs, "/d/a", b"\x00\x00\x00")
+    await fs.fsync_dir("/d")
+    fs.flip_bit("/d/a", 1, bit=3)
+    assert fs.read_file("/d/a") == b"\x00\x08\x00"
+    fs.crash()
+    assert fs.read_file("/d/a") == b"\x00\x08\x00", "a flip in synced bytes survives a crash"
+    fs.fail_reads("/d/a", 2, 1)
+    assert fs.pread("/d/a", 0, 2) == b"\x00\x08"
+    with pytest.raises(OSError) as info:
+        fs.pread("/d/a", 1, 2)
+    assert info.value.errno == errno.EIO
+    with pytest.raises(ValueError, match="outside"):
+        fs.flip_bit("/d/a", 99)
+
+
+async def test_fault_hook_sees_every_boundary_and_can_stop_there() -> None:
+    fs = MemFileSystem()
+    fs.makedirs("/d")
+    ops: list[tuple[str, str]] = []
+
+    def hook(op: str, path: str) -> None:
+        ops.append((op, path))
+        if op == "rename":
+            raise SimulatedCrash
+
+    fs.fault_hook = hook
+    with pytest.raises(SimulatedCrash):
+        await fs.write_file_atomic("/d/ckpt", b"data")
+    assert [op for op, _ in ops] == ["create", "write", "sync", "rename"]
+    fs.crash()
+    assert not fs.exists("/d/ckpt")
+
+
+async def test_clone_is_independent() -> None:
+    fs = MemFileSystem()
+    fs.makedirs("/d")
+    await _file(fs, "/d/a", b"one", b"two")
+    await fs.fsync_dir("/d")
+    other = fs.clone()
+    other.crash()
+    assert other.read_file("/d/a") == b"one"
+    assert fs.read_file("/d/a") == b"onetwo"
