@@ -1,0 +1,315 @@
+"""In-process metadata store: asyncio only, no threads, no clock, so the simulator can run it.
+
+Several :class:`MemoryMetadataStore` objects may share one state (``store.session()``): each
+is one *session*, like one ZooKeeper client. A bookie registration belongs to the session
+that made it and lives until ``unregister_bookie``, ``close()`` or ``expire_session()`` —
+the in-memory stand-in for "the bookie stopped heartbeating / its session expired".
+
+Ledger metadata is kept serialized (``LedgerMetadata.to_bytes``), so every read parses and
+checks it exactly like the durable backends do, and tests can damage it with
+:meth:`MemoryMetadataStore.corrupt_ledger`.
+
+Fault hook for the simulator: ``before_op(op, key)`` is awaited before every operation; it
+may sleep (stall the store) or raise (e.g. ``MetadataStoreError``) to fail the operation
+before it takes effect. Every operation also yields to the loop once, so concurrent
+read-modify-write loops really interleave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from pybk.errors import (
+    ClientClosedError,
+    LedgerExistsError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+)
+from pybk.metadata._common import (
+    CallbackWatch,
+    check_bookie_id,
+    check_ledger_id,
+    check_metadata,
+    check_registration,
+    merge_missing,
+)
+from pybk.metadata.base import BookieRegistration, LedgerMetadata, MetadataStore, Watch
+
+#: ``before_op(op_name, key)``: awaited before each operation (simulator fault injection).
+BeforeOp = Callable[[str, object], Awaitable[None]]
+
+
+@dataclass
+class _State:
+    """Everything the sessions of one memory store share."""
+
+    ledgers: dict[int, tuple[bytes, int]] = field(default_factory=dict)  # id -> (bytes, version)
+    next_id: int = 0
+    next_version: int = 0  # versions are store-wide so a re-created ledger never reuses one
+    bookies: dict[str, tuple[BookieRegistration, int]] = field(default_factory=dict)  # -> owner
+    under_replicated: dict[int, list[str]] = field(default_factory=dict)
+    cookies: dict[str, bytes] = field(default_factory=dict)
+    ledger_watches: dict[int, list[CallbackWatch]] = field(default_factory=dict)
+    bookie_watches: list[CallbackWatch] = field(default_factory=list)
+    session_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    def bump_version(self) -> int:
+        self.next_version += 1
+        return self.next_version
+
+    def ledger_changed(self, ledger_id: int) -> None:
+        for w in list(self.ledger_watches.get(ledger_id, ())):
+            w.fire()
+
+    def bookies_changed(self) -> None:
+        for w in list(self.bookie_watches):
+            w.fire()
+
+
+class MemoryMetadataStore(MetadataStore):
+    """A :class:`MetadataStore` held in this process's memory (``memory://``)."""
+
+    def __init__(self, *, before_op: BeforeOp | None = None, _state: _State | None = None):
+        self._state = _state if _state is not None else _State()
+        self._session_id = next(self._state.session_ids)
+        self._closed = False
+        self._my_watches: list[CallbackWatch] = []
+        self.before_op: BeforeOp | None = before_op
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    def session(self) -> MemoryMetadataStore:
+        """Another client of the same store, with its own session (and the same fault hook)."""
+        return MemoryMetadataStore(before_op=self.before_op, _state=self._state)
+
+    @property
+    def session_id(self) -> int:
+        return self._session_id
+
+    def expire_session(self) -> list[str]:
+        """End this session as if its owner died: its registrations vanish (watchers are told).
+
+        The store stays usable under a fresh session; whoever owns it must register again,
+        as a restarted bookie would. Returns the bookie ids that were dropped.
+        """
+        dropped = self._drop_registrations()
+        self._session_id = next(self._state.session_ids)
+        return dropped
+
+    def _drop_registrations(self) -> list[str]:
+        st = self._state
+        dropped = [b for b, (_, owner) in st.bookies.items() if owner == self._session_id]
+        for b in dropped:
+            del st.bookies[b]
+        if dropped:
+            st.bookies_changed()
+        return sorted(dropped)
+
+    # -- test hooks --------------------------------------------------------------------------
+
+    def corrupt_ledger(self, ledger_id: int, data: bytes) -> None:
+        """Replace a ledger's stored bytes (tests: readers must raise CorruptRecordError)."""
+        _, version = self._state.ledgers[ledger_id]
+        self._state.ledgers[ledger_id] = (bytes(data), version)
+
+    def raw_ledger(self, ledger_id: int) -> bytes:
+        """The stored bytes of a ledger's metadata."""
+        return self._state.ledgers[ledger_id][0]
+
+    def _check(self) -> None:
+        """Assert internal invariants (sortedcontainers habit)."""
+        st = self._state
+        for lid, (_, version) in st.ledgers.items():
+            assert lid >= 0 and 0 < version <= st.next_version
+        for b, (reg, _) in st.bookies.items():
+            assert reg.bookie_id == b
+        for marks in st.under_replicated.values():
+            assert marks == sorted(set(marks))
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    async def _enter(self, op: str, key: object = None) -> None:
+        if self._closed:
+            raise ClientClosedError(f"memory metadata store is closed (operation {op})")
+        await asyncio.sleep(0)
+        if self.before_op is not None:
+            await self.before_op(op, key)
+        if self._closed:
+            raise ClientClosedError(f"memory metadata store is closed (operation {op})")
+
+    # -- ledgers -----------------------------------------------------------------------------
+
+    async def allocate_ledger_id(self) -> int:
+        await self._enter("allocate_ledger_id")
+        st = self._state
+        while st.next_id in st.ledgers:
+            st.next_id += 1
+        lid = st.next_id
+        st.next_id += 1
+        return lid
+
+    async def create_ledger(self, metadata: LedgerMetadata) -> LedgerMetadata:
+        check_metadata(metadata)
+        data = metadata.to_bytes()
+        await self._enter("create_ledger", metadata.ledger_id)
+        st = self._state
+        if metadata.ledger_id in st.ledgers:
+            raise LedgerExistsError(f"ledger {metadata.ledger_id} already exists")
+        version = st.bump_version()
+        st.ledgers[metadata.ledger_id] = (data, version)
+        st.next_id = max(st.next_id, metadata.ledger_id + 1)
+        return metadata.with_changes(version=version)
+
+    async def read_ledger(self, ledger_id: int) -> LedgerMetadata:
+        check_ledger_id(ledger_id)
+        await self._enter("read_ledger", ledger_id)
+        try:
+            data, version = self._state.ledgers[ledger_id]
+        except KeyError:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+        return LedgerMetadata.from_bytes(data, version)
+
+    async def write_ledger(self, metadata: LedgerMetadata, expected_version: int) -> LedgerMetadata:
+        check_metadata(metadata)
+        data = metadata.to_bytes()
+        lid = metadata.ledger_id
+        await self._enter("write_ledger", lid)
+        st = self._state
+        try:
+            _, current = st.ledgers[lid]
+        except KeyError:
+            raise NoSuchLedgerError(f"ledger {lid} does not exist") from None
+        if current != expected_version:
+            raise MetadataVersionError(
+                f"ledger {lid}: version {expected_version} is stale (store has {current})"
+            )
+        version = st.bump_version()
+        st.ledgers[lid] = (data, version)
+        st.ledger_changed(lid)
+        return metadata.with_changes(version=version)
+
+    async def delete_ledger(self, ledger_id: int, expected_version: int | None = None) -> None:
+        check_ledger_id(ledger_id)
+        await self._enter("delete_ledger", ledger_id)
+        st = self._state
+        try:
+            _, current = st.ledgers[ledger_id]
+        except KeyError:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+        if expected_version is not None and current != expected_version:
+            raise MetadataVersionError(
+                f"ledger {ledger_id}: version {expected_version} is stale (store has {current})"
+            )
+        del st.ledgers[ledger_id]
+        st.ledger_changed(ledger_id)
+
+    async def list_ledgers(self) -> list[int]:
+        await self._enter("list_ledgers")
+        return sorted(self._state.ledgers)
+
+    # -- bookies -----------------------------------------------------------------------------
+
+    async def register_bookie(self, registration: BookieRegistration) -> None:
+        check_registration(registration)
+        await self._enter("register_bookie", registration.bookie_id)
+        st = self._state
+        before = st.bookies.get(registration.bookie_id)
+        st.bookies[registration.bookie_id] = (registration, self._session_id)
+        if before is None or before[0] != registration:
+            st.bookies_changed()
+
+    async def unregister_bookie(self, bookie_id: str) -> None:
+        check_bookie_id(bookie_id)
+        await self._enter("unregister_bookie", bookie_id)
+        if self._state.bookies.pop(bookie_id, None) is not None:
+            self._state.bookies_changed()
+
+    async def list_bookies(self) -> list[BookieRegistration]:
+        await self._enter("list_bookies")
+        return [reg for _, (reg, _) in sorted(self._state.bookies.items())]
+
+    # -- watches -----------------------------------------------------------------------------
+
+    def watch_ledger(self, ledger_id: int, callback: Callable[[int], None]) -> Watch:
+        check_ledger_id(ledger_id)
+        watches = self._state.ledger_watches
+
+        def forget(w: CallbackWatch) -> None:
+            lst = watches.get(ledger_id, [])
+            if w in lst:
+                lst.remove(w)
+            if not lst:
+                watches.pop(ledger_id, None)
+            if w in self._my_watches:
+                self._my_watches.remove(w)
+
+        w = CallbackWatch(asyncio.get_running_loop(), lambda: callback(ledger_id), forget)
+        watches.setdefault(ledger_id, []).append(w)
+        self._my_watches.append(w)
+        return w
+
+    def watch_bookies(self, callback: Callable[[], None]) -> Watch:
+        watches = self._state.bookie_watches
+
+        def forget(w: CallbackWatch) -> None:
+            if w in watches:
+                watches.remove(w)
+            if w in self._my_watches:
+                self._my_watches.remove(w)
+
+        w = CallbackWatch(asyncio.get_running_loop(), callback, forget)
+        watches.append(w)
+        self._my_watches.append(w)
+        return w
+
+    # -- under-replication marks ---------------------------------------------------------------
+
+    async def mark_under_replicated(self, ledger_id: int, missing_bookies: list[str]) -> None:
+        check_ledger_id(ledger_id)
+        for b in missing_bookies:
+            check_bookie_id(b)
+        await self._enter("mark_under_replicated", ledger_id)
+        marks = self._state.under_replicated
+        marks[ledger_id] = merge_missing(marks.get(ledger_id, ()), missing_bookies)
+
+    async def list_under_replicated(self) -> dict[int, list[str]]:
+        await self._enter("list_under_replicated")
+        return {k: list(v) for k, v in sorted(self._state.under_replicated.items())}
+
+    async def clear_under_replicated(self, ledger_id: int) -> None:
+        check_ledger_id(ledger_id)
+        await self._enter("clear_under_replicated", ledger_id)
+        self._state.under_replicated.pop(ledger_id, None)
+
+    # -- cookies -------------------------------------------------------------------------------
+
+    async def read_cookie(self, bookie_id: str) -> bytes | None:
+        check_bookie_id(bookie_id)
+        await self._enter("read_cookie", bookie_id)
+        return self._state.cookies.get(bookie_id)
+
+    async def write_cookie(self, bookie_id: str, cookie: bytes) -> None:
+        check_bookie_id(bookie_id)
+        if not isinstance(cookie, bytes | bytearray):
+            raise TypeError(f"cookie must be bytes, got {type(cookie).__name__}")
+        await self._enter("write_cookie", bookie_id)
+        self._state.cookies[bookie_id] = bytes(cookie)
+
+    async def delete_cookie(self, bookie_id: str) -> None:
+        check_bookie_id(bookie_id)
+        await self._enter("delete_cookie", bookie_id)
+        self._state.cookies.pop(bookie_id, None)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """End this session: its registrations and watches go away. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._drop_registrations()
+        for w in list(self._my_watches):
+            w.cancel()
