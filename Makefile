@@ -28,7 +28,7 @@ demo: $(STAMP)
 	$(PY) examples/quickstart.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check pybk tests benchmarks examples
+	$(VENV)/bin/ruff check pybk tests $(wildcard benchmarks examples)
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy pybk

@@ -106,7 +106,7 @@ class MetadataStoreError(BKError):
     status = 19
 
 
-class TimeoutError(BKError, builtins.TimeoutError):  # noqa: A001 - the name is the contract
+class TimeoutError(BKError, builtins.TimeoutError):  # the name is the contract
     """An operation did not complete in time. Also a built-in ``TimeoutError``."""
 
     status = 12
