@@ -1,0 +1,580 @@
+"""The pybk wire format, sans-IO: bytes in, events out; messages in, bytes out.
+
+Nothing here touches a socket, a clock or a thread (the h11 pattern), so the same object runs
+under the TCP server, the TCP client, the simulator and hypothesis. The format is documented in
+``docs/protocol.md``; in short, every frame is::
+
+    u32 length      bytes after this field (CRC + header + body)
+    u32 crc32c      over header + body
+    u8  version     PROTOCOL_VERSION
+    u8  op          pybk.protocol.Op
+    u16 flags       RESPONSE bit + per-operation flags
+    u64 request id  chosen by the client, echoed in the response
+    body            per (op, direction), big-endian, no trailing bytes
+
+Decoding is strict and allocation-bounded: the length prefix is checked against the frame cap
+*before* the frame is buffered, every count or byte-string length is checked against the bytes
+still unread, and unknown versions, operations, flags and statuses are refused. Damage to the
+framing (length, CRC, version, direction) is fatal to the connection (:class:`ProtocolError`
+is raised and the connection stays broken); a well-framed message whose *body* does not parse
+becomes a :class:`MessageRejected` event, so a server can answer it with an error and go on.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+from typing import Any, Final
+
+import crc32c
+
+from pybk.errors import ProtocolError
+from pybk.protocol import (
+    AddRequest,
+    AddResponse,
+    AuthRequest,
+    AuthResponse,
+    BookieInfoRequest,
+    BookieInfoResponse,
+    FenceRequest,
+    FenceResponse,
+    ListEntriesRequest,
+    ListEntriesResponse,
+    Op,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    Request,
+    Response,
+    Status,
+    WriteLacRequest,
+    WriteLacResponse,
+)
+
+PROTOCOL_VERSION: Final = 1
+
+#: Default cap on one frame (length field value), as BookKeeper's nettyMaxFrameSizeBytes.
+DEFAULT_MAX_FRAME: Final = 5 * 1024 * 1024
+#: Cap on frames before a connection has authenticated (only AUTH is allowed then).
+PRE_AUTH_MAX_FRAME: Final = 4 * 1024
+
+_PREFIX = struct.Struct(">II")  # length, crc32c
+_HEADER = struct.Struct(">BBHQ")  # version, op, flags, request id
+PREFIX_SIZE: Final = _PREFIX.size  # 8
+HEADER_SIZE: Final = _HEADER.size  # 12
+#: Smallest legal value of the length field (CRC + header, empty body).
+MIN_FRAME: Final = 4 + HEADER_SIZE
+
+# flags
+FLAG_RESPONSE: Final = 0x8000
+FLAG_RECOVERY: Final = 0x0001  # ADD: recovery add
+FLAG_FENCE: Final = 0x0001  # READ: fence first
+FLAG_LONG_POLL: Final = 0x0002  # READ: previous_lac present
+_ALLOWED_FLAGS: Final = {
+    Op.ADD: FLAG_RECOVERY,
+    Op.READ: FLAG_FENCE | FLAG_LONG_POLL,
+}
+
+_NONE_LEN: Final = 0xFFFFFFFF  # length value meaning "absent" (optional bytes)
+MAX_MESSAGE: Final = 64 * 1024  # cap on an error message / short string
+MAX_TIMEOUT: Final = 24 * 3600.0  # long-poll timeouts beyond a day are refused
+
+_Q = struct.Struct(">q")
+_QQ = struct.Struct(">qq")
+_QQQ = struct.Struct(">qqq")
+_QQD = struct.Struct(">qqd")
+_H = struct.Struct(">H")
+_D = struct.Struct(">d")
+_I = struct.Struct(">I")
+
+_REQUEST_TYPES: Final = {
+    Op.ADD: AddRequest,
+    Op.READ: ReadRequest,
+    Op.READ_LAC: ReadLacRequest,
+    Op.WRITE_LAC: WriteLacRequest,
+    Op.FENCE: FenceRequest,
+    Op.LIST_ENTRIES: ListEntriesRequest,
+    Op.BOOKIE_INFO: BookieInfoRequest,
+    Op.AUTH: AuthRequest,
+}
+_OPS: Final = frozenset(int(op) for op in Op)
+_STATUSES: Final = frozenset(int(s) for s in Status)
+
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True)
+class RequestReceived:
+    """A complete, valid request (server side)."""
+
+    request_id: int
+    request: Request
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseReceived:
+    """A complete, valid response (client side)."""
+
+    request_id: int
+    response: Response
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRejected:
+    """A frame with intact framing (length, CRC, version, known op) whose body did not parse.
+
+    The connection can go on; a server answers with :func:`error_response_for_op`.
+    """
+
+    request_id: int
+    op: Op
+    error: ProtocolError
+
+
+Event = RequestReceived | ResponseReceived | MessageRejected
+
+
+# --------------------------------------------------------------------------- body writer
+
+
+class _Writer:
+    """Accumulates body parts; every int is range-checked by struct (ValueError if not)."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def raw(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def blob(self, data: bytes | None) -> None:
+        if data is None:
+            self.parts.append(_I.pack(_NONE_LEN))
+            return
+        if len(data) >= _NONE_LEN:
+            raise ValueError(f"byte string of {len(data)} bytes is too long to encode")
+        self.parts.append(_I.pack(len(data)))
+        self.parts.append(bytes(data))
+
+    def text(self, value: str) -> None:
+        data = value.encode("utf-8")
+        if len(data) > MAX_MESSAGE:
+            data = data[: MAX_MESSAGE - 3].decode("utf-8", "ignore").encode() + b"..."
+        self.blob(data)
+
+
+# --------------------------------------------------------------------------- body reader
+
+
+class _Reader:
+    """Reads a body strictly: every length is checked against the bytes left before use."""
+
+    __slots__ = ("data", "pos")
+
+    def __init__(self, data: memoryview) -> None:
+        self.data = data
+        self.pos = 0
+
+    def left(self) -> int:
+        return len(self.data) - self.pos
+
+    def take(self, st: struct.Struct) -> tuple[Any, ...]:
+        if st.size > self.left():
+            raise ProtocolError(f"body truncated: need {st.size} bytes, {self.left()} left")
+        values = st.unpack_from(self.data, self.pos)
+        self.pos += st.size
+        return values
+
+    def i64(self) -> int:
+        return int(self.take(_Q)[0])
+
+    def blob(self, limit: int | None = None) -> bytes | None:
+        (n,) = self.take(_I)
+        if n == _NONE_LEN:
+            return None
+        if n > self.left():
+            raise ProtocolError(f"byte string of {n} bytes exceeds the {self.left()} bytes left")
+        if limit is not None and n > limit:
+            raise ProtocolError(f"string of {n} bytes exceeds its {limit}-byte cap")
+        out = bytes(self.data[self.pos : self.pos + n])
+        self.pos += n
+        return out
+
+    def required_blob(self, what: str, limit: int | None = None) -> bytes:
+        data = self.blob(limit)
+        if data is None:
+            raise ProtocolError(f"{what} must be present")
+        return data
+
+    def text(self, what: str) -> str:
+        data = self.required_blob(what, MAX_MESSAGE)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProtocolError(f"{what} is not valid UTF-8") from exc
+
+    def status(self) -> Status:
+        (code,) = self.take(_H)
+        if code not in _STATUSES:
+            raise ProtocolError(f"unknown status code {code}")
+        return Status(code)
+
+    def done(self) -> None:
+        if self.left():
+            raise ProtocolError(f"{self.left()} trailing bytes after the message body")
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+def _encode_request_body(req: Request, w: _Writer) -> int:
+    """Append the body of ``req`` to ``w``; return its flags."""
+    if isinstance(req, AddRequest):
+        w.raw(_QQ.pack(req.ledger_id, req.entry_id))
+        w.blob(req.master_key)
+        w.blob(req.body)
+        return FLAG_RECOVERY if req.recovery else 0
+    if isinstance(req, ReadRequest):
+        if not math.isfinite(req.timeout) or req.timeout < 0 or req.timeout > MAX_TIMEOUT:
+            raise ValueError(f"read timeout must be within [0, {MAX_TIMEOUT}], not {req.timeout}")
+        flags = FLAG_FENCE if req.fence else 0
+        prev = -1
+        if req.previous_lac is not None:
+            flags |= FLAG_LONG_POLL
+            prev = req.previous_lac
+        w.raw(_QQQ.pack(req.ledger_id, req.entry_id, prev))
+        w.raw(_D.pack(req.timeout))
+        w.blob(req.master_key)
+        return flags
+    if isinstance(req, ReadLacRequest | ListEntriesRequest):
+        w.raw(_Q.pack(req.ledger_id))
+        return 0
+    if isinstance(req, WriteLacRequest):
+        w.raw(_QQ.pack(req.ledger_id, req.lac))
+        w.blob(req.master_key)
+        w.blob(req.body)
+        return 0
+    if isinstance(req, FenceRequest):
+        w.raw(_Q.pack(req.ledger_id))
+        w.blob(req.master_key)
+        return 0
+    if isinstance(req, BookieInfoRequest):
+        return 0
+    if isinstance(req, AuthRequest):
+        w.blob(req.token)
+        return 0
+    raise TypeError(f"not a pybk request: {req!r}")
+
+
+def _encode_response_body(resp: Response, w: _Writer) -> None:
+    w.raw(_H.pack(int(resp.status)))
+    w.text(resp.message)
+    if isinstance(resp, AddResponse):
+        w.raw(_QQ.pack(resp.ledger_id, resp.entry_id))
+    elif isinstance(resp, ReadResponse):
+        w.raw(_QQQ.pack(resp.ledger_id, resp.entry_id, resp.lac))
+        w.blob(resp.body)
+    elif isinstance(resp, ReadLacResponse):
+        w.raw(_Q.pack(resp.ledger_id))
+        w.blob(resp.lac_body)
+        w.blob(resp.last_entry_body)
+    elif isinstance(resp, WriteLacResponse):
+        w.raw(_Q.pack(resp.ledger_id))
+    elif isinstance(resp, FenceResponse):
+        w.raw(_QQ.pack(resp.ledger_id, resp.lac))
+    elif isinstance(resp, ListEntriesResponse):
+        w.raw(_Q.pack(resp.ledger_id))
+        w.raw(_I.pack(len(resp.ranges)))
+        for first, last in resp.ranges:
+            w.raw(_QQ.pack(first, last))
+    elif isinstance(resp, BookieInfoResponse):
+        w.text(resp.bookie_id)
+        w.raw(_QQ.pack(resp.free_bytes, resp.total_bytes))
+        w.text(resp.state)
+    elif isinstance(resp, AuthResponse):
+        pass
+    else:
+        raise TypeError(f"not a pybk response: {resp!r}")
+
+
+def _frame(op: int, flags: int, request_id: int, parts: list[bytes]) -> bytes:
+    header = _HEADER.pack(PROTOCOL_VERSION, op, flags, request_id)
+    crc = crc32c.crc32c(header)
+    for part in parts:
+        crc = crc32c.crc32c(part, crc)
+    length = 4 + HEADER_SIZE + sum(len(p) for p in parts)
+    if length > 0xFFFFFFFF:
+        raise ValueError(f"message of {length} bytes is too large for one frame")
+    return b"".join([_PREFIX.pack(length, crc), header, *parts])
+
+
+def encode_request(request_id: int, request: Request) -> bytes:
+    """One frame carrying ``request``. ValueError/TypeError if it cannot be encoded."""
+    w = _Writer()
+    try:
+        flags = _encode_request_body(request, w)
+        return _frame(int(request.op), flags, request_id, w.parts)
+    except struct.error as exc:
+        raise ValueError(f"cannot encode {request!r}: {exc}") from exc
+
+
+def encode_response(request_id: int, response: Response) -> bytes:
+    """One frame carrying ``response`` to request ``request_id``."""
+    w = _Writer()
+    try:
+        _encode_response_body(response, w)
+        return _frame(int(response.op), FLAG_RESPONSE, request_id, w.parts)
+    except struct.error as exc:
+        raise ValueError(f"cannot encode {response!r}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _decode_request(op: Op, flags: int, r: _Reader) -> Request:
+    if op is Op.ADD:
+        ledger_id, entry_id = r.take(_QQ)
+        key = r.required_blob("master key")
+        body = r.required_blob("entry body")
+        r.done()
+        return AddRequest(ledger_id, entry_id, key, body, recovery=bool(flags & FLAG_RECOVERY))
+    if op is Op.READ:
+        ledger_id, entry_id, prev = r.take(_QQQ)
+        (timeout,) = r.take(_D)
+        if not math.isfinite(timeout) or timeout < 0 or timeout > MAX_TIMEOUT:
+            raise ProtocolError(f"read timeout {timeout} out of range")
+        key = r.required_blob("master key")
+        r.done()
+        long_poll = bool(flags & FLAG_LONG_POLL)
+        if not long_poll and prev != -1:
+            raise ProtocolError("previous LAC set without the long-poll flag")
+        return ReadRequest(
+            ledger_id,
+            entry_id,
+            fence=bool(flags & FLAG_FENCE),
+            master_key=key,
+            previous_lac=prev if long_poll else None,
+            timeout=timeout,
+        )
+    if op is Op.READ_LAC or op is Op.LIST_ENTRIES:
+        ledger_id = r.i64()
+        r.done()
+        return ReadLacRequest(ledger_id) if op is Op.READ_LAC else ListEntriesRequest(ledger_id)
+    if op is Op.WRITE_LAC:
+        ledger_id, lac = r.take(_QQ)
+        key = r.required_blob("master key")
+        body = r.required_blob("LAC body")
+        r.done()
+        return WriteLacRequest(ledger_id, lac, key, body)
+    if op is Op.FENCE:
+        ledger_id = r.i64()
+        key = r.required_blob("master key")
+        r.done()
+        return FenceRequest(ledger_id, key)
+    if op is Op.BOOKIE_INFO:
+        r.done()
+        return BookieInfoRequest()
+    token = r.required_blob("auth token")
+    r.done()
+    return AuthRequest(token)
+
+
+def _decode_response(op: Op, r: _Reader) -> Response:
+    status = r.status()
+    message = r.text("message")
+    if op is Op.ADD:
+        ledger_id, entry_id = r.take(_QQ)
+        r.done()
+        return AddResponse(status, ledger_id, entry_id, message)
+    if op is Op.READ:
+        ledger_id, entry_id, lac = r.take(_QQQ)
+        body = r.blob()
+        r.done()
+        return ReadResponse(status, ledger_id, entry_id, body, lac, message)
+    if op is Op.READ_LAC:
+        ledger_id = r.i64()
+        lac_body = r.blob()
+        last = r.blob()
+        r.done()
+        return ReadLacResponse(status, ledger_id, lac_body, last, message)
+    if op is Op.WRITE_LAC:
+        ledger_id = r.i64()
+        r.done()
+        return WriteLacResponse(status, ledger_id, message)
+    if op is Op.FENCE:
+        ledger_id, lac = r.take(_QQ)
+        r.done()
+        return FenceResponse(status, ledger_id, lac, message)
+    if op is Op.LIST_ENTRIES:
+        ledger_id = r.i64()
+        (count,) = r.take(_I)
+        if count * _QQ.size != r.left():
+            raise ProtocolError(f"range count {count} does not match the {r.left()} bytes left")
+        ranges: list[tuple[int, int]] = []
+        for _ in range(count):
+            first, last = r.take(_QQ)
+            if first > last:
+                raise ProtocolError(f"entry range ({first}, {last}) is inverted")
+            ranges.append((first, last))
+        r.done()
+        return ListEntriesResponse(status, ledger_id, tuple(ranges), message)
+    if op is Op.BOOKIE_INFO:
+        bookie_id = r.text("bookie id")
+        free, total = r.take(_QQ)
+        state = r.text("state")
+        r.done()
+        return BookieInfoResponse(status, bookie_id, free, total, state, message)
+    r.done()
+    return AuthResponse(status, message)
+
+
+def error_response_for_op(op: Op, status: Status, message: str) -> Response:
+    """A response of operation ``op``'s type carrying an error (ids unknown: zero)."""
+    if op is Op.ADD:
+        return AddResponse(status, 0, 0, message)
+    if op is Op.READ:
+        return ReadResponse(status, 0, 0, message=message)
+    if op is Op.READ_LAC:
+        return ReadLacResponse(status, 0, message=message)
+    if op is Op.WRITE_LAC:
+        return WriteLacResponse(status, 0, message)
+    if op is Op.FENCE:
+        return FenceResponse(status, 0, message=message)
+    if op is Op.LIST_ENTRIES:
+        return ListEntriesResponse(status, 0, message=message)
+    if op is Op.BOOKIE_INFO:
+        return BookieInfoResponse(status, message=message)
+    return AuthResponse(status, message)
+
+
+# --------------------------------------------------------------------------- connection
+
+
+class Connection:
+    """One end of a pybk connection: feed bytes with :meth:`receive_data`, get events back.
+
+    ``role="server"`` decodes requests and encodes responses; ``role="client"`` the reverse.
+    ``max_frame`` may be changed at any time (a server raises it after authentication); it
+    applies to the next length prefix examined.
+
+    After a fatal :class:`ProtocolError` the connection is broken: every later
+    :meth:`receive_data` raises the same error again.
+    """
+
+    def __init__(self, role: str, *, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        if role not in ("client", "server"):
+            raise ValueError(f"role must be 'client' or 'server', not {role!r}")
+        if max_frame < MIN_FRAME:
+            raise ValueError(f"max_frame must be at least {MIN_FRAME}, not {max_frame}")
+        self.role = role
+        self.max_frame = max_frame
+        self._buf = bytearray()
+        self._error: ProtocolError | None = None
+        self.frames_received = 0
+        self.bytes_received = 0
+
+    @property
+    def broken(self) -> ProtocolError | None:
+        """The fatal error, once the peer broke the framing."""
+        return self._error
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of a partial frame waiting for the rest (0 between frames)."""
+        return len(self._buf)
+
+    @property
+    def header_complete(self) -> bool:
+        """Whether the partial frame's prefix + header has arrived (only its body is missing)."""
+        return len(self._buf) >= PREFIX_SIZE + HEADER_SIZE
+
+    def send(self, request_id: int, message: Request | Response) -> bytes:
+        """Bytes to put on the wire for ``message`` (a request if client, response if server)."""
+        if self.role == "client":
+            return encode_request(request_id, message)  # type: ignore[arg-type]
+        return encode_response(request_id, message)  # type: ignore[arg-type]
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> list[Event]:
+        """Buffer ``data`` and return every complete message it finishes.
+
+        Raises :class:`ProtocolError` (and stays broken) when the framing is damaged.
+        Never buffers more than one frame cap plus ``len(data)`` bytes.
+        """
+        if self._error is not None:
+            raise self._error
+        self.bytes_received += len(data)
+        buf = self._buf
+        buf += data
+        events: list[Event] = []
+        pos = 0
+        try:
+            while len(buf) - pos >= 4:
+                (length,) = _I.unpack_from(buf, pos)
+                if length > self.max_frame:
+                    raise ProtocolError(
+                        f"frame of {length} bytes exceeds the {self.max_frame}-byte cap"
+                    )
+                if length < MIN_FRAME:
+                    raise ProtocolError(f"frame length {length} is below the minimum {MIN_FRAME}")
+                end = pos + 4 + length
+                if len(buf) < end:
+                    break
+                # A copy, so no memoryview export pins ``buf`` (it is resized below).
+                events.append(self._decode_frame(memoryview(bytes(buf[pos + 4 : end]))))
+                pos = end
+        except ProtocolError as exc:
+            self._error = exc
+            self._buf = bytearray()
+            raise
+        finally:
+            if pos and self._error is None:
+                del buf[:pos]
+        return events
+
+    def _decode_frame(self, frame: memoryview) -> Event:
+        """``frame`` = crc + header + body (the length field already stripped)."""
+        (crc,) = _I.unpack_from(frame, 0)
+        content = frame[4:]
+        if crc32c.crc32c(content) != crc:
+            raise ProtocolError("frame CRC mismatch")
+        version, op_code, flags, request_id = _HEADER.unpack_from(content, 0)
+        if version != PROTOCOL_VERSION:
+            raise ProtocolError(f"unknown protocol version {version}")
+        if op_code not in _OPS:
+            raise ProtocolError(f"unknown operation {op_code}")
+        is_response = bool(flags & FLAG_RESPONSE)
+        if is_response != (self.role == "client"):
+            kind = "response" if is_response else "request"
+            raise ProtocolError(f"unexpected {kind} frame on the {self.role} side")
+        op = Op(op_code)
+        self.frames_received += 1
+        body = _Reader(content[HEADER_SIZE:])
+        try:
+            if is_response:
+                if flags != FLAG_RESPONSE:
+                    raise ProtocolError(f"unknown response flags {flags:#06x}")
+                return ResponseReceived(request_id, _decode_response(op, body))
+            if flags & ~_ALLOWED_FLAGS.get(op, 0):
+                raise ProtocolError(f"unknown flags {flags:#06x} for {op.name}")
+            return RequestReceived(request_id, _decode_request(op, flags, body))
+        except ProtocolError as exc:
+            return MessageRejected(request_id, op, exc)
+
+
+__all__ = [
+    "DEFAULT_MAX_FRAME",
+    "PRE_AUTH_MAX_FRAME",
+    "PROTOCOL_VERSION",
+    "Connection",
+    "Event",
+    "MessageRejected",
+    "RequestReceived",
+    "ResponseReceived",
+    "encode_request",
+    "encode_response",
+    "error_response_for_op",
+]
