@@ -1,0 +1,302 @@
+"""The invariant checker: turns a recorded :class:`~pybk.sim.history.History` into violations.
+
+Invariants (research/reliability.md 2.3 and 3.6); each violation names its code:
+
+* **L1/I1/I2** no lost acks: a closed ledger's last entry is >= every acknowledged entry, and
+  the final read returns each acknowledged payload.
+* **L2** no phantom or aborted reads: every payload read was sent by the writer for that entry,
+  and never by an add that definitely failed.
+* **L3/I5** one payload per entry id, in every read and every bookie reply.
+* **L4** closed contents are 0..last with no holes (every entry up to last was attempted and
+  the final read has all of them).
+* **L5/I3** no dirty reads: a tailing reader never gets an entry above the LAC it was shown; a
+  LAC a reader sees was acknowledged (or a close had started) before it was seen.
+* **L6/I8** in-order acks: ok(n) completes after ok(n-1).
+* **L7** LAC observed by each reader never decreases.
+* **I7** closed ledgers never change: every close/recovery/metadata view agrees on last entry.
+* **L8/I6** fencing: no add of a ledger completes ok after a recovery of it completed.
+* **L9** log level: a payload belongs to one ledger only.
+* **I9/I10/I11** bookie honesty and journal replay: a bookie that acknowledged an add never
+  later says the entry is absent (after a restart or otherwise; an injected fsync failure on
+  that bookie makes it I11), and never serves bytes that fail the digest.
+* **I12** liveness after heal (recorded by the runner as liveness events).
+
+I13 (determinism) compares two runs and lives in the runner/tests, not here.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from pybk.sim.history import FAIL, INFO, OK, Event, History
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: str
+    ledger: int
+    entry: int
+    message: str
+    lines: tuple[int, ...] = ()
+
+    def render(self, trace: list[str] | None = None) -> str:
+        where = f"ledger {self.ledger}" + (f" entry {self.entry}" if self.entry >= 0 else "")
+        out = [f"[{self.invariant}] {where}: {self.message}"]
+        if trace is not None:
+            for n in sorted(set(self.lines)):
+                if 0 <= n < len(trace):
+                    out.append(f"    {n:6d}: {trace[n]}")
+        return "\n".join(out)
+
+
+@dataclass
+class _Ledger:
+    invoked: dict[int, Event] = field(default_factory=dict)  # entry -> add_invoke
+    done: dict[int, Event] = field(default_factory=dict)  # entry -> add_done
+    oks: list[Event] = field(default_factory=list)  # ok completions, in completion order
+    closes: list[Event] = field(default_factory=list)  # successful close_done events
+    first_recovery_done: Event | None = None
+    first_close_start: Event | None = None
+    final_reads: dict[int, Event] = field(default_factory=dict)
+    final_errors: list[Event] = field(default_factory=list)
+    deleted_at: int | None = None  # history index of the delete invoke/complete
+    meta_closed: list[Event] = field(default_factory=list)
+
+
+class Checker:
+    """Check one history. ``beyond_tolerance`` relaxes availability (errors allowed, no I12)."""
+
+    def __init__(self, history: History, *, beyond_tolerance: bool = False,
+                 max_per_invariant: int = 5) -> None:
+        self.h = history
+        self.beyond = beyond_tolerance
+        self.max_per = max_per_invariant
+        self.violations: list[Violation] = []
+        self._counts: dict[str, int] = defaultdict(int)
+        self.ledgers: dict[int, _Ledger] = defaultdict(_Ledger)
+        self.payload_home: dict[bytes, tuple[int, int, Event]] = {}
+
+    def _v(self, inv: str, ledger: int, entry: int, msg: str, *events: Event | None) -> None:
+        self._counts[inv] += 1
+        if self._counts[inv] > self.max_per:
+            return
+        lines = tuple(e.line for e in events if e is not None and e.line >= 0)
+        self.violations.append(Violation(inv, ledger, entry, msg, lines))
+
+    # -- pass 1: index the history ------------------------------------------------------------
+
+    def _index(self) -> None:
+        for ev in self.h.events:
+            lg = self.ledgers[ev.ledger] if ev.ledger >= 0 else None
+            if ev.kind == "add_invoke" and lg is not None:
+                lg.invoked[ev.entry] = ev
+                assert ev.payload is not None
+                self.payload_home.setdefault(ev.payload, (ev.ledger, ev.entry, ev))
+            elif ev.kind == "add_done" and lg is not None:
+                lg.done[ev.entry] = ev
+                if ev.outcome == OK:
+                    lg.oks.append(ev)
+            elif ev.kind == "close_invoke" and lg is not None:
+                if lg.first_close_start is None and ev.detail != "close":
+                    lg.first_close_start = ev
+            elif ev.kind == "close_done" and lg is not None and ev.outcome == OK:
+                lg.closes.append(ev)
+                if ev.detail.split("|")[0] != "close" and lg.first_recovery_done is None:
+                    lg.first_recovery_done = ev
+            elif ev.kind == "metadata" and lg is not None and ev.detail == "CLOSED":
+                lg.meta_closed.append(ev)
+            elif ev.kind == "delete" and lg is not None and lg.deleted_at is None:
+                lg.deleted_at = ev.index
+            elif ev.kind == "read" and lg is not None and ev.detail == "final":
+                lg.final_reads.setdefault(ev.entry, ev)
+            elif ev.kind == "read_error" and lg is not None and ev.outcome == "final":
+                lg.final_errors.append(ev)
+
+    # -- checks --------------------------------------------------------------------------------
+
+    def run(self) -> list[Violation]:
+        self._index()
+        self._check_reads()
+        self._check_acks_in_order()
+        self._check_closes()
+        self._check_lac()
+        self._check_bookies()
+        self._check_liveness()
+        return self.violations
+
+    def _expected(self, ledger: int, entry: int) -> Event | None:
+        return self.ledgers[ledger].invoked.get(entry) if ledger in self.ledgers else None
+
+    def _check_reads(self) -> None:
+        lac_seen: dict[tuple[str, int], int] = {}
+        for ev in self.h.of_kind("read", "bookie_served", "lac"):
+            if ev.kind == "lac":
+                key = (ev.process, ev.ledger)
+                lac_seen[key] = max(lac_seen.get(key, -1), ev.value)
+                continue
+            lg = self.ledgers[ev.ledger]
+            inv = lg.invoked.get(ev.entry)
+            if ev.kind == "bookie_served" and ev.payload is None:
+                if lg.deleted_at is None or ev.index < lg.deleted_at:
+                    self._v("I10", ev.ledger, ev.entry,
+                            f"bookie {ev.process} served bytes that fail the digest", ev)
+                continue
+            payload = ev.payload
+            assert payload is not None
+            if inv is None:
+                home = self.payload_home.get(payload)
+                if home is not None:
+                    self._v("L9", ev.ledger, ev.entry,
+                            f"payload written to ledger {home[0]} entry {home[1]} read here",
+                            home[2], ev)
+                else:
+                    self._v("L2", ev.ledger, ev.entry,
+                            f"{ev.process} got a payload nobody wrote ({payload[:40]!r})", ev)
+                continue
+            if inv.payload != payload:
+                home = self.payload_home.get(payload)
+                inv_code = "L9" if home is not None and home[0] != ev.ledger else "L3"
+                self._v(inv_code if ev.kind == "read" else "I5", ev.ledger, ev.entry,
+                        f"{ev.process} got {payload[:40]!r}, the writer sent "
+                        f"{(inv.payload or b'')[:40]!r}", inv, ev)
+                continue
+            done = lg.done.get(ev.entry)
+            if done is not None and done.outcome == FAIL and done.index < ev.index:
+                self._v("L2", ev.ledger, ev.entry,
+                        f"aborted read: {ev.process} read an add that definitely failed",
+                        inv, done, ev)
+            if ev.kind == "read" and ev.detail == "tail" and ev.entry > ev.value:
+                self._v("L5", ev.ledger, ev.entry,
+                        f"{ev.process} read entry {ev.entry} above the LAC {ev.value} it was shown",
+                        ev)
+
+    def _check_acks_in_order(self) -> None:
+        for lid, lg in sorted(self.ledgers.items()):
+            acked: set[int] = set()
+            for ev in lg.oks:
+                if ev.entry > 0 and (ev.entry - 1) not in acked:
+                    prev = lg.done.get(ev.entry - 1)
+                    self._v("L6", lid, ev.entry,
+                            f"entry {ev.entry} acknowledged before entry {ev.entry - 1}", ev,
+                            prev)
+                acked.add(ev.entry)
+
+    def _check_closes(self) -> None:
+        for lid, lg in sorted(self.ledgers.items()):
+            ends = lg.closes + lg.meta_closed
+            if not ends:
+                continue
+            first = ends[0]
+            last = first.value
+            for other in ends[1:]:
+                if other.value != last:
+                    self._v("I7", lid, other.value,
+                            f"closed ledger changed: last entry {last} then {other.value}",
+                            first, other)
+            # L8: no ok after a recovery completed.
+            rec = lg.first_recovery_done
+            if rec is not None:
+                for ev in lg.oks:
+                    if ev.index > rec.index:
+                        self._v("L8", lid, ev.entry,
+                                f"writer got ok for entry {ev.entry} after recovery closed the "
+                                f"ledger at {rec.value}", rec, ev)
+            # L1: every ok add is inside the closed range.
+            for ev in lg.oks:
+                if ev.entry > last:
+                    self._v("L1", lid, ev.entry,
+                            f"acknowledged entry {ev.entry} is beyond the closed last entry "
+                            f"{last} (lost write, closed short)", ev, first)
+            # L4: every entry up to last was attempted by the writer.
+            for e in range(0, last + 1):
+                if e not in lg.invoked:
+                    self._v("L4", lid, e, f"closed range 0..{last} holds entry {e} that was "
+                            "never written", first)
+                    break
+            # Final reads (when the runner made them): every ok entry read back.
+            if lg.deleted_at is not None or not (lg.final_reads or lg.final_errors):
+                continue
+            for ev in lg.oks:
+                if ev.entry <= last and ev.entry not in lg.final_reads:
+                    if lg.final_errors and self.beyond:
+                        continue
+                    errs = lg.final_errors[:1]
+                    self._v("L1", lid, ev.entry,
+                            f"acknowledged entry {ev.entry} was not read back after close"
+                            + (f" ({errs[0].detail})" if errs else ""), ev, *errs)
+
+    def _check_lac(self) -> None:
+        last: dict[tuple[str, int], Event] = {}
+        ack_frontier: dict[int, int] = defaultdict(lambda: -1)
+        acked: dict[int, set[int]] = defaultdict(set)
+        closing: dict[int, bool] = {}
+        for ev in self.h.of_kind("lac", "add_done", "close_invoke", "close_done", "metadata"):
+            if ev.kind == "add_done" and ev.outcome == OK:
+                acked[ev.ledger].add(ev.entry)
+                while ack_frontier[ev.ledger] + 1 in acked[ev.ledger]:
+                    ack_frontier[ev.ledger] += 1
+                continue
+            if ev.kind in ("close_invoke", "close_done", "metadata"):
+                if ev.kind != "metadata" or ev.detail != "OPEN":
+                    closing[ev.ledger] = True
+                continue
+            if ev.kind != "lac":
+                continue
+            key = (ev.process, ev.ledger)
+            prev = last.get(key)
+            if prev is not None and ev.value < prev.value:
+                self._v("L7", ev.ledger, ev.value,
+                        f"{ev.process} saw the LAC go back from {prev.value} to {ev.value}",
+                        prev, ev)
+            last[key] = ev
+            if ev.value > ack_frontier[ev.ledger] and not closing.get(ev.ledger):
+                self._v("I3", ev.ledger, ev.value,
+                        f"{ev.process} saw LAC {ev.value} but the writer had only "
+                        f"acknowledged up to {ack_frontier[ev.ledger]}", ev)
+            lg = self.ledgers[ev.ledger]
+            ends = lg.closes + lg.meta_closed
+            if ends and ev.value > ends[0].value:
+                self._v("I1", ev.ledger, ev.value,
+                        f"{ev.process} saw LAC {ev.value} above the closed last entry "
+                        f"{ends[0].value}", ev, ends[0])
+
+    def _check_bookies(self) -> None:
+        acked: dict[tuple[str, int, int], Event] = {}
+        fsync_failed: dict[str, Event] = {}
+        for ev in self.h.of_kind("bookie_ack", "bookie_absent", "fault"):
+            if ev.kind == "fault":
+                if ev.detail.startswith("fsync_eio"):
+                    fsync_failed.setdefault(ev.process, ev)
+                continue
+            key = (ev.process, ev.ledger, ev.entry)
+            if ev.kind == "bookie_ack":
+                acked.setdefault(key, ev)
+                continue
+            ack = acked.get(key)
+            if ack is None:
+                continue
+            lg = self.ledgers.get(ev.ledger)
+            if lg is not None and lg.deleted_at is not None and lg.deleted_at < ev.index:
+                continue
+            failed = fsync_failed.get(ev.process)
+            inv = "I11" if failed is not None else ("I9" if ev.detail.startswith("read") else
+                                                    "I10")
+            self._v(inv, ev.ledger, ev.entry,
+                    f"bookie {ev.process} acknowledged this entry, later said absent "
+                    f"({ev.detail})", ack, failed, ev)
+
+    def _check_liveness(self) -> None:
+        if self.beyond:
+            return
+        for ev in self.h.of_kind("liveness"):
+            if ev.outcome != OK:
+                self._v("I12", ev.ledger, -1, f"no progress after heal: {ev.detail}", ev)
+
+
+def check(history: History, *, beyond_tolerance: bool = False) -> list[Violation]:
+    """All invariant violations in ``history`` (empty list: the run is correct)."""
+    return Checker(history, beyond_tolerance=beyond_tolerance).run()
+
+
+__all__ = ["FAIL", "INFO", "OK", "Checker", "Violation", "check"]

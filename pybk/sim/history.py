@@ -1,0 +1,142 @@
+"""The recorded history of one simulated run: what every process asked and what it got back.
+
+The checker (:mod:`pybk.sim.checker`) works on this record alone, so it can be unit-tested
+with hand-made histories. Events are kept in the order they happened (their index is the
+real-time order; ``t`` is the virtual time) and each carries the trace line number where it
+was logged, so a violation report can quote the lines that matter.
+
+Outcomes follow Jepsen: ``ok`` (it happened), ``fail`` (it definitely did not happen) and
+``info`` (indeterminate: a timeout, a fenced add, a crash).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+OK = "ok"
+FAIL = "fail"
+INFO = "info"
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One history event. ``kind`` decides which fields mean something (see History methods)."""
+
+    index: int
+    t: float
+    kind: str
+    process: str
+    ledger: int = -1
+    entry: int = -1
+    payload: bytes | None = None
+    value: int = -1
+    outcome: str = ""
+    detail: str = ""
+    line: int = -1
+
+
+@dataclass
+class History:
+    """Append-only event log with typed recorders."""
+
+    events: list[Event] = field(default_factory=list)
+    #: Called with a line to append to the run's trace; returns its line number.
+    log: Callable[[str], int] | None = None
+    now: Callable[[], float] = lambda: 0.0
+
+    def _add(self, kind: str, process: str, text: str, **fields: object) -> Event:
+        line = self.log(text) if self.log is not None else -1
+        ev = Event(index=len(self.events), t=self.now(), kind=kind, process=process, line=line,
+                   **fields)  # type: ignore[arg-type]
+        self.events.append(ev)
+        return ev
+
+    # -- writers -----------------------------------------------------------------------------
+
+    def create(self, process: str, ledger: int, detail: str = "") -> Event:
+        return self._add("create", process, f"{process} create L{ledger} {detail}",
+                         ledger=ledger, detail=detail)
+
+    def add_invoke(self, process: str, ledger: int, entry: int, payload: bytes) -> Event:
+        return self._add("add_invoke", process,
+                         f"{process} add L{ledger}:{entry} {payload.decode(errors='replace')}",
+                         ledger=ledger, entry=entry, payload=payload)
+
+    def add_complete(self, process: str, ledger: int, entry: int, outcome: str,
+                     detail: str = "") -> Event:
+        return self._add("add_done", process, f"{process} add L{ledger}:{entry} -> {outcome} "
+                         f"{detail}".rstrip(), ledger=ledger, entry=entry, outcome=outcome,
+                         detail=detail)
+
+    # -- closes and recoveries -----------------------------------------------------------------
+
+    def close_invoke(self, process: str, ledger: int, how: str) -> Event:
+        return self._add("close_invoke", process, f"{process} {how} L{ledger} start",
+                         ledger=ledger, detail=how)
+
+    def close_complete(self, process: str, ledger: int, how: str, outcome: str,
+                       last_entry: int = -1, detail: str = "") -> Event:
+        return self._add("close_done", process,
+                         f"{process} {how} L{ledger} -> {outcome} last={last_entry} {detail}"
+                         .rstrip(), ledger=ledger, value=last_entry, outcome=outcome,
+                         detail=how + ("|" + detail if detail else ""))
+
+    def metadata(self, process: str, ledger: int, state: str, last_entry: int) -> Event:
+        return self._add("metadata", process, f"{process} sees L{ledger} {state} "
+                         f"last={last_entry}", ledger=ledger, value=last_entry, detail=state)
+
+    def delete(self, process: str, ledger: int, outcome: str) -> Event:
+        return self._add("delete", process, f"{process} delete L{ledger} -> {outcome}",
+                         ledger=ledger, outcome=outcome)
+
+    # -- readers -------------------------------------------------------------------------------
+
+    def read(self, process: str, ledger: int, entry: int, payload: bytes, lac_seen: int,
+             recovery: bool, final: bool = False) -> Event:
+        mode = "final" if final else ("recovery" if recovery else "tail")
+        return self._add("read", process, f"{process} read L{ledger}:{entry} "
+                         f"{payload.decode(errors='replace')} lac={lac_seen} {mode}",
+                         ledger=ledger, entry=entry, payload=payload, value=lac_seen,
+                         detail=mode)
+
+    def read_error(self, process: str, ledger: int, entry: int, error: str,
+                   final: bool = False) -> Event:
+        return self._add("read_error", process, f"{process} read L{ledger}:{entry} error "
+                         f"{error}", ledger=ledger, entry=entry, detail=error,
+                         outcome="final" if final else "")
+
+    def lac(self, process: str, ledger: int, lac: int) -> Event:
+        return self._add("lac", process, f"{process} lac L{ledger} = {lac}", ledger=ledger,
+                         value=lac)
+
+    # -- bookies (observed by the simulated network and the restart audit) ---------------------
+
+    def bookie_acked(self, bookie: str, ledger: int, entry: int) -> Event:
+        return self._add("bookie_ack", bookie, f"{bookie} acked L{ledger}:{entry}",
+                         ledger=ledger, entry=entry)
+
+    def bookie_absent(self, bookie: str, ledger: int, entry: int, how: str) -> Event:
+        return self._add("bookie_absent", bookie, f"{bookie} says L{ledger}:{entry} absent "
+                         f"({how})", ledger=ledger, entry=entry, detail=how)
+
+    def bookie_served(self, bookie: str, ledger: int, entry: int, payload: bytes | None,
+                      detail: str = "") -> Event:
+        """A bookie answered OK with bytes: ``payload`` None means they failed the digest."""
+        text = "BAD BYTES" if payload is None else payload.decode(errors="replace")
+        return self._add("bookie_served", bookie, f"{bookie} served L{ledger}:{entry} {text}",
+                         ledger=ledger, entry=entry, payload=payload, detail=detail)
+
+    def fault(self, target: str, kind: str, detail: str = "") -> Event:
+        return self._add("fault", target, f"FAULT {kind} {target} {detail}".rstrip(),
+                         detail=kind + ("|" + detail if detail else ""))
+
+    # -- liveness ------------------------------------------------------------------------------
+
+    def liveness(self, what: str, ok: bool, detail: str = "") -> Event:
+        return self._add("liveness", "sim", f"liveness {what}: {'ok' if ok else 'FAILED'} "
+                         f"{detail}".rstrip(), outcome=OK if ok else FAIL, detail=what + "|"
+                         + detail)
+
+    def of_kind(self, *kinds: str) -> list[Event]:
+        return [e for e in self.events if e.kind in kinds]

@@ -1,0 +1,329 @@
+"""The simulated network: a :class:`~pybk.transport.base.Transport` with seeded faults.
+
+Every client gets its own endpoint (:meth:`SimNetwork.endpoint`); every bookie incarnation is a
+``handler(request) -> Awaitable[Response]`` registered with :meth:`SimNetwork.set_bookie`.
+Messages travel on per-(client, bookie) connections, like TCP: in order (unless the reorder
+knob is on), each direction delayed by a sampled latency.
+
+Fault model (research/reliability.md 3.5), all drawn from one injected ``random.Random``:
+
+* **drop**: the message vanishes; the caller sees a timeout (``pybk.TimeoutError``).
+* **duplicate**: a request is delivered twice (the second copy later); bookies must be
+  idempotent.
+* **reorder**: a message may overtake earlier ones on its connection.
+* **corrupt**: modelled as "the frame CRC caught it": the receiver closes the connection, so
+  every request pending on it fails with ``BookieUnavailableError``.
+* **reset**: the connection is reset at once (``BookieUnavailableError``).
+* **partitions**: directed links are blocked (messages dropped); symmetric, asymmetric,
+  isolate-one and swizzle-clog are built from :meth:`block`/:meth:`unblock` by
+  :mod:`pybk.sim.faults`.
+* **pause**: a paused node's traffic (both directions) is held and released on resume, which
+  is how a frozen process looks from the outside (its adds arrive late, after its timeouts).
+
+A crashed bookie resets its connections (the kernel answers RST for a dead process) and new
+requests fail fast with ``BookieUnavailableError`` (connection refused).
+
+Observers see every response a bookie *produced* (delivered or not): the checker uses them for
+bookie-honesty invariants (an OK add is a durability promise even if the reply is lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from pybk.errors import BookieUnavailableError
+from pybk.errors import TimeoutError as BKTimeoutError
+from pybk.protocol import Request, Response
+from pybk.transport.base import Transport
+
+Handler = Callable[[Request], Awaitable[Response]]
+Observer = Callable[[str, str, Request, Response], None]
+
+
+@dataclass
+class NetConfig:
+    """Knobs of the simulated network (probabilities are per message)."""
+
+    latency_min: float = 0.0005
+    latency_mean: float = 0.002  # mean of the exponential part added to latency_min
+    drop: float = 0.0
+    duplicate: float = 0.0
+    reorder: float = 0.0
+    corrupt: float = 0.0
+    reset: float = 0.0
+    #: Used when a caller passes ``timeout=None``: a dropped message must still end somehow.
+    default_timeout: float = 10.0
+
+    def quiet(self) -> NetConfig:
+        """The same latencies without any message faults (the heal phase)."""
+        return NetConfig(self.latency_min, self.latency_mean, default_timeout=self.default_timeout)
+
+
+class _Conn:
+    """One (client, bookie) connection: a generation number and the requests pending on it."""
+
+    __slots__ = ("gen", "last_arrival_back", "last_arrival_fwd", "pending")
+
+    def __init__(self) -> None:
+        self.gen = 0
+        self.pending: dict[int, asyncio.Future[Response]] = {}
+        self.last_arrival_fwd = 0.0
+        self.last_arrival_back = 0.0
+
+
+class SimNetwork:
+    """All links of one simulated cluster."""
+
+    def __init__(
+        self,
+        rng: random.Random,
+        config: NetConfig | None = None,
+        trace: Callable[[str], None] | None = None,
+        count: Callable[[str], None] | None = None,
+    ) -> None:
+        self.rng = rng
+        self.config = config or NetConfig()
+        self._trace = trace or (lambda line: None)
+        self._count = count or (lambda kind: None)
+        self._bookies: dict[str, Handler | None] = {}
+        self._incarnation: dict[str, int] = {}
+        self._conns: dict[tuple[str, str], _Conn] = {}
+        self._blocked: dict[tuple[str, str], bool] = {}
+        self._paused: dict[str, list[Callable[[], None]]] = {}
+        self._dead_clients: dict[str, bool] = {}
+        self._seq = 0
+        self.observers: list[Observer] = []
+        self.messages = 0
+
+    # -- topology ----------------------------------------------------------------------------
+
+    def endpoint(self, client: str) -> SimTransport:
+        return SimTransport(self, client)
+
+    def set_bookie(self, bookie_id: str, handler: Handler | None) -> None:
+        """Install a bookie incarnation (or None: the bookie is down). Resets its connections."""
+        self._incarnation[bookie_id] = self._incarnation.get(bookie_id, 0) + 1
+        self._bookies[bookie_id] = handler
+        for (client, bid) in sorted(self._conns):
+            if bid == bookie_id:
+                self._reset(client, bid, "bookie restarted" if handler else "bookie down")
+
+    def bookie_up(self, bookie_id: str) -> bool:
+        return self._bookies.get(bookie_id) is not None
+
+    def block(self, src: str, dst: str) -> None:
+        """Drop every message from ``src`` to ``dst`` until :meth:`unblock`."""
+        self._blocked[(src, dst)] = True
+
+    def unblock(self, src: str, dst: str) -> None:
+        self._blocked.pop((src, dst), None)
+
+    def heal(self) -> None:
+        """Remove every partition and resume every paused node."""
+        self._blocked.clear()
+        for node in sorted(self._paused):
+            self.resume(node)
+
+    def blocked_links(self) -> list[tuple[str, str]]:
+        return sorted(self._blocked)
+
+    def pause(self, node: str) -> None:
+        """Freeze a node's traffic: messages to and from it wait until :meth:`resume`."""
+        self._paused.setdefault(node, [])
+
+    def resume(self, node: str) -> None:
+        held = self._paused.pop(node, [])
+        for release in held:
+            release()
+
+    def kill_client(self, client: str) -> None:
+        """The client process died: its connections go away and it never hears back."""
+        self._dead_clients[client] = True
+        for (c, bid) in sorted(self._conns):
+            if c == client:
+                self._reset(c, bid, "client crashed")
+
+    # -- sending -----------------------------------------------------------------------------
+
+    def _conn(self, client: str, bookie_id: str) -> _Conn:
+        key = (client, bookie_id)
+        conn = self._conns.get(key)
+        if conn is None:
+            conn = self._conns[key] = _Conn()
+        return conn
+
+    def _reset(self, client: str, bookie_id: str, why: str) -> None:
+        conn = self._conns.get((client, bookie_id))
+        if conn is None:
+            return
+        conn.gen += 1
+        pending = list(conn.pending.items())
+        conn.pending.clear()
+        if pending:
+            self._trace(f"net reset {client}->{bookie_id} ({why}); {len(pending)} pending fail")
+        for _, fut in pending:
+            if not fut.done():
+                fut.set_exception(BookieUnavailableError(f"{bookie_id}: connection reset ({why})"))
+
+    def _latency(self) -> float:
+        cfg = self.config
+        return cfg.latency_min + self.rng.expovariate(1.0 / cfg.latency_mean)
+
+    def send(
+        self, client: str, bookie_id: str, request: Request, timeout: float | None
+    ) -> asyncio.Future[Response]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Response] = loop.create_future()
+        self.messages += 1
+        if self._dead_clients.get(client):
+            fut.set_exception(BookieUnavailableError(f"{client} is dead"))
+            return fut
+        self._seq += 1
+        seq = self._seq
+        conn = self._conn(client, bookie_id)
+        if self._bookies.get(bookie_id) is None:
+            # Connection refused, after a round trip.
+            loop.call_later(2 * self._latency(), _fail, fut,
+                            BookieUnavailableError(f"{bookie_id}: connection refused"))
+            return fut
+        conn.pending[seq] = fut
+        limit = self.config.default_timeout if timeout is None else timeout
+        handle = loop.call_later(limit, self._expire, conn, seq, bookie_id, request, limit)
+        def _done(_f: asyncio.Future[Response]) -> None:
+            handle.cancel()
+            conn.pending.pop(seq, None)
+
+        fut.add_done_callback(_done)
+        self._transmit(client, bookie_id, conn, conn.gen, forward=True,
+                       deliver=lambda: self._arrive_request(client, bookie_id, conn, seq, request))
+        return fut
+
+    def _expire(self, conn: _Conn, seq: int, bookie_id: str, request: Request,
+                limit: float) -> None:
+        fut = conn.pending.pop(seq, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(
+                BKTimeoutError(f"{bookie_id}: no answer to {type(request).__name__} in {limit}s")
+            )
+
+    def _transmit(self, src: str, dst: str, conn: _Conn, gen: int, *, forward: bool,
+                  deliver: Callable[[], None], duplicable: bool = True) -> None:
+        """Move one message from ``src`` to ``dst`` through the fault model."""
+        loop = asyncio.get_running_loop()
+        client, bookie_id = (src, dst) if forward else (dst, src)
+        for node in (src, dst):
+            if node in self._paused:
+                self._paused[node].append(
+                    lambda: self._transmit(src, dst, conn, gen, forward=forward, deliver=deliver,
+                                           duplicable=duplicable))
+                return
+        if self._blocked.get((src, dst)):
+            self._count("partition_drop")
+            return
+        cfg = self.config
+        rng = self.rng
+        if cfg.drop and rng.random() < cfg.drop:
+            self._count("drop")
+            self._trace(f"net drop {src}->{dst}")
+            return
+        if cfg.corrupt and rng.random() < cfg.corrupt:
+            self._count("corrupt")
+            self._trace(f"net corrupt {src}->{dst}: crc caught, connection closed")
+            loop.call_later(self._latency(), self._reset_if, client, bookie_id, conn, gen,
+                            "corrupt frame")
+            return
+        if cfg.reset and rng.random() < cfg.reset:
+            self._count("reset")
+            self._reset(client, bookie_id, "reset")
+            return
+        arrival = loop.time() + self._latency()
+        last = conn.last_arrival_fwd if forward else conn.last_arrival_back
+        if cfg.reorder and rng.random() < cfg.reorder:
+            self._count("reorder")
+        else:
+            arrival = max(arrival, last)
+        if forward:
+            conn.last_arrival_fwd = max(last, arrival)
+        else:
+            conn.last_arrival_back = max(last, arrival)
+        loop.call_at(arrival, self._deliver_if, conn, gen, deliver)
+        if forward and duplicable and cfg.duplicate and rng.random() < cfg.duplicate:
+            self._count("duplicate")
+            later = arrival + self._latency() * rng.choice((1, 5, 50))
+            loop.call_at(later, self._deliver_if, conn, gen, deliver)
+
+    def _reset_if(self, client: str, bookie_id: str, conn: _Conn, gen: int, why: str) -> None:
+        if conn.gen == gen:
+            self._reset(client, bookie_id, why)
+
+    @staticmethod
+    def _deliver_if(conn: _Conn, gen: int, deliver: Callable[[], None]) -> None:
+        if conn.gen == gen:
+            deliver()
+
+    def _arrive_request(self, client: str, bookie_id: str, conn: _Conn, seq: int,
+                        request: Request) -> None:
+        handler = self._bookies.get(bookie_id)
+        if handler is None:
+            self._reset(client, bookie_id, "bookie down")
+            return
+        incarnation = self._incarnation[bookie_id]
+        gen = conn.gen
+        asyncio.get_running_loop().create_task(
+            self._serve(handler, incarnation, client, bookie_id, conn, gen, seq, request)
+        )
+
+    async def _serve(self, handler: Handler, incarnation: int, client: str, bookie_id: str,
+                     conn: _Conn, gen: int, seq: int, request: Request) -> None:
+        try:
+            response = await handler(request)
+        except Exception as exc:  # a bookie must never raise from handle(); count and reset
+            self._count("handler_exception")
+            self._trace(f"net {bookie_id} raised {type(exc).__name__}: {exc}")
+            if self._incarnation.get(bookie_id) == incarnation:
+                self._reset_if(client, bookie_id, conn, gen, "handler raised")
+            return
+        if self._incarnation.get(bookie_id) != incarnation:
+            return  # the process died while handling: nobody sends the reply
+        for observer in self.observers:
+            observer(bookie_id, client, request, response)
+        self._transmit(bookie_id, client, conn, gen, forward=False, duplicable=False,
+                       deliver=lambda: self._arrive_response(conn, seq, response))
+
+    @staticmethod
+    def _arrive_response(conn: _Conn, seq: int, response: Response) -> None:
+        fut = conn.pending.pop(seq, None)
+        if fut is not None and not fut.done():
+            fut.set_result(response)
+
+
+def _fail(fut: asyncio.Future[Response], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+class SimTransport(Transport):
+    """One client's view of the simulated network."""
+
+    def __init__(self, network: SimNetwork, client: str) -> None:
+        self.network = network
+        self.client = client
+        self.closed = False
+
+    def send(
+        self, bookie_id: str, request: Request, timeout: float | None = None
+    ) -> asyncio.Future[Response]:
+        if self.closed:
+            fut: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+            fut.set_exception(BookieUnavailableError("transport closed"))
+            return fut
+        return self.network.send(self.client, bookie_id, request, timeout)
+
+    async def close(self) -> None:
+        self.closed = True
+        for (c, bid) in sorted(self.network._conns):
+            if c == self.client:
+                self.network._reset(c, bid, "transport closed")
