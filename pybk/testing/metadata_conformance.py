@@ -1,0 +1,495 @@
+"""A conformance suite any :class:`~pybk.metadata.base.MetadataStore` implementation can run.
+
+In the spirit of ``trio.testing.check_two_way_stream``: you describe how to reach your backend
+with a :class:`MetadataBackend` (open another client on the same store, make a client's owner
+vanish, damage stored bytes), and :func:`run_check` / :func:`run_all` exercise the contract:
+CAS conflicts, the update loop under concurrent updaters, unique ids under concurrency,
+watches, ephemeral registrations, read-only flag, cookies, under-replication marks and the
+serialization round trip including corrupt bytes.
+
+Typical pytest use::
+
+    @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
+    async def test_conformance(check, my_backend):
+        await check(my_backend)
+
+Each check is independent and expects a backend whose store starts empty.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import tempfile
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from pybk.errors import (
+    CorruptRecordError,
+    LedgerExistsError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+)
+from pybk.metadata.base import (
+    CLOSED,
+    IN_RECOVERY,
+    BookieRegistration,
+    LedgerMetadata,
+    MetadataStore,
+)
+
+#: How long a check waits for something asynchronous (watch callbacks, lease expiry).
+DEFAULT_BOUND = 10.0
+
+
+class MetadataBackend(abc.ABC):
+    """What the suite needs to know about one backend (one shared store, many clients)."""
+
+    #: Seconds within which watches must fire and a dead owner's registration must vanish.
+    bound: float = DEFAULT_BOUND
+
+    @abc.abstractmethod
+    async def open(self) -> MetadataStore:
+        """A new client (its own session/owner) of the one store under test."""
+
+    @abc.abstractmethod
+    async def kill_owner(self, store: MetadataStore) -> None:
+        """Make ``store``'s owner disappear without a clean unregister (crash, lost session).
+        The suite does not use ``store`` afterwards."""
+
+    @abc.abstractmethod
+    async def corrupt_ledger(self, store: MetadataStore, ledger_id: int, data: bytes) -> None:
+        """Overwrite the stored bytes of a ledger's metadata."""
+
+    async def cleanup(self) -> None:  # noqa: B027 - optional hook
+        """Release what the backend holds (called once after a check)."""
+
+
+# -- backends shipped with pybk ---------------------------------------------------------------
+
+
+class MemoryBackend(MetadataBackend):
+    """``memory://``: clients are sessions of one shared state."""
+
+    bound = 2.0
+
+    def __init__(self) -> None:
+        from pybk.metadata.memory import MemoryMetadataStore
+
+        self._root = MemoryMetadataStore()
+        self._opened: list[MetadataStore] = []
+
+    async def open(self) -> MetadataStore:
+        store = self._root.session()
+        self._opened.append(store)
+        return store
+
+    async def kill_owner(self, store: MetadataStore) -> None:
+        from pybk.metadata.memory import MemoryMetadataStore
+
+        assert isinstance(store, MemoryMetadataStore)
+        store.expire_session()
+
+    async def corrupt_ledger(self, store: MetadataStore, ledger_id: int, data: bytes) -> None:
+        self._root.corrupt_ledger(ledger_id, data)
+
+    async def cleanup(self) -> None:
+        for s in self._opened:
+            await s.close()
+
+
+class SqliteBackend(MetadataBackend):
+    """``sqlite:///``: clients are separate connections to one file, short leases."""
+
+    def __init__(self, path: str | None = None, *, ttl: float = 1.0) -> None:
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if path is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="pybk-meta-")
+            path = str(Path(self._tmp.name) / "metadata.db")
+        self.path = path
+        self.ttl = ttl
+        self.bound = ttl * 5 + 2.0
+        self._opened: list[MetadataStore] = []
+
+    async def open(self) -> MetadataStore:
+        from pybk.metadata.sqlite import SqliteMetadataStore
+
+        store = SqliteMetadataStore(
+            self.path, ttl=self.ttl, heartbeat_interval=self.ttl / 5, poll_interval=0.02
+        )
+        self._opened.append(store)
+        return store
+
+    async def kill_owner(self, store: MetadataStore) -> None:
+        from pybk.metadata.sqlite import SqliteMetadataStore
+
+        assert isinstance(store, SqliteMetadataStore)
+        await store.crash()
+
+    async def corrupt_ledger(self, store: MetadataStore, ledger_id: int, data: bytes) -> None:
+        from pybk.metadata.sqlite import SqliteMetadataStore
+
+        assert isinstance(store, SqliteMetadataStore)
+        await store.corrupt_ledger(ledger_id, data)
+
+    async def cleanup(self) -> None:
+        for s in self._opened:
+            await s.close()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def sample_metadata(ledger_id: int, **changes: object) -> LedgerMetadata:
+    """Metadata with every field set to something non-default."""
+    md = LedgerMetadata(
+        ledger_id=ledger_id,
+        ensemble_size=3,
+        write_quorum=2,
+        ack_quorum=2,
+        ensembles={0: ("bk-1", "bk-2", "bk-3"), 17: ("bk-1", "bk-4", "bk-3")},
+        digest_type="MAC",
+        password_hash=b"\x00\xffsecret-hash",
+        custom_metadata={"app": b"\x01\x02", "name": "ledger".encode()},
+        ctime_ms=1_700_000_000_123,
+    )
+    return md.with_changes(**changes) if changes else md
+
+
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool]], bound: float, what: str
+) -> None:
+    """Poll ``predicate`` until it holds; AssertionError naming ``what`` after ``bound`` s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + bound
+    while not await predicate():
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {bound}s waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+async def _wait_event(event: asyncio.Event, bound: float, what: str) -> None:
+    try:
+        await asyncio.wait_for(event.wait(), bound)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"timed out after {bound}s waiting for {what}") from None
+
+
+def _same(a: LedgerMetadata, b: LedgerMetadata) -> bool:
+    return a.with_changes(version=-1) == b.with_changes(version=-1)
+
+
+# -- the checks ----------------------------------------------------------------------------------
+
+
+async def check_create_read_round_trip(backend: MetadataBackend) -> None:
+    store = await backend.open()
+    lid = await store.allocate_ledger_id()
+    md = sample_metadata(lid)
+    created = await store.create_ledger(md)
+    assert created.version >= 0, created.version
+    read = await store.read_ledger(lid)
+    assert _same(read, md), (read, md)
+    assert read.version == created.version
+    other = await backend.open()
+    assert _same(await other.read_ledger(lid), md)
+    try:
+        await other.create_ledger(sample_metadata(lid, length=5))
+    except LedgerExistsError:
+        pass
+    else:
+        raise AssertionError("creating an existing ledger did not raise LedgerExistsError")
+    assert (await store.read_ledger(lid)).length == 0
+    try:
+        await store.read_ledger(lid + 1_000_000)
+    except NoSuchLedgerError:
+        pass
+    else:
+        raise AssertionError("reading a missing ledger did not raise NoSuchLedgerError")
+
+
+async def check_cas_conflict(backend: MetadataBackend) -> None:
+    a, b = await backend.open(), await backend.open()
+    lid = await a.allocate_ledger_id()
+    v0 = await a.create_ledger(sample_metadata(lid))
+    v1 = await b.write_ledger(v0.with_changes(state=IN_RECOVERY), v0.version)
+    assert v1.version != v0.version
+    try:
+        await a.write_ledger(v0.with_changes(state=CLOSED, last_entry_id=9), v0.version)
+    except MetadataVersionError:
+        pass
+    else:
+        raise AssertionError("a CAS with a stale version did not raise MetadataVersionError")
+    now = await a.read_ledger(lid)
+    assert now.state == IN_RECOVERY and now.version == v1.version, now
+    v2 = await a.write_ledger(now.with_changes(state=CLOSED, last_entry_id=9), now.version)
+    assert (await b.read_ledger(lid)).version == v2.version
+    try:
+        await a.write_ledger(sample_metadata(lid + 1_000_000), 0)
+    except NoSuchLedgerError:
+        pass
+    else:
+        raise AssertionError("a CAS on a missing ledger did not raise NoSuchLedgerError")
+
+
+async def check_update_loop_under_concurrent_updaters(backend: MetadataBackend) -> None:
+    stores = [await backend.open() for _ in range(3)]
+    lid = await stores[0].allocate_ledger_id()
+    await stores[0].create_ledger(sample_metadata(lid))
+    per_store, updaters = 5, 4
+
+    async def bump(store: MetadataStore, amount: int) -> None:
+        for _ in range(per_store):
+            await store.update_ledger(lid, lambda m: m.with_changes(length=m.length + amount))
+
+    await asyncio.gather(*(bump(s, i + 1) for s in stores for i in range(updaters)))
+    final = await stores[1].read_ledger(lid)
+    expected = len(stores) * per_store * sum(range(1, updaters + 1))
+    assert final.length == expected, (final.length, expected)
+    same = await stores[2].update_ledger(lid, lambda m: None)
+    assert same.version == final.version and same.length == expected
+    try:
+        await stores[0].update_ledger(lid + 1_000_000, lambda m: m)
+    except NoSuchLedgerError:
+        pass
+    else:
+        raise AssertionError("update_ledger on a missing ledger did not raise")
+
+
+async def check_delete_and_list(backend: MetadataBackend) -> None:
+    store = await backend.open()
+    ids = [await store.allocate_ledger_id() for _ in range(4)]
+    created = {lid: await store.create_ledger(sample_metadata(lid)) for lid in reversed(ids)}
+    assert await store.list_ledgers() == sorted(ids)
+    victim = ids[1]
+    updated = await store.write_ledger(created[victim].with_changes(length=1), created[victim].version)
+    try:
+        await store.delete_ledger(victim, expected_version=created[victim].version)
+    except MetadataVersionError:
+        pass
+    else:
+        raise AssertionError("delete with a stale version did not raise MetadataVersionError")
+    await store.delete_ledger(victim, expected_version=updated.version)
+    await store.delete_ledger(ids[2])
+    assert await store.list_ledgers() == sorted([ids[0], ids[3]])
+    for gone in (victim, ids[2]):
+        try:
+            await store.read_ledger(gone)
+        except NoSuchLedgerError:
+            pass
+        else:
+            raise AssertionError(f"deleted ledger {gone} still readable")
+    try:
+        await store.delete_ledger(victim)
+    except NoSuchLedgerError:
+        pass
+    else:
+        raise AssertionError("deleting a missing ledger did not raise NoSuchLedgerError")
+
+
+async def check_id_allocation_unique_under_concurrency(backend: MetadataBackend) -> None:
+    stores = [await backend.open() for _ in range(3)]
+    per_store = 40
+    results = await asyncio.gather(
+        *(s.allocate_ledger_id() for s in stores for _ in range(per_store))
+    )
+    assert len(set(results)) == len(results), sorted(results)
+    assert all(isinstance(i, int) and i >= 0 for i in results)
+    # ids handed out are usable and never collide with a created ledger
+    await stores[0].create_ledger(sample_metadata(results[0]))
+    more = [await stores[1].allocate_ledger_id() for _ in range(5)]
+    assert not set(more) & set(results)
+
+
+async def check_watch_ledger_fires_on_change_and_delete(backend: MetadataBackend) -> None:
+    watcher, writer = await backend.open(), await backend.open()
+    lid = await writer.allocate_ledger_id()
+    md = await writer.create_ledger(sample_metadata(lid))
+    seen = await watcher.read_ledger(lid)
+    fired: list[int] = []
+    event = asyncio.Event()
+    cancelled_fired: list[int] = []
+
+    def on_change(ledger_id: int) -> None:
+        fired.append(ledger_id)
+        event.set()
+
+    watch = watcher.watch_ledger(lid, on_change)
+    dead = watcher.watch_ledger(lid, cancelled_fired.append)
+    dead.cancel()
+    md = await writer.write_ledger(md.with_changes(state=IN_RECOVERY), seen.version)
+    await _wait_event(event, backend.bound, "ledger watch after a CAS write")
+    assert set(fired) == {lid}
+    assert (await watcher.read_ledger(lid)).state == IN_RECOVERY
+    event.clear()
+    await writer.delete_ledger(lid)
+    await _wait_event(event, backend.bound, "ledger watch after delete")
+    watch.cancel()
+    assert cancelled_fired == [], "a cancelled watch fired"
+
+
+async def check_watch_bookies_fires_on_membership_change(backend: MetadataBackend) -> None:
+    watcher, bookie = await backend.open(), await backend.open()
+    event = asyncio.Event()
+    watch = watcher.watch_bookies(event.set)
+    await watcher.list_bookies()
+    await bookie.register_bookie(BookieRegistration("bk-a", "127.0.0.1:3181"))
+    await _wait_event(event, backend.bound, "bookie watch after register")
+    assert await watcher.writable_bookies() == ["bk-a"]
+    event.clear()
+    await bookie.register_bookie(BookieRegistration("bk-a", "127.0.0.1:3181", read_only=True))
+    await _wait_event(event, backend.bound, "bookie watch after flipping to read-only")
+    event.clear()
+    await bookie.unregister_bookie("bk-a")
+    await _wait_event(event, backend.bound, "bookie watch after unregister")
+    assert await watcher.list_bookies() == []
+    watch.cancel()
+
+
+async def check_read_only_flag(backend: MetadataBackend) -> None:
+    store, reader = await backend.open(), await backend.open()
+    await store.register_bookie(BookieRegistration("bk-2", "10.0.0.2:3181"))
+    await store.register_bookie(BookieRegistration("bk-1", "10.0.0.1:3181"))
+    assert await reader.writable_bookies() == ["bk-1", "bk-2"]
+    assert await reader.read_only_bookies() == []
+    await store.register_bookie(BookieRegistration("bk-2", "10.0.0.2:3181", read_only=True))
+    assert await reader.writable_bookies() == ["bk-1"]
+    assert await reader.read_only_bookies() == ["bk-2"]
+    assert await reader.list_bookies() == [
+        BookieRegistration("bk-1", "10.0.0.1:3181"),
+        BookieRegistration("bk-2", "10.0.0.2:3181", read_only=True),
+    ]
+    await store.register_bookie(BookieRegistration("bk-2", "10.0.0.2:3181"))
+    assert await reader.writable_bookies() == ["bk-1", "bk-2"]
+    await store.unregister_bookie("bk-1")
+    await store.unregister_bookie("bk-never")  # unknown id: nothing to do
+    assert await reader.writable_bookies() == ["bk-2"]
+
+
+async def check_registration_vanishes_with_its_owner(backend: MetadataBackend) -> None:
+    observer, doomed, survivor = await backend.open(), await backend.open(), await backend.open()
+    await doomed.register_bookie(BookieRegistration("bk-doomed", "h:1"))
+    await survivor.register_bookie(BookieRegistration("bk-alive", "h:2"))
+    assert await observer.writable_bookies() == ["bk-alive", "bk-doomed"]
+    await backend.kill_owner(doomed)
+
+    async def gone() -> bool:
+        return await observer.writable_bookies() == ["bk-alive"]
+
+    await wait_until(gone, backend.bound, "the dead owner's registration to disappear")
+    # and the live one stays (its heartbeat/session keeps it)
+    assert await observer.writable_bookies() == ["bk-alive"]
+
+
+async def check_clean_close_unregisters(backend: MetadataBackend) -> None:
+    observer, bookie = await backend.open(), await backend.open()
+    await bookie.register_bookie(BookieRegistration("bk-x", "h:1"))
+    assert await observer.writable_bookies() == ["bk-x"]
+    await bookie.close()
+    assert await observer.writable_bookies() == []
+
+
+async def check_cookies(backend: MetadataBackend) -> None:
+    store, other = await backend.open(), await backend.open()
+    assert await store.read_cookie("bk-1") is None
+    await store.write_cookie("bk-1", b"cookie-v1\x00")
+    assert await other.read_cookie("bk-1") == b"cookie-v1\x00"
+    await other.write_cookie("bk-1", b"cookie-v2")
+    assert await store.read_cookie("bk-1") == b"cookie-v2"
+    assert await store.read_cookie("bk-2") is None
+    await store.delete_cookie("bk-1")
+    assert await other.read_cookie("bk-1") is None
+    await store.delete_cookie("bk-1")  # idempotent
+
+
+async def check_under_replication_marks(backend: MetadataBackend) -> None:
+    store, other = await backend.open(), await backend.open()
+    assert await store.list_under_replicated() == {}
+    await store.mark_under_replicated(12, ["bk-3"])
+    await other.mark_under_replicated(12, ["bk-1", "bk-3"])
+    await other.mark_under_replicated(5, ["bk-2"])
+    assert await store.list_under_replicated() == {5: ["bk-2"], 12: ["bk-1", "bk-3"]}
+    await store.clear_under_replicated(12)
+    await store.clear_under_replicated(99)  # no mark: nothing to do
+    assert await other.list_under_replicated() == {5: ["bk-2"]}
+
+
+async def check_corrupt_metadata_is_an_error(backend: MetadataBackend) -> None:
+    store = await backend.open()
+    lid = await store.allocate_ledger_id()
+    await store.create_ledger(sample_metadata(lid))
+    good = sample_metadata(lid).to_bytes()
+    flipped = bytearray(good)
+    flipped[-3] ^= 0x20
+    for bad in (bytes(flipped), good[:-1], b"", b"not metadata at all", good[:8]):
+        await backend.corrupt_ledger(store, lid, bad)
+        try:
+            await store.read_ledger(lid)
+        except CorruptRecordError:
+            pass
+        else:
+            raise AssertionError(f"corrupt bytes {bad[:16]!r}... were accepted")
+    # update_ledger must not paper over corruption either
+    try:
+        await store.update_ledger(lid, lambda m: m.with_changes(length=1))
+    except CorruptRecordError:
+        pass
+    else:
+        raise AssertionError("update_ledger accepted corrupt metadata")
+
+
+async def check_bad_arguments_are_value_errors(backend: MetadataBackend) -> None:
+    store = await backend.open()
+    for call in (
+        lambda: store.read_ledger(-1),
+        lambda: store.delete_ledger(-5),
+        lambda: store.create_ledger(sample_metadata(-2)),
+        lambda: store.create_ledger(sample_metadata(1, state="BOGUS")),
+        lambda: store.register_bookie(BookieRegistration("a/b", "")),
+        lambda: store.read_cookie(""),
+    ):
+        try:
+            await call()
+        except ValueError as exc:
+            assert str(exc), "ValueError without a message"
+        else:
+            raise AssertionError("bad argument accepted")
+    assert await store.list_ledgers() == []
+
+
+CHECKS: list[Callable[[MetadataBackend], Awaitable[None]]] = [
+    check_create_read_round_trip,
+    check_cas_conflict,
+    check_update_loop_under_concurrent_updaters,
+    check_delete_and_list,
+    check_id_allocation_unique_under_concurrency,
+    check_watch_ledger_fires_on_change_and_delete,
+    check_watch_bookies_fires_on_membership_change,
+    check_read_only_flag,
+    check_registration_vanishes_with_its_owner,
+    check_clean_close_unregisters,
+    check_cookies,
+    check_under_replication_marks,
+    check_corrupt_metadata_is_an_error,
+    check_bad_arguments_are_value_errors,
+]
+
+
+async def run_check(
+    make_backend: Callable[[], MetadataBackend],
+    check: Callable[[MetadataBackend], Awaitable[None]],
+) -> None:
+    """Run one check on a fresh backend and clean it up afterwards."""
+    backend = make_backend()
+    try:
+        await check(backend)
+    finally:
+        await backend.cleanup()
+
+
+async def run_all(make_backend: Callable[[], MetadataBackend]) -> None:
+    """Run every check, each on a fresh backend."""
+    for check in CHECKS:
+        await run_check(make_backend, check)

@@ -1,0 +1,33 @@
+"""The backend conformance suite (pybk.testing.metadata_conformance) on every backend."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from pybk.testing.metadata_conformance import (
+    CHECKS,
+    MemoryBackend,
+    MetadataBackend,
+    SqliteBackend,
+    run_check,
+)
+
+Check = Callable[[MetadataBackend], Awaitable[None]]
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+async def test_memory(check: Check) -> None:
+    await run_check(MemoryBackend, check)
+
+
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+async def test_sqlite(check: Check) -> None:
+    await run_check(SqliteBackend, check)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+async def test_zookeeper(check: Check, zk_backend_factory: Callable[[], MetadataBackend]) -> None:
+    await run_check(zk_backend_factory, check)

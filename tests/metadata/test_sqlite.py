@@ -1,0 +1,179 @@
+"""SQLite backend specifics: several processes on one file, leases, damage, lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pybk.errors import ClientClosedError, CorruptRecordError
+from pybk.metadata import open_store
+from pybk.metadata.base import BookieRegistration
+from pybk.metadata.sqlite import SqliteMetadataStore
+from pybk.testing.metadata_conformance import sample_metadata, wait_until
+
+WORKER = textwrap.dedent(
+    """
+    import asyncio, json, sys
+    from pybk.metadata.sqlite import SqliteMetadataStore
+
+    async def main(path, ledger, n):
+        store = SqliteMetadataStore(path, id_block=int(sys.argv[4]))
+        ids = [await store.allocate_ledger_id() for _ in range(n)]
+        for _ in range(n // 4):
+            await store.update_ledger(ledger, lambda m: m.with_changes(length=m.length + 1))
+        await store.close()
+        print(json.dumps(ids))
+
+    asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+    """
+)
+
+
+@pytest.mark.parametrize("id_block", [1, 16])
+async def test_two_processes_share_the_file_ids_unique_and_cas_safe(
+    tmp_path: Path, id_block: int
+) -> None:
+    path = str(tmp_path / "meta.db")
+    store = SqliteMetadataStore(path)
+    lid = await store.allocate_ledger_id()
+    await store.create_ledger(sample_metadata(lid))
+    n = 40
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, "-c", WORKER, path, str(lid), str(n), str(id_block),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
+    local = [await store.allocate_ledger_id() for _ in range(n)]
+    outs = [await asyncio.wait_for(p.communicate(), 60) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err.decode()
+    remote = [json.loads(out) for out, _ in outs]
+    every = local + remote[0] + remote[1] + [lid]
+    assert len(every) == len(set(every)) == 3 * n + 1
+    assert (await store.read_ledger(lid)).length == 2 * (n // 4)
+    await store.close()
+
+
+async def test_file_is_in_wal_mode_with_a_schema_version(tmp_path: Path) -> None:
+    path = tmp_path / "meta.db"
+    store = open_store(f"sqlite://{path}")
+    assert isinstance(store, SqliteMetadataStore)
+    await store.list_ledgers()
+    await store.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    conn.close()
+
+
+async def test_heartbeat_keeps_a_registration_past_its_ttl_and_crash_lets_it_lapse(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / "meta.db")
+    bookie = SqliteMetadataStore(path, ttl=0.4, heartbeat_interval=0.05)
+    observer = SqliteMetadataStore(path)
+    await bookie.register_bookie(BookieRegistration("bk", "h:1"))
+    loop = asyncio.get_running_loop()
+    # several ttls pass; the registration must be listed at every look
+    end = loop.time() + 1.2
+    while loop.time() < end:
+        assert await observer.writable_bookies() == ["bk"]
+        await asyncio.sleep(0.05)
+    await bookie.crash()
+
+    async def gone() -> bool:
+        return await observer.writable_bookies() == []
+
+    await wait_until(gone, 5.0, "lease to lapse after crash")
+    await observer.close()
+
+
+async def test_lapsed_registration_is_renewed_but_never_steals_a_live_one(tmp_path: Path) -> None:
+    path = str(tmp_path / "meta.db")
+    a = SqliteMetadataStore(path, ttl=0.3, heartbeat_interval=0.05)
+    b = SqliteMetadataStore(path, ttl=1.0, heartbeat_interval=0.2)
+    await a.register_bookie(BookieRegistration("bk", "old:1"))
+    # a newer process registers the same bookie id: the latest registrant owns it
+    await b.register_bookie(BookieRegistration("bk", "new:1"))
+    for _ in range(10):  # a keeps heartbeating; it must not take the id back
+        await asyncio.sleep(0.05)
+        assert [r.address for r in await b.list_bookies()] == ["new:1"]
+    await b.crash()
+    # once b's lease lapsed, a's heartbeat may re-create its registration
+    c = SqliteMetadataStore(path)
+
+    async def a_back() -> bool:
+        return [r.address for r in await c.list_bookies()] == ["old:1"]
+
+    await wait_until(a_back, 10.0, "renewed registration")
+    await a.close()
+    assert await c.list_bookies() == []
+    await c.close()
+
+
+async def test_closed_store_refuses_operations(tmp_path: Path) -> None:
+    store = SqliteMetadataStore(str(tmp_path / "m.db"))
+    await store.list_ledgers()
+    await store.close()
+    await store.close()
+    with pytest.raises(ClientClosedError):
+        await store.read_ledger(1)
+    with pytest.raises(ClientClosedError):
+        store.watch_bookies(lambda: None)
+
+
+async def test_a_damaged_database_file_is_a_corrupt_record_error(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    path.write_bytes(b"this is not a sqlite database, just garbage " * 200)
+    store = SqliteMetadataStore(str(path))
+    with pytest.raises(CorruptRecordError, match="damaged"):
+        await store.list_ledgers()
+    await store.close()
+
+
+async def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA user_version=99")
+    conn.close()
+    store = SqliteMetadataStore(str(path))
+    from pybk.errors import MetadataStoreError
+
+    with pytest.raises(MetadataStoreError, match="schema version 99"):
+        await store.list_ledgers()
+    await store.close()
+
+
+async def test_corrupt_under_replication_mark_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "m.db"
+    store = SqliteMetadataStore(str(path))
+    await store.mark_under_replicated(3, ["bk-1"])
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE under_replicated SET missing = '{oops' WHERE ledger_id = 3")
+    conn.commit()
+    conn.close()
+    with pytest.raises(CorruptRecordError, match="ledger 3"):
+        await store.list_under_replicated()
+    await store.close()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"ttl": 1.0, "heartbeat_interval": 2.0},
+        {"poll_interval": 0},
+        {"id_block": 0},
+        {"synchronous": "sometimes"},
+    ],
+)
+def test_bad_options_are_value_errors(tmp_path: Path, kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        SqliteMetadataStore(str(tmp_path / "m.db"), **kwargs)  # type: ignore[arg-type]
