@@ -1,0 +1,469 @@
+"""The TCP side of a bookie: connections, framing, auth, backpressure, deadlines.
+
+:class:`BookieServer` serves any ``handler(request) -> response`` coroutine (in practice
+``Bookie.handle``) over asyncio TCP, optionally TLS. Each connection runs the sans-IO
+:class:`pybk.transport.codec.Connection`; this module adds what needs a socket and a clock:
+
+* **Pipelining**: every request runs as its own task; responses go out as they complete
+  (out of order, matched by request id), all responses ready in one loop iteration are
+  written with **one** ``write()`` (coalescing).
+* **Backpressure**: at most ``max_in_flight`` requests per connection; beyond that, and while
+  the socket's send buffer is above its high-water mark, the server stops reading.
+* **Hostile peers**: a frame over the cap, a bad CRC or any framing damage closes *that*
+  connection (and is counted); a well-framed but malformed body gets a PROTOCOL_ERROR response.
+  A frame must complete within ``frame_timeout`` of its first byte (slowloris), a quiet
+  connection is closed after ``idle_timeout``, connections beyond the global / per-IP caps are
+  refused at accept.
+* **Authentication**: with a token configured, a connection may only send AUTH (frames capped
+  at 4 KiB) until it authenticates; anything else is answered UNAUTHORIZED and the connection
+  closed, without reaching the handler. Tokens are compared with ``hmac.compare_digest``.
+
+Counters of every such event are in :attr:`BookieServer.stats` and in a per-server
+prometheus ``CollectorRegistry`` (:attr:`BookieServer.registry`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hmac
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from pybk.errors import BKError, ProtocolError
+from pybk.protocol import AuthRequest, AuthResponse, Request, Response, Status, error_response
+from pybk.transport import codec
+
+log = logging.getLogger("pybk.server")
+
+Handler = Callable[[Request], Awaitable[Response]]
+
+
+@dataclass
+class ServerConfig:
+    """Limits and deadlines of a :class:`BookieServer` (seconds, bytes, counts)."""
+
+    max_frame: int = codec.DEFAULT_MAX_FRAME
+    pre_auth_max_frame: int = codec.PRE_AUTH_MAX_FRAME
+    max_in_flight: int = 1024  # per connection
+    max_connections: int = 1024
+    max_connections_per_ip: int = 512
+    idle_timeout: float = 300.0
+    frame_timeout: float = 10.0  # a frame must arrive whole within this of its first byte
+    write_timeout: float = 30.0  # a peer must drain our responses within this
+    auth_timeout: float = 10.0  # an unauthenticated connection must authenticate within this
+    tls_handshake_timeout: float = 10.0
+    stop_grace: float = 10.0  # on stop, in-flight requests get this long to finish
+
+
+class ServerStats:
+    """Event counters (``stats["frame_too_large"]``...) mirrored into prometheus."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._counter = Counter(
+            "pybk_server_events", "Connection and frame events", ["event"], registry=registry
+        )
+        self.open_connections = 0
+        self._gauge = Gauge("pybk_server_connections", "Open connections", registry=registry)
+
+    def incr(self, event: str, n: int = 1) -> None:
+        self.counts[event] += n
+        self._counter.labels(event).inc(n)
+
+    def set_open(self, n: int) -> None:
+        self.open_connections = n
+        self._gauge.set(n)
+
+    def __getitem__(self, event: str) -> int:
+        return self.counts[event]
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(sorted(self.counts.items()))
+
+
+def _classify(exc: ProtocolError) -> str:
+    """A counter name for a fatal framing error."""
+    text = str(exc)
+    if "cap" in text:
+        return "frame_too_large"
+    if "CRC" in text:
+        return "bad_crc"
+    if "version" in text:
+        return "bad_version"
+    if "operation" in text:
+        return "bad_operation"
+    return "bad_frame"
+
+
+class _ServerConnection(asyncio.Protocol):
+    """One accepted connection (a protocol object: asyncio calls it back on the loop)."""
+
+    def __init__(self, server: BookieServer) -> None:
+        self.server = server
+        self.cfg = server.config
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.peer_ip = "?"
+        self.authenticated = server.auth_token is None
+        self.codec = codec.Connection(
+            "server",
+            max_frame=self.cfg.max_frame if self.authenticated else self.cfg.pre_auth_max_frame,
+        )
+        self.queue: collections.deque[codec.Event] = collections.deque()
+        self.in_flight = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.out: list[bytes] = []
+        self.flush_scheduled = False
+        self.read_paused = False
+        self.write_paused_since: float | None = None
+        self.closing = False
+        now = self.loop.time()
+        self.connected_at = now
+        self.last_activity = now
+        self.partial_since: float | None = None
+
+    # -- asyncio callbacks -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer_ip = str(peer[0]) if peer else "?"
+        if not self.server._admit(self):
+            self.closing = True
+            transport.abort()
+            return
+        transport.set_write_buffer_limits(high=1 << 20)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.server._forget(self)
+        for task in list(self.tasks):
+            task.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        try:
+            events = self.codec.receive_data(data)
+        except ProtocolError as exc:
+            self.server.stats.incr(_classify(exc))
+            log.info("closing connection from %s: %s", self.peer_ip, exc)
+            self.abort()
+            return
+        now = self.loop.time()
+        if events:
+            self.last_activity = now
+            self.partial_since = now if self.codec.buffered else None
+            self.queue.extend(events)
+            self._pump()
+        elif self.codec.buffered and self.partial_since is None:
+            self.partial_since = now
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too
+
+    def pause_writing(self) -> None:
+        self.write_paused_since = self.loop.time()
+        self._set_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused_since = None
+        self._set_reading()
+
+    # -- request flow ------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Start queued requests while under the in-flight cap; then pause/resume reading."""
+        while self.queue and self.in_flight < self.cfg.max_in_flight and not self.closing:
+            event = self.queue.popleft()
+            if isinstance(event, codec.MessageRejected):
+                self.server.stats.incr("bad_message")
+                if not self.authenticated:
+                    self._refuse_unauthenticated(event.request_id, event.op)
+                    return
+                self._respond(
+                    event.request_id,
+                    codec.error_response_for_op(event.op, Status.PROTOCOL_ERROR, str(event.error)),
+                )
+                continue
+            assert isinstance(event, codec.RequestReceived)
+            request = event.request
+            if isinstance(request, AuthRequest):
+                self._authenticate(event.request_id, request)
+                continue
+            if not self.authenticated:
+                self._refuse_unauthenticated(event.request_id, request.op)
+                return
+            self.in_flight += 1
+            task = self.loop.create_task(self._serve(event.request_id, request))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        self._set_reading()
+
+    async def _serve(self, request_id: int, request: Request) -> None:
+        try:
+            response = await self.server.handler(request)
+        except asyncio.CancelledError:
+            raise
+        except BKError as exc:
+            self.server.stats.incr("handler_error")
+            response = error_response(request, _status_of(exc), str(exc))
+        except Exception as exc:
+            self.server.stats.incr("handler_error")
+            log.exception("handler failed on %r", request)
+            response = error_response(request, Status.GENERIC_ERROR, f"internal error: {exc!r}")
+        finally:
+            self.in_flight -= 1
+        self.server.stats.incr("requests")
+        self._respond(request_id, response)
+        if self.queue:
+            self._pump()
+        else:
+            self._set_reading()
+
+    def _authenticate(self, request_id: int, request: AuthRequest) -> None:
+        expected = self.server.auth_token
+        if expected is None or hmac.compare_digest(request.token, expected):
+            if not self.authenticated:
+                self.authenticated = True
+                self.codec.max_frame = self.cfg.max_frame
+            self._respond(request_id, AuthResponse(Status.OK))
+            return
+        self.server.stats.incr("auth_failed")
+        log.info("authentication failed from %s", self.peer_ip)
+        self._respond(request_id, AuthResponse(Status.UNAUTHORIZED, "authentication failed"))
+        self.close_after_flush()
+
+    def _refuse_unauthenticated(self, request_id: int, op: Any) -> None:
+        self.server.stats.incr("unauthenticated_request")
+        response = codec.error_response_for_op(
+            op, Status.UNAUTHORIZED, "authenticate first (send AUTH with the bookie's token)"
+        )
+        self._respond(request_id, response)
+        self.close_after_flush()
+
+    def _respond(self, request_id: int, response: Response) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        try:
+            frame = codec.encode_response(request_id, response)
+        except (ValueError, TypeError) as exc:  # a handler bug; tell the client, keep serving
+            log.error("cannot encode response %r: %s", response, exc)
+            frame = codec.encode_response(
+                request_id,
+                codec.error_response_for_op(response.op, Status.GENERIC_ERROR, str(exc)),
+            )
+        self.out.append(frame)
+        self.last_activity = self.loop.time()
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self.flush_scheduled = False
+        if self.out and self.transport is not None and not self.transport.is_closing():
+            data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
+            self.transport.write(data)
+            self.server.stats.incr("writes")
+        self.out.clear()
+
+    def _set_reading(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        want_pause = (
+            self.closing
+            or self.server.stopping
+            or bool(self.queue)
+            or self.in_flight >= self.cfg.max_in_flight
+            or self.write_paused_since is not None
+        )
+        if want_pause and not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
+            self.server.stats.incr("read_paused")
+        elif not want_pause and self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
+
+    # -- closing -----------------------------------------------------------------------------
+
+    def close_after_flush(self) -> None:
+        """Send what is queued, then close (used after refusing a peer)."""
+        self.closing = True
+        self.queue.clear()
+        self._flush()
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        self.closing = True
+        self.queue.clear()
+        if self.transport is not None:
+            self.transport.abort()
+
+    def check_deadlines(self, now: float) -> None:
+        """Called by the server's sweeper: enforce auth, frame, write and idle deadlines."""
+        if self.closing:
+            return
+        cfg = self.cfg
+        reason = None
+        if not self.authenticated and now - self.connected_at > cfg.auth_timeout:
+            reason = "auth_timeout"
+        elif self.partial_since is not None and now - self.partial_since > cfg.frame_timeout:
+            reason = "frame_timeout"
+        elif (
+            self.write_paused_since is not None
+            and now - self.write_paused_since > cfg.write_timeout
+        ):
+            reason = "write_timeout"
+        elif (
+            self.in_flight == 0
+            and not self.queue
+            and self.partial_since is None
+            and now - self.last_activity > cfg.idle_timeout
+        ):
+            reason = "idle_timeout"
+        if reason is not None:
+            self.server.stats.incr(reason)
+            log.info("closing connection from %s: %s", self.peer_ip, reason)
+            self.abort()
+
+
+def _status_of(exc: BKError) -> Status:
+    try:
+        return Status(exc.status)
+    except ValueError:
+        return Status.GENERIC_ERROR
+
+
+class BookieServer:
+    """Serves ``handler`` on ``host:port`` (port 0 picks a free one; see :attr:`address`)."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        ssl_context: ssl.SSLContext | None = None,
+        auth_token: bytes | None = None,
+        config: ServerConfig | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        if auth_token is not None and not auth_token:
+            raise ValueError("auth_token must be non-empty (or None for no authentication)")
+        self.handler = handler
+        self.host = host
+        self.port = port
+        self.ssl_context = ssl_context
+        self.auth_token = auth_token
+        self.config = config or ServerConfig()
+        self.registry = registry or CollectorRegistry()
+        self.stats = ServerStats(self.registry)
+        self.connections: list[_ServerConnection] = []
+        self._per_ip: collections.Counter[str] = collections.Counter()
+        self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self.stopping = False
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """(host, port) actually bound."""
+        if self._server is None or not self._server.sockets:
+            raise RuntimeError("server is not started")
+        sockname = self._server.sockets[0].getsockname()
+        return str(sockname[0]), int(sockname[1])
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _ServerConnection(self),
+            self.host,
+            self.port,
+            ssl=self.ssl_context,
+            ssl_handshake_timeout=(
+                self.config.tls_handshake_timeout if self.ssl_context is not None else None
+            ),
+            backlog=1024,
+            reuse_address=True,
+        )
+        self._sweeper = loop.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        cfg = self.config
+        shortest = min(cfg.idle_timeout, cfg.frame_timeout, cfg.auth_timeout, cfg.write_timeout)
+        interval = max(0.01, min(1.0, shortest / 4))
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            now = loop.time()
+            for conn in list(self.connections):
+                conn.check_deadlines(now)
+
+    def _admit(self, conn: _ServerConnection) -> bool:
+        cfg = self.config
+        if self.stopping:
+            self.stats.incr("refused_stopping")
+            return False
+        if len(self.connections) >= cfg.max_connections:
+            self.stats.incr("refused_connection_cap")
+            return False
+        if self._per_ip[conn.peer_ip] >= cfg.max_connections_per_ip:
+            self.stats.incr("refused_per_ip_cap")
+            return False
+        self.connections.append(conn)
+        self._per_ip[conn.peer_ip] += 1
+        self.stats.incr("accepted")
+        self.stats.set_open(len(self.connections))
+        return True
+
+    def _forget(self, conn: _ServerConnection) -> None:
+        if conn in self.connections:
+            self.connections.remove(conn)
+            self._per_ip[conn.peer_ip] -= 1
+            if self._per_ip[conn.peer_ip] <= 0:
+                del self._per_ip[conn.peer_ip]
+            self.stats.set_open(len(self.connections))
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop accepting, stop reading, let in-flight requests finish (up to ``grace``
+        seconds), send their responses, then close every connection."""
+        self.stopping = True
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn._set_reading()
+        grace = self.config.stop_grace if grace is None else grace
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        tasks = [t for c in self.connections for t in c.tasks]
+        if tasks:
+            await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time()))
+        for conn in list(self.connections):
+            for task in list(conn.tasks):
+                task.cancel()  # failed in flight: the client sees the connection drop
+            conn._flush()
+            if conn.transport is not None:
+                conn.transport.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            try:
+                await self._sweeper
+            except asyncio.CancelledError:
+                pass
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def __aenter__(self) -> BookieServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

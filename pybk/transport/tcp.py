@@ -1,0 +1,339 @@
+"""The client side of the TCP transport: :class:`TcpTransport`.
+
+One connection per bookie, opened on first use, carrying any number of pipelined requests
+matched to responses by request id. Requests sent in one loop iteration leave in one
+``write()`` (coalescing). Failures map onto the :class:`pybk.transport.base.Transport`
+contract so the replication code reacts exactly as it does in-process:
+
+* cannot resolve / connect / handshake, or the connection drops -> every request pending on
+  it fails with :class:`pybk.errors.BookieUnavailableError`;
+* no answer within the request's timeout -> :class:`pybk.errors.TimeoutError`;
+* the peer breaks the framing -> the connection is dropped (BookieUnavailableError).
+
+After a failed connection attempt the next attempt waits for a backoff (doubling up to
+``backoff_max``); requests sent meanwhile fail at once with BookieUnavailableError, which is
+what lets a writer replace the bookie quickly instead of queueing behind a dead address.
+
+With ``auth_token``, AUTH is the first frame of every connection. A refused token resolves
+every request pending on that connection to an UNAUTHORIZED response (the client raises
+UnauthorizedError), not a transport failure: retrying another bookie would not help.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from pybk.errors import BookieUnavailableError, ProtocolError, TimeoutError
+from pybk.protocol import AuthRequest, Request, Response, Status, error_response
+from pybk.transport import codec
+from pybk.transport.base import Transport
+
+if TYPE_CHECKING:
+    from pybk.metadata.base import MetadataStore
+
+log = logging.getLogger("pybk.tcp")
+
+Resolver = Callable[[str], Awaitable[str]]
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` or ``"[v6]:port"`` -> (host, port); ValueError naming the address."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"bookie address must look like host:port, not {address!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port_text)
+
+
+def registry_resolver(store: MetadataStore) -> Resolver:
+    """A resolver reading bookie addresses from the metadata store's registry.
+
+    Asked on every (re)connect, so a bookie restarted on another port is found again.
+    """
+
+    async def resolve(bookie_id: str) -> str:
+        for registration in await store.list_bookies():
+            if registration.bookie_id == bookie_id:
+                if not registration.address:
+                    raise BookieUnavailableError(
+                        f"bookie {bookie_id} is registered without a network address"
+                    )
+                return registration.address
+        raise BookieUnavailableError(f"bookie {bookie_id} is not registered (not running?)")
+
+    return resolve
+
+
+class _Pending:
+    __slots__ = ("future", "request", "timer")
+
+    def __init__(
+        self,
+        future: asyncio.Future[Response],
+        request: Request,
+        timer: asyncio.TimerHandle | None,
+    ) -> None:
+        self.future = future
+        self.request = request
+        self.timer = timer
+
+
+class _ClientConnection(asyncio.Protocol):
+    """One TCP connection to one bookie; lives from connect attempt to loss."""
+
+    def __init__(self, owner: TcpTransport, bookie_id: str) -> None:
+        self.owner = owner
+        self.bookie_id = bookie_id
+        self.loop = asyncio.get_running_loop()
+        self.codec = codec.Connection("client", max_frame=owner.max_frame)
+        self.transport: asyncio.Transport | None = None
+        self.pending: dict[int, _Pending] = {}
+        self.out: list[bytes] = []
+        self.flush_scheduled = False
+        self.next_id = 1
+        self.closed = False
+        self.address = "?"
+        self.auth_id: int | None = None
+        if owner.auth_token is not None:
+            self.auth_id = self._enqueue(AuthRequest(owner.auth_token), None, None)
+
+    # -- sending -----------------------------------------------------------------------------
+
+    def _enqueue(
+        self,
+        request: Request,
+        future: asyncio.Future[Response] | None,
+        timeout: float | None,
+    ) -> int:
+        request_id = self.next_id
+        self.next_id += 1
+        frame = codec.encode_request(request_id, request)  # ValueError: caller's bad request
+        if future is not None:
+            timer = (
+                self.loop.call_later(timeout, self._expire, request_id)
+                if timeout is not None
+                else None
+            )
+            self.pending[request_id] = _Pending(future, request, timer)
+        self.out.append(frame)
+        if self.transport is not None and not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self._flush)
+        return request_id
+
+    def send(
+        self, request: Request, future: asyncio.Future[Response], timeout: float | None
+    ) -> None:
+        self._enqueue(request, future, timeout)
+
+    def _flush(self) -> None:
+        self.flush_scheduled = False
+        if self.out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(self.out[0] if len(self.out) == 1 else b"".join(self.out))
+        self.out.clear()
+
+    def _expire(self, request_id: int) -> None:
+        entry = self.pending.pop(request_id, None)
+        if entry is not None and not entry.future.done():
+            entry.future.set_exception(
+                TimeoutError(
+                    f"bookie {self.bookie_id}: no answer to {entry.request.op.name} in time"
+                )
+            )
+
+    # -- asyncio callbacks -------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        if self.out and not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.codec.receive_data(data)
+        except ProtocolError as exc:
+            self.fail(f"bookie {self.bookie_id} at {self.address} broke the protocol: {exc}")
+            return
+        for event in events:
+            if not isinstance(event, codec.ResponseReceived):
+                self.fail(
+                    f"bookie {self.bookie_id} at {self.address} sent a malformed response: "
+                    f"{getattr(event, 'error', event)}"
+                )
+                return
+            if event.request_id == self.auth_id:
+                self.auth_id = None
+                if event.response.status != Status.OK:
+                    self._refuse_all(event.response.message or "authentication failed")
+                    return
+                continue
+            entry = self.pending.pop(event.request_id, None)
+            if entry is None:
+                continue  # timed out already
+            if entry.timer is not None:
+                entry.timer.cancel()
+            if event.response.op is not entry.request.op:
+                self.fail(
+                    f"bookie {self.bookie_id} answered {entry.request.op.name} with "
+                    f"{event.response.op.name}"
+                )
+                return
+            if not entry.future.done():
+                entry.future.set_result(event.response)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        why = f": {exc}" if exc else ""
+        self.fail(f"connection to bookie {self.bookie_id} at {self.address} lost{why}")
+
+    # -- failure -----------------------------------------------------------------------------
+
+    def _refuse_all(self, message: str) -> None:
+        """The bookie refused our token: every pending request gets an UNAUTHORIZED answer."""
+        pending, self.pending = self.pending, {}
+        for entry in pending.values():
+            if entry.timer is not None:
+                entry.timer.cancel()
+            if not entry.future.done():
+                entry.future.set_result(error_response(entry.request, Status.UNAUTHORIZED, message))
+        self.fail(message)
+
+    def fail(self, message: str) -> None:
+        """Drop the connection; pending requests fail with BookieUnavailableError."""
+        if not self.closed:
+            self.closed = True
+            self.owner._forget(self)
+        if self.transport is not None:
+            self.transport.abort()
+        pending, self.pending = self.pending, {}
+        self.out.clear()
+        for entry in pending.values():
+            if entry.timer is not None:
+                entry.timer.cancel()
+            if not entry.future.done():
+                entry.future.set_exception(BookieUnavailableError(message))
+
+
+class TcpTransport(Transport):
+    """:class:`Transport` over asyncio TCP (optionally TLS and token auth).
+
+    ``resolve(bookie_id) -> "host:port"``; :func:`registry_resolver` builds one from a
+    metadata store (see :meth:`from_store`). ``timeout=None`` in :meth:`send` means
+    ``default_timeout`` (None: wait forever).
+    """
+
+    def __init__(
+        self,
+        resolve: Resolver,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        auth_token: bytes | None = None,
+        connect_timeout: float = 5.0,
+        default_timeout: float | None = 30.0,
+        max_frame: int = codec.DEFAULT_MAX_FRAME,
+        backoff_initial: float = 0.05,
+        backoff_max: float = 2.0,
+        server_hostname: str | None = None,
+    ) -> None:
+        if connect_timeout <= 0:
+            raise ValueError(f"connect_timeout must be positive, not {connect_timeout}")
+        if auth_token is not None and not auth_token:
+            raise ValueError("auth_token must be non-empty (or None)")
+        self.resolve = resolve
+        self.ssl_context = ssl_context
+        self.auth_token = auth_token
+        self.connect_timeout = connect_timeout
+        self.default_timeout = default_timeout
+        self.max_frame = max_frame
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self.server_hostname = server_hostname
+        self._conns: dict[str, _ClientConnection] = {}
+        self._backoff: dict[str, tuple[float, float]] = {}  # bookie -> (retry_at, next delay)
+        self._connects: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    @classmethod
+    def from_store(cls, store: MetadataStore, **kwargs: object) -> TcpTransport:
+        """A transport resolving bookie ids through ``store``'s registry."""
+        return cls(registry_resolver(store), **kwargs)  # type: ignore[arg-type]
+
+    def send(
+        self, bookie_id: str, request: Request, timeout: float | None = None
+    ) -> asyncio.Future[Response]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Response] = loop.create_future()
+        if self._closed:
+            future.set_exception(BookieUnavailableError("transport is closed"))
+            return future
+        conn = self._conns.get(bookie_id)
+        if conn is None:
+            retry_at, _ = self._backoff.get(bookie_id, (0.0, 0.0))
+            if loop.time() < retry_at:
+                future.set_exception(
+                    BookieUnavailableError(f"bookie {bookie_id} unreachable (backing off)")
+                )
+                return future
+            conn = _ClientConnection(self, bookie_id)
+            self._conns[bookie_id] = conn
+            task = loop.create_task(self._connect(conn))
+            self._connects.add(task)
+            task.add_done_callback(self._connects.discard)
+        conn.send(request, future, self.default_timeout if timeout is None else timeout)
+        return future
+
+    async def _connect(self, conn: _ClientConnection) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                address = await self.resolve(conn.bookie_id)
+                conn.address = address
+                host, port = parse_address(address)
+                await loop.create_connection(
+                    lambda: conn,
+                    host,
+                    port,
+                    ssl=self.ssl_context,
+                    server_hostname=(
+                        (self.server_hostname or host) if self.ssl_context is not None else None
+                    ),
+                )
+        except asyncio.CancelledError:
+            conn.fail(f"connecting to bookie {conn.bookie_id} was cancelled")
+            raise
+        except Exception as exc:  # refused, unreachable, TLS handshake, resolver/metadata...
+            _, delay = self._backoff.get(conn.bookie_id, (0.0, self.backoff_initial))
+            self._backoff[conn.bookie_id] = (loop.time() + delay, min(delay * 2, self.backoff_max))
+            log.info("cannot connect to bookie %s (%s): %r", conn.bookie_id, conn.address, exc)
+            if isinstance(exc, BookieUnavailableError):
+                conn.fail(str(exc))
+            else:
+                reason = str(exc) or type(exc).__name__
+                conn.fail(f"cannot connect to bookie {conn.bookie_id} at {conn.address}: {reason}")
+            return
+        self._backoff.pop(conn.bookie_id, None)
+        if conn.closed and conn.transport is not None:  # lost while connecting (close())
+            conn.transport.abort()
+
+    def _forget(self, conn: _ClientConnection) -> None:
+        if self._conns.get(conn.bookie_id) is conn:
+            del self._conns[conn.bookie_id]
+
+    def connected_bookies(self) -> list[str]:
+        """Bookies with an open connection (sorted)."""
+        return sorted(b for b, c in self._conns.items() if c.transport is not None)
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._connects):
+            task.cancel()
+        for conn in list(self._conns.values()):
+            conn.fail("transport closed")
+        if self._connects:
+            await asyncio.gather(*self._connects, return_exceptions=True)
