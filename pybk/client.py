@@ -1,0 +1,236 @@
+"""The ledger client: create, open (with or without recovery), delete and list ledgers.
+
+A :class:`Client` owns a metadata store and a transport. Give it a store object or a URI
+(``memory://``, ``sqlite:///path``, ``zk://...``); without a transport it talks to
+in-process bookies when the URI belongs to a live :class:`pybk.LocalCluster` in this
+process, and otherwise builds a TCP transport (``pybk.transport.tcp``) that finds bookies
+through the store's registry.
+
+It uses only the running loop's clock and its injected ``rng``, so the simulator runs it
+unchanged.
+"""
+
+from __future__ import annotations
+
+import random
+import ssl
+from collections.abc import Mapping
+from typing import Any
+
+from pybk.errors import (
+    ClientClosedError,
+    NoSuchLedgerError,
+    UnauthorizedError,
+)
+from pybk.metadata.base import LedgerMetadata, MetadataStore
+from pybk.protocol import DIGEST_TYPES, DigestManager, master_key, password_hash
+from pybk.replication.context import ClientConfig, ClientContext
+from pybk.replication.quorum import choose_ensemble, validate_quorums
+from pybk.replication.reader import LedgerEntry, ReadHandle, read_lac_covered
+from pybk.replication.recovery import recover
+from pybk.replication.writer import LedgerHandle
+from pybk.transport.base import Transport
+
+__all__ = ["Client", "ClientConfig", "LedgerEntry", "LedgerHandle", "ReadHandle"]
+
+
+class Client:
+    """Entry point to ledgers. Use as ``async with Client(...) as client:``."""
+
+    def __init__(
+        self,
+        metadata: str | MetadataStore,
+        *,
+        transport: Transport | None = None,
+        config: ClientConfig | None = None,
+        rng: random.Random | None = None,
+        tls: ssl.SSLContext | None = None,
+        auth_token: bytes | None = None,
+    ) -> None:
+        if not isinstance(metadata, str | MetadataStore):
+            raise TypeError(
+                f"metadata must be a URI string or a MetadataStore, not {type(metadata).__name__}"
+            )
+        self._metadata_arg = metadata
+        self._transport_arg = transport
+        self._config = config if config is not None else ClientConfig()
+        self._rng = rng if rng is not None else random.Random()
+        self._tls = tls
+        self._auth_token = auth_token
+        self._ctx: ClientContext | None = None
+        self._own_store = False
+        self._own_transport = False
+        self._closed = False
+        if isinstance(metadata, MetadataStore) and transport is not None:
+            self._ctx = ClientContext(metadata, transport, self._config, self._rng)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> Client:
+        """Open the metadata store and the transport (done lazily by every operation)."""
+        self._context()
+        return self
+
+    def _context(self) -> ClientContext:
+        if self._closed:
+            raise ClientClosedError("this client is closed")
+        if self._ctx is not None:
+            return self._ctx
+        store: MetadataStore
+        uri = self._metadata_arg if isinstance(self._metadata_arg, str) else None
+        if isinstance(self._metadata_arg, MetadataStore):
+            store = self._metadata_arg
+        else:
+            from pybk.metadata import open_store
+
+            store = open_store(self._metadata_arg)
+            self._own_store = True
+        transport = self._transport_arg
+        if transport is None:
+            transport = _local_transport_for(uri)
+        if transport is None:
+            transport = self._tcp_transport(store)
+            self._own_transport = True
+        self._ctx = ClientContext(store, transport, self._config, self._rng)
+        return self._ctx
+
+    def _tcp_transport(self, store: MetadataStore) -> Transport:
+        try:
+            from pybk.transport import tcp
+        except ImportError as exc:
+            raise RuntimeError(
+                "no transport given and the TCP transport (pybk.transport.tcp) is not "
+                "available; pass transport=... or use pybk.LocalCluster"
+            ) from exc
+        factory: Any = tcp.TcpTransport
+        kwargs: dict[str, Any] = {}
+        if self._tls is not None:
+            kwargs["ssl_context"] = self._tls
+        if self._auth_token is not None:
+            kwargs["auth_token"] = self._auth_token
+        transport: Transport = factory.from_store(store, **kwargs)
+        return transport
+
+    async def close(self) -> None:
+        """Release the store and transport this client opened itself."""
+        if self._closed:
+            return
+        self._closed = True
+        ctx, self._ctx = self._ctx, None
+        if ctx is None:
+            return
+        if self._own_transport:
+            await ctx.transport.close()
+        if self._own_store:
+            await ctx.store.close()
+
+    async def __aenter__(self) -> Client:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def store(self) -> MetadataStore:
+        return self._context().store
+
+    @property
+    def transport(self) -> Transport:
+        return self._context().transport
+
+    @property
+    def config(self) -> ClientConfig:
+        return self._config
+
+    # -- ledgers -----------------------------------------------------------------------------
+
+    async def create_ledger(
+        self,
+        ensemble_size: int = 3,
+        write_quorum: int = 2,
+        ack_quorum: int = 2,
+        digest_type: str = "CRC32C",
+        password: bytes = b"",
+        custom_metadata: Mapping[str, bytes] | None = None,
+    ) -> LedgerHandle:
+        """Create a ledger on ``ensemble_size`` writable bookies and open it for writing."""
+        validate_quorums(ensemble_size, write_quorum, ack_quorum)
+        if digest_type not in DIGEST_TYPES:
+            raise ValueError(
+                f"digest_type must be one of {', '.join(DIGEST_TYPES)}, not {digest_type!r}"
+            )
+        _check_password(password)
+        custom = dict(custom_metadata or {})
+        for key, value in custom.items():
+            if not isinstance(key, str) or not isinstance(value, bytes):
+                raise TypeError(
+                    f"custom_metadata maps str to bytes; got {key!r}: {type(value).__name__}"
+                )
+        ctx = self._context()
+        writable = await ctx.store.writable_bookies()
+        ensemble = choose_ensemble(writable, ensemble_size, ctx.rng)
+        ledger_id = await ctx.store.allocate_ledger_id()
+        md = LedgerMetadata(
+            ledger_id=ledger_id,
+            ensemble_size=ensemble_size,
+            write_quorum=write_quorum,
+            ack_quorum=ack_quorum,
+            ensembles={0: tuple(ensemble)},
+            digest_type=digest_type,
+            password_hash=password_hash(password),
+            custom_metadata=custom,
+        )
+        md = await ctx.store.create_ledger(md)
+        digest = DigestManager(ledger_id, digest_type, password)
+        return LedgerHandle(ctx, md, digest, master_key(password), password)
+
+    async def open_ledger(
+        self, ledger_id: int, password: bytes = b"", recovery: bool = True
+    ) -> ReadHandle:
+        """Open a ledger for reading.
+
+        ``recovery=True`` fences the ledger and seals it (the writer's next add fails with
+        LedgerFencedError); ``recovery=False`` reads the LAC without disturbing the writer.
+        Raises UnauthorizedError on a wrong password, NoSuchLedgerError if it does not exist.
+        """
+        _check_password(password)
+        ctx = self._context()
+        md = await ctx.store.read_ledger(ledger_id)
+        if md.password_hash != password_hash(password):
+            raise UnauthorizedError(f"ledger {ledger_id}: wrong password")
+        digest = DigestManager(ledger_id, md.digest_type, password)
+        if recovery:
+            md = await recover(ctx, md, digest, master_key(password))
+            return ReadHandle(ctx, md, digest, md.last_entry_id)
+        if md.is_closed:
+            return ReadHandle(ctx, md, digest, md.last_entry_id)
+        lac = await read_lac_covered(ctx, md, digest)
+        return ReadHandle(ctx, md, digest, lac)
+
+    async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        """The ledger's current metadata."""
+        return await self._context().store.read_ledger(ledger_id)
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Delete a ledger (its metadata; bookies drop the data lazily)."""
+        try:
+            await self._context().store.delete_ledger(ledger_id)
+        except NoSuchLedgerError as exc:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from exc
+
+    async def list_ledgers(self) -> list[int]:
+        """Every ledger id, ascending."""
+        return await self._context().store.list_ledgers()
+
+
+def _check_password(password: object) -> None:
+    if not isinstance(password, bytes):
+        raise TypeError(f"password must be bytes, not {type(password).__name__}")
+
+
+def _local_transport_for(uri: str | None) -> Transport | None:
+    if uri is None:
+        return None
+    from pybk.cluster import transport_for_uri
+
+    return transport_for_uri(uri)

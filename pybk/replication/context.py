@@ -1,0 +1,59 @@
+"""What every client-side operation needs: the store, the transport, the config, the rng.
+
+Kept in one small object so writers, readers and recovery take one argument, and so the
+simulator can build a client from its own pieces (virtual-time loop, simulated network).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+from pybk.metadata.base import MetadataStore
+from pybk.transport.base import Transport
+
+
+@dataclass
+class ClientConfig:
+    """Client tunables (BookKeeper's ``ClientConfiguration``, with its defaults in spirit).
+
+    Times are seconds of the running loop's clock (virtual under the simulator).
+    """
+
+    #: How long a bookie may take to answer an add before it is replaced (ensemble change).
+    add_timeout: float = 10.0
+    #: How long a bookie may take to answer a read before the next replica is asked.
+    read_timeout: float = 10.0
+    #: Ask the next replica of the write set when the current one has not answered after
+    #: this long (0 disables speculative reads).
+    speculative_read_delay: float = 2.0
+    #: Send the writer's LAC explicitly (WriteLac) when idle, every this many seconds
+    #: (0 = off). Lets tailing readers see the last entry without waiting for the next add.
+    explicit_lac_interval: float = 0.0
+    #: Entries read ahead during recovery (BookKeeper ``recoveryReadBatchSize``).
+    recovery_read_batch_size: int = 1
+    #: Entries read concurrently by ``read(first, last)``.
+    read_batch_size: int = 256
+    #: Seconds one long poll waits on the bookies inside ``tail()``.
+    long_poll_timeout: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("add_timeout", "read_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        for name in ("speculative_read_delay", "explicit_lac_interval"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("recovery_read_batch_size", "read_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.long_poll_timeout <= 0:
+            raise ValueError(f"long_poll_timeout must be > 0, got {self.long_poll_timeout!r}")
+
+
+@dataclass
+class ClientContext:
+    store: MetadataStore
+    transport: Transport
+    config: ClientConfig = field(default_factory=ClientConfig)
+    rng: random.Random = field(default_factory=lambda: random.Random(0))

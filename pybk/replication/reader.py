@@ -1,0 +1,438 @@
+"""The read path: entries with replica failover, LAC reads, long polls, tailing.
+
+An entry is read from its write set, one replica at a time: on an error or a digest
+mismatch the next replica is asked, and when ``speculative_read_delay`` passes without an
+answer the next one is asked too (the first valid copy wins). A corrupted replica is
+therefore skipped, never returned.
+
+A non-recovery LAC read asks every bookie of the last ensemble for its LAC and completes
+once the answers cover every write set (:class:`~pybk.replication.quorum.CoverageSet`);
+it never fences, so the writer is not disturbed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pybk.errors import (
+    BKError,
+    BookieUnavailableError,
+    DigestMismatchError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    error_for_status,
+)
+from pybk.metadata.base import LedgerMetadata
+from pybk.protocol import (
+    LAST_ENTRY,
+    DecodedEntry,
+    DigestManager,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    Response,
+    Status,
+)
+from pybk.replication.quorum import Answer, CoverageSet, Quorums
+
+if TYPE_CHECKING:
+    from pybk.replication.context import ClientContext
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerEntry:
+    """One entry of a ledger, as returned by reads."""
+
+    ledger_id: int
+    entry_id: int
+    data: bytes
+
+
+_ABSENT = (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER)
+
+
+def consume(fut: asyncio.Future[Response]) -> None:
+    """Done-callback that retrieves a result nobody waits for any more."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+def drop_pending(futures: Iterable[asyncio.Future[Response]]) -> None:
+    for fut in futures:
+        fut.add_done_callback(consume)
+
+
+def quorums_of(md: LedgerMetadata) -> Quorums:
+    return Quorums(md.ensemble_size, md.write_quorum, md.ack_quorum)
+
+
+def summarize(ledger_id: int, entry_id: int, errors: list[BKError]) -> BKError:
+    """The error a failed entry read raises: the most telling of the replicas' errors."""
+    detail = "; ".join(str(e) for e in errors) or "no replica asked"
+    where = f"ledger {ledger_id} entry {entry_id}"
+    if errors and all(isinstance(e, NoSuchEntryError | NoSuchLedgerError) for e in errors):
+        return NoSuchEntryError(f"{where}: no replica holds it ({detail})")
+    for e in errors:
+        if not isinstance(e, NoSuchEntryError | NoSuchLedgerError | DigestMismatchError):
+            return type(e)(f"{where}: every replica failed ({detail})")
+    return DigestMismatchError(f"{where}: no replica returned a valid copy ({detail})")
+
+
+async def read_entry(
+    ctx: ClientContext, md: LedgerMetadata, digest: DigestManager, entry_id: int
+) -> DecodedEntry:
+    """Read one entry from its write set with failover and speculative reads."""
+    ensemble = md.ensemble_for(entry_id)
+    order = [ensemble[i] for i in quorums_of(md).write_set(entry_id)]
+    cfg = ctx.config
+    request = ReadRequest(md.ledger_id, entry_id)
+    pending: dict[asyncio.Future[Response], str] = {}
+    errors: list[BKError] = []
+    next_index = 0
+
+    def ask_next() -> None:
+        nonlocal next_index
+        bookie = order[next_index]
+        next_index += 1
+        pending[ctx.transport.send(bookie, request, cfg.read_timeout)] = bookie
+
+    ask_next()
+    try:
+        while True:
+            spec = cfg.speculative_read_delay
+            wait_for = spec if spec > 0 and next_index < len(order) else None
+            done, _ = await asyncio.wait(
+                list(pending), timeout=wait_for, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not done:
+                ask_next()  # speculative: the current replica is slow
+                continue
+            for fut in done:
+                bookie = pending.pop(fut)
+                try:
+                    response = fut.result()
+                except BKError as exc:
+                    errors.append(exc)
+                    continue
+                if response.status == Status.OK:
+                    assert isinstance(response, ReadResponse)
+                    if response.body is None:
+                        errors.append(DigestMismatchError(f"{bookie}: OK without a body"))
+                        continue
+                    try:
+                        return digest.verify(response.body, entry_id)
+                    except DigestMismatchError as exc:
+                        errors.append(DigestMismatchError(f"{bookie}: {exc}"))
+                        continue
+                errors.append(
+                    error_for_status(response.status, f"{bookie}: {response.message}".strip())
+                )
+            if not pending:
+                if next_index >= len(order):
+                    raise summarize(md.ledger_id, entry_id, errors)
+                ask_next()
+    finally:
+        drop_pending(pending)
+
+
+async def read_range(
+    ctx: ClientContext, md: LedgerMetadata, digest: DigestManager, first: int, last: int
+) -> list[DecodedEntry]:
+    """Read entries ``first..last`` (inclusive), a batch at a time, in order."""
+    out: list[DecodedEntry] = []
+    step = ctx.config.read_batch_size
+    for start in range(first, last + 1, step):
+        stop = min(last, start + step - 1)
+        out.extend(
+            await asyncio.gather(
+                *(read_entry(ctx, md, digest, e) for e in range(start, stop + 1))
+            )
+        )
+    return out
+
+
+def _lac_answer(
+    digest: DigestManager, response: ReadLacResponse | ReadResponse
+) -> tuple[Answer, int]:
+    """Classify one LAC reply: (answer, LAC it proves)."""
+    if response.status in _ABSENT:
+        return Answer.ABSENT, -1
+    if response.status != Status.OK:
+        return Answer.UNKNOWN, -1
+    lac = -1
+    try:
+        if isinstance(response, ReadLacResponse):
+            if response.lac_body:
+                lac = max(lac, digest.verify_lac(response.lac_body))
+            if response.last_entry_body:
+                lac = max(lac, digest.verify(response.last_entry_body).lac)
+        elif response.body:
+            lac = max(lac, digest.verify(response.body).lac)
+    except DigestMismatchError:
+        return Answer.UNKNOWN, -1
+    return Answer.OK, lac
+
+
+async def read_lac_covered(
+    ctx: ClientContext, md: LedgerMetadata, digest: DigestManager
+) -> int:
+    """The LAC as the last ensemble's bookies know it, once every write set is covered.
+
+    Never below ``last_ensemble_start - 1`` (earlier fragments are fully confirmed).
+    Raises BookieUnavailableError (or the replies' error) when coverage is impossible.
+    """
+    q = quorums_of(md)
+    ensemble = md.last_ensemble
+    coverage = CoverageSet(q)
+    request = ReadLacRequest(md.ledger_id)
+    futures = {
+        ctx.transport.send(b, request, ctx.config.read_timeout): i for i, b in enumerate(ensemble)
+    }
+    pending = set(futures)
+    best = -1
+    errors: list[str] = []
+    try:
+        while pending and not coverage.covered():
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for fut in done:
+                index = futures[fut]
+                try:
+                    response = fut.result()
+                except BKError as exc:
+                    errors.append(f"{ensemble[index]}: {exc}")
+                    continue
+                assert isinstance(response, ReadLacResponse | ReadResponse)
+                answer, lac = _lac_answer(digest, response)
+                if answer is Answer.UNKNOWN:
+                    errors.append(f"{ensemble[index]}: {Status(response.status).name}")
+                coverage.answer(index, answer)
+                best = max(best, lac)
+    finally:
+        drop_pending(pending)
+    if not coverage.covered():
+        raise BookieUnavailableError(
+            f"ledger {md.ledger_id}: cannot read the LAC, too few bookies of "
+            f"{list(ensemble)} answered ({'; '.join(errors)})"
+        )
+    return max(best, md.last_ensemble_start - 1)
+
+
+class ReadHandle:
+    """A ledger opened for reading (after recovery, or without it).
+
+    ``last_add_confirmed`` is what this handle knows; reads beyond it are refused unless
+    unconfirmed reads are asked for. It rises as entries are read (their piggybacked LAC),
+    on :meth:`read_last_add_confirmed`, on long polls and when the ledger is closed.
+    """
+
+    def __init__(
+        self, ctx: ClientContext, metadata: LedgerMetadata, digest: DigestManager, lac: int
+    ) -> None:
+        self._ctx = ctx
+        self._md = metadata
+        self._digest = digest
+        self._lac = metadata.last_entry_id if metadata.is_closed else lac
+        self._closed = False
+
+    @property
+    def id(self) -> int:
+        return self._md.ledger_id
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._md
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._lac
+
+    @property
+    def is_closed(self) -> bool:
+        """Is the *ledger* closed (sealed), as far as this handle knows?"""
+        return self._md.is_closed
+
+    @property
+    def length(self) -> int:
+        return self._md.length
+
+    def _raise_lac(self, lac: int) -> None:
+        if not self._md.is_closed and lac > self._lac:
+            self._lac = lac
+
+    def _check_range(self, first: int, last: int) -> None:
+        for name, value in (("first", first), ("last", last)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int, not {value!r}")
+        if first < 0:
+            raise ValueError(f"first must be >= 0, got {first}")
+        if last < first:
+            raise ValueError(f"last ({last}) must be >= first ({first})")
+
+    async def read(self, first: int, last: int) -> list[LedgerEntry]:
+        """Entries ``first..last`` inclusive; ``last`` must be <= the last add confirmed."""
+        self._check_range(first, last)
+        if last > self._lac:
+            raise ValueError(
+                f"ledger {self.id}: cannot read up to entry {last}, beyond the last add "
+                f"confirmed ({self._lac}); use read_unconfirmed() or refresh the LAC"
+            )
+        return await self._read(first, last)
+
+    async def read_unconfirmed(self, first: int, last: int) -> list[LedgerEntry]:
+        """Entries ``first..last`` without the LAC check (they may not be confirmed yet)."""
+        self._check_range(first, last)
+        if self._md.is_closed and last > self._md.last_entry_id:
+            raise ValueError(
+                f"ledger {self.id} is closed at entry {self._md.last_entry_id}; "
+                f"entry {last} does not exist"
+            )
+        return await self._read(first, last)
+
+    async def _read(self, first: int, last: int) -> list[LedgerEntry]:
+        decoded = await read_range(self._ctx, self._md, self._digest, first, last)
+        if decoded:
+            self._raise_lac(max(d.lac for d in decoded))
+        return [LedgerEntry(d.ledger_id, d.entry_id, d.payload) for d in decoded]
+
+    async def read_last_add_confirmed(self) -> int:
+        """Ask the bookies for the LAC (covering every write set) and return it."""
+        if self._md.is_closed:
+            return self._lac
+        md = await self._refresh_metadata()
+        if md.is_closed:
+            return self._lac
+        self._raise_lac(await read_lac_covered(self._ctx, self._md, self._digest))
+        return self._lac
+
+    async def _refresh_metadata(self) -> LedgerMetadata:
+        md = await self._ctx.store.read_ledger(self.id)
+        self._md = md
+        if md.is_closed:
+            self._lac = md.last_entry_id
+        return md
+
+    async def read_last_add_confirmed_and_entry(
+        self, entry_id: int, timeout: float = 1.0
+    ) -> LedgerEntry | None:
+        """Long poll: wait (up to ``timeout``) until ``entry_id`` is confirmed, then return it.
+
+        Returns None on timeout, or when the ledger is closed before ``entry_id``.
+        """
+        if entry_id < 0:
+            raise ValueError(f"entry_id must be >= 0, got {entry_id}")
+        if timeout < 0:
+            raise ValueError(f"timeout must be >= 0, got {timeout}")
+        if entry_id <= self._lac:
+            return (await self._read(entry_id, entry_id))[0]
+        if self._md.is_closed:
+            return None
+        md = self._md
+        request = ReadRequest(md.ledger_id, entry_id, previous_lac=entry_id - 1, timeout=timeout)
+        futures = {
+            self._ctx.transport.send(b, request, timeout + self._ctx.config.read_timeout): b
+            for b in md.last_ensemble
+        }
+        pending = set(futures)
+        try:
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for fut in done:
+                    try:
+                        response = fut.result()
+                    except BKError:
+                        continue
+                    if response.status != Status.OK or not isinstance(response, ReadResponse):
+                        continue
+                    self._raise_lac(response.lac)
+                    if response.body is not None:
+                        try:
+                            decoded = self._digest.verify(response.body)
+                        except DigestMismatchError:
+                            continue
+                        self._raise_lac(decoded.lac)
+                        if decoded.entry_id == entry_id and entry_id <= self._lac:
+                            return LedgerEntry(self.id, entry_id, decoded.payload)
+                    if entry_id <= self._lac:
+                        return (await self._read(entry_id, entry_id))[0]
+        finally:
+            drop_pending(pending)
+        return None
+
+    async def tail(self, start: int = 0) -> AsyncIterator[LedgerEntry]:
+        """Every entry from ``start`` on, following the writer; ends when the ledger closes."""
+        next_id = start
+        changed = asyncio.Event()
+        watch = self._ctx.store.watch_ledger(self.id, lambda _lid: changed.set())
+        try:
+            while True:
+                if next_id <= self._lac:
+                    last = min(self._lac, next_id + self._ctx.config.read_batch_size - 1)
+                    for entry in await self._read(next_id, last):
+                        yield entry
+                        next_id = entry.entry_id + 1
+                    continue
+                if self._md.is_closed:
+                    return
+                poll = asyncio.ensure_future(
+                    self.read_last_add_confirmed_and_entry(
+                        next_id, self._ctx.config.long_poll_timeout
+                    )
+                )
+                wake = asyncio.ensure_future(changed.wait())
+                try:
+                    await asyncio.wait({poll, wake}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    wake.cancel()
+                if poll.done():
+                    polled = poll.result()
+                    if polled is not None:
+                        yield polled
+                        next_id = polled.entry_id + 1
+                        continue
+                else:
+                    poll.cancel()
+                    try:
+                        await poll
+                    except (asyncio.CancelledError, BKError):
+                        pass
+                changed.clear()
+                await self._refresh_metadata()
+        finally:
+            watch.cancel()
+
+    async def read_last_entry_id_unconfirmed(self) -> int:
+        """The highest entry id any bookie of the last ensemble holds (no fencing)."""
+        md = self._md
+        request = ReadRequest(md.ledger_id, LAST_ENTRY)
+        best = -1
+        for bookie in md.last_ensemble:
+            try:
+                response = await self._ctx.transport.send(
+                    bookie, request, self._ctx.config.read_timeout
+                )
+            except BKError:
+                continue
+            ok = response.status == Status.OK and isinstance(response, ReadResponse)
+            if ok and isinstance(response, ReadResponse) and response.body:
+                try:
+                    best = max(best, self._digest.verify(response.body).entry_id)
+                except DigestMismatchError:
+                    continue
+        return best
+
+    async def close(self) -> None:
+        """Release the handle (local only: a reader never changes the ledger)."""
+        self._closed = True
+
+    async def __aenter__(self) -> ReadHandle:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"<ReadHandle {self.id} lac={self._lac} state={self._md.state}>"

@@ -1,0 +1,267 @@
+"""Request hooks: make every failure interleaving of a test deterministic, with no sleeps.
+
+BookKeeper tests the client's hardest paths (``LedgerRecovery2Test``, ``HandleFailuresTest``)
+against mock bookies whose requests can be paused, failed or released one by one. These
+hooks give the same control over *real* bookies behind :class:`pybk.transport.local.LocalTransport`
+(or any transport that consults a :class:`Hooks` object).
+
+A rule matches requests by bookie and optionally by operation, ledger, entry, or any
+predicate, and then:
+
+* ``hold``: queue the request until the test calls :meth:`Rule.release` (or
+  :meth:`Rule.fail_held` / :meth:`Rule.drop_held`);
+* ``fail``: answer at once with an error status (a response from "the bookie") or raise
+  :class:`pybk.errors.BookieUnavailableError` (``status=None``);
+* ``drop``: never deliver: the caller sees its timeout;
+* ``before``: run an async callback, then deliver (e.g. to wait on an ``asyncio.Event``).
+
+Rules are checked in the order they were added; the first live match wins. A rule with
+``times=n`` retires after n matches. Every rule counts its matches and can be awaited
+(:meth:`Rule.wait_matched`) so a test waits on the condition, not on the clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pybk.protocol import (
+    AddRequest,
+    Op,
+    ReadRequest,
+    Request,
+    Status,
+)
+
+Action = Literal["hold", "fail", "drop", "before"]
+BeforeCallback = Callable[[str, Request], Awaitable[None]]
+
+
+def _entry_of(request: Request) -> int | None:
+    if isinstance(request, AddRequest | ReadRequest):
+        return request.entry_id
+    return None
+
+
+@dataclass(eq=False)
+class HeldRequest:
+    """A request parked by a ``hold`` rule, with the callback that delivers it."""
+
+    bookie_id: str
+    request: Request
+    deliver: Callable[[], None]
+    fail: Callable[[Status | None], None]
+    drop: Callable[[], None]
+
+
+@dataclass(eq=False)
+class Rule:
+    """One hook rule. Built by the :class:`Hooks` helpers, not directly."""
+
+    hooks: Hooks
+    action: Action
+    bookie: str | None = None
+    op: Op | None = None
+    ledger_id: int | None = None
+    entry_id: int | None = None
+    predicate: Callable[[str, Request], bool] | None = None
+    status: Status | None = None
+    callback: BeforeCallback | None = None
+    times: int | None = None
+    matched: int = 0
+    held: list[HeldRequest] = field(default_factory=list)
+    _changed: asyncio.Event | None = None
+
+    def matches(self, bookie_id: str, request: Request) -> bool:
+        if self.times is not None and self.matched >= self.times:
+            return False
+        if self.bookie is not None and self.bookie != bookie_id:
+            return False
+        if self.op is not None and request.op != self.op:
+            return False
+        if self.ledger_id is not None and getattr(request, "ledger_id", None) != self.ledger_id:
+            return False
+        if self.entry_id is not None and _entry_of(request) != self.entry_id:
+            return False
+        return self.predicate is None or self.predicate(bookie_id, request)
+
+    def _notify(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
+
+    async def wait_matched(self, count: int = 1, timeout: float = 10.0) -> None:
+        """Wait until this rule has matched ``count`` requests (bounded by ``timeout``)."""
+        async with asyncio.timeout(timeout):
+            while self.matched < count:
+                if self._changed is None:
+                    self._changed = asyncio.Event()
+                await self._changed.wait()
+
+    async def wait_held(self, count: int = 1, timeout: float = 10.0) -> None:
+        """Wait until at least ``count`` requests are parked by this ``hold`` rule."""
+        async with asyncio.timeout(timeout):
+            while len(self.held) < count:
+                if self._changed is None:
+                    self._changed = asyncio.Event()
+                await self._changed.wait()
+
+    def _take(self, n: int | None) -> list[HeldRequest]:
+        taken = self.held if n is None else self.held[:n]
+        self.held = [] if n is None else self.held[n:]
+        return taken
+
+    def release(self, n: int | None = None) -> int:
+        """Deliver the first ``n`` held requests (all when None), in arrival order."""
+        taken = self._take(n)
+        for h in taken:
+            h.deliver()
+        return len(taken)
+
+    def fail_held(self, status: Status | None = Status.IO_ERROR, n: int | None = None) -> int:
+        """Answer held requests with ``status`` (None: BookieUnavailableError)."""
+        taken = self._take(n)
+        for h in taken:
+            h.fail(status)
+        return len(taken)
+
+    def drop_held(self, n: int | None = None) -> int:
+        """Never deliver the held requests: their callers time out."""
+        taken = self._take(n)
+        for h in taken:
+            h.drop()
+        return len(taken)
+
+    def remove(self, *, release: bool = True) -> None:
+        """Retire the rule; by default deliver whatever it still holds."""
+        if self in self.hooks.rules:
+            self.hooks.rules.remove(self)
+        if release:
+            self.release()
+
+
+class Hooks:
+    """An ordered list of rules consulted for every request a transport sends."""
+
+    def __init__(self) -> None:
+        self.rules: list[Rule] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.rules)
+
+    def match(self, bookie_id: str, request: Request) -> Rule | None:
+        """The first live rule matching this request (and count the match)."""
+        for rule in self.rules:
+            if rule.matches(bookie_id, request):
+                rule.matched += 1
+                rule._notify()
+                return rule
+        return None
+
+    def _add(self, rule: Rule) -> Rule:
+        self.rules.append(rule)
+        return rule
+
+    def hold(
+        self,
+        bookie: str | None = None,
+        *,
+        op: Op | None = None,
+        ledger_id: int | None = None,
+        entry_id: int | None = None,
+        predicate: Callable[[str, Request], bool] | None = None,
+        times: int | None = None,
+    ) -> Rule:
+        """Park matching requests until released."""
+        return self._add(
+            Rule(self, "hold", bookie, op, ledger_id, entry_id, predicate, times=times)
+        )
+
+    def fail(
+        self,
+        bookie: str | None = None,
+        *,
+        status: Status | None = Status.IO_ERROR,
+        op: Op | None = None,
+        ledger_id: int | None = None,
+        entry_id: int | None = None,
+        predicate: Callable[[str, Request], bool] | None = None,
+        times: int | None = None,
+    ) -> Rule:
+        """Answer matching requests with ``status``, or BookieUnavailableError when None."""
+        return self._add(
+            Rule(
+                self, "fail", bookie, op, ledger_id, entry_id, predicate, status=status,
+                times=times,
+            )
+        )
+
+    def unavailable(self, bookie: str | None = None, **kwargs: object) -> Rule:
+        """Matching requests fail with BookieUnavailableError (the bookie is unreachable)."""
+        return self.fail(bookie, status=None, **kwargs)  # type: ignore[arg-type]
+
+    def drop(
+        self,
+        bookie: str | None = None,
+        *,
+        op: Op | None = None,
+        ledger_id: int | None = None,
+        entry_id: int | None = None,
+        predicate: Callable[[str, Request], bool] | None = None,
+        times: int | None = None,
+    ) -> Rule:
+        """Lose matching requests: callers see their timeout."""
+        return self._add(
+            Rule(self, "drop", bookie, op, ledger_id, entry_id, predicate, times=times)
+        )
+
+    def before(
+        self,
+        bookie: str | None,
+        callback: BeforeCallback,
+        *,
+        op: Op | None = None,
+        ledger_id: int | None = None,
+        entry_id: int | None = None,
+        predicate: Callable[[str, Request], bool] | None = None,
+        times: int | None = None,
+    ) -> Rule:
+        """Await ``callback(bookie_id, request)`` before delivering matching requests."""
+        return self._add(
+            Rule(
+                self, "before", bookie, op, ledger_id, entry_id, predicate,
+                callback=callback, times=times,
+            )
+        )
+
+    def clear(self, *, release: bool = True) -> None:
+        """Remove every rule (delivering held requests unless ``release=False``)."""
+        for rule in list(self.rules):
+            rule.remove(release=release)
+
+
+def is_fencing(bookie_id: str, request: Request) -> bool:
+    """Predicate: a fencing read (LAC read or recovery read of a recovering client)."""
+    return isinstance(request, ReadRequest) and request.fence
+
+
+def is_recovery_add(bookie_id: str, request: Request) -> bool:
+    """Predicate: a recovery add (write-back by a recovering client)."""
+    return isinstance(request, AddRequest) and request.recovery
+
+
+def is_normal_add(bookie_id: str, request: Request) -> bool:
+    """Predicate: an add from a writer (not a recovery write-back)."""
+    return isinstance(request, AddRequest) and not request.recovery
+
+
+__all__ = [
+    "HeldRequest",
+    "Hooks",
+    "Rule",
+    "is_fencing",
+    "is_normal_add",
+    "is_recovery_add",
+]

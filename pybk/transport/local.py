@@ -1,0 +1,157 @@
+"""In-process transport: requests go straight to :class:`pybk.bookie.Bookie` objects.
+
+Used by :class:`pybk.LocalCluster` and by the client tests. It keeps the transport
+contract of :mod:`pybk.transport.base` (a response, ``BookieUnavailableError`` or
+``TimeoutError``, nothing else) and consults a :class:`pybk.testing.hooks.Hooks` object on
+every request so tests can hold, fail, drop or delay requests per bookie and operation.
+
+Per-request timeouts use the running loop's ``call_later`` (virtual time under the
+simulator). A timed-out request is not cancelled on the bookie: like a slow network, the
+bookie may still apply it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from pybk.errors import BookieUnavailableError, ClientClosedError, TimeoutError
+from pybk.protocol import Request, Response, Status, error_response
+from pybk.testing.hooks import HeldRequest, Hooks
+from pybk.transport.base import Transport
+
+log = logging.getLogger(__name__)
+
+
+class _BookieLike(Protocol):
+    @property
+    def state(self) -> str: ...
+
+    async def handle(self, request: Any) -> Any: ...
+
+
+class LocalTransport(Transport):
+    """Calls ``bookies[bookie_id].handle(request)``; ``bookies`` may change (it is read live)."""
+
+    def __init__(self, bookies: Mapping[str, _BookieLike], *, hooks: Hooks | None = None) -> None:
+        self.bookies = bookies
+        self.hooks = hooks if hooks is not None else Hooks()
+        self._closed = False
+        self.sent = 0  # requests sent (for tests and benchmarks)
+
+    def send(
+        self, bookie_id: str, request: Request, timeout: float | None = None
+    ) -> asyncio.Future[Response]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Response] = loop.create_future()
+        self.sent += 1
+        if self._closed:
+            fut.set_exception(ClientClosedError("transport closed"))
+            return fut
+        timer: asyncio.TimerHandle | None = None
+        if timeout is not None:
+            timer = loop.call_later(timeout, _expire, fut, bookie_id, request, timeout)
+            fut.add_done_callback(lambda _f: timer.cancel() if timer is not None else None)
+        rule = self.hooks.match(bookie_id, request) if self.hooks.rules else None
+        if rule is None:
+            self._deliver(fut, bookie_id, request)
+            return fut
+        if rule.action == "fail":
+            _fail(fut, bookie_id, request, rule.status)
+        elif rule.action == "drop":
+            pass
+        elif rule.action == "hold":
+            rule.held.append(
+                HeldRequest(
+                    bookie_id,
+                    request,
+                    deliver=lambda: self._deliver(fut, bookie_id, request),
+                    fail=lambda status: _fail(fut, bookie_id, request, status),
+                    drop=lambda: None,
+                )
+            )
+            rule._notify()
+        else:  # before
+            assert rule.callback is not None
+            callback = rule.callback
+
+            async def run_then_deliver() -> None:
+                try:
+                    await callback(bookie_id, request)
+                except Exception as exc:  # a failing hook fails the request, visibly
+                    if not fut.done():
+                        fut.set_exception(
+                            BookieUnavailableError(f"{bookie_id}: hook failed: {exc!r}")
+                        )
+                    return
+                self._deliver(fut, bookie_id, request)
+
+            _spawn(run_then_deliver())
+        return fut
+
+    def _deliver(self, fut: asyncio.Future[Response], bookie_id: str, request: Request) -> None:
+        if fut.done():
+            return
+        bookie = self.bookies.get(bookie_id)
+        if bookie is None or bookie.state == "stopped":
+            fut.set_exception(BookieUnavailableError(f"bookie {bookie_id} is not running"))
+            return
+        task = asyncio.ensure_future(bookie.handle(request))
+        task.add_done_callback(lambda t: _complete(fut, bookie_id, t))
+
+    async def close(self) -> None:
+        self._closed = True
+        self.hooks.clear(release=False)
+
+
+_background: set[asyncio.Task[None]] = set()
+
+
+def _spawn(coro: Any) -> None:
+    task = asyncio.ensure_future(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+def _complete(fut: asyncio.Future[Response], bookie_id: str, task: asyncio.Future[Any]) -> None:
+    if fut.done():
+        if not task.cancelled():
+            task.exception()  # retrieve, so it is not reported as unhandled
+        return
+    if task.cancelled():
+        fut.set_exception(BookieUnavailableError(f"bookie {bookie_id}: request cancelled"))
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.warning("bookie %s raised %r handling a request", bookie_id, exc)
+        fut.set_exception(BookieUnavailableError(f"bookie {bookie_id} failed: {exc!r}"))
+        return
+    response = task.result()
+    if response.status == Status.UNAVAILABLE:
+        fut.set_exception(BookieUnavailableError(f"bookie {bookie_id}: {response.message}"))
+        return
+    fut.set_result(response)
+
+
+def _fail(
+    fut: asyncio.Future[Response], bookie_id: str, request: Request, status: Status | None
+) -> None:
+    if fut.done():
+        return
+    if status is None or status == Status.UNAVAILABLE:
+        fut.set_exception(BookieUnavailableError(f"bookie {bookie_id} unavailable (hook)"))
+    elif status == Status.TIMEOUT:
+        fut.set_exception(TimeoutError(f"bookie {bookie_id}: timed out (hook)"))
+    else:
+        fut.set_result(error_response(request, status, f"injected {status.name}"))
+
+
+def _expire(
+    fut: asyncio.Future[Response], bookie_id: str, request: Request, timeout: float
+) -> None:
+    if not fut.done():
+        fut.set_exception(
+            TimeoutError(f"bookie {bookie_id}: no answer to {request.op.name} within {timeout}s")
+        )
