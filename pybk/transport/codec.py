@@ -476,6 +476,10 @@ class Connection:
         self._error: ProtocolError | None = None
         self.frames_received = 0
         self.bytes_received = 0
+        #: Stop decoding right after an AUTH request, leaving later bytes buffered: the
+        #: frames that follow AUTH must be checked against the cap that applies *after*
+        #: the server has judged the token. Call ``receive_data(b"")`` to go on.
+        self.hold_after_auth = False
 
     @property
     def broken(self) -> ProtocolError | None:
@@ -524,8 +528,15 @@ class Connection:
                 if len(buf) < end:
                     break
                 # A copy, so no memoryview export pins ``buf`` (it is resized below).
-                events.append(self._decode_frame(memoryview(bytes(buf[pos + 4 : end]))))
+                event = self._decode_frame(memoryview(bytes(buf[pos + 4 : end])))
+                events.append(event)
                 pos = end
+                if (
+                    self.hold_after_auth
+                    and isinstance(event, RequestReceived)
+                    and isinstance(event.request, AuthRequest)
+                ):
+                    break  # the caller decides the next frame cap (see hold_after_auth)
         except ProtocolError as exc:
             self._error = exc
             self._buf = bytearray()

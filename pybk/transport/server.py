@@ -115,6 +115,7 @@ class _ServerConnection(asyncio.Protocol):
             "server",
             max_frame=self.cfg.max_frame if self.authenticated else self.cfg.pre_auth_max_frame,
         )
+        self.codec.hold_after_auth = not self.authenticated
         self.queue: collections.deque[codec.Event] = collections.deque()
         self.in_flight = 0
         self.tasks: set[asyncio.Task[None]] = set()
@@ -231,10 +232,16 @@ class _ServerConnection(asyncio.Protocol):
     def _authenticate(self, request_id: int, request: AuthRequest) -> None:
         expected = self.server.auth_token
         if expected is None or hmac.compare_digest(request.token, expected):
+            self._respond(request_id, AuthResponse(Status.OK))
             if not self.authenticated:
                 self.authenticated = True
                 self.codec.max_frame = self.cfg.max_frame
-            self._respond(request_id, AuthResponse(Status.OK))
+                self.codec.hold_after_auth = False
+                try:  # frames pipelined behind AUTH, now judged against the full cap
+                    self.queue.extend(self.codec.receive_data(b""))
+                except ProtocolError as exc:
+                    self.server.stats.incr(_classify(exc))
+                    self.close_after_flush()
             return
         self.server.stats.incr("auth_failed")
         log.info("authentication failed from %s", self.peer_ip)

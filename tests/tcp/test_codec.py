@@ -298,3 +298,16 @@ def test_max_frame_can_be_raised_after_auth():
     conn.max_frame = codec.DEFAULT_MAX_FRAME
     [ev] = conn.receive_data(big)
     assert isinstance(ev, RequestReceived)
+
+
+def test_hold_after_auth_leaves_following_frames_buffered():
+    conn = Connection("server", max_frame=codec.PRE_AUTH_MAX_FRAME)
+    conn.hold_after_auth = True
+    auth = encode_request(1, AuthRequest(b"t"))
+    big = encode_request(2, AddRequest(1, 0, b"k", b"x" * 10_000))
+    assert conn.receive_data(auth + big) == [RequestReceived(1, AuthRequest(b"t"))]
+    assert conn.buffered == len(big)
+    conn.max_frame = codec.DEFAULT_MAX_FRAME
+    conn.hold_after_auth = False
+    [ev] = conn.receive_data(b"")
+    assert isinstance(ev, RequestReceived) and ev.request_id == 2
