@@ -1,0 +1,606 @@
+"""The bookie: request handling over the storage engine (docs/contracts.md).
+
+``Bookie.handle(request)`` answers every request type of :mod:`pybk.protocol` with its
+response; request-level failures become a status and a message, never an exception, and an
+unexpected exception becomes IO_ERROR with its text (the bookie keeps serving).
+
+What the bookie adds on top of :class:`pybk.storage.store.LedgerStore`:
+
+* identity (rule R4): a cookie with an instance id in the data directory and, when a
+  metadata store is given, in the store too; an emptied or swapped directory refuses to start;
+* state: ``writable`` / ``read-only`` (disk above the watermark, ENOSPC, or a failed journal)
+  / ``stopped``, with a human-readable reason and a callback on every change. While
+  read-only because of the disk, *recovery* adds are still accepted (they are how a recovering
+  client re-replicates entries; BookKeeper lets high-priority writes through too); after a
+  journal failure nothing is written any more;
+* long polls: a read with ``previous_lac`` and ``timeout > 0`` waits (loop timers) until the
+  ledger's LAC passes ``previous_lac``, the ledger is fenced or deleted, or the timeout; it
+  answers OK with the bookie's LAC and entry ``previous_lac + 1`` when held (``body=None``
+  when not, e.g. on timeout);
+* garbage collection against the metadata (``collect_garbage``) and compaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import logging
+import posixpath
+import random
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import crc32c
+
+from pybk import mutations
+from pybk.errors import (
+    BKError,
+    BookieStateError,
+    CorruptRecordError,
+    IOBookieError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    ReadOnlyBookieError,
+)
+from pybk.metadata.base import MetadataStore
+from pybk.protocol import (
+    AddRequest,
+    AddResponse,
+    BookieInfoRequest,
+    BookieInfoResponse,
+    FenceRequest,
+    FenceResponse,
+    ListEntriesRequest,
+    ListEntriesResponse,
+    ReadLacRequest,
+    ReadLacResponse,
+    ReadRequest,
+    ReadResponse,
+    Request,
+    Response,
+    Status,
+    WriteLacRequest,
+    WriteLacResponse,
+    error_response,
+)
+from pybk.storage.fs import FileSystem
+from pybk.storage.store import CompactionResult, LedgerStore, StoreConfig
+
+log = logging.getLogger(__name__)
+
+WRITABLE = "writable"
+READ_ONLY = "read-only"
+STOPPED = "stopped"
+
+COOKIE_FILE = "COOKIE"
+_COOKIE_MAGIC = b"pybk-cookie v1 "
+
+
+@dataclass
+class BookieConfig:
+    """Bookie knobs. Journal/storage ones are passed to the storage engine."""
+
+    #: group commit: keep gathering appends while they arrive, at most this long (seconds)
+    journal_max_wait: float = 0.001
+    journal_max_batch_bytes: int = 4 << 20
+    journal_max_batch_count: int = 8192
+    #: rotate the active journal segment past this size (bytes)
+    segment_size: int = 64 << 20
+    #: start even if a segment is corrupt mid-log (its data after the bad point is ignored and
+    #: the segment is reported as suspect). Operator decision; off by default.
+    allow_suspect_segments: bool = False
+    #: compaction rewrites sealed segments whose live fraction is below this
+    compaction_threshold: float = 0.5
+    #: disk usage fraction above which the bookie turns read-only ...
+    disk_usage_threshold: float = 0.95
+    #: ... and below which it becomes writable again
+    disk_usage_low_water: float = 0.90
+    #: how often the disk usage is checked (seconds, loop time); <= 0 disables the timer
+    disk_check_interval: float = 10.0
+    #: how often the index is checkpointed when the journal moved (seconds); <= 0: only on stop
+    checkpoint_interval: float = 60.0
+
+    def store_config(self) -> StoreConfig:
+        return StoreConfig(
+            journal_max_wait=self.journal_max_wait,
+            journal_max_batch_bytes=self.journal_max_batch_bytes,
+            journal_max_batch_count=self.journal_max_batch_count,
+            segment_size=self.segment_size,
+            allow_suspect_segments=self.allow_suspect_segments,
+            compaction_threshold=self.compaction_threshold,
+        )
+
+
+def _status_of(exc: BKError) -> Status:
+    try:
+        return Status(exc.status)
+    except ValueError:
+        return Status.IO_ERROR
+
+
+class Bookie:
+    """One bookie over one data directory. See the module docstring and docs/contracts.md."""
+
+    def __init__(
+        self,
+        bookie_id: str,
+        data_dir: str,
+        *,
+        fs: FileSystem | None = None,
+        config: BookieConfig | None = None,
+        cookie_store: MetadataStore | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if fs is None:
+            from pybk.storage.fs import OsFileSystem
+
+            fs = OsFileSystem()
+        self.bookie_id = bookie_id
+        self.data_dir = data_dir
+        self.fs = fs
+        self.config = config or BookieConfig()
+        self.cookie_store = cookie_store
+        self.rng = rng or random.Random()
+        self.instance_id = ""
+        self.store: LedgerStore | None = None
+        self.on_state_change: Callable[[str], None] | None = None
+        self._state = STOPPED
+        self._reason = "not started"
+        self._disk_full = False  # read-only because of the disk (recoverable)
+        self._journal_failed = False  # read-only for good (until restart)
+        self._waiters: dict[int, list[asyncio.Future[None]]] = {}
+        self._timers: list[asyncio.TimerHandle] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._last_cp_pos: object = None
+
+    # ================================================================== state
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def state_reason(self) -> str:
+        return self._reason
+
+    def _set_state(self, state: str, reason: str) -> None:
+        changed = state != self._state
+        self._state, self._reason = state, reason
+        if changed:
+            log.info("bookie %s is %s: %s", self.bookie_id, state, reason)
+            if self.on_state_change is not None:
+                try:
+                    self.on_state_change(state)
+                except Exception:  # a listener's bug must not break the bookie
+                    log.exception("on_state_change listener failed")
+
+    def _refresh_state(self, reason: str) -> None:
+        if self._state == STOPPED:
+            return
+        if self._journal_failed or self._disk_full:
+            self._set_state(READ_ONLY, reason)
+        else:
+            self._set_state(WRITABLE, reason)
+
+    # ================================================================== life cycle
+
+    async def start(self) -> None:
+        """Check the cookie, replay the journal, start serving.
+
+        Raises BookieStateError (identity mismatch) or CorruptRecordError (journal damage)."""
+        if self._state != STOPPED:
+            raise BookieStateError(f"bookie {self.bookie_id} is already started")
+        self.fs.makedirs(self.data_dir)
+        self.instance_id = await self._check_cookie()
+        store = LedgerStore(
+            self.fs, self.data_dir, self.instance_id, self.config.store_config(),
+            on_fatal=self._on_journal_fatal, on_write_error=self._on_write_error,
+            on_ledger_change=self._wake_waiters,
+        )
+        await store.open()
+        self.store = store
+        self._journal_failed = False
+        self._disk_full = False
+        self._set_state(WRITABLE, "started")
+        self._check_disk()
+        loop = asyncio.get_running_loop()
+        if self.config.disk_check_interval > 0:
+            self._timers.append(loop.call_later(self.config.disk_check_interval,
+                                                self._disk_timer))
+        if self.config.checkpoint_interval > 0:
+            self._timers.append(loop.call_later(self.config.checkpoint_interval,
+                                                self._checkpoint_timer))
+
+    async def stop(self) -> None:
+        """Clean shutdown: finish pending writes, checkpoint, close files."""
+        if self._state == STOPPED:
+            return
+        self._set_state(STOPPED, "stopped")
+        self._cancel_background()
+        store = self.store
+        if store is not None:
+            await store.close()
+        self.store = None
+
+    def crash(self) -> None:
+        """Abandon at once (in-process kill -9): no sync; pending adds fail."""
+        if self._state == STOPPED:
+            return
+        self._set_state(STOPPED, "crashed")
+        self._cancel_background()
+        if self.store is not None:
+            from pybk.errors import BookieUnavailableError
+
+            self.store.abandon(BookieUnavailableError(f"bookie {self.bookie_id} crashed"))
+        self.store = None
+
+    def _cancel_background(self) -> None:
+        for t in self._timers:
+            t.cancel()
+        self._timers.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        self._tasks.clear()
+        for waiters in self._waiters.values():
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+        self._waiters.clear()
+
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("bookie %s background task failed: %s", self.bookie_id, task.exception())
+
+    # ================================================================== cookie (R4)
+
+    def _cookie_path(self) -> str:
+        return posixpath.join(self.data_dir, COOKIE_FILE)
+
+    @staticmethod
+    def _encode_cookie(bookie_id: str, instance_id: str) -> bytes:
+        doc = json.dumps({"bookie_id": bookie_id, "instance_id": instance_id},
+                         sort_keys=True).encode()
+        return _COOKIE_MAGIC + f"{crc32c.crc32c(doc):08x} ".encode() + doc
+
+    def _decode_cookie(self, data: bytes, where: str) -> dict[str, str]:
+        if not data.startswith(_COOKIE_MAGIC):
+            raise BookieStateError(f"{where}: not a pybk cookie (or an unknown cookie version)")
+        rest = data[len(_COOKIE_MAGIC):]
+        try:
+            crc, doc = rest.split(b" ", 1)
+            if int(crc, 16) != crc32c.crc32c(doc):
+                raise ValueError("checksum mismatch")
+            parsed = json.loads(doc)
+            return {"bookie_id": str(parsed["bookie_id"]),
+                    "instance_id": str(parsed["instance_id"])}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise BookieStateError(f"{where}: damaged cookie ({exc})") from None
+
+    async def _check_cookie(self) -> str:
+        path = self._cookie_path()
+        local = (self._decode_cookie(self.fs.read_file(path), path)
+                 if self.fs.exists(path) else None)
+        stored = None
+        if self.cookie_store is not None:
+            raw = await self.cookie_store.read_cookie(self.bookie_id)
+            if raw is not None:
+                stored = self._decode_cookie(raw, f"metadata cookie of {self.bookie_id}")
+        if local is None:
+            if stored is not None:
+                raise BookieStateError(
+                    f"bookie {self.bookie_id}: the metadata store holds its cookie (instance "
+                    f"{stored['instance_id']}) but {self.data_dir} has none: the data directory "
+                    "was emptied or replaced, so this bookie may have lost acknowledged entries. "
+                    "Refusing to start; an operator must delete the bookie's cookie from the "
+                    "metadata store (and let re-replication restore its ledgers) to start it "
+                    "fresh")
+            journal = posixpath.join(self.data_dir, "journal")
+            if self.fs.exists(journal) and self.fs.listdir(journal):
+                raise BookieStateError(
+                    f"{self.data_dir} holds journal data but no cookie: refusing to adopt it")
+            instance_id = str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
+            cookie = self._encode_cookie(self.bookie_id, instance_id)
+            await self.fs.write_file_atomic(path, cookie)
+            if self.cookie_store is not None:
+                await self.cookie_store.write_cookie(self.bookie_id, cookie)
+            return instance_id
+        if local["bookie_id"] != self.bookie_id:
+            raise BookieStateError(
+                f"{self.data_dir} belongs to bookie {local['bookie_id']!r}, not "
+                f"{self.bookie_id!r}: refusing to start on another bookie's data")
+        if stored is None:
+            if self.cookie_store is not None:
+                await self.cookie_store.write_cookie(
+                    self.bookie_id, self._encode_cookie(self.bookie_id, local["instance_id"]))
+        elif stored["instance_id"] != local["instance_id"]:
+            raise BookieStateError(
+                f"bookie {self.bookie_id}: {self.data_dir} has instance {local['instance_id']} "
+                f"but the metadata store says {stored['instance_id']}: the data directory was "
+                "swapped; refusing to serve it as if it held this bookie's data")
+        return local["instance_id"]
+
+    # ================================================================== disk / journal state
+
+    def _on_journal_fatal(self, exc: BaseException) -> None:
+        self._journal_failed = True
+        self._refresh_state(f"journal failed, writes disabled until restart: {exc}")
+        self._wake_all()
+
+    def _on_write_error(self, exc: OSError) -> None:
+        if exc.errno == errno.ENOSPC:
+            self._disk_full = True
+            self._refresh_state(f"disk full (ENOSPC) writing the journal: {exc}")
+        else:
+            log.warning("bookie %s: journal write failed: %s", self.bookie_id, exc)
+
+    def disk_usage(self) -> tuple[int, int]:
+        return self.fs.disk_usage(self.data_dir)
+
+    def _check_disk(self) -> None:
+        if self._state == STOPPED:
+            return
+        try:
+            free, total = self.disk_usage()
+        except OSError as exc:
+            log.warning("bookie %s: disk usage check failed: %s", self.bookie_id, exc)
+            return
+        used = 1.0 - free / total if total > 0 else 1.0
+        high, low = self.config.disk_usage_threshold, self.config.disk_usage_low_water
+        if not self._disk_full and used >= high:
+            self._disk_full = True
+            self._refresh_state(
+                f"disk usage {used:.0%} above the {high:.0%} watermark")
+        elif self._disk_full and used < low:
+            self._disk_full = False
+            self._refresh_state(
+                f"disk usage {used:.0%} back below the {low:.0%} low-water mark")
+
+    def _disk_timer(self) -> None:
+        if self._state == STOPPED:
+            return
+        self._check_disk()
+        loop = asyncio.get_running_loop()
+        self._timers = [t for t in self._timers if not t.cancelled()]
+        self._timers.append(loop.call_later(self.config.disk_check_interval, self._disk_timer))
+
+    def check_disk(self) -> str:
+        """Check the disk usage now (tests, operators); returns the state."""
+        self._check_disk()
+        return self._state
+
+    def _checkpoint_timer(self) -> None:
+        if self._state == STOPPED or self.store is None:
+            return
+        store = self.store
+        if store.journal.failed is None and store.journal.position != self._last_cp_pos:
+            self._last_cp_pos = store.journal.position
+            self._spawn(store.checkpoint())
+        loop = asyncio.get_running_loop()
+        self._timers.append(loop.call_later(self.config.checkpoint_interval,
+                                            self._checkpoint_timer))
+
+    # ================================================================== long-poll waiters
+
+    def _wake_waiters(self, ledger_id: int) -> None:
+        waiters = self._waiters.pop(ledger_id, None)
+        if waiters:
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    def _wake_all(self) -> None:
+        for lid in list(self._waiters):
+            self._wake_waiters(lid)
+
+    # ================================================================== requests
+
+    def _store(self) -> LedgerStore:
+        if self.store is None or self._state == STOPPED:
+            raise BookieStateError(f"bookie {self.bookie_id} is stopped")
+        return self.store
+
+    async def handle(self, request: Request) -> Response:
+        """Answer one request (never raises for request-level errors)."""
+        if self._state == STOPPED or self.store is None:
+            return error_response(request, Status.UNAVAILABLE,
+                                  f"bookie {self.bookie_id} is stopped")
+        try:
+            if isinstance(request, AddRequest):
+                return await self._add(request)
+            if isinstance(request, ReadRequest):
+                return await self._read(request)
+            if isinstance(request, ReadLacRequest):
+                return self._read_lac(request)
+            if isinstance(request, WriteLacRequest):
+                return await self._write_lac(request)
+            if isinstance(request, FenceRequest):
+                return await self._fence(request)
+            if isinstance(request, ListEntriesRequest):
+                st = self._store()
+                return ListEntriesResponse(Status.OK, request.ledger_id,
+                                           st.ranges(request.ledger_id))
+            if isinstance(request, BookieInfoRequest):
+                return self._info()
+            return error_response(request, Status.BAD_REQUEST,
+                                  f"{type(request).__name__} is not served by a bookie")
+        except BookieStateError as exc:
+            return error_response(request, Status.UNAVAILABLE, str(exc))
+        except BKError as exc:
+            return error_response(request, _status_of(exc), str(exc))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # never crash the bookie on one request
+            log.exception("bookie %s: unexpected error handling %r", self.bookie_id, request)
+            return error_response(request, Status.IO_ERROR,
+                                  f"unexpected {type(exc).__name__}: {exc}")
+
+    async def _add(self, req: AddRequest) -> AddResponse:
+        store = self._store()
+        if self._journal_failed:
+            raise ReadOnlyBookieError(f"bookie {self.bookie_id} is read-only: {self._reason}")
+        if self._disk_full and not req.recovery:
+            raise ReadOnlyBookieError(f"bookie {self.bookie_id} is read-only: {self._reason}")
+        fut = store.add(req.ledger_id, req.entry_id, req.body, req.master_key, req.recovery)
+        await fut
+        return AddResponse(Status.OK, req.ledger_id, req.entry_id)
+
+    async def _fence(self, req: FenceRequest) -> FenceResponse:
+        store = self._store()
+        await store.fence(req.ledger_id, req.master_key)
+        return FenceResponse(Status.OK, req.ledger_id, lac=store.lac(req.ledger_id))
+
+    async def _write_lac(self, req: WriteLacRequest) -> WriteLacResponse:
+        store = self._store()
+        if self._journal_failed or self._disk_full:
+            raise ReadOnlyBookieError(f"bookie {self.bookie_id} is read-only: {self._reason}")
+        await store.write_lac(req.ledger_id, req.lac, req.body, req.master_key)
+        return WriteLacResponse(Status.OK, req.ledger_id)
+
+    def _read_entry(self, store: LedgerStore, ledger_id: int, entry_id: int) -> bytes:
+        try:
+            return store.read(ledger_id, entry_id)
+        except (CorruptRecordError, IOBookieError) as exc:
+            if mutations.NO_SUCH_ENTRY_ON_IO_ERROR in mutations.ACTIVE:  # broken build
+                raise NoSuchEntryError(str(exc)) from None
+            log.error("bookie %s: %s", self.bookie_id, exc)
+            raise
+
+    async def _read(self, req: ReadRequest) -> ReadResponse:
+        store = self._store()
+        lid = req.ledger_id
+        if req.fence:
+            await store.fence(lid, req.master_key)
+        if req.previous_lac is not None and req.timeout > 0:
+            return await self._long_poll(store, req, req.previous_lac)
+        if req.previous_lac is not None:
+            # a non-waiting LAC probe: answer like a long poll that timed out at once
+            return self._poll_answer(store, req, req.previous_lac)
+        body = self._read_entry(store, lid, req.entry_id)
+        entry_id = req.entry_id
+        if entry_id == -1:
+            entry_id = store.state(lid).last_entry
+        return ReadResponse(Status.OK, lid, entry_id, body, lac=store.lac(lid))
+
+    async def _long_poll(self, store: LedgerStore, req: ReadRequest,
+                         previous_lac: int) -> ReadResponse:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + req.timeout
+        lid = req.ledger_id
+        while True:
+            st = store.index.get(lid)
+            if st is not None and st.deleted:
+                raise NoSuchLedgerError(f"ledger {lid} was deleted on this bookie")
+            if st is not None and (st.lac > previous_lac or st.fenced):
+                break
+            if self._journal_failed or self._state == STOPPED:
+                break
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                break
+            fut: asyncio.Future[None] = loop.create_future()
+            self._waiters.setdefault(lid, []).append(fut)
+            timer = loop.call_later(remaining, _resolve, fut)
+            try:
+                await fut
+            finally:
+                timer.cancel()
+                waiters = self._waiters.get(lid)
+                if waiters is not None and fut in waiters:
+                    waiters.remove(fut)
+                    if not waiters:
+                        del self._waiters[lid]
+            if self.store is not store:
+                raise BookieStateError(f"bookie {self.bookie_id} stopped during a long poll")
+        return self._poll_answer(store, req, previous_lac)
+
+    def _poll_answer(self, store: LedgerStore, req: ReadRequest,
+                     previous_lac: int) -> ReadResponse:
+        lid = req.ledger_id
+        st = store.index.get(lid)
+        if st is not None and st.deleted:
+            raise NoSuchLedgerError(f"ledger {lid} was deleted on this bookie")
+        lac = -1 if st is None else st.lac
+        wanted = previous_lac + 1
+        body = None
+        if st is not None and wanted in st.entries:
+            body = self._read_entry(store, lid, wanted)
+        return ReadResponse(Status.OK, lid, wanted, body, lac=lac)
+
+    def _read_lac(self, req: ReadLacRequest) -> ReadLacResponse:
+        store = self._store()
+        st = store.state(req.ledger_id)
+        last = None
+        if st.entries:
+            last = self._read_entry(store, req.ledger_id, -1)
+        return ReadLacResponse(Status.OK, req.ledger_id, st.explicit_lac_body, last)
+
+    def _info(self) -> BookieInfoResponse:
+        try:
+            free, total = self.disk_usage()
+        except OSError as exc:
+            raise IOBookieError(f"disk usage: {exc}") from None
+        message = self._reason
+        if self.store is not None and self.store.suspect:
+            message += "; suspect segments: " + ", ".join(self.store.suspect)
+        return BookieInfoResponse(Status.OK, self.bookie_id, free, total, self._state, message)
+
+    # ================================================================== admin
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Delete a ledger's data on this bookie (journaled tombstone; durable on return)."""
+        await self._store().delete_ledger(ledger_id)
+
+    async def collect_garbage(
+        self, is_live: Callable[[int], Awaitable[bool]], *, compact: bool = True
+    ) -> list[int]:
+        """Delete local ledgers the metadata no longer has, then compact.
+
+        ``is_live(ledger_id)`` asks the metadata; it is asked twice per candidate, the second
+        time right before deleting (rule R8: never delete on a stale or transient answer).
+        Returns the deleted ledger ids."""
+        store = self._store()
+        deleted = []
+        candidates = [lid for lid in store.ledger_ids() if not await is_live(lid)]
+        for lid in candidates:
+            if await is_live(lid):
+                continue
+            await store.delete_ledger(lid)
+            deleted.append(lid)
+        if compact:
+            await self.compact()
+        return deleted
+
+    async def compact(self, threshold: float | None = None) -> CompactionResult:
+        """Rewrite mostly-dead journal segments (see LedgerStore.compact)."""
+        store = self._store()
+        if self._journal_failed:
+            raise ReadOnlyBookieError(f"bookie {self.bookie_id} is read-only: {self._reason}")
+        return await store.compact(threshold)
+
+    async def checkpoint(self) -> None:
+        await self._store().checkpoint()
+
+    def _check(self) -> None:
+        """Assert invariants (stateful tests)."""
+        if self.store is not None:
+            self.store._check()
+        assert self._state in (WRITABLE, READ_ONLY, STOPPED)
+        if self._state == WRITABLE:
+            assert not self._journal_failed and not self._disk_full
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+__all__ = ["READ_ONLY", "STOPPED", "WRITABLE", "Bookie", "BookieConfig"]

@@ -1,0 +1,216 @@
+"""The bookie's index: where each entry lives, and what the bookie knows about each ledger.
+
+Per ledger: a ``SortedDict`` entry id -> location (segment seq, offset, size of the framed
+record) and the ledger's state (master key, fenced, explicit LAC, highest piggybacked LAC,
+deleted tombstone). The index holds only *durable* entries: the store applies an entry after
+the fsync that covers it, so "not in the index" means "never durably written here" (R2, I9).
+
+The index is checkpointed to one CRC-framed, versioned file together with the journal position
+it covers; start-up loads it and replays the journal after that position, or rebuilds from
+every segment when the file is missing or damaged.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Final, NamedTuple
+
+import crc32c
+from sortedcontainers import SortedDict
+
+from pybk.errors import CorruptRecordError
+
+
+class Location(NamedTuple):
+    """Where a framed ENTRY record lives: segment seq, byte offset, record size."""
+
+    seg: int
+    offset: int
+    size: int
+
+
+class Position(NamedTuple):
+    """A point in the journal: the end of a synced batch (next batch seq to expect there)."""
+
+    seg: int
+    offset: int
+    batch_seq: int
+
+
+@dataclass
+class LedgerState:
+    """What this bookie knows about one ledger."""
+
+    master_key: bytes | None = None
+    fenced: bool = False
+    deleted: bool = False
+    explicit_lac: int = -1
+    explicit_lac_body: bytes | None = None
+    max_piggyback_lac: int = -1
+    entries: SortedDict = field(default_factory=SortedDict)  # entry id -> Location
+
+    @property
+    def lac(self) -> int:
+        return max(self.explicit_lac, self.max_piggyback_lac)
+
+    @property
+    def last_entry(self) -> int:
+        return int(self.entries.keys()[-1]) if self.entries else -1
+
+
+class Index:
+    """All ledgers' states plus per-segment live byte counts (for compaction)."""
+
+    def __init__(self) -> None:
+        self.ledgers: dict[int, LedgerState] = {}
+        #: segment seq -> bytes of live ENTRY records located there
+        self.seg_live: dict[int, int] = {}
+
+    def get(self, ledger_id: int) -> LedgerState | None:
+        return self.ledgers.get(ledger_id)
+
+    def ledger(self, ledger_id: int) -> LedgerState:
+        """The state of ``ledger_id``, created empty if unknown."""
+        state = self.ledgers.get(ledger_id)
+        if state is None:
+            state = self.ledgers[ledger_id] = LedgerState()
+        return state
+
+    def put_entry(self, ledger_id: int, entry_id: int, loc: Location, piggyback_lac: int) -> None:
+        """Record a durable entry (ignored for a deleted ledger: its bytes are garbage)."""
+        state = self.ledger(ledger_id)
+        if state.deleted:
+            return
+        old = state.entries.get(entry_id)
+        if old is not None:
+            self._sub_live(old)
+        state.entries[entry_id] = loc
+        self.seg_live[loc.seg] = self.seg_live.get(loc.seg, 0) + loc.size
+        if piggyback_lac > state.max_piggyback_lac:
+            state.max_piggyback_lac = piggyback_lac
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        """Tombstone: the ledger's entries become garbage; the state stays as a marker."""
+        state = self.ledger(ledger_id)
+        for loc in state.entries.values():
+            self._sub_live(loc)
+        state.entries = SortedDict()
+        state.deleted = True
+        state.explicit_lac_body = None
+
+    def _sub_live(self, loc: Location) -> None:
+        left = self.seg_live[loc.seg] - loc.size
+        if left:
+            self.seg_live[loc.seg] = left
+        else:
+            del self.seg_live[loc.seg]
+
+    def _check(self) -> None:
+        """Assert the internal invariants (called by the stateful tests after every step)."""
+        live: dict[int, int] = {}
+        for lid, state in self.ledgers.items():
+            assert isinstance(lid, int)
+            if state.deleted:
+                assert not state.entries, f"deleted ledger {lid} still has entries"
+            for eid, loc in state.entries.items():
+                assert eid >= 0, (lid, eid)
+                assert loc.size > 0 and loc.offset >= 0, (lid, eid, loc)
+                live[loc.seg] = live.get(loc.seg, 0) + loc.size
+            assert state.explicit_lac_body is None or state.explicit_lac >= -1
+        assert live == self.seg_live, (live, self.seg_live)
+
+
+# --------------------------------------------------------------------------- checkpoint file
+
+CHECKPOINT_MAGIC: Final = b"PYBKIDX\x00"
+CHECKPOINT_VERSION: Final = 1
+_CP_HEADER = struct.Struct(">8sHIQ")  # magic, version, crc, payload length
+_CP_POS = struct.Struct(">QQQI")  # seg, offset, batch seq, ledger count
+_CP_LEDGER = struct.Struct(">qBqqHII")  # id, flags, piggy lac, explicit lac, keylen, laclen, n
+_CP_ENTRY_FMT: Final = "qQQI"
+_CP_ENTRY_SIZE: Final = struct.calcsize(">" + _CP_ENTRY_FMT)
+_FENCED, _DELETED, _HAS_KEY, _HAS_LAC = 1, 2, 4, 8
+
+
+def encode_checkpoint(index: Index, pos: Position) -> bytes:
+    parts = [_CP_POS.pack(pos.seg, pos.offset, pos.batch_seq, len(index.ledgers))]
+    for lid in sorted(index.ledgers):
+        st = index.ledgers[lid]
+        flags = (
+            (_FENCED if st.fenced else 0)
+            | (_DELETED if st.deleted else 0)
+            | (_HAS_KEY if st.master_key is not None else 0)
+            | (_HAS_LAC if st.explicit_lac_body is not None else 0)
+        )
+        key = st.master_key or b""
+        lac_body = st.explicit_lac_body or b""
+        n = len(st.entries)
+        parts.append(_CP_LEDGER.pack(lid, flags, st.max_piggyback_lac, st.explicit_lac,
+                                     len(key), len(lac_body), n))
+        parts.append(key)
+        parts.append(lac_body)
+        if n:
+            flat: list[int] = []
+            for eid, loc in st.entries.items():
+                flat.extend((eid, loc.seg, loc.offset, loc.size))
+            parts.append(struct.pack(">" + _CP_ENTRY_FMT * n, *flat))
+    payload = b"".join(parts)
+    return _CP_HEADER.pack(CHECKPOINT_MAGIC, CHECKPOINT_VERSION, crc32c.crc32c(payload),
+                           len(payload)) + payload
+
+
+def decode_checkpoint(data: bytes, path: str) -> tuple[Index, Position]:
+    """Parse an index checkpoint; CorruptRecordError on any damage or unknown version."""
+    if len(data) < _CP_HEADER.size:
+        raise CorruptRecordError(f"{path}: index checkpoint is truncated", path=path, offset=0)
+    magic, version, crc, length = _CP_HEADER.unpack_from(data)
+    if magic != CHECKPOINT_MAGIC:
+        raise CorruptRecordError(f"{path}: not a pybk index checkpoint", path=path, offset=0)
+    if version != CHECKPOINT_VERSION:
+        raise CorruptRecordError(
+            f"{path}: unknown index checkpoint version {version} (expected "
+            f"{CHECKPOINT_VERSION})", path=path, offset=0)
+    payload = data[_CP_HEADER.size :]
+    if len(payload) != length or crc32c.crc32c(payload) != crc:
+        raise CorruptRecordError(f"{path}: index checkpoint checksum mismatch", path=path,
+                                 offset=0)
+    try:
+        return _decode_payload(payload)
+    except (struct.error, ValueError) as exc:
+        raise CorruptRecordError(f"{path}: malformed index checkpoint ({exc})", path=path,
+                                 offset=0) from None
+
+
+def _decode_payload(payload: bytes) -> tuple[Index, Position]:
+    seg, offset, batch_seq, count = _CP_POS.unpack_from(payload)
+    pos = _CP_POS.size
+    index = Index()
+    for _ in range(count):
+        lid, flags, piggy, elac, keylen, laclen, n = _CP_LEDGER.unpack_from(payload, pos)
+        pos += _CP_LEDGER.size
+        key = payload[pos : pos + keylen]
+        pos += keylen
+        lac_body = payload[pos : pos + laclen]
+        pos += laclen
+        st = LedgerState(
+            master_key=key if flags & _HAS_KEY else None,
+            fenced=bool(flags & _FENCED),
+            deleted=bool(flags & _DELETED),
+            explicit_lac=elac,
+            explicit_lac_body=lac_body if flags & _HAS_LAC else None,
+            max_piggyback_lac=piggy,
+        )
+        if n:
+            flat = struct.unpack_from(">" + _CP_ENTRY_FMT * n, payload, pos)
+            pos += _CP_ENTRY_SIZE * n
+            items = []
+            for i in range(0, 4 * n, 4):
+                loc = Location(flat[i + 1], flat[i + 2], flat[i + 3])
+                items.append((flat[i], loc))
+                index.seg_live[loc.seg] = index.seg_live.get(loc.seg, 0) + loc.size
+            st.entries = SortedDict(items)
+        index.ledgers[lid] = st
+    if pos != len(payload):
+        raise ValueError(f"{len(payload) - pos} trailing bytes")
+    return index, Position(seg, offset, batch_seq)

@@ -1,0 +1,379 @@
+"""The journal's write side: segment files, serial group commit, rotation.
+
+Group commit is *serial*: write -> fdatasync -> write -> fdatasync. Appends made while a sync is
+in flight accumulate in a buffer; when the sync returns, the whole buffer goes out as one batch
+(one ``write``) and one sync. So at any moment only the last batch of the active segment can
+be unsynced, which is what lets replay tell a torn tail from corruption.
+
+An idle journal never delays a lone append: the writer task wakes on the next loop iteration
+and, if nothing else arrived during that iteration, writes at once. While appends keep arriving
+every iteration it keeps gathering, up to ``max_wait`` seconds (loop time) or the batch limits.
+
+Each append's future resolves only after the fsync that covers it. A failed fsync is fatal:
+Linux may already have dropped the dirty pages, so a retry could "succeed" with the data gone
+(fsyncgate). Every waiter covered by it, and every later append, fails with
+JournalFailedError and the owner is told through ``on_fatal``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import posixpath
+from collections.abc import Callable
+from typing import Any
+
+from pybk import mutations
+from pybk.errors import IOBookieError, JournalFailedError, ReadOnlyBookieError
+from pybk.storage.fs import FileHandle, FileSystem
+from pybk.storage.index import Position
+from pybk.storage.records import (
+    BATCH_HEADER_SIZE,
+    SEGMENT_HEADER_SIZE,
+    encode_batch,
+    encode_segment_header,
+)
+
+#: ``on_synced(segment_seq, [(tag, end_offset_of_item), ...])`` for the tagged items of a batch.
+SyncedCallback = Callable[[int, list[tuple[Any, int]]], None]
+FailedCallback = Callable[[list[Any], BaseException], None]
+
+SEGMENT_SUFFIX = ".seg"
+
+
+def segment_name(seq: int) -> str:
+    return f"{seq:016x}{SEGMENT_SUFFIX}"
+
+
+def parse_segment_name(name: str) -> int | None:
+    """The sequence number of a segment file name, None for any other file."""
+    if not name.endswith(SEGMENT_SUFFIX) or len(name) != 16 + len(SEGMENT_SUFFIX):
+        return None
+    try:
+        return int(name[:16], 16)
+    except ValueError:
+        return None
+
+
+class Journal:
+    """Appends records to the active segment with serial group commit. See module docstring."""
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        directory: str,
+        instance_id: str,
+        *,
+        on_synced: SyncedCallback,
+        on_failed: FailedCallback,
+        on_fatal: Callable[[BaseException], None],
+        on_write_error: Callable[[OSError], None],
+        on_rotate: Callable[[int, int, int], None] | None = None,
+        max_wait: float = 0.001,
+        max_batch_bytes: int = 4 << 20,
+        max_batch_count: int = 8192,
+        segment_size: int = 64 << 20,
+    ) -> None:
+        self.fs = fs
+        self.directory = directory
+        self.instance_id = instance_id
+        self.max_wait = max_wait
+        self.max_batch_bytes = max_batch_bytes
+        self.max_batch_count = max_batch_count
+        self.segment_size = segment_size
+        self._on_synced = on_synced
+        self._on_failed = on_failed
+        self._on_fatal = on_fatal
+        self._on_write_error = on_write_error
+        self._on_rotate = on_rotate
+        self._data: list[bytes] = []
+        self._tags: list[Any] = []
+        self._futs: list[asyncio.Future[None]] = []
+        self._bytes = 0
+        self._fh: FileHandle | None = None
+        self._seq = -1
+        self._batch_seq = 0
+        self._position = Position(0, 0, 0)
+        self._task: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None
+        self._closing = False
+        #: The fatal error once the journal has failed (fsync error or crash); None while healthy.
+        self.failed: BaseException | None = None
+        self.stats = {"batches": 0, "records": 0, "bytes": 0, "rotations": 0, "write_errors": 0}
+
+    # -- life cycle ---------------------------------------------------------------------------
+
+    @property
+    def position(self) -> Position:
+        """The end of the last synced batch: everything before it is durable."""
+        return self._position
+
+    @property
+    def segment_seq(self) -> int:
+        return self._seq
+
+    def segment_path(self, seq: int) -> str:
+        return posixpath.join(self.directory, segment_name(seq))
+
+    async def open(self, seq: int) -> None:
+        """Start a fresh active segment ``seq`` and the writer task."""
+        await self._new_segment(seq)
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="pybk-journal")
+
+    async def _new_segment(self, seq: int) -> None:
+        path = self.segment_path(seq)
+        fh = self.fs.open_append(path)
+        try:
+            fh.write(encode_segment_header(seq, self.instance_id))
+            await fh.sync()
+            await self.fs.fsync_dir(self.directory)
+        except BaseException:
+            fh.close()
+            raise
+        if self._fh is not None:
+            self._fh.close()
+        self._fh = fh
+        self._seq = seq
+        self._batch_seq = 0
+        self._position = Position(seq, SEGMENT_HEADER_SIZE, 0)
+
+    async def close(self) -> None:
+        """Write and sync everything appended so far, then stop and close the segment."""
+        self._closing = True
+        if self._wake is not None:
+            self._wake.set()
+        if self._task is not None:
+            try:
+                await self._task
+            finally:
+                self._task = None
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    def abandon(self, exc: BaseException) -> None:
+        """Crash: stop at once, no sync; every pending append fails with ``exc``."""
+        if self.failed is None:
+            self.failed = exc
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+        self._fail_buffer(exc)
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+    # -- appends ------------------------------------------------------------------------------
+
+    def append(self, data: bytes, tag: Any = None) -> asyncio.Future[None]:
+        """Queue framed record bytes; the future resolves once they are durable.
+
+        ``tag`` (if not None) is handed back through ``on_synced`` with the item's end offset,
+        or through ``on_failed`` if the batch could not be written."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        if self.failed is not None or self._closing or self._task is None:
+            exc = self.failed or JournalFailedError("journal is closed")
+            fut.set_exception(_fresh(exc))
+            fut.exception()  # the caller may never look; do not warn
+            return fut
+        if not self._data:
+            assert self._wake is not None and self._idle is not None
+            self._wake.set()
+            self._idle.clear()
+        self._data.append(data)
+        self._tags.append(tag)
+        self._futs.append(fut)
+        self._bytes += len(data)
+        return fut
+
+    async def drain(self) -> None:
+        """Wait until everything appended so far has been written and synced (or failed)."""
+        if self._idle is not None and self._task is not None:
+            await self._idle.wait()
+
+    # -- the writer task ------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        assert self._wake is not None and self._idle is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._data:
+                self._idle.set()
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                if not self._data:
+                    continue
+                # Woken from idle: gather while more appends keep arriving, up to max_wait.
+                # The first append woke us; a lone append is written at once. ``rounds`` bounds
+                # the gathering under a virtual clock that does not advance on sleep(0).
+                start = loop.time()
+                seen = 1
+                rounds = 0
+                while (
+                    len(self._data) > seen
+                    and self.max_wait > 0
+                    and len(self._data) < self.max_batch_count
+                    and self._bytes < self.max_batch_bytes
+                    and loop.time() - start < self.max_wait
+                    and rounds < 1000
+                ):
+                    seen = len(self._data)
+                    rounds += 1
+                    await asyncio.sleep(0)
+            await self._write_batch()
+            if self.failed is not None:
+                self._idle.set()
+                return
+            fh = self._fh
+            if fh is not None and fh.size() >= self.segment_size:
+                old_seq, old_size = self._seq, fh.size()
+                try:
+                    await self._new_segment(old_seq + 1)
+                except OSError as exc:
+                    self._fatal(exc, f"creating segment {old_seq + 1}")
+                    return
+                self.stats["rotations"] += 1
+                if self._on_rotate is not None:
+                    self._on_rotate(old_seq, old_size, old_seq + 1)
+
+    def _take(self) -> tuple[list[bytes], list[Any], list[asyncio.Future[None]]]:
+        n = len(self._data)
+        if n > self.max_batch_count or self._bytes > self.max_batch_bytes:
+            n = 0
+            size = 0
+            for d in self._data:
+                if n and (n >= self.max_batch_count or size + len(d) > self.max_batch_bytes):
+                    break
+                size += len(d)
+                n += 1
+        data, tags, futs = self._data[:n], self._tags[:n], self._futs[:n]
+        if n == len(self._data):
+            self._data, self._tags, self._futs = [], [], []
+            self._bytes = 0
+        else:
+            del self._data[:n], self._tags[:n], self._futs[:n]
+            self._bytes -= sum(len(d) for d in data)
+        return data, tags, futs
+
+    async def _write_batch(self) -> None:
+        fh = self._fh
+        assert fh is not None
+        data, tags, futs = self._take()
+        before = fh.size()
+        end = before + BATCH_HEADER_SIZE
+        tagged: list[tuple[Any, int]] = []
+        for d, tag in zip(data, tags, strict=True):
+            end += len(d)
+            if tag is not None:
+                tagged.append((tag, end))
+        try:
+            fh.write(encode_batch(self._batch_seq, b"".join(data)))
+        except OSError as exc:
+            self._write_failed(exc, before, tags, futs)
+            return
+        self._batch_seq += 1
+        position = Position(self._seq, end, self._batch_seq)
+        acked_early = mutations.ACK_BEFORE_FSYNC in mutations.ACTIVE
+        if acked_early:  # deliberately broken build: acknowledge before the data is durable
+            self._complete(position, tagged, futs)
+        try:
+            await fh.sync()
+        except OSError as exc:
+            self._fatal(exc, f"fsync of {fh.path}", tags if not acked_early else [], futs)
+            return
+        except asyncio.CancelledError:
+            raise
+        if not acked_early:
+            self._complete(position, tagged, futs)
+        self.stats["batches"] += 1
+        self.stats["records"] += len(data)
+        self.stats["bytes"] += end - before
+
+    def _complete(self, position: Position, tagged: list[tuple[Any, int]],
+                  futs: list[asyncio.Future[None]]) -> None:
+        # Index update and position move happen together, synchronously: any observer sees
+        # an index that reflects exactly the batches up to ``position`` (checkpoints rely on it).
+        self._position = position
+        if tagged:
+            self._on_synced(position.seg, tagged)
+        for fut in futs:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _write_failed(self, exc: OSError, before: int, tags: list[Any],
+                      futs: list[asyncio.Future[None]]) -> None:
+        """A write failed (ENOSPC, EIO): drop whatever prefix reached the file so no garbage
+        sits between batches, fail this batch, and keep going (or die if we cannot)."""
+        self.stats["write_errors"] += 1
+        assert self._fh is not None
+        path = self._fh.path
+        try:
+            if self._fh.size() != before or self.fs.file_size(path) != before:
+                self._fh.close()
+                self.fs.truncate(path, before)
+                self._fh = self.fs.open_append(path)
+        except OSError as exc2:
+            self._fatal(exc2, f"truncating {path} after a failed write ({exc})", tags, futs)
+            return
+        if exc.errno == errno.ENOSPC:
+            err: Exception = ReadOnlyBookieError(f"journal write failed, disk full: {exc}")
+        else:
+            err = IOBookieError(f"journal write to {path} failed: {exc}")
+        self._on_failed(tags, err)
+        for fut in futs:
+            if not fut.done():
+                fut.set_exception(_fresh(err))
+                fut.exception()
+        self._on_write_error(exc)
+
+    def _fatal(self, exc: OSError, what: str, tags: list[Any] | None = None,
+               futs: list[asyncio.Future[None]] | None = None) -> None:
+        err = JournalFailedError(f"journal failed: {what}: {exc}; no write covered by it "
+                                 "is acknowledged and the journal accepts no more writes")
+        self.failed = err
+        if tags:
+            self._on_failed(tags, err)
+        for fut in futs or []:
+            if not fut.done():
+                fut.set_exception(_fresh(err))
+                fut.exception()
+        self._fail_buffer(err)
+        self._on_fatal(err)
+
+    def _fail_buffer(self, exc: BaseException) -> None:
+        data, tags, futs = self._data, self._tags, self._futs
+        self._data, self._tags, self._futs, self._bytes = [], [], [], 0
+        if tags:
+            self._on_failed(tags, exc)
+        for fut in futs:
+            if not fut.done():
+                fut.set_exception(_fresh(exc))
+                fut.exception()
+        del data
+        if self._idle is not None:
+            self._idle.set()
+
+    def _check(self) -> None:
+        """Assert internal invariants (stateful tests)."""
+        assert len(self._data) == len(self._tags) == len(self._futs)
+        assert self._bytes == sum(len(d) for d in self._data)
+        if self._fh is not None and self.failed is None:
+            assert self._position.seg == self._seq
+            assert self._position.offset <= self._fh.size()
+
+
+def _fresh(exc: BaseException) -> BaseException:
+    """A new exception of the same kind (one exception object must not be raised in many
+    tasks: tracebacks would pile up on it)."""
+    try:
+        new = type(exc)(*exc.args)
+    except Exception:
+        return exc
+    return new

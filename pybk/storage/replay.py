@@ -1,0 +1,117 @@
+"""The journal's read side at start-up: verify and scan segments, classify damage.
+
+Because group commit is serial (journal.py), only the last batch of the *active* segment can
+ever be unsynced when the process dies. Hence:
+
+* a bad batch (torn, zeroed, garbage, failed CRC) followed by nothing valid, at the end of the
+  last segment, is a torn tail: truncate it and count it;
+* a bad batch followed by a valid batch, or a bad batch anywhere in an older segment, is
+  corruption: refuse to start with CorruptRecordError naming file and offset (unless the
+  operator allowed suspect segments; then the segment is used up to the bad point only).
+
+A new segment is created (header written and synced) before its first batch, so a last
+segment whose header is missing or torn and that holds nothing more was cut off while being
+created: it is dropped too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pybk.errors import BookieStateError, CorruptRecordError
+from pybk.storage.fs import FileSystem
+from pybk.storage.records import (
+    BATCH_HEADER_SIZE,
+    SEGMENT_HEADER_SIZE,
+    Record,
+    batch_at,
+    decode_segment_header,
+    find_valid_batch_after,
+    iter_records,
+)
+
+
+@dataclass
+class SegmentScan:
+    """What scanning one segment found."""
+
+    seq: int
+    path: str
+    size: int
+    end: int  # where valid data ends (== size unless torn or suspect)
+    next_batch_seq: int
+    batches: int = 0
+    torn_bytes: int = 0  # bytes of torn tail to cut (last segment only)
+    torn_header: bool = False  # the segment was cut off while being created
+    corruption: CorruptRecordError | None = None  # only when allowed (suspect segment)
+
+
+def scan_segment(
+    fs: FileSystem,
+    path: str,
+    seq: int,
+    instance_id: str,
+    *,
+    start: int | None,
+    batch_seq: int,
+    is_last: bool,
+    allow_suspect: bool,
+    apply: Callable[[Record, int], None],
+) -> SegmentScan:
+    """Verify segment ``seq`` and feed each record of each intact batch to ``apply``.
+
+    ``start`` is the offset to scan from (None: just after the header); ``batch_seq`` the batch
+    number expected there. Raises CorruptRecordError / BookieStateError (see module doc)."""
+    data = fs.read_file(path)
+    size = len(data)
+    try:
+        header = decode_segment_header(data, path)
+    except CorruptRecordError:
+        if is_last and size <= SEGMENT_HEADER_SIZE:
+            return SegmentScan(seq, path, size, 0, 0, torn_bytes=size, torn_header=True)
+        raise
+    if header.seq != seq:
+        raise CorruptRecordError(
+            f"{path}: segment header says sequence {header.seq}, file name says {seq}",
+            path=path, offset=0)
+    if header.instance_id != instance_id:
+        raise BookieStateError(
+            f"{path}: journal segment belongs to bookie instance {header.instance_id}, but this "
+            f"data directory's cookie says {instance_id}: the directory was mixed up with "
+            "another bookie's; refusing to start")
+    pos = SEGMENT_HEADER_SIZE if start is None else start
+    if pos > size:
+        raise CorruptRecordError(
+            f"{path}: segment is {size} bytes but the index checkpoint covers it up to offset "
+            f"{pos}: synced journal data is missing", path=path, offset=size)
+    scan = SegmentScan(seq, path, size, pos, batch_seq)
+    expect = batch_seq
+    while pos < size:
+        found = batch_at(data, pos)
+        if found is None or found[0] != expect:
+            later = find_valid_batch_after(data, pos, expect)
+            if later is None and is_last:
+                scan.torn_bytes = size - pos
+                break
+            what = (f"followed by a valid batch at offset {later}" if later is not None
+                    else "in a segment that is not the last one")
+            err = CorruptRecordError(
+                f"{path}: corrupt journal batch at offset {pos} ({what}); this is not a torn "
+                "tail: data that was synced is damaged", path=path, offset=pos)
+            if not allow_suspect:
+                raise err
+            scan.corruption = err
+            break
+        _, length = found
+        body_start = pos + BATCH_HEADER_SIZE
+        payload = memoryview(data)[body_start : body_start + length]
+        records = list(iter_records(payload, body_start, path))
+        for rec in records:
+            apply(rec, seq)
+        pos = body_start + length
+        expect += 1
+        scan.batches += 1
+    scan.end = pos
+    scan.next_batch_seq = expect
+    return scan

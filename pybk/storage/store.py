@@ -1,0 +1,618 @@
+"""LedgerStore: the bookie's storage engine (journal = entry store, plus an index).
+
+Writes go through the journal (group commit); an entry enters the index only after the fsync
+that covers it, so the index never promises what the disk may not have. Ledger metadata
+(master key, fence, explicit LAC, deletion) takes effect in memory at once (a fence must stop
+later adds immediately) and its caller is answered after the covering fsync.
+
+Reads look the entry up in the index, ``pread`` the framed record and verify its CRC and ids:
+"absent" (NoSuchEntry / NoSuchLedger) is answered only when the index proves it; an I/O or
+checksum error is raised as such (rule R2).
+
+Checkpoints: the index plus the journal position it covers, written atomically. The pair is
+consistent because the journal moves its position and updates the index in one synchronous
+step. Start-up loads the checkpoint and replays the segments after it (or everything when
+the checkpoint is missing or damaged).
+
+Compaction: segments wholly behind the durable checkpoint whose live fraction is below a
+threshold are scanned (every record verified), their live entries and their ledgers' metadata
+are appended again through the journal, a checkpoint that no longer references them is
+written, and only then are the old files deleted. The checkpoint names the segments it
+retired, so a crash between the checkpoint and the deletion is finished at the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import posixpath
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pybk.errors import (
+    BadRequestError,
+    BKError,
+    CorruptRecordError,
+    EntryExistsError,
+    IOBookieError,
+    LedgerFencedError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    UnauthorizedError,
+)
+from pybk.protocol import parse_entry_header
+from pybk.storage.fs import FileSystem
+from pybk.storage.index import (
+    Index,
+    LedgerState,
+    Location,
+    Position,
+    decode_checkpoint,
+    encode_checkpoint,
+)
+from pybk.storage.journal import Journal, parse_segment_name, segment_name
+from pybk.storage.records import (
+    SEGMENT_HEADER_SIZE,
+    Record,
+    RecordType,
+    decode_entry_at,
+    decode_segment_header,
+    encode_delete,
+    encode_entry,
+    encode_explicit_lac,
+    encode_fence,
+    encode_master_key,
+)
+from pybk.storage.replay import SegmentScan, scan_segment
+
+CHECKPOINT_FILE = "index.ckpt"
+_DEAD = struct.Struct(">I")
+
+
+@dataclass
+class StoreConfig:
+    """Storage knobs (the bookie's BookieConfig carries the same names)."""
+
+    journal_max_wait: float = 0.001
+    journal_max_batch_bytes: int = 4 << 20
+    journal_max_batch_count: int = 8192
+    segment_size: int = 64 << 20
+    allow_suspect_segments: bool = False
+    compaction_threshold: float = 0.5
+
+
+@dataclass
+class ReplayReport:
+    """What start-up found (exposed for tests, info and logs)."""
+
+    checkpoint_loaded: bool = False
+    checkpoint_error: str = ""
+    segments_scanned: int = 0
+    records_replayed: int = 0
+    torn_tails: int = 0
+    torn_bytes: int = 0
+    suspect_segments: list[str] = field(default_factory=list)
+    leftovers_removed: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CompactionResult:
+    segments_compacted: list[int] = field(default_factory=list)
+    entries_moved: int = 0
+    bytes_freed: int = 0
+    skipped_corrupt: list[int] = field(default_factory=list)
+
+
+class LedgerStore:
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        data_dir: str,
+        instance_id: str,
+        config: StoreConfig | None = None,
+        *,
+        on_fatal: Callable[[BaseException], None] | None = None,
+        on_write_error: Callable[[OSError], None] | None = None,
+        on_ledger_change: Callable[[int], None] | None = None,
+    ) -> None:
+        self.fs = fs
+        self.data_dir = data_dir
+        self.journal_dir = posixpath.join(data_dir, "journal")
+        self.checkpoint_path = posixpath.join(data_dir, CHECKPOINT_FILE)
+        self.instance_id = instance_id
+        self.config = config or StoreConfig()
+        self._on_fatal = on_fatal or (lambda exc: None)
+        self._on_write_error = on_write_error or (lambda exc: None)
+        self._on_ledger_change = on_ledger_change or (lambda lid: None)
+        self.index = Index()
+        self.report = ReplayReport()
+        #: (ledger, entry) -> (body, future) for adds written but not yet durable
+        self._pending: dict[tuple[int, int], tuple[bytes, asyncio.Future[None]]] = {}
+        self._fence_futs: dict[int, asyncio.Future[None]] = {}
+        self._key_futs: dict[int, asyncio.Future[None]] = {}
+        self._segments: dict[int, int] = {}  # seq -> size when sealed (active: -1)
+        self._dead: list[int] = []  # segments retired by compaction, not yet known deleted
+        self._cp_lock = asyncio.Lock()
+        self._cp_pos: Position | None = None  # covered by the durable checkpoint
+        self.suspect: list[str] = []
+        self.journal = Journal(
+            fs,
+            self.journal_dir,
+            instance_id,
+            on_synced=self._on_synced,
+            on_failed=self._on_batch_failed,
+            on_fatal=self._on_fatal,
+            on_write_error=self._on_write_error,
+            on_rotate=self._on_rotate,
+            max_wait=self.config.journal_max_wait,
+            max_batch_bytes=self.config.journal_max_batch_bytes,
+            max_batch_count=self.config.journal_max_batch_count,
+            segment_size=self.config.segment_size,
+        )
+
+    # ================================================================== start-up / shut-down
+
+    async def open(self) -> None:
+        """Load the checkpoint, replay the journal after it, clean up, open a new segment."""
+        fs = self.fs
+        fs.makedirs(self.journal_dir)
+        report = self.report
+        names = fs.listdir(self.journal_dir)
+        seqs = sorted(s for s in (parse_segment_name(n) for n in names) if s is not None)
+        index: Index = Index()
+        pos: Position | None = None
+        dead: list[int] = []
+        if fs.exists(self.checkpoint_path):
+            try:
+                index, pos, dead = self._load_checkpoint()
+                report.checkpoint_loaded = True
+            except (CorruptRecordError, OSError) as exc:
+                report.checkpoint_error = str(exc)
+                index, pos, dead = Index(), None, []
+        if pos is not None and pos.seg not in seqs:
+            if any(s > pos.seg for s in seqs) or index.seg_live:
+                raise CorruptRecordError(
+                    f"{self.journal_dir}: segment {segment_name(pos.seg)} named by the index "
+                    "checkpoint is missing: synced journal data is gone; refusing to start",
+                    path=self.journal_path(pos.seg), offset=pos.offset)
+            pos = None  # an empty journal that was never written to after the checkpoint
+        self.index = index
+        for seq in seqs:
+            if pos is not None and seq < pos.seg:
+                path = self.journal_path(seq)
+                if seq in dead and seq not in index.seg_live:
+                    fs.delete(path)  # compaction retired it; the crash came before the delete
+                    report.leftovers_removed.append(path)
+                    continue
+                self._check_header(seq)
+                self._segments[seq] = fs.file_size(path)
+                continue
+            scan = self._scan(seq, pos, is_last=seq == seqs[-1])
+            report.segments_scanned += 1
+            if scan.torn_header:
+                fs.delete(scan.path)
+                report.leftovers_removed.append(scan.path)
+                report.torn_tails += 1
+                continue
+            if scan.torn_bytes:
+                report.torn_tails += 1
+                report.torn_bytes += scan.torn_bytes
+                fs.truncate(scan.path, scan.end)
+                fh = fs.open_append(scan.path)
+                try:
+                    await fh.sync()  # the cut must be durable before later segments exist
+                finally:
+                    fh.close()
+            if scan.corruption is not None:
+                self.suspect.append(f"{scan.path}@{scan.corruption.offset}")
+                report.suspect_segments.append(str(scan.corruption))
+            self._segments[seq] = scan.end if scan.corruption is None else scan.size
+        if report.leftovers_removed:
+            await fs.fsync_dir(self.journal_dir)
+        for seq in list(index.seg_live):
+            if seq not in self._segments:
+                raise CorruptRecordError(
+                    f"{self.journal_path(seq)}: segment holding live entries is missing",
+                    path=self.journal_path(seq), offset=0)
+        self._dead = [s for s in dead if s in self._segments]
+        new_seq = max([*seqs, -1]) + 1
+        await self.journal.open(new_seq)
+        self._segments[new_seq] = -1
+        await self.checkpoint()
+
+    def journal_path(self, seq: int) -> str:
+        return posixpath.join(self.journal_dir, segment_name(seq))
+
+    def _check_header(self, seq: int) -> None:
+        path = self.journal_path(seq)
+        header = decode_segment_header(self.fs.pread(path, 0, SEGMENT_HEADER_SIZE), path)
+        if header.seq != seq or header.instance_id != self.instance_id:
+            raise CorruptRecordError(
+                f"{path}: segment header (seq {header.seq}, instance {header.instance_id}) does "
+                f"not match (seq {seq}, instance {self.instance_id})", path=path, offset=0)
+
+    def _scan(self, seq: int, pos: Position | None, *, is_last: bool) -> SegmentScan:
+        start = pos.offset if pos is not None and seq == pos.seg else None
+        batch_seq = pos.batch_seq if start is not None and pos is not None else 0
+
+        def apply(rec: Record, seg: int) -> None:
+            self.report.records_replayed += 1
+            self._apply_record(rec, seg)
+
+        return scan_segment(
+            self.fs, self.journal_path(seq), seq, self.instance_id,
+            start=start, batch_seq=batch_seq, is_last=is_last,
+            allow_suspect=self.config.allow_suspect_segments, apply=apply,
+        )
+
+    def _apply_record(self, rec: Record, seg: int) -> None:
+        index = self.index
+        t = rec.rtype
+        if t is RecordType.ENTRY:
+            index.put_entry(rec.ledger_id, rec.entry_id, Location(seg, rec.offset, rec.size),
+                            _piggyback_lac(rec.data))
+        elif t is RecordType.MASTER_KEY:
+            st = index.ledger(rec.ledger_id)
+            if st.master_key is None:
+                st.master_key = rec.data
+        elif t is RecordType.FENCE:
+            index.ledger(rec.ledger_id).fenced = True
+        elif t is RecordType.EXPLICIT_LAC:
+            st = index.ledger(rec.ledger_id)
+            if not st.deleted and rec.lac >= st.explicit_lac:
+                st.explicit_lac, st.explicit_lac_body = rec.lac, rec.data
+        elif t is RecordType.DELETE_LEDGER:
+            index.delete_ledger(rec.ledger_id)
+
+    def _load_checkpoint(self) -> tuple[Index, Position, list[int]]:
+        data = self.fs.read_file(self.checkpoint_path)
+        if len(data) < _DEAD.size:
+            raise CorruptRecordError(f"{self.checkpoint_path}: truncated",
+                                     path=self.checkpoint_path, offset=0)
+        # layout: index checkpoint, then the retired-segment list, then its count
+        (ndead,) = _DEAD.unpack_from(data, len(data) - _DEAD.size)
+        tail = 8 * ndead + _DEAD.size
+        if tail > len(data):
+            raise CorruptRecordError(f"{self.checkpoint_path}: malformed",
+                                     path=self.checkpoint_path, offset=0)
+        index, pos = decode_checkpoint(data[: len(data) - tail], self.checkpoint_path)
+        dead = list(struct.unpack_from(f">{ndead}Q", data, len(data) - tail))
+        return index, pos, dead
+
+    async def close(self) -> None:
+        """Drain the journal, write a final checkpoint, close files."""
+        await self.journal.drain()
+        if self.journal.failed is None:
+            await self.checkpoint()
+        await self.journal.close()
+
+    def abandon(self, exc: BaseException) -> None:
+        """Crash: no sync, every pending write fails with ``exc``."""
+        self.journal.abandon(exc)
+
+    # ================================================================== journal callbacks
+
+    def _on_synced(self, seg: int, tagged: list[tuple[Any, int]]) -> None:
+        put = self.index.put_entry
+        pending = self._pending
+        changed = self._on_ledger_change
+        for tag, end in tagged:
+            lid, eid, lac, size = tag
+            if size:
+                put(lid, eid, Location(seg, end - size, size), lac)
+                pending.pop((lid, eid), None)
+                changed(lid)
+
+    def _on_rotate(self, old_seq: int, old_size: int, new_seq: int) -> None:
+        self._segments[old_seq] = old_size
+        self._segments[new_seq] = -1
+
+    def _on_batch_failed(self, tags: list[Any], exc: BaseException) -> None:
+        for tag in tags:
+            if tag is None:
+                continue
+            lid, eid, _lac, size = tag
+            if size:
+                self._pending.pop((lid, eid), None)
+            else:  # a master-key record was lost: journal it again with the next write
+                st = self.index.get(lid)
+                if st is not None and eid == -1:
+                    st.master_key = None
+
+    # ================================================================== writes
+
+    def _check_key(self, lid: int, st: LedgerState | None, key: bytes) -> None:
+        if st is not None and st.master_key is not None and st.master_key != key:
+            raise UnauthorizedError(f"ledger {lid}: master key does not match")
+
+    def _key_record(self, lid: int, st: LedgerState, key: bytes) -> bytes:
+        """The MASTER_KEY record to journal with this write, if the ledger has none yet."""
+        if st.master_key is not None:
+            return b""
+        st.master_key = key
+        return encode_master_key(lid, key)
+
+    def add(self, ledger_id: int, entry_id: int, body: bytes, master_key: bytes,
+            recovery: bool = False) -> asyncio.Future[None]:
+        """Store one framed entry; the future resolves once it is durable.
+
+        Raises at once: LedgerFencedError (fenced and not a recovery add, or deleted),
+        UnauthorizedError, EntryExistsError (different bytes), BadRequestError (the body's
+        embedded ids disagree with the request), JournalFailedError."""
+        try:
+            blid, beid, lac, _length = parse_entry_header(body)
+        except ValueError as exc:
+            raise BadRequestError(f"ledger {ledger_id} entry {entry_id}: {exc}") from None
+        if (blid, beid) != (ledger_id, entry_id) or entry_id < 0:
+            raise BadRequestError(
+                f"add of ({ledger_id}, {entry_id}) carries an entry framed as ({blid}, {beid})")
+        st = self.index.get(ledger_id)
+        if st is not None and st.deleted:
+            raise LedgerFencedError(f"ledger {ledger_id} was deleted on this bookie")
+        self._check_key(ledger_id, st, master_key)
+        if st is not None and st.fenced and not recovery:
+            raise LedgerFencedError(f"ledger {ledger_id} is fenced")
+        pending = self._pending.get((ledger_id, entry_id))
+        if pending is not None:
+            if pending[0] != body:
+                raise EntryExistsError(
+                    f"ledger {ledger_id} entry {entry_id} is being written with different bytes")
+            return pending[1]  # identical: its ack waits for the original's fsync
+        if st is not None and entry_id in st.entries:
+            try:
+                stored = self.read(ledger_id, entry_id)
+            except (CorruptRecordError, IOBookieError):
+                stored = None  # the local copy is damaged: store the new copy (repair)
+            if stored is not None:
+                if stored != body:
+                    raise EntryExistsError(
+                        f"ledger {ledger_id} entry {entry_id} exists with different bytes")
+                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                fut.set_result(None)
+                return fut
+        if st is None:
+            st = self.index.ledger(ledger_id)
+        key_rec = self._key_record(ledger_id, st, master_key)
+        rec = encode_entry(ledger_id, entry_id, body)
+        if key_rec:
+            self.journal.append(key_rec, (ledger_id, -1, -1, 0))
+        fut = self.journal.append(rec, (ledger_id, entry_id, lac, len(rec)))
+        if not fut.done():
+            self._pending[(ledger_id, entry_id)] = (body, fut)
+        return fut
+
+    def fence(self, ledger_id: int, master_key: bytes) -> Awaitable[None]:
+        """Fence durably (creating the ledger, fenced, if unknown). Takes effect at once; the
+        returned awaitable completes once the fence is synced."""
+        st = self.index.get(ledger_id)
+        if st is not None and st.deleted:
+            raise NoSuchLedgerError(f"ledger {ledger_id} was deleted on this bookie")
+        self._check_key(ledger_id, st, master_key)
+        if st is None:
+            st = self.index.ledger(ledger_id)
+        if st.fenced:
+            prior = self._fence_futs.get(ledger_id)
+            if prior is not None and not prior.done():
+                return prior
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+        key_rec = self._key_record(ledger_id, st, master_key)
+        st.fenced = True
+        if key_rec:
+            self.journal.append(key_rec, (ledger_id, -1, -1, 0))
+        fut = self.journal.append(encode_fence(ledger_id))
+        self._fence_futs[ledger_id] = fut
+        fut.add_done_callback(lambda _f: self._forget_fence(ledger_id, fut))
+        self._on_ledger_change(ledger_id)
+        return fut
+
+    def _forget_fence(self, ledger_id: int, fut: asyncio.Future[None]) -> None:
+        if self._fence_futs.get(ledger_id) is fut:
+            del self._fence_futs[ledger_id]
+
+    def write_lac(self, ledger_id: int, lac: int, body: bytes,
+                  master_key: bytes) -> Awaitable[None]:
+        st = self.index.get(ledger_id)
+        if st is not None and st.deleted:
+            raise LedgerFencedError(f"ledger {ledger_id} was deleted on this bookie")
+        self._check_key(ledger_id, st, master_key)
+        if st is None:
+            st = self.index.ledger(ledger_id)
+        key_rec = self._key_record(ledger_id, st, master_key)
+        if key_rec:
+            self.journal.append(key_rec, (ledger_id, -1, -1, 0))
+        fut = self.journal.append(encode_explicit_lac(ledger_id, lac, body))
+        if lac >= st.explicit_lac:
+            st.explicit_lac, st.explicit_lac_body = lac, body
+            self._on_ledger_change(ledger_id)
+        return fut
+
+    def delete_ledger(self, ledger_id: int) -> Awaitable[None]:
+        """Journal a tombstone; the ledger's bytes become garbage; later adds are rejected."""
+        self.index.delete_ledger(ledger_id)
+        fut = self.journal.append(encode_delete(ledger_id))
+        self._on_ledger_change(ledger_id)
+        return fut
+
+    # ================================================================== reads
+
+    def state(self, ledger_id: int) -> LedgerState:
+        """The ledger's state; NoSuchLedgerError when unknown or deleted."""
+        st = self.index.get(ledger_id)
+        if st is None:
+            raise NoSuchLedgerError(f"ledger {ledger_id} is not on this bookie")
+        if st.deleted:
+            raise NoSuchLedgerError(f"ledger {ledger_id} was deleted on this bookie")
+        return st
+
+    def read(self, ledger_id: int, entry_id: int) -> bytes:
+        """The stored framed entry; ``entry_id == -1`` reads the last one held."""
+        st = self.state(ledger_id)
+        if entry_id == -1:
+            if not st.entries:
+                raise NoSuchEntryError(f"ledger {ledger_id} holds no entries on this bookie")
+            entry_id, loc = st.entries.peekitem(-1)
+        else:
+            loc = st.entries.get(entry_id)
+            if loc is None:
+                raise NoSuchEntryError(f"ledger {ledger_id} entry {entry_id} is not on this bookie")
+        path = self.journal_path(loc.seg)
+        try:
+            data = self.fs.pread(path, loc.offset, loc.size)
+        except OSError as exc:
+            raise IOBookieError(
+                f"reading ledger {ledger_id} entry {entry_id} from {path}@{loc.offset}: {exc}"
+            ) from None
+        return decode_entry_at(data, path, loc.offset, ledger_id, entry_id)
+
+    def lac(self, ledger_id: int) -> int:
+        st = self.index.get(ledger_id)
+        return -1 if st is None else st.lac
+
+    def ranges(self, ledger_id: int) -> tuple[tuple[int, int], ...]:
+        st = self.state(ledger_id)
+        out: list[tuple[int, int]] = []
+        first = prev = None
+        for eid in st.entries:
+            if prev is not None and eid == prev + 1:
+                prev = eid
+                continue
+            if first is not None and prev is not None:
+                out.append((first, prev))
+            first = prev = eid
+        if first is not None and prev is not None:
+            out.append((first, prev))
+        return tuple(out)
+
+    def ledger_ids(self) -> list[int]:
+        """Ledgers held (not deleted), ascending."""
+        return sorted(lid for lid, st in self.index.ledgers.items() if not st.deleted)
+
+    # ================================================================== checkpoint
+
+    async def checkpoint(self) -> Position:
+        """Persist the index with the journal position it covers (atomic file replace)."""
+        async with self._cp_lock:
+            return await self._checkpoint_locked()
+
+    async def _checkpoint_locked(self) -> Position:
+        pos = self.journal.position
+        data = encode_checkpoint(self.index, pos)  # synchronous: a consistent snapshot
+        dead = list(self._dead)
+        data += struct.pack(f">{len(dead)}Q", *dead) + _DEAD.pack(len(dead))
+        await self.fs.write_file_atomic(self.checkpoint_path, data)
+        self._cp_pos = pos
+        return pos
+
+    # ================================================================== compaction
+
+    def segment_usage(self) -> dict[int, tuple[int, int]]:
+        """seq -> (live bytes, file bytes) for the sealed segments."""
+        out = {}
+        for seq, size in sorted(self._segments.items()):
+            if size >= 0:
+                out[seq] = (self.index.seg_live.get(seq, 0), size)
+        return out
+
+    async def compact(self, threshold: float | None = None) -> CompactionResult:
+        """Rewrite sealed segments whose live fraction is below ``threshold`` (see module doc).
+        Safe against a crash at any step."""
+        threshold = self.config.compaction_threshold if threshold is None else threshold
+        result = CompactionResult()
+        async with self._cp_lock:
+            cp = await self._checkpoint_locked()
+            candidates = []
+            for seq, (live, size) in self.segment_usage().items():
+                if seq < cp.seg and seq not in self._dead and live < threshold * max(size, 1):
+                    candidates.append((live / max(size, 1), seq))
+            futs: list[Awaitable[None]] = []
+            chosen: list[int] = []
+            for _, seq in sorted(candidates):
+                try:
+                    moved = self._rewrite_segment(seq, futs)
+                except (CorruptRecordError, OSError):
+                    result.skipped_corrupt.append(seq)
+                    continue
+                chosen.append(seq)
+                result.entries_moved += moved
+            if not chosen:
+                return result
+            await asyncio.gather(*futs)
+            for seq in chosen:
+                if self.index.seg_live.get(seq, 0):
+                    raise AssertionError(f"segment {seq} still referenced after compaction")
+            self._dead.extend(chosen)
+            await self._checkpoint_locked()  # durable index no longer points into them
+            for seq in chosen:
+                result.bytes_freed += self._segments.pop(seq)
+                self.fs.delete(self.journal_path(seq))
+            await self.fs.fsync_dir(self.journal_dir)
+            self._dead = [s for s in self._dead if s not in chosen]
+            result.segments_compacted = chosen
+        return result
+
+    def _rewrite_segment(self, seq: int, futs: list[Awaitable[None]]) -> int:
+        """Verify every record of segment ``seq``; re-append its live entries and the current
+        metadata of every ledger it mentions. Raises before appending anything if damaged."""
+        records: list[Record] = []
+        scan_segment(
+            self.fs, self.journal_path(seq), seq, self.instance_id, start=None, batch_seq=0,
+            is_last=False, allow_suspect=False, apply=lambda rec, _seg: records.append(rec),
+        )
+        out: list[tuple[bytes, tuple[int, int, int, int] | None]] = []
+        meta: list[int] = []
+        for rec in records:
+            if rec.ledger_id < 0:
+                continue
+            st = self.index.get(rec.ledger_id)
+            if st is None:
+                continue
+            if rec.rtype is RecordType.ENTRY:
+                loc = st.entries.get(rec.entry_id)
+                if loc is not None and loc.seg == seq and loc.offset == rec.offset:
+                    data = encode_entry(rec.ledger_id, rec.entry_id, rec.data)
+                    out.append((data, (rec.ledger_id, rec.entry_id,
+                                       _piggyback_lac(rec.data), len(data))))
+            elif rec.ledger_id not in meta:
+                meta.append(rec.ledger_id)
+        for lid in meta:
+            st = self.index.ledgers[lid]
+            if st.deleted:
+                out.append((encode_delete(lid), None))
+                continue
+            if st.master_key is not None:
+                out.append((encode_master_key(lid, st.master_key), None))
+            if st.fenced:
+                out.append((encode_fence(lid), None))
+            if st.explicit_lac_body is not None:
+                out.append((encode_explicit_lac(lid, st.explicit_lac, st.explicit_lac_body),
+                            None))
+        for data, tag in out:
+            futs.append(self.journal.append(data, tag))
+        return sum(1 for _, tag in out if tag is not None)
+
+    def _check(self) -> None:
+        """Assert the store's invariants (stateful tests)."""
+        self.index._check()
+        self.journal._check()
+        for (lid, eid), (body, _fut) in self._pending.items():
+            assert parse_entry_header(body)[:2] == (lid, eid)
+            st = self.index.get(lid)
+            assert st is None or st.deleted or eid not in st.entries, (lid, eid)
+        assert self.journal.segment_seq in self._segments or self.journal.failed is not None
+        for seq in self.index.seg_live:
+            assert seq in self._segments, f"live entries in unknown segment {seq}"
+
+
+def _piggyback_lac(body: bytes) -> int:
+    try:
+        return parse_entry_header(body)[2]
+    except ValueError:
+        return -1
+
+
+__all__ = ["BKError", "CompactionResult", "LedgerStore", "ReplayReport", "StoreConfig"]
