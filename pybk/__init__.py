@@ -3,6 +3,9 @@
 Public names only; see API.md for the contract.
 """
 
+from pybk import sync
+from pybk.client import Client, ClientConfig
+from pybk.cluster import LocalCluster
 from pybk.errors import (
     BKError,
     BookieUnavailableError,
@@ -21,25 +24,36 @@ from pybk.errors import (
     TimeoutError,
     UnauthorizedError,
 )
+from pybk.metadata.base import LedgerMetadata
+from pybk.replication.reader import LedgerEntry, ReadHandle
+from pybk.replication.writer import LedgerHandle
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BKError",
     "BookieUnavailableError",
+    "Client",
+    "ClientConfig",
     "CorruptRecordError",
     "DigestMismatchError",
     "LedgerClosedError",
+    "LedgerEntry",
     "LedgerExistsError",
     "LedgerFencedError",
+    "LedgerHandle",
+    "LedgerMetadata",
     "LedgerRecoveryError",
+    "LocalCluster",
     "MetadataStoreError",
     "MetadataVersionError",
     "NoSuchEntryError",
     "NoSuchLedgerError",
     "NotEnoughBookiesError",
+    "ReadHandle",
     "ReadOnlyBookieError",
     "TimeoutError",
     "UnauthorizedError",
     "__version__",
+    "sync",
 ]

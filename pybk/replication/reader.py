@@ -13,7 +13,7 @@ it never fences, so the writer is not disturbed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -362,7 +362,7 @@ class ReadHandle:
             drop_pending(pending)
         return None
 
-    async def tail(self, start: int = 0) -> AsyncIterator[LedgerEntry]:
+    async def tail(self, start: int = 0) -> AsyncGenerator[LedgerEntry, None]:
         """Every entry from ``start`` on, following the writer; ends when the ledger closes."""
         next_id = start
         changed = asyncio.Event()

@@ -1,0 +1,267 @@
+"""LocalCluster: real bookies as objects in this process, plus a metadata store.
+
+``async with pybk.LocalCluster(root, bookies=3) as cluster`` starts ``bookies`` bookies on
+the real disk under ``root/bookies/<id>`` with a SQLite metadata store at
+``root/metadata.db`` (unless ``metadata`` says otherwise) and hands out clients that reach
+the bookies through an in-process :class:`~pybk.transport.local.LocalTransport`.
+
+For tests: pass ``fs=MemFileSystem()`` and ``metadata="memory://"`` (or a store object) to
+run everything in memory, and use ``cluster.transport.hooks`` (or a private transport from
+:meth:`LocalCluster.local_transport`) to hold, fail or drop requests per bookie.
+
+``stop_bookie`` is a crash-stop (``bookie.crash()``, then the registration is removed, as
+a dead bookie's session would expire); ``start_bookie`` restarts it on the same directory.
+A bookie flipping to read-only (disk full, journal failure) is re-registered read-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pathlib
+import random
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from pybk.client import Client
+from pybk.errors import BookieStateError, ClientClosedError
+from pybk.metadata.base import BookieRegistration, MetadataStore
+from pybk.replication.context import ClientConfig
+from pybk.storage.fs import FileSystem
+from pybk.transport.base import Transport
+from pybk.transport.local import LocalTransport
+
+log = logging.getLogger(__name__)
+
+#: metadata URI -> live cluster, so ``pybk.Client(metadata=uri)`` in this process finds
+#: the in-process bookies of a LocalCluster using that store.
+_LIVE: weakref.WeakValueDictionary[str, LocalCluster] = weakref.WeakValueDictionary()
+
+
+def transport_for_uri(uri: str) -> Transport | None:
+    """The in-process transport of a live LocalCluster whose metadata URI is ``uri``."""
+    cluster = _LIVE.get(uri)
+    return cluster.transport if cluster is not None else None
+
+
+class LocalCluster:
+    """An embedded cluster of in-process bookies (see the module doc)."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        bookies: int | Sequence[str] = 3,
+        *,
+        metadata: str | MetadataStore | None = None,
+        fs: FileSystem | None = None,
+        bookie_config: Any = None,
+        client_config: ClientConfig | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if isinstance(bookies, int):
+            if bookies < 0:
+                raise ValueError(f"bookies must be >= 0, got {bookies}")
+            ids = [f"bookie-{i}" for i in range(bookies)]
+        else:
+            ids = [str(b) for b in bookies]
+            if len(set(ids)) != len(ids):
+                raise ValueError(f"bookie ids must be distinct, got {ids}")
+        self.root = pathlib.Path(root)
+        self._initial_ids = ids
+        self._fs = fs
+        self._metadata_arg = metadata
+        self._bookie_config = bookie_config
+        self._client_config = client_config
+        self._rng = rng if rng is not None else random.Random()
+        self._bookies: dict[str, Any] = {}  # live bookie objects, read by the transports
+        self._known: list[str] = []
+        self._clients: list[Client] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._store: MetadataStore | None = None
+        self._own_store = False
+        self._uri: str | None = None
+        self.transport = LocalTransport(self._bookies)
+        self._started = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> LocalCluster:
+        if self._started:
+            return self
+        if self._fs is None:
+            self.root.mkdir(parents=True, exist_ok=True)
+            self.root = self.root.resolve()
+        else:
+            self._fs.makedirs(str(self.root))
+        metadata = self._metadata_arg
+        if metadata is None:
+            metadata = "memory://" if self._fs is not None else f"sqlite:///{self.root}/metadata.db"
+        if isinstance(metadata, str):
+            from pybk.metadata import open_store
+
+            self._store = open_store(metadata)
+            self._own_store = True
+            self._uri = metadata
+            if not metadata.rstrip("/").endswith("memory:"):
+                _LIVE[metadata] = self
+        else:
+            self._store = metadata
+        self._started = True
+        try:
+            for bookie_id in self._initial_ids:
+                await self._start(bookie_id)
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def close(self) -> None:
+        """Close the clients, stop every bookie cleanly, close the store."""
+        if not self._started:
+            return
+        self._started = False
+        if self._uri is not None and _LIVE.get(self._uri) is self:
+            del _LIVE[self._uri]
+        for client in self._clients:
+            await client.close()
+        self._clients.clear()
+        await self.transport.close()
+        for bookie_id in list(self._bookies):
+            bookie = self._bookies.pop(bookie_id)
+            try:
+                await bookie.stop()
+            except Exception:
+                log.exception("bookie %s failed to stop cleanly", bookie_id)
+        for task in list(self._tasks):
+            await asyncio.gather(task, return_exceptions=True)
+        if self._store is not None and self._own_store:
+            await self._store.close()
+
+    async def __aenter__(self) -> LocalCluster:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- bookies -----------------------------------------------------------------------------
+
+    @property
+    def store(self) -> MetadataStore:
+        if self._store is None:
+            raise ClientClosedError("the cluster is not started")
+        return self._store
+
+    @property
+    def bookie_ids(self) -> list[str]:
+        """Every bookie this cluster has started (running or stopped)."""
+        return list(self._known)
+
+    @property
+    def running_bookie_ids(self) -> list[str]:
+        return [b for b in self._known if b in self._bookies]
+
+    def bookie(self, bookie_id: str) -> Any:
+        """The running Bookie object (tests poke at it)."""
+        try:
+            return self._bookies[bookie_id]
+        except KeyError:
+            raise KeyError(f"bookie {bookie_id!r} is not running") from None
+
+    def bookie_dir(self, bookie_id: str) -> pathlib.Path:
+        """That bookie's data directory."""
+        if bookie_id not in self._known:
+            raise KeyError(f"unknown bookie {bookie_id!r}; known: {self._known}")
+        return self.root / "bookies" / bookie_id
+
+    async def _start(self, bookie_id: str) -> None:
+        from pybk.bookie import Bookie
+
+        data_dir = str(self.bookie_dir(bookie_id)) if bookie_id in self._known else str(
+            self.root / "bookies" / bookie_id
+        )
+        kwargs: dict[str, Any] = {
+            "cookie_store": self.store,
+            "rng": random.Random(self._rng.random()),
+        }
+        if self._fs is not None:
+            kwargs["fs"] = self._fs
+        if self._bookie_config is not None:
+            kwargs["config"] = self._bookie_config
+        bookie = Bookie(bookie_id, data_dir, **kwargs)
+        await bookie.start()
+        if bookie_id not in self._known:
+            self._known.append(bookie_id)
+        self._bookies[bookie_id] = bookie
+        bookie.on_state_change = lambda state, b=bookie_id: self._on_state_change(b, state)
+        await self._register(bookie_id, bookie.state)
+
+    async def _register(self, bookie_id: str, state: str) -> None:
+        if state == "stopped" or self._bookies.get(bookie_id) is None:
+            await self.store.unregister_bookie(bookie_id)
+            return
+        await self.store.register_bookie(
+            BookieRegistration(bookie_id, "", read_only=(state == "read-only"))
+        )
+
+    def _on_state_change(self, bookie_id: str, state: str) -> None:
+        if not self._started:
+            return
+        task = asyncio.get_running_loop().create_task(self._register(bookie_id, state))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def stop_bookie(self, bookie_id: str) -> None:
+        """Crash-stop a bookie (unsynced data is lost as after kill -9) and unregister it."""
+        bookie = self._bookies.pop(bookie_id, None)
+        if bookie is None:
+            raise BookieStateError(f"bookie {bookie_id!r} is not running")
+        bookie.on_state_change = None
+        bookie.crash()
+        await self.store.unregister_bookie(bookie_id)
+
+    async def start_bookie(self, bookie_id: str) -> None:
+        """Restart a stopped bookie on its data directory."""
+        if bookie_id not in self._known:
+            raise KeyError(f"unknown bookie {bookie_id!r}; known: {self._known}")
+        if bookie_id in self._bookies:
+            raise BookieStateError(f"bookie {bookie_id!r} is already running")
+        await self._start(bookie_id)
+
+    async def add_bookie(self, bookie_id: str | None = None) -> str:
+        """Start one more bookie; returns its id."""
+        if bookie_id is None:
+            n = len(self._known)
+            while f"bookie-{n}" in self._known:
+                n += 1
+            bookie_id = f"bookie-{n}"
+        elif bookie_id in self._known:
+            raise ValueError(f"bookie {bookie_id!r} already exists")
+        await self._start(bookie_id)
+        return bookie_id
+
+    # -- clients -----------------------------------------------------------------------------
+
+    def local_transport(self) -> LocalTransport:
+        """A new in-process transport (with its own hooks) to this cluster's bookies."""
+        return LocalTransport(self._bookies)
+
+    def client(
+        self,
+        *,
+        config: ClientConfig | None = None,
+        rng: random.Random | None = None,
+        transport: Transport | None = None,
+    ) -> Client:
+        """A client of this cluster (closed with the cluster)."""
+        if not self._started:
+            raise ClientClosedError("the cluster is not started")
+        client = Client(
+            self.store,
+            transport=transport if transport is not None else self.transport,
+            config=config if config is not None else self._client_config,
+            rng=rng if rng is not None else random.Random(self._rng.random()),
+        )
+        self._clients.append(client)
+        return client

@@ -1,0 +1,303 @@
+"""pybk for synchronous code: the async client driven by an event loop in a background thread.
+
+::
+
+    with pybk.sync.LocalCluster(root) as cluster:
+        lh = cluster.client().create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
+        entry_id = lh.append(b"x")          # returns once the entry is durable
+        rh = cluster.client().open_ledger(lh.id)
+        print(rh.read(0, rh.last_add_confirmed))
+
+Every call hops to the loop thread and waits for the result, so it costs one thread
+round trip; for throughput use ``append_async`` (a ``concurrent.futures.Future``) or
+``append_many``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import threading
+from collections.abc import AsyncGenerator, Coroutine, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
+
+from pybk import client as _client
+from pybk import cluster as _cluster
+from pybk.metadata.base import LedgerMetadata, MetadataStore
+from pybk.replication.reader import LedgerEntry
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    """One event loop running forever in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="pybk-sync", daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("pybk.sync called from its own event loop thread")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+class LedgerHandle:
+    """Synchronous wrapper of :class:`pybk.LedgerHandle`."""
+
+    def __init__(self, runner: _LoopThread, handle: _client.LedgerHandle) -> None:
+        self._runner = runner
+        self._h = handle
+
+    @property
+    def id(self) -> int:
+        return self._h.id
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._h.metadata
+
+    @property
+    def last_add_pushed(self) -> int:
+        return self._h.last_add_pushed
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._h.last_add_confirmed
+
+    def append(self, data: bytes) -> int:
+        """Add one entry; returns its id once it is durable on Qa bookies."""
+        return self._runner.run(self._append(data))
+
+    def append_async(self, data: bytes) -> concurrent.futures.Future[int]:
+        """Add one entry without waiting; the future holds its id."""
+        return self._runner.submit(self._append(data))
+
+    async def _append(self, data: bytes) -> int:
+        return await self._h.append(data)
+
+    def append_many(self, items: Sequence[bytes]) -> list[int]:
+        return self._runner.run(self._h.append_many(items))
+
+    def close(self) -> None:
+        self._runner.run(self._h.close())
+
+    def __enter__(self) -> LedgerHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ReadHandle:
+    """Synchronous wrapper of :class:`pybk.ReadHandle`."""
+
+    def __init__(self, runner: _LoopThread, handle: _client.ReadHandle) -> None:
+        self._runner = runner
+        self._h = handle
+
+    @property
+    def id(self) -> int:
+        return self._h.id
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._h.metadata
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._h.last_add_confirmed
+
+    @property
+    def is_closed(self) -> bool:
+        return self._h.is_closed
+
+    def read(self, first: int, last: int) -> list[LedgerEntry]:
+        return self._runner.run(self._h.read(first, last))
+
+    def read_unconfirmed(self, first: int, last: int) -> list[LedgerEntry]:
+        return self._runner.run(self._h.read_unconfirmed(first, last))
+
+    def read_last_add_confirmed(self) -> int:
+        return self._runner.run(self._h.read_last_add_confirmed())
+
+    def read_last_add_confirmed_and_entry(
+        self, entry_id: int, timeout: float = 1.0
+    ) -> LedgerEntry | None:
+        return self._runner.run(self._h.read_last_add_confirmed_and_entry(entry_id, timeout))
+
+    def tail(self, start: int = 0) -> Iterator[LedgerEntry]:
+        """Entries from ``start`` on, following the writer, until the ledger closes."""
+        agen = self._h.tail(start)
+        try:
+            while True:
+                try:
+                    yield self._runner.run(_anext(agen))
+                except StopAsyncIteration:
+                    return
+        finally:
+            self._runner.run(agen.aclose())
+
+    def close(self) -> None:
+        self._runner.run(self._h.close())
+
+    def __enter__(self) -> ReadHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Client:
+    """Synchronous wrapper of :class:`pybk.Client`.
+
+    Built by :meth:`LocalCluster.client`, or on its own (``pybk.sync.Client(metadata=...)``)
+    with a private loop thread.
+    """
+
+    def __init__(
+        self,
+        metadata: str | MetadataStore | None = None,
+        *,
+        _runner: _LoopThread | None = None,
+        _client: _client.Client | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._own_runner = _runner is None
+        self._runner = _runner if _runner is not None else _LoopThread()
+        if _client is None:
+            if metadata is None:
+                raise TypeError("Client() needs a metadata URI or store")
+            _client = self._runner.run(_make_client(metadata, kwargs))
+        self._c = _client
+
+    def create_ledger(
+        self,
+        ensemble_size: int = 3,
+        write_quorum: int = 2,
+        ack_quorum: int = 2,
+        digest_type: str = "CRC32C",
+        password: bytes = b"",
+        custom_metadata: Mapping[str, bytes] | None = None,
+    ) -> LedgerHandle:
+        handle = self._runner.run(
+            self._c.create_ledger(
+                ensemble_size, write_quorum, ack_quorum, digest_type, password, custom_metadata
+            )
+        )
+        return LedgerHandle(self._runner, handle)
+
+    def open_ledger(
+        self, ledger_id: int, password: bytes = b"", recovery: bool = True
+    ) -> ReadHandle:
+        handle = self._runner.run(self._c.open_ledger(ledger_id, password, recovery))
+        return ReadHandle(self._runner, handle)
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        self._runner.run(self._c.delete_ledger(ledger_id))
+
+    def list_ledgers(self) -> list[int]:
+        return self._runner.run(self._c.list_ledgers())
+
+    def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        return self._runner.run(self._c.ledger_metadata(ledger_id))
+
+    def close(self) -> None:
+        self._runner.run(self._c.close())
+        if self._own_runner:
+            self._runner.stop()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def _anext(agen: AsyncGenerator[LedgerEntry, None]) -> LedgerEntry:
+    return await agen.__anext__()
+
+
+async def _make_client(metadata: str | MetadataStore, kwargs: dict[str, Any]) -> _client.Client:
+    return await _client.Client(metadata, **kwargs).start()
+
+
+class LocalCluster:
+    """Synchronous :class:`pybk.LocalCluster`: ``with pybk.sync.LocalCluster(root) as c:``."""
+
+    def __init__(self, root: str | os.PathLike[str], bookies: int = 3, **kwargs: Any) -> None:
+        self._args = (root, bookies)
+        self._kwargs = kwargs
+        self._runner: _LoopThread | None = None
+        self._cluster: _cluster.LocalCluster | None = None
+
+    def start(self) -> LocalCluster:
+        self._runner = _LoopThread()
+        try:
+            self._cluster = self._runner.run(self._astart())
+        except BaseException:
+            self._runner.stop()
+            self._runner = None
+            raise
+        return self
+
+    async def _astart(self) -> _cluster.LocalCluster:
+        return await _cluster.LocalCluster(*self._args, **self._kwargs).start()
+
+    def _parts(self) -> tuple[_LoopThread, _cluster.LocalCluster]:
+        if self._runner is None or self._cluster is None:
+            raise RuntimeError("the cluster is not started (use it in a with block)")
+        return self._runner, self._cluster
+
+    def close(self) -> None:
+        if self._runner is None:
+            return
+        runner, cluster = self._parts()
+        try:
+            runner.run(cluster.close())
+        finally:
+            runner.stop()
+            self._runner = None
+            self._cluster = None
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def bookie_ids(self) -> list[str]:
+        return self._parts()[1].bookie_ids
+
+    def bookie_dir(self, bookie_id: str) -> os.PathLike[str]:
+        return self._parts()[1].bookie_dir(bookie_id)
+
+    def client(self, **kwargs: Any) -> Client:
+        runner, cluster = self._parts()
+        return Client(_runner=runner, _client=cluster.client(**kwargs))
+
+    def stop_bookie(self, bookie_id: str) -> None:
+        runner, cluster = self._parts()
+        runner.run(cluster.stop_bookie(bookie_id))
+
+    def start_bookie(self, bookie_id: str) -> None:
+        runner, cluster = self._parts()
+        runner.run(cluster.start_bookie(bookie_id))
+
+    def add_bookie(self) -> str:
+        runner, cluster = self._parts()
+        return runner.run(cluster.add_bookie())
+
+
+__all__ = ["Client", "LedgerHandle", "LocalCluster", "ReadHandle"]
