@@ -1,0 +1,38 @@
+"""Deterministic simulation: whole clusters with injected faults from a seed, and a checker.
+
+    from pybk import sim
+    result = sim.run(seed=1234, bookies=5, duration=30.0, faults=sim.Faults.all())
+    result.ok, result.violations, result.trace, result.trace_hash, result.stats
+
+See docs/simulation.md.
+"""
+
+from pybk.sim.checker import Checker, Violation, check
+from pybk.sim.cluster import SimCluster
+from pybk.sim.faults import FaultPlan, Faults
+from pybk.sim.history import History
+from pybk.sim.loop import SimDeadlock, SimLoop, SimTimeLimit
+from pybk.sim.net import NetConfig, SimNetwork, SimTransport
+from pybk.sim.runner import TOPOLOGIES, SimResult, Stats, run
+from pybk.sim.workload import Workload
+
+__all__ = [
+    "TOPOLOGIES",
+    "Checker",
+    "FaultPlan",
+    "Faults",
+    "History",
+    "NetConfig",
+    "SimCluster",
+    "SimDeadlock",
+    "SimLoop",
+    "SimNetwork",
+    "SimResult",
+    "SimTimeLimit",
+    "SimTransport",
+    "Stats",
+    "Violation",
+    "Workload",
+    "check",
+    "run",
+]

@@ -194,17 +194,20 @@ class Checker:
                     self._v("I7", lid, other.value,
                             f"closed ledger changed: last entry {last} then {other.value}",
                             first, other)
-            # L8: no ok after a recovery completed.
+            # L8: the old writer never gets an ok for an entry beyond what a completed
+            # recovery sealed (an ok for an entry inside the sealed range may arrive late).
             rec = lg.first_recovery_done
+            flagged: set[int] = set()
             if rec is not None:
                 for ev in lg.oks:
-                    if ev.index > rec.index:
+                    if ev.index > rec.index and ev.entry > last:
+                        flagged.add(ev.entry)
                         self._v("L8", lid, ev.entry,
                                 f"writer got ok for entry {ev.entry} after recovery closed the "
                                 f"ledger at {rec.value}", rec, ev)
             # L1: every ok add is inside the closed range.
             for ev in lg.oks:
-                if ev.entry > last:
+                if ev.entry > last and ev.entry not in flagged:
                     self._v("L1", lid, ev.entry,
                             f"acknowledged entry {ev.entry} is beyond the closed last entry "
                             f"{last} (lost write, closed short)", ev, first)

@@ -1,0 +1,221 @@
+"""A simulated cluster: real Bookies on MemFileSystems, a MemoryMetadataStore, a SimNetwork.
+
+Everything here runs on the :class:`~pybk.sim.loop.SimLoop` and draws randomness from
+per-subsystem ``random.Random`` objects derived from one seed (``rng("net")``,
+``rng("disk:b1")``...), so adding a random draw in one subsystem does not shift every other
+subsystem's sequence.
+
+The cluster is also what the ``sim_cluster`` pytest fixture hands to users: start bookies, get
+clients, crash and restart bookies, partition the network, then ``run`` to completion.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pybk.metadata.base import BookieRegistration
+from pybk.metadata.memory import MemoryMetadataStore
+from pybk.sim.net import NetConfig, SimNetwork
+from pybk.storage.memfs import MemFileSystem
+
+if TYPE_CHECKING:
+    from pybk.bookie import Bookie
+
+DATA_DIR = "/bookie"
+
+
+def derive_rng(seed: int, name: str) -> random.Random:
+    """A subsystem's generator: a pure function of (seed, name); str seeds hash with SHA-512."""
+    return random.Random(f"pybk-sim:{seed}:{name}")
+
+
+@dataclass
+class SimBookie:
+    """One bookie identity: its disk outlives its incarnations."""
+
+    bookie_id: str
+    fs: MemFileSystem
+    bookie: Bookie | None = None
+    incarnation: int = 0
+    #: "up", "down" (crashed, restartable), "refused" (would not start: e.g. wiped disk)
+    status: str = "down"
+    damaged: list[str] = field(default_factory=list)  # fault kinds applied to its data
+    last_error: str = ""
+
+
+class SimCluster:
+    """Bookies, metadata and network of one simulated run."""
+
+    def __init__(
+        self,
+        seed: int,
+        bookies: int = 3,
+        *,
+        net: NetConfig | None = None,
+        log: Callable[[str], Any] | None = None,
+        count: Callable[[str], None] | None = None,
+        bookie_config: Any = None,
+        client_config: Any = None,
+    ) -> None:
+        if bookies < 1:
+            raise ValueError(f"bookies must be >= 1, not {bookies}")
+        self.seed = seed
+        self._log = log or (lambda line: None)
+        self._count = count or (lambda kind: None)
+        self.store = MemoryMetadataStore(before_op=self._before_op)
+        self.admin = self.store.session()
+        self.admin.before_op = None  # the simulator's own bookkeeping is never faulted
+        self.network = SimNetwork(self.rng("net"), net, trace=self._log, count=self._count)
+        self.bookie_config = bookie_config
+        self.client_config = client_config
+        self.bookies: dict[str, SimBookie] = {}
+        for i in range(bookies):
+            bid = f"b{i}"
+            self.bookies[bid] = SimBookie(bid, MemFileSystem())
+        #: Metadata fault state, driven by the fault injector.
+        self.meta_stall_until = 0.0
+        self.meta_cas_rate = 0.0
+        self._meta_rng = self.rng("meta")
+        self.clients: dict[str, Any] = {}
+        self.on_bookie_started: list[Callable[[SimBookie], Any]] = []
+
+    def rng(self, name: str) -> random.Random:
+        return derive_rng(self.seed, name)
+
+    @property
+    def bookie_ids(self) -> list[str]:
+        return list(self.bookies)
+
+    def up_bookies(self) -> list[str]:
+        return [b for b, sb in self.bookies.items() if sb.status == "up"]
+
+    # -- metadata faults ---------------------------------------------------------------------
+
+    async def _before_op(self, op: str, key: object) -> None:
+        import asyncio
+
+        from pybk.errors import MetadataVersionError
+
+        loop = asyncio.get_running_loop()
+        wait = self.meta_stall_until - loop.time()
+        if wait > 0:
+            self._count("meta_stalled_op")
+            await asyncio.sleep(wait)
+        if op == "write_ledger" and self.meta_cas_rate and (
+            self._meta_rng.random() < self.meta_cas_rate
+        ):
+            self._count("meta_cas_conflict")
+            raise MetadataVersionError(f"simulated CAS conflict on ledger {key}")
+
+    # -- bookies -----------------------------------------------------------------------------
+
+    async def start_bookie(self, bookie_id: str) -> bool:
+        """Start a new incarnation on the bookie's disk; False (and logged) if it refuses."""
+        from pybk.bookie import Bookie
+
+        sb = self.bookies[bookie_id]
+        if sb.status == "up":
+            return True
+        sb.incarnation += 1
+        cookie_store = self.store.session()
+        cookie_store.before_op = None
+        kwargs: dict[str, Any] = {"fs": sb.fs, "cookie_store": cookie_store,
+                                  "rng": self.rng(f"bookie:{bookie_id}:{sb.incarnation}")}
+        if self.bookie_config is not None:
+            kwargs["config"] = self.bookie_config
+        bookie = Bookie(bookie_id, DATA_DIR, **kwargs)
+        try:
+            await bookie.start()
+        except Exception as exc:
+            sb.status = "refused"
+            sb.last_error = f"{type(exc).__name__}: {exc}"
+            self._log(f"{bookie_id} refused to start: {sb.last_error}")
+            self._count("bookie_refused_start")
+            return False
+        sb.bookie = bookie
+        sb.status = "up"
+        for hook in self.on_bookie_started:
+            await hook(sb)
+        bookie.on_state_change = lambda state, b=bookie_id: self._state_changed(b, state)
+        self.network.set_bookie(bookie_id, bookie.handle)
+        read_only = getattr(bookie, "state", "writable") == "read-only"
+        await self.admin.register_bookie(BookieRegistration(bookie_id, "", read_only))
+        self._log(f"{bookie_id} started (incarnation {sb.incarnation}, state {bookie.state})")
+        return True
+
+    def _state_changed(self, bookie_id: str, state: str) -> None:
+        import asyncio
+
+        self._log(f"{bookie_id} state -> {state}")
+        self._count(f"bookie_state_{state}")
+        sb = self.bookies[bookie_id]
+        if sb.status != "up":
+            return
+        if state == "stopped":
+            task = self.admin.unregister_bookie(bookie_id)
+        else:
+            task = self.admin.register_bookie(
+                BookieRegistration(bookie_id, "", state == "read-only"))
+        asyncio.get_running_loop().create_task(task)
+
+    async def crash_bookie(self, bookie_id: str, mode: str = "drop") -> None:
+        """Kill -9 plus power cut: the process dies and unsynced data goes per ``mode``."""
+        sb = self.bookies[bookie_id]
+        if sb.bookie is not None:
+            sb.bookie.on_state_change = None
+            sb.bookie.crash()
+            sb.bookie = None
+        sb.fs.crash(mode, self.rng(f"crash:{bookie_id}:{sb.incarnation}"))
+        if sb.status == "up":
+            sb.status = "down"
+        self.network.set_bookie(bookie_id, None)
+        try:
+            await self.admin.unregister_bookie(bookie_id)
+        except Exception:  # not registered (e.g. it never started): nothing to undo
+            pass
+        self._log(f"{bookie_id} crashed ({mode})")
+
+    async def restart_bookie(self, bookie_id: str, *, wipe: bool = False) -> bool:
+        sb = self.bookies[bookie_id]
+        if sb.status == "up":
+            await self.crash_bookie(bookie_id)
+        if wipe:
+            sb.fs = MemFileSystem()
+            sb.damaged.append("wipe")
+            self._log(f"{bookie_id} disk wiped (same identity)")
+        if sb.status == "refused" and not wipe:
+            sb.status = "down"
+        return await self.start_bookie(bookie_id)
+
+    async def start(self) -> None:
+        for bid in self.bookie_ids:
+            await self.start_bookie(bid)
+
+    # -- clients -----------------------------------------------------------------------------
+
+    def client(self, name: str, config: Any = None) -> Any:
+        """A pybk Client on this cluster, talking through the simulated network as ``name``."""
+        from pybk.client import Client
+
+        kwargs: dict[str, Any] = {"transport": self.network.endpoint(name),
+                                  "rng": self.rng(f"client:{name}")}
+        cfg = config if config is not None else self.client_config
+        if cfg is not None:
+            kwargs["config"] = cfg
+        client = Client(self.store.session(), **kwargs)
+        self.clients[name] = client
+        return client
+
+    async def close(self) -> None:
+        for name in list(self.clients):
+            try:
+                await self.clients[name].close()
+            except Exception:
+                pass
+        for sb in self.bookies.values():
+            if sb.bookie is not None:
+                sb.bookie.crash()
+                sb.bookie = None

@@ -1,0 +1,135 @@
+"""Fault knobs of a simulated run (swarm testing: each seed picks its own mix and rates).
+
+:class:`Faults` says which kinds of faults a run *may* inject; :meth:`Faults.swarm` turns that
+into a concrete :class:`FaultPlan` for one seed by switching kinds off at random and drawing
+their rates, as TigerBeetle's VOPR and swarm testing do: runs that stress one kind hard find
+bugs that uniform low rates never reach.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, fields
+
+#: Network message faults (rates per message).
+NET_KINDS = ("drop", "duplicate", "reorder", "corrupt", "reset")
+#: Scheduled faults (events drawn during the safety phase).
+EVENT_KINDS = (
+    "partition",  # symmetric client<->bookie
+    "asym_partition",  # one direction only
+    "isolate",  # one bookie cut from every client
+    "swizzle",  # clog a random subset one by one, heal in random order
+    "crash",  # bookie crash (drop/torn/reorder unsynced data) + restart later
+    "wipe",  # bookie restarts with an empty disk under the same identity
+    "bitflip",  # flip a bit in a committed record (while the bookie is down)
+    "latent",  # latent read error in committed data
+    "fsync_eio",  # next fsync fails
+    "enospc",  # disk full for a while
+    "slow_fsync",  # fsync takes long for a while
+    "pause_writer",  # freeze the writer past its timeouts
+    "crash_writer",  # the writer process dies; a new writer takes over
+    "meta_stall",  # metadata operations hang for a while
+    "meta_cas",  # spurious compare-and-set conflicts for a while
+)
+ALL_KINDS = NET_KINDS + EVENT_KINDS
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Which fault kinds a run may use, and the regime.
+
+    ``beyond_tolerance=True`` lifts the fault atlas (more bookies may be damaged than the
+    replication can cover); the checker then accepts clean errors and skips liveness, but a
+    ledger must still never close short or serve wrong bytes.
+    """
+
+    kinds: tuple[str, ...] = ()
+    beyond_tolerance: bool = False
+    #: Mean seconds between scheduled fault events in the safety phase.
+    mean_interval: float = 1.5
+
+    def __post_init__(self) -> None:
+        unknown = [k for k in self.kinds if k not in ALL_KINDS]
+        if unknown:
+            raise ValueError(f"unknown fault kinds {unknown}; known: {', '.join(ALL_KINDS)}")
+
+    @classmethod
+    def none(cls) -> Faults:
+        return cls(())
+
+    @classmethod
+    def all(cls) -> Faults:
+        return cls(ALL_KINDS)
+
+    @classmethod
+    def network(cls) -> Faults:
+        return cls((*NET_KINDS, "partition", "asym_partition", "isolate", "swizzle"))
+
+    @classmethod
+    def process(cls) -> Faults:
+        return cls(("crash", "wipe", "pause_writer", "crash_writer", "meta_stall", "meta_cas"))
+
+    @classmethod
+    def disk(cls) -> Faults:
+        return cls(("crash", "bitflip", "latent", "fsync_eio", "enospc", "slow_fsync"))
+
+    @classmethod
+    def parse(cls, spec: str) -> Faults:
+        """``all``, ``none``, ``network``, ``process``, ``disk``, ``beyond`` or a comma list of
+        kinds/groups (``beyond`` adds the beyond-tolerance regime)."""
+        kinds: list[str] = []
+        beyond = False
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            if part == "beyond":
+                beyond = True
+                continue
+            group = {"all": ALL_KINDS, "none": (), "network": cls.network().kinds,
+                     "process": cls.process().kinds, "disk": cls.disk().kinds}.get(part)
+            kinds.extend(group if group is not None else (part,))
+        return cls(tuple(dict.fromkeys(kinds)), beyond_tolerance=beyond)
+
+    def spec(self) -> str:
+        if set(self.kinds) == set(ALL_KINDS):
+            text = "all"
+        elif not self.kinds:
+            text = "none"
+        else:
+            text = ",".join(self.kinds)
+        return text + (",beyond" if self.beyond_tolerance else "")
+
+    def swarm(self, rng: random.Random) -> FaultPlan:
+        """The concrete plan of one seed: a random subset of the allowed kinds, random rates."""
+        plan = FaultPlan(beyond_tolerance=self.beyond_tolerance,
+                         mean_interval=self.mean_interval * rng.choice((0.5, 1.0, 2.0)))
+        enabled = [k for k in self.kinds if rng.random() < 0.7]
+        if self.kinds and not enabled:
+            enabled = [rng.choice(self.kinds)]
+        for kind in NET_KINDS:
+            if kind in enabled:
+                setattr(plan, kind, rng.choice((0.002, 0.01, 0.03)))
+        plan.events = [k for k in EVENT_KINDS if k in enabled]
+        plan.weights = {k: rng.choice((1, 2, 4)) for k in plan.events}
+        return plan
+
+
+@dataclass
+class FaultPlan:
+    """The faults one seed actually injects (printed in the trace header)."""
+
+    beyond_tolerance: bool = False
+    mean_interval: float = 1.5
+    drop: float = 0.0
+    duplicate: float = 0.0
+    reorder: float = 0.0
+    corrupt: float = 0.0
+    reset: float = 0.0
+    events: list[str] = field(default_factory=list)
+    weights: dict[str, int] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        parts = [f"{f.name}={getattr(self, f.name)}" for f in fields(self)
+                 if f.name in NET_KINDS and getattr(self, f.name)]
+        parts.append("events=" + ",".join(f"{k}x{self.weights[k]}" for k in self.events))
+        if self.beyond_tolerance:
+            parts.append("beyond_tolerance")
+        return " ".join(parts)
