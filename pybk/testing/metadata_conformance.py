@@ -152,7 +152,7 @@ def sample_metadata(ledger_id: int, **changes: object) -> LedgerMetadata:
         ensembles={0: ("bk-1", "bk-2", "bk-3"), 17: ("bk-1", "bk-4", "bk-3")},
         digest_type="MAC",
         password_hash=b"\x00\xffsecret-hash",
-        custom_metadata={"app": b"\x01\x02", "name": "ledger".encode()},
+        custom_metadata={"app": b"\x01\x02", "name": b"ledger"},
         ctime_ms=1_700_000_000_123,
     )
     return md.with_changes(**changes) if changes else md
@@ -173,7 +173,7 @@ async def wait_until(
 async def _wait_event(event: asyncio.Event, bound: float, what: str) -> None:
     try:
         await asyncio.wait_for(event.wait(), bound)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise AssertionError(f"timed out after {bound}s waiting for {what}") from None
 
 
@@ -264,7 +264,8 @@ async def check_delete_and_list(backend: MetadataBackend) -> None:
     created = {lid: await store.create_ledger(sample_metadata(lid)) for lid in reversed(ids)}
     assert await store.list_ledgers() == sorted(ids)
     victim = ids[1]
-    updated = await store.write_ledger(created[victim].with_changes(length=1), created[victim].version)
+    old = created[victim]
+    updated = await store.write_ledger(old.with_changes(length=1), old.version)
     try:
         await store.delete_ledger(victim, expected_version=created[victim].version)
     except MetadataVersionError:
@@ -493,3 +494,53 @@ async def run_all(make_backend: Callable[[], MetadataBackend]) -> None:
     """Run every check, each on a fresh backend."""
     for check in CHECKS:
         await run_check(make_backend, check)
+
+
+class ZooKeeperBackend(MetadataBackend):
+    """``zk://``: clients are separate kazoo sessions under one fresh root path.
+
+    ``hosts`` is a running server (e.g. :class:`pybk.testing.zookeeper.ZooKeeperServer`).
+    """
+
+    _counter = 0
+
+    def __init__(self, hosts: str, root: str | None = None, *, session_timeout: float = 4.0):
+        if root is None:
+            ZooKeeperBackend._counter += 1
+            root = f"/conformance-{id(self):x}-{ZooKeeperBackend._counter}"
+        self.hosts = hosts
+        self.root = root
+        self.session_timeout = session_timeout
+        self.bound = 15.0
+        self._opened: list[MetadataStore] = []
+
+    async def open(self) -> MetadataStore:
+        from pybk.metadata.zookeeper import ZooKeeperMetadataStore
+
+        store = ZooKeeperMetadataStore(
+            self.hosts, self.root, session_timeout=self.session_timeout
+        )
+        self._opened.append(store)
+        return store
+
+    async def kill_owner(self, store: MetadataStore) -> None:
+        """The owner dies: it stops re-registering and its session is expired."""
+        from pybk.metadata.zookeeper import ZooKeeperMetadataStore
+        from pybk.testing.zookeeper import force_session_expiry
+
+        assert isinstance(store, ZooKeeperMetadataStore)
+        store.forget_registrations()
+        client_id = store.client_id
+        assert client_id is not None, "store never connected"
+        await asyncio.to_thread(force_session_expiry, self.hosts, client_id)
+        await store.close()
+
+    async def corrupt_ledger(self, store: MetadataStore, ledger_id: int, data: bytes) -> None:
+        from pybk.metadata.zookeeper import ZooKeeperMetadataStore
+
+        assert isinstance(store, ZooKeeperMetadataStore)
+        await store.corrupt_ledger(ledger_id, data)
+
+    async def cleanup(self) -> None:
+        for s in self._opened:
+            await s.close()
