@@ -1,0 +1,212 @@
+"""A bookie process: one :class:`pybk.bookie.Bookie` behind a :class:`BookieServer`.
+
+This is the outermost layer (it reads signals, the wall clock and files), so it owns what the
+bookie itself never does: registering in the metadata store's bookie registry (the SQLite and
+ZooKeeper stores keep the registration alive by heartbeat / session), flipping the registry's
+read-only flag when the bookie's state changes, and a clean shutdown on SIGTERM:
+
+1. stop accepting connections and reading requests;
+2. let in-flight requests finish (bounded by a grace period; the rest fail: their clients see
+   the connection drop, which is an indeterminate outcome they already handle);
+3. ``bookie.stop()`` (drain, sync, checkpoint, close files);
+4. deregister, close the store.
+
+Readiness is announced once the bookie is registered: one JSON line on stdout
+(``{"event": "ready", "bookie_id": ..., "address": "host:port", "pid": ...}``) and, when asked,
+the same JSON written atomically to a ready file, so a parent process can wait on either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import ssl
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pybk.metadata.base import BookieRegistration, MetadataStore
+from pybk.transport.server import BookieServer, ServerConfig
+from pybk.transport.tls import server_context
+
+log = logging.getLogger("pybk.bookie.process")
+
+
+@dataclass
+class BookieProcessConfig:
+    """Everything ``pybk bookie`` takes on its command line."""
+
+    data_dir: str
+    metadata: str
+    port: int = 3181
+    host: str = "127.0.0.1"
+    bookie_id: str | None = None
+    advertised_host: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    require_client_cert: bool = False
+    auth_token: bytes | None = None
+    ready_file: str | None = None
+    stop_grace: float = 10.0
+    server_config: ServerConfig | None = None
+
+    def resolved_bookie_id(self) -> str:
+        if self.bookie_id:
+            return self.bookie_id
+        if self.port == 0:
+            raise ValueError("--bookie-id is required with --port 0 (the id must survive restarts)")
+        return f"{self.advertised_host or self.host}:{self.port}"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if self.tls_cert is None:
+            if self.tls_key or self.tls_ca or self.require_client_cert:
+                raise ValueError("--tls-key/--tls-ca/--require-client-cert need --tls-cert")
+            return None
+        return server_context(
+            self.tls_cert,
+            self.tls_key,
+            cafile=self.tls_ca,
+            require_client_cert=self.require_client_cert,
+        )
+
+
+def _write_atomically(path: str, text: str) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class BookieProcess:
+    """Runs one bookie until :meth:`request_stop` (or SIGTERM/SIGINT via :func:`run`)."""
+
+    def __init__(self, config: BookieProcessConfig, *, store: MetadataStore | None = None) -> None:
+        self.config = config
+        self.bookie_id = config.resolved_bookie_id()
+        self._ssl = config.ssl_context()
+        self._store_arg = store
+        self.store: MetadataStore | None = None
+        self.bookie: Any = None
+        self.server: BookieServer | None = None
+        self.address = ""
+        self._stop = asyncio.Event()
+        self._registry_updates: list[asyncio.Task[None]] = []
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def start(self) -> None:
+        from pybk.bookie import Bookie
+        from pybk.metadata import open_store
+
+        cfg = self.config
+        self.store = self._store_arg or open_store(cfg.metadata)
+        await asyncio.to_thread(Path(cfg.data_dir).mkdir, parents=True, exist_ok=True)
+        self.bookie = Bookie(self.bookie_id, cfg.data_dir, cookie_store=self.store)
+        await self.bookie.start()
+        server_cfg = cfg.server_config or ServerConfig(stop_grace=cfg.stop_grace)
+        self.server = BookieServer(
+            self.bookie.handle,
+            host=cfg.host,
+            port=cfg.port,
+            ssl_context=self._ssl,
+            auth_token=cfg.auth_token,
+            config=server_cfg,
+        )
+        await self.server.start()
+        _, port = self.server.address
+        self.address = f"{cfg.advertised_host or cfg.host}:{port}"
+        self.bookie.on_state_change = self._on_state_change
+        await self._register()
+        info = {
+            "event": "ready",
+            "bookie_id": self.bookie_id,
+            "address": self.address,
+            "pid": os.getpid(),
+            "tls": self._ssl is not None,
+        }
+        line = json.dumps(info, sort_keys=True)
+        print(line, flush=True)
+        if cfg.ready_file:
+            _write_atomically(cfg.ready_file, line + "\n")
+        log.info("bookie %s serving on %s", self.bookie_id, self.address)
+
+    async def _register(self) -> None:
+        assert self.store is not None
+        read_only = getattr(self.bookie, "state", "writable") == "read-only"
+        await self.store.register_bookie(
+            BookieRegistration(self.bookie_id, self.address, read_only=read_only)
+        )
+
+    def _on_state_change(self, state: str) -> None:
+        """The bookie flipped writable/read-only: mirror it in the registry (in order)."""
+        if state == "stopped" or self._stop.is_set():
+            return
+        previous = self._registry_updates[-1] if self._registry_updates else None
+
+        async def update() -> None:
+            if previous is not None:
+                await asyncio.gather(previous, return_exceptions=True)
+            try:
+                await self._register()
+                log.info("bookie %s is now %s in the registry", self.bookie_id, state)
+            except Exception as exc:
+                log.warning("could not update registry for state %s: %s", state, exc)
+
+        task = asyncio.get_running_loop().create_task(update())
+        self._registry_updates = [*self._registry_updates[-3:], task]
+
+    async def wait(self) -> None:
+        await self._stop.wait()
+
+    async def stop(self) -> None:
+        """Clean shutdown (see the module doc for the order)."""
+        self._stop.set()
+        if self.server is not None:
+            await self.server.stop(self.config.stop_grace)
+        for task in self._registry_updates:
+            task.cancel()
+        if self.bookie is not None:
+            try:
+                await self.bookie.stop()
+            except Exception as exc:
+                log.error("bookie stop failed: %s", exc)
+        if self.store is not None:
+            try:
+                await self.store.unregister_bookie(self.bookie_id)
+            except Exception as exc:
+                log.warning("could not deregister %s: %s", self.bookie_id, exc)
+            if self._store_arg is None:
+                await self.store.close()
+        log.info("bookie %s stopped", self.bookie_id)
+
+
+async def serve(config: BookieProcessConfig) -> None:
+    """Run a bookie until SIGTERM/SIGINT, then shut it down cleanly."""
+    process = BookieProcess(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, process.request_stop)
+    try:
+        await process.start()
+        await process.wait()
+    finally:
+        await process.stop()
+
+
+def run(config: BookieProcessConfig) -> int:
+    """Blocking entry point for ``pybk bookie``; returns the process exit code."""
+    logging.basicConfig(
+        level=os.environ.get("PYBK_LOG_LEVEL", "INFO"),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    asyncio.run(serve(config))
+    return 0
