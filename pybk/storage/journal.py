@@ -323,7 +323,7 @@ class Journal:
             self._fatal(exc2, f"truncating {path} after a failed write ({exc})", tags, futs)
             return
         if exc.errno == errno.ENOSPC:
-            err: Exception = ReadOnlyBookieError(f"journal write failed, disk full: {exc}")
+            err: Exception = ReadOnlyBookieError(f"journal write failed, disk full (ENOSPC): {exc}")
         else:
             err = IOBookieError(f"journal write to {path} failed: {exc}")
         self._on_failed(tags, err)
