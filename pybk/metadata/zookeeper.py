@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
@@ -132,6 +132,8 @@ class ZooKeeperMetadataStore(MetadataStore):
         self._seen: dict[int, int | None] = {}
         self._pending_recipes: list[Callable[[], Any]] = []  # watches made before connecting
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Test hook: awaited before registrations are re-created on a new session.
+        self.before_reregister: Callable[[], Awaitable[None]] | None = None
         #: Number of sessions this store lost (expired); tests and operators look at it.
         self.sessions_lost = 0
 
@@ -235,6 +237,8 @@ class ZooKeeperMetadataStore(MetadataStore):
         task.add_done_callback(self._tasks.discard)
 
     async def _reregister(self) -> None:
+        if self.before_reregister is not None:
+            await self.before_reregister()
         for attempt in range(50):
             try:
                 for reg in list(self._own.values()):

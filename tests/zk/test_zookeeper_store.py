@@ -1,0 +1,246 @@
+"""ZooKeeper backend on a real server: session expiry, lost connections, server restart."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+from kazoo.client import KazooClient
+
+from pybk.errors import MetadataStoreError
+from pybk.metadata import open_store
+from pybk.metadata.base import BookieRegistration
+from pybk.metadata.zookeeper import ZooKeeperMetadataStore, ledger_subpath
+from pybk.testing.metadata_conformance import sample_metadata, wait_until
+from pybk.testing.zookeeper import ZooKeeperServer, force_session_expiry
+
+_roots = itertools.count()
+BOUND = 20.0
+
+
+def _store(server: ZooKeeperServer, root: str, **kw: float) -> ZooKeeperMetadataStore:
+    store = open_store(server.uri(root), session_timeout=4.0, **kw)
+    assert isinstance(store, ZooKeeperMetadataStore)
+    return store
+
+
+@pytest.fixture
+def root() -> str:
+    return f"/zk-test-{next(_roots)}"
+
+
+async def test_expired_bookie_session_drops_registration_then_re_registers(
+    zk_server: ZooKeeperServer, root: str
+) -> None:
+    bookie = _store(zk_server, root)
+    observer = _store(zk_server, root)
+    gate = asyncio.Event()
+
+    async def hold() -> None:
+        await gate.wait()
+
+    bookie.before_reregister = hold
+    await bookie.register_bookie(BookieRegistration("bk-1", "127.0.0.1:3181"))
+    await observer.register_bookie(BookieRegistration("bk-2", "127.0.0.1:3182"))
+    assert await observer.writable_bookies() == ["bk-1", "bk-2"]
+    changes = asyncio.Event()
+    observer.watch_bookies(changes.set)
+    old = bookie.client_id
+    assert old is not None
+
+    await asyncio.to_thread(force_session_expiry, zk_server.hosts, old)
+
+    async def dropped() -> bool:
+        return await observer.writable_bookies() == ["bk-2"]
+
+    await wait_until(dropped, BOUND, "expired registration to leave the writable list")
+    await asyncio.wait_for(changes.wait(), BOUND)
+    await wait_until(lambda: _flag(bookie, 1), BOUND, "the bookie's store to notice the loss")
+    assert await observer.writable_bookies() == ["bk-2"]  # held: not re-registered yet
+    gate.set()  # let the bookie's store re-create its registration in the new session
+
+    async def back() -> bool:
+        return await observer.writable_bookies() == ["bk-1", "bk-2"]
+
+    await wait_until(back, BOUND, "re-registration after the new session")
+    new = bookie.client_id
+    assert new is not None and new[0] != old[0]
+    # the re-created node belongs to the new session (it would vanish with it)
+    raw = KazooClient(hosts=zk_server.hosts)
+    await asyncio.to_thread(raw.start, 10)
+    _, stat = await asyncio.to_thread(raw.get, f"{root}/bookies/writable/bk-1")
+    assert stat.ephemeralOwner == new[0]
+    await asyncio.to_thread(raw.stop)
+    await bookie.close()
+    await observer.close()
+
+
+async def test_read_only_bookie_re_registers_as_read_only(
+    zk_server: ZooKeeperServer, root: str
+) -> None:
+    bookie = _store(zk_server, root)
+    observer = _store(zk_server, root)
+    await bookie.register_bookie(BookieRegistration("bk-ro", "h:1", read_only=True))
+    cid = bookie.client_id
+    assert cid is not None
+    await asyncio.to_thread(force_session_expiry, zk_server.hosts, cid)
+    await wait_until(lambda: _flag(bookie, 1), BOUND, "session loss noticed")
+
+    async def back() -> bool:
+        return await observer.read_only_bookies() == ["bk-ro"]
+
+    await wait_until(back, BOUND, "read-only re-registration")
+    assert await observer.writable_bookies() == []
+    await bookie.close()
+    await observer.close()
+
+
+async def _flag(store: ZooKeeperMetadataStore, n: int) -> bool:
+    return store.sessions_lost >= n
+
+
+async def test_watchers_are_told_to_re_read_after_a_new_session(
+    zk_server: ZooKeeperServer, root: str
+) -> None:
+    """Events may be missed while a session is down: a new session makes every watch fire."""
+    client = _store(zk_server, root)
+    lid = await client.allocate_ledger_id()
+    await client.create_ledger(sample_metadata(lid))
+    await client.read_ledger(lid)
+    fired = asyncio.Event()
+    client.watch_ledger(lid, lambda _l: fired.set())
+    await asyncio.sleep(0)  # let the watch be established
+    cid = client.client_id
+    assert cid is not None
+    await asyncio.to_thread(force_session_expiry, zk_server.hosts, cid)
+    await asyncio.wait_for(fired.wait(), BOUND)
+    await wait_until(lambda: _flag(client, 1), BOUND, "the store to notice the loss")
+    # the client works again, in its new session, on fresh state
+    md = await client.read_ledger(lid)
+    await client.write_ledger(md.with_changes(length=3), md.version)
+    await client.close()
+
+
+async def test_operations_fail_with_metadata_store_error_while_server_is_down(
+    tmp_path: object,
+) -> None:
+    with ZooKeeperServer(tick_time_ms=250) as server:
+        store = _store(server, "/down", op_timeout=3.0)
+        lid = await store.allocate_ledger_id()
+        created = await store.create_ledger(sample_metadata(lid))
+        server.stop()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(MetadataStoreError, match="ZooKeeper"):
+            # the first may race the disconnect notice; it still fails (loss or timeout)
+            await store.write_ledger(created.with_changes(length=1), created.version)
+        with pytest.raises(MetadataStoreError, match="not connected"):
+            await store.read_ledger(lid)
+        assert loop.time() - t0 < 3.0 + 2.0
+        server.start()
+
+        async def works() -> bool:
+            try:
+                await store.read_ledger(lid)
+            except MetadataStoreError:
+                return False
+            return True
+
+        await wait_until(works, BOUND, "the store to reconnect")
+        await store.close()
+
+
+async def test_server_restart_in_the_middle_of_cas_writes_loses_nothing_acknowledged(
+    tmp_path: object,
+) -> None:
+    """Concurrent update loops run while the server restarts: every acknowledged update is
+    in the final metadata; updates whose outcome was unknown are at most once."""
+    with ZooKeeperServer() as server:
+        writer = _store(server, "/restart")
+        bookie = _store(server, "/restart")
+        await bookie.register_bookie(BookieRegistration("bk-1", "h:1"))
+        lid = await writer.allocate_ledger_id()
+        await writer.create_ledger(sample_metadata(lid))
+        acked = 0
+        unknown = 0
+        stop = asyncio.Event()
+
+        async def keep_updating() -> None:
+            nonlocal acked, unknown
+            while not stop.is_set():
+                try:
+                    await writer.update_ledger(
+                        lid, lambda m: m.with_changes(length=m.length + 1)
+                    )
+                    acked += 1
+                except MetadataStoreError:
+                    unknown += 1
+                    await asyncio.sleep(0.02)
+
+        task = asyncio.create_task(keep_updating())
+        await wait_until(_at_least(lambda: acked, 20), BOUND, "writes before the restart")
+        await asyncio.to_thread(server.restart)
+        before = acked
+        await wait_until(_at_least(lambda: acked, before + 20), BOUND, "writes after restart")
+        stop.set()
+        await task
+        final = (await writer.read_ledger(lid)).length
+        assert acked <= final <= acked + unknown, (acked, unknown, final)
+        assert await writer.writable_bookies() == ["bk-1"]
+        await writer.close()
+        await bookie.close()
+
+
+def _at_least(get: object, n: int) -> object:
+    async def check() -> bool:
+        return get() >= n  # type: ignore[operator]
+
+    return check
+
+
+async def test_ledger_paths_are_hierarchical_with_bounded_fan_out(
+    zk_server: ZooKeeperServer, root: str
+) -> None:
+    assert ledger_subpath(0) == "00000000000/0000/L0000"
+    assert ledger_subpath(1_234_567_890) == "00000000012/3456/L7890"
+    assert ledger_subpath(2**63 - 1).count("/") == 2
+    store = _store(zk_server, root)
+    ids = [0, 9_999, 10_000, 123_456_789, 10**12 + 7]
+    for lid in reversed(ids):
+        await store.create_ledger(sample_metadata(lid))
+    assert await store.list_ledgers() == ids
+    raw = KazooClient(hosts=zk_server.hosts)
+    await asyncio.to_thread(raw.start, 10)
+    assert sorted(await asyncio.to_thread(raw.get_children, f"{root}/ledgers")) == [
+        "00000000000", "00000000001", "00000010000"
+    ]
+    await asyncio.to_thread(raw.stop)
+    await store.close()
+
+
+async def test_id_allocator_claims_blocks_not_one_write_per_id(
+    zk_server: ZooKeeperServer, root: str
+) -> None:
+    a = _store(zk_server, root)
+    b = _store(zk_server, root)
+    first = [await a.allocate_ledger_id() for _ in range(5)]
+    second = [await b.allocate_ledger_id() for _ in range(5)]
+    assert not set(first) & set(second)
+    raw = KazooClient(hosts=zk_server.hosts)
+    await asyncio.to_thread(raw.start, 10)
+    data, stat = await asyncio.to_thread(raw.get, f"{root}/idgen")
+    assert stat.version == 2  # two blocks claimed for ten ids
+    assert int(data) == 200
+    await asyncio.to_thread(raw.stop)
+    await a.close()
+    await b.close()
+
+
+async def test_unreachable_ensemble_is_a_clear_metadata_store_error() -> None:
+    from pybk.testing.zookeeper import free_port
+
+    store = ZooKeeperMetadataStore(f"127.0.0.1:{free_port()}", "/x", connect_timeout=1.0)
+    with pytest.raises(MetadataStoreError, match="cannot connect to ZooKeeper"):
+        await store.list_ledgers()
+    await store.close()
