@@ -1,0 +1,168 @@
+"""The pybk command line: help everywhere, exit codes, and a whole session against a cluster
+of bookie processes started by ``pybk cluster up`` and stopped by ``pybk cluster down``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from pybk.cli import main
+
+pytestmark = pytest.mark.integration
+
+
+def _all_commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out = [prefix]
+    for name, cmd in group.commands.items():
+        if isinstance(cmd, click.Group):
+            out += _all_commands(cmd, (*prefix, name))
+        else:
+            out.append((*prefix, name))
+    return out
+
+
+def test_help_everywhere():
+    runner = CliRunner()
+    commands = _all_commands(main)
+    assert ("ledger", "recover") in commands and ("cluster", "up") in commands
+    for path in commands:
+        result = runner.invoke(main, [*path, "--help"])
+        assert result.exit_code == 0, (path, result.output)
+        assert "Usage:" in result.output
+
+
+def test_usage_errors_exit_2():
+    runner = CliRunner()
+    assert runner.invoke(main, ["ledger", "read"]).exit_code == 2  # missing --metadata
+    result = runner.invoke(main, ["bookie", "--data", "/tmp/x"])
+    assert result.exit_code == 2 and "--metadata" in result.output
+    result = runner.invoke(main, ["bookie", "--data", "/tmp/x", "--metadata", "memory://",
+                                  "--port", "0"])  # fmt: skip
+    assert result.exit_code == 2 and "--bookie-id" in result.output
+    assert runner.invoke(main, ["no-such-command"]).exit_code == 2
+
+
+def test_operation_failure_is_one_line_and_exit_1(tmp_path):
+    runner = CliRunner()
+    uri = f"sqlite://{tmp_path / 'meta.db'}"
+    result = runner.invoke(main, ["ledger", "show", "42", "--metadata", uri])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        result.output.strip().splitlines()[0]
+    ] and result.output.startswith("pybk: error: NoSuchLedgerError")
+    result = runner.invoke(main, ["ledger", "list", "--metadata", "bogus://x"])
+    assert result.exit_code == 1 and "ValueError" in result.output
+    result = runner.invoke(main, ["ledger", "append", "x", "--metadata", uri, "--timeout", "20"])
+    assert result.exit_code == 1 and "NotEnoughBookiesError" in result.output
+
+
+def test_python_dash_m_pybk():
+    out = subprocess.run(
+        [sys.executable, "-m", "pybk", "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0 and "cluster" in out.stdout
+
+
+def _pybk(*args: str, env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pybk", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+        **kw,
+    )
+
+
+def test_cluster_session(tmp_path):
+    root = tmp_path / "c"
+    up = _pybk("cluster", "up", "--root", str(root), "--bookies", "3")
+    try:
+        assert up.returncode == 0, up.stderr
+        uri = up.stdout.strip()
+        assert uri == f"sqlite://{root / 'metadata.db'}"
+        state = json.loads((root / "cluster.json").read_text())
+        pids = [b["pid"] for b in state["bookies"].values()]
+        assert len(pids) == 3
+        again = _pybk("cluster", "up", "--root", str(root))
+        assert again.returncode == 1 and "already running" in again.stderr
+
+        runner = CliRunner()
+        env = {"PYBK_METADATA": uri}
+        bookies = runner.invoke(main, ["bookie", "list", "--json"], env=env)
+        assert bookies.exit_code == 0
+        listed = [json.loads(line) for line in bookies.output.splitlines()]
+        assert [b["bookie_id"] for b in listed] == ["bookie-1", "bookie-2", "bookie-3"]
+
+        r = runner.invoke(main, ["ledger", "append", "alpha", "beta", "gamma"], env=env)
+        assert r.exit_code == 0, r.output
+        ledger_id = int(r.stdout.strip().splitlines()[0])
+        r = runner.invoke(main, ["ledger", "read", str(ledger_id)], env=env)
+        assert r.exit_code == 0 and r.stdout == "0\talpha\n1\tbeta\n2\tgamma\n"
+        r = runner.invoke(main, ["ledger", "show", str(ledger_id)], env=env)
+        doc = json.loads(r.stdout)
+        assert doc["state"] == "CLOSED" and doc["last_entry_id"] == 2
+
+        # tail follows an open ledger until someone recovers (closes) it
+        r = runner.invoke(main, ["ledger", "append", "--count", "300", "--no-close"], env=env)
+        assert r.exit_code == 0, r.output
+        open_id = r.stdout.strip().splitlines()[0]
+        tail = subprocess.Popen(
+            [sys.executable, "-m", "pybk", "ledger", "tail", open_id, "--format", "raw"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, **env},
+        )
+        r = runner.invoke(main, ["ledger", "recover", open_id], env=env)
+        assert r.exit_code == 0 and r.stdout.strip() == "299"
+        out, err = tail.communicate(timeout=60)
+        assert tail.returncode == 0, err
+        lines = out.splitlines()
+        assert len(lines) == 300 and lines[299].startswith(b"00000299:")
+
+        r = runner.invoke(main, ["ledger", "list"], env=env)
+        assert r.stdout.split() == sorted([str(ledger_id), open_id], key=int)
+        r = runner.invoke(main, ["ledger", "delete", "--yes", str(ledger_id)], env=env)
+        assert r.exit_code == 0
+        r = runner.invoke(main, ["ledger", "read", str(ledger_id)], env=env)
+        assert r.exit_code == 1 and "NoSuchLedgerError" in r.output
+    finally:
+        down = _pybk("cluster", "down", "--root", str(root))
+    assert down.returncode == 0, down.stderr
+    assert down.stderr.count(": stopped") == 3
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists() or _zombie(pid)
+    assert _pybk("cluster", "down", "--root", str(root)).returncode == 1
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_cluster_with_auth_token(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    root = tmp_path / "c"
+    up = _pybk("cluster", "up", "--root", str(root), "--bookies", "2",
+               "--auth-token-file", str(token))  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stderr
+        uri = up.stdout.strip()
+        runner = CliRunner()
+        args = ["ledger", "append", "x", "-e", "2", "-w", "2", "-a", "2", "--metadata", uri]
+        r = runner.invoke(main, args)
+        assert r.exit_code == 1 and "UnauthorizedError" in r.output
+        r = runner.invoke(main, [*args, "--auth-token-file", str(token)])
+        assert r.exit_code == 0, r.output
+    finally:
+        _pybk("cluster", "down", "--root", str(root))
