@@ -200,7 +200,11 @@ class Bookie:
             on_fatal=self._on_journal_fatal, on_write_error=self._on_write_error,
             on_ledger_change=self._wake_waiters,
         )
-        await store.open()
+        try:
+            await store.open()
+        except BaseException:
+            store.abandon(BookieStateError(f"bookie {self.bookie_id} failed to start"))
+            raise
         self.store = store
         self._journal_failed = False
         self._disk_full = False

@@ -95,6 +95,8 @@ class Journal:
         self._batch_seq = 0
         self._position = Position(0, 0, 0)
         self._task: asyncio.Task[None] | None = None
+        #: tags and futures of the batch being written/synced
+        self._inflight: tuple[list[Any], list[asyncio.Future[None]]] = ([], [])
         self._wake: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
         self._closing = False
@@ -162,6 +164,7 @@ class Journal:
         if self._task is not None:
             self._task.cancel()
             self._task = None
+        self._fail_inflight(exc)
         self._fail_buffer(exc)
         if self._fh is not None:
             self._fh.close()
@@ -199,6 +202,18 @@ class Journal:
     # -- the writer task ------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        try:
+            await self._loop()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a bug or an injected fault: never leave a waiter hanging
+            err = JournalFailedError(f"journal writer stopped: {type(exc).__name__}: {exc}")
+            self.failed = err
+            self._fail_inflight(err)
+            self._fail_buffer(err)
+            self._on_fatal(err)
+
+    async def _loop(self) -> None:
         assert self._wake is not None and self._idle is not None
         loop = asyncio.get_running_loop()
         while True:
@@ -266,6 +281,7 @@ class Journal:
         fh = self._fh
         assert fh is not None
         data, tags, futs = self._take()
+        self._inflight = (tags, futs)
         before = fh.size()
         end = before + BATCH_HEADER_SIZE
         tagged: list[tuple[Any, int]] = []
@@ -292,6 +308,7 @@ class Journal:
             raise
         if not acked_early:
             self._complete(position, tagged, futs)
+        self._inflight = ([], [])
         self.stats["batches"] += 1
         self.stats["records"] += len(data)
         self.stats["bytes"] += end - before
@@ -312,6 +329,7 @@ class Journal:
         """A write failed (ENOSPC, EIO): drop whatever prefix reached the file so no garbage
         sits between batches, fail this batch, and keep going (or die if we cannot)."""
         self.stats["write_errors"] += 1
+        self._inflight = ([], [])
         assert self._fh is not None
         path = self._fh.path
         try:
@@ -338,6 +356,7 @@ class Journal:
         err = JournalFailedError(f"journal failed: {what}: {exc}; no write covered by it "
                                  "is acknowledged and the journal accepts no more writes")
         self.failed = err
+        self._inflight = ([], [])
         if tags:
             self._on_failed(tags, err)
         for fut in futs or []:
@@ -346,6 +365,17 @@ class Journal:
                 fut.exception()
         self._fail_buffer(err)
         self._on_fatal(err)
+
+    def _fail_inflight(self, exc: BaseException) -> None:
+        tags, futs = self._inflight
+        self._inflight = ([], [])
+        pending = [t for t, f in zip(tags, futs, strict=True) if not f.done()]
+        if pending:
+            self._on_failed(pending, exc)
+        for fut in futs:
+            if not fut.done():
+                fut.set_exception(_fresh(exc))
+                fut.exception()
 
     def _fail_buffer(self, exc: BaseException) -> None:
         data, tags, futs = self._data, self._tags, self._futs
