@@ -54,6 +54,7 @@ class BookieProcessConfig:
     ready_file: str | None = None
     stop_grace: float = 10.0
     server_config: ServerConfig | None = None
+    bookie_config: Any = None  # pybk.bookie.BookieConfig
 
     def resolved_bookie_id(self) -> str:
         if self.bookie_id:
@@ -109,7 +110,9 @@ class BookieProcess:
         cfg = self.config
         self.store = self._store_arg or open_store(cfg.metadata)
         await asyncio.to_thread(Path(cfg.data_dir).mkdir, parents=True, exist_ok=True)
-        self.bookie = Bookie(self.bookie_id, cfg.data_dir, cookie_store=self.store)
+        self.bookie = Bookie(
+            self.bookie_id, cfg.data_dir, cookie_store=self.store, config=cfg.bookie_config
+        )
         await self.bookie.start()
         server_cfg = cfg.server_config or ServerConfig(stop_grace=cfg.stop_grace)
         self.server = BookieServer(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -66,6 +66,18 @@ async def wait_until(cond: Callable[[], bool], timeout: float = 10.0, what: str 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not cond():
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {what or cond}")
+        await asyncio.sleep(0.01)
+
+
+async def wait_until_async(
+    cond: Callable[[], Awaitable[bool]], timeout: float = 10.0, what: str = ""
+) -> None:
+    """Like :func:`wait_until` for a condition that must be awaited (e.g. a store query)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await cond():
         if loop.time() > deadline:
             raise AssertionError(f"condition not met within {timeout}s: {what or cond}")
         await asyncio.sleep(0.01)

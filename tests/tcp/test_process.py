@@ -1,0 +1,62 @@
+"""BookieProcess in this process (no subprocess): registry lifecycle and state flips.
+
+Registration carries the TCP address; a read-only flip of the bookie (disk watermark) shows up
+in the registry and flips back; a clean stop deregisters. The TcpTransport finds the bookie
+through the registry and gets answers from the real Bookie.
+"""
+
+from __future__ import annotations
+
+from pybk.bookie import BookieConfig
+from pybk.metadata.memory import MemoryMetadataStore
+from pybk.protocol import BookieInfoRequest, Status
+from pybk.server import BookieProcess, BookieProcessConfig
+from pybk.transport.tcp import TcpTransport
+
+from .conftest import wait_until_async
+
+
+async def test_registry_follows_the_bookie_state(tmp_path, capsys):
+    store = MemoryMetadataStore()
+    config = BookieProcessConfig(
+        data_dir=str(tmp_path / "b1"),
+        metadata="memory://",
+        port=0,
+        bookie_id="b1",
+        ready_file=str(tmp_path / "ready.json"),
+        bookie_config=BookieConfig(disk_check_interval=0),
+    )
+    process = BookieProcess(config, store=store)
+    await process.start()
+    try:
+        [reg] = await store.list_bookies()
+        assert reg.bookie_id == "b1" and reg.address == process.address and not reg.read_only
+        assert '"event": "ready"' in capsys.readouterr().out
+        assert (tmp_path / "ready.json").exists()
+
+        transport = TcpTransport.from_store(store)
+        info = await transport.send("b1", BookieInfoRequest(), 5.0)
+        assert info.status == Status.OK and info.state == "writable"
+
+        bookie = process.bookie
+
+        async def registry_read_only() -> list[bool]:
+            return [r.read_only for r in await store.list_bookies()]
+
+        async def is_read_only() -> bool:
+            return await registry_read_only() == [True]
+
+        async def is_writable() -> bool:
+            return await registry_read_only() == [False]
+
+        bookie.config.disk_usage_threshold = 0.0  # every disk is now "full"
+        assert bookie.check_disk() == "read-only"
+        await wait_until_async(is_read_only, 10, "registry shows read-only")
+        bookie.config.disk_usage_threshold = 2.0
+        bookie.config.disk_usage_low_water = 1.5
+        assert bookie.check_disk() == "writable"
+        await wait_until_async(is_writable, 10, "registry shows writable again")
+        await transport.close()
+    finally:
+        await process.stop()
+    assert await store.list_bookies() == []
