@@ -182,7 +182,12 @@ class _ServerConnection(asyncio.Protocol):
 
     def _pump(self) -> None:
         """Start queued requests while under the in-flight cap; then pause/resume reading."""
-        while self.queue and self.in_flight < self.cfg.max_in_flight and not self.closing:
+        while (
+            self.queue
+            and self.in_flight < self.cfg.max_in_flight
+            and not self.closing
+            and not self.server.stopping  # stopping: queued, unstarted requests are dropped
+        ):
             event = self.queue.popleft()
             if isinstance(event, codec.MessageRejected):
                 self.server.stats.incr("bad_message")

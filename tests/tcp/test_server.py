@@ -13,6 +13,7 @@ import os
 import struct
 
 import pytest
+from prometheus_client import generate_latest
 
 from pybk.errors import BookieUnavailableError, TimeoutError
 from pybk.protocol import AddRequest, ReadLacRequest, ReadRequest, Status
@@ -212,6 +213,8 @@ async def test_oversized_length_prefix_closes_before_allocating(stub):
         writer.write(struct.pack(">I", 0xFFFFFFF0))
         assert await _closed_by_server(reader)
         assert server.stats["frame_too_large"] == 1
+        metrics = generate_latest(server.registry).decode()
+        assert 'pybk_server_events_total{event="frame_too_large"} 1.0' in metrics
         writer.close()
         await _good_client_round_trip(server)
 
