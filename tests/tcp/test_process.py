@@ -60,3 +60,32 @@ async def test_registry_follows_the_bookie_state(tmp_path, capsys):
     finally:
         await process.stop()
     assert await store.list_bookies() == []
+
+
+async def test_token_protects_a_real_bookie(tmp_path, capsys):
+    """No token / wrong token: refused, and the bookie holds nothing afterwards."""
+    from pybk.protocol import AddRequest, DigestManager, ListEntriesRequest, master_key
+
+    store = MemoryMetadataStore()
+    config = BookieProcessConfig(
+        data_dir=str(tmp_path / "b1"), metadata="memory://", port=0, bookie_id="b1",
+        auth_token=b"tok",
+    )  # fmt: skip
+    process = BookieProcess(config, store=store)
+    await process.start()
+    try:
+        body = DigestManager(5).frame(0, -1, 1, b"x")
+        add = AddRequest(5, 0, master_key(b""), body)
+        for token in (None, b"wrong"):
+            transport = TcpTransport.from_store(store, auth_token=token)
+            assert (await transport.send("b1", add, 5.0)).status == Status.UNAUTHORIZED
+            await transport.close()
+        good = TcpTransport.from_store(store, auth_token=b"tok")
+        listed = await good.send("b1", ListEntriesRequest(5), 5.0)
+        assert listed.ranges == ()  # the refused add changed nothing
+        assert (await good.send("b1", add, 5.0)).status == Status.OK
+        listed = await good.send("b1", ListEntriesRequest(5), 5.0)
+        assert listed.ranges == ((0, 0),)
+        await good.close()
+    finally:
+        await process.stop()

@@ -297,3 +297,17 @@ async def test_stop_finishes_in_flight_requests_within_grace(stub):
     await stop
     assert [(await f).status for f in futs] == [Status.OK] * 10
     await transport.close()
+
+
+async def test_peer_that_never_reads_responses_is_cut_off(stub):
+    """A client pipelining reads of a big entry but never reading the answers fills our send
+    buffer; the server stops reading it, then closes it after write_timeout."""
+    stub.entries[(1, 0)] = bytes(256 * 1024)
+    async with _server(stub, write_timeout=0.3, max_in_flight=8) as server:
+        _reader, writer = await _raw(server)
+        frames = b"".join(codec.encode_request(i, ReadRequest(1, 0)) for i in range(2000))
+        writer.write(frames)
+        await wait_until(lambda: server.stats["write_timeout"] == 1, 30, "write timeout")
+        assert len(server.connections) == 0
+        writer.transport.abort()
+        await _good_client_round_trip(server)
