@@ -1,0 +1,282 @@
+"""Journal group commit, fsync failure, rotation; LedgerStore replay (torn tail vs corruption)."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import struct
+import uuid
+
+import pytest
+
+from pybk.errors import BookieStateError, CorruptRecordError, JournalFailedError
+from pybk.protocol import DigestManager
+from pybk.storage.fs import FileHandle, MemFileSystem
+from pybk.storage.journal import Journal, parse_segment_name, segment_name
+from pybk.storage.records import SEGMENT_HEADER_SIZE, encode_batch, encode_fence
+from pybk.storage.store import LedgerStore, StoreConfig
+
+IID = str(uuid.UUID(int=99, version=4))
+
+
+class GatedHandle(FileHandle):
+    """Wraps a handle so a test decides when each sync completes."""
+
+    def __init__(self, inner: FileHandle) -> None:
+        self.inner = inner
+        self.path = inner.path
+        self.gate = asyncio.Event()
+        self.writes: list[int] = []
+        self.syncs = 0
+
+    def write(self, data):  # type: ignore[no-untyped-def]
+        self.writes.append(len(data))
+        self.inner.write(data)
+
+    async def sync(self) -> None:
+        await self.gate.wait()
+        self.syncs += 1
+        await self.inner.sync()
+
+    def size(self) -> int:
+        return self.inner.size()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+async def make_journal(fs: MemFileSystem, **kw) -> tuple[Journal, list, list]:  # type: ignore[no-untyped-def]
+    synced: list = []
+    fatal: list = []
+    fs.makedirs("/j")
+    j = Journal(fs, "/j", IID, on_synced=lambda seg, items: synced.extend(items),
+                on_failed=lambda tags, exc: None, on_fatal=fatal.append,
+                on_write_error=lambda exc: None, **kw)
+    await j.open(0)
+    return j, synced, fatal
+
+
+async def test_lone_append_is_written_at_once_and_acked_after_sync():
+    fs = MemFileSystem()
+    j, synced, _ = await make_journal(fs, max_wait=10.0)
+    gated = GatedHandle(j._fh)
+    j._fh = gated
+    fut = j.append(encode_fence(1), tag="t")
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert gated.writes and not fut.done()  # written without waiting for max_wait
+    gated.gate.set()
+    await asyncio.wait_for(fut, 5)
+    assert synced and synced[0][0] == "t"
+    await j.close()
+
+
+async def test_appends_of_one_iteration_share_a_batch_and_later_ones_form_the_next():
+    fs = MemFileSystem()
+    j, _, _ = await make_journal(fs, max_wait=0.0)
+    gated = GatedHandle(j._fh)
+    j._fh = gated
+    first = [j.append(encode_fence(i)) for i in range(10)]
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert len(gated.writes) == 1  # one write for the 10, sync pending
+    second = [j.append(encode_fence(i)) for i in range(10, 30)]
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert len(gated.writes) == 1  # the next batch waits for the sync: serial group commit
+    gated.gate.set()
+    await asyncio.wait_for(asyncio.gather(*first, *second), 5)
+    assert len(gated.writes) == 2 and gated.syncs == 2
+    await j.close()
+
+
+async def test_gathering_continues_while_appends_keep_arriving():
+    fs = MemFileSystem()
+    j, _, _ = await make_journal(fs, max_wait=10.0)
+    gated = GatedHandle(j._fh)
+    gated.gate.set()
+    j._fh = gated
+
+    await asyncio.sleep(0)  # let the writer go idle
+    # two appends in one iteration wake the writer; then one more arrives every iteration:
+    # the writer keeps gathering until an iteration brings nothing new
+    futs = [j.append(encode_fence(0)), j.append(encode_fence(1))]
+    for i in range(2, 8):
+        await asyncio.sleep(0)
+        futs.append(j.append(encode_fence(i)))
+    await asyncio.wait_for(asyncio.gather(*futs), 5)
+    assert len(gated.writes) == 1, gated.writes
+    await j.close()
+
+
+async def test_batch_limits_split_batches():
+    fs = MemFileSystem()
+    j, _, _ = await make_journal(fs, max_wait=0.0, max_batch_count=4)
+    gated = GatedHandle(j._fh)
+    gated.gate.set()
+    j._fh = gated
+    await asyncio.gather(*(j.append(encode_fence(i)) for i in range(10)))
+    assert len(gated.writes) == 3
+    await j.close()
+
+
+async def test_fsync_failure_fails_every_covered_and_later_append():
+    fs = MemFileSystem()
+    j, synced, fatal = await make_journal(fs)
+    fs.fail_next_fsync(errno.EIO)
+    futs = [j.append(encode_fence(i), tag=("x", i)) for i in range(5)]
+    results = await asyncio.gather(*futs, return_exceptions=True)
+    assert all(isinstance(r, JournalFailedError) for r in results)
+    assert fatal and "fsync" in str(fatal[0]) and not synced
+    late = j.append(encode_fence(9))
+    with pytest.raises(JournalFailedError):
+        await late
+    await j.close()
+
+
+async def test_rotation_creates_new_segments():
+    fs = MemFileSystem()
+    j, _, _ = await make_journal(fs, segment_size=200)
+    for i in range(20):
+        await j.append(encode_fence(i))
+    await j.close()
+    names = fs.listdir("/j")
+    assert len(names) > 3 and all(parse_segment_name(n) is not None for n in names)
+    assert j.position.seg == j.segment_seq == len(names) - 1
+
+
+def test_segment_names():
+    assert segment_name(255) == "00000000000000ff.seg"
+    assert parse_segment_name("00000000000000ff.seg") == 255
+    assert parse_segment_name("index.ckpt") is None
+    assert parse_segment_name("zzzzzzzzzzzzzzzz.seg") is None
+
+
+# --------------------------------------------------------------------------- replay
+
+
+def frame(lid: int, eid: int) -> bytes:
+    return DigestManager(lid).frame(eid, eid - 1, 0, b"payload-%d" % eid)
+
+
+async def new_store(fs: MemFileSystem, **kw) -> LedgerStore:  # type: ignore[no-untyped-def]
+    s = LedgerStore(fs, "/d", IID, StoreConfig(**kw))
+    await s.open()
+    return s
+
+
+async def filled_store(fs: MemFileSystem, n: int = 4) -> tuple[LedgerStore, str]:
+    s = await new_store(fs)
+    for e in range(n):
+        await s.add(1, e, frame(1, e), b"k")
+    path = s.journal_path(s.journal.segment_seq)
+    return s, path
+
+
+@pytest.mark.parametrize("tail", [b"\x00" * 300, b"garbage!" * 10, "torn"])
+async def test_torn_tail_is_truncated_and_counted(tail):
+    fs = MemFileSystem()
+    s, path = await filled_store(fs)
+    s.abandon(JournalFailedError("crash"))
+    if tail == "torn":
+        tail = encode_batch(4, encode_fence(7))[:-3]
+    fh = fs.open_append(path)
+    fh.write(tail)
+    await fh.sync()
+    fh.close()
+    size = fs.file_size(path)
+    s2 = await new_store(fs)
+    assert s2.report.torn_tails == 1 and s2.report.torn_bytes == len(tail)
+    assert fs.file_size(path) == size - len(tail)
+    for e in range(4):
+        assert s2.read(1, e) == frame(1, e)
+    s2._check()
+    await s2.close()
+
+
+async def test_mid_log_corruption_refuses_to_start():
+    fs = MemFileSystem()
+    s, path = await filled_store(fs)
+    loc = s.index.ledgers[1].entries[1]
+    s.abandon(JournalFailedError("crash"))
+    fs.delete("/d/index.ckpt")
+    fs.flip_bit(path, loc.offset + loc.size - 2)
+    with pytest.raises(CorruptRecordError) as info:
+        await new_store(fs)
+    assert info.value.path == path
+    assert "followed by a valid batch" in str(info.value)
+
+
+async def test_corruption_in_an_older_segment_refuses_to_start():
+    fs = MemFileSystem()
+    s = await new_store(fs, segment_size=300)
+    for e in range(12):
+        await s.add(1, e, frame(1, e), b"k")
+    loc = s.index.ledgers[1].entries[0]
+    s.abandon(JournalFailedError("crash"))
+    fs.delete("/d/index.ckpt")
+    path = s.journal_path(loc.seg)
+    fs.flip_bit(path, fs.file_size(path) - 1)  # last batch of a sealed segment
+    with pytest.raises(CorruptRecordError, match="not the last one"):
+        await new_store(fs)
+
+
+async def test_torn_segment_header_of_last_segment_is_dropped():
+    fs = MemFileSystem()
+    s, _ = await filled_store(fs)
+    await s.close()
+    fh = fs.open_append("/d/journal/" + segment_name(50))
+    fh.write(b"PYBK")
+    await fh.sync()
+    fh.close()
+    s2 = await new_store(fs)
+    assert not fs.exists("/d/journal/" + segment_name(50))
+    assert s2.read(1, 3) == frame(1, 3)
+    await s2.close()
+
+
+async def test_segment_of_unknown_version_refuses_to_start():
+    fs = MemFileSystem()
+    s, path = await filled_store(fs)
+    await s.close()
+    data = bytearray(fs.read_file(path))
+    struct.pack_into(">H", data, 8, 7)
+    fs.delete(path)
+    fs.delete("/d/index.ckpt")
+    fh = fs.open_append(path)
+    fh.write(bytes(data))
+    await fh.sync()
+    fh.close()
+    with pytest.raises(CorruptRecordError, match="unknown journal format version 7"):
+        await new_store(fs)
+
+
+async def test_segment_of_another_instance_is_refused():
+    fs = MemFileSystem()
+    s, _ = await filled_store(fs)
+    await s.close()
+    other = LedgerStore(fs, "/d", str(uuid.UUID(int=5, version=4)))
+    with pytest.raises(BookieStateError, match="another bookie"):
+        await other.open()
+
+
+async def test_corrupt_checkpoint_rebuilds_from_segments():
+    fs = MemFileSystem()
+    s, _ = await filled_store(fs)
+    await s.fence(1, b"k")
+    await s.close()
+    fs.flip_bit("/d/index.ckpt", 30)
+    s2 = await new_store(fs)
+    assert not s2.report.checkpoint_loaded and "checksum" in s2.report.checkpoint_error
+    assert s2.index.ledgers[1].fenced
+    assert [s2.read(1, e) for e in range(4)] == [frame(1, e) for e in range(4)]
+    await s2.close()
+
+
+async def test_checkpoint_beyond_the_journal_is_corruption():
+    fs = MemFileSystem()
+    s, path = await filled_store(fs)
+    await s.close()
+    fs.truncate(path, SEGMENT_HEADER_SIZE + 10)
+    with pytest.raises(CorruptRecordError):
+        await new_store(fs)
