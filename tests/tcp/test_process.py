@@ -7,7 +7,10 @@ through the registry and gets answers from the real Bookie.
 
 from __future__ import annotations
 
+import pytest
+
 from pybk.bookie import BookieConfig
+from pybk.errors import BookieUnavailableError
 from pybk.metadata.memory import MemoryMetadataStore
 from pybk.protocol import BookieInfoRequest, Status
 from pybk.server import BookieProcess, BookieProcessConfig
@@ -87,5 +90,41 @@ async def test_token_protects_a_real_bookie(tmp_path, capsys):
         listed = await good.send("b1", ListEntriesRequest(5), 5.0)
         assert listed.ranges == ((0, 0),)
         await good.close()
+    finally:
+        await process.stop()
+
+
+async def test_client_over_mutual_tls_to_a_real_bookie(tmp_path, capsys):
+    """pybk.Client(tls=...) builds a TcpTransport that writes and reads through mTLS."""
+    import trustme
+
+    from pybk.client import Client
+    from pybk.transport.tls import client_context
+
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(tmp_path / "s.pem")
+    ca.issue_cert("client").private_key_and_cert_chain_pem.write_to_path(tmp_path / "c.pem")
+    store = MemoryMetadataStore()
+    config = BookieProcessConfig(
+        data_dir=str(tmp_path / "b1"), metadata="memory://", port=0, bookie_id="b1",
+        tls_cert=str(tmp_path / "s.pem"), tls_ca=str(tmp_path / "ca.pem"),
+        require_client_cert=True,
+    )  # fmt: skip
+    process = BookieProcess(config, store=store)
+    await process.start()
+    try:
+        tls = client_context(tmp_path / "ca.pem", certfile=tmp_path / "c.pem")
+        async with Client(store, tls=tls) as client:
+            lh = await client.create_ledger(ensemble_size=1, write_quorum=1, ack_quorum=1)
+            assert await lh.append_many([b"a", b"b"]) == [0, 1]
+            await lh.close()
+            rh = await client.open_ledger(lh.id, recovery=False)
+            assert [e.data for e in await rh.read(0, 1)] == [b"a", b"b"]
+        no_cert = client_context(tmp_path / "ca.pem")
+        async with Client(store, tls=no_cert) as client:
+            rh = await client.open_ledger(lh.id, recovery=False)
+            with pytest.raises(BookieUnavailableError):
+                await rh.read(0, 1)
     finally:
         await process.stop()
