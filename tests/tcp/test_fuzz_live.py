@@ -8,7 +8,7 @@ import asyncio
 import struct
 
 import crc32c
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pybk.protocol import AddRequest, AuthRequest, ReadLacRequest, ReadRequest, Status
@@ -31,12 +31,14 @@ valid_frames = st.sampled_from(
 
 @st.composite
 def attacks(draw: st.DrawFn) -> bytes:
-    kind = draw(st.sampled_from(["random", "mutated", "length", "concat"]))
+    kind = draw(st.sampled_from(["random", "mutated", "length", "concat", "valid"]))
     if kind == "random":
         return draw(st.binary(min_size=1, max_size=512))
     frame = bytearray(draw(valid_frames))
     if kind == "length":
         struct.pack_into(">I", frame, 0, draw(st.integers(0, 2**32 - 1)))
+        return bytes(frame)
+    if kind == "valid":
         return bytes(frame)
     if kind == "concat":
         return bytes(frame) + draw(st.binary(max_size=64)) + draw(valid_frames)
@@ -79,8 +81,9 @@ async def _scenario(data: bytes, token: bytes | None) -> None:
     assert errors == []
 
 
-@settings(derandomize=True, deadline=None, max_examples=40,
+@settings(derandomize=True, deadline=None, max_examples=60,
           suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
 @given(attacks(), st.sampled_from([None, b"tok"]))
+@example(codec.encode_request(1, AddRequest(1, 0, b"k", b"sneaky")), b"tok")
 def test_live_server_survives_hostile_bytes(data, token):
     asyncio.run(_scenario(data, token))
