@@ -113,7 +113,8 @@ class SqliteMetadataStore(MetadataStore):
         )
         self._conn: sqlite3.Connection | None = None
         self._closed = False
-        self._id_pool: list[int] = []
+        self._id_pool: list[int] = []  # claimed ids, next one last
+        self._id_lock = asyncio.Lock()  # one block claim at a time per store
         self._own: dict[str, BookieRegistration] = {}
         self._heartbeat: asyncio.Task[None] | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -173,6 +174,10 @@ class SqliteMetadataStore(MetadataStore):
     # -- ledgers -----------------------------------------------------------------------------
 
     async def allocate_ledger_id(self) -> int:
+        async with self._id_lock:
+            return await self._allocate_locked()
+
+    async def _allocate_locked(self) -> int:
         if not self._id_pool:
             block = self._id_block
 
@@ -183,8 +188,7 @@ class SqliteMetadataStore(MetadataStore):
                 return list(range(first, first + block))
 
             claimed = await self._run("allocate_ledger_id", claim)
-            self._id_pool.extend(claimed)
-            self._id_pool.reverse()
+            self._id_pool = claimed[::-1]
         return self._id_pool.pop()
 
     async def create_ledger(self, metadata: LedgerMetadata) -> LedgerMetadata:
@@ -485,6 +489,23 @@ class SqliteMetadataStore(MetadataStore):
                          .fetchone()[0])
 
         return await self._run("raw_ledger", read)
+
+    async def check_invariants(self) -> None:
+        """Assert the file's invariants (the ``_check()`` habit; tests call it after
+        concurrent work): ids and versions are never handed out twice, marks are canonical."""
+
+        def check(conn: sqlite3.Connection) -> None:
+            next_id, version = _counter(conn, "next_ledger_id"), _counter(conn, "version")
+            max_id, max_version = conn.execute(
+                "SELECT max(id), max(version) FROM ledgers"
+            ).fetchone()
+            assert max_id is None or max_id < next_id, (max_id, next_id)
+            assert max_version is None or max_version <= version, (max_version, version)
+            for lid, missing in conn.execute("SELECT ledger_id, missing FROM under_replicated"):
+                marks = _parse_missing(missing, lid)
+                assert marks == sorted(set(marks)), (lid, marks)
+
+        await self._run("check_invariants", check)
 
     async def crash(self) -> None:
         """Stop at once without unregistering (an in-process kill -9 of the owner): the

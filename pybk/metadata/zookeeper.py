@@ -125,7 +125,8 @@ class ZooKeeperMetadataStore(MetadataStore):
         self._closed = False
         self._connected = False
         self._session_id: int | None = None
-        self._id_pool: list[int] = []
+        self._id_pool: list[int] = []  # claimed ids, next one last
+        self._id_lock = asyncio.Lock()  # one block claim at a time per store
         self._own: dict[str, BookieRegistration] = {}
         self._ledger_watches: dict[int, list[CallbackWatch]] = {}
         self._bookie_watches: list[CallbackWatch] = []
@@ -296,6 +297,10 @@ class ZooKeeperMetadataStore(MetadataStore):
     # -- ledgers -------------------------------------------------------------------------------
 
     async def allocate_ledger_id(self) -> int:
+        async with self._id_lock:
+            return await self._allocate_locked()
+
+    async def _allocate_locked(self) -> int:
         while not self._id_pool:
             path = self._p("idgen")
             data, stat = await self._call("allocate_ledger_id", "get", path)

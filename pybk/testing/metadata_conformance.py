@@ -61,6 +61,9 @@ class MetadataBackend(abc.ABC):
     async def corrupt_ledger(self, store: MetadataStore, ledger_id: int, data: bytes) -> None:
         """Overwrite the stored bytes of a ledger's metadata."""
 
+    async def check_invariants(self) -> None:  # noqa: B027 - optional hook
+        """Assert the backend's internal invariants (called after each check)."""
+
     async def cleanup(self) -> None:  # noqa: B027 - optional hook
         """Release what the backend holds (called once after a check)."""
 
@@ -83,6 +86,9 @@ class MemoryBackend(MetadataBackend):
         store = self._root.session()
         self._opened.append(store)
         return store
+
+    async def check_invariants(self) -> None:
+        self._root._check()
 
     async def kill_owner(self, store: MetadataStore) -> None:
         from pybk.metadata.memory import MemoryMetadataStore
@@ -125,6 +131,15 @@ class SqliteBackend(MetadataBackend):
 
         assert isinstance(store, SqliteMetadataStore)
         await store.crash()
+
+    async def check_invariants(self) -> None:
+        from pybk.metadata.sqlite import SqliteMetadataStore
+
+        checker = SqliteMetadataStore(self.path)
+        try:
+            await checker.check_invariants()
+        finally:
+            await checker.close()
 
     async def corrupt_ledger(self, store: MetadataStore, ledger_id: int, data: bytes) -> None:
         from pybk.metadata.sqlite import SqliteMetadataStore
@@ -486,6 +501,7 @@ async def run_check(
     backend = make_backend()
     try:
         await check(backend)
+        await backend.check_invariants()
     finally:
         await backend.cleanup()
 

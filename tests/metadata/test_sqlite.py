@@ -177,3 +177,33 @@ async def test_corrupt_under_replication_mark_is_an_error(tmp_path: Path) -> Non
 def test_bad_options_are_value_errors(tmp_path: Path, kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         SqliteMetadataStore(str(tmp_path / "m.db"), **kwargs)  # type: ignore[arg-type]
+
+
+async def test_an_idle_watch_poll_costs_one_counter_query(tmp_path: Path) -> None:
+    path = str(tmp_path / "m.db")
+    store = SqliteMetadataStore(path, poll_interval=0.005)
+    other = SqliteMetadataStore(path)
+    lid = await store.allocate_ledger_id()
+    md = await store.create_ledger(sample_metadata(lid))
+    fired = asyncio.Event()
+    store.watch_ledger(lid, lambda _l: fired.set())
+    statements: list[str] = []
+    assert store._conn is not None
+    store._conn.set_trace_callback(statements.append)  # called on the store's thread
+
+    async def polled_enough() -> bool:
+        return len(statements) >= 25
+
+    await wait_until(polled_enough, 10.0, "25 polls")
+    snapshot = list(statements)
+    # after the first poll (which reads the watched ledger's version), idle polls read
+    # nothing but the change counter
+    first_idle = max((i for i, s in enumerate(snapshot) if "FROM ledgers" in s), default=-1) + 1
+    idle = snapshot[first_idle:]
+    assert len(idle) >= 20 and all("FROM counters" in s for s in idle), set(idle)
+    assert not fired.is_set()
+    await other.write_ledger(md.with_changes(length=1), md.version)
+    await asyncio.wait_for(fired.wait(), 10.0)
+    assert any("FROM ledgers" in s for s in statements)
+    await store.close()
+    await other.close()

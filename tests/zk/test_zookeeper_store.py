@@ -244,3 +244,30 @@ async def test_unreachable_ensemble_is_a_clear_metadata_store_error() -> None:
     with pytest.raises(MetadataStoreError, match="cannot connect to ZooKeeper"):
         await store.list_ledgers()
     await store.close()
+
+
+async def test_damaged_znodes_are_corrupt_record_errors(
+    zk_server: ZooKeeperServer, root: str
+) -> None:
+    from pybk.errors import CorruptRecordError
+
+    store = _store(zk_server, root)
+    await store.register_bookie(BookieRegistration("bk-1", "h:1"))
+    await store.mark_under_replicated(7, ["bk-1"])
+    raw = KazooClient(hosts=zk_server.hosts)
+    await asyncio.to_thread(raw.start, 10)
+    try:
+        await asyncio.to_thread(raw.set, f"{root}/idgen", b"forty-two")
+        with pytest.raises(CorruptRecordError, match="idgen"):
+            await store.allocate_ledger_id()
+        await asyncio.to_thread(raw.set, f"{root}/bookies/writable/bk-1", b"{not json")
+        with pytest.raises(CorruptRecordError, match="bk-1"):
+            await store.list_bookies()
+        await asyncio.to_thread(
+            raw.set, f"{root}/underreplication/ledgers/{ledger_subpath(7, 'urL')}", b"[1, 2]"
+        )
+        with pytest.raises(CorruptRecordError, match="ledger 7"):
+            await store.list_under_replicated()
+    finally:
+        await asyncio.to_thread(raw.stop)
+        await store.close()
