@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
@@ -65,6 +67,17 @@ from pybk.metadata._common import (
 from pybk.metadata.base import BookieRegistration, LedgerMetadata, MetadataStore, Watch
 
 log = logging.getLogger(__name__)
+
+_UNSEEN: Any = object()  # "no version known yet" (None means "the ledger does not exist")
+
+
+@dataclass
+class _LedgerRecipe:
+    """State of the one DataWatch a store keeps for a watched ledger."""
+
+    baseline: Any  # version this store last saw when the recipe was made, or _UNSEEN
+    version: Any = _UNSEEN  # version the DataWatch last reported
+    stopped: bool = False
 
 
 def ledger_subpath(ledger_id: int, prefix: str = "L") -> str:
@@ -132,6 +145,8 @@ class ZooKeeperMetadataStore(MetadataStore):
         self._bookie_watches: list[CallbackWatch] = []
         self._seen: dict[int, int | None] = {}
         self._pending_recipes: list[Callable[[], Any]] = []  # watches made before connecting
+        self._ledger_recipes: dict[int, _LedgerRecipe] = {}
+        self._bookie_recipes = False
         self._tasks: set[asyncio.Task[None]] = set()
         #: Test hook: awaited before registrations are re-created on a new session.
         self.before_reregister: Callable[[], Awaitable[None]] | None = None
@@ -464,6 +479,8 @@ class ZooKeeperMetadataStore(MetadataStore):
     # -- watches -------------------------------------------------------------------------------
 
     def watch_ledger(self, ledger_id: int, callback: Callable[[int], None]) -> Watch:
+        """One kazoo DataWatch per watched ledger and store, shared by all its watches (and
+        stopped at the next event once the last one is cancelled)."""
         check_ledger_id(ledger_id)
         loop = self._watch_loop()
 
@@ -473,32 +490,46 @@ class ZooKeeperMetadataStore(MetadataStore):
                 lst.remove(w)
             if not lst:
                 self._ledger_watches.pop(ledger_id, None)
+                recipe = self._ledger_recipes.pop(ledger_id, None)
+                if recipe is not None:
+                    recipe.stopped = True
 
         w = CallbackWatch(loop, lambda: callback(ledger_id), forget, threadsafe=True)
         self._ledger_watches.setdefault(ledger_id, []).append(w)
-        baseline = self._seen.get(ledger_id, -2)  # -2: this store never looked at it
-        path = self._ledger_path(ledger_id)
-        first = [True]
-
-        def on_data(data: bytes | None, stat: Any, *_: Any) -> bool:
-            if w.cancelled:
-                return False
-            if first[0]:
-                first[0] = False
-                now = None if stat is None else stat.version
-                if baseline != -2 and baseline != now:
-                    w.fire()  # changed between the caller's read and this watch
-            else:
-                w.fire()
-            return True
-
-        if self._started:
-            self._spawn_recipe(lambda: DataWatch(self._zk, path, on_data))
-        else:
-            self._pending_recipes.append(lambda: DataWatch(self._zk, path, on_data))
+        recipe = self._ledger_recipes.get(ledger_id)
+        if recipe is None:
+            recipe = _LedgerRecipe(baseline=self._seen.get(ledger_id, _UNSEEN))
+            self._ledger_recipes[ledger_id] = recipe
+            path = self._ledger_path(ledger_id)
+            on_data = functools.partial(self._on_ledger_data, ledger_id, recipe)
+            self._add_recipe(lambda: DataWatch(self._zk, path, on_data))
+        elif recipe.version is not _UNSEEN and self._seen.get(ledger_id, _UNSEEN) not in (
+            _UNSEEN, recipe.version,
+        ):
+            w.fire()  # the caller read a version other than the one the watch knows
         return w
 
+    def _on_ledger_data(
+        self, ledger_id: int, recipe: _LedgerRecipe, data: bytes | None, stat: Any, *_: Any
+    ) -> bool:
+        """DataWatch callback (a kazoo thread): hand the new version to the loop."""
+        if recipe.stopped:
+            return False
+        version = None if stat is None else stat.version
+        self._schedule(self._ledger_event, ledger_id, recipe, version)
+        return True
+
+    def _ledger_event(self, ledger_id: int, recipe: _LedgerRecipe, version: int | None) -> None:
+        first = recipe.version is _UNSEEN
+        recipe.version = version
+        if first and recipe.baseline in (_UNSEEN, version):
+            return  # the first look: nothing changed since the caller last read
+        if not recipe.stopped:
+            for w in list(self._ledger_watches.get(ledger_id, ())):
+                w.fire()
+
     def watch_bookies(self, callback: Callable[[], None]) -> Watch:
+        """Two kazoo ChildrenWatches per store (writable, read-only), shared by all watches."""
         loop = self._watch_loop()
 
         def forget(w: CallbackWatch) -> None:
@@ -507,27 +538,36 @@ class ZooKeeperMetadataStore(MetadataStore):
 
         w = CallbackWatch(loop, callback, forget, threadsafe=True)
         self._bookie_watches.append(w)
-        for ro in (False, True):
-            base = self._p("bookies", "readonly" if ro else "writable")
-            first = [True]
+        if not self._bookie_recipes:
+            self._bookie_recipes = True
+            for ro in (False, True):
+                base = self._p("bookies", "readonly" if ro else "writable")
+                first = [True]
 
-            def on_children(children: list[str], first: list[bool] = first) -> bool:
-                if w.cancelled:
-                    return False
-                if first[0]:
-                    first[0] = False
-                else:
-                    w.fire()
-                return True
+                def on_children(children: list[str], first: list[bool] = first) -> bool:
+                    if self._closed:
+                        return False
+                    if first[0]:
+                        first[0] = False
+                    else:
+                        self._schedule(self._bookies_event)
+                    return True
 
-            def make(base: str = base, fn: Any = on_children) -> Any:
-                return ChildrenWatch(self._zk, base, fn)
+                def make(base: str = base, fn: Any = on_children) -> Any:
+                    return ChildrenWatch(self._zk, base, fn)
 
-            if self._started:
-                self._spawn_recipe(make)
-            else:
-                self._pending_recipes.append(make)
+                self._add_recipe(make)
         return w
+
+    def _bookies_event(self) -> None:
+        for w in list(self._bookie_watches):
+            w.fire()
+
+    def _add_recipe(self, make: Callable[[], Any]) -> None:
+        if self._started:
+            self._spawn_recipe(make)
+        else:
+            self._pending_recipes.append(make)
 
     def _watch_loop(self) -> asyncio.AbstractEventLoop:
         if self._closed:

@@ -271,3 +271,31 @@ async def test_damaged_znodes_are_corrupt_record_errors(
     finally:
         await asyncio.to_thread(raw.stop)
         await store.close()
+
+
+async def test_watches_on_one_ledger_share_a_recipe_and_survive_cancel_all(
+    zk_server: ZooKeeperServer, root: str
+) -> None:
+    store = _store(zk_server, root)
+    writer = _store(zk_server, root)
+    lid = await store.allocate_ledger_id()
+    md = await store.create_ledger(sample_metadata(lid))
+    a_fired, b_fired = asyncio.Event(), asyncio.Event()
+    a = store.watch_ledger(lid, lambda _l: a_fired.set())
+    b = store.watch_ledger(lid, lambda _l: b_fired.set())
+    assert len(store._ledger_recipes) == 1
+    a.cancel()
+    md = await writer.write_ledger(md.with_changes(length=1), md.version)
+    await asyncio.wait_for(b_fired.wait(), BOUND)
+    assert not a_fired.is_set()
+    b.cancel()
+    assert store._ledger_recipes == {}
+    # a new watch after every old one was cancelled gets its own recipe and works
+    await store.read_ledger(lid)
+    c_fired = asyncio.Event()
+    store.watch_ledger(lid, lambda _l: c_fired.set())
+    await writer.write_ledger(md.with_changes(length=2), md.version)
+    await asyncio.wait_for(c_fired.wait(), BOUND)
+    assert not a_fired.is_set()
+    await store.close()
+    await writer.close()
