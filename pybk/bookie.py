@@ -134,10 +134,10 @@ class Bookie:
         cookie_store: MetadataStore | None = None,
         rng: random.Random | None = None,
     ) -> None:
+        #: a file system we created ourselves is ours to close on stop (its sync thread)
+        self._own_fs = fs is None
         if fs is None:
-            from pybk.storage.fs import OsFileSystem
-
-            fs = OsFileSystem()
+            fs = self._new_os_fs()
         self.bookie_id = bookie_id
         self.data_dir = data_dir
         self.fs = fs
@@ -155,6 +155,13 @@ class Bookie:
         self._timers: list[asyncio.TimerHandle] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._last_cp_pos: object = None
+        self._fs_closed = False
+
+    @staticmethod
+    def _new_os_fs() -> FileSystem:
+        from pybk.storage.fs import OsFileSystem
+
+        return OsFileSystem()
 
     # ================================================================== state
 
@@ -193,6 +200,8 @@ class Bookie:
         Raises BookieStateError (identity mismatch) or CorruptRecordError (journal damage)."""
         if self._state != STOPPED:
             raise BookieStateError(f"bookie {self.bookie_id} is already started")
+        if self._own_fs and self._fs_closed:
+            self.fs, self._fs_closed = self._new_os_fs(), False
         self.fs.makedirs(self.data_dir)
         self.instance_id = await self._check_cookie()
         store = LedgerStore(
@@ -225,9 +234,14 @@ class Bookie:
         self._set_state(STOPPED, "stopped")
         self._cancel_background()
         store = self.store
-        if store is not None:
-            await store.close()
-        self.store = None
+        try:
+            if store is not None:
+                await store.close()
+        finally:
+            self.store = None
+            if self._own_fs:
+                self.fs.close()
+                self._fs_closed = True
 
     def crash(self) -> None:
         """Abandon at once (in-process kill -9): no sync; pending adds fail."""

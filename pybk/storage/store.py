@@ -302,13 +302,15 @@ class LedgerStore:
     def _on_synced(self, seg: int, tagged: list[tuple[Any, int]]) -> None:
         put = self.index.put_entry
         pending = self._pending
-        changed = self._on_ledger_change
+        last = None
         for tag, end in tagged:
             lid, eid, lac, size = tag
             if size:
                 put(lid, eid, Location(seg, end - size, size), lac)
                 pending.pop((lid, eid), None)
-                changed(lid)
+                if lid != last:  # wake long polls once per run of the same ledger
+                    self._on_ledger_change(lid)
+                    last = lid
 
     def _on_rotate(self, old_seq: int, old_size: int, new_seq: int) -> None:
         self._segments[old_seq] = old_size

@@ -1,0 +1,173 @@
+"""Durable appends into one bookie on the real disk, next to the plain-file ceiling and SQLite.
+
+For each (writers, entry size): N writer tasks each add framed entries to their own ledger
+through ``Bookie.handle(AddRequest)`` and await durability before sending the next one, for a
+fixed duration. Then, in the same run and on the same disk:
+
+* ceiling: a plain Python loop appending CRC-framed records to a file, one ``write`` and one
+  ``fdatasync`` per group, the group size being the bookie's measured records per fsync;
+* SQLite (stdlib ``sqlite3``), WAL mode, ``synchronous=FULL``, one transaction per group.
+
+Targets (issue 2): with 256 writers >= 50% of the ceiling and >= 3x SQLite; a lone writer's
+p50 <= 1.5 fsync latencies (the fsync latency is the ceiling's p50 with groups of one).
+
+    python benchmarks/bookie_append.py [--duration 2] [--dir /tmp] [--writers 1,16,256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import sqlite3
+import struct
+import tempfile
+import time
+
+import crc32c
+
+from pybk.bookie import Bookie, BookieConfig
+from pybk.protocol import AddRequest, DigestManager, Status, master_key
+from pybk.storage.fs import OsFileSystem
+
+KEY = master_key(b"bench")
+
+
+def pct(samples: list[float], q: float) -> float:
+    if not samples:
+        return float("nan")
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+async def run_bookie(root: str, writers: int, size: int, duration: float
+                     ) -> tuple[float, list[float], float]:
+    """entries/s, latencies (s), records per fsync."""
+    fs = OsFileSystem()
+    bookie = Bookie("bench", os.path.join(root, f"bookie-{writers}-{size}"), fs=fs,
+                    config=BookieConfig(disk_check_interval=0, checkpoint_interval=0),
+                    rng=random.Random(1))
+    await bookie.start()
+    payload = os.urandom(size)
+    lat: list[float] = []
+    count = 0
+    stop_at = 0.0
+
+    async def writer(lid: int) -> None:
+        nonlocal count
+        dm = DigestManager(lid)
+        eid = 0
+        while time.perf_counter() < stop_at:
+            body = dm.frame(eid, eid - 1, 0, payload)
+            t0 = time.perf_counter()
+            resp = await bookie.handle(AddRequest(lid, eid, KEY, body))
+            lat.append(time.perf_counter() - t0)
+            if resp.status != Status.OK:
+                raise RuntimeError(f"add failed: {resp}")
+            eid += 1
+            count += 1
+
+    assert bookie.store is not None
+    stats = bookie.store.journal.stats
+    b0, r0 = stats["batches"], stats["records"]
+    start = time.perf_counter()
+    stop_at = start + duration
+    await asyncio.gather(*(writer(lid) for lid in range(writers)))
+    elapsed = time.perf_counter() - start
+    per_sync = (stats["records"] - r0) / max(1, stats["batches"] - b0)
+    await bookie.stop()
+    fs.close()
+    return count / elapsed, lat, per_sync
+
+
+def run_plain(root: str, size: int, group: int, duration: float) -> tuple[float, list[float]]:
+    """The ceiling: framed records, one write + fdatasync per group. entries/s, group lat."""
+    path = os.path.join(root, f"plain-{size}-{group}.log")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    payload = os.urandom(size)
+    hdr = struct.Struct(">II")
+    lat: list[float] = []
+    count = 0
+    start = time.perf_counter()
+    try:
+        while time.perf_counter() - start < duration:
+            t0 = time.perf_counter()
+            parts = []
+            for _ in range(group):
+                parts.append(hdr.pack(len(payload), crc32c.crc32c(payload)))
+                parts.append(payload)
+            os.write(fd, b"".join(parts))
+            os.fdatasync(fd)
+            lat.append(time.perf_counter() - t0)
+            count += group
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    return count / (time.perf_counter() - start), lat
+
+
+def run_sqlite(root: str, size: int, group: int, duration: float) -> float:
+    """SQLite, one transaction (one durable commit) per ``group`` appends. entries/s."""
+    path = os.path.join(root, f"sqlite-{size}-{group}.db")
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("CREATE TABLE log(id INTEGER PRIMARY KEY, payload BLOB)")
+    payload = os.urandom(size)
+    rows = [(payload,)] * group
+    count = 0
+    start = time.perf_counter()
+    try:
+        while time.perf_counter() - start < duration:
+            db.execute("BEGIN")
+            db.executemany("INSERT INTO log(payload) VALUES (?)", rows)
+            db.execute("COMMIT")
+            count += group
+    finally:
+        db.close()
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(path + suffix):
+                os.unlink(path + suffix)
+    return count / (time.perf_counter() - start)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=2.0, help="seconds per configuration")
+    ap.add_argument("--dir", default="/tmp", help="where the temp directory goes (the disk)")
+    ap.add_argument("--writers", default="1,16,256")
+    ap.add_argument("--sizes", default="100,1024")
+    args = ap.parse_args()
+    writers_list = [int(x) for x in args.writers.split(",")]
+    sizes = [int(x) for x in args.sizes.split(",")]
+    with tempfile.TemporaryDirectory(prefix="pybk-bench-", dir=args.dir) as root:
+        fsync_rate, fsync_lat = run_plain(root, 100, 1, min(1.0, args.duration))
+        fsync_p50 = pct(fsync_lat, 0.5)
+        print(f"disk: one write+fdatasync p50 {fsync_p50 * 1e3:.3f} ms "
+              f"({fsync_rate:,.0f} syncs/s) in {root}")
+        sql1 = run_sqlite(root, 100, 1, min(1.0, args.duration))
+        print(f"SQLite, one durable commit per append (what each writer awaiting durability "
+              f"gets without group commit): {sql1:,.0f}/s")
+        header = (f"{'writers':>7} {'size':>5} | {'bookie/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
+                  f"{'per sync':>8} | {'ceiling/s':>9} {'sqlite/s':>9} | {'vs ceil':>7} "
+                  f"{'vs sqlite':>9} {'vs sql1':>8}")
+        print(header)
+        print("-" * len(header))
+        for size in sizes:
+            for writers in writers_list:
+                rate, lat, per_sync = asyncio.run(run_bookie(root, writers, size, args.duration))
+                group = max(1, round(per_sync))
+                ceil_rate, _ = run_plain(root, size, group, args.duration)
+                sql_rate = run_sqlite(root, size, group, args.duration)
+                print(f"{writers:>7} {size:>5} | {rate:>9,.0f} {pct(lat, .5) * 1e3:>7.3f} "
+                      f"{pct(lat, .99) * 1e3:>7.3f} {per_sync:>8.1f} | {ceil_rate:>9,.0f} "
+                      f"{sql_rate:>9,.0f} | {rate / ceil_rate:>6.0%} {rate / sql_rate:>8.1f}x "
+                      f"{rate / sql1:>7.1f}x")
+                if writers == 1:
+                    print(f"{'':>15}lone writer p50 = {pct(lat, .5) / fsync_p50:.2f} fsync "
+                          "latencies")
+
+
+if __name__ == "__main__":
+    main()
