@@ -232,7 +232,8 @@ class ZooKeeperMetadataStore(MetadataStore):
     def _on_connected(self, session_id: int | None) -> None:
         if self._closed:
             return
-        self._connected = True
+        # re-check: the connection may have dropped again since kazoo's thread queued this
+        self._connected = self._zk.state == KazooState.CONNECTED
         if session_id == self._session_id:
             return
         # A new session: ephemerals of the old one are gone and watches may have missed
@@ -255,14 +256,16 @@ class ZooKeeperMetadataStore(MetadataStore):
     async def _reregister(self) -> None:
         if self.before_reregister is not None:
             await self.before_reregister()
-        for attempt in range(50):
+        attempt = 0
+        while self._own and not self._closed:  # until it worked or nobody wants it
             try:
                 for reg in list(self._own.values()):
-                    await self._create_registration(reg)
+                    await self._create_registration(reg, steal=False)
                 log.info("re-registered %s after a new ZooKeeper session", sorted(self._own))
                 return
             except MetadataStoreError as exc:
-                log.warning("re-registration attempt %d failed: %s", attempt + 1, exc)
+                attempt += 1
+                log.warning("re-registration attempt %d failed: %s", attempt, exc)
                 await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
             except ClientClosedError:
                 return
@@ -413,9 +416,12 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     # -- bookies -------------------------------------------------------------------------------
 
-    async def _create_registration(self, reg: BookieRegistration) -> None:
-        """Create ``reg``'s ephemeral (replacing one left by a dead session of any owner),
-        then remove its node in the other (writable/read-only) list."""
+    async def _create_registration(self, reg: BookieRegistration, *, steal: bool = True) -> None:
+        """Create ``reg``'s ephemeral, then remove its node in the other (writable/read-only)
+        list. A node held by another session is replaced when ``steal`` (an explicit
+        registration: the newest registrant wins, e.g. a restarted bookie whose old session
+        has not expired yet); on re-registration after our own session expired it is left
+        alone (a newer incarnation of the bookie owns it now)."""
         path = self._bookie_path(reg.bookie_id, reg.read_only)
         data = json.dumps({"address": reg.address}).encode()
         for _ in range(5):
@@ -429,6 +435,13 @@ class ZooKeeperMetadataStore(MetadataStore):
                     continue
                 if stat.ephemeralOwner == self._session_id and old == data:
                     break
+                if not steal and stat.ephemeralOwner != self._session_id:
+                    log.warning(
+                        "bookie %s is registered by another session; not re-registering",
+                        reg.bookie_id,
+                    )
+                    self._own.pop(reg.bookie_id, None)
+                    return
                 # someone else's (a previous incarnation of this bookie) or stale: replace
                 with contextlib.suppress(NoNodeError, BadVersionError):
                     await self._call("register_bookie", "delete", path, version=stat.version)

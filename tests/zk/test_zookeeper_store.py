@@ -299,3 +299,32 @@ async def test_watches_on_one_ledger_share_a_recipe_and_survive_cancel_all(
     assert not a_fired.is_set()
     await store.close()
     await writer.close()
+
+
+async def test_re_registration_never_steals_from_a_newer_incarnation(
+    zk_server: ZooKeeperServer, root: str
+) -> None:
+    old = _store(zk_server, root)
+    new = _store(zk_server, root)
+    observer = _store(zk_server, root)
+    gate = asyncio.Event()
+
+    async def hold() -> None:
+        await gate.wait()
+
+    old.before_reregister = hold
+    await old.register_bookie(BookieRegistration("bk-1", "old:1"))
+    cid = old.client_id
+    assert cid is not None
+    await asyncio.to_thread(force_session_expiry, zk_server.hosts, cid)
+    await wait_until(lambda: _flag(old, 1), BOUND, "the old store to notice the loss")
+    await new.register_bookie(BookieRegistration("bk-1", "new:1"))
+    gate.set()
+
+    async def old_gave_up() -> bool:
+        return "bk-1" not in old._own
+
+    await wait_until(old_gave_up, BOUND, "the old incarnation to give the id up")
+    assert [r.address for r in await observer.list_bookies()] == ["new:1"]
+    for s in (old, new, observer):
+        await s.close()
