@@ -41,7 +41,7 @@ from pybk.errors import (
     NoSuchLedgerError,
     UnauthorizedError,
 )
-from pybk.protocol import parse_entry_header
+from pybk.protocol import ENTRY_HEADER, ENTRY_HEADER_SIZE, parse_entry_header
 from pybk.storage.fs import FileSystem
 from pybk.storage.index import (
     Index,
@@ -300,17 +300,35 @@ class LedgerStore:
     # ================================================================== journal callbacks
 
     def _on_synced(self, seg: int, tagged: list[tuple[Any, int]]) -> None:
-        put = self.index.put_entry
+        index = self.index
+        ledgers = index.ledgers
         pending = self._pending
+        live = 0
         last = None
+        st: LedgerState | None = None
         for tag, end in tagged:
             lid, eid, lac, size = tag
-            if size:
-                put(lid, eid, Location(seg, end - size, size), lac)
-                pending.pop((lid, eid), None)
-                if lid != last:  # wake long polls once per run of the same ledger
-                    self._on_ledger_change(lid)
-                    last = lid
+            if not size:
+                continue
+            if lid != last:
+                if last is not None:  # wake long polls once per run of the same ledger
+                    self._on_ledger_change(last)
+                last = lid
+                st = ledgers.get(lid)
+            pending.pop((lid, eid), None)
+            if st is None or st.deleted or eid in st.entries:
+                # rare paths (re-added/compacted entry, deleted ledger): the general code
+                index.put_entry(lid, eid, Location(seg, end - size, size), lac)
+                st = ledgers.get(lid)
+                continue
+            st.entries[eid] = Location(seg, end - size, size)
+            live += size
+            if lac > st.max_piggyback_lac:
+                st.max_piggyback_lac = lac
+        if live:
+            index.seg_live[seg] = index.seg_live.get(seg, 0) + live
+        if last is not None:
+            self._on_ledger_change(last)
 
     def _on_rotate(self, old_seq: int, old_size: int, new_seq: int) -> None:
         self._segments[old_seq] = old_size
@@ -348,20 +366,23 @@ class LedgerStore:
         Raises at once: LedgerFencedError (fenced and not a recovery add, or deleted),
         UnauthorizedError, EntryExistsError (different bytes), BadRequestError (the body's
         embedded ids disagree with the request), JournalFailedError."""
-        try:
-            blid, beid, lac, _length = parse_entry_header(body)
-        except ValueError as exc:
-            raise BadRequestError(f"ledger {ledger_id} entry {entry_id}: {exc}") from None
-        if (blid, beid) != (ledger_id, entry_id) or entry_id < 0:
+        if len(body) < ENTRY_HEADER_SIZE:
+            raise BadRequestError(f"ledger {ledger_id} entry {entry_id}: entry of {len(body)} "
+                                  f"bytes is shorter than the {ENTRY_HEADER_SIZE}-byte header")
+        blid, beid, lac, _length = ENTRY_HEADER.unpack_from(body)
+        if blid != ledger_id or beid != entry_id or entry_id < 0:
             raise BadRequestError(
                 f"add of ({ledger_id}, {entry_id}) carries an entry framed as ({blid}, {beid})")
-        st = self.index.get(ledger_id)
-        if st is not None and st.deleted:
-            raise LedgerFencedError(f"ledger {ledger_id} was deleted on this bookie")
-        self._check_key(ledger_id, st, master_key)
-        if st is not None and st.fenced and not recovery:
-            raise LedgerFencedError(f"ledger {ledger_id} is fenced")
-        pending = self._pending.get((ledger_id, entry_id))
+        st = self.index.ledgers.get(ledger_id)
+        if st is not None:
+            if st.deleted:
+                raise LedgerFencedError(f"ledger {ledger_id} was deleted on this bookie")
+            if st.master_key is not None and st.master_key != master_key:
+                raise UnauthorizedError(f"ledger {ledger_id}: master key does not match")
+            if st.fenced and not recovery:
+                raise LedgerFencedError(f"ledger {ledger_id} is fenced")
+        key = (ledger_id, entry_id)
+        pending = self._pending.get(key)
         if pending is not None:
             if pending[0] != body:
                 raise EntryExistsError(
@@ -381,13 +402,13 @@ class LedgerStore:
                 return fut
         if st is None:
             st = self.index.ledger(ledger_id)
-        key_rec = self._key_record(ledger_id, st, master_key)
+        if st.master_key is None:
+            self.journal.append(self._key_record(ledger_id, st, master_key),
+                                (ledger_id, -1, -1, 0))
         rec = encode_entry(ledger_id, entry_id, body)
-        if key_rec:
-            self.journal.append(key_rec, (ledger_id, -1, -1, 0))
         fut = self.journal.append(rec, (ledger_id, entry_id, lac, len(rec)))
         if not fut.done():
-            self._pending[(ledger_id, entry_id)] = (body, fut)
+            self._pending[key] = (body, fut)
         return fut
 
     def fence(self, ledger_id: int, master_key: bytes) -> Awaitable[None]:
