@@ -29,11 +29,12 @@ import collections
 import hmac
 import logging
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pybk.errors import BKError, ProtocolError
 from pybk.protocol import AuthRequest, AuthResponse, Request, Response, Status, error_response
@@ -62,29 +63,40 @@ class ServerConfig:
 
 
 class ServerStats:
-    """Event counters (``stats["frame_too_large"]``...) mirrored into prometheus."""
+    """Event counters (``stats["frame_too_large"]``...), exported to prometheus at scrape time.
+
+    Counting is a dict increment (it happens per request on the hot path); the prometheus
+    view is a collector registered in the server's registry that reads the dict when scraped:
+    ``pybk_server_events_total{event=...}`` and ``pybk_server_connections``.
+    """
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.counts: collections.Counter[str] = collections.Counter()
-        self._counter = Counter(
-            "pybk_server_events", "Connection and frame events", ["event"], registry=registry
-        )
         self.open_connections = 0
-        self._gauge = Gauge("pybk_server_connections", "Open connections", registry=registry)
+        registry.register(self)
 
     def incr(self, event: str, n: int = 1) -> None:
         self.counts[event] += n
-        self._counter.labels(event).inc(n)
 
     def set_open(self, n: int) -> None:
         self.open_connections = n
-        self._gauge.set(n)
 
     def __getitem__(self, event: str) -> int:
         return self.counts[event]
 
     def as_dict(self) -> dict[str, int]:
         return dict(sorted(self.counts.items()))
+
+    def collect(self) -> Iterator[Metric]:
+        events = CounterMetricFamily(
+            "pybk_server_events", "Connection and frame events", labels=["event"]
+        )
+        for event, count in sorted(self.counts.items()):
+            events.add_metric([event], count)
+        yield events
+        yield GaugeMetricFamily(
+            "pybk_server_connections", "Open connections", value=self.open_connections
+        )
 
 
 def _classify(exc: ProtocolError) -> str:

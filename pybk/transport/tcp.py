@@ -22,7 +22,9 @@ UnauthorizedError), not a transport failure: retrying another bookie would not h
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
+import math
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -70,17 +72,11 @@ def registry_resolver(store: MetadataStore) -> Resolver:
 
 
 class _Pending:
-    __slots__ = ("future", "request", "timer")
+    __slots__ = ("future", "request")
 
-    def __init__(
-        self,
-        future: asyncio.Future[Response],
-        request: Request,
-        timer: asyncio.TimerHandle | None,
-    ) -> None:
+    def __init__(self, future: asyncio.Future[Response], request: Request) -> None:
         self.future = future
         self.request = request
-        self.timer = timer
 
 
 class _ClientConnection(asyncio.Protocol):
@@ -99,6 +95,12 @@ class _ClientConnection(asyncio.Protocol):
         self.closed = False
         self.address = "?"
         self.auth_id: int | None = None
+        # Request timeouts: a heap of (deadline, request id) and ONE loop timer armed at the
+        # earliest deadline, instead of a TimerHandle per request (thousands in flight).
+        # Answered requests stay in the heap until their deadline or a compaction.
+        self.deadlines: list[tuple[float, int]] = []
+        self.timer: asyncio.TimerHandle | None = None
+        self.timer_at = math.inf
         if owner.auth_token is not None:
             self.auth_id = self._enqueue(AuthRequest(owner.auth_token), None, None)
 
@@ -114,12 +116,9 @@ class _ClientConnection(asyncio.Protocol):
         self.next_id += 1
         frame = codec.encode_request(request_id, request)  # ValueError: caller's bad request
         if future is not None:
-            timer = (
-                self.loop.call_later(timeout, self._expire, request_id)
-                if timeout is not None
-                else None
-            )
-            self.pending[request_id] = _Pending(future, request, timer)
+            self.pending[request_id] = _Pending(future, request)
+            if timeout is not None:
+                self._add_deadline(self.loop.time() + timeout, request_id)
         self.out.append(frame)
         if self.transport is not None and not self.flush_scheduled:
             self.flush_scheduled = True
@@ -137,14 +136,35 @@ class _ClientConnection(asyncio.Protocol):
             self.transport.write(self.out[0] if len(self.out) == 1 else b"".join(self.out))
         self.out.clear()
 
-    def _expire(self, request_id: int) -> None:
-        entry = self.pending.pop(request_id, None)
-        if entry is not None and not entry.future.done():
-            entry.future.set_exception(
-                TimeoutError(
-                    f"bookie {self.bookie_id}: no answer to {entry.request.op.name} in time"
+    def _add_deadline(self, deadline: float, request_id: int) -> None:
+        heap = self.deadlines
+        heapq.heappush(heap, (deadline, request_id))
+        if len(heap) > 2 * len(self.pending) + 1024:  # drop answered requests' deadlines
+            heap[:] = [d for d in heap if d[1] in self.pending]
+            heapq.heapify(heap)
+        if deadline < self.timer_at:
+            self._arm(deadline)
+
+    def _arm(self, when: float) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.timer_at = when
+        self.timer = self.loop.call_at(when, self._expire_due)
+
+    def _expire_due(self) -> None:
+        self.timer, self.timer_at = None, math.inf
+        heap, now = self.deadlines, self.loop.time()
+        while heap and heap[0][0] <= now:
+            _, request_id = heapq.heappop(heap)
+            entry = self.pending.pop(request_id, None)
+            if entry is not None and not entry.future.done():
+                entry.future.set_exception(
+                    TimeoutError(
+                        f"bookie {self.bookie_id}: no answer to {entry.request.op.name} in time"
+                    )
                 )
-            )
+        if heap:
+            self._arm(heap[0][0])
 
     # -- asyncio callbacks -------------------------------------------------------------------
 
@@ -177,8 +197,6 @@ class _ClientConnection(asyncio.Protocol):
             entry = self.pending.pop(event.request_id, None)
             if entry is None:
                 continue  # timed out already
-            if entry.timer is not None:
-                entry.timer.cancel()
             if event.response.op is not entry.request.op:
                 self.fail(
                     f"bookie {self.bookie_id} answered {entry.request.op.name} with "
@@ -198,8 +216,6 @@ class _ClientConnection(asyncio.Protocol):
         """The bookie refused our token: every pending request gets an UNAUTHORIZED answer."""
         pending, self.pending = self.pending, {}
         for entry in pending.values():
-            if entry.timer is not None:
-                entry.timer.cancel()
             if not entry.future.done():
                 entry.future.set_result(error_response(entry.request, Status.UNAUTHORIZED, message))
         self.fail(message)
@@ -213,9 +229,11 @@ class _ClientConnection(asyncio.Protocol):
             self.transport.abort()
         pending, self.pending = self.pending, {}
         self.out.clear()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer, self.timer_at = None, math.inf
+        self.deadlines.clear()
         for entry in pending.values():
-            if entry.timer is not None:
-                entry.timer.cancel()
             if not entry.future.done():
                 entry.future.set_exception(BookieUnavailableError(message))
 

@@ -311,3 +311,72 @@ def test_hold_after_auth_leaves_following_frames_buffered():
     conn.hold_after_auth = False
     [ev] = conn.receive_data(b"")
     assert isinstance(ev, RequestReceived) and ev.request_id == 2
+
+
+# ----------------------------------------------------------- fast paths == generic paths
+
+
+def _generic_request(rid: int, req) -> bytes:
+    w = codec._Writer()
+    flags = codec._encode_request_body(req, w)
+    return codec._frame(int(req.op), flags, rid, w.parts)
+
+
+def _generic_response(rid: int, resp) -> bytes:
+    w = codec._Writer()
+    codec._encode_response_body(resp, w)
+    return codec._frame(int(resp.op), codec.FLAG_RESPONSE, rid, w.parts)
+
+
+def _outcome(fn, *args):
+    try:
+        return ("ok", fn(*args))
+    except ProtocolError:
+        return ("error", None)
+
+
+@FAST
+@given(u64, st.builds(AddRequest, i64, i64, blob, blob, st.booleans()),
+       st.builds(AddResponse, status, i64, i64, st.text(max_size=40)))  # fmt: skip
+def test_add_fast_encoders_match_generic(rid, req, resp):
+    assert encode_request(rid, req) == _generic_request(rid, req)
+    assert encode_response(rid, resp) == _generic_response(rid, resp)
+
+
+@FAST
+@given(
+    st.sampled_from(["req", "resp"]),
+    st.binary(max_size=80),
+    st.integers(0, 3),
+)
+def test_add_fast_decoders_agree_with_generic_on_any_body(kind, body, flags):
+    """Any ADD body: the fast decoder and the generic one accept/refuse alike."""
+    if kind == "req":
+        frame = bytes(4 + 12) + body
+        fast = _outcome(codec._fast_add_request, frame, flags & codec.FLAG_RECOVERY)
+        generic = _outcome(
+            codec._decode_request, Op.ADD, flags & codec.FLAG_RECOVERY,
+            codec._Reader(memoryview(body)),
+        )  # fmt: skip
+    else:
+        frame = bytes(4 + 12) + body
+        fast = _outcome(codec._fast_add_response, frame)
+        generic = _outcome(codec._decode_response, Op.ADD, codec._Reader(memoryview(body)))
+    assert fast == generic
+
+
+def test_add_fast_decoders_on_valid_prefixes():
+    req = AddRequest(3, 4, b"key", b"body", recovery=True)
+    body = _generic_request(1, req)[8 + 12 :]
+    for cut in range(len(body) + 1):
+        part = body[:cut]
+        assert _outcome(codec._fast_add_request, bytes(16) + part, codec.FLAG_RECOVERY) == _outcome(
+            codec._decode_request, Op.ADD, codec.FLAG_RECOVERY, codec._Reader(memoryview(part))
+        )
+    resp = AddResponse(Status.FENCED, 3, 4, "fenced ✓")
+    body = _generic_response(1, resp)[8 + 12 :]
+    for cut in range(len(body) + 1):
+        part = body[:cut]
+        assert _outcome(codec._fast_add_response, bytes(16) + part) == _outcome(
+            codec._decode_response, Op.ADD, codec._Reader(memoryview(part))
+        )

@@ -311,3 +311,24 @@ async def test_peer_that_never_reads_responses_is_cut_off(stub):
         assert len(server.connections) == 0
         writer.transport.abort()
         await _good_client_round_trip(server)
+
+
+async def test_mixed_timeouts_expire_in_deadline_order(stub):
+    async with BookieServer(stub.handle) as server:
+        transport = TcpTransport(_resolver(server))
+        stub.hold = True
+        slow_ok = transport.send("b1", AddRequest(1, 0, b"k", b"a"), 30.0)
+        fast_timeout = transport.send("b1", AddRequest(1, 1, b"k", b"b"), 0.2)
+        with pytest.raises(TimeoutError):
+            await fast_timeout
+        assert not slow_ok.done()
+        stub.release_all()
+        assert (await slow_ok).status == Status.OK
+        # answered requests' deadlines do not pile up: the heap is compacted
+        for _ in range(5):
+            await asyncio.gather(
+                *(transport.send("b1", ReadLacRequest(1), 30.0) for _ in range(1000))
+            )
+        [conn] = transport._conns.values()
+        assert len(conn.deadlines) <= 2 * len(conn.pending) + 1024 + 1000
+        await transport.close()
