@@ -280,3 +280,17 @@ async def test_checkpoint_beyond_the_journal_is_corruption():
     fs.truncate(path, SEGMENT_HEADER_SIZE + 10)
     with pytest.raises(CorruptRecordError):
         await new_store(fs)
+
+
+async def test_read_range_returns_held_entries_and_raises_on_damage():
+    fs = MemFileSystem()
+    s = await new_store(fs)
+    for e in (0, 1, 2, 5, 6):
+        await s.add(1, e, frame(1, e), b"k")
+    assert s.read_range(1, 1, 5) == [(1, frame(1, 1)), (2, frame(1, 2)), (5, frame(1, 5))]
+    assert s.read_range(1, 7, 9) == []
+    loc = s.index.ledgers[1].entries[2]
+    fs.flip_bit(s.journal_path(loc.seg), loc.offset + loc.size - 1)
+    with pytest.raises(CorruptRecordError):
+        s.read_range(1, 0, 6)
+    await s.close()
