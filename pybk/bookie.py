@@ -254,6 +254,9 @@ class Bookie:
 
             self.store.abandon(BookieUnavailableError(f"bookie {self.bookie_id} crashed"))
         self.store = None
+        if self._own_fs:  # release the sync thread and descriptors (waits for an in-flight
+            self.fs.close()  # fdatasync at most; nothing new is written)
+            self._fs_closed = True
 
     def _cancel_background(self) -> None:
         for t in self._timers:
