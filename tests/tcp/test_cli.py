@@ -166,3 +166,27 @@ def test_cluster_with_auth_token(tmp_path):
         assert r.exit_code == 0, r.output
     finally:
         _pybk("cluster", "down", "--root", str(root))
+
+
+def test_bookie_refusing_to_start_exits_1_with_the_cause(tmp_path):
+    """A bookie whose data directory was wiped must not start (cookie check): exit status 1
+    and one line naming BookieStateError, not a traceback."""
+    import shutil
+    import signal
+
+    from pybk.cli import spawn_bookie, wait_ready
+
+    root = tmp_path / "c"
+    metadata = f"sqlite://{tmp_path / 'meta.db'}"
+    proc = spawn_bookie(root, "b1", metadata)
+    try:
+        wait_ready(root, "b1", proc, 60)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    shutil.rmtree(root / "bookies" / "b1")
+    out = _pybk("bookie", "--data", str(root / "bookies" / "b1"), "--port", "0",
+                "--bookie-id", "b1", "--metadata", metadata)  # fmt: skip
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1].startswith("pybk: error: BookieStateError")
+    assert "Traceback" not in out.stderr
