@@ -272,8 +272,19 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     # -- the async bridge ----------------------------------------------------------------------
 
-    async def _call(self, op: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Run ``self._zk.<method>_async(*args)`` without blocking the loop; map errors."""
+    async def _call(
+        self,
+        op: str,
+        method: str,
+        *args: Any,
+        expect: tuple[type[Exception], ...] = (),
+        **kwargs: Any,
+    ) -> Any:
+        """Run ``self._zk.<method>_async(*args, **kwargs)`` without blocking the loop.
+
+        kazoo errors listed in ``expect`` propagate (the caller maps them to pybk errors);
+        every other failure becomes MetadataStoreError naming the operation.
+        """
         await self._ensure_started()
         if not self._connected:
             raise MetadataStoreError(
@@ -301,11 +312,16 @@ class ZooKeeperMetadataStore(MetadataStore):
             ) from None
         try:
             return result.get_nowait()
-        except (BadVersionError, NoNodeError, NodeExistsError, NotEmptyError):
+        except expect:
             raise
         except (SessionExpiredError, ConnectionClosedError) as exc:
             raise MetadataStoreError(
                 f"ZooKeeper {self.hosts}: session expired during {op}; outcome unknown"
+            ) from exc
+        except (NoNodeError, NodeExistsError, BadVersionError, NotEmptyError) as exc:
+            raise MetadataStoreError(
+                f"ZooKeeper {self.hosts}: {op}: unexpected {type(exc).__name__} "
+                f"(was {self.root} changed by hand?)"
             ) from exc
         except (KazooException, ZookeeperError) as exc:
             raise MetadataStoreError(
@@ -331,6 +347,7 @@ class ZooKeeperMetadataStore(MetadataStore):
                 await self._call(
                     "allocate_ledger_id", "set", path,
                     str(first + self._id_block).encode(), version=stat.version,
+                    expect=(BadVersionError,),
                 )
             except BadVersionError:
                 continue  # another client claimed this block first
@@ -343,7 +360,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         try:
             await self._call(
                 "create_ledger", "create", self._ledger_path(lid), metadata.to_bytes(),
-                makepath=True,
+                makepath=True, expect=(NodeExistsError,),
             )
         except NodeExistsError:
             raise LedgerExistsError(f"ledger {lid} already exists") from None
@@ -353,7 +370,9 @@ class ZooKeeperMetadataStore(MetadataStore):
     async def read_ledger(self, ledger_id: int) -> LedgerMetadata:
         check_ledger_id(ledger_id)
         try:
-            data, stat = await self._call("read_ledger", "get", self._ledger_path(ledger_id))
+            data, stat = await self._call(
+                "read_ledger", "get", self._ledger_path(ledger_id), expect=(NoNodeError,)
+            )
         except NoNodeError:
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
         md = LedgerMetadata.from_bytes(data, stat.version)
@@ -363,10 +382,13 @@ class ZooKeeperMetadataStore(MetadataStore):
     async def write_ledger(self, metadata: LedgerMetadata, expected_version: int) -> LedgerMetadata:
         check_metadata(metadata)
         lid = metadata.ledger_id
+        if expected_version < 0:  # ZooKeeper reads version -1 as "any version": never a CAS
+            await self.read_ledger(lid)  # NoSuchLedgerError when absent, like the others
+            raise MetadataVersionError(f"ledger {lid}: version {expected_version} is stale")
         try:
             stat = await self._call(
                 "write_ledger", "set", self._ledger_path(lid), metadata.to_bytes(),
-                version=expected_version,
+                version=expected_version, expect=(BadVersionError, NoNodeError),
             )
         except BadVersionError:
             raise MetadataVersionError(
@@ -379,10 +401,16 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     async def delete_ledger(self, ledger_id: int, expected_version: int | None = None) -> None:
         check_ledger_id(ledger_id)
+        if expected_version is not None and expected_version < 0:
+            await self.read_ledger(ledger_id)
+            raise MetadataVersionError(
+                f"ledger {ledger_id}: version {expected_version} is stale"
+            )
         try:
             await self._call(
                 "delete_ledger", "delete", self._ledger_path(ledger_id),
                 version=-1 if expected_version is None else expected_version,
+                expect=(BadVersionError, NoNodeError),
             )
         except BadVersionError:
             raise MetadataVersionError(
@@ -394,7 +422,7 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     async def _children(self, op: str, path: str) -> list[str]:
         try:
-            return sorted(await self._call(op, "get_children", path))
+            return sorted(await self._call(op, "get_children", path, expect=(NoNodeError,)))
         except NoNodeError:
             return []  # removed meanwhile
 
@@ -426,11 +454,16 @@ class ZooKeeperMetadataStore(MetadataStore):
         data = json.dumps({"address": reg.address}).encode()
         for _ in range(5):
             try:
-                await self._call("register_bookie", "create", path, data, ephemeral=True)
+                await self._call(
+                    "register_bookie", "create", path, data, ephemeral=True,
+                    expect=(NodeExistsError,),
+                )
                 break
             except NodeExistsError:
                 try:
-                    old, stat = await self._call("register_bookie", "get", path)
+                    old, stat = await self._call(
+                        "register_bookie", "get", path, expect=(NoNodeError,)
+                    )
                 except NoNodeError:
                     continue
                 if stat.ephemeralOwner == self._session_id and old == data:
@@ -444,12 +477,16 @@ class ZooKeeperMetadataStore(MetadataStore):
                     return
                 # someone else's (a previous incarnation of this bookie) or stale: replace
                 with contextlib.suppress(NoNodeError, BadVersionError):
-                    await self._call("register_bookie", "delete", path, version=stat.version)
+                    await self._call(
+                        "register_bookie", "delete", path, version=stat.version,
+                        expect=(NoNodeError, BadVersionError),
+                    )
         else:
             raise MetadataStoreError(f"could not register bookie {reg.bookie_id}: contention")
         with contextlib.suppress(NoNodeError):
             await self._call(
-                "register_bookie", "delete", self._bookie_path(reg.bookie_id, not reg.read_only)
+                "register_bookie", "delete", self._bookie_path(reg.bookie_id, not reg.read_only),
+                expect=(NoNodeError,),
             )
 
     async def register_bookie(self, registration: BookieRegistration) -> None:
@@ -462,7 +499,10 @@ class ZooKeeperMetadataStore(MetadataStore):
         self._own.pop(bookie_id, None)
         for ro in (False, True):
             with contextlib.suppress(NoNodeError):
-                await self._call("unregister_bookie", "delete", self._bookie_path(bookie_id, ro))
+                await self._call(
+                    "unregister_bookie", "delete", self._bookie_path(bookie_id, ro),
+                    expect=(NoNodeError,),
+                )
 
     async def list_bookies(self) -> list[BookieRegistration]:
         found: dict[str, BookieRegistration] = {}
@@ -472,7 +512,9 @@ class ZooKeeperMetadataStore(MetadataStore):
 
             async def get(name: str, base: str = base) -> bytes | None:
                 try:
-                    data, _ = await self._call("list_bookies", "get", f"{base}/{name}")
+                    data, _ = await self._call(
+                        "list_bookies", "get", f"{base}/{name}", expect=(NoNodeError,)
+                    )
                     return bytes(data)
                 except NoNodeError:
                     return None
@@ -627,21 +669,24 @@ class ZooKeeperMetadataStore(MetadataStore):
         path = self._ur_path(ledger_id)
         for _ in range(100):
             try:
-                data, stat = await self._call("mark_under_replicated", "get", path)
+                data, stat = await self._call(
+                    "mark_under_replicated", "get", path, expect=(NoNodeError,)
+                )
             except NoNodeError:
                 value = json.dumps(merge_missing([], missing_bookies)).encode()
                 try:
                     await self._call(
-                        "mark_under_replicated", "create", path, value, makepath=True
+                        "mark_under_replicated", "create", path, value, makepath=True,
+                        expect=(NodeExistsError, NoNodeError),
                     )
                     return
-                except NodeExistsError:
+                except (NodeExistsError, NoNodeError):
                     continue
             merged = merge_missing(_parse_missing(data, ledger_id), missing_bookies)
             try:
                 await self._call(
                     "mark_under_replicated", "set", path, json.dumps(merged).encode(),
-                    version=stat.version,
+                    version=stat.version, expect=(BadVersionError, NoNodeError),
                 )
                 return
             except (BadVersionError, NoNodeError):
@@ -653,7 +698,9 @@ class ZooKeeperMetadataStore(MetadataStore):
         out: dict[int, list[str]] = {}
         for lid, path in await self._walk("list_under_replicated", base, "urL"):
             try:
-                data, _ = await self._call("list_under_replicated", "get", path)
+                data, _ = await self._call(
+                    "list_under_replicated", "get", path, expect=(NoNodeError,)
+                )
             except NoNodeError:
                 continue
             out[lid] = _parse_missing(data, lid)
@@ -662,14 +709,19 @@ class ZooKeeperMetadataStore(MetadataStore):
     async def clear_under_replicated(self, ledger_id: int) -> None:
         check_ledger_id(ledger_id)
         with contextlib.suppress(NoNodeError):
-            await self._call("clear_under_replicated", "delete", self._ur_path(ledger_id))
+            await self._call(
+                "clear_under_replicated", "delete", self._ur_path(ledger_id),
+                expect=(NoNodeError,),
+            )
 
     # -- cookies -------------------------------------------------------------------------------
 
     async def read_cookie(self, bookie_id: str) -> bytes | None:
         check_bookie_id(bookie_id)
         try:
-            data, _ = await self._call("read_cookie", "get", self._p("cookies", bookie_id))
+            data, _ = await self._call(
+                "read_cookie", "get", self._p("cookies", bookie_id), expect=(NoNodeError,)
+            )
         except NoNodeError:
             return None
         return bytes(data)
@@ -681,11 +733,13 @@ class ZooKeeperMetadataStore(MetadataStore):
         path = self._p("cookies", bookie_id)
         for _ in range(10):
             try:
-                await self._call("write_cookie", "set", path, bytes(cookie))
+                await self._call("write_cookie", "set", path, bytes(cookie), expect=(NoNodeError,))
                 return
             except NoNodeError:
                 try:
-                    await self._call("write_cookie", "create", path, bytes(cookie))
+                    await self._call(
+                        "write_cookie", "create", path, bytes(cookie), expect=(NodeExistsError,)
+                    )
                     return
                 except NodeExistsError:
                     continue
@@ -694,7 +748,9 @@ class ZooKeeperMetadataStore(MetadataStore):
     async def delete_cookie(self, bookie_id: str) -> None:
         check_bookie_id(bookie_id)
         with contextlib.suppress(NoNodeError):
-            await self._call("delete_cookie", "delete", self._p("cookies", bookie_id))
+            await self._call(
+                "delete_cookie", "delete", self._p("cookies", bookie_id), expect=(NoNodeError,)
+            )
 
     # -- test hooks / lifecycle ----------------------------------------------------------------
 

@@ -237,6 +237,19 @@ async def check_cas_conflict(backend: MetadataBackend) -> None:
         pass
     else:
         raise AssertionError("a CAS with a stale version did not raise MetadataVersionError")
+    for never_stored in (-1, -7):  # "never stored" is never the current version
+        try:
+            await a.write_ledger(v0.with_changes(length=3), never_stored)
+        except MetadataVersionError:
+            pass
+        else:
+            raise AssertionError(f"a CAS with version {never_stored} was accepted")
+        try:
+            await a.delete_ledger(lid, expected_version=never_stored)
+        except MetadataVersionError:
+            pass
+        else:
+            raise AssertionError(f"a delete with version {never_stored} was accepted")
     now = await a.read_ledger(lid)
     assert now.state == IN_RECOVERY and now.version == v1.version, now
     v2 = await a.write_ledger(now.with_changes(state=CLOSED, last_entry_id=9), now.version)
