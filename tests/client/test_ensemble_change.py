@@ -70,7 +70,7 @@ async def test_one_failure_nothing_confirmed_replaces_in_place() -> None:
 
 
 async def test_one_failure_after_one_entry_adds_fragment() -> None:
-    async with gated() as (cluster, gate, store):
+    async with gated() as (cluster, _gate, store):
         lh = await new_ledger(cluster, 3, 3, 2, ["b4"])
         b = lh.metadata.ensembles[0]
         await lh.append(b"e0")
@@ -142,7 +142,7 @@ async def test_failure_of_bookie_not_in_write_set_is_not_resent() -> None:
 
 
 async def test_not_enough_bookies_fails_pending_adds() -> None:
-    async with gated() as (cluster, gate, store):
+    async with gated() as (cluster, _gate, store):
         lh = await new_ledger(cluster, 3, 3, 3, ["b4"])
         b = lh.metadata.ensembles[0]
         await lh.append(b"e0")
@@ -219,7 +219,7 @@ async def test_client_closes_while_change_in_progress() -> None:
 
 
 async def test_metadata_store_failure_fails_adds() -> None:
-    async with gated() as (cluster, gate, store):
+    async with gated() as (cluster, gate, _store):
         lh = await new_ledger(cluster, 3, 3, 2, ["b4"])
         b = lh.metadata.ensembles[0]
 
@@ -235,7 +235,7 @@ async def test_metadata_store_failure_fails_adds() -> None:
 
 async def test_timeout_triggers_change() -> None:
     config = ClientConfig(add_timeout=0.2, read_timeout=2.0, speculative_read_delay=0)
-    async with gated(config=config) as (cluster, gate, store):
+    async with gated(config=config) as (cluster, _gate, store):
         lh = await new_ledger(cluster, 3, 2, 2, ["b4"])
         b = lh.metadata.ensembles[0]
         cluster.transport.hooks.drop(b[1], op=Op.ADD)  # b1 never answers: the add times out

@@ -18,6 +18,7 @@ from pybk.errors import (
 from pybk.metadata.base import CLOSED, OPEN
 from pybk.protocol import DigestManager, Op
 from pybk.replication.reader import ReadHandle
+
 from .conftest import mem_cluster, until
 
 

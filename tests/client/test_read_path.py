@@ -1,0 +1,184 @@
+"""The read path: failover past bad replicas, speculative reads, LAC reads, long polls,
+tailing, explicit LAC, and bad arguments."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from pybk.errors import BookieUnavailableError, DigestMismatchError, NoSuchEntryError
+from pybk.protocol import AddRequest, DigestManager, Op, Status, master_key
+from pybk.replication.context import ClientConfig
+
+from .conftest import mem_cluster, until
+
+
+async def seed(cluster: Any, bookie: str, ledger_id: int, entry_id: int, body: bytes) -> None:
+    request = AddRequest(ledger_id, entry_id, master_key(b""), body)
+    resp = await cluster.bookie(bookie).handle(request)
+    assert resp.status == Status.OK, resp
+
+
+async def closed_ledger_with_bodies(cluster: Any, bodies: dict[str, bytes]) -> Any:
+    """A closed E=Qw=3 ledger with one entry whose replicas are ``bodies[bookie]``."""
+    lh = await cluster.client().create_ledger(3, 3, 2)
+    order = tuple(bodies)
+    md = await cluster.store.read_ledger(lh.id)
+    await cluster.store.write_ledger(
+        md.with_changes(ensembles={0: order}, state="CLOSED", last_entry_id=0, length=5),
+        md.version,
+    )
+    for bookie, body in bodies.items():
+        await seed(cluster, bookie, lh.id, 0, body)
+    return lh
+
+
+async def test_corrupted_replica_is_skipped() -> None:
+    async with mem_cluster(["b1", "b2", "b3"]) as cluster:
+        good = DigestManager(0).frame(0, -1, 5, b"hello")
+        bad = bytearray(good)
+        bad[-1] ^= 0x01  # one flipped bit in the payload
+        await closed_ledger_with_bodies(cluster, {"b1": bytes(bad), "b2": good, "b3": good})
+        rh = await cluster.client().open_ledger(0)
+        assert [e.data for e in await rh.read(0, 0)] == [b"hello"]  # b1 is asked first
+
+
+async def test_all_replicas_corrupted_raises_digest_mismatch() -> None:
+    async with mem_cluster(["b1", "b2", "b3"]) as cluster:
+        good = DigestManager(0).frame(0, -1, 5, b"hello")
+        bad = good[:-1] + bytes([good[-1] ^ 0xFF])
+        await closed_ledger_with_bodies(cluster, {"b1": bad, "b2": bad, "b3": bad})
+        rh = await cluster.client().open_ledger(0)
+        with pytest.raises(DigestMismatchError, match="no replica returned a valid copy"):
+            await rh.read(0, 0)
+
+
+async def test_failover_on_errors_and_missing_replicas() -> None:
+    async with mem_cluster(3) as cluster:
+        lh = await cluster.client().create_ledger(3, 3, 2)
+        await lh.append_many([b"a", b"b", b"c"])
+        await lh.close()
+        t = cluster.local_transport()
+        b = lh.metadata.ensembles[0]
+        t.hooks.unavailable(b[0], op=Op.READ)
+        t.hooks.fail(b[1], op=Op.READ, status=Status.IO_ERROR)
+        rh = await cluster.client(transport=t).open_ledger(lh.id, recovery=False)
+        assert [e.data for e in await rh.read(0, 2)] == [b"a", b"b", b"c"]
+        t.hooks.fail(b[2], op=Op.READ, status=Status.NO_SUCH_ENTRY)
+        with pytest.raises(BookieUnavailableError, match="every replica failed"):
+            await rh.read(0, 0)
+
+
+async def test_no_replica_has_entry() -> None:
+    async with mem_cluster(3) as cluster:
+        lh = await cluster.client().create_ledger(3, 2, 2)
+        await lh.append(b"a")
+        rh = await cluster.client().open_ledger(lh.id, recovery=False)
+        with pytest.raises(NoSuchEntryError, match="no replica holds it"):
+            await rh.read_unconfirmed(5, 5)
+        await lh.close()
+
+
+async def test_speculative_read_goes_to_next_replica() -> None:
+    config = ClientConfig(read_timeout=30, speculative_read_delay=0.02)
+    async with mem_cluster(3) as cluster:
+        lh = await cluster.client().create_ledger(3, 3, 2)
+        await lh.append_many([b"a", b"b"])
+        await lh.close()
+        t = cluster.local_transport()
+        slow = t.hooks.hold(lh.metadata.ensembles[0][0], op=Op.READ)
+        rh = await cluster.client(transport=t, config=config).open_ledger(lh.id)
+        assert [e.data for e in await rh.read(0, 0)] == [b"a"]
+        assert slow.matched == 1  # the slow replica was asked first, then skipped
+        t.hooks.clear(release=False)
+
+
+async def test_read_arguments_are_checked() -> None:
+    async with mem_cluster(3) as cluster:
+        lh = await cluster.client().create_ledger()
+        await lh.append_many([b"a", b"b"])
+        await lh.close()
+        rh = await cluster.client().open_ledger(lh.id)
+        with pytest.raises(ValueError, match="first must be >= 0"):
+            await rh.read(-1, 0)
+        with pytest.raises(ValueError, match=r"last \(0\) must be >= first \(1\)"):
+            await rh.read(1, 0)
+        with pytest.raises(ValueError, match="beyond the last add confirmed"):
+            await rh.read(0, 2)
+        with pytest.raises(ValueError, match="closed at entry 1"):
+            await rh.read_unconfirmed(0, 2)
+        with pytest.raises(TypeError, match="first"):
+            await rh.read("0", 1)  # type: ignore[arg-type]
+
+
+async def test_lac_read_needs_coverage() -> None:
+    async with mem_cluster(3) as cluster:
+        lh = await cluster.client().create_ledger(3, 2, 2)
+        await lh.append(b"a")
+        t = cluster.local_transport()
+        b = lh.metadata.ensembles[0]
+        t.hooks.unavailable(b[0])
+        t.hooks.unavailable(b[1])
+        with pytest.raises(BookieUnavailableError, match="cannot read the LAC"):
+            await cluster.client(transport=t).open_ledger(lh.id, recovery=False)
+        await lh.close()
+
+
+async def test_long_poll_returns_entry_once_confirmed() -> None:
+    async with mem_cluster(3) as cluster:
+        lh = await cluster.client().create_ledger(3, 2, 2)
+        await lh.append(b"e0")
+        await lh.append(b"e1")
+        rh = await cluster.client().open_ledger(lh.id, recovery=False)
+        assert rh.last_add_confirmed == 0
+        assert (await rh.read_last_add_confirmed_and_entry(0, timeout=0.01)).data == b"e0"  # type: ignore[union-attr]
+        poll = asyncio.ensure_future(rh.read_last_add_confirmed_and_entry(1, timeout=30))
+        await asyncio.sleep(0)
+        assert not poll.done()
+        await lh.append(b"e2")  # carries LAC 1: the bookies' LAC passes 0
+        entry = await asyncio.wait_for(poll, 10)
+        assert entry is not None and (entry.entry_id, entry.data) == (1, b"e1")
+        assert rh.last_add_confirmed >= 1
+        assert await rh.read_last_add_confirmed_and_entry(5, timeout=0.05) is None
+        await lh.close()
+
+
+async def test_tail_follows_writer_until_close() -> None:
+    config = ClientConfig(read_timeout=5, speculative_read_delay=0, long_poll_timeout=5)
+    async with mem_cluster(3) as cluster:
+        lh = await cluster.client().create_ledger(3, 2, 2)
+        rh = await cluster.client(config=config).open_ledger(lh.id, recovery=False)
+        got: list[bytes] = []
+
+        async def follow() -> None:
+            async for entry in rh.tail(0):
+                got.append(entry.data)
+
+        follower = asyncio.ensure_future(follow())
+        for i in range(6):
+            await lh.append(b"t%d" % i)
+        await until(lambda: len(got) >= 5)  # entry 5 is not confirmed until close
+        await lh.close()
+        await asyncio.wait_for(follower, 10)  # ends when the ledger is closed
+        assert got == [b"t%d" % i for i in range(6)]
+
+
+async def test_explicit_lac_lets_reader_see_last_entry() -> None:
+    config = ClientConfig(explicit_lac_interval=0.01, speculative_read_delay=0)
+    async with mem_cluster(3) as cluster:
+        lh = await cluster.client(config=config).create_ledger(3, 2, 2)
+        for i in range(3):
+            await lh.append(b"x%d" % i)
+        rh = await cluster.client().open_ledger(lh.id, recovery=False)
+
+        async def lac() -> int:
+            return await rh.read_last_add_confirmed()
+
+        deadline = asyncio.get_running_loop().time() + 5
+        while await lac() < 2:
+            assert asyncio.get_running_loop().time() < deadline, "explicit LAC never arrived"
+            await asyncio.sleep(0.01)
+        assert [e.data for e in await rh.read(0, 2)] == [b"x0", b"x1", b"x2"]
+        await lh.close()
