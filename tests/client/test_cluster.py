@@ -1,0 +1,81 @@
+"""LocalCluster on the real disk with SQLite metadata, pybk.Client by URI, and pybk.sync."""
+
+from __future__ import annotations
+
+import asyncio
+import pathlib
+
+import pytest
+
+import pybk
+from pybk.errors import BookieStateError, LedgerFencedError
+
+
+async def test_local_cluster_on_disk(tmp_path: pathlib.Path) -> None:
+    async with pybk.LocalCluster(tmp_path, bookies=3) as cluster:
+        assert cluster.bookie_ids == ["bookie-0", "bookie-1", "bookie-2"]
+        assert all(cluster.bookie_dir(b).is_dir() for b in cluster.bookie_ids)
+        assert (tmp_path / "metadata.db").exists()
+        client = cluster.client()
+        lh = await client.create_ledger(3, 2, 2)
+        assert await lh.append_many([b"a", b"b", b"c"]) == [0, 1, 2]
+
+        # crash one ensemble bookie mid-stream; a fourth takes its place
+        victim = lh.metadata.ensembles[0][0]
+        spare = await cluster.add_bookie()
+        await cluster.stop_bookie(victim)
+        with pytest.raises(BookieStateError):
+            await cluster.stop_bookie(victim)
+        assert await lh.append(b"d") == 3
+        ensembles = (await client.ledger_metadata(lh.id)).ensembles
+        assert len(ensembles) == 2 and spare in ensembles[max(ensembles)]
+        assert victim not in ensembles[max(ensembles)]
+
+        # another client in this process, by metadata URI, reaches the same bookies
+        uri = f"sqlite:///{tmp_path}/metadata.db"
+        async with pybk.Client(metadata=uri) as other:
+            rh = await other.open_ledger(lh.id, recovery=True)
+            assert [e.data for e in await rh.read(0, 3)] == [b"a", b"b", b"c", b"d"]
+        with pytest.raises(LedgerFencedError):
+            await lh.append(b"late")
+
+        # restart the crashed bookie on its directory: it still holds its entries
+        await cluster.start_bookie(victim)
+        resp = await cluster.bookie(victim).handle(pybk.protocol.ListEntriesRequest(lh.id))
+        assert resp.ranges and resp.ranges[0][0] == 0
+
+
+async def test_reopen_cluster_keeps_data(tmp_path: pathlib.Path) -> None:
+    async with pybk.LocalCluster(tmp_path, bookies=3) as cluster:
+        lh = await cluster.client().create_ledger()
+        await lh.append_many([b"kept-%d" % i for i in range(5)])
+        await lh.close()
+        ledger_id = lh.id
+    async with pybk.LocalCluster(tmp_path, bookies=3) as cluster:
+        rh = await cluster.client().open_ledger(ledger_id)
+        assert [e.data for e in await rh.read(0, 4)] == [b"kept-%d" % i for i in range(5)]
+
+
+def test_sync_api(tmp_path: pathlib.Path) -> None:
+    with pybk.sync.LocalCluster(tmp_path, bookies=3) as c:
+        client = c.client()
+        lh = client.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
+        assert lh.append(b"x") == 0
+        assert lh.append_async(b"y").result(timeout=30) == 1
+        assert lh.append_many([b"z"]) == [2]
+        lh.close()
+        rh = c.client().open_ledger(lh.id)
+        assert [e.data for e in rh.read(0, 2)] == [b"x", b"y", b"z"]
+        assert [e.data for e in rh.tail(1)] == [b"y", b"z"]
+        assert client.list_ledgers() == [lh.id]
+
+
+def test_client_without_transport_needs_tcp_or_cluster() -> None:
+    async def main() -> None:
+        client = pybk.Client(metadata="memory://")
+        store = client.store  # builds the TCP transport (no LocalCluster uses this URI)
+        assert store is not None
+        assert type(client.transport).__name__ == "TcpTransport"
+        await client.close()
+
+    asyncio.run(main())
