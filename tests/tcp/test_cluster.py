@@ -15,11 +15,12 @@ import asyncio
 import pytest
 
 from pybk.client import Client
-from pybk.errors import BKError
+from pybk.errors import BKError, BookieUnavailableError
 from pybk.metadata import open_store
+from pybk.protocol import BookieInfoRequest, Status
 from pybk.replication.context import ClientConfig
 
-from .conftest import wait_until
+from .conftest import wait_until, wait_until_async
 from .proc_cluster import ProcCluster
 
 pytestmark = pytest.mark.integration
@@ -78,10 +79,26 @@ async def test_kill9_a_bookie_while_writing_then_restart_and_recover(cluster):
         assert len(md.ensembles) >= 2, "the writer should have replaced the killed bookie"
         assert victim not in md.last_ensemble
         ledger_id = lh.id
-    assert failures == [], failures[:3]
-    assert len(acked) == 1200
+        assert failures == [], failures[:3]
+        assert len(acked) == 1200
 
-    await cluster.start(victim)  # back on the same data directory (new port)
+        # read failover: the first fragment's entries come from the surviving replica
+        rh = await client.open_ledger(ledger_id, recovery=False)
+        first = await rh.read(0, 199)
+        assert [e.data for e in first] == [acked[i] for i in range(200)]
+
+        await cluster.start(victim)  # back on the same data directory, on a new port
+
+        async def victim_answers() -> bool:
+            # the same transport re-resolves the victim's new address through the registry
+            try:
+                resp = await client.transport.send(victim, BookieInfoRequest(), 5.0)
+            except BookieUnavailableError:
+                return False
+            return resp.status == Status.OK
+
+        await wait_until_async(victim_answers, 30, "restarted bookie reachable again")
+
     last = await _verify(cluster, ledger_id, acked)
     assert last == 1199
 
