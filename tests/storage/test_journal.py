@@ -294,3 +294,35 @@ async def test_read_range_returns_held_entries_and_raises_on_damage():
     with pytest.raises(CorruptRecordError):
         s.read_range(1, 0, 6)
     await s.close()
+
+
+async def test_compaction_crash_after_checkpoint_before_delete_is_finished_at_start():
+    from pybk.storage.fs import SimulatedCrash
+
+    fs = MemFileSystem()
+    s = await new_store(fs, segment_size=300)
+    for e in range(12):
+        await s.add(1, e, frame(1, e), b"k")
+        await s.add(2, e, frame(2, e), b"k")
+    await s.delete_ledger(2)
+    await s.fence(1, b"k")
+    before = fs.listdir("/d/journal")
+
+    def hook(op: str, path: str) -> None:
+        if op == "delete" and path.endswith(".seg"):
+            raise SimulatedCrash(path)
+
+    fs.fault_hook = hook
+    with pytest.raises(SimulatedCrash):
+        await s.compact(0.9)
+    fs.fault_hook = None
+    s.abandon(JournalFailedError("crash"))
+    fs.crash("drop")
+    s2 = await new_store(fs)
+    assert s2.report.leftovers_removed  # the retired segments named by the checkpoint
+    after = fs.listdir("/d/journal")
+    assert len(after) < len(before)
+    assert [s2.read(1, e) for e in range(12)] == [frame(1, e) for e in range(12)]
+    assert s2.index.ledgers[1].fenced and s2.index.ledgers[2].deleted
+    s2._check()
+    await s2.close()
