@@ -65,7 +65,7 @@ def fresh_error(exc: BaseException) -> BaseException:
 
 
 class _PendingAdd:
-    __slots__ = ("acks", "body", "entry_id", "future", "length", "sent", "tokens")
+    __slots__ = ("acks", "body", "entry_id", "future", "length", "request", "sent", "tokens")
 
     def __init__(
         self, entry_id: int, body: bytes, length: int, future: asyncio.Future[int], q: Quorums
@@ -77,6 +77,7 @@ class _PendingAdd:
         self.acks = AckSet(q)
         self.tokens: dict[int, int] = {}
         self.sent = False
+        self.request: AddRequest | None = None  # one request object for every replica
 
 
 class AddPipeline:
@@ -155,11 +156,14 @@ class AddPipeline:
         self._token += 1
         token = self._token
         op.tokens[index] = token
-        request = AddRequest(
-            self.ledger_id, op.entry_id, self.master_key, op.body, recovery=self.recovery
-        )
-        fut = self.ctx.transport.send(self.ensemble[index], request, self.ctx.config.add_timeout)
-        fut.add_done_callback(partial(self._on_reply, op, index, token, self.ensemble[index]))
+        request = op.request
+        if request is None:
+            request = op.request = AddRequest(
+                self.ledger_id, op.entry_id, self.master_key, op.body, recovery=self.recovery
+            )
+        bookie = self.ensemble[index]
+        fut = self.ctx.transport.send(bookie, request, self.ctx.config.add_timeout)
+        fut.add_done_callback(partial(self._on_reply, op, index, token, bookie))
 
     # -- replies -----------------------------------------------------------------------------
 

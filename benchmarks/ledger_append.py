@@ -1,0 +1,182 @@
+"""Replicated ledger appends on the real disk, next to one bookie alone and SQLite.
+
+For each quorum (E=3 Qw=2 Qa=2, and E=Qw=Qa=1), entry size (100 B, 1 KiB) and number of
+appends in flight (1, 64, 1024): a LocalCluster of 3 in-process bookies (real files, fsync)
+takes pipelined ``LedgerHandle.append`` calls for ``--duration`` seconds; we report
+entries/s and the p50/p99 latency from append to acknowledgement. In the same run:
+
+* one bookie driven directly (``Bookie.handle(AddRequest)``) with the same number in flight:
+  the ceiling the client's replication overhead is measured against;
+* SQLite (stdlib ``sqlite3``), WAL mode, ``synchronous=FULL``, one transaction per group of
+  ``in flight`` rows: what a user would otherwise pick.
+
+    python benchmarks/ledger_append.py [--duration 2] [--dir /tmp] [--inflight 1,64,1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import sqlite3
+import tempfile
+import time
+from collections.abc import Callable
+
+from pybk import LocalCluster
+from pybk.bookie import Bookie, BookieConfig
+from pybk.protocol import AddRequest, DigestManager, Response, Status, master_key
+from pybk.storage.fs import OsFileSystem
+
+
+def pct(samples: list[float], q: float) -> float:
+    if not samples:
+        return float("nan")
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+async def drive(
+    append: Callable[[], asyncio.Future[object]], inflight: int, duration: float
+) -> tuple[float, list[float]]:
+    """Keep ``inflight`` appends outstanding for ``duration`` s: (entries/s, latencies)."""
+    loop = asyncio.get_running_loop()
+    lat: list[float] = []
+    finished: asyncio.Future[None] = loop.create_future()
+    outstanding = 0
+    stop = loop.time() + duration
+
+    def issue() -> None:
+        nonlocal outstanding
+        t0 = time.perf_counter()
+        fut = append()
+        outstanding += 1
+        fut.add_done_callback(lambda f: done(f, t0))
+
+    def done(f: asyncio.Future[object], t0: float) -> None:
+        nonlocal outstanding
+        outstanding -= 1
+        exc = f.exception()
+        if exc is not None:
+            if not finished.done():
+                finished.set_exception(exc)
+            return
+        lat.append(time.perf_counter() - t0)
+        if loop.time() < stop:
+            issue()
+        elif outstanding == 0 and not finished.done():
+            finished.set_result(None)
+
+    start = time.perf_counter()
+    for _ in range(inflight):
+        issue()
+    await finished
+    return len(lat) / (time.perf_counter() - start), lat
+
+
+async def run_ledger(
+    cluster: LocalCluster, quorum: tuple[int, int, int], size: int, inflight: int,
+    duration: float,
+) -> tuple[float, list[float]]:
+    lh = await cluster.client().create_ledger(*quorum)
+    payload = os.urandom(size)
+    rate, lat = await drive(lambda: lh.append(payload), inflight, duration)  # type: ignore[arg-type,return-value]
+    await lh.close()
+    return rate, lat
+
+
+async def run_bookie(root: str, size: int, inflight: int, duration: float
+                     ) -> tuple[float, list[float]]:
+    bookie = Bookie("solo", os.path.join(root, f"solo-{size}-{inflight}"), fs=OsFileSystem(),
+                    config=BookieConfig(disk_check_interval=0, checkpoint_interval=0),
+                    rng=random.Random(1))
+    await bookie.start()
+    dm = DigestManager(1)
+    key = master_key(b"")
+    payload = os.urandom(size)
+    next_id = 0
+
+    def append() -> asyncio.Future[Response]:
+        nonlocal next_id
+        body = dm.frame(next_id, next_id - 1, 0, payload)
+        fut = asyncio.ensure_future(bookie.handle(AddRequest(1, next_id, key, body)))
+        next_id += 1
+        return fut
+
+    def checked() -> asyncio.Future[object]:
+        out: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+
+        def fin(f: asyncio.Future[Response]) -> None:
+            r = f.result()
+            if r.status != Status.OK:
+                out.set_exception(RuntimeError(f"bookie add failed: {r}"))
+            else:
+                out.set_result(r)
+
+        append().add_done_callback(fin)
+        return out
+
+    try:
+        return await drive(checked, inflight, duration)
+    finally:
+        await bookie.stop()
+
+
+def run_sqlite(root: str, size: int, group: int, duration: float) -> float:
+    path = os.path.join(root, f"sqlite-{size}-{group}.db")
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("CREATE TABLE log (id INTEGER PRIMARY KEY, data BLOB)")
+    payload = os.urandom(size)
+    rows = 0
+    start = time.perf_counter()
+    while time.perf_counter() - start < duration:
+        db.execute("BEGIN")
+        db.executemany("INSERT INTO log (data) VALUES (?)", [(payload,)] * group)
+        db.execute("COMMIT")
+        rows += group
+    rate = rows / (time.perf_counter() - start)
+    db.close()
+    return rate
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    inflights = [int(x) for x in args.inflight.split(",")]
+    sizes = [100, 1024]
+    quorums = [(3, 2, 2), (1, 1, 1)]
+    root = tempfile.mkdtemp(prefix="pybk-bench-", dir=args.dir)
+    print(f"ledger appends, {args.duration:.1f} s per config, data under {root}")
+    header = (f"{'quorum':>8} {'size':>5} {'inflight':>8} {'entries/s':>10} {'p50 ms':>8} "
+              f"{'p99 ms':>8} | {'1 bookie/s':>10} {'ratio':>6} | {'sqlite/s':>9} {'ratio':>6}")
+    print(header)
+    print("-" * len(header))
+    solo: dict[tuple[int, int], float] = {}
+    lite: dict[tuple[int, int], float] = {}
+    async with LocalCluster(os.path.join(root, "cluster"), bookies=3) as cluster:
+        for quorum in quorums:
+            for size in sizes:
+                for n in inflights:
+                    rate, lat = await run_ledger(cluster, quorum, size, n, args.duration)
+                    if (size, n) not in solo:
+                        solo[(size, n)], _ = await run_bookie(root, size, n, args.duration)
+                        lite[(size, n)] = run_sqlite(root, size, n, args.duration)
+                    s, q = solo[(size, n)], lite[(size, n)]
+                    name = "/".join(map(str, quorum))
+                    print(f"{name:>8} {size:>5} {n:>8} {rate:>10.0f} {pct(lat, .5) * 1e3:>8.2f} "
+                          f"{pct(lat, .99) * 1e3:>8.2f} | {s:>10.0f} {rate / s:>6.2f} | "
+                          f"{q:>9.0f} {rate / q:>6.2f}")
+    print("\nratio = ledger entries/s divided by the peer's entries/s on the same disk, same run")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=2.0)
+    parser.add_argument("--dir", default=None)
+    parser.add_argument("--inflight", default="1,64,1024")
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
