@@ -488,3 +488,22 @@ async def test_collect_garbage_rechecks_and_compaction_frees_segments(harness_cl
     assert await h.add(0, 999, key=master_key(b"nope")) == Status.UNAUTHORIZED
     for e in range(3, 60, 4):
         assert await h.read(3, e) == (Status.OK, h.frame(3, e))
+
+
+async def test_negative_entry_id_is_a_bad_request(harness):
+    body = DigestManager(1).frame(-5, -1, 0, b"x")
+    assert await harness.add(1, -5, body) == Status.BAD_REQUEST
+    assert await harness.add(1, 0) == Status.OK  # nothing else disturbed
+
+
+async def test_damaged_cookie_is_refused_clearly(harness_cls):
+    h = harness_cls()
+    await h.start()
+    await h.add(1, 0)
+    await h.bookie.stop()
+    h.fs.flip_bit(h.DATA_DIR + "/COOKIE", 40)
+    with pytest.raises(BookieStateError, match="damaged cookie"):
+        await h.start()
+    h.fs.flip_bit(h.DATA_DIR + "/COOKIE", 40)
+    await h.start()
+    assert await h.read(1, 0) == (Status.OK, h.frame(1, 0))
