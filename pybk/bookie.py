@@ -151,6 +151,7 @@ class Bookie:
         self._reason = "not started"
         self._disk_full = False  # read-only because of the disk (recoverable)
         self._journal_failed = False  # read-only for good (until restart)
+        self._journal_reason = ""
         self._waiters: dict[int, list[asyncio.Future[None]]] = {}
         self._timers: list[asyncio.TimerHandle] = []
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -187,6 +188,8 @@ class Bookie:
     def _refresh_state(self, reason: str) -> None:
         if self._state == STOPPED:
             return
+        if self._journal_failed and reason != self._journal_reason:
+            reason = f"{self._journal_reason}; {reason}"  # the journal failure stays named
         if self._journal_failed or self._disk_full:
             self._set_state(READ_ONLY, reason)
         else:
@@ -217,7 +220,12 @@ class Bookie:
         self.store = store
         self._journal_failed = False
         self._disk_full = False
-        self._set_state(WRITABLE, "started")
+        if store.read_only_reason:
+            self._journal_failed = True
+            self._journal_reason = store.read_only_reason
+            self._set_state(READ_ONLY, store.read_only_reason)
+        else:
+            self._set_state(WRITABLE, "started")
         self._check_disk()
         loop = asyncio.get_running_loop()
         if self.config.disk_check_interval > 0:
@@ -353,7 +361,8 @@ class Bookie:
 
     def _on_journal_fatal(self, exc: BaseException) -> None:
         self._journal_failed = True
-        self._refresh_state(f"journal failed, writes disabled until restart: {exc}")
+        self._journal_reason = f"journal failed, writes disabled until restart: {exc}"
+        self._refresh_state(self._journal_reason)
         self._wake_all()
 
     def _on_write_error(self, exc: OSError) -> None:

@@ -24,6 +24,7 @@ retired, so a crash between the checkpoint and the deletion is finished at the n
 from __future__ import annotations
 
 import asyncio
+import errno
 import posixpath
 import struct
 from collections.abc import Awaitable, Callable
@@ -39,6 +40,7 @@ from pybk.errors import (
     LedgerFencedError,
     NoSuchEntryError,
     NoSuchLedgerError,
+    ReadOnlyBookieError,
     UnauthorizedError,
 )
 from pybk.protocol import ENTRY_HEADER, ENTRY_HEADER_SIZE, parse_entry_header
@@ -138,6 +140,8 @@ class LedgerStore:
         self._cp_lock = asyncio.Lock()
         self._cp_pos: Position | None = None  # covered by the durable checkpoint
         self.suspect: list[str] = []
+        #: set when the store opened read-only (disk full at start-up)
+        self.read_only_reason = ""
         self.journal = Journal(
             fs,
             self.journal_dir,
@@ -219,9 +223,23 @@ class LedgerStore:
                     path=self.journal_path(seq), offset=0)
         self._dead = [s for s in dead if s in self._segments]
         new_seq = max([*seqs, -1]) + 1
-        await self.journal.open(new_seq)
+        try:
+            await self.journal.open(new_seq)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            # Everything replayed is readable; writing needs space. Serve reads only (the
+            # half-created segment is dropped as a torn one at the next start).
+            self.read_only_reason = (f"disk full at start-up ({exc}): serving reads only; "
+                                     "restart the bookie once space is freed")
+            self.journal.failed = ReadOnlyBookieError(self.read_only_reason)
+            return
         self._segments[new_seq] = -1
-        await self.checkpoint()
+        try:
+            await self.checkpoint()
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise  # (with ENOSPC the journal still holds everything: replay covers it)
 
     def journal_path(self, seq: int) -> str:
         return posixpath.join(self.journal_dir, segment_name(seq))

@@ -507,3 +507,24 @@ async def test_damaged_cookie_is_refused_clearly(harness_cls):
     h.fs.flip_bit(h.DATA_DIR + "/COOKIE", 40)
     await h.start()
     assert await h.read(1, 0) == (Status.OK, h.frame(1, 0))
+
+
+async def test_restart_with_a_full_disk_serves_reads_read_only(harness):
+    for e in range(5):
+        await harness.add(1, e)
+    harness.bookie.crash()
+    harness.fs.crash("drop")
+    fs = harness.fs
+    used = fs.capacity - fs.disk_usage("/")[0]
+    fs.set_capacity(used)  # not one byte left
+    bookie = await harness.start()
+    assert bookie.state == READ_ONLY and "disk full at start-up" in bookie.state_reason
+    for e in range(5):
+        assert await harness.read(1, e) == (Status.OK, harness.frame(1, e))
+    assert await harness.add(1, 5) == Status.READ_ONLY
+    fs.set_capacity(1 << 30)
+    await harness.crash_restart()
+    assert harness.bookie.state == WRITABLE
+    assert await harness.add(1, 5) == Status.OK
+    for e in range(6):
+        assert await harness.read(1, e) == (Status.OK, harness.frame(1, e))
