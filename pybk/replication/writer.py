@@ -286,16 +286,17 @@ class AddPipeline:
         self.ensembles = dict(md.ensembles)
 
     def _apply_new_ensemble(self) -> None:
+        """Adopt the last ensemble of ``self.ensembles``: resend the in-flight adds of every
+        replaced slot (dropping that slot's earlier ack), and send adds queued meanwhile."""
         new = list(self.ensembles[max(self.ensembles)])
         replaced = [i for i in range(len(new)) if new[i] != self.ensemble[i]]
-        if not replaced:
-            return
-        log.info(
-            "ledger %s: ensemble %s -> %s from entry %d",
-            self.ledger_id, self.ensemble, new, max(self.ensembles),
-        )
-        self.ensemble = new
-        self.ensemble_changes += 1
+        if replaced:
+            log.info(
+                "ledger %s: ensemble %s -> %s from entry %d",
+                self.ledger_id, self.ensemble, new, max(self.ensembles),
+            )
+            self.ensemble = new
+            self.ensemble_changes += 1
         has_entry = self.quorums.has_entry
         for op in list(self.pending):
             if not op.sent:
