@@ -79,3 +79,32 @@ def test_client_without_transport_needs_tcp_or_cluster() -> None:
         await client.close()
 
     asyncio.run(main())
+
+
+async def test_read_only_bookie_is_registered_read_only_and_avoided() -> None:
+    from pybk.bookie import BookieConfig
+    from pybk.storage.memfs import MemFileSystem
+
+    fs = MemFileSystem(capacity=4 << 20)
+    config = BookieConfig(disk_usage_threshold=0.5, disk_usage_low_water=0.4,
+                          disk_check_interval=0)
+    async with pybk.LocalCluster("/ro", bookies=4, metadata="memory://", fs=fs,
+                                 bookie_config=config) as cluster:
+        client = cluster.client()
+        lh = await client.create_ledger(3, 3, 3)
+        full = lh.metadata.ensembles[0][0]
+        fs.open_append("/filler").write(b"\0" * (3 << 20))  # the disk fills up
+        assert cluster.bookie(full).check_disk() == "read-only"
+        store = cluster.store
+
+        async def read_only() -> list[str]:
+            return await store.read_only_bookies()
+
+        deadline = asyncio.get_running_loop().time() + 5
+        while await read_only() != [full]:
+            assert asyncio.get_running_loop().time() < deadline, "registration never flipped"
+            await asyncio.sleep(0.001)
+        assert full not in await store.writable_bookies()
+        # the writer's next add is refused by the read-only bookie: ensemble change
+        assert await lh.append(b"x") == 0
+        assert full not in (await client.ledger_metadata(lh.id)).ensembles[0]
