@@ -134,7 +134,6 @@ class LedgerStore:
         #: (ledger, entry) -> (body, future) for adds written but not yet durable
         self._pending: dict[tuple[int, int], tuple[bytes, asyncio.Future[None]]] = {}
         self._fence_futs: dict[int, asyncio.Future[None]] = {}
-        self._key_futs: dict[int, asyncio.Future[None]] = {}
         self._segments: dict[int, int] = {}  # seq -> size when sealed (active: -1)
         self._dead: list[int] = []  # segments retired by compaction, not yet known deleted
         self._cp_lock = asyncio.Lock()
@@ -438,25 +437,30 @@ class LedgerStore:
         self._check_key(ledger_id, st, master_key)
         if st is None:
             st = self.index.ledger(ledger_id)
+        prior = self._fence_futs.get(ledger_id)
         if st.fenced:
-            prior = self._fence_futs.get(ledger_id)
-            if prior is not None and not prior.done():
-                return prior
-            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            done.set_result(None)
-            return done
+            if prior is None:  # the fence is durable
+                done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                done.set_result(None)
+                return done
+            if not prior.done():
+                return prior  # answer when the pending fence record is synced
+            # the earlier fence record was never written (e.g. ENOSPC): journal it again
         key_rec = self._key_record(ledger_id, st, master_key)
         st.fenced = True
         if key_rec:
             self.journal.append(key_rec, (ledger_id, -1, -1, 0))
         fut = self.journal.append(encode_fence(ledger_id))
         self._fence_futs[ledger_id] = fut
-        fut.add_done_callback(lambda _f: self._forget_fence(ledger_id, fut))
+        fut.add_done_callback(lambda _f: self._fence_settled(ledger_id, fut))
         self._on_ledger_change(ledger_id)
         return fut
 
-    def _forget_fence(self, ledger_id: int, fut: asyncio.Future[None]) -> None:
-        if self._fence_futs.get(ledger_id) is fut:
+    def _fence_settled(self, ledger_id: int, fut: asyncio.Future[None]) -> None:
+        """Forget a fence once durable; keep a failed one so the next fence writes it again."""
+        if self._fence_futs.get(ledger_id) is fut and not fut.cancelled() and (
+            fut.exception() is None
+        ):
             del self._fence_futs[ledger_id]
 
     def write_lac(self, ledger_id: int, lac: int, body: bytes,

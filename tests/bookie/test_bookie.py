@@ -528,3 +528,19 @@ async def test_restart_with_a_full_disk_serves_reads_read_only(harness):
     assert await harness.add(1, 5) == Status.OK
     for e in range(6):
         assert await harness.read(1, e) == (Status.OK, harness.frame(1, e))
+
+
+async def test_a_fence_that_hit_enospc_is_written_again_before_being_acknowledged(harness):
+    fs, bookie = harness.fs, harness.bookie
+    await harness.add(1, 0)
+    used = fs.capacity - fs.disk_usage("/")[0]
+    fs.set_capacity(used + 5)
+    resp = await bookie.handle(FenceRequest(1, harness.KEY))
+    assert resp.status == Status.READ_ONLY  # not durable: not acknowledged
+    fs.set_capacity(1 << 30)
+    assert bookie.check_disk() == WRITABLE
+    assert await harness.add(1, 1) == Status.FENCED  # but in force at once
+    resp = await bookie.handle(FenceRequest(1, harness.KEY))
+    assert resp.status == Status.OK
+    await harness.crash_restart("drop")
+    assert await harness.add(1, 1) == Status.FENCED
