@@ -39,6 +39,7 @@ from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     BadVersionError,
     ConnectionClosedError,
+    ConnectionLoss,
     KazooException,
     NodeExistsError,
     NoNodeError,
@@ -67,6 +68,9 @@ from pybk.metadata._common import (
 from pybk.metadata.base import BookieRegistration, LedgerMetadata, MetadataStore, Watch
 
 log = logging.getLogger(__name__)
+
+#: kazoo calls that are safe to repeat after a lost connection.
+_IDEMPOTENT = frozenset({"get", "get_children", "exists"})
 
 _UNSEEN: Any = object()  # "no version known yet" (None means "the ledger does not exist")
 
@@ -134,6 +138,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         self._zk.add_listener(self._on_state)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._start_lock = asyncio.Lock()
+        self._connected_event = asyncio.Event()  # set by the loop when (re)connected
         self._started = False
         self._closed = False
         self._connected = False
@@ -174,6 +179,9 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     def _is_started(self) -> bool:
         return self._started
+
+    def _is_connected(self) -> bool:
+        return self._connected
 
     async def _ensure_started(self) -> None:
         if self._closed:
@@ -226,6 +234,8 @@ class ZooKeeperMetadataStore(MetadataStore):
             loop.call_soon_threadsafe(fn, *args)
 
     def _on_lost(self) -> None:
+        if self._closed:
+            return  # kazoo reports LOST when we close the session ourselves
         self.sessions_lost += 1
         log.warning("ZooKeeper session to %s expired; registrations will be re-created", self.hosts)
 
@@ -234,6 +244,8 @@ class ZooKeeperMetadataStore(MetadataStore):
             return
         # re-check: the connection may have dropped again since kazoo's thread queued this
         self._connected = self._zk.state == KazooState.CONNECTED
+        if self._connected:
+            self._connected_event.set()
         if session_id == self._session_id:
             return
         # A new session: ephemerals of the old one are gone and watches may have missed
@@ -282,15 +294,72 @@ class ZooKeeperMetadataStore(MetadataStore):
     ) -> Any:
         """Run ``self._zk.<method>_async(*args, **kwargs)`` without blocking the loop.
 
-        kazoo errors listed in ``expect`` propagate (the caller maps them to pybk errors);
-        every other failure becomes MetadataStoreError naming the operation.
+        While the client is disconnected the operation waits for the connection to come
+        back, at most ``op_timeout`` seconds in all (ZooKeeper restarts and leader changes
+        are absorbed); then it fails with MetadataStoreError, never touching the server.
+        Reads interrupted by a lost connection are retried within the same bound; a write
+        interrupted that way fails with MetadataStoreError ("outcome unknown").
+        kazoo errors listed in ``expect`` propagate (the caller maps them to pybk errors).
         """
         await self._ensure_started()
-        if not self._connected:
-            raise MetadataStoreError(
-                f"ZooKeeper {self.hosts}: not connected (connection lost or session expired); "
-                f"{op} not attempted"
-            )
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.op_timeout
+        while True:
+            await self._wait_connected(op, deadline)
+            result = await self._issue(op, method, args, kwargs, deadline)
+            try:
+                return result.get_nowait()
+            except expect:
+                raise
+            except (ConnectionLoss, SessionExpiredError) as exc:
+                if method in _IDEMPOTENT and loop.time() < deadline and not self._closed:
+                    await asyncio.sleep(0.02)  # let the state listener report the loss
+                    continue
+                what = "session expired" if isinstance(exc, SessionExpiredError) else (
+                    "connection lost"
+                )
+                raise MetadataStoreError(
+                    f"ZooKeeper {self.hosts}: {what} during {op}; outcome unknown"
+                ) from exc
+            except ConnectionClosedError as exc:
+                raise ClientClosedError(
+                    f"ZooKeeper metadata store {self.hosts}{self.root} is closed ({op})"
+                ) from exc
+            except (NoNodeError, NodeExistsError, BadVersionError, NotEmptyError) as exc:
+                raise MetadataStoreError(
+                    f"ZooKeeper {self.hosts}: {op}: unexpected {type(exc).__name__} "
+                    f"(was {self.root} changed by hand?)"
+                ) from exc
+            except (KazooException, ZookeeperError) as exc:
+                raise MetadataStoreError(
+                    f"ZooKeeper {self.hosts}: {op} failed ({type(exc).__name__}); "
+                    "outcome unknown"
+                ) from exc
+
+    async def _wait_connected(self, op: str, deadline: float) -> None:
+        loop = asyncio.get_running_loop()
+        while not self._connected:
+            if self._closed:
+                raise ClientClosedError(
+                    f"ZooKeeper metadata store {self.hosts}{self.root} is closed ({op})"
+                )
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise MetadataStoreError(
+                    f"ZooKeeper {self.hosts}: not connected for {self.op_timeout}s "
+                    f"(server unreachable or session lost); {op} not attempted"
+                )
+            self._connected_event.clear()
+            if self._is_connected():  # (cannot change in between: both run on the loop)
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._connected_event.wait(), remaining)
+
+    async def _issue(
+        self, op: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+        deadline: float,
+    ) -> Any:
+        """Send one request and wait (bounded) for kazoo to complete it."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
 
@@ -304,29 +373,13 @@ class ZooKeeperMetadataStore(MetadataStore):
             raise MetadataStoreError(f"ZooKeeper {self.hosts}: {op}: session lost") from exc
         result.rawlink(lambda _r: loop.call_soon_threadsafe(resolve))
         try:
-            await asyncio.wait_for(fut, self.op_timeout)
+            await asyncio.wait_for(fut, max(deadline - loop.time(), 0.001))
         except TimeoutError:
             raise MetadataStoreError(
                 f"ZooKeeper {self.hosts}: {op} timed out after {self.op_timeout}s; "
                 "outcome unknown"
             ) from None
-        try:
-            return result.get_nowait()
-        except expect:
-            raise
-        except (SessionExpiredError, ConnectionClosedError) as exc:
-            raise MetadataStoreError(
-                f"ZooKeeper {self.hosts}: session expired during {op}; outcome unknown"
-            ) from exc
-        except (NoNodeError, NodeExistsError, BadVersionError, NotEmptyError) as exc:
-            raise MetadataStoreError(
-                f"ZooKeeper {self.hosts}: {op}: unexpected {type(exc).__name__} "
-                f"(was {self.root} changed by hand?)"
-            ) from exc
-        except (KazooException, ZookeeperError) as exc:
-            raise MetadataStoreError(
-                f"ZooKeeper {self.hosts}: {op} failed ({type(exc).__name__}); outcome unknown"
-            ) from exc
+        return result
 
     # -- ledgers -------------------------------------------------------------------------------
 
