@@ -207,3 +207,47 @@ async def test_an_idle_watch_poll_costs_one_counter_query(tmp_path: Path) -> Non
     assert any("FROM ledgers" in s for s in statements)
     await store.close()
     await other.close()
+
+
+REGISTRANT = textwrap.dedent(
+    """
+    import asyncio, sys
+    from pybk.metadata.base import BookieRegistration
+    from pybk.metadata.sqlite import SqliteMetadataStore
+
+    async def main(path):
+        store = SqliteMetadataStore(path, ttl=0.6, heartbeat_interval=0.1)
+        await store.register_bookie(BookieRegistration("bk-proc", "h:9"))
+        print("ready", flush=True)
+        await asyncio.Event().wait()  # heartbeat until killed
+
+    asyncio.run(main(sys.argv[1]))
+    """
+)
+
+
+async def test_registration_of_a_killed_process_lapses(tmp_path: Path) -> None:
+    path = str(tmp_path / "m.db")
+    observer = SqliteMetadataStore(path)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", REGISTRANT, path, stdout=asyncio.subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 60)
+        assert line.strip() == b"ready"
+        # alive and heartbeating: listed well past its ttl
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 1.5
+        while loop.time() < end:
+            assert await observer.writable_bookies() == ["bk-proc"]
+            await asyncio.sleep(0.1)
+    finally:
+        proc.kill()
+        await proc.wait()
+
+    async def lapsed() -> bool:
+        return await observer.writable_bookies() == []
+
+    await wait_until(lapsed, 10.0, "a killed process's registration to lapse")
+    await observer.close()
