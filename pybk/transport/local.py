@@ -98,8 +98,8 @@ class LocalTransport(Transport):
         if bookie is None or bookie.state == "stopped":
             fut.set_exception(BookieUnavailableError(f"bookie {bookie_id} is not running"))
             return
-        task = asyncio.ensure_future(bookie.handle(request))
-        task.add_done_callback(lambda t: _complete(fut, bookie_id, t))
+        # the task stays reachable through what it awaits (the bookie holds those futures)
+        asyncio.ensure_future(_call(bookie, bookie_id, request, fut))  # noqa: RUF006
 
     async def close(self) -> None:
         self._closed = True
@@ -115,24 +115,27 @@ def _spawn(coro: Any) -> None:
     task.add_done_callback(_background.discard)
 
 
-def _complete(fut: asyncio.Future[Response], bookie_id: str, task: asyncio.Future[Any]) -> None:
-    if fut.done():
-        if not task.cancelled():
-            task.exception()  # retrieve, so it is not reported as unhandled
-        return
-    if task.cancelled():
-        fut.set_exception(BookieUnavailableError(f"bookie {bookie_id}: request cancelled"))
-        return
-    exc = task.exception()
-    if exc is not None:
+async def _call(
+    bookie: _BookieLike, bookie_id: str, request: Request, fut: asyncio.Future[Response]
+) -> None:
+    """Run one request on the bookie and settle ``fut`` (one task per request, no extra hop)."""
+    try:
+        response = await bookie.handle(request)
+    except asyncio.CancelledError:
+        if not fut.done():
+            fut.set_exception(BookieUnavailableError(f"bookie {bookie_id}: request cancelled"))
+        raise
+    except Exception as exc:
         log.warning("bookie %s raised %r handling a request", bookie_id, exc)
-        fut.set_exception(BookieUnavailableError(f"bookie {bookie_id} failed: {exc!r}"))
+        if not fut.done():
+            fut.set_exception(BookieUnavailableError(f"bookie {bookie_id} failed: {exc!r}"))
         return
-    response = task.result()
+    if fut.done():
+        return
     if response.status == Status.UNAVAILABLE:
         fut.set_exception(BookieUnavailableError(f"bookie {bookie_id}: {response.message}"))
-        return
-    fut.set_result(response)
+    else:
+        fut.set_result(response)
 
 
 def _fail(
