@@ -45,6 +45,7 @@ from pybk.protocol import (
     WriteLacRequest,
 )
 from pybk.replication.quorum import AckSet, Quorums, plan_ensemble_change
+from pybk.replication.reader import LedgerEntry, read_range
 
 if TYPE_CHECKING:
     from pybk.replication.context import ClientContext
@@ -401,6 +402,21 @@ class LedgerHandle:
         """Add several entries (pipelined); returns their entry ids once all are durable."""
         futures = [self.append(item) for item in items]
         return list(await asyncio.gather(*futures))
+
+    async def read(self, first: int, last: int) -> list[LedgerEntry]:
+        """Read back confirmed entries ``first..last`` (``last <= last_add_confirmed``)."""
+        for name, value in (("first", first), ("last", last)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int, not {value!r}")
+        if first < 0 or last < first:
+            raise ValueError(f"bad range {first}..{last}")
+        if last > self.last_add_confirmed:
+            raise ValueError(
+                f"ledger {self.id}: entry {last} is beyond the last add confirmed "
+                f"({self.last_add_confirmed})"
+            )
+        decoded = await read_range(self._ctx, self.metadata, self._digest, first, last)
+        return [LedgerEntry(d.ledger_id, d.entry_id, d.payload) for d in decoded]
 
     # -- explicit LAC ------------------------------------------------------------------------
 

@@ -226,3 +226,13 @@ async def test_state_open_until_closed() -> None:
         await lh.close()
         assert lh.is_closed
 
+
+
+async def test_writer_reads_back_confirmed_entries() -> None:
+    async with mem_cluster(3) as cluster:
+        lh = await cluster.client().create_ledger(3, 2, 2)
+        await lh.append_many([b"a", b"b", b"c"])
+        assert [e.data for e in await lh.read(0, 2)] == [b"a", b"b", b"c"]
+        with pytest.raises(ValueError, match="beyond the last add confirmed"):
+            await lh.read(0, 3)
+        await lh.close()
