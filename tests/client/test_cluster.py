@@ -108,3 +108,11 @@ async def test_read_only_bookie_is_registered_read_only_and_avoided() -> None:
         # the writer's next add is refused by the read-only bookie: ensemble change
         assert await lh.append(b"x") == 0
         assert full not in (await client.ledger_metadata(lh.id)).ensembles[0]
+
+
+def test_sync_client_by_uri(tmp_path: pathlib.Path) -> None:
+    uri = f"sqlite:///{tmp_path}/meta.db"
+    with pybk.sync.Client(uri) as client:  # no cluster here: a TCP client (nothing to reach)
+        assert client.list_ledgers() == []
+        with pytest.raises(pybk.NotEnoughBookiesError):
+            client.create_ledger()
