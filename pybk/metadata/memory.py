@@ -9,10 +9,13 @@ Ledger metadata is kept serialized (``LedgerMetadata.to_bytes``), so every read 
 checks it exactly like the durable backends do, and tests can damage it with
 :meth:`MemoryMetadataStore.corrupt_ledger`.
 
-Fault hook for the simulator: ``before_op(op, key)`` is awaited before every operation; it
+Fault hooks for the simulator: ``before_op(op, key)`` is awaited before every operation; it
 may sleep (stall the store) or raise (e.g. ``MetadataStoreError``) to fail the operation
-before it takes effect. Every operation also yields to the loop once, so concurrent
-read-modify-write loops really interleave.
+before it takes effect. ``after_op(op, key)`` is awaited after a ledger mutation
+(``create_ledger``, ``write_ledger``, ``delete_ledger``) took effect; raising there models
+a write whose reply was lost (the caller sees an error, the store has the change), the
+"outcome unknown" case of a real ZooKeeper. Every operation also yields to the loop once,
+so concurrent read-modify-write loops really interleave.
 """
 
 from __future__ import annotations
@@ -72,18 +75,27 @@ class _State:
 class MemoryMetadataStore(MetadataStore):
     """A :class:`MetadataStore` held in this process's memory (``memory://``)."""
 
-    def __init__(self, *, before_op: BeforeOp | None = None, _state: _State | None = None):
+    def __init__(
+        self,
+        *,
+        before_op: BeforeOp | None = None,
+        after_op: BeforeOp | None = None,
+        _state: _State | None = None,
+    ):
         self._state = _state if _state is not None else _State()
         self._session_id = next(self._state.session_ids)
         self._closed = False
         self._my_watches: list[CallbackWatch] = []
         self.before_op: BeforeOp | None = before_op
+        self.after_op: BeforeOp | None = after_op
 
     # -- sessions ----------------------------------------------------------------------------
 
     def session(self) -> MemoryMetadataStore:
-        """Another client of the same store, with its own session (and the same fault hook)."""
-        return MemoryMetadataStore(before_op=self.before_op, _state=self._state)
+        """Another client of the same store, with its own session (and the same fault hooks)."""
+        return MemoryMetadataStore(
+            before_op=self.before_op, after_op=self.after_op, _state=self._state
+        )
 
     @property
     def session_id(self) -> int:
@@ -140,6 +152,10 @@ class MemoryMetadataStore(MetadataStore):
         if self._closed:
             raise ClientClosedError(f"memory metadata store is closed (operation {op})")
 
+    async def _applied(self, op: str, key: object) -> None:
+        if self.after_op is not None:
+            await self.after_op(op, key)
+
     # -- ledgers -----------------------------------------------------------------------------
 
     async def allocate_ledger_id(self) -> int:
@@ -161,6 +177,7 @@ class MemoryMetadataStore(MetadataStore):
         version = st.bump_version()
         st.ledgers[metadata.ledger_id] = (data, version)
         st.next_id = max(st.next_id, metadata.ledger_id + 1)
+        await self._applied("create_ledger", metadata.ledger_id)
         return metadata.with_changes(version=version)
 
     async def read_ledger(self, ledger_id: int) -> LedgerMetadata:
@@ -189,6 +206,7 @@ class MemoryMetadataStore(MetadataStore):
         version = st.bump_version()
         st.ledgers[lid] = (data, version)
         st.ledger_changed(lid)
+        await self._applied("write_ledger", lid)
         return metadata.with_changes(version=version)
 
     async def delete_ledger(self, ledger_id: int, expected_version: int | None = None) -> None:
@@ -205,6 +223,7 @@ class MemoryMetadataStore(MetadataStore):
             )
         del st.ledgers[ledger_id]
         st.ledger_changed(ledger_id)
+        await self._applied("delete_ledger", ledger_id)
 
     async def list_ledgers(self) -> list[int]:
         await self._enter("list_ledgers")

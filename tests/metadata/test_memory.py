@@ -120,3 +120,16 @@ def test_same_operations_same_result_deterministic() -> None:
         return [*ids, *(r.version for r in results), (await store.read_ledger(ids[0])).length]
 
     assert asyncio.run(run()) == asyncio.run(run())
+
+
+async def test_after_op_hook_models_a_write_whose_reply_was_lost() -> None:
+    async def lose_reply(op: str, key: object) -> None:
+        if op == "write_ledger":
+            raise MetadataStoreError("reply lost")
+
+    store = MemoryMetadataStore(after_op=lose_reply)
+    created = await store.create_ledger(_md(4))
+    with pytest.raises(MetadataStoreError, match="reply lost"):
+        await store.write_ledger(created.with_changes(state="CLOSED"), created.version)
+    now = await store.session().read_ledger(4)
+    assert now.state == "CLOSED" and now.version != created.version  # it did take effect
