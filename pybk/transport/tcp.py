@@ -94,6 +94,8 @@ class _ClientConnection(asyncio.Protocol):
         self.next_id = 1
         self.closed = False
         self.address = "?"
+        self.last_used = self.loop.time()
+        self.idle_timer: asyncio.TimerHandle | None = None
         self.auth_id: int | None = None
         # Request timeouts: a heap of (deadline, request id) and ONE loop timer armed at the
         # earliest deadline, instead of a TimerHandle per request (thousands in flight).
@@ -114,6 +116,7 @@ class _ClientConnection(asyncio.Protocol):
     ) -> int:
         request_id = self.next_id
         self.next_id += 1
+        self.last_used = self.loop.time()
         frame = codec.encode_request(request_id, request)  # ValueError: caller's bad request
         if future is not None:
             self.pending[request_id] = _Pending(future, request)
@@ -174,8 +177,29 @@ class _ClientConnection(asyncio.Protocol):
         if self.out and not self.flush_scheduled:
             self.flush_scheduled = True
             self.loop.call_soon(self._flush)
+        if self.owner.idle_timeout is not None:
+            self.idle_timer = self.loop.call_later(self.owner.idle_timeout, self._idle_check)
+
+    def _idle_check(self) -> None:
+        """Close the connection ourselves once idle, before the bookie's (longer) idle timeout
+        would: a close from the server could race a new request, which would then fail."""
+        self.idle_timer = None
+        idle_timeout = self.owner.idle_timeout
+        if self.closed or idle_timeout is None:
+            return
+        quiet = self.loop.time() - self.last_used
+        if self.pending or self.out or quiet < idle_timeout:
+            self.idle_timer = self.loop.call_later(
+                max(idle_timeout - quiet, 0.01), self._idle_check
+            )
+            return
+        self.closed = True
+        self.owner._forget(self)
+        if self.transport is not None:
+            self.transport.close()
 
     def data_received(self, data: bytes) -> None:
+        self.last_used = self.loop.time()
         try:
             events = self.codec.receive_data(data)
         except ProtocolError as exc:
@@ -232,6 +256,9 @@ class _ClientConnection(asyncio.Protocol):
         if self.timer is not None:
             self.timer.cancel()
             self.timer, self.timer_at = None, math.inf
+        if self.idle_timer is not None:
+            self.idle_timer.cancel()
+            self.idle_timer = None
         self.deadlines.clear()
         for entry in pending.values():
             if not entry.future.done():
@@ -258,6 +285,7 @@ class TcpTransport(Transport):
         backoff_initial: float = 0.05,
         backoff_max: float = 2.0,
         server_hostname: str | None = None,
+        idle_timeout: float | None = 240.0,
     ) -> None:
         if connect_timeout <= 0:
             raise ValueError(f"connect_timeout must be positive, not {connect_timeout}")
@@ -272,6 +300,8 @@ class TcpTransport(Transport):
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.server_hostname = server_hostname
+        #: close connections idle this long (below the server's 300 s default); None: never
+        self.idle_timeout = idle_timeout
         self._conns: dict[str, _ClientConnection] = {}
         self._backoff: dict[str, tuple[float, float]] = {}  # bookie -> (retry_at, next delay)
         self._connects: set[asyncio.Task[None]] = set()

@@ -332,3 +332,29 @@ async def test_mixed_timeouts_expire_in_deadline_order(stub):
         [conn] = transport._conns.values()
         assert len(conn.deadlines) <= 2 * len(conn.pending) + 1024 + 1000
         await transport.close()
+
+
+async def test_client_closes_its_idle_connections_before_the_server_does(stub):
+    async with _server(stub, idle_timeout=5.0) as server:
+        transport = TcpTransport(_resolver(server), idle_timeout=0.2)
+        assert (await transport.send("b1", ReadLacRequest(1), 5.0)).status == Status.BAD_REQUEST
+        assert transport.connected_bookies() == ["b1"]
+        await wait_until(lambda: transport.connected_bookies() == [], 10, "client idle close")
+        await wait_until(lambda: server.connections == [], 10, "server saw the close")
+        assert server.stats["idle_timeout"] == 0
+        # the next request simply opens a new connection
+        assert (await transport.send("b1", ReadLacRequest(1), 5.0)).status == Status.BAD_REQUEST
+        await transport.close()
+
+
+async def test_pending_long_request_keeps_the_client_connection_open(stub):
+    async with BookieServer(stub.handle) as server:
+        transport = TcpTransport(_resolver(server), idle_timeout=0.1)
+        stub.hold = True
+        parked = transport.send("b1", AddRequest(1, 0, b"k", b"x"), 10.0)
+        await wait_until(lambda: stub.active == 1)
+        await asyncio.sleep(0.3)  # three idle periods pass while the request is pending
+        assert transport.connected_bookies() == ["b1"]
+        stub.release_all()
+        assert (await parked).status == Status.OK
+        await transport.close()
