@@ -380,3 +380,17 @@ def test_add_fast_decoders_on_valid_prefixes():
         assert _outcome(codec._fast_add_response, bytes(16) + part) == _outcome(
             codec._decode_response, Op.ADD, codec._Reader(memoryview(part))
         )
+
+
+def test_every_wire_status_maps_to_its_error_class_and_back():
+    from pybk import errors
+
+    for status_code in Status:
+        if status_code is Status.OK:
+            continue
+        exc = errors.error_for_status(int(status_code), "m")
+        assert isinstance(exc, errors.BKError)
+        assert exc.status == int(status_code), (status_code, type(exc))
+    classes = [c for c in vars(errors).values()
+               if isinstance(c, type) and issubclass(c, errors.BKError)]  # fmt: skip
+    assert {c.status for c in classes} <= {int(s) for s in Status}
