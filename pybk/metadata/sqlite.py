@@ -121,6 +121,8 @@ class SqliteMetadataStore(MetadataStore):
         self._ledger_watches: dict[int, list[CallbackWatch]] = {}
         self._bookie_watches: list[CallbackWatch] = []
         self._seen: dict[int, int | None] = {}  # ledger id -> last version seen (None = absent)
+        #: Completed watch polls (tests wait on it; a gauge for operators).
+        self.polls = 0
 
     # -- thread plumbing ---------------------------------------------------------------------
 
@@ -394,6 +396,7 @@ class SqliteMetadataStore(MetadataStore):
                         for w in list(self._ledger_watches.get(lid, ())):
                             w.fire()
             last_changes = changes
+            self.polls += 1
             if bookies is not None:
                 if last_bookies is not None and bookies != last_bookies:
                     for bw in list(self._bookie_watches):

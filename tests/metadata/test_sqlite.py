@@ -251,3 +251,21 @@ async def test_registration_of_a_killed_process_lapses(tmp_path: Path) -> None:
 
     await wait_until(lapsed, 10.0, "a killed process's registration to lapse")
     await observer.close()
+
+
+async def test_bookie_watch_fires_when_a_lease_lapses_without_any_write(tmp_path: Path) -> None:
+    path = str(tmp_path / "m.db")
+    bookie = SqliteMetadataStore(path, ttl=0.5, heartbeat_interval=0.1)
+    watcher = SqliteMetadataStore(path, poll_interval=0.02)
+    await bookie.register_bookie(BookieRegistration("bk", "h:1"))
+    fired = asyncio.Event()
+    watcher.watch_bookies(fired.set)
+
+    async def baseline_taken() -> bool:  # the poller has seen the live bookie once
+        return watcher.polls >= 1
+
+    await wait_until(baseline_taken, 5.0, "the watcher's first poll")
+    await bookie.crash()  # no unregister: the row stays, only its lease runs out
+    await asyncio.wait_for(fired.wait(), 10.0)
+    assert await watcher.writable_bookies() == []
+    await watcher.close()
