@@ -37,7 +37,15 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pybk.errors import BKError, ProtocolError
-from pybk.protocol import AuthRequest, AuthResponse, Request, Response, Status, error_response
+from pybk.protocol import (
+    AuthRequest,
+    AuthResponse,
+    ReadRequest,
+    Request,
+    Response,
+    Status,
+    error_response,
+)
 from pybk.transport import codec
 
 log = logging.getLogger("pybk.server")
@@ -130,7 +138,7 @@ class _ServerConnection(asyncio.Protocol):
         self.codec.hold_after_auth = not self.authenticated
         self.queue: collections.deque[codec.Event] = collections.deque()
         self.in_flight = 0
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks: dict[asyncio.Task[None], Request] = {}
         self.out: list[bytes] = []
         self.flush_scheduled = False
         self.read_paused = False
@@ -221,14 +229,21 @@ class _ServerConnection(asyncio.Protocol):
                 return
             self.in_flight += 1
             task = self.loop.create_task(self._serve(event.request_id, request))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            self.tasks[task] = request
+            task.add_done_callback(self._task_done)
         self._set_reading()
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.pop(task, None)
 
     async def _serve(self, request_id: int, request: Request) -> None:
         try:
             response = await self.server.handler(request)
         except asyncio.CancelledError:
+            if self.server.stopping:  # tell the client now rather than at the close
+                self._respond(
+                    request_id, error_response(request, Status.UNAVAILABLE, "bookie stopping")
+                )
             raise
         except BKError as exc:
             self.server.stats.incr("handler_error")
@@ -467,6 +482,10 @@ class BookieServer:
         grace = self.config.stop_grace if grace is None else grace
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
+        for conn in list(self.connections):
+            for task, request in list(conn.tasks.items()):
+                if isinstance(request, ReadRequest) and request.previous_lac is not None:
+                    task.cancel()  # a long poll changes nothing; its reader will retry elsewhere
         tasks = [t for c in self.connections for t in c.tasks]
         if tasks:
             await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time()))

@@ -358,3 +358,22 @@ async def test_pending_long_request_keeps_the_client_connection_open(stub):
         stub.release_all()
         assert (await parked).status == Status.OK
         await transport.close()
+
+
+async def test_stop_does_not_wait_for_long_polls(stub):
+    """A long poll in flight is dropped at once on stop (it changes nothing); an add in
+    flight is still waited for."""
+    server = await _served(stub, stop_grace=30.0)
+    transport = TcpTransport(_resolver(server))
+    stub.hold = True
+    poll = transport.send("b1", ReadRequest(1, 0, previous_lac=5, timeout=60.0), 90.0)
+    add = transport.send("b1", AddRequest(1, 0, b"k", b"x"), 90.0)
+    await wait_until(lambda: stub.active == 2)
+    stop = asyncio.create_task(server.stop())
+    resp = await asyncio.wait_for(poll, 10)
+    assert resp.status == Status.UNAVAILABLE
+    assert not stop.done()  # still waiting for the add
+    stub.release_all()
+    await asyncio.wait_for(stop, 10)
+    assert (await add).status == Status.OK
+    await transport.close()
