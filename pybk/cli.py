@@ -379,7 +379,20 @@ def cluster() -> None:
 @click.option("--bookies", type=click.IntRange(1, 64), default=3, show_default=True)
 @click.option("--ready-timeout", type=float, default=60.0, show_default=True)
 @click.option("--auth-token-file", type=click.Path(exists=True, dir_okay=False))
-def cluster_up(root: str, bookies: int, ready_timeout: float, auth_token_file: str | None) -> None:
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="For every bookie.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False))
+@click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False))
+@click.option("--require-client-cert", is_flag=True, help="Mutual TLS.")
+def cluster_up(
+    root: str,
+    bookies: int,
+    ready_timeout: float,
+    auth_token_file: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    tls_ca: str | None,
+    require_client_cert: bool,
+) -> None:
     """Start BOOKIES bookie processes on free loopback ports with SQLite metadata under ROOT.
 
     Prints the metadata URI on stdout (use it as --metadata); PIDs go to ROOT/cluster.json.
@@ -395,7 +408,17 @@ def cluster_up(root: str, bookies: int, ready_timeout: float, auth_token_file: s
         _fail(f"a cluster is already running under {root_path} ({', '.join(alive)}); "
               f"run `pybk cluster down --root {root}` first")  # fmt: skip
     metadata = f"sqlite://{root_path / 'metadata.db'}"
-    extra = ["--auth-token-file", str(Path(auth_token_file).resolve())] if auth_token_file else []
+    extra: list[str] = []
+    for flag, value in (
+        ("--auth-token-file", auth_token_file),
+        ("--tls-cert", tls_cert),
+        ("--tls-key", tls_key),
+        ("--tls-ca", tls_ca),
+    ):
+        if value:
+            extra += [flag, str(Path(value).resolve())]
+    if require_client_cert:
+        extra.append("--require-client-cert")
     console = _console()
     procs: dict[str, subprocess.Popen[bytes]] = {}
     ids = [f"bookie-{i}" for i in range(1, bookies + 1)]
@@ -522,13 +545,15 @@ def ledger_append(
             ack_quorum=ack_quorum,
             password=password.encode(),
         )
+        console = _console()
         with Progress(
             *Progress.get_default_columns()[:1],
             BarColumn(),
             MofNCompleteColumn(),
             TimeRemainingColumn(),
-            console=_console(),
+            console=console,
             transient=True,
+            disable=not console.is_terminal,  # no bar (nor its blank line) in pipes and logs
         ) as progress:
             task = progress.add_task(f"ledger {lh.id}", total=len(entries))
             batch = 256

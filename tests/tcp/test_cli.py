@@ -190,3 +190,33 @@ def test_bookie_refusing_to_start_exits_1_with_the_cause(tmp_path):
     assert out.returncode == 1
     assert out.stderr.strip().splitlines()[-1].startswith("pybk: error: BookieStateError")
     assert "Traceback" not in out.stderr
+
+
+def test_cluster_with_mutual_tls(tmp_path):
+    import trustme
+
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(tmp_path / "s.pem")
+    ca.issue_cert("cli").private_key_and_cert_chain_pem.write_to_path(tmp_path / "c.pem")
+    root = tmp_path / "c"
+    up = _pybk("cluster", "up", "--root", str(root), "--bookies", "2",
+               "--tls-cert", str(tmp_path / "s.pem"), "--tls-ca", str(tmp_path / "ca.pem"),
+               "--require-client-cert")  # fmt: skip
+    try:
+        assert up.returncode == 0, up.stderr
+        runner = CliRunner()
+        base = ["ledger", "append", "x", "-e", "2", "-w", "2", "-a", "2",
+                "--metadata", up.stdout.strip(), "--timeout", "20"]  # fmt: skip
+        r = runner.invoke(main, [*base, "--tls-ca", str(tmp_path / "ca.pem")])  # no client cert
+        assert r.exit_code == 1 and r.output.startswith("pybk: error:"), r.output
+        r = runner.invoke(main, base)  # plaintext to TLS ports
+        assert r.exit_code == 1, r.output
+        tls = ["--tls-ca", str(tmp_path / "ca.pem"), "--tls-cert", str(tmp_path / "c.pem")]
+        r = runner.invoke(main, [*base, *tls])
+        assert r.exit_code == 0, r.output
+        r = runner.invoke(main, ["ledger", "read", r.stdout.split()[0],
+                                 "--metadata", up.stdout.strip(), *tls])  # fmt: skip
+        assert r.exit_code == 0 and r.stdout == "0\tx\n"
+    finally:
+        _pybk("cluster", "down", "--root", str(root))
