@@ -88,39 +88,43 @@ class Quorums:
 
 
 class AckSet:
-    """Acks for one entry, by ensemble index (BookKeeper's ``AckSet``)."""
+    """Acks for one entry, by ensemble index (BookKeeper's ``AckSet``); bitmasks, as one
+    exists per entry in flight."""
 
     __slots__ = ("_acked", "_failed", "quorums")
 
     def __init__(self, quorums: Quorums) -> None:
         self.quorums = quorums
-        self._acked: set[int] = set()
-        self._failed: set[int] = set()
+        self._acked = 0
+        self._failed = 0
 
     def ack(self, index: int) -> bool:
         """Record an ack from ``index``; True when the entry has reached Qa."""
-        self._failed.discard(index)
-        self._acked.add(index)
-        return len(self._acked) >= self.quorums.ack_quorum
+        bit = 1 << index
+        self._failed &= ~bit
+        self._acked |= bit
+        return self._acked.bit_count() >= self.quorums.ack_quorum
 
     def fail(self, index: int) -> bool:
         """Record a failure of ``index``; True when Qa can no longer be reached."""
-        self._acked.discard(index)
-        self._failed.add(index)
-        return len(self._failed) > self.quorums.max_failures
+        bit = 1 << index
+        self._acked &= ~bit
+        self._failed |= bit
+        return self._failed.bit_count() > self.quorums.max_failures
 
     def unset(self, index: int) -> None:
         """Forget anything ``index`` said (its slot was given to another bookie)."""
-        self._acked.discard(index)
-        self._failed.discard(index)
+        bit = ~(1 << index)
+        self._acked &= bit
+        self._failed &= bit
 
     @property
     def complete(self) -> bool:
-        return len(self._acked) >= self.quorums.ack_quorum
+        return self._acked.bit_count() >= self.quorums.ack_quorum
 
     @property
     def acked(self) -> frozenset[int]:
-        return frozenset(self._acked)
+        return frozenset(i for i in range(self._acked.bit_length()) if self._acked >> i & 1)
 
 
 # --------------------------------------------------------------------------- coverage

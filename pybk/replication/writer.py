@@ -66,7 +66,7 @@ def fresh_error(exc: BaseException) -> BaseException:
 
 
 class _PendingAdd:
-    __slots__ = ("acks", "body", "entry_id", "future", "length", "request", "sent", "tokens")
+    __slots__ = ("acks", "body", "entry_id", "future", "length", "request", "sent")
 
     def __init__(
         self, entry_id: int, body: bytes, length: int, future: asyncio.Future[int], q: Quorums
@@ -76,7 +76,6 @@ class _PendingAdd:
         self.length = length
         self.future = future
         self.acks = AckSet(q)
-        self.tokens: dict[int, int] = {}
         self.sent = False
         self.request: AddRequest | None = None  # one request object for every replica
 
@@ -113,7 +112,10 @@ class AddPipeline:
         self.failed: dict[int, str] = {}
         self.error: BaseException | None = None
         self.ensemble_changes = 0
-        self._token = 0
+        # Replies are matched to slots by epoch: a reply sent before its slot was last
+        # given to another bookie is stale (even if the same bookie comes back later).
+        self._epoch = 0
+        self._slot_epoch = [0] * metadata.ensemble_size
         self._change_task: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
 
@@ -154,9 +156,6 @@ class AddPipeline:
             self._send_to(op, index)
 
     def _send_to(self, op: _PendingAdd, index: int) -> None:
-        self._token += 1
-        token = self._token
-        op.tokens[index] = token
         request = op.request
         if request is None:
             request = op.request = AddRequest(
@@ -164,20 +163,21 @@ class AddPipeline:
             )
         bookie = self.ensemble[index]
         fut = self.ctx.transport.send(bookie, request, self.ctx.config.add_timeout)
-        fut.add_done_callback(partial(self._on_reply, op, index, token, bookie))
+        fut.add_done_callback(partial(self._on_reply, op, index, self._epoch, bookie))
 
     # -- replies -----------------------------------------------------------------------------
 
     def _on_reply(
-        self, op: _PendingAdd, index: int, token: int, bookie: str, fut: asyncio.Future[Response]
+        self, op: _PendingAdd, index: int, epoch: int, bookie: str, fut: asyncio.Future[Response]
     ) -> None:
+        stale = epoch < self._slot_epoch[index]
         try:
             response = fut.result()
         except (BKError, asyncio.CancelledError) as exc:
-            if op.tokens.get(index) == token:
+            if not stale:
                 self._bookie_failed(index, bookie, exc)
             return
-        if op.tokens.get(index) != token:
+        if stale:
             return  # a reply from a bookie whose slot was given to another one: ignored
         if response.status == Status.OK:
             assert isinstance(response, AddResponse)
@@ -298,6 +298,9 @@ class AddPipeline:
             )
             self.ensemble = new
             self.ensemble_changes += 1
+            self._epoch += 1
+            for index in replaced:
+                self._slot_epoch[index] = self._epoch
         has_entry = self.quorums.has_entry
         for op in list(self.pending):
             if not op.sent:
