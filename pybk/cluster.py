@@ -40,9 +40,16 @@ log = logging.getLogger(__name__)
 _LIVE: weakref.WeakValueDictionary[str, LocalCluster] = weakref.WeakValueDictionary()
 
 
+def _uri_key(uri: str) -> str:
+    """``sqlite:///a/../b.db`` and ``sqlite:///b.db`` name the same store."""
+    if uri.startswith("sqlite:///"):
+        return "sqlite://" + os.path.realpath(uri[len("sqlite://") :])
+    return uri
+
+
 def transport_for_uri(uri: str) -> Transport | None:
     """The in-process transport of a live LocalCluster whose metadata URI is ``uri``."""
-    cluster = _LIVE.get(uri)
+    cluster = _LIVE.get(_uri_key(uri))
     return cluster.transport if cluster is not None else None
 
 
@@ -103,9 +110,9 @@ class LocalCluster:
 
             self._store = open_store(metadata)
             self._own_store = True
-            self._uri = metadata
+            self._uri = _uri_key(metadata)
             if not metadata.rstrip("/").endswith("memory:"):
-                _LIVE[metadata] = self
+                _LIVE[self._uri] = self
         else:
             self._store = metadata
         self._started = True
