@@ -174,6 +174,7 @@ def main() -> None:
 @click.option("--auth-token-file", type=click.Path(exists=True, dir_okay=False))
 @click.option("--ready-file", type=click.Path(dir_okay=False), help="Write JSON here when ready.")
 @click.option("--stop-grace", type=float, default=10.0, show_default=True)
+@click.option("--metrics-port", type=click.IntRange(0, 65535), help="Prometheus HTTP port.")
 @click.pass_context
 def bookie(
     ctx: click.Context,
@@ -190,6 +191,7 @@ def bookie(
     auth_token_file: str | None,
     ready_file: str | None,
     stop_grace: float,
+    metrics_port: int | None,
 ) -> None:
     """Run a bookie server (`pybk bookie --data DIR --metadata URI`), or `pybk bookie list`.
 
@@ -216,6 +218,7 @@ def bookie(
         auth_token=_read_token(auth_token_file),
         ready_file=ready_file,
         stop_grace=stop_grace,
+        metrics_port=metrics_port,
     )
     try:
         config.resolved_bookie_id()

@@ -55,6 +55,7 @@ class BookieProcessConfig:
     stop_grace: float = 10.0
     server_config: ServerConfig | None = None
     bookie_config: Any = None  # pybk.bookie.BookieConfig
+    metrics_port: int | None = None  # serve prometheus metrics over HTTP on host:port
 
     def resolved_bookie_id(self) -> str:
         if self.bookie_id:
@@ -99,6 +100,8 @@ class BookieProcess:
         self.address = ""
         self._stop = asyncio.Event()
         self._registry_updates: list[asyncio.Task[None]] = []
+        self._metrics_http: Any = None
+        self.metrics_address = ""
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -126,6 +129,13 @@ class BookieProcess:
         await self.server.start()
         _, port = self.server.address
         self.address = f"{cfg.advertised_host or cfg.host}:{port}"
+        if cfg.metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            self._metrics_http, _thread = start_http_server(
+                cfg.metrics_port, addr=cfg.host, registry=self.server.registry
+            )
+            self.metrics_address = f"{cfg.host}:{self._metrics_http.server_port}"
         self.bookie.on_state_change = self._on_state_change
         await self._register()
         info = {
@@ -134,6 +144,7 @@ class BookieProcess:
             "address": self.address,
             "pid": os.getpid(),
             "tls": self._ssl is not None,
+            "metrics": self.metrics_address,
         }
         line = json.dumps(info, sort_keys=True)
         print(line, flush=True)
@@ -174,6 +185,10 @@ class BookieProcess:
         self._stop.set()
         if self.server is not None:
             await self.server.stop(self.config.stop_grace)
+        if self._metrics_http is not None:
+            self._metrics_http.shutdown()
+            self._metrics_http.server_close()
+            self._metrics_http = None
         for task in self._registry_updates:
             task.cancel()
         if self.bookie is not None:

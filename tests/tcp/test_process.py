@@ -128,3 +128,31 @@ async def test_client_over_mutual_tls_to_a_real_bookie(tmp_path, capsys):
                 await rh.read(0, 1)
     finally:
         await process.stop()
+
+
+async def test_metrics_over_http(tmp_path, capsys):
+    import asyncio
+    import urllib.request
+
+    store = MemoryMetadataStore()
+    config = BookieProcessConfig(
+        data_dir=str(tmp_path / "b1"), metadata="memory://", port=0, bookie_id="b1",
+        metrics_port=0,
+    )  # fmt: skip
+    process = BookieProcess(config, store=store)
+    await process.start()
+    try:
+        transport = TcpTransport.from_store(store)
+        assert (await transport.send("b1", BookieInfoRequest(), 5.0)).status == Status.OK
+        await transport.close()
+        url = f"http://{process.metrics_address}/metrics"
+
+        def fetch() -> str:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return str(resp.read().decode())
+
+        text = await asyncio.to_thread(fetch)
+        assert 'pybk_server_events_total{event="requests"} 1.0' in text
+        assert "pybk_server_connections" in text
+    finally:
+        await process.stop()
