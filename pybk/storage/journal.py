@@ -252,11 +252,26 @@ class Journal:
                 try:
                     await self._new_segment(old_seq + 1)
                 except OSError as exc:
+                    if exc.errno == errno.ENOSPC and self._drop_partial(old_seq + 1):
+                        # no room for a new segment: keep appending to this one (rotation
+                        # is retried after the next batch); the owner turns read-only
+                        self._on_write_error(exc)
+                        continue
                     self._fatal(exc, f"creating segment {old_seq + 1}")
                     return
                 self.stats["rotations"] += 1
                 if self._on_rotate is not None:
                     self._on_rotate(old_seq, old_size, old_seq + 1)
+
+    def _drop_partial(self, seq: int) -> bool:
+        """Remove a segment file whose creation failed; False if even that fails."""
+        path = self.segment_path(seq)
+        try:
+            if self.fs.exists(path):
+                self.fs.delete(path)
+        except OSError:
+            return False
+        return True
 
     def _take(self) -> tuple[list[bytes], list[Any], list[asyncio.Future[None]]]:
         n = len(self._data)

@@ -60,6 +60,7 @@ class BookieMachine(RuleBasedStateMachine):
         self.m = Model()
         self.crashes = 0
         self._unavailable_ok = False
+        self._disk_full = False
         self.bookie = self._start()
 
     def run(self, coro):  # type: ignore[no-untyped-def]
@@ -100,6 +101,8 @@ class BookieMachine(RuleBasedStateMachine):
             assert lid in m.fence_tried or lid in m.delete_tried, (lid, status)
         elif status == Status.UNAVAILABLE and self._unavailable_ok:
             pass  # the bookie crashed with this add in flight: not acknowledged
+        elif status == Status.READ_ONLY and self._disk_full:
+            pass  # ENOSPC / watermark: not acknowledged
         else:
             raise AssertionError(f"unexpected add status {status!r}")
 
@@ -141,6 +144,35 @@ class BookieMachine(RuleBasedStateMachine):
         self.fs.crash(mode, random.Random(seed))
         self.crashes += 1
         self.bookie = self._start()
+
+    @rule(adds=st.lists(st.tuples(LEDGERS, ENTRIES, st.integers(0, 1)), min_size=1,
+                        max_size=6),
+          fence_lid=LEDGERS, room=st.integers(0, 400))
+    def disk_fills_up(self, adds: list[tuple[int, int, int]], fence_lid: int, room: int) -> None:
+        """The disk fills (ENOSPC mid-batch, or the watermark), then space returns."""
+        fs = self.fs
+        used = fs.capacity - fs.disk_usage("/")[0]
+        saved = fs.capacity
+        fs.set_capacity(used + room)
+        self._disk_full = True
+
+        async def go() -> None:
+            tasks = [self._add(lid, eid, v, False) for lid, eid, v in adds]
+            self.m.fence_tried.add(fence_lid)
+            fence = self.bookie.handle(FenceRequest(fence_lid, KEY))
+            *_, r = await asyncio.gather(*tasks, fence)
+            if r.status == Status.OK:
+                self.m.fenced.add(fence_lid)
+            else:
+                assert r.status in (Status.READ_ONLY, Status.NO_SUCH_LEDGER), r
+
+        try:
+            self.run(go())
+        finally:
+            self._disk_full = False
+            fs.set_capacity(saved)
+        self.bookie.check_disk()
+        assert self.bookie.state == "writable", self.bookie.state_reason
 
     @rule(lid=LEDGERS, eid=st.integers(-1, 12))
     def read(self, lid: int, eid: int) -> None:

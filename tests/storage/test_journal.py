@@ -326,3 +326,23 @@ async def test_compaction_crash_after_checkpoint_before_delete_is_finished_at_st
     assert s2.index.ledgers[1].fenced and s2.index.ledgers[2].deleted
     s2._check()
     await s2.close()
+
+
+async def test_no_room_to_rotate_keeps_the_current_segment():
+    fs = MemFileSystem()
+    errors: list = []
+    fs.makedirs("/j")
+    j = Journal(fs, "/j", IID, on_synced=lambda seg, items: None,
+                on_failed=lambda tags, exc: None, on_fatal=errors.append,
+                on_write_error=errors.append, segment_size=100)
+    await j.open(0)
+    used = fs.capacity - fs.disk_usage("/")[0]
+    fs.set_capacity(used + 80)  # room for one batch, not for a new segment on top
+    await j.append(encode_fence(1) * 3)
+    await j.drain()
+    assert errors and not isinstance(errors[0], JournalFailedError)
+    assert j.failed is None and fs.listdir("/j") == [segment_name(0)]
+    fs.set_capacity(1 << 30)
+    await j.append(encode_fence(2))  # rotation retried after this batch
+    await j.close()
+    assert fs.listdir("/j") == [segment_name(0), segment_name(1)]
