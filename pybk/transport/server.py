@@ -165,8 +165,15 @@ class _ServerConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         self.server._forget(self)
-        for task in list(self.tasks):
-            task.cancel()
+        self.cancel_long_polls()
+
+    def cancel_long_polls(self) -> None:
+        """Long polls only wait, so they are cancelled when nobody will read the answer.
+        Other requests are left to finish: cancelling a handler could interrupt the bookie
+        half way (its outcome is indeterminate for the client either way)."""
+        for task, request in list(self.tasks.items()):
+            if isinstance(request, ReadRequest) and request.previous_lac is not None:
+                task.cancel()
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -483,18 +490,23 @@ class BookieServer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         for conn in list(self.connections):
-            for task, request in list(conn.tasks.items()):
-                if isinstance(request, ReadRequest) and request.previous_lac is not None:
-                    task.cancel()  # a long poll changes nothing; its reader will retry elsewhere
+            conn.cancel_long_polls()  # answered UNAVAILABLE now; the reader retries elsewhere
         tasks = [t for c in self.connections for t in c.tasks]
         if tasks:
             await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time()))
         for conn in list(self.connections):
-            for task in list(conn.tasks):
-                task.cancel()  # failed in flight: the client sees the connection drop
+            # Still running after the grace: the client sees the connection drop (outcome
+            # indeterminate); the handler itself is left to finish or be failed by the
+            # bookie's own stop, never interrupted half way.
             conn._flush()
             if conn.transport is not None:
                 conn.transport.close()
+        # close() waits for the send buffer to drain; a peer that does not read gets aborted.
+        close_deadline = loop.time() + 1.0
+        while self.connections and loop.time() < close_deadline:
+            await asyncio.sleep(0.01)
+        for conn in list(self.connections):
+            conn.abort()
         if self._sweeper is not None:
             self._sweeper.cancel()
             try:
