@@ -31,6 +31,7 @@ from pybk.errors import (
     LedgerClosedError,
     LedgerFencedError,
     MetadataVersionError,
+    NotEnoughBookiesError,
     UnauthorizedError,
     UnexpectedConditionError,
     error_for_status,
@@ -116,6 +117,8 @@ class AddPipeline:
         # given to another bookie is stale (even if the same bookie comes back later).
         self._epoch = 0
         self._slot_epoch = [0] * metadata.ensemble_size
+        #: recovery only: slots written around because no replacement bookie exists
+        self.dead_slots: set[int] = set()
         self._change_task: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
 
@@ -151,8 +154,18 @@ class AddPipeline:
         return fut
 
     def _send(self, op: _PendingAdd) -> None:
+        if self.error is not None:
+            return
         op.sent = True
         for index in self.quorums.write_set(op.entry_id):
+            if index in self.dead_slots:
+                if op.acks.fail(index):
+                    self.fail(NotEnoughBookiesError(
+                        f"ledger {self.ledger_id}: entry {op.entry_id} cannot reach "
+                        f"{self.quorums.ack_quorum} live bookies of its write set"
+                    ))
+                    return
+                continue
             self._send_to(op, index)
 
     def _send_to(self, op: _PendingAdd, index: int) -> None:
@@ -227,7 +240,7 @@ class AddPipeline:
     # -- ensemble change ---------------------------------------------------------------------
 
     def _bookie_failed(self, index: int, bookie: str, exc: BaseException) -> None:
-        if self.error is not None or self.ensemble[index] != bookie:
+        if self.error is not None or self.ensemble[index] != bookie or index in self.dead_slots:
             return
         log.info("ledger %s: bookie %s (slot %d) failed: %r", self.ledger_id, bookie, index, exc)
         self.failed[index] = bookie
@@ -244,9 +257,13 @@ class AddPipeline:
                     continue
                 writable = await self.ctx.store.writable_bookies()
                 if self.recovery:
-                    change = plan_ensemble_change(
-                        self.ensembles, self.lac, failed, writable, self.ctx.rng
-                    )
+                    try:
+                        change = plan_ensemble_change(
+                            self.ensembles, self.lac, failed, writable, self.ctx.rng
+                        )
+                    except NotEnoughBookiesError:
+                        self._write_around(failed)  # raises if Qa is out of reach
+                        change = None
                     if change is not None:
                         self.ensembles = change.ensembles
                 else:
@@ -260,6 +277,24 @@ class AddPipeline:
         finally:
             self.changing = False
             self._complete_in_order()
+
+    def _write_around(self, failed: dict[int, str]) -> None:
+        """Recovery without a spare bookie: keep the failed slots out of the write sets as
+        long as every pending write-back can still reach Qa on the others (BookKeeper's
+        delayed ensemble change). The entries end up with fewer than Qw replicas but at
+        least Qa, on bookies already in the ensemble (nothing rests on an unrecorded one)."""
+        for index in failed:
+            self.dead_slots.add(index)
+        for op in self.pending:
+            for index in failed:
+                if self.quorums.has_entry(op.entry_id, index) and op.acks.fail(index):
+                    raise NotEnoughBookiesError(
+                        f"ledger {self.ledger_id}: entry {op.entry_id} cannot reach "
+                        f"{self.quorums.ack_quorum} bookies and no replacement is available "
+                        f"for {sorted(failed.values())}"
+                    )
+        log.info("ledger %s: writing around failed bookies %s (no spare)",
+                 self.ledger_id, sorted(failed.values()))
 
     async def _commit_change(self, failed: dict[int, str], writable: Sequence[str]) -> None:
         """CAS the new ensemble into the metadata (the one place a writer changes it)."""
@@ -301,6 +336,7 @@ class AddPipeline:
             self._epoch += 1
             for index in replaced:
                 self._slot_epoch[index] = self._epoch
+            self.dead_slots.difference_update(replaced)
         has_entry = self.quorums.has_entry
         for op in list(self.pending):
             if not op.sent:

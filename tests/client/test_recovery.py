@@ -422,3 +422,32 @@ async def test_recovery_open_after_bookie_crash_with_spare() -> None:
         assert rh.last_add_confirmed == lh.last_add_pushed == 9
         assert [e.data for e in await rh.read(0, 9)] == [b"e%d" % i for i in range(10)]
 
+
+
+async def test_recovery_writes_around_a_dead_bookie_without_spare() -> None:
+    """No spare bookie: write-backs reach Qa on the live bookies and recovery completes
+    (BookKeeper's delayed ensemble change), instead of failing the whole recovery."""
+    async with mem_cluster(E3) as cluster:
+        lh = await ledger_on(cluster, 3, 3, 2, E3)
+        for b in ("b1", "b3"):
+            await seed(cluster, b, lh.id, 0, -1, 1, b"a")
+            await seed(cluster, b, lh.id, 1, -1, 2, b"b")
+        await cluster.stop_bookie("b2")
+        rh = await cluster.client().open_ledger(lh.id)
+        md = rh.metadata
+        assert (md.state, md.last_entry_id, dict(md.ensembles)) == (CLOSED, 1, {0: tuple(E3)})
+        assert [e.data for e in await rh.read(0, 1)] == [b"a", b"b"]
+
+
+async def test_recovery_without_spare_fails_when_ack_quorum_is_lost() -> None:
+    async with mem_cluster(E3) as cluster:
+        lh = await ledger_on(cluster, 3, 3, 3, E3)
+        for b in E3:
+            await seed(cluster, b, lh.id, 0, -1, 1, b"a")
+        t = cluster.local_transport()
+        t.hooks.unavailable("b2", predicate=is_recovery_add)
+        for b in ("b1", "b3"):  # e1 is on b1 and b3 only
+            await seed(cluster, b, lh.id, 1, -1, 2, b"b")
+        with pytest.raises(NotEnoughBookiesError, match="cannot reach 3"):
+            await cluster.client(transport=t).open_ledger(lh.id)
+        assert (await cluster.store.read_ledger(lh.id)).state == IN_RECOVERY
