@@ -94,6 +94,7 @@ class _ClientConnection(asyncio.Protocol):
         self.next_id = 1
         self.closed = False
         self.address = "?"
+        self.answered = False  # has the bookie answered anything on this connection?
         self.last_used = self.loop.time()
         self.idle_timer: asyncio.TimerHandle | None = None
         self.auth_id: int | None = None
@@ -212,6 +213,9 @@ class _ClientConnection(asyncio.Protocol):
                     f"{getattr(event, 'error', event)}"
                 )
                 return
+            if not self.answered:
+                self.answered = True
+                self.owner._note_success(self.bookie_id)
             if event.request_id == self.auth_id:
                 self.auth_id = None
                 if event.response.status != Status.OK:
@@ -249,6 +253,8 @@ class _ClientConnection(asyncio.Protocol):
         if not self.closed:
             self.closed = True
             self.owner._forget(self)
+            if not self.answered:  # refused, TLS rejection after connect, reset at once...
+                self.owner._note_failure(self.bookie_id)
         if self.transport is not None:
             self.transport.abort()
         pending, self.pending = self.pending, {}
@@ -356,8 +362,6 @@ class TcpTransport(Transport):
             conn.fail(f"connecting to bookie {conn.bookie_id} was cancelled")
             raise
         except Exception as exc:  # refused, unreachable, TLS handshake, resolver/metadata...
-            _, delay = self._backoff.get(conn.bookie_id, (0.0, self.backoff_initial))
-            self._backoff[conn.bookie_id] = (loop.time() + delay, min(delay * 2, self.backoff_max))
             log.info("cannot connect to bookie %s (%s): %r", conn.bookie_id, conn.address, exc)
             if isinstance(exc, BookieUnavailableError):
                 conn.fail(str(exc))
@@ -365,9 +369,18 @@ class TcpTransport(Transport):
                 reason = str(exc) or type(exc).__name__
                 conn.fail(f"cannot connect to bookie {conn.bookie_id} at {conn.address}: {reason}")
             return
-        self._backoff.pop(conn.bookie_id, None)
         if conn.closed and conn.transport is not None:  # lost while connecting (close())
             conn.transport.abort()
+
+    def _note_failure(self, bookie_id: str) -> None:
+        """A connection failed before any answer: back off (doubling) before the next try."""
+        _, delay = self._backoff.get(bookie_id, (0.0, self.backoff_initial))
+        loop = asyncio.get_running_loop()
+        self._backoff[bookie_id] = (loop.time() + delay, min(delay * 2, self.backoff_max))
+
+    def _note_success(self, bookie_id: str) -> None:
+        """The bookie answered: the next failure starts backing off from the beginning."""
+        self._backoff.pop(bookie_id, None)
 
     def _forget(self, conn: _ClientConnection) -> None:
         if self._conns.get(conn.bookie_id) is conn:

@@ -389,3 +389,16 @@ async def test_global_connection_cap(stub):
         await _good_client_round_trip(server)
         for _, w in flood:
             w.close()
+
+
+async def test_connection_dropped_before_any_answer_backs_off(stub):
+    """A bookie that accepts and drops at once (here: a full per-IP cap) is backed off like
+    one that refuses, instead of being reconnected to on every request."""
+    async with _server(stub, max_connections_per_ip=0) as server:
+        transport = TcpTransport(_resolver(server), backoff_initial=5.0)
+        with pytest.raises(BookieUnavailableError, match="lost"):
+            await transport.send("b1", ReadLacRequest(1), 5.0)
+        with pytest.raises(BookieUnavailableError, match="backing off"):
+            await transport.send("b1", ReadLacRequest(1), 5.0)
+        assert server.stats["refused_per_ip_cap"] == 1
+        await transport.close()
