@@ -133,7 +133,9 @@ class SqliteMetadataStore(MetadataStore):
                 check_same_thread=False,
             )
             try:
-                conn.execute("PRAGMA journal_mode=WAL")
+                (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+                if str(mode).lower() != "wal":  # e.g. a filesystem without shared memory
+                    log.warning("%s: WAL mode unavailable (journal_mode=%s)", self.path, mode)
                 conn.execute(f"PRAGMA synchronous={self._synchronous}")
                 (found,) = conn.execute("PRAGMA user_version").fetchone()
                 if found > SCHEMA_VERSION:
@@ -573,7 +575,8 @@ def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:  # SQLite may already have rolled back (e.g. disk full)
+            conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
 

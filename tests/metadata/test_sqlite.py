@@ -269,3 +269,13 @@ async def test_bookie_watch_fires_when_a_lease_lapses_without_any_write(tmp_path
     await asyncio.wait_for(fired.wait(), 10.0)
     assert await watcher.writable_bookies() == []
     await watcher.close()
+
+
+async def test_unopenable_path_is_a_metadata_store_error_naming_it(tmp_path: Path) -> None:
+    from pybk.errors import MetadataStoreError
+
+    missing = tmp_path / "no" / "such" / "dir" / "m.db"
+    store = SqliteMetadataStore(str(missing))
+    with pytest.raises(MetadataStoreError, match="no/such/dir"):
+        await store.list_ledgers()
+    await store.close()
