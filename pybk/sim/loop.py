@@ -69,6 +69,9 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
         self._max_time = max_time
         self._max_steps = max_steps
         self.steps = 0
+        #: Iterations allowed at one instant before the run counts as a livelock.
+        self.max_still_steps = 50_000
+        self._still = 0
         self._task_seq = 0
         self._tasks: list[asyncio.Task[Any]] = []
         self.unhandled: list[str] = []
@@ -90,6 +93,15 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
                 f"deadlock at t={self._now:.6f}: nothing runnable and no timer pending; "
                 f"waiting tasks: {', '.join(waiting) or '(none)'}"
             )
+        if timeout > 0:
+            self._still = 0
+        else:
+            self._still += 1
+            if self._still > self.max_still_steps:
+                raise SimTimeLimit(
+                    f"livelock: {self._still} loop iterations without virtual time advancing "
+                    f"at t={self._now:.6f}"
+                )
         scheduled = self._scheduled  # type: ignore[attr-defined]
         if timeout <= 0 or not scheduled:
             return

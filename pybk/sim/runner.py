@@ -54,6 +54,7 @@ class Stats:
     wall_seconds: float = 0.0
     operations: int = 0
     messages: int = 0
+    loop_steps: int = 0
     faults: dict[str, int] = field(default_factory=dict)
     coverage: dict[str, int] = field(default_factory=dict)
 
@@ -139,7 +140,10 @@ class _Run:
         return len(self.trace) - 1
 
     def count_fault(self, kind: str) -> None:
-        self.fault_counts[kind] += 1
+        if kind.startswith("bookie_state_") or kind == "bookie_refused_start":
+            self.coverage[kind] += 1
+        else:
+            self.fault_counts[kind] += 1
 
     def cover(self, marker: str) -> None:
         self.coverage[marker] += 1
@@ -349,6 +353,7 @@ class _Run:
                 self._fault(w.name, "crash_writer")
                 w.stop()
                 net.kill_client(w.name)
+                await w.client.store.close()  # its metadata session dies with it
                 for p, t in zip(self.processes, self.tasks, strict=True):
                     if p is w:
                         t.cancel()
@@ -411,11 +416,19 @@ class _Run:
         return True
 
     async def _restart(self, b: str) -> None:
+        """Start a crashed bookie; one retry when a transient fault (a pending fsync EIO)
+        made it refuse, as an operator would. Damaged bookies may refuse for good."""
         sb = self.cluster.bookies[b]
-        if sb.status == "down":
-            ok = await self.cluster.start_bookie(b)
-            if not ok and sb.damaged:
+        for _attempt in range(2):
+            if sb.status == "refused" and b not in self.faulty:
+                sb.status = "down"
+            if sb.status != "down":
+                return
+            if await self.cluster.start_bookie(b):
+                return
+            if sb.damaged:
                 self.cover("damaged_bookie_refused_start")
+                return
 
     async def _bounce(self, b: str) -> None:
         """Restart a bookie whose journal may have failed (the operator's move)."""
@@ -503,8 +516,12 @@ class _Run:
         for bid, sb in c.bookies.items():
             if sb.status == "up" and sb.bookie is not None and sb.bookie.state != "writable":
                 await c.crash_bookie(bid, "drop")
-            if sb.status == "down":
-                await c.start_bookie(bid)
+            if sb.status in ("down", "refused"):
+                await self._restart(bid)
+        for bid, sb in c.bookies.items():
+            if sb.status != "up" and bid not in self.faulty:
+                self.history.liveness(f"restart {bid}", False,
+                                      f"undamaged bookie will not start: {sb.last_error}")
         down = [b for b, sb in c.bookies.items() if sb.status != "up"]
         tolerance = self.topology[2] - 1
         spare = [b for b in c.up_bookies() if b not in self.faulty]
@@ -537,10 +554,13 @@ class _Run:
                    derive_rng(self.seed, "final-w"), self.cover, self.topology, self.workload)
         ok = True
         try:
+            # As wide as the live bookies allow (a wiped bookie stays out for good).
+            e = min(self.topology[0], len(c.up_bookies()))
+            qw = min(self.topology[1], e)
+            qa = min(self.topology[2], qw)
             lh = await asyncio.wait_for(final.client.create_ledger(
-                ensemble_size=self.topology[0], write_quorum=self.topology[1],
-                ack_quorum=self.topology[2], digest_type="CRC32C", password=PASSWORD),
-                self.liveness_bound)
+                ensemble_size=e, write_quorum=qw, ack_quorum=qa, digest_type="CRC32C",
+                password=PASSWORD), self.liveness_bound)
             self.registry.ledgers.append(lh.id)
             self.history.create("final-w", lh.id)
             futs = []
@@ -576,11 +596,12 @@ def run(
     topology: tuple[int, int, int] | None = None,
     mutations: tuple[str, ...] | list[str] = (),
     liveness_bound: float = 60.0,
+    max_steps: int = 400_000,
 ) -> SimResult:
     """Run one seed and check it. See the module docstring; API.md has the contract."""
     faults = faults if faults is not None else Faults.all()
     r = _Run(seed, bookies, duration, faults, workload, topology, liveness_bound)
-    loop = SimLoop(max_time=duration + 10 * liveness_bound + 600.0, max_steps=20_000_000)
+    loop = SimLoop(max_time=duration + 10 * liveness_bound + 600.0, max_steps=max_steps)
     r.loop = loop
     wall = time.perf_counter()
     error: str | None = None
@@ -606,7 +627,7 @@ def run(
     trace_hash = hashlib.sha256("\n".join(r.trace).encode()).hexdigest()
     ops = sum(p.ops for p in r.processes)
     stats = Stats(virtual_seconds=loop.time(), wall_seconds=time.perf_counter() - wall,
-                  operations=ops, messages=r.cluster.network.messages,
+                  operations=ops, messages=r.cluster.network.messages, loop_steps=loop.steps,
                   faults=dict(sorted(r.fault_counts.items())),
                   coverage=dict(sorted(r.coverage.items())))
     return SimResult(seed=seed, ok=not violations, violations=violations, trace=r.trace,

@@ -194,7 +194,7 @@ class Reader(Process):
                 await self._tail(lid)
             except Exception as exc:
                 self.h.log and self.h.log(f"{self.name} tail L{lid} ended: {_err(exc)} {exc}")
-                await asyncio.sleep(0.3)
+            await asyncio.sleep(0.3)
 
     async def _tail(self, lid: int) -> None:
         rh = await asyncio.wait_for(
