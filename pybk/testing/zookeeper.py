@@ -34,6 +34,10 @@ class ZooKeeperUnavailable(RuntimeError):
     """Java or the ZooKeeper jar is missing, or the server would not start."""
 
 
+class _ExitedEarly(Exception):
+    """The server process ended before it served (e.g. its port was taken)."""
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -75,6 +79,7 @@ class ZooKeeperServer:
             data_dir = self._tmp.name
         self.dir = Path(data_dir)
         self.port = port or free_port()
+        self._may_move = port is None  # an auto-chosen port may be re-picked on a bind race
         self.host = "127.0.0.1"
         self.tick_time_ms = tick_time_ms
         self.jar = jar
@@ -133,10 +138,25 @@ class ZooKeeperServer:
 
     def start(self, timeout: float = 60.0) -> None:
         """Start the server and return once it serves requests (ZooKeeperUnavailable if not
-        within ``timeout`` seconds, with the server's output in the message)."""
+        within ``timeout`` seconds, with the server's output in the message).
+
+        The first start on an auto-chosen port retries on another free port if the server
+        exits early (another process took the port between choosing and binding)."""
         if self._proc is not None and self._proc.poll() is None:
             raise RuntimeError(f"ZooKeeper on port {self.port} is already running")
         self._check_prerequisites()
+        attempts = 3 if self._may_move else 1
+        for attempt in range(attempts):
+            try:
+                self._start_once(timeout)
+                break
+            except _ExitedEarly as exc:
+                if attempt + 1 == attempts:
+                    raise ZooKeeperUnavailable(str(exc)) from None
+                self.port = free_port()
+        self._may_move = False  # restarts keep the port clients know
+
+    def _start_once(self, timeout: float) -> None:
         cfg = self._write_config()
         self._log = open(self.dir / "zk.out", "ab")  # noqa: SIM115 - closed in stop()
         self._proc = subprocess.Popen(
@@ -151,10 +171,14 @@ class ZooKeeperServer:
                 return
             if self._proc.poll() is not None:
                 output = (self.dir / "zk.out").read_text(errors="replace")[-2000:]
+                status = self._proc.returncode
                 self._proc = None
-                raise ZooKeeperUnavailable(
-                    f"ZooKeeper exited with status before serving on port {self.port}:\n"
-                    f"{output}"
+                if self._log is not None:
+                    self._log.close()
+                    self._log = None
+                raise _ExitedEarly(
+                    f"ZooKeeper exited with status {status} before serving on port "
+                    f"{self.port}:\n{output}"
                 )
             if time.monotonic() > deadline:
                 self.stop()

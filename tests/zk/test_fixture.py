@@ -48,3 +48,25 @@ def test_restart_keeps_port_and_data_and_stop_ends_the_process(tmp_path: Path) -
     with pytest.raises(ProcessLookupError):
         os.kill(last_pid, 0)
     assert four_letter_word("127.0.0.1", port, "srvr", timeout=0.5) is None
+
+
+def test_a_taken_auto_port_is_replaced_but_an_explicit_one_fails_loudly(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        explicit = ZooKeeperServer(tmp_path / "explicit", port=taken)
+        with pytest.raises(ZooKeeperUnavailable, match=f"port {taken}"):
+            explicit.start()
+        explicit.close()
+        auto = ZooKeeperServer(tmp_path / "auto")
+        auto.port = taken  # as if another process grabbed the chosen port first
+        try:
+            auto.start()
+            assert auto.port != taken
+            reply = four_letter_word(auto.host, auto.port, "srvr")
+            assert reply is not None and reply.startswith("Zookeeper version:")
+        finally:
+            auto.close()
