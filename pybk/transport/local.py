@@ -5,15 +5,19 @@ contract of :mod:`pybk.transport.base` (a response, ``BookieUnavailableError`` o
 ``TimeoutError``, nothing else) and consults a :class:`pybk.testing.hooks.Hooks` object on
 every request so tests can hold, fail, drop or delay requests per bookie and operation.
 
-Per-request timeouts use the running loop's ``call_later`` (virtual time under the
-simulator). A timed-out request is not cancelled on the bookie: like a slow network, the
-bookie may still apply it.
+Per-request timeouts use the running loop's clock (virtual time under the simulator) but
+not one timer per request: requests wait in one FIFO per timeout value and a single sweep
+timer (every quarter of the shortest timeout) expires the overdue ones and drops the
+answered ones, so a timeout fires between its deadline and a quarter of it later. A
+timed-out request is not cancelled on the bookie: like a slow network, the bookie may still
+apply it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -40,6 +44,8 @@ class LocalTransport(Transport):
         self.hooks = hooks if hooks is not None else Hooks()
         self._closed = False
         self.sent = 0  # requests sent (for tests and benchmarks)
+        self._deadlines: dict[float, deque[_Deadline]] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
 
     def send(
         self, bookie_id: str, request: Request, timeout: float | None = None
@@ -50,10 +56,13 @@ class LocalTransport(Transport):
         if self._closed:
             fut.set_exception(ClientClosedError("transport closed"))
             return fut
-        timer: asyncio.TimerHandle | None = None
         if timeout is not None:
-            timer = loop.call_later(timeout, _expire, fut, bookie_id, request, timeout)
-            fut.add_done_callback(lambda _f: timer.cancel() if timer is not None else None)
+            queue = self._deadlines.get(timeout)
+            if queue is None:
+                queue = self._deadlines[timeout] = deque()
+            queue.append((loop.time() + timeout, fut, bookie_id, request))
+            if self._sweeper is None:
+                self._schedule_sweep(loop)
         rule = self.hooks.match(bookie_id, request) if self.hooks.rules else None
         if rule is None:
             self._deliver(fut, bookie_id, request)
@@ -101,11 +110,37 @@ class LocalTransport(Transport):
         # the task stays reachable through what it awaits (the bookie holds those futures)
         asyncio.ensure_future(_call(bookie, bookie_id, request, fut))  # noqa: RUF006
 
+    def _schedule_sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        period = min(0.5, max(0.001, min(self._deadlines) / 4))
+        self._sweeper = loop.call_later(period, self._sweep, loop)
+
+    def _sweep(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._sweeper = None
+        now = loop.time()
+        for timeout, queue in list(self._deadlines.items()):
+            while queue:
+                deadline, fut, bookie_id, request = queue[0]
+                if fut.done():
+                    queue.popleft()
+                elif deadline <= now:
+                    queue.popleft()
+                    _expire(fut, bookie_id, request, timeout)
+                else:
+                    break
+            if not queue:
+                del self._deadlines[timeout]
+        if self._deadlines and not self._closed:
+            self._schedule_sweep(loop)
+
     async def close(self) -> None:
         self._closed = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         self.hooks.clear(release=False)
 
 
+_Deadline = tuple[float, "asyncio.Future[Response]", str, Request]
 _background: set[asyncio.Task[None]] = set()
 
 
