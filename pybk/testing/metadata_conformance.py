@@ -573,3 +573,23 @@ class ZooKeeperBackend(MetadataBackend):
     async def cleanup(self) -> None:
         for s in self._opened:
             await s.close()
+
+
+def conformance_test(
+    make_backend: Callable[[], MetadataBackend],
+) -> Callable[..., Awaitable[None]]:
+    """A pytest test (parametrized over :data:`CHECKS`) for a backend that needs no fixture::
+
+        test_my_store = conformance_test(MyBackend)
+
+    Needs pytest-asyncio (or another runner for ``async def`` tests).
+    """
+    import pytest
+
+    @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
+    async def test_metadata_conformance(
+        check: Callable[[MetadataBackend], Awaitable[None]],
+    ) -> None:
+        await run_check(make_backend, check)
+
+    return test_metadata_conformance

@@ -11,20 +11,15 @@ from pybk.testing.metadata_conformance import (
     MemoryBackend,
     MetadataBackend,
     SqliteBackend,
+    conformance_test,
     run_check,
 )
 
 Check = Callable[[MetadataBackend], Awaitable[None]]
 
-
-@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
-async def test_memory(check: Check) -> None:
-    await run_check(MemoryBackend, check)
-
-
-@pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__.removeprefix("check_"))
-async def test_sqlite(check: Check) -> None:
-    await run_check(SqliteBackend, check)
+# the packaged one-liner users write for their own backend
+test_memory = conformance_test(MemoryBackend)
+test_sqlite = conformance_test(SqliteBackend)
 
 
 @pytest.mark.integration
