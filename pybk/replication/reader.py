@@ -293,7 +293,14 @@ class ReadHandle:
         return await self._read(first, last)
 
     async def _read(self, first: int, last: int) -> list[LedgerEntry]:
-        decoded = await read_range(self._ctx, self._md, self._digest, first, last)
+        try:
+            decoded = await read_range(self._ctx, self._md, self._digest, first, last)
+        except BKError:
+            # the writer may have moved entries to a new ensemble since we last looked
+            before = dict(self._md.ensembles)
+            if self._md.is_closed or dict((await self._refresh_metadata()).ensembles) == before:
+                raise
+            decoded = await read_range(self._ctx, self._md, self._digest, first, last)
         if decoded:
             self._raise_lac(max(d.lac for d in decoded))
         return [LedgerEntry(d.ledger_id, d.entry_id, d.payload) for d in decoded]

@@ -182,3 +182,23 @@ async def test_explicit_lac_lets_reader_see_last_entry() -> None:
             await asyncio.sleep(0.01)
         assert [e.data for e in await rh.read(0, 2)] == [b"x0", b"x1", b"x2"]
         await lh.close()
+
+
+async def test_reader_follows_ensemble_change_after_open() -> None:
+    async with mem_cluster(4) as cluster:
+        lh = await cluster.client().create_ledger(3, 1, 1)  # one replica: no failover
+        for i in range(3):
+            await lh.append(b"e%d" % i)
+        rh = await cluster.client().open_ledger(lh.id, recovery=False)
+        victim = lh.metadata.ensembles[0][0]
+        await cluster.stop_bookie(victim)
+        for i in range(3, 8):
+            await lh.append(b"e%d" % i)
+        assert len(lh.metadata.ensembles) == 2
+        assert len(rh.metadata.ensembles) == 1  # stale view: entry 3 is not where it says
+        assert [e.data for e in await rh.read_unconfirmed(3, 7)] == [
+            b"e%d" % i for i in range(3, 8)
+        ]
+        assert len(rh.metadata.ensembles) == 2  # refreshed on the failed read
+        assert await rh.read_last_add_confirmed() == 6
+        await lh.close()
