@@ -220,3 +220,11 @@ def test_cluster_with_mutual_tls(tmp_path):
         assert r.exit_code == 0 and r.stdout == "0\tx\n"
     finally:
         _pybk("cluster", "down", "--root", str(root))
+
+
+def test_layer_commands_are_registered():
+    """`pybk simulate` lives in pybk/sim/cli.py and is added to the group when present."""
+    import importlib.util
+
+    has_sim_cli = importlib.util.find_spec("pybk.sim.cli") is not None
+    assert ("simulate" in main.commands) == has_sim_cli
