@@ -243,3 +243,35 @@ async def test_timeout_triggers_change() -> None:
         assert await stored(store, lh.id) == {0: (b[0], "b4", b[2])}
         await lh.close()
 
+
+
+async def test_ensemble_change_retries_on_cas_conflict() -> None:
+    async with gated() as (cluster, gate, store):
+        lh = await new_ledger(cluster, 3, 3, 2, ["b4"])
+        b = lh.metadata.ensembles[0]
+        bumps = 0
+
+        def bump() -> object:
+            async def go() -> None:
+                nonlocal bumps
+                if bumps >= 2:
+                    return
+                bumps += 1
+                gate.on_write = None
+                md = await store.read_ledger(lh.id)
+                await store.write_ledger(
+                    md.with_changes(custom_metadata={"bump": b"%d" % bumps}), md.version
+                )
+                gate.on_write = bump
+
+            return go()
+
+        gate.on_write = bump
+        cluster.transport.hooks.fail(b[1], op=Op.ADD, times=1)
+        assert await lh.append(b"e0") == 0
+        gate.on_write = None
+        md = await store.read_ledger(lh.id)
+        assert bumps == 2
+        assert dict(md.ensembles) == {0: (b[0], "b4", b[2])}
+        assert md.custom_metadata == {"bump": b"2"}  # the other update survived
+        await lh.close()
