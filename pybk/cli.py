@@ -51,9 +51,9 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
     try:
         return asyncio.run(coro)
     except BKError as exc:
-        _fail(f"{type(exc).__name__}: {exc}")
+        _fail(f"{type(exc).__name__}: {exc or 'no detail'}")
     except (ValueError, OSError) as exc:
-        _fail(f"{type(exc).__name__}: {exc}")
+        _fail(f"{type(exc).__name__}: {exc or 'no detail'}")
     except KeyboardInterrupt:
         _fail("interrupted")
     raise AssertionError("unreachable")
@@ -145,7 +145,14 @@ def client_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 async def _with_client(conn: _Conn, body: Callable[[Any], Awaitable[T]]) -> T:
     async with conn.client() as client:
-        return await asyncio.wait_for(body(client), conn.timeout)
+        try:
+            return await asyncio.wait_for(body(client), conn.timeout)
+        except TimeoutError as exc:
+            if isinstance(exc, BKError):
+                raise
+            raise pybk.TimeoutError(
+                f"not done within {conn.timeout:g} s (raise --timeout to wait longer)"
+            ) from None
 
 
 # --------------------------------------------------------------------------- the group

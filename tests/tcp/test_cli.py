@@ -61,6 +61,9 @@ def test_operation_failure_is_one_line_and_exit_1(tmp_path):
     assert result.exit_code == 1 and "ValueError" in result.output
     result = runner.invoke(main, ["ledger", "append", "x", "--metadata", uri, "--timeout", "20"])
     assert result.exit_code == 1 and "NotEnoughBookiesError" in result.output
+    result = runner.invoke(main, ["ledger", "list", "--metadata", uri, "--timeout", "0.000001"])
+    assert result.exit_code == 1
+    assert result.output.startswith("pybk: error: TimeoutError: not done within 1e-06 s")
 
 
 def test_python_dash_m_pybk():
