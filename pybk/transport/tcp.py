@@ -119,6 +119,12 @@ class _ClientConnection(asyncio.Protocol):
         self.next_id += 1
         self.last_used = self.loop.time()
         frame = codec.encode_request(request_id, request)  # ValueError: caller's bad request
+        if len(frame) - 4 > self.codec.max_frame:
+            # The bookie would drop the whole connection (and every request on it) for this.
+            raise ValueError(
+                f"{request.op.name} request of {len(frame)} bytes exceeds the "
+                f"{self.codec.max_frame}-byte frame cap"
+            )
         if future is not None:
             self.pending[request_id] = _Pending(future, request)
             if timeout is not None:

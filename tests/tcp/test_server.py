@@ -402,3 +402,14 @@ async def test_connection_dropped_before_any_answer_backs_off(stub):
             await transport.send("b1", ReadLacRequest(1), 5.0)
         assert server.stats["refused_per_ip_cap"] == 1
         await transport.close()
+
+
+async def test_oversized_request_refused_locally_without_hurting_the_connection(stub):
+    async with BookieServer(stub.handle) as server:
+        transport = TcpTransport(_resolver(server))
+        pending = transport.send("b1", AddRequest(1, 0, b"k", b"ok"), 5.0)
+        with pytest.raises(ValueError, match="frame cap"):
+            transport.send("b1", AddRequest(1, 1, b"k", bytes(codec.DEFAULT_MAX_FRAME)), 5.0)
+        assert (await pending).status == Status.OK
+        assert server.stats["frame_too_large"] == 0
+        await transport.close()
