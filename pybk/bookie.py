@@ -444,6 +444,13 @@ class Bookie:
             return error_response(request, Status.UNAVAILABLE,
                                   f"bookie {self.bookie_id} is stopped")
         try:
+            if type(request) is AddRequest:  # the hot path, inlined
+                if self._journal_failed or (self._disk_full and not request.recovery):
+                    raise ReadOnlyBookieError(
+                        f"bookie {self.bookie_id} is read-only: {self._reason}")
+                await self.store.add(request.ledger_id, request.entry_id, request.body,
+                                     request.master_key, request.recovery)
+                return AddResponse(Status.OK, request.ledger_id, request.entry_id)
             if isinstance(request, AddRequest):
                 return await self._add(request)
             if isinstance(request, ReadRequest):
