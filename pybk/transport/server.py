@@ -336,6 +336,8 @@ class _ServerConnection(asyncio.Protocol):
             self.server.stats.incr("read_paused")
         elif not want_pause and self.read_paused:
             self.read_paused = False
+            if self.partial_since is not None:  # the peer's clock restarts: we were not reading
+                self.partial_since = self.loop.time()
             self.transport.resume_reading()
 
     # -- closing -----------------------------------------------------------------------------
@@ -362,7 +364,11 @@ class _ServerConnection(asyncio.Protocol):
         reason = None
         if not self.authenticated and now - self.connected_at > cfg.auth_timeout:
             reason = "auth_timeout"
-        elif self.partial_since is not None and now - self.partial_since > cfg.frame_timeout:
+        elif (
+            self.partial_since is not None
+            and not self.read_paused  # our backpressure, not a slow peer
+            and now - self.partial_since > cfg.frame_timeout
+        ):
             reason = "frame_timeout"
         elif (
             self.write_paused_since is not None

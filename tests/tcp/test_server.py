@@ -413,3 +413,30 @@ async def test_oversized_request_refused_locally_without_hurting_the_connection(
         assert (await pending).status == Status.OK
         assert server.stats["frame_too_large"] == 0
         await transport.close()
+
+
+async def test_backpressure_is_not_mistaken_for_slowloris(stub):
+    """While the server itself stops reading (in-flight cap reached, bookie slow), a partial
+    frame in its buffer must not trip the per-frame deadline."""
+    async with _server(stub, max_in_flight=2, frame_timeout=0.2) as server:
+        reader, writer = await _raw(server)
+        stub.hold = True
+        frames = b"".join(codec.encode_request(i, AddRequest(1, i, b"k", b"x")) for i in range(5))
+        sixth = codec.encode_request(9, AddRequest(1, 9, b"k", b"y"))
+        writer.write(frames + sixth[:10])  # 5 whole frames and the start of another
+        await wait_until(lambda: stub.active == 2 and server.stats["read_paused"] >= 1)
+        conn = server.connections[0]
+        loop = asyncio.get_running_loop()
+        paused_at = loop.time()
+        # let three frame deadlines pass while paused (an absence can only be shown over time)
+        await wait_until(lambda: loop.time() - paused_at > 0.6, 5, "three frame deadlines")
+        assert server.stats["frame_timeout"] == 0 and server.connections == [conn]
+        stub.release_all()
+        writer.write(sixth[10:])  # finish the sixth frame
+        client = codec.Connection("client")
+        events: list = []
+        async with asyncio.timeout(10):
+            while len(events) < 6:
+                events += client.receive_data(await reader.read(65536))
+        assert sorted(e.request_id for e in events) == [0, 1, 2, 3, 4, 9]
+        writer.close()
