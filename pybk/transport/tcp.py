@@ -41,6 +41,8 @@ log = logging.getLogger("pybk.tcp")
 
 Resolver = Callable[[str], Awaitable[str]]
 
+_RESPONSE_SLACK = 64 * 1024
+
 
 def parse_address(address: str) -> tuple[str, int]:
     """``"host:port"`` or ``"[v6]:port"`` -> (host, port); ValueError naming the address."""
@@ -86,7 +88,9 @@ class _ClientConnection(asyncio.Protocol):
         self.owner = owner
         self.bookie_id = bookie_id
         self.loop = asyncio.get_running_loop()
-        self.codec = codec.Connection("client", max_frame=owner.max_frame)
+        # Responses may carry a little more than a request of the cap (e.g. READ_LAC: the
+        # last entry plus the explicit LAC body), hence the slack on the receiving side.
+        self.codec = codec.Connection("client", max_frame=owner.max_frame + _RESPONSE_SLACK)
         self.transport: asyncio.Transport | None = None
         self.pending: dict[int, _Pending] = {}
         self.out: list[bytes] = []
@@ -119,11 +123,11 @@ class _ClientConnection(asyncio.Protocol):
         self.next_id += 1
         self.last_used = self.loop.time()
         frame = codec.encode_request(request_id, request)  # ValueError: caller's bad request
-        if len(frame) - 4 > self.codec.max_frame:
+        if len(frame) - 4 > self.owner.max_frame:
             # The bookie would drop the whole connection (and every request on it) for this.
             raise ValueError(
                 f"{request.op.name} request of {len(frame)} bytes exceeds the "
-                f"{self.codec.max_frame}-byte frame cap"
+                f"{self.owner.max_frame}-byte frame cap"
             )
         if future is not None:
             self.pending[request_id] = _Pending(future, request)

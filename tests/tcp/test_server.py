@@ -16,7 +16,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from pybk.errors import BookieUnavailableError, TimeoutError
-from pybk.protocol import AddRequest, ReadLacRequest, ReadRequest, Status
+from pybk.protocol import AddRequest, AddResponse, ReadLacRequest, ReadRequest, Status
 from pybk.transport import codec
 from pybk.transport.server import BookieServer, ServerConfig
 from pybk.transport.tcp import TcpTransport, parse_address
@@ -440,3 +440,28 @@ async def test_backpressure_is_not_mistaken_for_slowloris(stub):
                 events += client.receive_data(await reader.read(65536))
         assert sorted(e.request_id for e in events) == [0, 1, 2, 3, 4, 9]
         writer.close()
+
+
+async def test_largest_entry_round_trips_through_every_response_type():
+    """An entry as large as the request cap allows still fits in READ and READ_LAC answers."""
+    from pybk.protocol import ReadLacResponse, ReadResponse
+
+    key = bytes(32)
+    overhead = len(codec.encode_request(1, AddRequest(1, 0, key, b""))) - 4
+    body = bytes(codec.DEFAULT_MAX_FRAME - overhead)
+    assert len(codec.encode_request(1, AddRequest(1, 0, key, body))) - 4 == codec.DEFAULT_MAX_FRAME
+
+    async def handler(request):
+        if isinstance(request, AddRequest):
+            return AddResponse(Status.OK, 1, 0)
+        if isinstance(request, ReadRequest):
+            return ReadResponse(Status.OK, 1, 0, body, 0)
+        return ReadLacResponse(Status.OK, 1, bytes(48), body)
+
+    async with BookieServer(handler) as server:
+        transport = TcpTransport(_resolver(server))
+        assert (await transport.send("b1", AddRequest(1, 0, key, body), 10.0)).status == Status.OK
+        assert (await transport.send("b1", ReadRequest(1, 0), 10.0)).body == body
+        lac = await transport.send("b1", ReadLacRequest(1), 10.0)
+        assert lac.last_entry_body == body
+        await transport.close()
