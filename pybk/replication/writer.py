@@ -23,7 +23,7 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pybk import mutations
 from pybk.errors import (
@@ -67,12 +67,15 @@ def fresh_error(exc: BaseException) -> BaseException:
 
 
 class _PendingAdd:
-    __slots__ = ("acks", "body", "entry_id", "future", "length", "request", "sent")
+    __slots__ = ("acks", "batch_first", "body", "entry_id", "future", "length", "request", "sent")
 
     def __init__(
-        self, entry_id: int, body: bytes, length: int, future: asyncio.Future[int], q: Quorums
+        self, entry_id: int, body: bytes, length: int, future: asyncio.Future[Any] | None,
+        q: Quorums,
     ) -> None:
         self.entry_id = entry_id
+        #: the first id of the batch this add ends (its future gets the list of ids), or -1
+        self.batch_first = -1
         self.body = body
         self.length = length
         self.future = future
@@ -145,13 +148,47 @@ class AddPipeline:
         return self._push(entry_id, body, length)
 
     def _push(self, entry_id: int, body: bytes, length: int) -> asyncio.Future[int]:
-        self.lap = entry_id
         fut: asyncio.Future[int] = self._loop.create_future()
+        self._enqueue(entry_id, body, length, fut)
+        return fut
+
+    def _enqueue(
+        self, entry_id: int, body: bytes, length: int, fut: asyncio.Future[Any] | None
+    ) -> _PendingAdd:
+        self.lap = entry_id
         op = _PendingAdd(entry_id, body, length, fut, self.quorums)
         self.pending.append(op)
         if not self.changing:
             self._send(op)
+        return op
+
+    def push_many(self, payloads: list[bytes]) -> asyncio.Future[list[int]]:
+        """Add several entries; one future (for the whole batch) holds their ids, so a
+        batch costs one loop future, not one per entry."""
+        if self.error is not None:
+            raise fresh_error(self.error)
+        fut: asyncio.Future[list[int]] = self._loop.create_future()
+        if not payloads:
+            fut.set_result([])
+            return fut
+        first = self.lap + 1
+        frame = self.digest.frame
+        op = None
+        for i, payload in enumerate(payloads):
+            entry_id = first + i
+            self.length += len(payload)
+            body = frame(entry_id, self.lac, self.length, payload)
+            last = i == len(payloads) - 1
+            op = self._enqueue(entry_id, body, self.length, fut if last else None)
+        assert op is not None
+        op.batch_first = first
+        error = self._current_error()  # a method call: the queueing above may have failed
+        if error is not None and not fut.done():
+            fut.set_exception(fresh_error(error))
         return fut
+
+    def _current_error(self) -> BaseException | None:
+        return self.error
 
     def _send(self, op: _PendingAdd) -> None:
         if self.error is not None:
@@ -195,8 +232,8 @@ class AddPipeline:
         if response.status == Status.OK:
             assert isinstance(response, AddResponse)
             if op.acks.ack(index):
-                if mutations.ACK_OUT_OF_ORDER in mutations.ACTIVE and not op.future.done():
-                    op.future.set_result(op.entry_id)  # deliberately broken build
+                if mutations.ACK_OUT_OF_ORDER in mutations.ACTIVE:
+                    self._resolve(op)  # deliberately broken build: no ordering
                 self._complete_in_order()
             return
         self._on_error_status(index, bookie, response)
@@ -224,8 +261,18 @@ class AddPipeline:
             pending.popleft()
             self.lac = op.entry_id
             self.lac_length = op.length
-            if not op.future.done():
-                op.future.set_result(op.entry_id)
+            if op.future is not None:
+                self._resolve(op)
+
+    @staticmethod
+    def _resolve(op: _PendingAdd) -> None:
+        fut = op.future
+        if fut is None or fut.done():
+            return
+        if op.batch_first >= 0:
+            fut.set_result(list(range(op.batch_first, op.entry_id + 1)))
+        else:
+            fut.set_result(op.entry_id)
 
     def fail(self, exc: BaseException) -> None:
         """Put the pipeline in error: every pending and future add fails with ``exc``."""
@@ -234,7 +281,7 @@ class AddPipeline:
             log.info("ledger %s: adds fail from now on: %s", self.ledger_id, exc)
         pending, self.pending = self.pending, deque()
         for op in pending:
-            if not op.future.done():
+            if op.future is not None and not op.future.done():
                 op.future.set_exception(fresh_error(exc))
 
     # -- ensemble change ---------------------------------------------------------------------
@@ -352,7 +399,8 @@ class AddPipeline:
     async def drain(self) -> None:
         """Wait until no add is pending (each acknowledged or failed)."""
         while self.pending:
-            await asyncio.gather(*(op.future for op in list(self.pending)), return_exceptions=True)
+            futures = [op.future for op in self.pending if op.future is not None]
+            await asyncio.gather(*futures, return_exceptions=True)
         if self._change_task is not None and not self._change_task.done():
             await self._change_task
 
@@ -439,8 +487,14 @@ class LedgerHandle:
 
     async def append_many(self, items: Sequence[bytes | bytearray | memoryview]) -> list[int]:
         """Add several entries (pipelined); returns their entry ids once all are durable."""
-        futures = [self.append(item) for item in items]
-        return list(await asyncio.gather(*futures))
+        payloads = []
+        for item in items:
+            if not isinstance(item, bytes | bytearray | memoryview):
+                raise TypeError(f"append_many() takes bytes items, not {type(item).__name__}")
+            payloads.append(bytes(item))
+        if self._closing:
+            raise LedgerClosedError(f"ledger {self.id}: this handle is closed")
+        return await self._pipeline.push_many(payloads)
 
     async def read(self, first: int, last: int) -> list[LedgerEntry]:
         """Read back confirmed entries ``first..last`` (``last <= last_add_confirmed``)."""

@@ -236,3 +236,16 @@ async def test_writer_reads_back_confirmed_entries() -> None:
         with pytest.raises(ValueError, match="beyond the last add confirmed"):
             await lh.read(0, 3)
         await lh.close()
+
+
+async def test_append_many_checks_items_and_handles_empty() -> None:
+    async with mem_cluster(3) as cluster:
+        lh = await cluster.client().create_ledger()
+        assert await lh.append_many([]) == []
+        with pytest.raises(TypeError, match="append_many"):
+            await lh.append_many([b"ok", 3])  # type: ignore[list-item]
+        assert lh.last_add_pushed == -1  # nothing was queued by the bad call
+        assert await lh.append_many([b"a"] * 300) == list(range(300))
+        await lh.close()
+        with pytest.raises(LedgerClosedError):
+            await lh.append_many([b"late"])

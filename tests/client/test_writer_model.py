@@ -49,6 +49,7 @@ class ScriptedTransport(Transport):
 ACTIONS = st.lists(
     st.one_of(
         st.tuples(st.just("append"), st.integers(1, 4)),
+        st.tuples(st.just("batch"), st.integers(0, 6)),
         st.tuples(st.just("ok"), st.integers(0, 50)),
         st.tuples(st.just("err"), st.integers(0, 50)),
         st.tuples(st.just("step"), st.integers(1, 5)),
@@ -83,10 +84,15 @@ async def _run(quorum: tuple[int, int, int], actions: list[tuple[str, int]], see
     held: dict[int, set[str]] = {}
     acked: list[int] = []
     futures: list[asyncio.Future[int]] = []
+    batches: list[asyncio.Future[list[int]]] = []
 
     def record(f: asyncio.Future[int]) -> None:
         if not f.cancelled() and f.exception() is None:
             acked.append(f.result())
+
+    def record_batch(f: asyncio.Future[list[int]]) -> None:
+        if not f.cancelled() and f.exception() is None:
+            acked.extend(f.result())
 
     async def check() -> None:
         assert acked == list(range(len(acked)))
@@ -111,6 +117,16 @@ async def _run(quorum: tuple[int, int, int], actions: list[tuple[str, int]], see
                     break
                 fut.add_done_callback(record)
                 futures.append(fut)
+        elif action == "batch":
+            first = lh.last_add_pushed + 1
+            try:
+                bfut = lh._pipeline.push_many([b"b%d" % i for i in range(arg)])
+            except BKError:
+                continue
+            bfut.add_done_callback(record_batch)
+            batches.append(bfut)
+            if arg:
+                assert lh.last_add_pushed == first + arg - 1
         elif action in ("ok", "err"):
             live = transport.live()
             if live:
@@ -129,14 +145,15 @@ async def _run(quorum: tuple[int, int, int], actions: list[tuple[str, int]], see
     # let everything finish: answer whatever is still outstanding with OK
     for _ in range(200):
         live = transport.live()
-        if not live and all(f.done() for f in futures):
+        if not live and all(f.done() for f in [*futures, *batches]):
             break
         for bookie, req, fut in live:
             held.setdefault(req.entry_id, set()).add(bookie)
             fut.set_result(AddResponse(Status.OK, req.ledger_id, req.entry_id))
         await steps(5)
-    assert all(f.done() for f in futures)
+    assert all(f.done() for f in [*futures, *batches])
     await steps(3)
     await check()
     ok = [f.result() for f in futures if f.exception() is None]
-    assert ok == acked
+    ok += [i for b in batches if b.exception() is None for i in b.result()]
+    assert sorted(ok) == acked
