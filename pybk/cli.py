@@ -126,7 +126,10 @@ def client_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         type=click.Path(exists=True, dir_okay=False),
         help="File holding the bookies' auth token.",
     )
-    @click.option("--timeout", type=float, default=30.0, show_default=True, help="Seconds.")
+    @click.option(
+        "--timeout", type=float, default=30.0, show_default=True,
+        help="Give up (exit 1) after this many seconds.",
+    )  # fmt: skip
     @functools.wraps(fn)
     def wrapper(
         metadata: str,
@@ -158,10 +161,22 @@ async def _with_client(conn: _Conn, body: Callable[[Any], Awaitable[T]]) -> T:
 # --------------------------------------------------------------------------- the group
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="""\b
+Example:
+  M=$(pybk cluster up --root /tmp/bk --bookies 3)
+  L=$(pybk ledger append --metadata $M hello world)
+  pybk ledger read --metadata $M $L
+  pybk cluster down --root /tmp/bk""",
+)
 @click.version_option(pybk.__version__, package_name="pybk")
 def main() -> None:
-    """pybk: Apache BookKeeper's replicated log, in Python."""
+    """pybk: Apache BookKeeper's replicated log, in Python.
+
+    Data goes to stdout, progress and errors to stderr. Exit status: 0 done, 1 the
+    operation failed (one line naming the cause), 2 bad usage.
+    """
 
 
 # --------------------------------------------------------------------------- bookie
@@ -522,11 +537,12 @@ def _entries_from(data: tuple[str, ...], count: int | None, size: int) -> list[b
 @client_options
 @click.argument("data", nargs=-1)
 @click.option("--count", type=click.IntRange(1), help="Append COUNT generated entries.")
-@click.option("--size", type=click.IntRange(1), default=100, show_default=True)
+@click.option("--size", type=click.IntRange(1), default=100, show_default=True,
+              help="Bytes per generated entry (--count).")  # fmt: skip
 @click.option("--ensemble", "-e", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--write-quorum", "-w", type=click.IntRange(1), default=2, show_default=True)
 @click.option("--ack-quorum", "-a", type=click.IntRange(1), default=2, show_default=True)
-@click.option("--password", default="")
+@click.option("--password", default="", help="Ledger password (needed to recover it later).")
 @click.option("--close/--no-close", default=True, show_default=True, help="Seal when done.")
 def ledger_append(
     conn: _Conn,
