@@ -249,3 +249,19 @@ async def test_append_many_checks_items_and_handles_empty() -> None:
         await lh.close()
         with pytest.raises(LedgerClosedError):
             await lh.append_many([b"late"])
+
+
+def test_client_and_config_reject_bad_arguments() -> None:
+    from pybk.client import Client
+    from pybk.replication.context import ClientConfig
+
+    with pytest.raises(ValueError, match="add_timeout"):
+        ClientConfig(add_timeout=0)
+    with pytest.raises(ValueError, match="speculative_read_delay"):
+        ClientConfig(speculative_read_delay=-1)
+    with pytest.raises(ValueError, match="recovery_read_batch_size"):
+        ClientConfig(recovery_read_batch_size=0)
+    with pytest.raises(TypeError, match="metadata must be a URI string or a MetadataStore"):
+        Client(42)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="bad metadata URI"):
+        Client("nosuchscheme").store  # noqa: B018
