@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import ssl
 import sys
 from dataclasses import dataclass
@@ -62,7 +63,16 @@ class BookieProcessConfig:
             return self.bookie_id
         if self.port == 0:
             raise ValueError("--bookie-id is required with --port 0 (the id must survive restarts)")
-        return f"{self.advertised_host or self.host}:{self.port}"
+        return f"{self.advertise()}:{self.port}"
+
+    def advertise(self) -> str:
+        """The host name to register: --advertised-host, else --host unless it is a wildcard
+        address (clients elsewhere cannot dial 0.0.0.0), then this machine's name."""
+        if self.advertised_host:
+            return self.advertised_host
+        if self.host in ("", "0.0.0.0", "::"):
+            return socket.getfqdn()
+        return self.host
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.tls_cert is None:
@@ -128,7 +138,8 @@ class BookieProcess:
         )
         await self.server.start()
         _, port = self.server.address
-        self.address = f"{cfg.advertised_host or cfg.host}:{port}"
+        host = cfg.advertise()
+        self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         if cfg.metrics_port is not None:
             from prometheus_client import start_http_server
 

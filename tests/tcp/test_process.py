@@ -156,3 +156,19 @@ async def test_metrics_over_http(tmp_path, capsys):
         assert "pybk_server_connections" in text
     finally:
         await process.stop()
+
+
+def test_advertised_address():
+    import socket
+
+    def cfg(**kw):
+        return BookieProcessConfig(data_dir="/x", metadata="memory://", **kw)
+
+    assert cfg(host="127.0.0.1").advertise() == "127.0.0.1"
+    assert cfg(host="0.0.0.0").advertise() == socket.getfqdn()  # never register a wildcard
+    assert cfg(host="0.0.0.0", advertised_host="bk1.example").advertise() == "bk1.example"
+    assert cfg(host="10.0.0.5", port=3181).resolved_bookie_id() == "10.0.0.5:3181"
+    with pytest.raises(ValueError, match="--bookie-id"):
+        cfg(port=0).resolved_bookie_id()
+    with pytest.raises(ValueError, match="--tls-cert"):
+        cfg(tls_ca="/ca.pem").ssl_context()
