@@ -1,0 +1,13 @@
+"""pybk's storage: everything a bookie writes to or reads from its disk.
+
+* ``fs``       the FileSystem seam (OsFileSystem, MemFileSystem with crash semantics)
+* ``records``  on-disk framing: segment headers, CRC-framed batches and records
+* ``journal``  the write side: segment files, serial group commit, rotation
+* ``replay``   the read side at start-up: verify segments, torn tail vs corruption
+* ``index``    entry locations and per-ledger state, checkpoint file format
+* ``store``    LedgerStore: the engine the bookie drives (adds, reads, fencing, LAC,
+               deletion, checkpoints, compaction)
+
+The journal *is* the entry store: entries are read back from the segment files through the
+index, so there is no second copy to keep consistent.
+"""
