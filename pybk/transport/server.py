@@ -198,12 +198,13 @@ class _ServerConnection(asyncio.Protocol):
         return None  # close our side too
 
     def pause_writing(self) -> None:
+        self.server.stats.incr("write_paused")
         self.write_paused_since = self.loop.time()
         self._set_reading()
 
     def resume_writing(self) -> None:
         self.write_paused_since = None
-        self._set_reading()
+        self._pump()
 
     # -- request flow ------------------------------------------------------------------------
 
@@ -214,6 +215,7 @@ class _ServerConnection(asyncio.Protocol):
             and self.in_flight < self.cfg.max_in_flight
             and not self.closing
             and not self.server.stopping  # stopping: queued, unstarted requests are dropped
+            and self.write_paused_since is None  # the peer is not reading our answers
         ):
             event = self.queue.popleft()
             if isinstance(event, codec.MessageRejected):

@@ -307,7 +307,11 @@ async def test_peer_that_never_reads_responses_is_cut_off(stub):
         _reader, writer = await _raw(server)
         frames = b"".join(codec.encode_request(i, ReadRequest(1, 0)) for i in range(2000))
         writer.write(frames)
+        await wait_until(lambda: server.stats["write_paused"] >= 1, 30, "send buffer full")
+        started_at_pause = len(stub.calls)
         await wait_until(lambda: server.stats["write_timeout"] == 1, 30, "write timeout")
+        # no request started while the peer was not reading: answers in memory stay bounded
+        assert len(stub.calls) == started_at_pause
         await wait_until(lambda: len(server.connections) == 0, 10, "connection dropped")
         writer.transport.abort()
         await _good_client_round_trip(server)
