@@ -283,8 +283,10 @@ class Checker:
             if lg is not None and lg.deleted_at is not None and lg.deleted_at < ev.index:
                 continue
             failed = fsync_failed.get(ev.process)
-            inv = "I11" if failed is not None else ("I9" if ev.detail.startswith("read") else
-                                                    "I10")
+            if "list" in ev.detail:  # the restarted bookie's index lost it: replay (or fsync)
+                inv = "I11" if failed is not None else "I10"
+            else:  # a read answered "absent" for data it holds or held: a lying bookie
+                inv = "I9"
             self._v(inv, ev.ledger, ev.entry,
                     f"bookie {ev.process} acknowledged this entry, later said absent "
                     f"({ev.detail})", ack, failed, ev)

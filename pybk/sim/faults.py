@@ -19,6 +19,8 @@ EVENT_KINDS = (
     "asym_partition",  # one direction only
     "isolate",  # one bookie cut from every client
     "swizzle",  # clog a random subset one by one, heal in random order
+    "slow_link",  # one writer->bookie path gets slow (messages late, still in order)
+    "lose_fence",  # the next fencing request to one bookie is lost
     "crash",  # bookie crash (drop/torn/reorder unsynced data) + restart later
     "wipe",  # bookie restarts with an empty disk under the same identity
     "bitflip",  # flip a bit in a committed record (while the bookie is down)
@@ -32,6 +34,16 @@ EVENT_KINDS = (
     "meta_cas",  # spurious compare-and-set conflicts for a while
 )
 ALL_KINDS = NET_KINDS + EVENT_KINDS
+
+#: Focused mixes: some seeds stress one dangerous area hard instead of everything a little
+#: (a uniform mix rarely lines up the two or three faults a real bug needs).
+FOCUS_MIXES: tuple[tuple[str, ...], ...] = (
+    ("slow_link", "lose_fence", "drop"),  # late adds vs recovery (BK 2614)
+    ("crash", "slow_fsync"),  # crashes with unsynced data in flight
+    ("latent", "bitflip", "crash"),  # lying disks (BK 2908)
+    ("pause_writer", "crash_writer", "partition", "crash"),  # zombie writers, fencing
+    ("fsync_eio", "enospc", "crash"),  # disk errors (fsyncgate)
+)
 
 
 @dataclass(frozen=True)
@@ -63,7 +75,8 @@ class Faults:
 
     @classmethod
     def network(cls) -> Faults:
-        return cls((*NET_KINDS, "partition", "asym_partition", "isolate", "swizzle"))
+        return cls((*NET_KINDS, "partition", "asym_partition", "isolate", "swizzle",
+                    "slow_link", "lose_fence"))
 
     @classmethod
     def process(cls) -> Faults:
@@ -102,6 +115,9 @@ class Faults:
         plan = FaultPlan(beyond_tolerance=self.beyond_tolerance,
                          mean_interval=self.mean_interval * rng.choice((0.5, 1.0, 2.0)))
         enabled = [k for k in self.kinds if rng.random() < 0.7]
+        focus = [m for m in FOCUS_MIXES if set(m) <= set(self.kinds)]
+        if focus and rng.random() < 0.5:
+            enabled = list(rng.choice(focus))
         if self.kinds and not enabled:
             enabled = [rng.choice(self.kinds)]
         for kind in NET_KINDS:

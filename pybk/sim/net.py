@@ -95,6 +95,10 @@ class SimNetwork:
         self._paused: dict[str, list[Callable[[], None]]] = {}
         self._dead_clients: dict[str, bool] = {}
         self._seq = 0
+        #: Extra one-way delay per directed link (a slow path; order is kept).
+        self.slow: dict[tuple[str, str], float] = {}
+        #: Bookies whose next fencing request is lost (a targeted fault, BUGGIFY-style).
+        self.lose_next_fence: dict[str, int] = {}
         self.observers: list[Observer] = []
         self.messages = 0
 
@@ -124,6 +128,8 @@ class SimNetwork:
     def heal(self) -> None:
         """Remove every partition and resume every paused node."""
         self._blocked.clear()
+        self.slow.clear()
+        self.lose_next_fence.clear()
         for node in sorted(self._paused):
             self.resume(node)
 
@@ -193,6 +199,12 @@ class SimNetwork:
             return fut
         conn.pending[seq] = fut
         limit = self.config.default_timeout if timeout is None else timeout
+        if self.lose_next_fence.get(bookie_id) and _is_fence(request):
+            self.lose_next_fence[bookie_id] -= 1
+            self._count("lost_fence")
+            self._trace(f"net lost fencing {type(request).__name__} {client}->{bookie_id}")
+            loop.call_later(limit, self._expire, conn, seq, bookie_id, request, limit)
+            return fut
         handle = loop.call_later(limit, self._expire, conn, seq, bookie_id, request, limit)
         def _done(_f: asyncio.Future[Response]) -> None:
             handle.cancel()
@@ -241,7 +253,7 @@ class SimNetwork:
             self._count("reset")
             self._reset(client, bookie_id, "reset")
             return
-        arrival = loop.time() + self._latency()
+        arrival = loop.time() + self._latency() + self.slow.get((src, dst), 0.0)
         last = conn.last_arrival_fwd if forward else conn.last_arrival_back
         if cfg.reorder and rng.random() < cfg.reorder:
             self._count("reorder")
@@ -300,6 +312,13 @@ class SimNetwork:
         fut = conn.pending.pop(seq, None)
         if fut is not None and not fut.done():
             fut.set_result(response)
+
+
+def _is_fence(request: Request) -> bool:
+    from pybk.protocol import FenceRequest, ReadRequest
+
+    return isinstance(request, FenceRequest) or (
+        isinstance(request, ReadRequest) and request.fence)
 
 
 def _fail(fut: asyncio.Future[Response], exc: BaseException) -> None:

@@ -155,7 +155,8 @@ class _Run:
         except ImportError:  # pragma: no cover - the client is not there yet
             return None
         fields_ = ClientConfig.__dataclass_fields__
-        wanted: dict[str, Any] = {"add_timeout": 2.0, "read_timeout": 2.0, "speculative_read_delay": 0.5,
+        wanted: dict[str, Any] = {"add_timeout": 2.0, "read_timeout": 2.0,
+                                  "speculative_read_delay": 0.5,
                   "long_poll_timeout": 1.0, "explicit_lac_interval": 0.5}
         return ClientConfig(**{k: v for k, v in wanted.items() if k in fields_})
 
@@ -290,6 +291,34 @@ class _Run:
             rng.shuffle(order)
             for i, b in enumerate(order):
                 self._later(hold + i * rng.uniform(0.05, 0.4), self._unclog, b)
+        elif kind == "slow_link":
+            # A slow path from a writer to one bookie of its ledger; half the time that
+            # bookie also loses the next fencing request and a recovery starts right away:
+            # the interleaving of BookKeeper issue 2614 (a late add meets an unfenced bookie).
+            writers = [p for p in self.processes if isinstance(p, Writer)
+                       and not p.stopping and p.current is not None]
+            if writers:
+                wp = rng.choice(writers)
+                lh = wp.current
+                b = rng.choice(list(lh.metadata.last_ensemble))
+                w = wp.name
+                self._fault(f"{w}->{b}", kind)
+                net.slow[(w, b)] = rng.uniform(0.2, 1.5)
+
+                async def unslow(link: tuple[str, str] = (w, b)) -> None:
+                    net.slow.pop(link, None)
+                self._later(hold * 2, unslow)
+                recoverers = [p for p in self.processes if isinstance(p, Recoverer)
+                              and not p.stopping]
+                if recoverers and rng.random() < 0.5:
+                    net.lose_next_fence[b] = net.lose_next_fence.get(b, 0) + 1
+                    self._fault(b, "lose_fence")
+                    rc = rng.choice(recoverers)
+                    self._later(rng.uniform(0.0, 0.3), rc.recover, lh.id)
+        elif kind == "lose_fence":
+            b = rng.choice(bookies)
+            self._fault(b, kind)
+            net.lose_next_fence[b] = net.lose_next_fence.get(b, 0) + 1
         elif kind == "crash" and up:
             down = len(bookies) - len(up)
             if down >= self._down_limit():
@@ -313,15 +342,30 @@ class _Run:
             if not started:
                 self.cover("wiped_bookie_refused")
         elif kind in ("bitflip", "latent"):
+            # Damage committed data of a live bookie (its reads hit it at once) or of a
+            # crashed one (its replay meets it). Only data followed by later synced records.
             cands = [b for b in up if self._atlas_allows_damage(b)]
             down = len(bookies) - len(up)
-            if not cands or down >= self._down_limit():
+            if not cands:
                 return
             b = rng.choice(cands)
-            await c.crash_bookie(b, "drop")
+            live = rng.random() < 0.7 or down >= self._down_limit()
+            if live:
+                fs = c.bookies[b].fs
+                for _ in range(10):
+                    if fs.unsynced_bytes() == 0:
+                        break
+                    await asyncio.sleep(0.01)
+                if fs.unsynced_bytes() != 0 or c.bookies[b].status != "up":
+                    return
+            else:
+                await c.crash_bookie(b, "drop")
             if self._damage(b, kind, rng) and b not in self.faulty:
                 self.faulty.append(b)
-            self._later(rng.uniform(0.1, 1.0), self._restart, b)
+            if live:  # a scrubber's pass: read back everything it acknowledged
+                await self._audit(c.bookies[b], "scrub")
+            else:
+                self._later(rng.uniform(0.1, 1.0), self._restart, b)
         elif kind == "fsync_eio" and up:
             b = rng.choice(up)
             self._fault(b, "fsync_eio")
@@ -401,12 +445,13 @@ class _Run:
                 except (IsADirectoryError, FileNotFoundError, OSError):
                     stack.append(path)
                     continue
-                if size > 1024:
+                if size > 2048:
                     files.append((path, size))
         if not files:
             return False
-        path, size = rng.choice(sorted(files))
-        offset = rng.randrange(0, size - 512)
+        journal = [f for f in files if "journal" in f[0]]
+        path, size = rng.choice(sorted(journal or files))
+        offset = rng.randrange(0, size - 1024)  # at least 1 KiB of later synced data
         if kind == "bitflip":
             fs.flip_bit(path, offset, rng.randrange(8))
         else:
@@ -525,8 +570,11 @@ class _Run:
         down = [b for b, sb in c.bookies.items() if sb.status != "up"]
         tolerance = self.topology[2] - 1
         spare = [b for b in c.up_bookies() if b not in self.faulty]
+        # Keep one more bookie down when the atlas allows it and spares remain to replace it
+        # (recovery writes back; with no replacement it cannot finish, as in BookKeeper).
         if not self.plan.beyond_tolerance and len(set(down) | set(self.faulty)) < tolerance \
-                and spare and self.rng.random() < 0.3:
+                and spare and self.n - len(down) - 1 >= self.topology[0] \
+                and self.rng.random() < 0.3:
             b = self.rng.choice(spare)
             await c.crash_bookie(b, "drop")
             down.append(b)

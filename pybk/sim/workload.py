@@ -65,6 +65,7 @@ class Process:
         self.w = workload
         self.stopping = False
         self.ops = 0
+        self.current: Any = None  # a writer's open ledger handle
 
     def stop(self) -> None:
         self.stopping = True
@@ -95,6 +96,7 @@ class Writer(Process):
                 await asyncio.sleep(0.5)
                 continue
             lid = lh.id
+            self.current = lh
             self.h.create(self.name, lid, f"E={e} Qw={qw} Qa={qa}")
             self.reg.ledgers.append(lid)
             self.reg.writing[lid] = self.name
