@@ -13,7 +13,7 @@ it never fences, so the writer is not disturbed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -59,6 +59,14 @@ def consume(fut: asyncio.Future[Response]) -> None:
     """Done-callback that retrieves a result nobody waits for any more."""
     if not fut.cancelled():
         fut.exception()
+
+
+def in_order(
+    done: set[asyncio.Future[Response]], sent: Mapping[asyncio.Future[Response], object]
+) -> list[asyncio.Future[Response]]:
+    """``done`` in the order the requests were sent. ``asyncio.wait`` returns a set, whose
+    order depends on memory addresses; the simulator needs the same order every run."""
+    return [fut for fut in sent if fut in done]
 
 
 def drop_pending(futures: Iterable[asyncio.Future[Response]]) -> None:
@@ -111,7 +119,7 @@ async def read_entry(
             if not done:
                 ask_next()  # speculative: the current replica is slow
                 continue
-            for fut in done:
+            for fut in in_order(done, pending):
                 bookie = pending.pop(fut)
                 try:
                     response = fut.result()
@@ -198,7 +206,7 @@ async def read_lac_covered(
     try:
         while pending and not coverage.covered():
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for fut in done:
+            for fut in in_order(done, futures):
                 index = futures[fut]
                 try:
                     response = fut.result()
@@ -347,7 +355,7 @@ class ReadHandle:
         try:
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for fut in done:
+                for fut in in_order(done, futures):
                     try:
                         response = fut.result()
                     except BKError:

@@ -39,7 +39,7 @@ from pybk.errors import (
 from pybk.metadata.base import CLOSED, IN_RECOVERY, OPEN, LedgerMetadata
 from pybk.protocol import LAST_ENTRY, DecodedEntry, DigestManager, ReadRequest, ReadResponse, Status
 from pybk.replication.quorum import Answer, CoverageSet, EntryState, RecoveryReadDecision
-from pybk.replication.reader import _lac_answer, drop_pending, quorums_of, read_entry
+from pybk.replication.reader import _lac_answer, drop_pending, in_order, quorums_of, read_entry
 from pybk.replication.writer import AddPipeline
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ async def fence_and_read_lac(
     try:
         while pending and not (valid and coverage.covered()):
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for fut in done:
+            for fut in in_order(done, futures):
                 index = futures[fut]
                 try:
                     response = fut.result()
@@ -124,7 +124,7 @@ async def recovery_read(
     try:
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for fut in done:
+            for fut in in_order(done, futures):
                 index = futures[fut]
                 bookie = ensemble[index]
                 try:
