@@ -258,7 +258,9 @@ class SimNetwork:
         if cfg.reorder and rng.random() < cfg.reorder:
             self._count("reorder")
         else:
-            arrival = max(arrival, last)
+            # Strictly after the previous message: timers with equal deadlines have no
+            # defined order in the loop's heap, and a connection is FIFO.
+            arrival = max(arrival, last + 1e-6)
         if forward:
             conn.last_arrival_fwd = max(last, arrival)
         else:

@@ -661,10 +661,11 @@ def run(
             error = f"{type(exc).__name__}: {exc}"
             r.log(f"RUN ERROR {error}")
         finally:
+            closing = r.cluster.close()
             try:
-                loop.run_until_complete(r.cluster.close())
+                loop.run_until_complete(closing)
             except Exception:
-                pass
+                closing.close()
             loop.close()
     checker = Checker(r.history, beyond_tolerance=r.plan.beyond_tolerance)
     violations = checker.run()

@@ -8,6 +8,7 @@ two runs of one seed differ between processes.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import time
@@ -85,6 +86,8 @@ class SweepSummary:
 def run_seed(seed: int, faults_spec: str, duration: float, bookies: int | None,
              mutations: tuple[str, ...]) -> SeedSummary:
     """One seed, summarised (picklable: runs in worker processes)."""
+    # Bookies log the damage the simulator inflicts; the trace already has it.
+    logging.getLogger("pybk").setLevel(logging.CRITICAL)
     r = run(seed, bookies=bookies, duration=duration, faults=Faults.parse(faults_spec),
             mutations=mutations)
     return SeedSummary(
@@ -158,3 +161,27 @@ def parse_seeds(spec: str) -> list[int]:
         else:
             out.append(int(part))
     return out
+
+
+#: The CI sweep (tests/sim/test_ci_sweep.py): seeds, faults and virtual seconds per seed.
+CI_SEEDS = range(0, 300)
+CI_FAULTS = "all"
+CI_DURATION = 30.0
+
+
+def find_violation(
+    seeds: Iterable[int],
+    *,
+    mutations: tuple[str, ...] = (),
+    faults: str = CI_FAULTS,
+    duration: float = CI_DURATION,
+    invariants: Iterable[str] | None = None,
+) -> SeedSummary | None:
+    """Run ``seeds`` in order in this process; return the first seed whose violations include
+    one of ``invariants`` (any, if None), or None when every seed passes that bar."""
+    wanted = None if invariants is None else set(invariants)
+    for s in seeds:
+        res = run_seed(s, faults, duration, None, mutations)
+        if not res.ok and (wanted is None or wanted & set(res.invariants)):
+            return res
+    return None

@@ -1,0 +1,130 @@
+"""SimLoop: virtual time, determinism, and loud refusals (threads, sockets, deadlocks)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from pybk.sim.loop import SimDeadlock, SimLoop, SimTimeLimit, run
+
+
+def test_time_jumps_exactly_to_the_next_timer_and_costs_no_wall_time() -> None:
+    seen: list[float] = []
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.1, lambda: seen.append(loop.time()))
+        loop.call_later(2.5, lambda: seen.append(loop.time()))
+        await asyncio.sleep(3600)
+        return loop.time()
+
+    wall = time.perf_counter()
+    end = run(main())
+    assert time.perf_counter() - wall < 1.0
+    assert seen == [0.1, 2.5]
+    assert end == 3600.0
+
+
+def test_timeouts_fire_in_virtual_time() -> None:
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(5):
+                await asyncio.Event().wait()
+        return loop.time()
+
+    assert run(main()) == 5.0
+
+
+def test_ready_callbacks_run_in_fifo_order_and_runs_repeat_exactly() -> None:
+    async def main() -> list[str]:
+        out: list[str] = []
+
+        async def worker(name: str, delay: float) -> None:
+            for i in range(3):
+                await asyncio.sleep(delay)
+                out.append(f"{name}{i}@{asyncio.get_running_loop().time():.3f}")
+
+        await asyncio.gather(*(worker(n, d) for n, d in (("a", 0.3), ("b", 0.2), ("c", 0.3))))
+        out.append(asyncio.current_task().get_name())  # type: ignore[union-attr]
+        return out
+
+    first, second = run(main()), run(main())
+    assert first == second
+    assert first[0] == "b0@0.200"
+    assert first[-1] == "sim-task-1"  # per-loop task names, not a process-global counter
+
+
+def test_deadlock_is_reported_with_the_waiting_tasks() -> None:
+    async def main() -> None:
+        await asyncio.Event().wait()
+
+    with pytest.raises(SimDeadlock, match=r"deadlock at t=0\.000000.*sim-task-1"):
+        run(main())
+
+
+def test_livelock_at_one_instant_is_reported() -> None:
+    async def main() -> None:
+        while True:
+            await asyncio.sleep(0)
+
+    loop = SimLoop()
+    loop.max_still_steps = 1000
+    with pytest.raises(SimTimeLimit, match="livelock"):
+        loop.run_main(main())
+    loop.close()
+
+
+def test_virtual_time_limit() -> None:
+    async def main() -> None:
+        await asyncio.sleep(100)
+
+    with pytest.raises(SimTimeLimit, match="limit"):
+        run(main(), max_time=10.0)
+
+
+def test_threads_and_real_io_are_refused() -> None:
+    async def executor() -> None:
+        await asyncio.get_running_loop().run_in_executor(None, time.sleep, 0)
+
+    with pytest.raises(RuntimeError, match="thread"):
+        run(executor())
+
+    async def to_thread() -> None:
+        await asyncio.to_thread(time.sleep, 0)
+
+    with pytest.raises(RuntimeError, match="thread"):
+        run(to_thread())
+
+    async def connect() -> None:
+        await asyncio.open_connection("127.0.0.1", 9)
+
+    with pytest.raises(NotImplementedError, match="real sockets"):
+        run(connect())
+
+
+def test_leftover_tasks_are_cancelled_when_main_returns() -> None:
+    cancelled: list[bool] = []
+
+    async def forever() -> None:
+        try:
+            await asyncio.sleep(10**6)
+        except asyncio.CancelledError:
+            cancelled.append(True)
+            raise
+
+    async def main() -> None:
+        asyncio.get_running_loop().create_task(forever())
+        await asyncio.sleep(1)
+
+    run(main())
+    assert cancelled == [True]
+
+
+def test_clock_never_moves_back() -> None:
+    loop = SimLoop(start=5.0)
+    with pytest.raises(ValueError, match="back"):
+        loop.advance_to(1.0)
+    loop.close()

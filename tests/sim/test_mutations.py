@@ -1,0 +1,35 @@
+"""The checker can fail: each deliberately broken build is caught by the CI seed sweep.
+
+For every switch in :mod:`pybk.mutations` the CI sweep's seeds are run in order until one
+shows a *safety* violation (I12 liveness failures do not count: a broken build must be caught
+by the invariant it breaks, not by a timeout). With no mutation the sweep finds none: that is
+``test_ci_sweep.py``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pybk import mutations
+from pybk.sim.sweep import CI_SEEDS, find_violation
+
+SAFETY = {"L1", "L2", "L3", "L4", "L5", "L6", "L7", "L8", "L9", "I1", "I3", "I5", "I7", "I9",
+          "I10", "I11"}
+
+#: Where each broken build must show up.
+EXPECTED = {
+    mutations.ACK_BEFORE_FSYNC: {"I9", "I10", "I11", "L1"},
+    mutations.RECOVERY_READS_DONT_FENCE: {"L1", "L8"},
+    mutations.NO_SUCH_ENTRY_ON_IO_ERROR: {"I9", "L1"},
+    mutations.ACK_OUT_OF_ORDER: {"L6"},
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(mutations.KNOWN))
+def test_sweep_catches_mutation(mutation: str) -> None:
+    found = find_violation(list(CI_SEEDS)[:60], mutations=(mutation,),
+                           invariants=EXPECTED[mutation])
+    assert found is not None, f"{mutation}: no seed of the first 60 CI seeds caught it"
+    assert set(found.invariants) & EXPECTED[mutation] <= SAFETY
+    print(f"{mutation}: caught by seed {found.seed} ({', '.join(found.invariants)})")
+    assert not mutations.ACTIVE  # the run restored the switches
