@@ -41,11 +41,11 @@ def pct(samples: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-async def run_bookie(root: str, writers: int, size: int, duration: float
+async def run_bookie(root: str, writers: int, size: int, duration: float, run: int = 0
                      ) -> tuple[float, list[float], float]:
     """entries/s, latencies (s), records per fsync."""
     fs = OsFileSystem()
-    bookie = Bookie("bench", os.path.join(root, f"bookie-{writers}-{size}"), fs=fs,
+    bookie = Bookie("bench", os.path.join(root, f"bookie-{run}-{writers}-{size}"), fs=fs,
                     config=BookieConfig(disk_check_interval=0, checkpoint_interval=0),
                     rng=random.Random(1))
     await bookie.start()
@@ -132,41 +132,63 @@ def run_sqlite(root: str, size: int, group: int, duration: float) -> float:
     return count / (time.perf_counter() - start)
 
 
+def median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--duration", type=float, default=2.0, help="seconds per configuration")
+    ap.add_argument("--duration", type=float, default=2.0,
+                    help="seconds per configuration and system (split over the rounds)")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="alternate bookie / ceiling / SQLite this many times per configuration "
+                         "and report medians (a shared VM's disk speed drifts)")
     ap.add_argument("--dir", default="/tmp", help="where the temp directory goes (the disk)")
     ap.add_argument("--writers", default="1,16,256")
     ap.add_argument("--sizes", default="100,1024")
     args = ap.parse_args()
     writers_list = [int(x) for x in args.writers.split(",")]
     sizes = [int(x) for x in args.sizes.split(",")]
+    slice_ = args.duration / args.rounds
     with tempfile.TemporaryDirectory(prefix="pybk-bench-", dir=args.dir) as root:
-        fsync_rate, fsync_lat = run_plain(root, 100, 1, min(1.0, args.duration))
-        fsync_p50 = pct(fsync_lat, 0.5)
-        print(f"disk: one write+fdatasync p50 {fsync_p50 * 1e3:.3f} ms "
-              f"({fsync_rate:,.0f} syncs/s) in {root}")
-        sql1 = run_sqlite(root, 100, 1, min(1.0, args.duration))
-        print(f"SQLite, one durable commit per append (what each writer awaiting durability "
-              f"gets without group commit): {sql1:,.0f}/s")
+        print(f"disk under test: {root}; {args.rounds} alternating rounds of {slice_:.2f} s, "
+              "medians")
         header = (f"{'writers':>7} {'size':>5} | {'bookie/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
-                  f"{'per sync':>8} | {'ceiling/s':>9} {'sqlite/s':>9} | {'vs ceil':>7} "
-                  f"{'vs sqlite':>9} {'vs sql1':>8}")
+                  f"{'per sync':>8} | {'ceiling/s':>9} {'sqlite/s':>9} {'sql1/s':>7} | "
+                  f"{'vs ceil':>7} {'vs sqlite':>9} {'vs sql1':>8}")
         print(header)
         print("-" * len(header))
+        run = 0
         for size in sizes:
             for writers in writers_list:
-                rate, lat, per_sync = asyncio.run(run_bookie(root, writers, size, args.duration))
-                group = max(1, round(per_sync))
-                ceil_rate, _ = run_plain(root, size, group, args.duration)
-                sql_rate = run_sqlite(root, size, group, args.duration)
-                print(f"{writers:>7} {size:>5} | {rate:>9,.0f} {pct(lat, .5) * 1e3:>7.3f} "
-                      f"{pct(lat, .99) * 1e3:>7.3f} {per_sync:>8.1f} | {ceil_rate:>9,.0f} "
-                      f"{sql_rate:>9,.0f} | {rate / ceil_rate:>6.0%} {rate / sql_rate:>8.1f}x "
+                rates, p50s, p99s, ceils, sqls, sql1s, fsyncs = [], [], [], [], [], [], []
+                per_sync = 1.0
+                for _ in range(args.rounds):
+                    run += 1
+                    rate, lat, per_sync = asyncio.run(
+                        run_bookie(root, writers, size, slice_, run))
+                    rates.append(rate)
+                    p50s.append(pct(lat, 0.5))
+                    p99s.append(pct(lat, 0.99))
+                    group = max(1, round(per_sync))
+                    ceils.append(run_plain(root, size, group, slice_)[0])
+                    sqls.append(run_sqlite(root, size, group, slice_))
+                    sql1s.append(run_sqlite(root, size, 1, min(slice_, 0.5)))
+                    if writers == 1:
+                        fsyncs.append(pct(run_plain(root, size, 1, min(slice_, 0.5))[1], 0.5))
+                rate, ceil, sql, sql1 = median(rates), median(ceils), median(sqls), median(sql1s)
+                print(f"{writers:>7} {size:>5} | {rate:>9,.0f} {median(p50s) * 1e3:>7.3f} "
+                      f"{median(p99s) * 1e3:>7.3f} {per_sync:>8.1f} | {ceil:>9,.0f} "
+                      f"{sql:>9,.0f} {sql1:>7,.0f} | {rate / ceil:>6.0%} {rate / sql:>8.1f}x "
                       f"{rate / sql1:>7.1f}x")
-                if writers == 1:
-                    print(f"{'':>15}lone writer p50 = {pct(lat, .5) / fsync_p50:.2f} fsync "
-                          "latencies")
+                if fsyncs:
+                    ratios = [p / f for p, f in zip(p50s, fsyncs, strict=True)]
+                    print(f"{'':>15}lone writer: p50 {median(p50s) * 1e3:.3f} ms vs one "
+                          f"write+fdatasync p50 {median(fsyncs) * 1e3:.3f} ms = "
+                          f"{median(ratios):.2f} fsync latencies (median of per-round ratios)")
+        print("ceiling: plain loop, CRC-framed records, one write+fdatasync per group of the "
+              "bookie's measured records per sync; sqlite: WAL, synchronous=FULL, one "
+              "transaction per group of that size; sql1: one transaction per append")
 
 
 if __name__ == "__main__":
