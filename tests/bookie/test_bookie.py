@@ -544,3 +544,18 @@ async def test_a_fence_that_hit_enospc_is_written_again_before_being_acknowledge
     assert resp.status == Status.OK
     await harness.crash_restart("drop")
     assert await harness.add(1, 1) == Status.FENCED
+
+
+async def test_same_object_restarts_and_state_callbacks_fire(harness):
+    bookie = harness.bookie
+    seen: list[str] = []
+    bookie.on_state_change = seen.append
+    await harness.add(1, 0)
+    await bookie.stop()
+    with pytest.raises(BookieStateError):
+        bookie._store()  # stopped: no storage to serve from
+    await bookie.start()
+    with pytest.raises(BookieStateError, match="already started"):
+        await bookie.start()
+    assert await harness.read(1, 0) == (Status.OK, harness.frame(1, 0))
+    assert seen == ["stopped", "writable"]
