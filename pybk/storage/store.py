@@ -29,7 +29,7 @@ import posixpath
 import struct
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from pybk.errors import (
     BadRequestError,
@@ -42,6 +42,7 @@ from pybk.errors import (
     NoSuchLedgerError,
     ReadOnlyBookieError,
     UnauthorizedError,
+    UnknownLedgerStateError,
 )
 from pybk.protocol import ENTRY_HEADER, ENTRY_HEADER_SIZE, parse_entry_header
 from pybk.storage.fs import FileSystem
@@ -493,22 +494,33 @@ class LedgerStore:
         """The ledger's state; NoSuchLedgerError when unknown or deleted."""
         st = self.index.get(ledger_id)
         if st is None:
-            raise NoSuchLedgerError(f"ledger {ledger_id} is not on this bookie")
+            self._absent(f"ledger {ledger_id} is not on this bookie", NoSuchLedgerError)
         if st.deleted:
             raise NoSuchLedgerError(f"ledger {ledger_id} was deleted on this bookie")
         return st
+
+    def _absent(self, what: str, cls: type[BKError]) -> NoReturn:
+        """Raise "absent", or "unknown" while data may have been lost (rule R4: a bookie that
+        started without part of a suspect segment cannot prove absence; it is in limbo)."""
+        if self.suspect:
+            raise UnknownLedgerStateError(
+                f"{what}, but this bookie started with suspect journal segments "
+                f"({', '.join(self.suspect)}) and may have lost it: unknown, not absent")
+        raise cls(what)
 
     def read(self, ledger_id: int, entry_id: int) -> bytes:
         """The stored framed entry; ``entry_id == -1`` reads the last one held."""
         st = self.state(ledger_id)
         if entry_id == -1:
             if not st.entries:
-                raise NoSuchEntryError(f"ledger {ledger_id} holds no entries on this bookie")
+                self._absent(f"ledger {ledger_id} holds no entries on this bookie",
+                             NoSuchEntryError)
             entry_id, loc = st.entries.peekitem(-1)
         else:
             loc = st.entries.get(entry_id)
             if loc is None:
-                raise NoSuchEntryError(f"ledger {ledger_id} entry {entry_id} is not on this bookie")
+                self._absent(f"ledger {ledger_id} entry {entry_id} is not on this bookie",
+                             NoSuchEntryError)
         path = self.journal_path(loc.seg)
         try:
             data = self.fs.pread(path, loc.offset, loc.size)

@@ -428,7 +428,9 @@ async def test_allow_suspect_segments_starts_and_reports(harness):
     harness.config.allow_suspect_segments = True
     bookie = await harness.start()
     assert await harness.read(1, 0) == (Status.OK, harness.frame(1, 0))
-    assert (await harness.read(1, 2))[0] == Status.NO_SUCH_ENTRY  # after the bad point
+    # after the bad point: the bookie cannot prove absence any more (limbo, rule R4)
+    assert (await harness.read(1, 2))[0] == Status.UNKNOWN_LEDGER_STATE
+    assert (await harness.read(7, 0))[0] == Status.UNKNOWN_LEDGER_STATE
     info = await bookie.handle(BookieInfoRequest())
     assert "suspect" in info.message and path in info.message
 
