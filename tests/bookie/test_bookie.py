@@ -561,3 +561,27 @@ async def test_same_object_restarts_and_state_callbacks_fire(harness):
         await bookie.start()
     assert await harness.read(1, 0) == (Status.OK, harness.frame(1, 0))
     assert seen == ["stopped", "writable"]
+
+
+async def test_checkpoint_timer_covers_new_writes():
+    fs = MemFileSystem()
+    bookie = Bookie("b1", "/d", fs=fs, rng=random.Random(1),
+                    config=BookieConfig(disk_check_interval=0, checkpoint_interval=0.001))
+    await bookie.start()
+    dm = DigestManager(1)
+    for e in range(3):
+        resp = await bookie.handle(AddRequest(1, e, master_key(b""), dm.frame(e, e - 1, 0, b"x")))
+        assert resp.status == Status.OK
+    store = bookie.store
+    for _ in range(2000):
+        if store._cp_pos == store.journal.position:
+            break
+        await asyncio.sleep(0.001)
+    assert store._cp_pos == store.journal.position
+    bookie.crash()
+    fs.crash("drop")
+    bookie = Bookie("b1", "/d", fs=fs, rng=random.Random(1),
+                    config=BookieConfig(disk_check_interval=0, checkpoint_interval=0))
+    await bookie.start()
+    assert bookie.store.report.checkpoint_loaded and bookie.store.report.records_replayed == 0
+    await bookie.stop()
