@@ -90,17 +90,31 @@ def summarize(ledger_id: int, entry_id: int, errors: list[BKError]) -> BKError:
     return DigestMismatchError(f"{where}: no replica returned a valid copy ({detail})")
 
 
-async def read_entry(
-    ctx: ClientContext, md: LedgerMetadata, digest: DigestManager, entry_id: int
-) -> DecodedEntry:
-    """Read one entry from its write set with failover and speculative reads."""
+def _replicas(md: LedgerMetadata, entry_id: int) -> list[str]:
     ensemble = md.ensemble_for(entry_id)
-    order = [ensemble[i] for i in quorums_of(md).write_set(entry_id)]
+    return [ensemble[i] for i in quorums_of(md).write_set(entry_id)]
+
+
+async def read_entry(
+    ctx: ClientContext,
+    md: LedgerMetadata,
+    digest: DigestManager,
+    entry_id: int,
+    first_request: asyncio.Future[Response] | None = None,
+) -> DecodedEntry:
+    """Read one entry from its write set with failover and speculative reads.
+
+    ``first_request``: a read already sent to the first replica (the batch fast path).
+    """
+    order = _replicas(md, entry_id)
     cfg = ctx.config
     request = ReadRequest(md.ledger_id, entry_id)
     pending: dict[asyncio.Future[Response], str] = {}
     errors: list[BKError] = []
     next_index = 0
+    if first_request is not None:
+        pending[first_request] = order[0]
+        next_index = 1
 
     def ask_next() -> None:
         nonlocal next_index
@@ -108,7 +122,8 @@ async def read_entry(
         next_index += 1
         pending[ctx.transport.send(bookie, request, cfg.read_timeout)] = bookie
 
-    ask_next()
+    if first_request is None:
+        ask_next()
     try:
         while True:
             spec = cfg.speculative_read_delay
@@ -155,12 +170,54 @@ async def read_range(
     step = ctx.config.read_batch_size
     for start in range(first, last + 1, step):
         stop = min(last, start + step - 1)
-        out.extend(
-            await asyncio.gather(
-                *(read_entry(ctx, md, digest, e) for e in range(start, stop + 1))
+        out.extend(await _read_batch(ctx, md, digest, start, stop))
+    return out
+
+
+async def _read_batch(
+    ctx: ClientContext, md: LedgerMetadata, digest: DigestManager, first: int, last: int
+) -> list[DecodedEntry]:
+    """Fast path: ask each entry's first replica at once (futures only, no task per
+    entry); an entry whose first answer is missing, late or bad goes through
+    :func:`read_entry` (failover, speculative reads) with that request still in flight."""
+    cfg = ctx.config
+    sent = [
+        ctx.transport.send(
+            _replicas(md, e)[0], ReadRequest(md.ledger_id, e), cfg.read_timeout
+        )
+        for e in range(first, last + 1)
+    ]
+    spec = cfg.speculative_read_delay
+    try:
+        await asyncio.wait(sent, timeout=spec if spec > 0 else None)
+    except BaseException:  # cancelled: nobody will look at these answers
+        drop_pending(sent)
+        raise
+    results: list[DecodedEntry | None] = []
+    slow: list[int] = []
+    for i, fut in enumerate(sent):
+        decoded = None
+        if fut.done() and not fut.cancelled() and fut.exception() is None:
+            response = fut.result()
+            ok = response.status == Status.OK and isinstance(response, ReadResponse)
+            if ok and isinstance(response, ReadResponse) and response.body is not None:
+                try:
+                    decoded = digest.verify(response.body, first + i)
+                except DigestMismatchError:
+                    decoded = None
+        if decoded is None:
+            slow.append(i)
+        results.append(decoded)
+    if slow:
+        retried = await asyncio.gather(
+            *(
+                read_entry(ctx, md, digest, first + i, sent[i])  # done or not: it continues
+                for i in slow
             )
         )
-    return out
+        for i, decoded in zip(slow, retried, strict=True):
+            results[i] = decoded
+    return [d for d in results if d is not None]
 
 
 def _lac_answer(
