@@ -14,7 +14,8 @@ Invariants (research/reliability.md 2.3 and 3.6); each violation names its code:
 * **L6/I8** in-order acks: ok(n) completes after ok(n-1).
 * **L7** LAC observed by each reader never decreases.
 * **I7** closed ledgers never change: every close/recovery/metadata view agrees on last entry.
-* **L8/I6** fencing: no add of a ledger completes ok after a recovery of it completed.
+* **L8/I6** fencing: the old writer never gets an ok for an entry beyond what a completed
+  recovery sealed (an ok for an entry inside the sealed range may legitimately arrive late).
 * **L9** log level: a payload belongs to one ledger only.
 * **I9/I10/I11** bookie honesty and journal replay: a bookie that acknowledged an add never
   later says the entry is absent (after a restart or otherwise; an injected fsync failure on
@@ -283,10 +284,10 @@ class Checker:
             if lg is not None and lg.deleted_at is not None and lg.deleted_at < ev.index:
                 continue
             failed = fsync_failed.get(ev.process)
-            if "list" in ev.detail:  # the restarted bookie's index lost it: replay (or fsync)
-                inv = "I11" if failed is not None else "I10"
-            else:  # a read answered "absent" for data it holds or held: a lying bookie
-                inv = "I9"
+            # "list": a restarted bookie's index lost it (replay, or a failed fsync);
+            # otherwise a read answered "absent" for data it holds or held: a lying bookie.
+            replay_lost = "list" in ev.detail
+            inv = ("I11" if failed is not None else "I10") if replay_lost else "I9"
             self._v(inv, ev.ledger, ev.entry,
                     f"bookie {ev.process} acknowledged this entry, later said absent "
                     f"({ev.detail})", ack, failed, ev)

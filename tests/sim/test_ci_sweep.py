@@ -1,0 +1,66 @@
+"""THE CI SIMULATION SWEEP (part of the suite; marked slow): 300 seeds x 30 virtual seconds
+with every fault kind, no mutation, must find no violation.
+
+Prints the figures the project tracks: seeds per minute and the virtual-to-real time ratio
+(target: 300 seeds within 10 minutes on 2 cores). A failing seed is printed with the command
+that reproduces it; add it to regression_seeds.txt once understood.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pybk.sim.sweep import CI_DURATION, CI_FAULTS, CI_SEEDS, sweep
+
+#: Dangerous states the sweep must reach, or it is not testing what it claims to.
+MUST_REACH = (
+    "writer_fenced",
+    "recovery_write_back",
+    "recovery_while_adds_pending",
+    "ensemble_change_during_pending_adds",
+    "add_rejected_by_fenced_bookie",
+    "bookie_restarted",
+    "wiped_bookie_refused",
+    "long_poll_hit",
+)
+
+
+#: Open bugs in other layers that the sweep keeps finding, by the exact signature in the
+#: failing seed's report. A seed counts as "blocked" only if that signature is in its report;
+#: every other failure fails this test. Remove an entry when its fix lands (the strict xfail
+#: in test_regression_seeds.py flips to a failure at that moment, as a reminder).
+KNOWN_BUGS = {
+    # pybk/storage/replay.py: a journal segment whose header never became durable (crash or
+    # fsync EIO right after the segment was created) is left behind as a 0..37-byte file;
+    # once a newer segment exists, replay treats it as mid-log corruption and the bookie can
+    # never start again (an availability bug: nothing acknowledged is in that segment).
+    "bookie-torn-segment-header": "will not start: CorruptRecordError: /bookie/journal/",
+}
+
+
+@pytest.mark.slow
+def test_ci_sweep_finds_no_violation() -> None:
+    workers = max(1, min(2, os.cpu_count() or 1))
+    summary = sweep(CI_SEEDS, faults=CI_FAULTS, duration=CI_DURATION, workers=workers)
+    print(
+        f"\nCI sweep: {len(summary.seeds)} seeds x {CI_DURATION:g} virtual s, faults={CI_FAULTS}, "
+        f"{summary.workers} workers: {summary.wall_seconds:.1f} s wall, "
+        f"{summary.seeds_per_minute:.1f} seeds/min, "
+        f"virtual-to-real {summary.virtual_to_real:.1f}x, {summary.operations} operations"
+    )
+    print("faults:", summary.faults())
+    print("coverage:", summary.coverage())
+    assert len(summary.seeds) == len(CI_SEEDS)
+    assert all(s.virtual_seconds >= CI_DURATION for s in summary.seeds)
+    missing = [m for m in MUST_REACH if not summary.coverage().get(m)]
+    assert not missing, f"the sweep never reached: {missing}"
+    blocked = {name: [s.seed for s in summary.failures if sig in s.report]
+               for name, sig in KNOWN_BUGS.items()}
+    explained = {seed for seeds in blocked.values() for seed in seeds}
+    unexplained = [s for s in summary.failures if s.seed not in explained]
+    for name, seeds in blocked.items():
+        print(f"known bug {name}: {len(seeds)} seeds blocked {seeds[:20]}")
+    reports = "\n\n".join(s.report for s in unexplained)
+    assert not unexplained, f"{len(unexplained)} failing seeds:\n{reports}"
