@@ -23,3 +23,12 @@ def test_result_carries_stats_and_a_repro_command() -> None:
     assert r.stats.operations > 0 and r.stats.messages > 0
     assert "--seed 3" in r.command() and "--faults crash,drop" in r.command()
     assert r.trace[0].split()[1:3] == ["seed", "3"]
+
+
+def test_same_trace_in_another_process() -> None:
+    """Hash randomization and memory addresses differ between processes: a run must not care."""
+    from pybk.sim.sweep import sweep
+
+    here = {s: sim.run(s, duration=10.0, faults=sim.Faults.all()).trace_hash for s in range(4)}
+    there = sweep(range(4), faults="all", duration=10.0, workers=2)
+    assert {s.seed: s.trace_hash for s in there.seeds} == here
