@@ -68,7 +68,10 @@ def scan_segment(
     try:
         header = decode_segment_header(data, path)
     except CorruptRecordError:
-        if is_last and size <= SEGMENT_HEADER_SIZE:
+        # A segment no longer than its header holds no record, so nothing acknowledged can be
+        # in it: it was cut off while being created (a crash, or a start-up whose header sync
+        # failed and left the file behind). Drop it wherever it is, not only at the end.
+        if size <= SEGMENT_HEADER_SIZE:
             return SegmentScan(seq, path, size, 0, 0, torn_bytes=size, torn_header=True)
         raise
     if header.seq != seq:

@@ -191,6 +191,13 @@ class LedgerStore:
                     fs.delete(path)  # compaction retired it; the crash came before the delete
                     report.leftovers_removed.append(path)
                     continue
+                if fs.file_size(path) <= SEGMENT_HEADER_SIZE and seq not in index.seg_live:
+                    # no room for a record: a segment cut off while being created (see
+                    # replay.scan_segment); nothing the index knows lives there
+                    fs.delete(path)
+                    report.leftovers_removed.append(path)
+                    report.torn_tails += 1
+                    continue
                 self._check_header(seq)
                 self._segments[seq] = fs.file_size(path)
                 continue
