@@ -233,7 +233,13 @@ class _Run:
     def _atlas_allows_damage(self, bid: str) -> bool:
         if bid in self.faulty:
             return True
-        budget = (self.topology[1] if self.plan.beyond_tolerance else self.topology[2] - 1)
+        # Recoverable regime: at most Qa-1 damaged bookies (every acknowledged entry keeps a
+        # good copy) and never more than the spares (a damaged bookie may refuse to start for
+        # good, and recovery needs a full ensemble of live bookies to write back).
+        if self.plan.beyond_tolerance:
+            budget = self.topology[1]
+        else:
+            budget = min(self.topology[2] - 1, self.n - self.topology[0])
         return len(self.faulty) < budget
 
     def _down_limit(self) -> int:
@@ -555,6 +561,11 @@ class _Run:
         for sb in c.bookies.values():
             sb.fs.set_capacity(1 << 40)
             sb.fs.sync_delay = self.base_sync_delay
+            # Injected fsync failures that never met an fsync must not outlive the safety
+            # phase (MemFileSystem has no public way to withdraw them yet).
+            pending_eio = getattr(sb.fs, "_fsync_failures", None)
+            if isinstance(pending_eio, list):
+                pending_eio.clear()
         for p in self.processes:
             p.stop()
         # Bookies: restart the ones that can; bounce the up ones (journal may have failed).
