@@ -14,6 +14,7 @@ from pybk.sim.history import History
 from pybk.sim.loop import SimDeadlock, SimLoop, SimTimeLimit
 from pybk.sim.net import NetConfig, SimNetwork, SimTransport
 from pybk.sim.runner import TOPOLOGIES, SimResult, Stats, run
+from pybk.sim.testing import SimTestCluster
 from pybk.sim.workload import Workload
 
 __all__ = [
@@ -28,6 +29,7 @@ __all__ = [
     "SimLoop",
     "SimNetwork",
     "SimResult",
+    "SimTestCluster",
     "SimTimeLimit",
     "SimTransport",
     "Stats",

@@ -32,6 +32,7 @@ EVENT_KINDS = (
     "crash_writer",  # the writer process dies; a new writer takes over
     "meta_stall",  # metadata operations hang for a while
     "meta_cas",  # spurious compare-and-set conflicts for a while
+    "meta_expire",  # the bookies' registry session expires (they vanish, then re-register)
 )
 ALL_KINDS = NET_KINDS + EVENT_KINDS
 
@@ -80,7 +81,8 @@ class Faults:
 
     @classmethod
     def process(cls) -> Faults:
-        return cls(("crash", "wipe", "pause_writer", "crash_writer", "meta_stall", "meta_cas"))
+        return cls(("crash", "wipe", "pause_writer", "crash_writer", "meta_stall", "meta_cas",
+                    "meta_expire"))
 
     @classmethod
     def disk(cls) -> Faults:

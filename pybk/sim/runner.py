@@ -411,6 +411,11 @@ class _Run:
         elif kind == "meta_stall":
             self._fault("meta", "meta_stall")
             c.meta_stall_until = asyncio.get_running_loop().time() + rng.uniform(0.5, 4.0)
+        elif kind == "meta_expire":
+            # The registry session of the bookies ends (missed heartbeats): they drop out of
+            # the list of live bookies until they register again.
+            self._fault("meta", kind, ",".join(c.admin.expire_session()))
+            self._later(hold, self._reregister)
         elif kind == "meta_cas":
             self._fault("meta", "meta_cas")
             c.meta_cas_rate = 0.3
@@ -494,6 +499,14 @@ class _Run:
     async def _restore_sync(self, b: str) -> None:
         self.cluster.bookies[b].fs.sync_delay = self.base_sync_delay
 
+    async def _reregister(self) -> None:
+        from pybk.metadata.base import BookieRegistration
+
+        for bid in self.cluster.up_bookies():
+            bookie = self.cluster.bookies[bid].bookie
+            read_only = bookie is not None and bookie.state != "writable"
+            await self.cluster.admin.register_bookie(BookieRegistration(bid, "", read_only))
+
     async def _restore_cas(self) -> None:
         self.cluster.meta_cas_rate = 0.0
 
@@ -558,6 +571,7 @@ class _Run:
         net.heal()
         c.meta_stall_until = 0.0
         c.meta_cas_rate = 0.0
+        await self._reregister()
         for sb in c.bookies.values():
             sb.fs.set_capacity(1 << 40)
             sb.fs.sync_delay = self.base_sync_delay

@@ -27,7 +27,7 @@ def load() -> list[tuple[int, str, float, str]]:
 
 #: Seeds blocked by an open bug in another layer (strict: the test fails once it is fixed,
 #: so the marker gets removed). See KNOWN_BUGS in test_ci_sweep.py.
-BLOCKED = {32: "bookie-torn-segment-header: bookie cannot restart after a torn segment header"}
+BLOCKED: dict[int, str] = {}
 
 
 def params() -> list[object]:
