@@ -103,7 +103,7 @@ class Client:
                 "available; pass transport=... or use pybk.LocalCluster"
             ) from exc
         factory: Any = tcp.TcpTransport
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {"connections_per_bookie": self._config.connections_per_bookie}
         if self._tls is not None:
             kwargs["ssl_context"] = self._tls
         if self._auth_token is not None:

@@ -36,6 +36,9 @@ class ClientConfig:
     read_batch_size: int = 256
     #: Seconds one long poll waits on the bookies inside ``tail()``.
     long_poll_timeout: float = 1.0
+    #: TCP connections per bookie (BookKeeper's ``numChannelsPerBookie``); a ledger's requests
+    #: to one bookie always use the same connection. Only used by the TCP transport.
+    connections_per_bookie: int = 1
 
     def __post_init__(self) -> None:
         for name in ("add_timeout", "read_timeout"):
@@ -44,7 +47,7 @@ class ClientConfig:
         for name in ("speculative_read_delay", "explicit_lac_interval"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
-        for name in ("recovery_read_batch_size", "read_batch_size"):
+        for name in ("recovery_read_batch_size", "read_batch_size", "connections_per_bookie"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.long_poll_timeout <= 0:

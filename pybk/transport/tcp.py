@@ -84,9 +84,10 @@ class _Pending:
 class _ClientConnection(asyncio.Protocol):
     """One TCP connection to one bookie; lives from connect attempt to loss."""
 
-    def __init__(self, owner: TcpTransport, bookie_id: str) -> None:
+    def __init__(self, owner: TcpTransport, bookie_id: str, slot: int = 0) -> None:
         self.owner = owner
         self.bookie_id = bookie_id
+        self.slot = slot  # which of the bookie's pooled connections this is
         self.loop = asyncio.get_running_loop()
         # Responses may carry a little more than a request of the cap (e.g. READ_LAC: the
         # last entry plus the explicit LAC body), hence the slack on the receiving side.
@@ -302,11 +303,16 @@ class TcpTransport(Transport):
         backoff_max: float = 2.0,
         server_hostname: str | None = None,
         idle_timeout: float | None = 240.0,
+        connections_per_bookie: int = 1,
     ) -> None:
         if connect_timeout <= 0:
             raise ValueError(f"connect_timeout must be positive, not {connect_timeout}")
         if auth_token is not None and not auth_token:
             raise ValueError("auth_token must be non-empty (or None)")
+        if not isinstance(connections_per_bookie, int) or connections_per_bookie < 1:
+            raise ValueError(
+                f"connections_per_bookie must be an int >= 1, not {connections_per_bookie!r}"
+            )
         self.resolve = resolve
         self.ssl_context = ssl_context
         self.auth_token = auth_token
@@ -318,7 +324,11 @@ class TcpTransport(Transport):
         self.server_hostname = server_hostname
         #: close connections idle this long (below the server's 300 s default); None: never
         self.idle_timeout = idle_timeout
-        self._conns: dict[str, _ClientConnection] = {}
+        #: The pool: up to ``connections_per_bookie`` connections per bookie. A request goes to
+        #: the connection chosen by its ledger id (BookKeeper's ``numChannelsPerBookie``), so
+        #: one ledger's requests to one bookie stay in order on one connection.
+        self.connections_per_bookie = connections_per_bookie
+        self._conns: dict[tuple[str, int], _ClientConnection] = {}
         self._backoff: dict[str, tuple[float, float]] = {}  # bookie -> (retry_at, next delay)
         self._connects: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -336,7 +346,8 @@ class TcpTransport(Transport):
         if self._closed:
             future.set_exception(BookieUnavailableError("transport is closed"))
             return future
-        conn = self._conns.get(bookie_id)
+        slot = getattr(request, "ledger_id", 0) % self.connections_per_bookie
+        conn = self._conns.get((bookie_id, slot))
         if conn is None:
             retry_at, _ = self._backoff.get(bookie_id, (0.0, 0.0))
             if loop.time() < retry_at:
@@ -344,8 +355,8 @@ class TcpTransport(Transport):
                     BookieUnavailableError(f"bookie {bookie_id} unreachable (backing off)")
                 )
                 return future
-            conn = _ClientConnection(self, bookie_id)
-            self._conns[bookie_id] = conn
+            conn = _ClientConnection(self, bookie_id, slot)
+            self._conns[(bookie_id, slot)] = conn
             task = loop.create_task(self._connect(conn))
             self._connects.add(task)
             task.add_done_callback(self._connects.discard)
@@ -393,12 +404,12 @@ class TcpTransport(Transport):
         self._backoff.pop(bookie_id, None)
 
     def _forget(self, conn: _ClientConnection) -> None:
-        if self._conns.get(conn.bookie_id) is conn:
-            del self._conns[conn.bookie_id]
+        if self._conns.get((conn.bookie_id, conn.slot)) is conn:
+            del self._conns[(conn.bookie_id, conn.slot)]
 
     def connected_bookies(self) -> list[str]:
         """Bookies with an open connection (sorted)."""
-        return sorted(b for b, c in self._conns.items() if c.transport is not None)
+        return sorted({b for (b, _), c in self._conns.items() if c.transport is not None})
 
     async def close(self) -> None:
         self._closed = True
