@@ -114,6 +114,7 @@ class AddPipeline:
         self.pending: deque[_PendingAdd] = deque()
         self.changing = False
         self.failed: dict[int, str] = {}
+        self._failure_causes: dict[str, str] = {}  # bookie -> why it was replaced (messages)
         self.error: BaseException | None = None
         self.ensemble_changes = 0
         # Replies are matched to slots by epoch: a reply sent before its slot was last
@@ -291,6 +292,7 @@ class AddPipeline:
             return
         log.info("ledger %s: bookie %s (slot %d) failed: %r", self.ledger_id, bookie, index, exc)
         self.failed[index] = bookie
+        self._failure_causes[bookie] = f"{type(exc).__name__}: {exc}"
         if not self.changing:
             self.changing = True
             self._change_task = self._loop.create_task(self._change_loop())
@@ -316,6 +318,11 @@ class AddPipeline:
                 else:
                     await self._commit_change(failed, writable)
                 self._apply_new_ensemble()
+        except NotEnoughBookiesError as exc:
+            # name what made the change necessary: "no spare bookie" alone hides the cause
+            # (a TLS or auth problem, a crashed bookie...)
+            causes = "; ".join(f"{b}: {c}" for b, c in sorted(self._failure_causes.items()))
+            self.fail(NotEnoughBookiesError(f"{exc} (replacing failed bookies: {causes})"))
         except BKError as exc:
             self.fail(exc)
         except Exception as exc:  # a bug or a store failure: fail loudly, never hang

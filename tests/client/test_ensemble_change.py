@@ -150,8 +150,11 @@ async def test_not_enough_bookies_fails_pending_adds() -> None:
         cluster.transport.hooks.unavailable(b[2], op=Op.ADD)
         futs = [lh.append(b"x"), lh.append(b"y")]
         for f in futs:
-            with pytest.raises(NotEnoughBookiesError):
+            with pytest.raises(NotEnoughBookiesError) as info:
                 await f
+            # the error names what made the change necessary, not only "no spare bookie"
+            assert "replacing failed bookies" in str(info.value)
+            assert b[1] in str(info.value) and "BookieUnavailableError" in str(info.value)
         with pytest.raises(NotEnoughBookiesError):
             lh.append(b"z")
         assert lh.last_add_confirmed == 0
