@@ -25,7 +25,7 @@ import hashlib
 import hmac
 import struct
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Any, Final
 
 import crc32c
 
@@ -277,6 +277,25 @@ Response = (
     | BookieInfoResponse
     | AuthResponse
 )
+
+
+_new = object.__new__
+_slots: Any = vars(AddResponse)  # the slot descriptors, set directly (frozen: no __setattr__)
+_set_status = _slots["status"].__set__
+_set_ledger = _slots["ledger_id"].__set__
+_set_entry = _slots["entry_id"].__set__
+_set_message = _slots["message"].__set__
+
+
+def add_ok(ledger_id: int, entry_id: int) -> AddResponse:
+    """``AddResponse(Status.OK, ledger_id, entry_id)``, built in about half the time of the
+    frozen dataclass's ``__init__`` (one per replica per entry on the hot path)."""
+    r: AddResponse = _new(AddResponse)
+    _set_status(r, Status.OK)
+    _set_ledger(r, ledger_id)
+    _set_entry(r, entry_id)
+    _set_message(r, "")
+    return r
 
 
 def error_response(request: Request, status: Status, message: str = "") -> Response:

@@ -9,6 +9,12 @@ An idle journal never delays a lone append: the writer task wakes on the next lo
 and, if nothing else arrived during that iteration, writes at once. While appends keep arriving
 every iteration it keeps gathering, up to ``max_wait`` seconds (loop time) or the batch limits.
 
+A batch of at most ``inline_sync_max`` records is synced on the loop's own thread
+(``FileHandle.sync_inline``) while this is the process's only open journal: a lone writer then
+pays one fdatasync instead of a sync plus two thread hand-offs. Bigger batches (and several
+journals in one process, whose syncs overlap on the device) keep the sync thread so the loop
+serves other work while the disk is busy.
+
 Each append's future resolves only after the fsync that covers it. A failed fsync is fatal:
 Linux may already have dropped the dirty pages, so a retry could "succeed" with the data gone
 (fsyncgate). Every waiter covered by it, and every later append, fails with
@@ -58,6 +64,9 @@ def parse_segment_name(name: str) -> int | None:
 class Journal:
     """Appends records to the active segment with serial group commit. See module docstring."""
 
+    #: journals open in this process (the inline-sync rule looks at it)
+    _open_count = 0
+
     def __init__(
         self,
         fs: FileSystem,
@@ -73,6 +82,7 @@ class Journal:
         max_batch_bytes: int = 4 << 20,
         max_batch_count: int = 8192,
         segment_size: int = 64 << 20,
+        inline_sync_max: int = 2,
     ) -> None:
         self.fs = fs
         self.directory = directory
@@ -102,7 +112,11 @@ class Journal:
         self._closing = False
         #: The fatal error once the journal has failed (fsync error or crash); None while healthy.
         self.failed: BaseException | None = None
-        self.stats = {"batches": 0, "records": 0, "bytes": 0, "rotations": 0, "write_errors": 0}
+        self.inline_sync_max = inline_sync_max
+        self._new_future: Callable[[], asyncio.Future[None]] = _no_loop
+        self._counted = False
+        self.stats = {"batches": 0, "records": 0, "bytes": 0, "rotations": 0, "write_errors": 0,
+                      "inline_syncs": 0}
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -124,7 +138,11 @@ class Journal:
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="pybk-journal")
+        loop = asyncio.get_running_loop()
+        self._new_future = loop.create_future
+        self._task = loop.create_task(self._run(), name="pybk-journal")
+        Journal._open_count += 1
+        self._counted = True
 
     async def _new_segment(self, seq: int) -> None:
         path = self.segment_path(seq)
@@ -143,6 +161,11 @@ class Journal:
         self._batch_seq = 0
         self._position = Position(seq, SEGMENT_HEADER_SIZE, 0)
 
+    def _uncount(self) -> None:
+        if self._counted:
+            self._counted = False
+            Journal._open_count -= 1
+
     async def close(self) -> None:
         """Write and sync everything appended so far, then stop and close the segment."""
         self._closing = True
@@ -153,6 +176,7 @@ class Journal:
                 await self._task
             finally:
                 self._task = None
+        self._uncount()
         if self._fh is not None:
             self._fh.close()
             self._fh = None
@@ -164,6 +188,7 @@ class Journal:
         if self._task is not None:
             self._task.cancel()
             self._task = None
+        self._uncount()
         self._fail_inflight(exc)
         self._fail_buffer(exc)
         if self._fh is not None:
@@ -177,13 +202,13 @@ class Journal:
 
         ``tag`` (if not None) is handed back through ``on_synced`` with the item's end offset,
         or through ``on_failed`` if the batch could not be written."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[None] = loop.create_future()
         if self.failed is not None or self._closing or self._task is None:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             exc = self.failed or JournalFailedError("journal is closed")
             fut.set_exception(_fresh(exc))
             fut.exception()  # the caller may never look; do not warn
             return fut
+        fut = self._new_future()
         if not self._data:
             assert self._wake is not None and self._idle is not None
             self._wake.set()
@@ -315,7 +340,10 @@ class Journal:
         if acked_early:  # deliberately broken build: acknowledge before the data is durable
             self._complete(position, tagged, futs)
         try:
-            await fh.sync()
+            if self._sync_inline(len(data)) and fh.sync_inline():
+                self.stats["inline_syncs"] += 1
+            else:
+                await fh.sync()
         except OSError as exc:
             self._fatal(exc, f"fsync of {fh.path}", tags if not acked_early else [], futs)
             return
@@ -327,6 +355,13 @@ class Journal:
         self.stats["batches"] += 1
         self.stats["records"] += len(data)
         self.stats["bytes"] += end - before
+
+    def _sync_inline(self, records: int) -> bool:
+        """Sync this batch on the loop's thread? Only a batch of at most ``inline_sync_max``
+        records, and only while this is the process's one open journal: there the thread
+        hop would cost about half the sync itself, and no other journal's sync could have
+        overlapped with ours (in-process clusters keep their parallel syncs)."""
+        return records <= self.inline_sync_max and Journal._open_count == 1
 
     def _complete(self, position: Position, tagged: list[tuple[Any, int]],
                   futs: list[asyncio.Future[None]]) -> None:
@@ -412,6 +447,10 @@ class Journal:
         if self._fh is not None and self.failed is None:
             assert self._position.seg == self._seq
             assert self._position.offset <= self._fh.size()
+
+
+def _no_loop() -> asyncio.Future[None]:
+    raise RuntimeError("journal is not open")
 
 
 def _fresh(exc: BaseException) -> BaseException:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import posixpath
 import struct
 from collections.abc import Awaitable, Callable
@@ -37,6 +38,7 @@ from pybk.errors import (
     CorruptRecordError,
     EntryExistsError,
     IOBookieError,
+    JournalFailedError,
     LedgerFencedError,
     NoSuchEntryError,
     NoSuchLedgerError,
@@ -49,7 +51,6 @@ from pybk.storage.fs import FileSystem
 from pybk.storage.index import (
     Index,
     LedgerState,
-    Location,
     Position,
     decode_checkpoint,
     encode_checkpoint,
@@ -69,6 +70,8 @@ from pybk.storage.records import (
 )
 from pybk.storage.replay import SegmentScan, scan_segment
 
+log = logging.getLogger(__name__)
+
 CHECKPOINT_FILE = "index.ckpt"
 _DEAD = struct.Struct(">I")
 
@@ -80,6 +83,7 @@ class StoreConfig:
     journal_max_wait: float = 0.001
     journal_max_batch_bytes: int = 4 << 20
     journal_max_batch_count: int = 8192
+    journal_inline_sync_max: int = 2
     segment_size: int = 64 << 20
     allow_suspect_segments: bool = False
     compaction_threshold: float = 0.5
@@ -155,6 +159,7 @@ class LedgerStore:
             max_batch_bytes=self.config.journal_max_batch_bytes,
             max_batch_count=self.config.journal_max_batch_count,
             segment_size=self.config.segment_size,
+            inline_sync_max=self.config.journal_inline_sync_max,
         )
 
     # ================================================================== start-up / shut-down
@@ -277,7 +282,7 @@ class LedgerStore:
         index = self.index
         t = rec.rtype
         if t is RecordType.ENTRY:
-            index.put_entry(rec.ledger_id, rec.entry_id, Location(seg, rec.offset, rec.size),
+            index.put_entry(rec.ledger_id, rec.entry_id, (seg, rec.offset, rec.size),
                             _piggyback_lac(rec.data))
         elif t is RecordType.MASTER_KEY:
             st = index.ledger(rec.ledger_id)
@@ -331,10 +336,13 @@ class LedgerStore:
         live = 0
         last = None
         st: LedgerState | None = None
+        done: list[tuple[AddCallback, int, int]] = []
         for tag, end in tagged:
-            lid, eid, lac, size = tag
+            lid, eid, lac, size, on_done = tag
             if not size:
                 continue
+            if on_done is not None:
+                done.append((on_done, lid, eid))
             if lid != last:
                 if last is not None:  # wake long polls once per run of the same ledger
                     self._on_ledger_change(last)
@@ -343,10 +351,10 @@ class LedgerStore:
             pending.pop((lid, eid), None)
             if st is None or st.deleted or eid in st.entries:
                 # rare paths (re-added/compacted entry, deleted ledger): the general code
-                index.put_entry(lid, eid, Location(seg, end - size, size), lac)
+                index.put_entry(lid, eid, (seg, end - size, size), lac)
                 st = ledgers.get(lid)
                 continue
-            st.entries[eid] = Location(seg, end - size, size)
+            st.entries[eid] = (seg, end - size, size)
             live += size
             if lac > st.max_piggyback_lac:
                 st.max_piggyback_lac = lac
@@ -354,6 +362,9 @@ class LedgerStore:
             index.seg_live[seg] = index.seg_live.get(seg, 0) + live
         if last is not None:
             self._on_ledger_change(last)
+        # Answer only once the whole batch is in the index (a reader told "done" finds it).
+        for on_done, lid, eid in done:
+            _notify(on_done, None, lid, eid)
 
     def _on_rotate(self, old_seq: int, old_size: int, new_seq: int) -> None:
         self._segments[old_seq] = old_size
@@ -363,9 +374,11 @@ class LedgerStore:
         for tag in tags:
             if tag is None:
                 continue
-            lid, eid, _lac, size = tag
+            lid, eid, _lac, size, on_done = tag
             if size:
                 self._pending.pop((lid, eid), None)
+                if on_done is not None:
+                    _notify(on_done, _fresh_error(exc), lid, eid)
             else:  # a master-key record was lost: journal it again with the next write
                 st = self.index.get(lid)
                 if st is not None and eid == -1:
@@ -385,16 +398,23 @@ class LedgerStore:
         return encode_master_key(lid, key)
 
     def add(self, ledger_id: int, entry_id: int, body: bytes, master_key: bytes,
-            recovery: bool = False) -> asyncio.Future[None]:
+            recovery: bool = False, on_done: AddCallback | None = None
+            ) -> asyncio.Future[None]:
         """Store one framed entry; the future resolves once it is durable.
 
         Raises at once: LedgerFencedError (fenced and not a recovery add, or deleted),
         UnauthorizedError, EntryExistsError (different bytes), BadRequestError (the body's
-        embedded ids disagree with the request), JournalFailedError."""
+        embedded ids disagree with the request), JournalFailedError.
+
+        ``on_done(error)`` (optional) is called exactly once when the outcome is known:
+        ``None`` once the entry is durable *and* in the index, else the error. It runs
+        synchronously inside the journal's batch completion (no loop callback per entry),
+        so it must be quick and must not raise; it may already have run when ``add``
+        returns. Not called when ``add`` itself raises."""
         if len(body) < ENTRY_HEADER_SIZE:
             raise BadRequestError(f"ledger {ledger_id} entry {entry_id}: entry of {len(body)} "
                                   f"bytes is shorter than the {ENTRY_HEADER_SIZE}-byte header")
-        blid, beid, lac, _length = ENTRY_HEADER.unpack_from(body)
+        blid, beid, lac, _length = _unpack_entry_header(body)
         if blid != ledger_id or beid != entry_id or entry_id < 0:
             raise BadRequestError(
                 f"add of ({ledger_id}, {entry_id}) carries an entry framed as ({blid}, {beid})")
@@ -412,28 +432,52 @@ class LedgerStore:
             if pending[0] != body:
                 raise EntryExistsError(
                     f"ledger {ledger_id} entry {entry_id} is being written with different bytes")
-            return pending[1]  # identical: its ack waits for the original's fsync
-        if st is not None and entry_id in st.entries:
-            try:
-                stored = self.read(ledger_id, entry_id)
-            except (CorruptRecordError, IOBookieError):
-                stored = None  # the local copy is damaged: store the new copy (repair)
-            if stored is not None:
-                if stored != body:
-                    raise EntryExistsError(
-                        f"ledger {ledger_id} entry {entry_id} exists with different bytes")
-                fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                fut.set_result(None)
-                return fut
+            # identical: its ack waits for the original's fsync
+            if on_done is not None:
+                pending[1].add_done_callback(
+                    lambda f: _notify(on_done, _outcome(f), ledger_id, entry_id))
+            return pending[1]
         if st is None:
             st = self.index.ledger(ledger_id)
+        elif entry_id in st.entries:
+            return self._add_existing(ledger_id, entry_id, body, on_done)
         if st.master_key is None:
             self.journal.append(self._key_record(ledger_id, st, master_key),
-                                (ledger_id, -1, -1, 0))
+                                (ledger_id, -1, -1, 0, None))
         rec = encode_entry(ledger_id, entry_id, body)
-        fut = self.journal.append(rec, (ledger_id, entry_id, lac, len(rec)))
-        if not fut.done():
+        fut = self.journal.append(rec, (ledger_id, entry_id, lac, len(rec), on_done))
+        if fut.done():  # the journal refused it (failed or closed): no tag callback comes
+            if on_done is not None:
+                _notify(on_done, fut.exception(), ledger_id, entry_id)
+        else:
             self._pending[key] = (body, fut)
+        return fut
+
+    def _add_existing(self, ledger_id: int, entry_id: int, body: bytes,
+                      on_done: AddCallback | None) -> asyncio.Future[None]:
+        """An add of an entry the index already holds: identical bytes are a durable no-op,
+        different bytes an error; a damaged local copy is replaced (repair)."""
+        try:
+            stored = self.read(ledger_id, entry_id)
+        except (CorruptRecordError, IOBookieError):
+            stored = None  # the local copy is damaged: store the new copy (repair)
+        if stored is None:
+            rec = encode_entry(ledger_id, entry_id, body)
+            lac = _unpack_entry_header(body)[2]
+            fut = self.journal.append(rec, (ledger_id, entry_id, lac, len(rec), on_done))
+            if fut.done():
+                if on_done is not None:
+                    _notify(on_done, fut.exception(), ledger_id, entry_id)
+            else:
+                self._pending[(ledger_id, entry_id)] = (body, fut)
+            return fut
+        if stored != body:
+            raise EntryExistsError(
+                f"ledger {ledger_id} entry {entry_id} exists with different bytes")
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        if on_done is not None:
+            _notify(on_done, None, ledger_id, entry_id)
         return fut
 
     def fence(self, ledger_id: int, master_key: bytes) -> Awaitable[None]:
@@ -457,7 +501,7 @@ class LedgerStore:
         key_rec = self._key_record(ledger_id, st, master_key)
         st.fenced = True
         if key_rec:
-            self.journal.append(key_rec, (ledger_id, -1, -1, 0))
+            self.journal.append(key_rec, (ledger_id, -1, -1, 0, None))
         fut = self.journal.append(encode_fence(ledger_id))
         self._fence_futs[ledger_id] = fut
         fut.add_done_callback(lambda _f: self._fence_settled(ledger_id, fut))
@@ -481,7 +525,7 @@ class LedgerStore:
             st = self.index.ledger(ledger_id)
         key_rec = self._key_record(ledger_id, st, master_key)
         if key_rec:
-            self.journal.append(key_rec, (ledger_id, -1, -1, 0))
+            self.journal.append(key_rec, (ledger_id, -1, -1, 0, None))
         fut = self.journal.append(encode_explicit_lac(ledger_id, lac, body))
         if lac >= st.explicit_lac:
             st.explicit_lac, st.explicit_lac_body = lac, body
@@ -528,14 +572,15 @@ class LedgerStore:
             if loc is None:
                 self._absent(f"ledger {ledger_id} entry {entry_id} is not on this bookie",
                              NoSuchEntryError)
-        path = self.journal_path(loc.seg)
+        seg, offset, size = loc
+        path = self.journal_path(seg)
         try:
-            data = self.fs.pread(path, loc.offset, loc.size)
+            data = self.fs.pread(path, offset, size)
         except OSError as exc:
             raise IOBookieError(
-                f"reading ledger {ledger_id} entry {entry_id} from {path}@{loc.offset}: {exc}"
+                f"reading ledger {ledger_id} entry {entry_id} from {path}@{offset}: {exc}"
             ) from None
-        return decode_entry_at(data, path, loc.offset, ledger_id, entry_id)
+        return decode_entry_at(data, path, offset, ledger_id, entry_id)
 
     def read_range(self, ledger_id: int, first: int, last: int) -> list[tuple[int, bytes]]:
         """(entry id, body) for the entries held in [first, last], ascending; each verified
@@ -638,7 +683,7 @@ class LedgerStore:
             self.fs, self.journal_path(seq), seq, self.instance_id, start=None, batch_seq=0,
             is_last=False, allow_suspect=False, apply=lambda rec, _seg: records.append(rec),
         )
-        out: list[tuple[bytes, tuple[int, int, int, int] | None]] = []
+        out: list[tuple[bytes, tuple[int, int, int, int, None] | None]] = []
         meta: list[int] = []
         for rec in records:
             if rec.ledger_id < 0:
@@ -648,10 +693,10 @@ class LedgerStore:
                 continue
             if rec.rtype is RecordType.ENTRY:
                 loc = st.entries.get(rec.entry_id)
-                if loc is not None and loc.seg == seq and loc.offset == rec.offset:
+                if loc is not None and loc[0] == seq and loc[1] == rec.offset:
                     data = encode_entry(rec.ledger_id, rec.entry_id, rec.data)
                     out.append((data, (rec.ledger_id, rec.entry_id,
-                                       _piggyback_lac(rec.data), len(data))))
+                                       _piggyback_lac(rec.data), len(data), None)))
             elif rec.ledger_id not in meta:
                 meta.append(rec.ledger_id)
         for lid in meta:
@@ -683,6 +728,34 @@ class LedgerStore:
             assert seq in self._segments, f"live entries in unknown segment {seq}"
 
 
+#: ``on_done(error)`` of :meth:`LedgerStore.add`: None once durable, else the error
+AddCallback = Callable[[BaseException | None], None]
+_unpack_entry_header = ENTRY_HEADER.unpack_from
+
+
+def _notify(on_done: AddCallback, error: BaseException | None, lid: int, eid: int) -> None:
+    """Run one add callback; its bug must not break the journal's batch completion."""
+    try:
+        on_done(error)
+    except Exception:
+        log.exception("add callback for ledger %s entry %s failed", lid, eid)
+
+
+def _outcome(fut: asyncio.Future[None]) -> BaseException | None:
+    if fut.cancelled():
+        return JournalFailedError("journal write cancelled")
+    exc = fut.exception()
+    return None if exc is None else _fresh_error(exc)
+
+
+def _fresh_error(exc: BaseException) -> BaseException:
+    """A new exception of the same kind for each waiter (tracebacks must not pile up)."""
+    try:
+        return type(exc)(*exc.args)
+    except Exception:
+        return exc
+
+
 def _piggyback_lac(body: bytes) -> int:
     try:
         return parse_entry_header(body)[2]
@@ -690,4 +763,6 @@ def _piggyback_lac(body: bytes) -> int:
         return -1
 
 
-__all__ = ["BKError", "CompactionResult", "LedgerStore", "ReplayReport", "StoreConfig"]
+__all__ = [
+    "AddCallback", "BKError", "CompactionResult", "LedgerStore", "ReplayReport", "StoreConfig",
+]

@@ -6,9 +6,10 @@ contract of :mod:`pybk.transport.base` (a response, ``BookieUnavailableError`` o
 every request so tests can hold, fail, drop or delay requests per bookie and operation.
 
 Per-request timeouts use the running loop's clock (virtual time under the simulator) but
-not one timer per request: requests wait in one FIFO per timeout value and a single sweep
-timer (every quarter of the shortest timeout) expires the overdue ones and drops the
-answered ones, so a timeout fires between its deadline and a quarter of it later. A
+not one timer per request: requests wait in one send-ordered table per timeout value, which an
+answer leaves at once (so nothing answered stays alive: fewer objects for the garbage
+collector), and a single sweep timer (every quarter of the shortest timeout) expires the
+overdue ones, so a timeout fires between its deadline and a quarter of it later. A
 timed-out request is not cancelled on the bookie: like a slow network, the bookie may still
 apply it.
 """
@@ -17,12 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Mapping
 from typing import Any, Protocol
 
 from pybk.errors import BookieUnavailableError, ClientClosedError, TimeoutError
-from pybk.protocol import Request, Response, Status, error_response
+from pybk.protocol import AddRequest, Request, Response, Status, error_response
 from pybk.testing.hooks import HeldRequest, Hooks
 from pybk.transport.base import Transport
 
@@ -36,15 +36,26 @@ class _BookieLike(Protocol):
     async def handle(self, request: Any) -> Any: ...
 
 
+_Deadline = tuple[float, "asyncio.Future[Response]", str, Request]
+#: pending requests of one timeout value, in send order (so in deadline order) by request
+#: number; an answered request leaves at once, so nothing answered is kept alive here
+_Queue = dict[int, _Deadline]
+
+
 class LocalTransport(Transport):
-    """Calls ``bookies[bookie_id].handle(request)``; ``bookies`` may change (it is read live)."""
+    """Calls ``bookies[bookie_id].handle(request)``; ``bookies`` may change (it is read live).
+
+    Adds go through ``bookie.add_nowait(request, reply)`` when the bookie has it (a
+    :class:`pybk.bookie.Bookie` does): no task or coroutine per request, the reply is set
+    straight from the bookie's journal completion."""
 
     def __init__(self, bookies: Mapping[str, _BookieLike], *, hooks: Hooks | None = None) -> None:
         self.bookies = bookies
         self.hooks = hooks if hooks is not None else Hooks()
         self._closed = False
         self.sent = 0  # requests sent (for tests and benchmarks)
-        self._deadlines: dict[float, deque[_Deadline]] = {}
+        self._deadlines: dict[float, _Queue] = {}
+        self._next_rid = 0
         self._sweeper: asyncio.TimerHandle | None = None
 
     def send(
@@ -56,16 +67,19 @@ class LocalTransport(Transport):
         if self._closed:
             fut.set_exception(ClientClosedError("transport closed"))
             return fut
+        queue: _Queue | None = None
+        rid = 0
         if timeout is not None:
             queue = self._deadlines.get(timeout)
             if queue is None:
-                queue = self._deadlines[timeout] = deque()
-            queue.append((loop.time() + timeout, fut, bookie_id, request))
+                queue = self._deadlines[timeout] = {}
+            rid = self._next_rid = self._next_rid + 1
+            queue[rid] = (loop.time() + timeout, fut, bookie_id, request)
             if self._sweeper is None:
                 self._schedule_sweep(loop)
         rule = self.hooks.match(bookie_id, request) if self.hooks.rules else None
         if rule is None:
-            self._deliver(fut, bookie_id, request)
+            self._deliver(fut, bookie_id, request, queue, rid)
             return fut
         if rule.action == "fail":
             _fail(fut, bookie_id, request, rule.status)
@@ -76,7 +90,7 @@ class LocalTransport(Transport):
                 HeldRequest(
                     bookie_id,
                     request,
-                    deliver=lambda: self._deliver(fut, bookie_id, request),
+                    deliver=lambda: self._deliver(fut, bookie_id, request, queue, rid),
                     fail=lambda status: _fail(fut, bookie_id, request, status),
                     drop=lambda: None,
                 )
@@ -95,20 +109,34 @@ class LocalTransport(Transport):
                             BookieUnavailableError(f"{bookie_id}: hook failed: {exc!r}")
                         )
                     return
-                self._deliver(fut, bookie_id, request)
+                self._deliver(fut, bookie_id, request, queue, rid)
 
             _spawn(run_then_deliver())
         return fut
 
-    def _deliver(self, fut: asyncio.Future[Response], bookie_id: str, request: Request) -> None:
+    def _deliver(
+        self, fut: asyncio.Future[Response], bookie_id: str, request: Request,
+        queue: _Queue | None, rid: int,
+    ) -> None:
         if fut.done():
             return
         bookie = self.bookies.get(bookie_id)
         if bookie is None or bookie.state == "stopped":
             fut.set_exception(BookieUnavailableError(f"bookie {bookie_id} is not running"))
             return
+        if type(request) is AddRequest:
+            add_nowait = getattr(bookie, "add_nowait", None)
+            if add_nowait is not None:
+
+                def reply(response: Response) -> None:
+                    if queue is not None:
+                        queue.pop(rid, None)
+                    _settle(fut, bookie_id, response)
+
+                add_nowait(request, reply)
+                return
         # the task stays reachable through what it awaits (the bookie holds those futures)
-        asyncio.ensure_future(_call(bookie, bookie_id, request, fut))  # noqa: RUF006
+        asyncio.ensure_future(_call(bookie, bookie_id, request, fut, queue, rid))  # noqa: RUF006
 
     def _schedule_sweep(self, loop: asyncio.AbstractEventLoop) -> None:
         period = min(0.5, max(0.001, min(self._deadlines) / 4))
@@ -118,15 +146,14 @@ class LocalTransport(Transport):
         self._sweeper = None
         now = loop.time()
         for timeout, queue in list(self._deadlines.items()):
-            while queue:
-                deadline, fut, bookie_id, request = queue[0]
-                if fut.done():
-                    queue.popleft()
-                elif deadline <= now:
-                    queue.popleft()
-                    _expire(fut, bookie_id, request, timeout)
-                else:
+            gone = []
+            for rid, (deadline, fut, _bookie, _request) in queue.items():
+                if deadline > now and not fut.done():
                     break
+                gone.append(rid)
+            for rid in gone:
+                _deadline, fut, bookie_id, request = queue.pop(rid)
+                _expire(fut, bookie_id, request, timeout)
             if not queue:
                 del self._deadlines[timeout]
         if self._deadlines and not self._closed:
@@ -140,7 +167,6 @@ class LocalTransport(Transport):
         self.hooks.clear(release=False)
 
 
-_Deadline = tuple[float, "asyncio.Future[Response]", str, Request]
 _background: set[asyncio.Task[None]] = set()
 
 
@@ -150,12 +176,26 @@ def _spawn(coro: Any) -> None:
     task.add_done_callback(_background.discard)
 
 
+def _settle(fut: asyncio.Future[Response], bookie_id: str, response: Response) -> None:
+    if fut.done():
+        return
+    if response.status == Status.UNAVAILABLE:
+        fut.set_exception(BookieUnavailableError(f"bookie {bookie_id}: {response.message}"))
+    else:
+        fut.set_result(response)
+
+
 async def _call(
-    bookie: _BookieLike, bookie_id: str, request: Request, fut: asyncio.Future[Response]
+    bookie: _BookieLike, bookie_id: str, request: Request, fut: asyncio.Future[Response],
+    queue: _Queue | None, rid: int,
 ) -> None:
     """Run one request on the bookie and settle ``fut`` (one task per request, no extra hop)."""
     try:
-        response = await bookie.handle(request)
+        try:
+            response = await bookie.handle(request)
+        finally:
+            if queue is not None:
+                queue.pop(rid, None)
     except asyncio.CancelledError:
         if not fut.done():
             fut.set_exception(BookieUnavailableError(f"bookie {bookie_id}: request cancelled"))
@@ -165,12 +205,7 @@ async def _call(
         if not fut.done():
             fut.set_exception(BookieUnavailableError(f"bookie {bookie_id} failed: {exc!r}"))
         return
-    if fut.done():
-        return
-    if response.status == Status.UNAVAILABLE:
-        fut.set_exception(BookieUnavailableError(f"bookie {bookie_id}: {response.message}"))
-    else:
-        fut.set_result(response)
+    _settle(fut, bookie_id, response)
 
 
 def _fail(

@@ -357,7 +357,8 @@ async def test_fsync_eio_is_fatal_nothing_covered_is_acked(harness):
 
 
 def _entry_offset(bookie: Bookie, lid: int, eid: int) -> tuple[str, int, int]:
-    loc = bookie.store.index.ledgers[lid].entries[eid]
+    loc = bookie.store.index.ledgers[lid].location(eid)
+    assert loc is not None
     return bookie.store.journal_path(loc.seg), loc.offset, loc.size
 
 

@@ -197,7 +197,8 @@ async def test_torn_tail_is_truncated_and_counted(tail):
 async def test_mid_log_corruption_refuses_to_start():
     fs = MemFileSystem()
     s, path = await filled_store(fs)
-    loc = s.index.ledgers[1].entries[1]
+    loc = s.index.ledgers[1].location(1)
+    assert loc is not None
     s.abandon(JournalFailedError("crash"))
     fs.delete("/d/index.ckpt")
     fs.flip_bit(path, loc.offset + loc.size - 2)
@@ -212,7 +213,8 @@ async def test_corruption_in_an_older_segment_refuses_to_start():
     s = await new_store(fs, segment_size=300)
     for e in range(12):
         await s.add(1, e, frame(1, e), b"k")
-    loc = s.index.ledgers[1].entries[0]
+    loc = s.index.ledgers[1].location(0)
+    assert loc is not None
     s.abandon(JournalFailedError("crash"))
     fs.delete("/d/index.ckpt")
     path = s.journal_path(loc.seg)
@@ -289,7 +291,8 @@ async def test_read_range_returns_held_entries_and_raises_on_damage():
         await s.add(1, e, frame(1, e), b"k")
     assert s.read_range(1, 1, 5) == [(1, frame(1, 1)), (2, frame(1, 2)), (5, frame(1, 5))]
     assert s.read_range(1, 7, 9) == []
-    loc = s.index.ledgers[1].entries[2]
+    loc = s.index.ledgers[1].location(2)
+    assert loc is not None
     fs.flip_bit(s.journal_path(loc.seg), loc.offset + loc.size - 1)
     with pytest.raises(CorruptRecordError):
         s.read_range(1, 0, 6)

@@ -1,0 +1,244 @@
+"""The write hot path's shortcuts keep every guarantee of the slow path.
+
+* ``FileHandle.sync_inline`` (MemFileSystem): the same effects and failures as ``sync``,
+  declined when syncs take (virtual) time;
+* the journal syncs tiny batches inline only while it is the process's one journal, and an
+  inline fsync failure is as fatal as a threaded one (nothing covered is acknowledged);
+* ``LedgerStore.add(on_done=...)``: called exactly once, only once the entry is durable and
+  readable, with the error otherwise;
+* the index keeps plain location tuples (untracked by the garbage collector) and its
+  checkpoint still round-trips the journal position.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import gc
+import uuid
+
+import pytest
+
+from pybk.errors import EntryExistsError, JournalFailedError
+from pybk.protocol import DigestManager
+from pybk.storage.fs import MemFileSystem
+from pybk.storage.index import Index, Location, Position, decode_checkpoint, encode_checkpoint
+from pybk.storage.journal import Journal
+from pybk.storage.records import encode_fence
+from pybk.storage.store import LedgerStore, StoreConfig
+
+IID = str(uuid.UUID(int=7, version=4))
+KEY = b"k" * 32
+
+
+def body(lid: int, eid: int, payload: bytes = b"p") -> bytes:
+    return DigestManager(lid).frame(eid, eid - 1, 0, payload)
+
+
+# --------------------------------------------------------------------------- sync_inline
+
+
+def test_mem_sync_inline_makes_bytes_durable_and_reports_the_hook():
+    fs = MemFileSystem()
+    seen: list[str] = []
+    fs.fault_hook = lambda op, path: seen.append(op)
+    fh = fs.open_append("/f")
+    fh.write(b"abc")
+    assert fh.sync_inline() is True
+    assert seen[-1] == "sync" and fs.counters["sync"] == 1
+    fh.write(b"def")
+    fs.crash("drop")
+    assert not fs.exists("/f")  # the file's creation was never made durable in its dir
+
+
+def test_mem_sync_inline_keeps_data_across_a_crash_once_the_dir_is_synced():
+    fs = MemFileSystem()
+    fs.makedirs("/d")
+    fh = fs.open_append("/d/f")
+    asyncio.run(fs.fsync_dir("/d"))
+    fh.write(b"synced")
+    assert fh.sync_inline()
+    fh.write(b"lost")
+    fs.crash("drop")
+    assert fs.read_file("/d/f") == b"synced"
+
+
+def test_mem_sync_inline_fails_like_sync_and_the_data_is_gone():
+    fs = MemFileSystem()
+    fs.makedirs("/d")
+    fh = fs.open_append("/d/f")
+    asyncio.run(fs.fsync_dir("/d"))
+    fh.write(b"x" * 10)
+    fs.fail_next_fsync()
+    with pytest.raises(OSError) as info:
+        fh.sync_inline()
+    assert info.value.errno == errno.EIO
+    assert fh.sync_inline()  # a retry "succeeds" (fsyncgate) ...
+    fs.crash("drop")
+    assert fs.read_file("/d/f") == bytes(10)  # ... but the bytes never became durable
+
+
+def test_mem_sync_inline_declines_when_syncs_take_virtual_time():
+    fs = MemFileSystem()
+    fs.sync_delay = 0.001
+    fh = fs.open_append("/f")
+    fh.write(b"abc")
+    assert fh.sync_inline() is False
+    assert fs.counters["sync"] == 0
+
+
+async def _journal(fs: MemFileSystem, name: str, synced: list, fatal: list) -> Journal:
+    fs.makedirs(name)
+    j = Journal(fs, name, IID, on_synced=lambda seg, items: synced.extend(items),
+                on_failed=lambda tags, exc: None, on_fatal=fatal.append,
+                on_write_error=lambda exc: None)
+    await j.open(0)
+    return j
+
+
+async def test_journal_syncs_a_lone_record_inline_and_a_big_batch_on_the_thread_path():
+    fs = MemFileSystem()
+    synced: list = []
+    j = await _journal(fs, "/j", synced, [])
+    try:
+        await asyncio.wait_for(j.append(encode_fence(1), tag="a"), 5)
+        assert j.stats["inline_syncs"] == 1
+        futs = [j.append(encode_fence(i), tag=i) for i in range(10)]
+        await asyncio.wait_for(asyncio.gather(*futs), 5)
+        assert j.stats["inline_syncs"] == 1 and j.stats["batches"] == 2
+        assert [t for t, _ in synced] == ["a", *range(10)]
+    finally:
+        await j.close()
+
+
+async def test_journal_never_syncs_inline_while_another_journal_is_open():
+    fs = MemFileSystem()
+    synced: list = []
+    j1 = await _journal(fs, "/j1", synced, [])
+    j2 = await _journal(fs, "/j2", synced, [])
+    try:
+        await asyncio.wait_for(j1.append(encode_fence(1)), 5)
+        await asyncio.wait_for(j2.append(encode_fence(1)), 5)
+        assert j1.stats["inline_syncs"] == j2.stats["inline_syncs"] == 0
+    finally:
+        await j2.close()
+    try:  # alone again: inline
+        await asyncio.wait_for(j1.append(encode_fence(2)), 5)
+        assert j1.stats["inline_syncs"] == 1
+    finally:
+        await j1.close()
+
+
+async def test_inline_fsync_failure_is_fatal_and_acknowledges_nothing():
+    fs = MemFileSystem()
+    synced: list = []
+    fatal: list = []
+    j = await _journal(fs, "/j", synced, fatal)
+    fs.fail_next_fsync()
+    fut = j.append(encode_fence(1), tag="t")
+    with pytest.raises(JournalFailedError, match="fsync"):
+        await asyncio.wait_for(fut, 5)
+    assert synced == [] and len(fatal) == 1 and j.failed is not None
+    later = j.append(encode_fence(2))
+    with pytest.raises(JournalFailedError):
+        await later
+    j.abandon(JournalFailedError("test over"))
+
+
+# --------------------------------------------------------------------------- add(on_done)
+
+
+async def _store(fs: MemFileSystem) -> LedgerStore:
+    s = LedgerStore(fs, "/data", IID, StoreConfig())
+    await s.open()
+    return s
+
+
+async def test_on_done_runs_once_after_the_entry_is_durable_and_readable():
+    fs = MemFileSystem()
+    s = await _store(fs)
+    calls: list = []
+
+    def on_done(exc: BaseException | None) -> None:
+        # at this moment the entry is in the index and readable
+        calls.append((exc, s.read(1, 0) if exc is None else None))
+
+    b = body(1, 0)
+    fut = s.add(1, 0, b, KEY, on_done=on_done)
+    assert calls == []  # not before the fsync
+    await asyncio.wait_for(fut, 5)
+    assert calls == [(None, b)]
+    # an identical re-add of a stored entry answers at once, a different one raises
+    s.add(1, 0, b, KEY, on_done=on_done)
+    assert calls[-1] == (None, b) and len(calls) == 2
+    with pytest.raises(EntryExistsError):
+        s.add(1, 0, body(1, 0, b"other"), KEY, on_done=on_done)
+    assert len(calls) == 2  # not called when add raises
+    await s.close()
+
+
+async def test_on_done_of_a_duplicate_pending_add_waits_for_the_original():
+    fs = MemFileSystem()
+    s = await _store(fs)
+    calls: list = []
+    b = body(2, 0)
+    first = s.add(2, 0, b, KEY, on_done=lambda e: calls.append(("first", e)))
+    s.add(2, 0, b, KEY, on_done=lambda e: calls.append(("dup", e)))
+    await asyncio.wait_for(first, 5)
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert sorted(calls, key=str) == [("dup", None), ("first", None)]
+    await s.close()
+
+
+async def test_on_done_gets_the_error_when_the_fsync_fails_or_the_store_crashes():
+    fs = MemFileSystem()
+    s = await _store(fs)
+    got: list = []
+    fs.fail_next_fsync()
+    s.add(3, 0, body(3, 0), KEY, on_done=got.append)
+    await asyncio.wait_for(s.journal.drain(), 5)
+    assert len(got) == 1 and isinstance(got[0], JournalFailedError)
+    s.abandon(JournalFailedError("crash"))
+    # a journal that is gone answers a new add through on_done at once
+    s.add(5, 0, body(5, 0), KEY, on_done=got.append)
+    assert len(got) == 2 and isinstance(got[1], JournalFailedError)
+
+
+async def test_a_failing_on_done_does_not_break_the_journal():
+    fs = MemFileSystem()
+    s = await _store(fs)
+
+    def boom(exc: BaseException | None) -> None:
+        raise RuntimeError("listener bug")
+
+    fut = s.add(6, 0, body(6, 0), KEY, on_done=boom)
+    await asyncio.wait_for(fut, 5)
+    assert s.read(6, 0) == body(6, 0)
+    await asyncio.wait_for(s.add(6, 1, body(6, 1), KEY), 5)  # still writing
+    assert s.journal.failed is None
+    await s.close()
+
+
+# --------------------------------------------------------------------------- index
+
+
+def test_index_stores_plain_tuples_the_garbage_collector_can_forget():
+    idx = Index()
+    idx.put_entry(1, 0, Location(3, 40, 60), -1)
+    stored = idx.ledgers[1].entries[0]
+    assert type(stored) is tuple and stored == (3, 40, 60)
+    gc.collect()
+    assert not gc.is_tracked(stored)
+    assert idx.ledgers[1].location(0) == Location(3, 40, 60)
+    assert idx.ledgers[1].location(1) is None
+
+
+def test_checkpoint_keeps_its_position_whatever_segments_entries_live_in():
+    idx = Index()
+    idx.put_entry(1, 0, (0, 40, 60), -1)
+    idx.put_entry(1, 1, (4, 80, 70), 0)
+    back, pos = decode_checkpoint(encode_checkpoint(idx, Position(9, 220, 3)), "cp")
+    assert pos == Position(9, 220, 3)
+    assert dict(back.ledgers[1].entries) == {0: (0, 40, 60), 1: (4, 80, 70)}
+    back._check()
