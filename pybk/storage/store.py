@@ -336,13 +336,13 @@ class LedgerStore:
         live = 0
         last = None
         st: LedgerState | None = None
-        done: list[tuple[AddCallback, int, int]] = []
+        done: list[AddCallback] = []
         for tag, end in tagged:
             lid, eid, lac, size, on_done = tag
             if not size:
                 continue
             if on_done is not None:
-                done.append((on_done, lid, eid))
+                done.append(on_done)
             if lid != last:
                 if last is not None:  # wake long polls once per run of the same ledger
                     self._on_ledger_change(last)
@@ -363,8 +363,11 @@ class LedgerStore:
         if last is not None:
             self._on_ledger_change(last)
         # Answer only once the whole batch is in the index (a reader told "done" finds it).
-        for on_done, lid, eid in done:
-            _notify(on_done, None, lid, eid)
+        for on_done in done:
+            try:
+                on_done(None)
+            except Exception:  # a listener's bug must not break the journal's completion
+                log.exception("add callback failed")
 
     def _on_rotate(self, old_seq: int, old_size: int, new_seq: int) -> None:
         self._segments[old_seq] = old_size
