@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import os
 import random
+import shutil
 import sqlite3
 import tempfile
 import time
@@ -150,22 +151,26 @@ async def main_async(args: argparse.Namespace) -> None:
               f"{'sqlite/s':>9} {'ratio':>6}")
     print(header)
     print("-" * len(header))
-    solo: dict[tuple[int, int], tuple[float, list[float]]] = {}
-    lite: dict[tuple[int, int], float] = {}
-    async with LocalCluster(os.path.join(root, "cluster"), bookies=3) as cluster:
-        for quorum in quorums:
-            for size in sizes:
-                for n in inflights:
-                    rate, lat = await run_ledger(cluster, quorum, size, n, args.duration)
-                    if (size, n) not in solo:
-                        solo[(size, n)] = await run_bookie(root, size, n, args.duration)
-                        lite[(size, n)] = run_sqlite(root, size, n, args.duration)
-                    (s, slat), q = solo[(size, n)], lite[(size, n)]
-                    name = "/".join(map(str, quorum))
-                    print(f"{name:>8} {size:>5} {n:>8} {rate:>10.0f} {pct(lat, .5) * 1e3:>8.2f} "
-                          f"{pct(lat, .99) * 1e3:>8.2f} | {s:>10.0f} {pct(slat, .5) * 1e3:>7.2f} "
-                          f"{pct(slat, .99) * 1e3:>7.2f} {rate / s:>6.2f} | "
-                          f"{q:>9.0f} {rate / q:>6.2f}")
+    try:
+        solo: dict[tuple[int, int], tuple[float, list[float]]] = {}
+        lite: dict[tuple[int, int], float] = {}
+        async with LocalCluster(os.path.join(root, "cluster"), bookies=3) as cluster:
+            for quorum in quorums:
+                for size in sizes:
+                    for n in inflights:
+                        rate, lat = await run_ledger(cluster, quorum, size, n, args.duration)
+                        if (size, n) not in solo:
+                            solo[(size, n)] = await run_bookie(root, size, n, args.duration)
+                            lite[(size, n)] = run_sqlite(root, size, n, args.duration)
+                        (s, slat), q = solo[(size, n)], lite[(size, n)]
+                        name = "/".join(map(str, quorum))
+                        ms = [pct(x, p) * 1e3 for x, p in ((lat, .5), (lat, .99),
+                                                             (slat, .5), (slat, .99))]
+                        print(f"{name:>8} {size:>5} {n:>8} {rate:>10.0f} {ms[0]:>8.2f} "
+                              f"{ms[1]:>8.2f} | {s:>10.0f} {ms[2]:>7.2f} {ms[3]:>7.2f} "
+                              f"{rate / s:>6.2f} | {q:>9.0f} {rate / q:>6.2f}")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # about 1 GB of journals per run
     print("\nratio = ledger entries/s divided by the peer's entries/s on the same disk, same run")
 
 
