@@ -46,7 +46,8 @@ async def run_bookie(root: str, writers: int, size: int, duration: float, run: i
     """entries/s, latencies (s), records per fsync."""
     fs = OsFileSystem()
     bookie = Bookie("bench", os.path.join(root, f"bookie-{run}-{writers}-{size}"), fs=fs,
-                    config=BookieConfig(disk_check_interval=0, checkpoint_interval=0),
+                    config=BookieConfig(disk_check_interval=0, checkpoint_interval=0,
+                                        journal_inline_sync_max=2),  # alone on its loop
                     rng=random.Random(1))
     await bookie.start()
     payload = os.urandom(size)

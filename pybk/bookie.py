@@ -88,9 +88,11 @@ class BookieConfig:
     journal_max_wait: float = 0.001
     journal_max_batch_bytes: int = 4 << 20
     journal_max_batch_count: int = 8192
-    #: batches of at most this many records are synced on the loop's thread when the bookie
-    #: is the process's only one (saves two thread hops for a lone writer); 0 disables
-    journal_inline_sync_max: int = 2
+    #: batches of at most this many records are synced on the loop's own thread (saves two
+    #: thread hops for a lone writer). Set it only when this bookie is alone on its event
+    #: loop (``pybk bookie`` sets 2); 0, the default, keeps every sync on the sync thread so
+    #: bookies sharing a loop (LocalCluster) overlap their syncs.
+    journal_inline_sync_max: int = 0
     #: rotate the active journal segment past this size (bytes)
     segment_size: int = 64 << 20
     #: start even if a segment is corrupt mid-log (its data after the bad point is ignored and

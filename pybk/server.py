@@ -117,14 +117,18 @@ class BookieProcess:
         self._stop.set()
 
     async def start(self) -> None:
-        from pybk.bookie import Bookie
+        from pybk.bookie import Bookie, BookieConfig
         from pybk.metadata import open_store
 
         cfg = self.config
         self.store = self._store_arg or open_store(cfg.metadata)
         await asyncio.to_thread(Path(cfg.data_dir).mkdir, parents=True, exist_ok=True)
+        bookie_config = cfg.bookie_config
+        if bookie_config is None:
+            # a bookie process hosts one bookie alone on its loop: small batches sync inline
+            bookie_config = BookieConfig(journal_inline_sync_max=2)
         self.bookie = Bookie(
-            self.bookie_id, cfg.data_dir, cookie_store=self.store, config=cfg.bookie_config
+            self.bookie_id, cfg.data_dir, cookie_store=self.store, config=bookie_config
         )
         await self.bookie.start()
         server_cfg = cfg.server_config or ServerConfig(stop_grace=cfg.stop_grace)

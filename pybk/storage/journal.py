@@ -10,10 +10,12 @@ and, if nothing else arrived during that iteration, writes at once. While append
 every iteration it keeps gathering, up to ``max_wait`` seconds (loop time) or the batch limits.
 
 A batch of at most ``inline_sync_max`` records is synced on the loop's own thread
-(``FileHandle.sync_inline``) while this is the process's only open journal: a lone writer then
-pays one fdatasync instead of a sync plus two thread hand-offs. Bigger batches (and several
-journals in one process, whose syncs overlap on the device) keep the sync thread so the loop
-serves other work while the disk is busy.
+(``FileHandle.sync_inline``): a lone writer then pays one fdatasync instead of a sync plus two
+thread hand-offs. It is off (0) unless the owner says this journal is alone on its event loop
+(a bookie process): several journals on one loop (an in-process cluster) keep the sync thread
+so their syncs overlap on the device and the loop serves other work while the disk is busy.
+The choice is explicit configuration, never inferred from process-wide state, so a run's
+scheduling does not depend on what else the process did before (the simulator relies on it).
 
 Each append's future resolves only after the fsync that covers it. A failed fsync is fatal:
 Linux may already have dropped the dirty pages, so a retry could "succeed" with the data gone
@@ -64,9 +66,6 @@ def parse_segment_name(name: str) -> int | None:
 class Journal:
     """Appends records to the active segment with serial group commit. See module docstring."""
 
-    #: journals open in this process (the inline-sync rule looks at it)
-    _open_count = 0
-
     def __init__(
         self,
         fs: FileSystem,
@@ -82,7 +81,7 @@ class Journal:
         max_batch_bytes: int = 4 << 20,
         max_batch_count: int = 8192,
         segment_size: int = 64 << 20,
-        inline_sync_max: int = 2,
+        inline_sync_max: int = 0,
     ) -> None:
         self.fs = fs
         self.directory = directory
@@ -114,7 +113,6 @@ class Journal:
         self.failed: BaseException | None = None
         self.inline_sync_max = inline_sync_max
         self._new_future: Callable[[], asyncio.Future[None]] = _no_loop
-        self._counted = False
         self.stats = {"batches": 0, "records": 0, "bytes": 0, "rotations": 0, "write_errors": 0,
                       "inline_syncs": 0}
 
@@ -141,8 +139,6 @@ class Journal:
         loop = asyncio.get_running_loop()
         self._new_future = loop.create_future
         self._task = loop.create_task(self._run(), name="pybk-journal")
-        Journal._open_count += 1
-        self._counted = True
 
     async def _new_segment(self, seq: int) -> None:
         path = self.segment_path(seq)
@@ -161,11 +157,6 @@ class Journal:
         self._batch_seq = 0
         self._position = Position(seq, SEGMENT_HEADER_SIZE, 0)
 
-    def _uncount(self) -> None:
-        if self._counted:
-            self._counted = False
-            Journal._open_count -= 1
-
     async def close(self) -> None:
         """Write and sync everything appended so far, then stop and close the segment."""
         self._closing = True
@@ -176,7 +167,6 @@ class Journal:
                 await self._task
             finally:
                 self._task = None
-        self._uncount()
         if self._fh is not None:
             self._fh.close()
             self._fh = None
@@ -188,7 +178,6 @@ class Journal:
         if self._task is not None:
             self._task.cancel()
             self._task = None
-        self._uncount()
         self._fail_inflight(exc)
         self._fail_buffer(exc)
         if self._fh is not None:
@@ -358,10 +347,8 @@ class Journal:
 
     def _sync_inline(self, records: int) -> bool:
         """Sync this batch on the loop's thread? Only a batch of at most ``inline_sync_max``
-        records, and only while this is the process's one open journal: there the thread
-        hop would cost about half the sync itself, and no other journal's sync could have
-        overlapped with ours (in-process clusters keep their parallel syncs)."""
-        return records <= self.inline_sync_max and Journal._open_count == 1
+        records (0: never): for such a batch the thread hop costs about half the sync."""
+        return records <= self.inline_sync_max
 
     def _complete(self, position: Position, tagged: list[tuple[Any, int]],
                   futs: list[asyncio.Future[None]]) -> None:

@@ -83,7 +83,7 @@ class StoreConfig:
     journal_max_wait: float = 0.001
     journal_max_batch_bytes: int = 4 << 20
     journal_max_batch_count: int = 8192
-    journal_inline_sync_max: int = 2
+    journal_inline_sync_max: int = 0
     segment_size: int = 64 << 20
     allow_suspect_segments: bool = False
     compaction_threshold: float = 0.5

@@ -87,11 +87,12 @@ def test_mem_sync_inline_declines_when_syncs_take_virtual_time():
     assert fs.counters["sync"] == 0
 
 
-async def _journal(fs: MemFileSystem, name: str, synced: list, fatal: list) -> Journal:
+async def _journal(fs: MemFileSystem, name: str, synced: list, fatal: list,
+                   inline_sync_max: int = 2) -> Journal:
     fs.makedirs(name)
     j = Journal(fs, name, IID, on_synced=lambda seg, items: synced.extend(items),
                 on_failed=lambda tags, exc: None, on_fatal=fatal.append,
-                on_write_error=lambda exc: None)
+                on_write_error=lambda exc: None, inline_sync_max=inline_sync_max)
     await j.open(0)
     return j
 
@@ -111,22 +112,25 @@ async def test_journal_syncs_a_lone_record_inline_and_a_big_batch_on_the_thread_
         await j.close()
 
 
-async def test_journal_never_syncs_inline_while_another_journal_is_open():
+async def test_inline_syncs_are_explicit_configuration_not_process_state():
+    """Off by default (bookies sharing a loop keep overlapping syncs); on only when asked;
+    and never dependent on how many other journals the process has open (determinism)."""
     fs = MemFileSystem()
     synced: list = []
-    j1 = await _journal(fs, "/j1", synced, [])
-    j2 = await _journal(fs, "/j2", synced, [])
+    off = await _journal(fs, "/j1", synced, [], inline_sync_max=0)
+    on = await _journal(fs, "/j2", synced, [], inline_sync_max=2)
     try:
-        await asyncio.wait_for(j1.append(encode_fence(1)), 5)
-        await asyncio.wait_for(j2.append(encode_fence(1)), 5)
-        assert j1.stats["inline_syncs"] == j2.stats["inline_syncs"] == 0
+        await asyncio.wait_for(off.append(encode_fence(1)), 5)
+        await asyncio.wait_for(on.append(encode_fence(1)), 5)  # another journal is open
+        assert off.stats["inline_syncs"] == 0 and on.stats["inline_syncs"] == 1
     finally:
-        await j2.close()
-    try:  # alone again: inline
-        await asyncio.wait_for(j1.append(encode_fence(2)), 5)
-        assert j1.stats["inline_syncs"] == 1
-    finally:
-        await j1.close()
+        await off.close()
+        await on.close()
+    fs2 = MemFileSystem()
+    default = Journal(fs2, "/d", IID, on_synced=lambda seg, items: None,
+                      on_failed=lambda tags, exc: None, on_fatal=lambda exc: None,
+                      on_write_error=lambda exc: None)
+    assert default.inline_sync_max == 0
 
 
 async def test_inline_fsync_failure_is_fatal_and_acknowledges_nothing():
