@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import asyncio.base_events
 import contextvars
+import gc
 import heapq
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, TypeVar
@@ -160,8 +161,19 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
         finally:
             asyncio.set_event_loop(None)
 
+    def shutdown(self) -> None:
+        """Cancel every task still alive and let them finish, then close the loop (a coroutine
+        finalized after the loop closed would try to schedule on it)."""
+        if not self.is_closed():
+            self._cancel_rest()
+            # Coroutines caught in reference cycles are finalized by the cycle collector; do
+            # it now, while their loop can still run their ``finally`` blocks.
+            gc.collect()
+            self._cancel_rest()
+            self.close()
+
     def _cancel_rest(self) -> None:
-        for _ in range(5):
+        for _ in range(20):
             rest = self.live_tasks()
             if not rest:
                 return
@@ -214,7 +226,7 @@ def run(coro: Coroutine[Any, Any, T], *, start: float = 0.0, max_time: float | N
     try:
         return loop.run_main(coro)
     finally:
-        loop.close()
+        loop.shutdown()
 
 
 def next_timer(loop: SimLoop) -> float | None:

@@ -691,7 +691,7 @@ def run(
                 loop.run_until_complete(closing)
             except Exception:
                 closing.close()
-            loop.close()
+            loop.shutdown()
     checker = Checker(r.history, beyond_tolerance=r.plan.beyond_tolerance)
     violations = checker.run()
     if error is not None and not r.plan.beyond_tolerance:

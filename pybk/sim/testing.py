@@ -64,4 +64,4 @@ class SimTestCluster:
             return loop.run_main(main())
         finally:
             self.trace = trace
-            loop.close()
+            loop.shutdown()
