@@ -70,8 +70,16 @@ def in_order(
 
 
 def drop_pending(futures: Iterable[asyncio.Future[Response]]) -> None:
+    """Stop caring about replies still in flight (their errors are consumed, not logged).
+
+    A done future is consumed at once: ``add_done_callback`` on it would go through
+    ``loop.call_soon``, which fails if this runs while a coroutine is finalized after its
+    loop closed (e.g. a simulation that ended with reads in flight)."""
     for fut in futures:
-        fut.add_done_callback(consume)
+        if fut.done():
+            consume(fut)
+        else:
+            fut.add_done_callback(consume)
 
 
 def quorums_of(md: LedgerMetadata) -> Quorums:
