@@ -16,10 +16,6 @@ from pybk.sim.sweep import CI_SEEDS, find_violation
 SAFETY = {"L1", "L2", "L3", "L4", "L5", "L6", "L7", "L8", "L9", "I1", "I3", "I5", "I7", "I9",
           "I10", "I11"}
 
-# A client coroutine (ReadHandle.read) from a broken-build run is sometimes finalized by the
-# garbage collector after its simulated loop closed ("Event loop is closed" in its finally);
-# not a correctness issue, still open (see the sim report).
-# (no unraisable-exception mute: drop_pending no longer touches a closed loop)
 
 #: Where each broken build must show up.
 EXPECTED = {
