@@ -38,6 +38,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from pybk.errors import BKError, ProtocolError
 from pybk.protocol import (
+    AddRequest,
     AuthRequest,
     AuthResponse,
     ReadRequest,
@@ -139,6 +140,12 @@ class _ServerConnection(asyncio.Protocol):
         self.queue: collections.deque[codec.Event] = collections.deque()
         self.in_flight = 0
         self.tasks: dict[asyncio.Task[None], Request] = {}
+        #: adds answered through the handler's fast path (no task): counted so that stop()
+        #: can wait for them like for tasks
+        self.fast_adds = 0
+        self.fast_adds_idle = asyncio.Event()
+        self.fast_adds_idle.set()
+        self._pumping = False
         self.out: list[bytes] = []
         self.flush_scheduled = False
         self.read_paused = False
@@ -210,6 +217,16 @@ class _ServerConnection(asyncio.Protocol):
 
     def _pump(self) -> None:
         """Start queued requests while under the in-flight cap; then pause/resume reading."""
+        if self._pumping:  # a fast add answered synchronously while we were starting it
+            return
+        self._pumping = True
+        try:
+            self._pump_queue()
+        finally:
+            self._pumping = False
+        self._set_reading()
+
+    def _pump_queue(self) -> None:
         while (
             self.queue
             and self.in_flight < self.cfg.max_in_flight
@@ -237,10 +254,28 @@ class _ServerConnection(asyncio.Protocol):
                 self._refuse_unauthenticated(event.request_id, request.op)
                 return
             self.in_flight += 1
+            add_nowait = self.server.add_nowait
+            if add_nowait is not None and isinstance(request, AddRequest):
+                # the hot path: the bookie answers from its journal's batch completion
+                self.fast_adds += 1
+                self.fast_adds_idle.clear()
+                add_nowait(request, _FastAddReply(self, event.request_id))
+                continue
             task = self.loop.create_task(self._serve(event.request_id, request))
             self.tasks[task] = request
             task.add_done_callback(self._task_done)
-        self._set_reading()
+
+    def _fast_add_done(self, request_id: int, response: Response) -> None:
+        self.in_flight -= 1
+        self.fast_adds -= 1
+        if not self.fast_adds:
+            self.fast_adds_idle.set()
+        self.server.stats.incr("requests")
+        self._respond(request_id, response)
+        if self.queue:
+            self._pump()
+        else:
+            self._set_reading()
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self.tasks.pop(task, None)
@@ -397,6 +432,23 @@ def _status_of(exc: BKError) -> Status:
         return Status.GENERIC_ERROR
 
 
+class _FastAddReply:
+    """The reply callback of one fast-path add (a slotted object, not a closure)."""
+
+    __slots__ = ("conn", "request_id")
+
+    def __init__(self, conn: _ServerConnection, request_id: int) -> None:
+        self.conn = conn
+        self.request_id = request_id
+
+    def __call__(self, response: Response) -> None:
+        self.conn._fast_add_done(self.request_id, response)
+
+
+#: ``add_nowait(request, reply)``: answer an add by calling ``reply(response)`` exactly once.
+AddNowait = Callable[[AddRequest, Callable[[Response], None]], None]
+
+
 class BookieServer:
     """Serves ``handler`` on ``host:port`` (port 0 picks a free one; see :attr:`address`)."""
 
@@ -410,10 +462,13 @@ class BookieServer:
         auth_token: bytes | None = None,
         config: ServerConfig | None = None,
         registry: CollectorRegistry | None = None,
+        add_nowait: AddNowait | None = None,
     ) -> None:
         if auth_token is not None and not auth_token:
             raise ValueError("auth_token must be non-empty (or None for no authentication)")
         self.handler = handler
+        #: optional fast path for adds (``Bookie.add_nowait``): no task per request
+        self.add_nowait = add_nowait
         self.host = host
         self.port = port
         self.ssl_context = ssl_context
@@ -499,9 +554,16 @@ class BookieServer:
         deadline = loop.time() + grace
         for conn in list(self.connections):
             conn.cancel_long_polls()  # answered UNAVAILABLE now; the reader retries elsewhere
-        tasks = [t for c in self.connections for t in c.tasks]
-        if tasks:
-            await asyncio.wait(tasks, timeout=max(0.0, deadline - loop.time()))
+        tasks: list[asyncio.Future[Any]] = [t for c in self.connections for t in c.tasks]
+        idle_waiters: list[asyncio.Future[Any]] = [
+            asyncio.ensure_future(c.fast_adds_idle.wait())
+            for c in self.connections
+            if not c.fast_adds_idle.is_set()
+        ]
+        if tasks or idle_waiters:
+            await asyncio.wait(tasks + idle_waiters, timeout=max(0.0, deadline - loop.time()))
+        for waiter in idle_waiters:  # only our own waiters: handlers are never interrupted
+            waiter.cancel()
         for conn in list(self.connections):
             # Still running after the grace: the client sees the connection drop (outcome
             # indeterminate); the handler itself is left to finish or be failed by the
