@@ -41,6 +41,7 @@ test: lint typecheck pytest
 bench: $(STAMP)
 	$(PY) benchmarks/bookie_append.py
 	$(PY) benchmarks/ledger_append.py
+	$(PY) benchmarks/tcp_append.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
