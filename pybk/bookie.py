@@ -81,25 +81,10 @@ _COOKIE_MAGIC = b"pybk-cookie v1 "
 
 
 @dataclass
-class BookieConfig:
-    """Bookie knobs. Journal/storage ones are passed to the storage engine."""
+class BookieConfig(StoreConfig):
+    """Bookie knobs: the storage engine's (inherited from StoreConfig, passed to it as they
+    are) plus the bookie's own below."""
 
-    #: group commit: keep gathering appends while they arrive, at most this long (seconds)
-    journal_max_wait: float = 0.001
-    journal_max_batch_bytes: int = 4 << 20
-    journal_max_batch_count: int = 8192
-    #: batches of at most this many records are synced on the loop's own thread (saves two
-    #: thread hops for a lone writer). Set it only when this bookie is alone on its event
-    #: loop (``pybk bookie`` sets 2); 0, the default, keeps every sync on the sync thread so
-    #: bookies sharing a loop (LocalCluster) overlap their syncs.
-    journal_inline_sync_max: int = 0
-    #: rotate the active journal segment past this size (bytes)
-    segment_size: int = 64 << 20
-    #: start even if a segment is corrupt mid-log (its data after the bad point is ignored and
-    #: the segment is reported as suspect). Operator decision; off by default.
-    allow_suspect_segments: bool = False
-    #: compaction rewrites sealed segments whose live fraction is below this
-    compaction_threshold: float = 0.5
     #: disk usage fraction above which the bookie turns read-only ...
     disk_usage_threshold: float = 0.95
     #: ... and below which it becomes writable again
@@ -108,17 +93,6 @@ class BookieConfig:
     disk_check_interval: float = 10.0
     #: how often the index is checkpointed when the journal moved (seconds); <= 0: only on stop
     checkpoint_interval: float = 60.0
-
-    def store_config(self) -> StoreConfig:
-        return StoreConfig(
-            journal_max_wait=self.journal_max_wait,
-            journal_max_batch_bytes=self.journal_max_batch_bytes,
-            journal_max_batch_count=self.journal_max_batch_count,
-            journal_inline_sync_max=self.journal_inline_sync_max,
-            segment_size=self.segment_size,
-            allow_suspect_segments=self.allow_suspect_segments,
-            compaction_threshold=self.compaction_threshold,
-        )
 
 
 def _status_of(exc: BKError) -> Status:
@@ -215,7 +189,7 @@ class Bookie:
         self.fs.makedirs(self.data_dir)
         self.instance_id = await self._check_cookie()
         store = LedgerStore(
-            self.fs, self.data_dir, self.instance_id, self.config.store_config(),
+            self.fs, self.data_dir, self.instance_id, self.config,
             on_fatal=self._on_journal_fatal, on_write_error=self._on_write_error,
             on_ledger_change=self._wake_waiters,
         )

@@ -78,14 +78,23 @@ _DEAD = struct.Struct(">I")
 
 @dataclass
 class StoreConfig:
-    """Storage knobs (the bookie's BookieConfig carries the same names)."""
+    """Storage knobs (``pybk.bookie.BookieConfig`` extends this with the bookie's own)."""
 
+    #: group commit: keep gathering appends while they arrive, at most this long (seconds)
     journal_max_wait: float = 0.001
     journal_max_batch_bytes: int = 4 << 20
     journal_max_batch_count: int = 8192
+    #: batches of at most this many records are synced on the loop's own thread (saves two
+    #: thread hops for a lone writer). Set it only when the bookie is alone on its event
+    #: loop (``pybk bookie`` sets 2); 0, the default, keeps every sync on the sync thread so
+    #: bookies sharing a loop (LocalCluster) overlap their syncs.
     journal_inline_sync_max: int = 0
+    #: rotate the active journal segment past this size (bytes)
     segment_size: int = 64 << 20
+    #: start even if a segment is corrupt mid-log (its data after the bad point is ignored and
+    #: the segment is reported as suspect). Operator decision; off by default.
     allow_suspect_segments: bool = False
+    #: compaction rewrites sealed segments whose live fraction is below this
     compaction_threshold: float = 0.5
 
 
