@@ -270,12 +270,14 @@ class _ServerConnection(asyncio.Protocol):
         self.fast_adds -= 1
         if not self.fast_adds:
             self.fast_adds_idle.set()
+        self._answered(request_id, response)
+
+    def _answered(self, request_id: int, response: Response) -> None:
+        """A request finished: send its response, then start queued ones (or resume reading:
+        ``_pump`` always ends by re-arming the reader)."""
         self.server.stats.incr("requests")
         self._respond(request_id, response)
-        if self.queue:
-            self._pump()
-        else:
-            self._set_reading()
+        self._pump()
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self.tasks.pop(task, None)
@@ -298,12 +300,7 @@ class _ServerConnection(asyncio.Protocol):
             response = error_response(request, Status.GENERIC_ERROR, f"internal error: {exc!r}")
         finally:
             self.in_flight -= 1
-        self.server.stats.incr("requests")
-        self._respond(request_id, response)
-        if self.queue:
-            self._pump()
-        else:
-            self._set_reading()
+        self._answered(request_id, response)
 
     def _authenticate(self, request_id: int, request: AuthRequest) -> None:
         expected = self.server.auth_token
