@@ -1,8 +1,10 @@
 """Durable appends into one bookie on the real disk, next to the plain-file ceiling and SQLite.
 
-For each (writers, entry size): N writer tasks each add framed entries to their own ledger
-through ``Bookie.handle(AddRequest)`` and await durability before sending the next one, for a
-fixed duration. Then, in the same run and on the same disk:
+For each (writers, entry size): N writers each add framed entries to their own ledger and wait
+for durability before sending the next one, for a fixed duration; twice: callback writers
+(``Bookie.add_entry``, the next add sent from the durability callback, the shape of
+BookKeeper's ``asyncAddEntry`` and of the TCP server's requests) and task writers (one asyncio
+task each, ``await Bookie.add``). Then, in the same run and on the same disk:
 
 * ceiling: a plain Python loop appending CRC-framed records to a file, one ``write`` and one
   ``fdatasync`` per group, the group size being the bookie's measured records per fsync;
@@ -28,7 +30,7 @@ import time
 import crc32c
 
 from pybk.bookie import Bookie, BookieConfig
-from pybk.protocol import AddRequest, DigestManager, Status, master_key
+from pybk.protocol import DigestManager, master_key
 from pybk.storage.fs import OsFileSystem
 
 KEY = master_key(b"bench")
@@ -41,11 +43,17 @@ def pct(samples: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-async def run_bookie(root: str, writers: int, size: int, duration: float, run: int = 0
-                     ) -> tuple[float, list[float], float]:
-    """entries/s, latencies (s), records per fsync."""
+async def run_bookie(root: str, writers: int, size: int, duration: float, run: int = 0,
+                     style: str = "callback") -> tuple[float, list[float], float]:
+    """entries/s, latencies (s), records per fsync.
+
+    ``style="callback"``: each writer adds through ``Bookie.add_entry`` and sends its next
+    entry from the durability callback (BookKeeper's ``asyncAddEntry`` with an
+    ``AddCallback``; also how the TCP server feeds the bookie). ``style="task"``: each writer
+    is an asyncio task doing ``await bookie.add(...)``, which adds a task switch and a
+    future per entry on the writer's side."""
     fs = OsFileSystem()
-    bookie = Bookie("bench", os.path.join(root, f"bookie-{run}-{writers}-{size}"), fs=fs,
+    bookie = Bookie("bench", os.path.join(root, f"bookie-{run}-{writers}-{size}-{style}"), fs=fs,
                     config=BookieConfig(disk_check_interval=0, checkpoint_interval=0,
                                         journal_inline_sync_max=2),  # alone on its loop
                     rng=random.Random(1))
@@ -54,28 +62,67 @@ async def run_bookie(root: str, writers: int, size: int, duration: float, run: i
     lat: list[float] = []
     count = 0
     stop_at = 0.0
+    clock = time.perf_counter
+    loop = asyncio.get_running_loop()
+    finished = loop.create_future()
+    running = writers
 
-    async def writer(lid: int) -> None:
+    class CallbackWriter:
+        __slots__ = ("dm", "eid", "lid", "t0")
+
+        def __init__(self, lid: int) -> None:
+            self.lid = lid
+            self.dm = DigestManager(lid)
+            self.eid = 0
+            self.t0 = 0.0
+
+        def send(self) -> None:
+            eid = self.eid
+            body = self.dm.frame(eid, eid - 1, 0, payload)
+            self.t0 = clock()
+            bookie.add_entry(self.lid, eid, KEY, body, self.on_done)
+
+        def on_done(self, error: BaseException | None) -> None:
+            nonlocal count, running
+            now = clock()
+            if error is not None:
+                if not finished.done():
+                    finished.set_exception(RuntimeError(f"add failed: {error!r}"))
+                return
+            lat.append(now - self.t0)
+            count += 1
+            self.eid += 1
+            if now < stop_at:
+                self.send()
+                return
+            running -= 1
+            if not running and not finished.done():
+                finished.set_result(None)
+
+    async def task_writer(lid: int) -> None:
         nonlocal count
         dm = DigestManager(lid)
         eid = 0
-        while time.perf_counter() < stop_at:
+        while clock() < stop_at:
             body = dm.frame(eid, eid - 1, 0, payload)
-            t0 = time.perf_counter()
-            resp = await bookie.handle(AddRequest(lid, eid, KEY, body))
-            lat.append(time.perf_counter() - t0)
-            if resp.status != Status.OK:
-                raise RuntimeError(f"add failed: {resp}")
+            t0 = clock()
+            await bookie.add(lid, eid, KEY, body)
+            lat.append(clock() - t0)
             eid += 1
             count += 1
 
     assert bookie.store is not None
     stats = bookie.store.journal.stats
     b0, r0 = stats["batches"], stats["records"]
-    start = time.perf_counter()
+    start = clock()
     stop_at = start + duration
-    await asyncio.gather(*(writer(lid) for lid in range(writers)))
-    elapsed = time.perf_counter() - start
+    if style == "callback":
+        for lid in range(writers):
+            CallbackWriter(lid).send()
+        await finished
+    else:
+        await asyncio.gather(*(task_writer(lid) for lid in range(writers)))
+    elapsed = clock() - start
     per_sync = (stats["records"] - r0) / max(1, stats["batches"] - b0)
     await bookie.stop()
     fs.close()
@@ -155,14 +202,15 @@ def main() -> None:
         print(f"disk under test: {root}; {args.rounds} alternating rounds of {slice_:.2f} s, "
               "medians")
         header = (f"{'writers':>7} {'size':>5} | {'bookie/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
-                  f"{'per sync':>8} | {'ceiling/s':>9} {'sqlite/s':>9} {'sql1/s':>7} | "
-                  f"{'vs ceil':>7} {'vs sqlite':>9} {'vs sql1':>8}")
+                  f"{'per sync':>8} {'tasks/s':>8} | {'ceiling/s':>9} {'sqlite/s':>9} "
+                  f"{'sql1/s':>7} | {'vs ceil':>7} {'vs sqlite':>9} {'vs sql1':>8} "
+                  f"{'tasks/ceil':>10}")
         print(header)
         print("-" * len(header))
         run = 0
         for size in sizes:
             for writers in writers_list:
-                rates, p50s, p99s, ceils, sqls, sql1s, fsyncs = [], [], [], [], [], [], []
+                rates, tasks, p50s, p99s, ceils, sqls, sql1s, fsyncs = ([] for _ in range(8))
                 per_sync = 1.0
                 for _ in range(args.rounds):
                     run += 1
@@ -171,6 +219,8 @@ def main() -> None:
                     rates.append(rate)
                     p50s.append(pct(lat, 0.5))
                     p99s.append(pct(lat, 0.99))
+                    tasks.append(asyncio.run(
+                        run_bookie(root, writers, size, slice_, run, style="task"))[0])
                     group = max(1, round(per_sync))
                     ceils.append(run_plain(root, size, group, slice_)[0])
                     sqls.append(run_sqlite(root, size, group, slice_))
@@ -178,18 +228,21 @@ def main() -> None:
                     if writers == 1:
                         fsyncs.append(pct(run_plain(root, size, 1, min(slice_, 0.5))[1], 0.5))
                 rate, ceil, sql, sql1 = median(rates), median(ceils), median(sqls), median(sql1s)
+                task = median(tasks)
                 print(f"{writers:>7} {size:>5} | {rate:>9,.0f} {median(p50s) * 1e3:>7.3f} "
-                      f"{median(p99s) * 1e3:>7.3f} {per_sync:>8.1f} | {ceil:>9,.0f} "
-                      f"{sql:>9,.0f} {sql1:>7,.0f} | {rate / ceil:>6.0%} {rate / sql:>8.1f}x "
-                      f"{rate / sql1:>7.1f}x")
+                      f"{median(p99s) * 1e3:>7.3f} {per_sync:>8.1f} {task:>8,.0f} | "
+                      f"{ceil:>9,.0f} {sql:>9,.0f} {sql1:>7,.0f} | {rate / ceil:>6.0%} "
+                      f"{rate / sql:>8.1f}x {rate / sql1:>7.1f}x {task / ceil:>9.0%}")
                 if fsyncs:
                     ratios = [p / f for p, f in zip(p50s, fsyncs, strict=True)]
                     print(f"{'':>15}lone writer: p50 {median(p50s) * 1e3:.3f} ms vs one "
                           f"write+fdatasync p50 {median(fsyncs) * 1e3:.3f} ms = "
                           f"{median(ratios):.2f} fsync latencies (median of per-round ratios)")
-        print("ceiling: plain loop, CRC-framed records, one write+fdatasync per group of the "
-              "bookie's measured records per sync; sqlite: WAL, synchronous=FULL, one "
-              "transaction per group of that size; sql1: one transaction per append")
+        print("bookie: callback writers (Bookie.add_entry, next add from the durability "
+              "callback); tasks: one asyncio task per writer awaiting Bookie.add. ceiling: "
+              "plain loop, CRC-framed records, one write+fdatasync per group of the bookie's "
+              "measured records per sync; sqlite: WAL, synchronous=FULL, one transaction per "
+              "group of that size; sql1: one transaction per append")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,6 @@ from pybk.errors import (
 from pybk.metadata.base import MetadataStore
 from pybk.protocol import (
     AddRequest,
-    AddResponse,
     BookieInfoRequest,
     BookieInfoResponse,
     FenceRequest,
@@ -68,7 +67,13 @@ from pybk.protocol import (
     error_response,
 )
 from pybk.storage.fs import FileSystem
-from pybk.storage.store import CompactionResult, LedgerStore, StoreConfig
+from pybk.storage.store import (
+    AddCallback,
+    CompactionResult,
+    LedgerStore,
+    ResolveFuture,
+    StoreConfig,
+)
 
 log = logging.getLogger(__name__)
 
@@ -425,15 +430,10 @@ class Bookie:
             return error_response(request, Status.UNAVAILABLE,
                                   f"bookie {self.bookie_id} is stopped")
         try:
-            if type(request) is AddRequest:  # the hot path, inlined
-                if self._journal_failed or (self._disk_full and not request.recovery):
-                    raise ReadOnlyBookieError(
-                        f"bookie {self.bookie_id} is read-only: {self._reason}")
-                await self.store.add(request.ledger_id, request.entry_id, request.body,
-                                     request.master_key, request.recovery)
-                return add_ok(request.ledger_id, request.entry_id)
             if isinstance(request, AddRequest):
-                return await self._add(request)
+                await self.add(request.ledger_id, request.entry_id, request.master_key,
+                               request.body, request.recovery)
+                return add_ok(request.ledger_id, request.entry_id)
             if isinstance(request, ReadRequest):
                 return await self._read(request)
             if isinstance(request, ReadLacRequest):
@@ -467,6 +467,37 @@ class Bookie:
         return error_response(request, Status.IO_ERROR,
                               f"unexpected {type(exc).__name__}: {exc}")
 
+    def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes, body: bytes,
+                  on_done: AddCallback, recovery: bool = False) -> None:
+        """Store one framed entry and tell the outcome through ``on_done(error)``: ``None``
+        once the entry is durable and readable here, else the error (a :class:`BKError`:
+        ReadOnlyBookieError, LedgerFencedError, UnauthorizedError, EntryExistsError, ...).
+
+        ``on_done`` is called exactly once, possibly before this returns, synchronously
+        inside the journal's batch completion: it must be quick and must not raise. This is
+        the bookie's hot path (BookKeeper's ``addEntry`` with its write callback): no task,
+        no future and no request or response object per entry. :meth:`add` is the awaitable
+        form, :meth:`handle` the request/response one."""
+        store = self.store
+        if self._state == STOPPED or store is None:
+            on_done(BookieStateError(f"bookie {self.bookie_id} is stopped"))
+            return
+        if self._journal_failed or (self._disk_full and not recovery):
+            on_done(ReadOnlyBookieError(f"bookie {self.bookie_id} is read-only: {self._reason}"))
+            return
+        try:
+            store.add_entry(ledger_id, entry_id, body, master_key, recovery, on_done)
+        except Exception as exc:
+            on_done(exc)
+
+    def add(self, ledger_id: int, entry_id: int, master_key: bytes, body: bytes,
+            recovery: bool = False) -> asyncio.Future[None]:
+        """Awaitable form of :meth:`add_entry`: resolves once the entry is durable, raises
+        its error otherwise."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.add_entry(ledger_id, entry_id, master_key, body, ResolveFuture(fut), recovery)
+        return fut
+
     def add_nowait(self, request: AddRequest, reply: Callable[[Response], None]) -> None:
         """Answer an add through ``reply(response)``, called exactly once (possibly before
         this returns): the same answers as ``await handle(request)``.
@@ -476,30 +507,8 @@ class Bookie:
         the journal's batch completion, right after the fsync that covers the entry and its
         index update. ``reply`` must be quick and must not raise (the transport's is a
         ``Future.set_result``)."""
-        store = self.store
-        if self._state == STOPPED or store is None:
-            reply(error_response(request, Status.UNAVAILABLE,
-                                 f"bookie {self.bookie_id} is stopped"))
-            return
-        if self._journal_failed or (self._disk_full and not request.recovery):
-            reply(error_response(request, Status.READ_ONLY,
-                                 f"bookie {self.bookie_id} is read-only: {self._reason}"))
-            return
-        try:
-            store.add(request.ledger_id, request.entry_id, request.body, request.master_key,
-                      request.recovery, _AddDone(self, request, reply))
-        except Exception as exc:
-            reply(self._error_reply(request, exc))
-
-    async def _add(self, req: AddRequest) -> AddResponse:
-        store = self._store()
-        if self._journal_failed:
-            raise ReadOnlyBookieError(f"bookie {self.bookie_id} is read-only: {self._reason}")
-        if self._disk_full and not req.recovery:
-            raise ReadOnlyBookieError(f"bookie {self.bookie_id} is read-only: {self._reason}")
-        fut = store.add(req.ledger_id, req.entry_id, req.body, req.master_key, req.recovery)
-        await fut
-        return AddResponse(Status.OK, req.ledger_id, req.entry_id)
+        self.add_entry(request.ledger_id, request.entry_id, request.master_key, request.body,
+                       _AddDone(self, request, reply), request.recovery)
 
     async def _fence(self, req: FenceRequest) -> FenceResponse:
         store = self._store()

@@ -97,7 +97,7 @@ class Journal:
         self._on_rotate = on_rotate
         self._data: list[bytes] = []
         self._tags: list[Any] = []
-        self._futs: list[asyncio.Future[None]] = []
+        self._futs: list[asyncio.Future[None] | None] = []
         self._bytes = 0
         self._fh: FileHandle | None = None
         self._seq = -1
@@ -105,7 +105,7 @@ class Journal:
         self._position = Position(0, 0, 0)
         self._task: asyncio.Task[None] | None = None
         #: tags and futures of the batch being written/synced
-        self._inflight: tuple[list[Any], list[asyncio.Future[None]]] = ([], [])
+        self._inflight: tuple[list[Any], list[asyncio.Future[None] | None]] = ([], [])
         self._wake: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
         self._closing = False
@@ -193,8 +193,7 @@ class Journal:
         or through ``on_failed`` if the batch could not be written."""
         if self.failed is not None or self._closing or self._task is None:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            exc = self.failed or JournalFailedError("journal is closed")
-            fut.set_exception(_fresh(exc))
+            fut.set_exception(self._refusal())
             fut.exception()  # the caller may never look; do not warn
             return fut
         fut = self._new_future()
@@ -207,6 +206,24 @@ class Journal:
         self._futs.append(fut)
         self._bytes += len(data)
         return fut
+
+    def append_nowait(self, data: bytes, tag: Any) -> None:
+        """Queue framed record bytes whose outcome comes only through the tag (``on_synced``
+        or ``on_failed``): the hot path, no future per record. Raises JournalFailedError at
+        once when the journal takes no more writes (then the tag is never handed back)."""
+        if self.failed is not None or self._closing or self._task is None:
+            raise self._refusal()
+        if not self._data:
+            assert self._wake is not None and self._idle is not None
+            self._wake.set()
+            self._idle.clear()
+        self._data.append(data)
+        self._tags.append(tag)
+        self._futs.append(None)
+        self._bytes += len(data)
+
+    def _refusal(self) -> BaseException:
+        return _fresh(self.failed or JournalFailedError("journal is closed"))
 
     async def drain(self) -> None:
         """Wait until everything appended so far has been written and synced (or failed)."""
@@ -287,7 +304,7 @@ class Journal:
             return False
         return True
 
-    def _take(self) -> tuple[list[bytes], list[Any], list[asyncio.Future[None]]]:
+    def _take(self) -> tuple[list[bytes], list[Any], list[asyncio.Future[None] | None]]:
         n = len(self._data)
         if n > self.max_batch_count or self._bytes > self.max_batch_bytes:
             n = 0
@@ -328,6 +345,7 @@ class Journal:
         acked_early = mutations.ACK_BEFORE_FSYNC in mutations.ACTIVE
         if acked_early:  # deliberately broken build: acknowledge before the data is durable
             self._complete(position, tagged, futs)
+            self._inflight = ([], [])  # answered: a crash now must not answer them again
         try:
             if self._sync_inline(len(data)) and fh.sync_inline():
                 self.stats["inline_syncs"] += 1
@@ -351,18 +369,18 @@ class Journal:
         return records <= self.inline_sync_max
 
     def _complete(self, position: Position, tagged: list[tuple[Any, int]],
-                  futs: list[asyncio.Future[None]]) -> None:
+                  futs: list[asyncio.Future[None] | None]) -> None:
         # Index update and position move happen together, synchronously: any observer sees
         # an index that reflects exactly the batches up to ``position`` (checkpoints rely on it).
         self._position = position
         if tagged:
             self._on_synced(position.seg, tagged)
         for fut in futs:
-            if not fut.done():
+            if fut is not None and not fut.done():
                 fut.set_result(None)
 
     def _write_failed(self, exc: OSError, before: int, tags: list[Any],
-                      futs: list[asyncio.Future[None]]) -> None:
+                      futs: list[asyncio.Future[None] | None]) -> None:
         """A write failed (ENOSPC, EIO): drop whatever prefix reached the file so no garbage
         sits between batches, fail this batch, and keep going (or die if we cannot)."""
         self.stats["write_errors"] += 1
@@ -383,13 +401,13 @@ class Journal:
             err = IOBookieError(f"journal write to {path} failed: {exc}")
         self._on_failed(tags, err)
         for fut in futs:
-            if not fut.done():
+            if fut is not None and not fut.done():
                 fut.set_exception(_fresh(err))
                 fut.exception()
         self._on_write_error(exc)
 
     def _fatal(self, exc: OSError, what: str, tags: list[Any] | None = None,
-               futs: list[asyncio.Future[None]] | None = None) -> None:
+               futs: list[asyncio.Future[None] | None] | None = None) -> None:
         err = JournalFailedError(f"journal failed: {what}: {exc}; no write covered by it "
                                  "is acknowledged and the journal accepts no more writes")
         self.failed = err
@@ -397,7 +415,7 @@ class Journal:
         if tags:
             self._on_failed(tags, err)
         for fut in futs or []:
-            if not fut.done():
+            if fut is not None and not fut.done():
                 fut.set_exception(_fresh(err))
                 fut.exception()
         self._fail_buffer(err)
@@ -406,11 +424,11 @@ class Journal:
     def _fail_inflight(self, exc: BaseException) -> None:
         tags, futs = self._inflight
         self._inflight = ([], [])
-        pending = [t for t, f in zip(tags, futs, strict=True) if not f.done()]
+        pending = [t for t, f in zip(tags, futs, strict=True) if f is None or not f.done()]
         if pending:
             self._on_failed(pending, exc)
         for fut in futs:
-            if not fut.done():
+            if fut is not None and not fut.done():
                 fut.set_exception(_fresh(exc))
                 fut.exception()
 
@@ -420,7 +438,7 @@ class Journal:
         if tags:
             self._on_failed(tags, exc)
         for fut in futs:
-            if not fut.done():
+            if fut is not None and not fut.done():
                 fut.set_exception(_fresh(exc))
                 fut.exception()
         del data

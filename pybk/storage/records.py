@@ -37,8 +37,9 @@ import crc32c
 from pybk.errors import CorruptRecordError
 
 SEGMENT_MAGIC: Final = b"PYBKSEG\x00"
-#: The segment format this code writes and the only one it reads.
-FORMAT_VERSION: Final = 1
+#: The segment format this code writes and the only one it reads. Version 2: an ENTRY record's
+#: payload is the framed entry body alone (its header already carries the ledger and entry ids).
+FORMAT_VERSION: Final = 2
 _SEG_BODY = struct.Struct(">8sHQ16s")
 SEGMENT_HEADER_SIZE: Final = _SEG_BODY.size + 4
 
@@ -62,7 +63,7 @@ MAX_RECORD_PAYLOAD: Final = 64 << 20
 class RecordType(enum.IntEnum):
     """What a journal record means. Values are on disk: never renumber."""
 
-    ENTRY = 1  # ledger id, entry id, framed entry body
+    ENTRY = 1  # the framed entry body (whose header starts with ledger id, entry id)
     MASTER_KEY = 2  # ledger id, master key (ledger creation on this bookie)
     FENCE = 3  # ledger id
     EXPLICIT_LAC = 4  # ledger id, lac, digested LAC body
@@ -71,6 +72,10 @@ class RecordType(enum.IntEnum):
 
 
 _TYPE_CRC: Final = {t: crc32c.crc32c(bytes([t])) for t in RecordType}
+_ENTRY_CRC: Final = _TYPE_CRC[RecordType.ENTRY]
+_ENTRY_TYPE: Final = int(RecordType.ENTRY)
+_pack_entry_header = RECORD_HEADER.pack
+_crc32c = crc32c.crc32c
 
 
 # --------------------------------------------------------------------------- segment header
@@ -121,11 +126,11 @@ def encode_record(rtype: RecordType, payload: bytes) -> bytes:
     return RECORD_HEADER.pack(len(payload), crc, rtype) + payload
 
 
-def encode_entry(ledger_id: int, entry_id: int, body: bytes) -> bytes:
-    """An ENTRY record (the hot path: two crc calls, one concatenation)."""
-    ids = _ENTRY_IDS.pack(ledger_id, entry_id)
-    crc = crc32c.crc32c(body, crc32c.crc32c(ids, _TYPE_CRC[RecordType.ENTRY]))
-    return b"".join((RECORD_HEADER.pack(len(ids) + len(body), crc, RecordType.ENTRY), ids, body))
+def encode_entry(body: bytes) -> bytes:
+    """An ENTRY record: the framed body as it came from the client, whose header holds the
+    ledger and entry ids (the caller has checked them). The hot path: one crc, one pack, one
+    concatenation."""
+    return _pack_entry_header(len(body), _crc32c(body, _ENTRY_CRC), _ENTRY_TYPE) + body
 
 
 def encode_master_key(ledger_id: int, key: bytes) -> bytes:
@@ -184,7 +189,7 @@ def _parse_payload(rtype: RecordType, payload: bytes, where: int, size: int, pat
     try:
         if rtype is RecordType.ENTRY:
             lid, eid = _ENTRY_IDS.unpack_from(payload)
-            return Record(rtype, lid, eid, -1, payload[_ENTRY_IDS.size :], where, size)
+            return Record(rtype, lid, eid, -1, payload, where, size)
         if rtype is RecordType.EXPLICIT_LAC:
             lid, lac = _LAC.unpack_from(payload)
             return Record(rtype, lid, -1, lac, payload[_LAC.size :], where, size)

@@ -38,7 +38,6 @@ from pybk.errors import (
     CorruptRecordError,
     EntryExistsError,
     IOBookieError,
-    JournalFailedError,
     LedgerFencedError,
     NoSuchEntryError,
     NoSuchLedgerError,
@@ -145,8 +144,10 @@ class LedgerStore:
         self._on_ledger_change = on_ledger_change or (lambda lid: None)
         self.index = Index()
         self.report = ReplayReport()
-        #: (ledger, entry) -> (body, future) for adds written but not yet durable
-        self._pending: dict[tuple[int, int], tuple[bytes, asyncio.Future[None]]] = {}
+        #: (ledger, entry) -> body, for adds written but not yet durable
+        self._pending: dict[tuple[int, int], bytes] = {}
+        #: (ledger, entry) -> callbacks of identical adds made while the first was pending
+        self._also_waiting: dict[tuple[int, int], list[AddCallback]] = {}
         self._fence_futs: dict[int, asyncio.Future[None]] = {}
         self._segments: dict[int, int] = {}  # seq -> size when sealed (active: -1)
         self._dead: list[int] = []  # segments retired by compaction, not yet known deleted
@@ -371,12 +372,23 @@ class LedgerStore:
             index.seg_live[seg] = index.seg_live.get(seg, 0) + live
         if last is not None:
             self._on_ledger_change(last)
+        if self._also_waiting:
+            done.extend(self._waiters_of(tagged))
         # Answer only once the whole batch is in the index (a reader told "done" finds it).
         for on_done in done:
             try:
                 on_done(None)
             except Exception:  # a listener's bug must not break the journal's completion
                 log.exception("add callback failed")
+
+    def _waiters_of(self, tagged: list[tuple[Any, int]]) -> list[AddCallback]:
+        """The callbacks of duplicate adds that waited for entries of this batch."""
+        also = self._also_waiting
+        out: list[AddCallback] = []
+        for tag, _end in tagged:
+            if tag is not None and tag[3]:
+                out.extend(also.pop((tag[0], tag[1]), ()))
+        return out
 
     def _on_rotate(self, old_seq: int, old_size: int, new_seq: int) -> None:
         self._segments[old_seq] = old_size
@@ -389,8 +401,9 @@ class LedgerStore:
             lid, eid, _lac, size, on_done = tag
             if size:
                 self._pending.pop((lid, eid), None)
-                if on_done is not None:
-                    _notify(on_done, _fresh_error(exc), lid, eid)
+                for waiter in [on_done, *self._also_waiting.pop((lid, eid), ())]:
+                    if waiter is not None:
+                        _notify(waiter, _fresh_error(exc), lid, eid)
             else:  # a master-key record was lost: journal it again with the next write
                 st = self.index.get(lid)
                 if st is not None and eid == -1:
@@ -410,19 +423,28 @@ class LedgerStore:
         return encode_master_key(lid, key)
 
     def add(self, ledger_id: int, entry_id: int, body: bytes, master_key: bytes,
-            recovery: bool = False, on_done: AddCallback | None = None
-            ) -> asyncio.Future[None]:
-        """Store one framed entry; the future resolves once it is durable.
+            recovery: bool = False) -> asyncio.Future[None]:
+        """Store one framed entry; the future resolves once it is durable (and indexed).
 
-        Raises at once: LedgerFencedError (fenced and not a recovery add, or deleted),
-        UnauthorizedError, EntryExistsError (different bytes), BadRequestError (the body's
-        embedded ids disagree with the request), JournalFailedError.
+        Raises at once like :meth:`add_entry`. The awaitable form, for callers off the hot
+        path; it costs one future per add."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.add_entry(ledger_id, entry_id, body, master_key, recovery, ResolveFuture(fut))
+        return fut
 
-        ``on_done(error)`` (optional) is called exactly once when the outcome is known:
-        ``None`` once the entry is durable *and* in the index, else the error. It runs
-        synchronously inside the journal's batch completion (no loop callback per entry),
-        so it must be quick and must not raise; it may already have run when ``add``
-        returns. Not called when ``add`` itself raises."""
+    def add_entry(self, ledger_id: int, entry_id: int, body: bytes, master_key: bytes,
+                  recovery: bool, on_done: AddCallback) -> None:
+        """Store one framed entry; ``on_done(error)`` tells the outcome. The hot path.
+
+        Raises at once (and then never calls ``on_done``): LedgerFencedError (fenced and not
+        a recovery add, or deleted), UnauthorizedError, EntryExistsError (different bytes),
+        BadRequestError (the body's embedded ids disagree with the request),
+        JournalFailedError (the journal takes no more writes).
+
+        Otherwise ``on_done`` is called exactly once: ``None`` once the entry is durable *and*
+        in the index, else the error. It runs synchronously inside the journal's batch
+        completion (no future, no loop callback per entry), so it must be quick and must not
+        raise; it may already have run when ``add_entry`` returns."""
         if len(body) < ENTRY_HEADER_SIZE:
             raise BadRequestError(f"ledger {ledger_id} entry {entry_id}: entry of {len(body)} "
                                   f"bytes is shorter than the {ENTRY_HEADER_SIZE}-byte header")
@@ -441,32 +463,27 @@ class LedgerStore:
         key = (ledger_id, entry_id)
         pending = self._pending.get(key)
         if pending is not None:
-            if pending[0] != body:
+            if pending != body:
                 raise EntryExistsError(
                     f"ledger {ledger_id} entry {entry_id} is being written with different bytes")
-            # identical: its ack waits for the original's fsync
-            if on_done is not None:
-                pending[1].add_done_callback(
-                    lambda f: _notify(on_done, _outcome(f), ledger_id, entry_id))
-            return pending[1]
+            # identical: answered with the original, after the fsync that covers it
+            self._also_waiting.setdefault(key, []).append(on_done)
+            return
         if st is None:
             st = self.index.ledger(ledger_id)
         elif entry_id in st.entries:
-            return self._add_existing(ledger_id, entry_id, body, on_done)
+            self._add_existing(ledger_id, entry_id, body, lac, on_done)
+            return
+        journal = self.journal
         if st.master_key is None:
-            self.journal.append(self._key_record(ledger_id, st, master_key),
-                                (ledger_id, -1, -1, 0, None))
-        rec = encode_entry(ledger_id, entry_id, body)
-        fut = self.journal.append(rec, (ledger_id, entry_id, lac, len(rec), on_done))
-        if fut.done():  # the journal refused it (failed or closed): no tag callback comes
-            if on_done is not None:
-                _notify(on_done, fut.exception(), ledger_id, entry_id)
-        else:
-            self._pending[key] = (body, fut)
-        return fut
+            journal.append_nowait(self._key_record(ledger_id, st, master_key),
+                                  (ledger_id, -1, -1, 0, None))
+        rec = encode_entry(body)
+        journal.append_nowait(rec, (ledger_id, entry_id, lac, len(rec), on_done))
+        self._pending[key] = body
 
-    def _add_existing(self, ledger_id: int, entry_id: int, body: bytes,
-                      on_done: AddCallback | None) -> asyncio.Future[None]:
+    def _add_existing(self, ledger_id: int, entry_id: int, body: bytes, lac: int,
+                      on_done: AddCallback) -> None:
         """An add of an entry the index already holds: identical bytes are a durable no-op,
         different bytes an error; a damaged local copy is replaced (repair)."""
         try:
@@ -474,23 +491,14 @@ class LedgerStore:
         except (CorruptRecordError, IOBookieError):
             stored = None  # the local copy is damaged: store the new copy (repair)
         if stored is None:
-            rec = encode_entry(ledger_id, entry_id, body)
-            lac = _unpack_entry_header(body)[2]
-            fut = self.journal.append(rec, (ledger_id, entry_id, lac, len(rec), on_done))
-            if fut.done():
-                if on_done is not None:
-                    _notify(on_done, fut.exception(), ledger_id, entry_id)
-            else:
-                self._pending[(ledger_id, entry_id)] = (body, fut)
-            return fut
+            rec = encode_entry(body)
+            self.journal.append_nowait(rec, (ledger_id, entry_id, lac, len(rec), on_done))
+            self._pending[(ledger_id, entry_id)] = body
+            return
         if stored != body:
             raise EntryExistsError(
                 f"ledger {ledger_id} entry {entry_id} exists with different bytes")
-        fut = asyncio.get_running_loop().create_future()
-        fut.set_result(None)
-        if on_done is not None:
-            _notify(on_done, None, ledger_id, entry_id)
-        return fut
+        _notify(on_done, None, ledger_id, entry_id)
 
     def fence(self, ledger_id: int, master_key: bytes) -> Awaitable[None]:
         """Fence durably (creating the ledger, fenced, if unknown). Takes effect at once; the
@@ -706,7 +714,7 @@ class LedgerStore:
             if rec.rtype is RecordType.ENTRY:
                 loc = st.entries.get(rec.entry_id)
                 if loc is not None and loc[0] == seq and loc[1] == rec.offset:
-                    data = encode_entry(rec.ledger_id, rec.entry_id, rec.data)
+                    data = encode_entry(rec.data)
                     out.append((data, (rec.ledger_id, rec.entry_id,
                                        _piggyback_lac(rec.data), len(data), None)))
             elif rec.ledger_id not in meta:
@@ -731,7 +739,7 @@ class LedgerStore:
         """Assert the store's invariants (stateful tests)."""
         self.index._check()
         self.journal._check()
-        for (lid, eid), (body, _fut) in self._pending.items():
+        for (lid, eid), body in self._pending.items():
             assert parse_entry_header(body)[:2] == (lid, eid)
             st = self.index.get(lid)
             assert st is None or st.deleted or eid not in st.entries, (lid, eid)
@@ -753,11 +761,23 @@ def _notify(on_done: AddCallback, error: BaseException | None, lid: int, eid: in
         log.exception("add callback for ledger %s entry %s failed", lid, eid)
 
 
-def _outcome(fut: asyncio.Future[None]) -> BaseException | None:
-    if fut.cancelled():
-        return JournalFailedError("journal write cancelled")
-    exc = fut.exception()
-    return None if exc is None else _fresh_error(exc)
+class ResolveFuture:
+    """An :data:`AddCallback` that resolves a future (the awaitable forms of the add paths)."""
+
+    __slots__ = ("fut",)
+
+    def __init__(self, fut: asyncio.Future[None]) -> None:
+        self.fut = fut
+
+    def __call__(self, error: BaseException | None) -> None:
+        fut = self.fut
+        if fut.done():
+            return
+        if error is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(error)
+            fut.exception()  # the caller may never look; do not warn
 
 
 def _fresh_error(exc: BaseException) -> BaseException:
@@ -776,5 +796,6 @@ def _piggyback_lac(body: bytes) -> int:
 
 
 __all__ = [
-    "AddCallback", "BKError", "CompactionResult", "LedgerStore", "ReplayReport", "StoreConfig",
+    "AddCallback", "BKError", "CompactionResult", "LedgerStore", "ReplayReport", "ResolveFuture",
+    "StoreConfig",
 ]

@@ -4,8 +4,8 @@
   declined when syncs take (virtual) time;
 * the journal syncs tiny batches inline only while it is the process's one journal, and an
   inline fsync failure is as fatal as a threaded one (nothing covered is acknowledged);
-* ``LedgerStore.add(on_done=...)``: called exactly once, only once the entry is durable and
-  readable, with the error otherwise;
+* ``LedgerStore.add_entry(..., on_done)``: called exactly once, only once the entry is durable
+  and readable, with the error otherwise; never called when ``add_entry`` raises;
 * the index keeps plain location tuples (untracked by the garbage collector) and its
   checkpoint still round-trips the journal position.
 """
@@ -149,7 +149,7 @@ async def test_inline_fsync_failure_is_fatal_and_acknowledges_nothing():
     j.abandon(JournalFailedError("test over"))
 
 
-# --------------------------------------------------------------------------- add(on_done)
+# --------------------------------------------------------------------------- add_entry(on_done)
 
 
 async def _store(fs: MemFileSystem) -> LedgerStore:
@@ -168,16 +168,16 @@ async def test_on_done_runs_once_after_the_entry_is_durable_and_readable():
         calls.append((exc, s.read(1, 0) if exc is None else None))
 
     b = body(1, 0)
-    fut = s.add(1, 0, b, KEY, on_done=on_done)
+    s.add_entry(1, 0, b, KEY, False, on_done)
     assert calls == []  # not before the fsync
-    await asyncio.wait_for(fut, 5)
+    await asyncio.wait_for(s.journal.drain(), 5)
     assert calls == [(None, b)]
     # an identical re-add of a stored entry answers at once, a different one raises
-    s.add(1, 0, b, KEY, on_done=on_done)
+    s.add_entry(1, 0, b, KEY, False, on_done)
     assert calls[-1] == (None, b) and len(calls) == 2
     with pytest.raises(EntryExistsError):
-        s.add(1, 0, body(1, 0, b"other"), KEY, on_done=on_done)
-    assert len(calls) == 2  # not called when add raises
+        s.add_entry(1, 0, body(1, 0, b"other"), KEY, False, on_done)
+    assert len(calls) == 2  # not called when add_entry raises
     await s.close()
 
 
@@ -186,12 +186,14 @@ async def test_on_done_of_a_duplicate_pending_add_waits_for_the_original():
     s = await _store(fs)
     calls: list = []
     b = body(2, 0)
-    first = s.add(2, 0, b, KEY, on_done=lambda e: calls.append(("first", e)))
-    s.add(2, 0, b, KEY, on_done=lambda e: calls.append(("dup", e)))
-    await asyncio.wait_for(first, 5)
-    for _ in range(3):
-        await asyncio.sleep(0)
-    assert sorted(calls, key=str) == [("dup", None), ("first", None)]
+    s.add_entry(2, 0, b, KEY, False, lambda e: calls.append(("first", e)))
+    s.add_entry(2, 0, b, KEY, False, lambda e: calls.append(("dup", e)))
+    assert calls == []
+    with pytest.raises(EntryExistsError):  # different bytes while the first is pending
+        s.add_entry(2, 0, body(2, 0, b"other"), KEY, False, calls.append)
+    await asyncio.wait_for(s.journal.drain(), 5)
+    assert calls == [("first", None), ("dup", None)]
+    assert s.read(2, 0) == b
     await s.close()
 
 
@@ -200,13 +202,29 @@ async def test_on_done_gets_the_error_when_the_fsync_fails_or_the_store_crashes(
     s = await _store(fs)
     got: list = []
     fs.fail_next_fsync()
-    s.add(3, 0, body(3, 0), KEY, on_done=got.append)
+    b = body(3, 0)
+    s.add_entry(3, 0, b, KEY, False, got.append)
+    s.add_entry(3, 0, b, KEY, False, got.append)  # a duplicate waiting on the same fsync
     await asyncio.wait_for(s.journal.drain(), 5)
-    assert len(got) == 1 and isinstance(got[0], JournalFailedError)
+    assert len(got) == 2 and all(isinstance(e, JournalFailedError) for e in got)
+    assert got[0] is not got[1]  # one exception object per waiter
     s.abandon(JournalFailedError("crash"))
-    # a journal that is gone answers a new add through on_done at once
-    s.add(5, 0, body(5, 0), KEY, on_done=got.append)
-    assert len(got) == 2 and isinstance(got[1], JournalFailedError)
+    # a journal that is gone refuses a new add at once (and on_done is never called)
+    with pytest.raises(JournalFailedError):
+        s.add_entry(5, 0, body(5, 0), KEY, False, got.append)
+    assert len(got) == 2
+
+
+async def test_a_crash_answers_every_pending_add_once():
+    fs = MemFileSystem()
+    s = await _store(fs)
+    got: list = []
+    for eid in range(5):
+        s.add_entry(4, eid, body(4, eid), KEY, False, got.append)
+    s.abandon(JournalFailedError("crash"))
+    assert len(got) == 5 and all(isinstance(e, JournalFailedError) for e in got)
+    await asyncio.sleep(0)
+    assert len(got) == 5
 
 
 async def test_a_failing_on_done_does_not_break_the_journal():
@@ -216,8 +234,8 @@ async def test_a_failing_on_done_does_not_break_the_journal():
     def boom(exc: BaseException | None) -> None:
         raise RuntimeError("listener bug")
 
-    fut = s.add(6, 0, body(6, 0), KEY, on_done=boom)
-    await asyncio.wait_for(fut, 5)
+    s.add_entry(6, 0, body(6, 0), KEY, False, boom)
+    await asyncio.wait_for(s.journal.drain(), 5)
     assert s.read(6, 0) == body(6, 0)
     await asyncio.wait_for(s.add(6, 1, body(6, 1), KEY), 5)  # still writing
     assert s.journal.failed is None

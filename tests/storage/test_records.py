@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pybk.errors import CorruptRecordError
+from pybk.protocol import DigestManager
 from pybk.storage.index import (
     Index,
     Location,
@@ -31,6 +32,7 @@ from pybk.storage.records import (
     encode_explicit_lac,
     encode_fence,
     encode_master_key,
+    encode_record,
     encode_segment_header,
     find_valid_batch_after,
     iter_records,
@@ -67,9 +69,20 @@ def test_segment_header_damage(damage):
     assert info.value.path == "x.seg" and info.value.offset == 0
 
 
+def _body(ledger_id: int, entry_id: int, payload: bytes) -> bytes:
+    """A framed entry body as a client sends it (the ENTRY record carries it whole)."""
+    return DigestManager(ledger_id).frame(entry_id, entry_id - 1, len(payload), payload)
+
+
+def test_entry_record_too_short_for_its_ids_is_corruption():
+    rec = encode_record(RecordType.ENTRY, b"short")
+    with pytest.raises(CorruptRecordError, match="malformed ENTRY"):
+        list(iter_records(rec, 0, "p"))
+
+
 def test_every_record_type_round_trips():
     recs = [
-        encode_entry(1, 2, b"body"),
+        encode_entry(_body(1, 2, b"body")),
         encode_master_key(1, b"k" * 32),
         encode_fence(1),
         encode_explicit_lac(1, 5, b"lacbody"),
@@ -81,7 +94,7 @@ def test_every_record_type_round_trips():
     assert [r.rtype for r in out] == [RecordType.ENTRY, RecordType.MASTER_KEY, RecordType.FENCE,
                                       RecordType.EXPLICIT_LAC, RecordType.DELETE_LEDGER,
                                       RecordType.CHECKPOINT]
-    assert (out[0].ledger_id, out[0].entry_id, out[0].data) == (1, 2, b"body")
+    assert (out[0].ledger_id, out[0].entry_id, out[0].data) == (1, 2, _body(1, 2, b"body"))
     assert out[1].data == b"k" * 32
     assert (out[3].lac, out[3].data) == (5, b"lacbody")
     assert out[0].offset == 100 and out[1].offset == 100 + len(recs[0])
@@ -91,7 +104,8 @@ def test_every_record_type_round_trips():
 @settings(derandomize=True, deadline=None, max_examples=100)
 @given(body=st.binary(max_size=300), flip=st.integers(0, 10_000), bit=st.integers(0, 7))
 def test_any_single_bit_flip_in_an_entry_record_is_detected(body, flip, bit):
-    rec = bytearray(encode_entry(3, 9, body))
+    body = _body(3, 9, body)
+    rec = bytearray(encode_entry(body))
     assert decode_entry_at(bytes(rec), "p", 0, 3, 9) == body
     rec[flip % len(rec)] ^= 1 << bit
     with pytest.raises(CorruptRecordError):
@@ -99,7 +113,7 @@ def test_any_single_bit_flip_in_an_entry_record_is_detected(body, flip, bit):
 
 
 def test_entry_record_for_another_id_is_corruption_not_absence():
-    rec = encode_entry(3, 9, b"x")
+    rec = encode_entry(_body(3, 9, b"x"))
     with pytest.raises(CorruptRecordError, match="not entry"):
         decode_entry_at(rec, "p", 0, 3, 10)
 
