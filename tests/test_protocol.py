@@ -55,6 +55,19 @@ def test_any_single_bit_flip_is_detected(digest, payload, data) -> None:  # type
         dm.verify(bytes(body), 3)
 
 
+def test_crc32c_frame_is_header_crc_payload_on_the_wire() -> None:
+    """The inlined CRC32C framing writes exactly the documented layout (docs/protocol.md):
+    header, CRC32C over header+payload, payload."""
+    import struct
+
+    import crc32c
+
+    payload = b"payload bytes"
+    body = DigestManager(7).frame(3, 2, len(payload), payload)
+    header = struct.pack(">qqqq", 7, 3, 2, len(payload))
+    assert body == header + struct.pack(">I", crc32c.crc32c(header + payload)) + payload
+
+
 def test_embedded_ids_must_match() -> None:
     dm = DigestManager(7)
     body = dm.frame(3, 2, 10, b"x")

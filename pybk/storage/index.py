@@ -1,6 +1,6 @@
 """The bookie's index: where each entry lives, and what the bookie knows about each ledger.
 
-Per ledger: a ``SortedDict`` entry id -> location (segment seq, offset, size of the framed
+Per ledger: an :class:`EntryIndex` entry id -> location (segment seq, offset, size of the framed
 record) and the ledger's state (master key, fenced, explicit LAC, highest piggybacked LAC,
 deleted tombstone). The index holds only *durable* entries: the store applies an entry after
 the fsync that covers it, so "not in the index" means "never durably written here" (R2, I9).
@@ -13,11 +13,12 @@ every segment when the file is missing or damaged.
 from __future__ import annotations
 
 import struct
+from collections.abc import Iterable, Iterator, ValuesView
 from dataclasses import dataclass, field
 from typing import Final, NamedTuple
 
 import crc32c
-from sortedcontainers import SortedDict
+from sortedcontainers import SortedList
 
 from pybk.errors import CorruptRecordError
 
@@ -42,6 +43,87 @@ class Position(NamedTuple):
     batch_seq: int
 
 
+#: A stored entry's location as the index keeps it: plain ``(seg, offset, size)``.
+Loc = tuple[int, int, int]
+
+
+class EntryIndex:
+    """One ledger's entries: entry id -> plain ``(seg, offset, size)`` location tuple.
+
+    Inserts and point lookups (the write path pays one insert per entry, reads look entries
+    up by id) go to a plain dict; the ordered view (listings, range reads, ordered iteration)
+    is a sortedcontainers ``SortedList`` of the ids, brought up to date from the ids added
+    since it was last used, and the highest id is tracked as entries arrive. Why: a
+    ``SortedDict`` insert costs about ten dict inserts in CPython and the write path paid it
+    for every entry of every ledger, while ordered questions are rare and the highest id is
+    all "read the last entry" needs. Entries are only ever added or moved (compaction), never
+    removed one by one: a deleted ledger drops its whole index.
+
+    The values are plain tuples, not :class:`Location`: the garbage collector stops tracking a
+    plain tuple of ints after its first collection but tracks a NamedTuple forever, so an
+    index of Locations made every full collection walk every entry the bookie holds."""
+
+    __slots__ = ("_added", "_ids", "last", "locs")
+
+    def __init__(self, items: Iterable[tuple[int, Loc]] = ()) -> None:
+        #: entry id -> location (the write path inserts here directly, see :meth:`add_new`)
+        self.locs: dict[int, Loc] = dict(items)
+        self._ids = SortedList(self.locs)
+        self._added: list[int] = []
+        #: the highest entry id held, -1 when none
+        self.last: int = self._ids[-1] if self._ids else -1
+
+    def add_new(self, entry_id: int, loc: Loc) -> None:
+        """Insert an id the index does not hold yet (the caller checked: the hot path)."""
+        self.locs[entry_id] = loc
+        self._added.append(entry_id)
+        if entry_id > self.last:
+            self.last = entry_id
+
+    def __setitem__(self, entry_id: int, loc: Loc) -> None:
+        if entry_id in self.locs:
+            self.locs[entry_id] = loc
+        else:
+            self.add_new(entry_id, loc)
+
+    def get(self, entry_id: int) -> Loc | None:
+        return self.locs.get(entry_id)
+
+    def __contains__(self, entry_id: object) -> bool:
+        return entry_id in self.locs
+
+    def __len__(self) -> int:
+        return len(self.locs)
+
+    def _ordered(self) -> SortedList:
+        if self._added:
+            self._ids.update(self._added)
+            self._added.clear()
+        return self._ids
+
+    def __iter__(self) -> Iterator[int]:
+        """Entry ids, ascending."""
+        return iter(self._ordered())
+
+    def irange(self, first: int, last: int) -> Iterator[int]:
+        """Entry ids in ``[first, last]``, ascending."""
+        return iter(self._ordered().irange(first, last))
+
+    def items(self) -> list[tuple[int, Loc]]:
+        """``(entry id, location)``, ascending."""
+        locs = self.locs
+        return [(eid, locs[eid]) for eid in self._ordered()]
+
+    def values(self) -> ValuesView[Loc]:
+        """The locations, in no particular order."""
+        return self.locs.values()
+
+    def _check(self) -> None:
+        ids = list(self._ordered())
+        assert ids == sorted(self.locs), "ordered ids disagree with the locations"
+        assert self.last == (ids[-1] if ids else -1), (self.last, ids[-1:])
+
+
 @dataclass
 class LedgerState:
     """What this bookie knows about one ledger."""
@@ -52,11 +134,7 @@ class LedgerState:
     explicit_lac: int = -1
     explicit_lac_body: bytes | None = None
     max_piggyback_lac: int = -1
-    #: entry id -> plain ``(seg, offset, size)`` tuple. Not a Location: the garbage collector
-    #: stops tracking a plain tuple of ints after its first collection, but tracks a
-    #: NamedTuple instance forever, so an index of Locations made every full collection walk
-    #: every entry the bookie holds (a third of the write path's time at 1024 in flight).
-    entries: SortedDict = field(default_factory=SortedDict)
+    entries: EntryIndex = field(default_factory=EntryIndex)
 
     def location(self, entry_id: int) -> Location | None:
         """Where ``entry_id`` is stored, or None."""
@@ -69,7 +147,7 @@ class LedgerState:
 
     @property
     def last_entry(self) -> int:
-        return int(self.entries.keys()[-1]) if self.entries else -1
+        return self.entries.last
 
 
 class Index:
@@ -90,7 +168,7 @@ class Index:
             state = self.ledgers[ledger_id] = LedgerState()
         return state
 
-    def put_entry(self, ledger_id: int, entry_id: int, loc: tuple[int, int, int],
+    def put_entry(self, ledger_id: int, entry_id: int, loc: Loc,
                   piggyback_lac: int) -> None:
         """Record a durable entry (ignored for a deleted ledger: its bytes are garbage)."""
         state = self.ledger(ledger_id)
@@ -110,11 +188,11 @@ class Index:
         state = self.ledger(ledger_id)
         for loc in state.entries.values():
             self._sub_live(loc)
-        state.entries = SortedDict()
+        state.entries = EntryIndex()
         state.deleted = True
         state.explicit_lac_body = None
 
-    def _sub_live(self, loc: tuple[int, int, int]) -> None:
+    def _sub_live(self, loc: Loc) -> None:
         seg, _offset, size = loc
         left = self.seg_live[seg] - size
         if left:
@@ -129,6 +207,7 @@ class Index:
             assert isinstance(lid, int)
             if state.deleted:
                 assert not state.entries, f"deleted ledger {lid} still has entries"
+            state.entries._check()
             for eid, loc in state.entries.items():
                 assert eid >= 0, (lid, eid)
                 assert type(loc) is tuple and len(loc) == 3, (lid, eid, loc)  # plain (see above)
@@ -228,7 +307,7 @@ def _decode_payload(payload: bytes) -> tuple[Index, Position]:
                 eseg, esize = flat[i + 1], flat[i + 3]
                 items.append((flat[i], (eseg, flat[i + 2], esize)))
                 index.seg_live[eseg] = index.seg_live.get(eseg, 0) + esize
-            st.entries = SortedDict(items)
+            st.entries = EntryIndex(items)
         index.ledgers[lid] = st
     if pos != len(payload):
         raise ValueError(f"{len(payload) - pos} trailing bytes")

@@ -364,7 +364,7 @@ class LedgerStore:
                 index.put_entry(lid, eid, (seg, end - size, size), lac)
                 st = ledgers.get(lid)
                 continue
-            st.entries[eid] = (seg, end - size, size)
+            st.entries.add_new(eid, (seg, end - size, size))
             live += size
             if lac > st.max_piggyback_lac:
                 st.max_piggyback_lac = lac
@@ -583,15 +583,14 @@ class LedgerStore:
         """The stored framed entry; ``entry_id == -1`` reads the last one held."""
         st = self.state(ledger_id)
         if entry_id == -1:
-            if not st.entries:
+            entry_id = st.entries.last
+            if entry_id < 0:
                 self._absent(f"ledger {ledger_id} holds no entries on this bookie",
                              NoSuchEntryError)
-            entry_id, loc = st.entries.peekitem(-1)
-        else:
-            loc = st.entries.get(entry_id)
-            if loc is None:
-                self._absent(f"ledger {ledger_id} entry {entry_id} is not on this bookie",
-                             NoSuchEntryError)
+        loc = st.entries.get(entry_id)
+        if loc is None:
+            self._absent(f"ledger {ledger_id} entry {entry_id} is not on this bookie",
+                         NoSuchEntryError)
         seg, offset, size = loc
         path = self.journal_path(seg)
         try:

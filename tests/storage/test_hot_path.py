@@ -248,7 +248,7 @@ async def test_a_failing_on_done_does_not_break_the_journal():
 def test_index_stores_plain_tuples_the_garbage_collector_can_forget():
     idx = Index()
     idx.put_entry(1, 0, Location(3, 40, 60), -1)
-    stored = idx.ledgers[1].entries[0]
+    stored = idx.ledgers[1].entries.get(0)
     assert type(stored) is tuple and stored == (3, 40, 60)
     gc.collect()
     assert not gc.is_tracked(stored)
@@ -262,5 +262,35 @@ def test_checkpoint_keeps_its_position_whatever_segments_entries_live_in():
     idx.put_entry(1, 1, (4, 80, 70), 0)
     back, pos = decode_checkpoint(encode_checkpoint(idx, Position(9, 220, 3)), "cp")
     assert pos == Position(9, 220, 3)
-    assert dict(back.ledgers[1].entries) == {0: (0, 40, 60), 1: (4, 80, 70)}
+    assert back.ledgers[1].entries.locs == {0: (0, 40, 60), 1: (4, 80, 70)}
     back._check()
+
+
+def test_entry_index_ordered_view_follows_out_of_order_inserts():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from pybk.storage.index import EntryIndex
+
+    @settings(derandomize=True, max_examples=200, deadline=None)
+    @given(ops=st.lists(st.tuples(st.integers(0, 60), st.booleans()), max_size=80))
+    def check(ops: list[tuple[int, bool]]) -> None:
+        idx = EntryIndex()
+        model: dict[int, tuple[int, int, int]] = {}
+        for n, (eid, query) in enumerate(ops):
+            loc = (1, n, 10)
+            if eid in idx:
+                idx[eid] = loc  # a move (compaction)
+            else:
+                idx.add_new(eid, loc)
+            model[eid] = loc
+            if query:  # ordered questions interleaved with inserts
+                assert list(idx) == sorted(model)
+                assert list(idx.irange(10, 40)) == [e for e in sorted(model) if 10 <= e <= 40]
+            assert idx.last == max(model)
+            assert idx.get(eid) == loc and len(idx) == len(model)
+        assert idx.items() == sorted(model.items())
+        idx._check()
+        assert EntryIndex(idx.items()).items() == idx.items()
+
+    check()

@@ -146,7 +146,7 @@ def test_index_checkpoint_round_trip_and_damage():
     back, pos = decode_checkpoint(data, "cp")
     back._check()
     assert pos == Position(1, 110, 2)
-    assert dict(back.ledgers[1].entries) == dict(idx.ledgers[1].entries)
+    assert back.ledgers[1].entries.items() == idx.ledgers[1].entries.items()
     assert back.ledgers[1].max_piggyback_lac == 0
     b2 = back.ledgers[2]
     assert (b2.master_key, b2.fenced, b2.explicit_lac, b2.explicit_lac_body) == (b"k", True, 4,
