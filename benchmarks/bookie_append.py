@@ -32,6 +32,7 @@ import crc32c
 from pybk.bookie import Bookie, BookieConfig
 from pybk.protocol import DigestManager, master_key
 from pybk.storage.fs import OsFileSystem
+from pybk.storage.store import INLINE_SYNC_ALWAYS
 
 KEY = master_key(b"bench")
 
@@ -55,7 +56,8 @@ async def run_bookie(root: str, writers: int, size: int, duration: float, run: i
     fs = OsFileSystem()
     bookie = Bookie("bench", os.path.join(root, f"bookie-{run}-{writers}-{size}-{style}"), fs=fs,
                     config=BookieConfig(disk_check_interval=0, checkpoint_interval=0,
-                                        journal_inline_sync_max=2),  # alone on its loop
+                                        # alone on its loop, like a `pybk bookie` process
+                                        journal_inline_sync_max=INLINE_SYNC_ALWAYS),
                     rng=random.Random(1))
     await bookie.start()
     payload = os.urandom(size)

@@ -196,7 +196,7 @@ class Bookie:
         store = LedgerStore(
             self.fs, self.data_dir, self.instance_id, self.config,
             on_fatal=self._on_journal_fatal, on_write_error=self._on_write_error,
-            on_ledger_change=self._wake_waiters,
+            on_ledger_change=self._wake_waiters, watched=self._waiters,
         )
         try:
             await store.open()

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from pybk.metadata.base import BookieRegistration, MetadataStore
+from pybk.storage.store import INLINE_SYNC_ALWAYS
 from pybk.transport.server import BookieServer, ServerConfig
 from pybk.transport.tls import server_context
 
@@ -125,8 +126,8 @@ class BookieProcess:
         await asyncio.to_thread(Path(cfg.data_dir).mkdir, parents=True, exist_ok=True)
         bookie_config = cfg.bookie_config
         if bookie_config is None:
-            # a bookie process hosts one bookie alone on its loop: small batches sync inline
-            bookie_config = BookieConfig(journal_inline_sync_max=2)
+            # a bookie process hosts one bookie alone on its loop: its batches sync inline
+            bookie_config = BookieConfig(journal_inline_sync_max=INLINE_SYNC_ALWAYS)
         self.bookie = Bookie(
             self.bookie_id, cfg.data_dir, cookie_store=self.store, config=bookie_config
         )

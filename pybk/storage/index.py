@@ -63,20 +63,21 @@ class EntryIndex:
     plain tuple of ints after its first collection but tracks a NamedTuple forever, so an
     index of Locations made every full collection walk every entry the bookie holds."""
 
-    __slots__ = ("_added", "_ids", "last", "locs")
+    __slots__ = ("_ids", "last", "locs", "unordered")
 
     def __init__(self, items: Iterable[tuple[int, Loc]] = ()) -> None:
         #: entry id -> location (the write path inserts here directly, see :meth:`add_new`)
         self.locs: dict[int, Loc] = dict(items)
         self._ids = SortedList(self.locs)
-        self._added: list[int] = []
+        #: ids added since the ordered view was last brought up to date
+        self.unordered: list[int] = []
         #: the highest entry id held, -1 when none
         self.last: int = self._ids[-1] if self._ids else -1
 
     def add_new(self, entry_id: int, loc: Loc) -> None:
         """Insert an id the index does not hold yet (the caller checked: the hot path)."""
         self.locs[entry_id] = loc
-        self._added.append(entry_id)
+        self.unordered.append(entry_id)
         if entry_id > self.last:
             self.last = entry_id
 
@@ -96,9 +97,9 @@ class EntryIndex:
         return len(self.locs)
 
     def _ordered(self) -> SortedList:
-        if self._added:
-            self._ids.update(self._added)
-            self._added.clear()
+        if self.unordered:
+            self._ids.update(self.unordered)
+            self.unordered.clear()
         return self._ids
 
     def __iter__(self) -> Iterator[int]:

@@ -28,9 +28,10 @@ import errno
 import logging
 import posixpath
 import struct
-from collections.abc import Awaitable, Callable
+import sys
+from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any, Final, NoReturn
 
 from pybk.errors import (
     BadRequestError,
@@ -75,6 +76,10 @@ CHECKPOINT_FILE = "index.ckpt"
 _DEAD = struct.Struct(">I")
 
 
+#: ``journal_inline_sync_max`` for a bookie alone on its event loop: every batch syncs inline.
+INLINE_SYNC_ALWAYS: Final = sys.maxsize
+
+
 @dataclass
 class StoreConfig:
     """Storage knobs (``pybk.bookie.BookieConfig`` extends this with the bookie's own)."""
@@ -83,9 +88,9 @@ class StoreConfig:
     journal_max_wait: float = 0.001
     journal_max_batch_bytes: int = 4 << 20
     journal_max_batch_count: int = 8192
-    #: batches of at most this many records are synced on the loop's own thread (saves two
-    #: thread hops for a lone writer). Set it only when the bookie is alone on its event
-    #: loop (``pybk bookie`` sets 2); 0, the default, keeps every sync on the sync thread so
+    #: batches of at most this many records are synced on the loop's own thread (no thread
+    #: hops). Set it only when the bookie is alone on its event loop (``pybk bookie`` sets
+    #: :data:`INLINE_SYNC_ALWAYS`); 0, the default, keeps every sync on the sync thread so
     #: bookies sharing a loop (LocalCluster) overlap their syncs.
     journal_inline_sync_max: int = 0
     #: rotate the active journal segment past this size (bytes)
@@ -132,6 +137,7 @@ class LedgerStore:
         on_fatal: Callable[[BaseException], None] | None = None,
         on_write_error: Callable[[OSError], None] | None = None,
         on_ledger_change: Callable[[int], None] | None = None,
+        watched: Container[int] | None = None,
     ) -> None:
         self.fs = fs
         self.data_dir = data_dir
@@ -142,6 +148,9 @@ class LedgerStore:
         self._on_fatal = on_fatal or (lambda exc: None)
         self._on_write_error = on_write_error or (lambda exc: None)
         self._on_ledger_change = on_ledger_change or (lambda lid: None)
+        #: the ledgers whose new entries ``on_ledger_change`` must hear of (someone waits on
+        #: them), read live; None: every ledger. Fences, LAC writes and deletions always call.
+        self._watched = watched
         self.index = Index()
         self.report = ReplayReport()
         #: (ledger, entry) -> body, for adds written but not yet durable
@@ -340,13 +349,17 @@ class LedgerStore:
     # ================================================================== journal callbacks
 
     def _on_synced(self, seg: int, tagged: list[tuple[Any, int]]) -> None:
+        # The hot path: once per entry, so the index update is written out here (plain dict
+        # insert, id noted for the ordered view, highest id) rather than through put_entry.
         index = self.index
         ledgers = index.ledgers
         pending = self._pending
+        watched = self._watched
         live = 0
         last = None
         st: LedgerState | None = None
         done: list[AddCallback] = []
+        changed: list[int] = []
         for tag, end in tagged:
             lid, eid, lac, size, on_done = tag
             if not size:
@@ -354,24 +367,28 @@ class LedgerStore:
             if on_done is not None:
                 done.append(on_done)
             if lid != last:
-                if last is not None:  # wake long polls once per run of the same ledger
-                    self._on_ledger_change(last)
                 last = lid
                 st = ledgers.get(lid)
+                if watched is None or lid in watched:  # wake long polls once per run
+                    changed.append(lid)
             pending.pop((lid, eid), None)
-            if st is None or st.deleted or eid in st.entries:
+            if st is None or st.deleted or eid in st.entries.locs:
                 # rare paths (re-added/compacted entry, deleted ledger): the general code
                 index.put_entry(lid, eid, (seg, end - size, size), lac)
                 st = ledgers.get(lid)
                 continue
-            st.entries.add_new(eid, (seg, end - size, size))
+            entries = st.entries
+            entries.locs[eid] = (seg, end - size, size)
+            entries.unordered.append(eid)
+            if eid > entries.last:
+                entries.last = eid
             live += size
             if lac > st.max_piggyback_lac:
                 st.max_piggyback_lac = lac
         if live:
             index.seg_live[seg] = index.seg_live.get(seg, 0) + live
-        if last is not None:
-            self._on_ledger_change(last)
+        for lid in changed:
+            self._on_ledger_change(lid)
         if self._also_waiting:
             done.extend(self._waiters_of(tagged))
         # Answer only once the whole batch is in the index (a reader told "done" finds it).
@@ -471,7 +488,7 @@ class LedgerStore:
             return
         if st is None:
             st = self.index.ledger(ledger_id)
-        elif entry_id in st.entries:
+        elif entry_id in st.entries.locs:
             self._add_existing(ledger_id, entry_id, body, lac, on_done)
             return
         journal = self.journal
@@ -795,6 +812,6 @@ def _piggyback_lac(body: bytes) -> int:
 
 
 __all__ = [
-    "AddCallback", "BKError", "CompactionResult", "LedgerStore", "ReplayReport", "ResolveFuture",
-    "StoreConfig",
+    "INLINE_SYNC_ALWAYS", "AddCallback", "BKError", "CompactionResult", "LedgerStore",
+    "ReplayReport", "ResolveFuture", "StoreConfig",
 ]
