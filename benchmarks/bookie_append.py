@@ -70,19 +70,20 @@ async def run_bookie(root: str, writers: int, size: int, duration: float, run: i
     running = writers
 
     class CallbackWriter:
-        __slots__ = ("dm", "eid", "lid", "t0")
+        __slots__ = ("callback", "dm", "eid", "lid", "t0")
 
         def __init__(self, lid: int) -> None:
             self.lid = lid
             self.dm = DigestManager(lid)
             self.eid = 0
             self.t0 = 0.0
+            self.callback = self.on_done  # one bound method per writer, not per entry
 
         def send(self) -> None:
             eid = self.eid
             body = self.dm.frame(eid, eid - 1, 0, payload)
             self.t0 = clock()
-            bookie.add_entry(self.lid, eid, KEY, body, self.on_done)
+            bookie.add_entry(self.lid, eid, KEY, body, self.callback)
 
         def on_done(self, error: BaseException | None) -> None:
             nonlocal count, running

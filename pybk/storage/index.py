@@ -136,6 +136,9 @@ class LedgerState:
     explicit_lac_body: bytes | None = None
     max_piggyback_lac: int = -1
     entries: EntryIndex = field(default_factory=EntryIndex)
+    #: entry id -> body of adds written to the journal but not yet durable (not in
+    #: ``entries``): a second add of the same entry waits for the first or is refused
+    pending: dict[int, bytes] = field(default_factory=dict, repr=False)
 
     def location(self, entry_id: int) -> Location | None:
         """Where ``entry_id`` is stored, or None."""

@@ -33,6 +33,7 @@ import asyncio
 import errno
 import posixpath
 from collections.abc import Callable
+from itertools import accumulate
 from typing import Any
 
 from pybk import mutations
@@ -333,12 +334,9 @@ class Journal:
         data, tags, futs = self._take()
         self._inflight = (tags, futs)
         before = fh.size()
-        end = before + BATCH_HEADER_SIZE
-        tagged: list[tuple[Any, int]] = []
-        for d, tag in zip(data, tags, strict=True):
-            end += len(d)
-            if tag is not None:
-                tagged.append((tag, end))
+        ends = list(accumulate(map(len, data), initial=before + BATCH_HEADER_SIZE))
+        end = ends[-1]
+        tagged = [item for item in zip(tags, ends[1:], strict=True) if item[0] is not None]
         try:
             fh.write(encode_batch(self._batch_seq, b"".join(data)))
         except OSError as exc:

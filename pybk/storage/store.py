@@ -153,8 +153,6 @@ class LedgerStore:
         self._watched = watched
         self.index = Index()
         self.report = ReplayReport()
-        #: (ledger, entry) -> body, for adds written but not yet durable
-        self._pending: dict[tuple[int, int], bytes] = {}
         #: (ledger, entry) -> callbacks of identical adds made while the first was pending
         self._also_waiting: dict[tuple[int, int], list[AddCallback]] = {}
         self._fence_futs: dict[int, asyncio.Future[None]] = {}
@@ -353,7 +351,6 @@ class LedgerStore:
         # insert, id noted for the ordered view, highest id) rather than through put_entry.
         index = self.index
         ledgers = index.ledgers
-        pending = self._pending
         watched = self._watched
         live = 0
         last = None
@@ -371,12 +368,14 @@ class LedgerStore:
                 st = ledgers.get(lid)
                 if watched is None or lid in watched:  # wake long polls once per run
                     changed.append(lid)
-            pending.pop((lid, eid), None)
             if st is None or st.deleted or eid in st.entries.locs:
+                if st is not None:
+                    st.pending.pop(eid, None)
                 # rare paths (re-added/compacted entry, deleted ledger): the general code
                 index.put_entry(lid, eid, (seg, end - size, size), lac)
                 st = ledgers.get(lid)
                 continue
+            st.pending.pop(eid, None)
             entries = st.entries
             entries.locs[eid] = (seg, end - size, size)
             entries.unordered.append(eid)
@@ -417,7 +416,9 @@ class LedgerStore:
                 continue
             lid, eid, _lac, size, on_done = tag
             if size:
-                self._pending.pop((lid, eid), None)
+                st = self.index.get(lid)
+                if st is not None:
+                    st.pending.pop(eid, None)
                 for waiter in [on_done, *self._also_waiting.pop((lid, eid), ())]:
                     if waiter is not None:
                         _notify(waiter, _fresh_error(exc), lid, eid)
@@ -477,18 +478,17 @@ class LedgerStore:
                 raise UnauthorizedError(f"ledger {ledger_id}: master key does not match")
             if st.fenced and not recovery:
                 raise LedgerFencedError(f"ledger {ledger_id} is fenced")
-        key = (ledger_id, entry_id)
-        pending = self._pending.get(key)
+        else:
+            st = self.index.ledger(ledger_id)
+        pending = st.pending.get(entry_id)
         if pending is not None:
             if pending != body:
                 raise EntryExistsError(
                     f"ledger {ledger_id} entry {entry_id} is being written with different bytes")
             # identical: answered with the original, after the fsync that covers it
-            self._also_waiting.setdefault(key, []).append(on_done)
+            self._also_waiting.setdefault((ledger_id, entry_id), []).append(on_done)
             return
-        if st is None:
-            st = self.index.ledger(ledger_id)
-        elif entry_id in st.entries.locs:
+        if entry_id in st.entries.locs:
             self._add_existing(ledger_id, entry_id, body, lac, on_done)
             return
         journal = self.journal
@@ -497,7 +497,7 @@ class LedgerStore:
                                   (ledger_id, -1, -1, 0, None))
         rec = encode_entry(body)
         journal.append_nowait(rec, (ledger_id, entry_id, lac, len(rec), on_done))
-        self._pending[key] = body
+        st.pending[entry_id] = body
 
     def _add_existing(self, ledger_id: int, entry_id: int, body: bytes, lac: int,
                       on_done: AddCallback) -> None:
@@ -510,7 +510,7 @@ class LedgerStore:
         if stored is None:
             rec = encode_entry(body)
             self.journal.append_nowait(rec, (ledger_id, entry_id, lac, len(rec), on_done))
-            self._pending[(ledger_id, entry_id)] = body
+            self.index.ledger(ledger_id).pending[entry_id] = body
             return
         if stored != body:
             raise EntryExistsError(
@@ -755,10 +755,10 @@ class LedgerStore:
         """Assert the store's invariants (stateful tests)."""
         self.index._check()
         self.journal._check()
-        for (lid, eid), body in self._pending.items():
-            assert parse_entry_header(body)[:2] == (lid, eid)
-            st = self.index.get(lid)
-            assert st is None or st.deleted or eid not in st.entries, (lid, eid)
+        for lid, st in self.index.ledgers.items():
+            for eid, body in st.pending.items():
+                assert parse_entry_header(body)[:2] == (lid, eid)
+                assert st.deleted or eid not in st.entries, (lid, eid)
         assert self.journal.segment_seq in self._segments or self.journal.failed is not None
         for seq in self.index.seg_live:
             assert seq in self._segments, f"live entries in unknown segment {seq}"

@@ -106,3 +106,50 @@ async def test_fsync_failure_answers_an_error_and_disables_writes(harness):
     again = await nowait(b, AddRequest(3, 1, KEY, frame(3, 1)))
     assert again.status == Status.READ_ONLY
     assert (await harness.read(3, 0))[0] != Status.OK
+
+
+async def test_add_entry_and_add_raise_the_typed_errors_once(harness):
+    """``Bookie.add_entry`` (callback) and ``Bookie.add`` (awaitable) are the hot-path forms:
+    bad input gets the error class a caller can act on, exactly once, and nothing stored."""
+    from pybk.errors import (
+        BadRequestError,
+        BookieStateError,
+        EntryExistsError,
+        LedgerFencedError,
+        UnauthorizedError,
+    )
+
+    b = harness.bookie
+    await b.add(4, 0, KEY, frame(4, 0))
+    cases = [
+        ((4, 0, KEY, frame(4, 0, b"other")), EntryExistsError),
+        ((4, 1, b"wrong key", frame(4, 1)), UnauthorizedError),
+        ((4, 1, KEY, frame(4, 5)), BadRequestError),
+        ((4, 1, KEY, b"short"), BadRequestError),
+    ]
+    for args, cls in cases:
+        got: list = []
+        b.add_entry(*args, got.append)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert len(got) == 1 and isinstance(got[0], cls), (args, got)
+        try:
+            await b.add(*args)
+        except cls:
+            pass
+        else:
+            raise AssertionError(f"{args} was accepted")
+    assert await harness.read(4, 0) == (Status.OK, frame(4, 0))  # the original is intact
+    assert (await harness.read(4, 1))[0] == Status.NO_SUCH_ENTRY
+    assert (await b.handle(FenceRequest(4, KEY))).status == Status.OK
+    try:
+        await b.add(4, 1, KEY, frame(4, 1))
+    except LedgerFencedError:
+        pass
+    else:
+        raise AssertionError("a fenced ledger took a normal add")
+    await b.add(4, 1, KEY, frame(4, 1), recovery=True)
+    await b.stop()
+    got = []
+    b.add_entry(4, 2, KEY, frame(4, 2), got.append)
+    assert len(got) == 1 and isinstance(got[0], BookieStateError)
