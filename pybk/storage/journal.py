@@ -201,15 +201,9 @@ class Journal:
             fut.set_exception(self._refusal())
             fut.exception()  # the caller may never look; do not warn
             return fut
+        self.append_nowait(data, tag)
         fut = self._new_future()
-        if not self._data:
-            assert self._wake is not None and self._idle is not None
-            self._wake.set()
-            self._idle.clear()
-        self._data.append(data)
-        self._tags.append(tag)
-        self._futs.append(fut)
-        self._bytes += len(data)
+        self._futs[-1] = fut
         return fut
 
     def append_nowait(self, data: bytes, tag: Any) -> None:
