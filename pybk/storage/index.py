@@ -125,7 +125,7 @@ class EntryIndex:
         assert self.last == (ids[-1] if ids else -1), (self.last, ids[-1:])
 
 
-@dataclass
+@dataclass(slots=True)
 class LedgerState:
     """What this bookie knows about one ledger."""
 
