@@ -12,7 +12,9 @@ Invariants (research/reliability.md 2.3 and 3.6); each violation names its code:
 * **L5/I3** no dirty reads: a tailing reader never gets an entry above the LAC it was shown; a
   LAC a reader sees was acknowledged (or a close had started) before it was seen.
 * **L6/I8** in-order acks: ok(n) completes after ok(n-1).
-* **L7** LAC observed by each reader never decreases.
+* **L7** the LAC a reader observes through one ledger handle never decreases (a handle opened
+  later reads the LAC afresh from the bookies that answer and may start lower, as in
+  BookKeeper).
 * **I7** closed ledgers never change: every close/recovery/metadata view agrees on last entry.
 * **L8/I6** fencing: the old writer never gets an ok for an entry beyond what a completed
   recovery sealed (an ok for an entry inside the sealed range may legitimately arrive late).
@@ -231,7 +233,7 @@ class Checker:
                             + (f" ({errs[0].detail})" if errs else ""), ev, *errs)
 
     def _check_lac(self) -> None:
-        last: dict[tuple[str, int], Event] = {}
+        last: dict[tuple[str, int, str], Event] = {}
         ack_frontier: dict[int, int] = defaultdict(lambda: -1)
         acked: dict[int, set[int]] = defaultdict(set)
         closing: dict[int, bool] = {}
@@ -247,7 +249,7 @@ class Checker:
                 continue
             if ev.kind != "lac":
                 continue
-            key = (ev.process, ev.ledger)
+            key = (ev.process, ev.ledger, ev.detail)  # detail: the reader's handle number
             prev = last.get(key)
             if prev is not None and ev.value < prev.value:
                 self._v("L7", ev.ledger, ev.value,

@@ -106,9 +106,11 @@ class History:
                          f"{error}", ledger=ledger, entry=entry, detail=error,
                          outcome="final" if final else "")
 
-    def lac(self, process: str, ledger: int, lac: int) -> Event:
+    def lac(self, process: str, ledger: int, lac: int, handle: int = 0) -> Event:
+        """``process`` saw ``lac`` through its ledger handle number ``handle`` (BookKeeper
+        keeps a handle's LAC from going back; a handle opened later may start lower)."""
         return self._add("lac", process, f"{process} lac L{ledger} = {lac}", ledger=ledger,
-                         value=lac)
+                         value=lac, detail=str(handle))
 
     # -- bookies (observed by the simulated network and the restart audit) ---------------------
 

@@ -74,12 +74,18 @@ class SimResult:
     duration: float
     mutations: tuple[str, ...] = ()
     error: str | None = None
+    #: the bookie count was given by the caller rather than drawn from the seed
+    bookies_given: bool = False
 
     def command(self) -> str:
-        """The shell command that replays this run."""
-        extra = f" --mutation {','.join(self.mutations)}" if self.mutations else ""
+        """The shell command that replays this run. ``--bookies`` appears only when the run
+        was given one: a count drawn from the seed is drawn again (passing it explicitly
+        changes what the seed draws, so the run would differ)."""
+        extra = f" --bookies {self.bookies}" if self.bookies_given else ""
+        if self.mutations:
+            extra += f" --mutation {','.join(self.mutations)}"
         return (f"pybk simulate --seed {self.seed} --faults {self.faults_spec} "
-                f"--duration {self.duration:g} --bookies {self.bookies}{extra} --verbose")
+                f"--duration {self.duration:g}{extra} --verbose")
 
     def report(self) -> str:
         head = (f"seed {self.seed}: {'ok' if self.ok else 'FAILED'} topology "
@@ -707,7 +713,8 @@ def run(
     return SimResult(seed=seed, ok=not violations, violations=violations, trace=r.trace,
                      trace_hash=trace_hash, stats=stats, topology=r.topology, bookies=r.n,
                      plan=r.plan, faults_spec=faults.spec(), duration=duration,
-                     mutations=tuple(mutations), error=error)
+                     mutations=tuple(mutations), error=error,
+                     bookies_given=bookies is not None)
 
 
 __all__ = ["TOPOLOGIES", "SimResult", "Stats", "run"]

@@ -65,6 +65,7 @@ class Process:
         self.w = workload
         self.stopping = False
         self.ops = 0
+        self.handles = 0  # ledger handles this process opened
         self.current: Any = None  # a writer's open ledger handle
 
     def stop(self) -> None:
@@ -201,6 +202,8 @@ class Reader(Process):
     async def _tail(self, lid: int) -> None:
         rh = await asyncio.wait_for(
             self.client.open_ledger(lid, password=PASSWORD, recovery=False), 10.0)
+        self.handles += 1
+        handle = self.handles
         nxt = 0
         polls = 0
         while not self.stopping and polls < 200:
@@ -208,7 +211,7 @@ class Reader(Process):
             self.ops += 1
             await asyncio.wait_for(rh.read_last_add_confirmed(), 10.0)
             lac = rh.last_add_confirmed
-            self.h.lac(self.name, lid, lac)
+            self.h.lac(self.name, lid, lac, handle)
             if lac >= nxt:
                 last = min(lac, nxt + 15)
                 entries = await asyncio.wait_for(rh.read(nxt, last), 10.0)
@@ -221,7 +224,7 @@ class Reader(Process):
             ent = await asyncio.wait_for(
                 rh.read_last_add_confirmed_and_entry(nxt, timeout=1.0), 10.0)
             lac = rh.last_add_confirmed
-            self.h.lac(self.name, lid, lac)
+            self.h.lac(self.name, lid, lac, handle)
             if ent is not None:
                 self.cover("long_poll_hit")
                 self.h.read(self.name, lid, ent.entry_id, ent.data, lac, recovery=False)

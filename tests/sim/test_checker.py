@@ -110,6 +110,14 @@ def test_l7_lac_goes_back_and_i3_lac_ahead_of_acks() -> None:
     h.lac("r1", 1, 2)
     h.lac("r1", 1, 1)
     assert codes(h) == ["L7"]
+    h3, _ = make()
+    written(h3, 1, 3)
+    h3.lac("r1", 1, 2, handle=1)
+    h3.lac("r1", 1, 1, handle=2)  # a handle opened later may start lower (seed 911)
+    h3.lac("r1", 1, 2, handle=2)
+    assert codes(h3) == []
+    h3.lac("r1", 1, 1, handle=2)  # ... but never goes back itself
+    assert codes(h3) == ["L7"]
     h2, _ = make()
     h2.add_invoke("w1", 1, 0, b"a")
     h2.lac("r1", 1, 0)  # seen before the writer had its ack, with no close under way

@@ -25,6 +25,24 @@ def test_result_carries_stats_and_a_repro_command() -> None:
     assert r.trace[0].split()[1:3] == ["seed", "3"]
 
 
+def test_the_repro_command_replays_the_same_run() -> None:
+    """The command printed for a failing seed must replay that run exactly, whether the bookie
+    count was drawn from the seed or given (a sweep once printed ``--bookies N`` for a drawn
+    count, and passing it changed what the seed drew: the "repro" passed)."""
+    import shlex
+
+    from click.testing import CliRunner
+
+    from pybk.sim.cli import simulate
+
+    for bookies in (None, 5):
+        r = sim.run(911, bookies=bookies, duration=5.0, faults=sim.Faults.all())
+        args = shlex.split(r.command())[2:]  # drop "pybk simulate"
+        assert ("--bookies" in args) == (bookies is not None)
+        out = CliRunner().invoke(simulate, args)
+        assert f"trace hash {r.trace_hash}" in out.output, (r.command(), out.output[-500:])
+
+
 def test_same_trace_in_another_process() -> None:
     """Hash randomization and memory addresses differ between processes: a run must not care."""
     from pybk.sim.sweep import sweep
