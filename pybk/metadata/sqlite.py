@@ -127,32 +127,54 @@ class SqliteMetadataStore(MetadataStore):
     # -- thread plumbing ---------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
+        """The store's connection, opened and initialised on first use.
+
+        Several stores (often several processes) may open a new file at the same moment. The
+        switch to WAL mode then needs a lock that two connections can each be waiting to
+        upgrade to; SQLite resolves such a deadlock by answering SQLITE_BUSY at once instead
+        of invoking the busy timeout, so initialisation is retried (bounded by the busy
+        timeout, with a growing pause) rather than failing the caller's first operation."""
         if self._conn is None:
-            conn = sqlite3.connect(
-                self.path, timeout=self._busy_timeout, isolation_level=None,
-                check_same_thread=False,
-            )
-            try:
-                (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
-                if str(mode).lower() != "wal":  # e.g. a filesystem without shared memory
-                    log.warning("%s: WAL mode unavailable (journal_mode=%s)", self.path, mode)
-                conn.execute(f"PRAGMA synchronous={self._synchronous}")
-                (found,) = conn.execute("PRAGMA user_version").fetchone()
-                if found > SCHEMA_VERSION:
-                    raise MetadataStoreError(
-                        f"{self.path}: metadata schema version {found} is newer than this "
-                        f"pybk understands ({SCHEMA_VERSION})"
-                    )
-                with _immediate(conn):
-                    for statement in _SCHEMA.split(";"):
-                        if statement.strip():
-                            conn.execute(statement)
-                    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            except BaseException:
-                conn.close()
-                raise
-            self._conn = conn
+            deadline = time.monotonic() + self._busy_timeout
+            pause = 0.002
+            while True:
+                try:
+                    self._conn = self._open_connection()
+                    break
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) and "busy" not in str(exc):
+                        raise
+                    if time.monotonic() + pause > deadline:
+                        raise
+                    time.sleep(pause)  # on the store's own thread, never the event loop
+                    pause = min(pause * 2, 0.1)
         return self._conn
+
+    def _open_connection(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, timeout=self._busy_timeout, isolation_level=None,
+            check_same_thread=False,
+        )
+        try:
+            (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            if str(mode).lower() != "wal":  # e.g. a filesystem without shared memory
+                log.warning("%s: WAL mode unavailable (journal_mode=%s)", self.path, mode)
+            conn.execute(f"PRAGMA synchronous={self._synchronous}")
+            (found,) = conn.execute("PRAGMA user_version").fetchone()
+            if found > SCHEMA_VERSION:
+                raise MetadataStoreError(
+                    f"{self.path}: metadata schema version {found} is newer than this "
+                    f"pybk understands ({SCHEMA_VERSION})"
+                )
+            with _immediate(conn):
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     async def _run(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(conn)`` on the store's thread; map SQLite failures to pybk errors."""

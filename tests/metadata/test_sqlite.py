@@ -279,3 +279,40 @@ async def test_unopenable_path_is_a_metadata_store_error_naming_it(tmp_path: Pat
     with pytest.raises(MetadataStoreError, match="no/such/dir"):
         await store.list_ledgers()
     await store.close()
+
+
+def test_stores_opening_a_new_file_at_the_same_moment_all_start(tmp_path: Path) -> None:
+    """The first use of a new file switches it to WAL mode; two connections doing that at
+    once can deadlock on the lock upgrade, which SQLite answers with an immediate "database
+    is locked" (no busy timeout). A store retries its initialisation instead of failing the
+    caller's first operation (seen in CI: id allocation under concurrency)."""
+    import threading
+
+    for attempt in range(30):
+        path = str(tmp_path / f"race-{attempt}.db")
+        stores = [SqliteMetadataStore(path) for _ in range(6)]
+        barrier = threading.Barrier(len(stores))
+        errors: list[BaseException] = []
+
+        def open_one(store: SqliteMetadataStore, barrier: threading.Barrier,
+                     errors: list[BaseException]) -> None:
+            barrier.wait()
+            try:
+                store._connect()
+            except BaseException as exc:  # collected: the assertion below names it
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_one, args=(s, barrier, errors))
+                   for s in stores]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        for s in stores:
+            if s._conn is not None:
+                s._conn.close()
+            s._executor.shutdown()
+        assert not errors, f"attempt {attempt}: {errors[0]!r}"
+        conn = sqlite3.connect(path)
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        conn.close()
