@@ -172,6 +172,12 @@ class ZooKeeperMetadataStore(MetadataStore):
     # -- connection and session ----------------------------------------------------------------
 
     @property
+    def connected(self) -> bool:
+        """True while the ZooKeeper connection is up: an operation now is attempted at once
+        (otherwise it waits up to ``op_timeout`` for kazoo to reconnect)."""
+        return self._connected
+
+    @property
     def client_id(self) -> tuple[int, bytes] | None:
         """``(session id, password)`` of the current session (tests force expiry with it)."""
         cid = self._zk.client_id

@@ -26,6 +26,7 @@ from pybk import BKError, LedgerFencedError
 from pybk.cli import spawn_bookie, wait_ready
 from pybk.client import Client
 from pybk.metadata import open_store
+from pybk.metadata.zookeeper import ZooKeeperMetadataStore
 from pybk.replication.context import ClientConfig
 from pybk.testing.zookeeper import ZooKeeperServer
 
@@ -170,6 +171,12 @@ async def test_zookeeper_restart_in_the_middle_of_writes(
         stop.set()
         await asyncio.wait_for(task, 60)
         assert failures == [], failures[:3]
+        # adds never needed ZooKeeper; the close does. kazoo reconnects with a backoff (and a
+        # read timeout against a server still loading), which took over the 10 s operation
+        # bound once in CI: wait for the reconnection itself, bounded
+        store = client.store
+        assert isinstance(store, ZooKeeperMetadataStore)
+        await wait_until(lambda: store.connected, 60, "the client reconnected to ZooKeeper")
         await lh.close()  # a metadata CAS through the restarted server
         md = await client.ledger_metadata(lh.id)
         assert md.state == "CLOSED" and md.last_entry_id == max(acked)
