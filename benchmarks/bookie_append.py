@@ -13,6 +13,10 @@ task each, ``await Bookie.add``). Then, in the same run and on the same disk:
   group commit across connections), ``sqlite`` is handed the bookie's whole group as one
   transaction (a stricter reference: the batching done for it).
 
+The bookie runs as in a ``pybk bookie`` process: every journal batch synced on the loop's
+thread (``INLINE_SYNC_ALWAYS``) and the server's garbage-collector settings
+(``pybk.server.tune_gc_for_server``, applied to the whole benchmark process).
+
 Targets (issue 2): with 256 writers >= 50% of the ceiling and >= 3x SQLite; a lone writer's
 p50 <= 1.5 fsync latencies (the fsync latency is the plain loop's p50 with groups of one).
 
@@ -34,6 +38,7 @@ import crc32c
 
 from pybk.bookie import Bookie, BookieConfig
 from pybk.protocol import DigestManager, master_key
+from pybk.server import tune_gc_for_server
 from pybk.storage.fs import OsFileSystem
 from pybk.storage.store import INLINE_SYNC_ALWAYS
 
@@ -201,6 +206,7 @@ def main() -> None:
     ap.add_argument("--writers", default="1,16,256")
     ap.add_argument("--sizes", default="100,1024")
     args = ap.parse_args()
+    tune_gc_for_server()  # the collector settings of a `pybk bookie` process (pybk.server)
     writers_list = [int(x) for x in args.writers.split(",")]
     sizes = [int(x) for x in args.sizes.split(",")]
     slice_ = args.duration / args.rounds

@@ -172,3 +172,20 @@ def test_advertised_address():
         cfg(port=0).resolved_bookie_id()
     with pytest.raises(ValueError, match="--tls-cert"):
         cfg(tls_ca="/ca.pem").ssl_context()
+
+
+def test_a_bookie_process_tunes_its_garbage_collector() -> None:
+    """``pybk bookie`` freezes what start-up built and raises the gen0 threshold (process-wide,
+    so checked in a child process rather than in the test runner)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gc\n"
+        "from pybk.server import SERVER_GC_THRESHOLD, tune_gc_for_server\n"
+        "before = gc.get_threshold()\n"
+        "tune_gc_for_server()\n"
+        "assert gc.get_threshold() == SERVER_GC_THRESHOLD != before, gc.get_threshold()\n"
+        "assert gc.get_freeze_count() > 0\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
