@@ -205,6 +205,18 @@ def error_for_status(status: int, message: str = "") -> BKError:
     return cls(message or cls.__name__)
 
 
+def fresh_copy(exc: BaseException) -> BaseException:
+    """A new exception of the same kind, message and cause: one failure handed to many waiters
+    must not be one object raised in many tasks (its traceback would pile up). ``exc`` itself
+    when its class cannot be rebuilt from its args."""
+    try:
+        new = type(exc)(*exc.args)
+    except Exception:
+        return exc
+    new.__cause__ = exc.__cause__
+    return new
+
+
 __all__ = [
     "BKError",
     "BadRequestError",
@@ -233,4 +245,5 @@ __all__ = [
     "UnexpectedConditionError",
     "UnknownLedgerStateError",
     "error_for_status",
+    "fresh_copy",
 ]

@@ -35,6 +35,7 @@ from pybk.errors import (
     UnauthorizedError,
     UnexpectedConditionError,
     error_for_status,
+    fresh_copy,
 )
 from pybk.metadata.base import CLOSED, IN_RECOVERY, OPEN, LedgerMetadata
 from pybk.protocol import (
@@ -54,16 +55,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _FATAL_STATUSES = {Status.FENCED: LedgerFencedError, Status.UNAUTHORIZED: UnauthorizedError}
-
-
-def fresh_error(exc: BaseException) -> BaseException:
-    """A new instance of ``exc`` (so one failure can be raised to many awaiters)."""
-    try:
-        new = type(exc)(*exc.args)
-    except Exception:
-        return exc
-    new.__cause__ = exc.__cause__
-    return new
 
 
 class _PendingAdd:
@@ -131,7 +122,7 @@ class AddPipeline:
     def push(self, payload: bytes) -> asyncio.Future[int]:
         """Frame ``payload`` as the next entry and send it; the future holds its entry id."""
         if self.error is not None:
-            raise fresh_error(self.error)
+            raise fresh_copy(self.error)
         entry_id = self.lap + 1
         self.length += len(payload)
         body = self.digest.frame(entry_id, self.lac, self.length, payload)
@@ -140,7 +131,7 @@ class AddPipeline:
     def push_framed(self, entry_id: int, body: bytes, length: int) -> asyncio.Future[int]:
         """Send an already framed entry (recovery write-back: the exact bytes read)."""
         if self.error is not None:
-            raise fresh_error(self.error)
+            raise fresh_copy(self.error)
         if entry_id != self.lap + 1:
             raise UnexpectedConditionError(
                 f"ledger {self.ledger_id}: write-back of entry {entry_id}, expected {self.lap + 1}"
@@ -167,7 +158,7 @@ class AddPipeline:
         """Add several entries; one future (for the whole batch) holds their ids, so a
         batch costs one loop future, not one per entry."""
         if self.error is not None:
-            raise fresh_error(self.error)
+            raise fresh_copy(self.error)
         fut: asyncio.Future[list[int]] = self._loop.create_future()
         if not payloads:
             fut.set_result([])
@@ -185,7 +176,7 @@ class AddPipeline:
         op.batch_first = first
         error = self._current_error()  # a method call: the queueing above may have failed
         if error is not None and not fut.done():
-            fut.set_exception(fresh_error(error))
+            fut.set_exception(fresh_copy(error))
         return fut
 
     def _current_error(self) -> BaseException | None:
@@ -283,7 +274,7 @@ class AddPipeline:
         pending, self.pending = self.pending, deque()
         for op in pending:
             if op.future is not None and not op.future.done():
-                op.future.set_exception(fresh_error(exc))
+                op.future.set_exception(fresh_copy(exc))
 
     # -- ensemble change ---------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from itertools import accumulate
 from typing import Any
 
 from pybk import mutations
-from pybk.errors import IOBookieError, JournalFailedError, ReadOnlyBookieError
+from pybk.errors import IOBookieError, JournalFailedError, ReadOnlyBookieError, fresh_copy
 from pybk.storage.fs import FileHandle, FileSystem
 from pybk.storage.index import Position
 from pybk.storage.records import (
@@ -198,8 +198,7 @@ class Journal:
         or through ``on_failed`` if the batch could not be written."""
         if self.failed is not None or self._closing or self._task is None:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            fut.set_exception(self._refusal())
-            fut.exception()  # the caller may never look; do not warn
+            _fail_futures([fut], self._refusal())
             return fut
         self.append_nowait(data, tag)
         fut = self._new_future()
@@ -222,7 +221,7 @@ class Journal:
         self._bytes += len(data)
 
     def _refusal(self) -> BaseException:
-        return _fresh(self.failed or JournalFailedError("journal is closed"))
+        return fresh_copy(self.failed or JournalFailedError("journal is closed"))
 
     async def drain(self) -> None:
         """Wait until everything appended so far has been written and synced (or failed)."""
@@ -396,10 +395,7 @@ class Journal:
         else:
             err = IOBookieError(f"journal write to {path} failed: {exc}")
         self._on_failed(tags, err)
-        for fut in futs:
-            if fut is not None and not fut.done():
-                fut.set_exception(_fresh(err))
-                fut.exception()
+        _fail_futures(futs, err)
         self._on_write_error(exc)
 
     def _fatal(self, exc: OSError, what: str, tags: list[Any] | None = None,
@@ -410,10 +406,7 @@ class Journal:
         self._inflight = ([], [])
         if tags:
             self._on_failed(tags, err)
-        for fut in futs or []:
-            if fut is not None and not fut.done():
-                fut.set_exception(_fresh(err))
-                fut.exception()
+        _fail_futures(futs or [], err)
         self._fail_buffer(err)
         self._on_fatal(err)
 
@@ -423,21 +416,14 @@ class Journal:
         pending = [t for t, f in zip(tags, futs, strict=True) if f is None or not f.done()]
         if pending:
             self._on_failed(pending, exc)
-        for fut in futs:
-            if fut is not None and not fut.done():
-                fut.set_exception(_fresh(exc))
-                fut.exception()
+        _fail_futures(futs, exc)
 
     def _fail_buffer(self, exc: BaseException) -> None:
-        data, tags, futs = self._data, self._tags, self._futs
+        tags, futs = self._tags, self._futs
         self._data, self._tags, self._futs, self._bytes = [], [], [], 0
         if tags:
             self._on_failed(tags, exc)
-        for fut in futs:
-            if fut is not None and not fut.done():
-                fut.set_exception(_fresh(exc))
-                fut.exception()
-        del data
+        _fail_futures(futs, exc)
         if self._idle is not None:
             self._idle.set()
 
@@ -454,11 +440,10 @@ def _no_loop() -> asyncio.Future[None]:
     raise RuntimeError("journal is not open")
 
 
-def _fresh(exc: BaseException) -> BaseException:
-    """A new exception of the same kind (one exception object must not be raised in many
-    tasks: tracebacks would pile up on it)."""
-    try:
-        new = type(exc)(*exc.args)
-    except Exception:
-        return exc
-    return new
+def _fail_futures(futs: list[asyncio.Future[None] | None], exc: BaseException) -> None:
+    """Fail every pending future of ``futs`` (None: an append without one), each with its own
+    copy of ``exc``, marked as retrieved (the caller may never look)."""
+    for fut in futs:
+        if fut is not None and not fut.done():
+            fut.set_exception(fresh_copy(exc))
+            fut.exception()

@@ -45,6 +45,7 @@ from pybk.errors import (
     ReadOnlyBookieError,
     UnauthorizedError,
     UnknownLedgerStateError,
+    fresh_copy,
 )
 from pybk.protocol import ENTRY_HEADER, ENTRY_HEADER_SIZE, parse_entry_header
 from pybk.storage.fs import FileSystem
@@ -421,7 +422,7 @@ class LedgerStore:
                     st.pending.pop(eid, None)
                 for waiter in [on_done, *self._also_waiting.pop((lid, eid), ())]:
                     if waiter is not None:
-                        _notify(waiter, _fresh_error(exc), lid, eid)
+                        _notify(waiter, fresh_copy(exc), lid, eid)
             else:  # a master-key record was lost: journal it again with the next write
                 st = self.index.get(lid)
                 if st is not None and eid == -1:
@@ -794,14 +795,6 @@ class ResolveFuture:
         else:
             fut.set_exception(error)
             fut.exception()  # the caller may never look; do not warn
-
-
-def _fresh_error(exc: BaseException) -> BaseException:
-    """A new exception of the same kind for each waiter (tracebacks must not pile up)."""
-    try:
-        return type(exc)(*exc.args)
-    except Exception:
-        return exc
 
 
 def _piggyback_lac(body: bytes) -> int:
