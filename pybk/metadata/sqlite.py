@@ -142,7 +142,8 @@ class SqliteMetadataStore(MetadataStore):
                     self._conn = self._open_connection()
                     break
                 except sqlite3.OperationalError as exc:
-                    if "locked" not in str(exc) and "busy" not in str(exc):
+                    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF  # primary result code
+                    if code not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
                         raise
                     if time.monotonic() + pause > deadline:
                         raise

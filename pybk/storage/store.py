@@ -348,8 +348,8 @@ class LedgerStore:
     # ================================================================== journal callbacks
 
     def _on_synced(self, seg: int, tagged: list[tuple[Any, int]]) -> None:
-        # The hot path: once per entry, so the index update is written out here (plain dict
-        # insert, id noted for the ordered view, highest id) rather than through put_entry.
+        # The hot path: once per entry, so the common case (a new entry of a live ledger)
+        # goes straight to EntryIndex.add_new rather than through put_entry.
         index = self.index
         ledgers = index.ledgers
         watched = self._watched
@@ -377,11 +377,7 @@ class LedgerStore:
                 st = ledgers.get(lid)
                 continue
             st.pending.pop(eid, None)
-            entries = st.entries
-            entries.locs[eid] = (seg, end - size, size)
-            entries.unordered.append(eid)
-            if eid > entries.last:
-                entries.last = eid
+            st.entries.add_new(eid, (seg, end - size, size))
             live += size
             if lac > st.max_piggyback_lac:
                 st.max_piggyback_lac = lac
