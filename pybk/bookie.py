@@ -122,12 +122,13 @@ class Bookie:
     ) -> None:
         #: a file system we created ourselves is ours to close on stop (its sync thread)
         self._own_fs = fs is None
+        config = config or BookieConfig()
         if fs is None:
-            fs = self._new_os_fs()
+            fs = self._new_os_fs(config)
         self.bookie_id = bookie_id
         self.data_dir = data_dir
         self.fs = fs
-        self.config = config or BookieConfig()
+        self.config = config
         self.cookie_store = cookie_store
         self.rng = rng or random.Random()
         self.instance_id = ""
@@ -145,10 +146,12 @@ class Bookie:
         self._fs_closed = False
 
     @staticmethod
-    def _new_os_fs() -> FileSystem:
+    def _new_os_fs(config: BookieConfig) -> FileSystem:
         from pybk.storage.fs import OsFileSystem
 
-        return OsFileSystem()
+        # overlapped journal syncs need a sync that starts while the loop is busy: a helper
+        # process (a sync thread would first have to win the GIL, see pybk.storage.syncer)
+        return OsFileSystem(sync_process=config.journal_overlap_syncs)
 
     # ================================================================== state
 
@@ -190,7 +193,7 @@ class Bookie:
         if self._state != STOPPED:
             raise BookieStateError(f"bookie {self.bookie_id} is already started")
         if self._own_fs and self._fs_closed:
-            self.fs, self._fs_closed = self._new_os_fs(), False
+            self.fs, self._fs_closed = self._new_os_fs(self.config), False
         self.fs.makedirs(self.data_dir)
         self.instance_id = await self._check_cookie()
         store = LedgerStore(

@@ -127,8 +127,11 @@ class BookieProcess:
         await asyncio.to_thread(Path(cfg.data_dir).mkdir, parents=True, exist_ok=True)
         bookie_config = cfg.bookie_config
         if bookie_config is None:
-            # a bookie process hosts one bookie alone on its loop: its batches sync inline
-            bookie_config = BookieConfig(journal_inline_sync_max=INLINE_SYNC_ALWAYS)
+            # a bookie process hosts one bookie alone on its loop: a batch syncs inline when
+            # the loop has nothing else to do, else through the sync process while the loop
+            # completes the batch before it
+            bookie_config = BookieConfig(journal_inline_sync_max=INLINE_SYNC_ALWAYS,
+                                         journal_overlap_syncs=True)
         self.bookie = Bookie(
             self.bookie_id, cfg.data_dir, cookie_store=self.store, config=bookie_config
         )

@@ -117,6 +117,10 @@ class _Run:
         self.plan = faults.swarm(derive_rng(seed, "swarm"))
         self.workload = workload or Workload()
         self.liveness_bound = liveness_bound
+        # half the runs give their bookies overlapped journals (a batch completed while the
+        # next one syncs; buffers of 4+ records split in two), as `pybk bookie` runs them; a
+        # stream of its own, so the other draws of a seed stay what they were
+        self.overlapped_journals = derive_rng(seed, "journal").random() < 0.5
         self.trace: list[str] = []
         self.fault_counts: Counter[str] = Counter()
         self.coverage: Counter[str] = Counter()
@@ -132,7 +136,8 @@ class _Run:
                         reorder=self.plan.reorder, corrupt=self.plan.corrupt,
                         reset=self.plan.reset)
         self.cluster = SimCluster(seed, self.n, net=net, log=self.log, count=self.count_fault,
-                                  client_config=self._client_config())
+                                  client_config=self._client_config(),
+                                  bookie_config=self._bookie_config())
         self.cluster.on_bookie_started.append(self._audit_restart)
         self.cluster.network.observers.append(self._observe)
 
@@ -153,6 +158,13 @@ class _Run:
 
     def cover(self, marker: str) -> None:
         self.coverage[marker] += 1
+
+    def _bookie_config(self) -> Any:
+        if not self.overlapped_journals:
+            return None
+        from pybk.bookie import BookieConfig
+
+        return BookieConfig(journal_overlap_syncs=True, journal_overlap_split_min=2)
 
     @staticmethod
     def _client_config() -> Any:
@@ -551,7 +563,9 @@ class _Run:
         for sb in c.bookies.values():
             sb.fs.sync_delay = self.base_sync_delay
         self.log(f"seed {self.seed} topology E,Qw,Qa={self.topology} bookies={self.n} "
-                 f"sync_delay={self.base_sync_delay} plan: {self.plan.describe()}")
+                 f"sync_delay={self.base_sync_delay} "
+                 f"journal={'overlapped' if self.overlapped_journals else 'serial'} "
+                 f"plan: {self.plan.describe()}")
         await c.start()
         for _ in range(self.workload.writers):
             await self._spawn_writer()

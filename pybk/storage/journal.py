@@ -9,6 +9,16 @@ An idle journal never delays a lone append: the writer task wakes on the next lo
 and, if nothing else arrived during that iteration, writes at once. While appends keep arriving
 every iteration it keeps gathering, up to ``max_wait`` seconds (loop time) or the batch limits.
 
+Overlapped (``overlap_syncs``): when a sync returns and appends are waiting, the next batch is
+written and its sync *started* (``FileHandle.start_sync``) before the synced batch is completed
+(index updates, answers), so the loop's per-entry work runs while the disk syncs. With nothing
+waiting to be completed, a buffer of at least ``2 * overlap_split_min`` records is written in
+two halves: the second half then overlaps the first one's completion, and from there two
+cohorts of closed-loop writers take turns. Batches stay serial (a batch is written only after
+the previous sync returned) and an answer still comes only after the sync covering it. It pays
+only where a sync can start while the loop is busy: a helper process
+(:mod:`pybk.storage.syncer`), or the simulator's disks; a sync thread first has to win the GIL.
+
 A batch of at most ``inline_sync_max`` records is synced on the loop's own thread
 (``FileHandle.sync_inline``): the batch then pays one fdatasync instead of a sync plus two
 thread hand-offs. It is off (0) unless the owner says this journal is alone on its event loop
@@ -87,6 +97,8 @@ class Journal:
         max_batch_count: int = 8192,
         segment_size: int = 64 << 20,
         inline_sync_max: int = 0,
+        overlap_syncs: bool = False,
+        overlap_split_min: int = 32,
     ) -> None:
         self.fs = fs
         self.directory = directory
@@ -109,17 +121,24 @@ class Journal:
         self._batch_seq = 0
         self._position = Position(0, 0, 0)
         self._task: asyncio.Task[None] | None = None
-        #: tags and futures of the batch being written/synced
-        self._inflight: tuple[list[Any], list[asyncio.Future[None] | None]] = ([], [])
+        #: the batch being written or synced
+        self._inflight: _Batch | None = None
+        #: overlapped journal: the last batch, synced and not completed yet
+        self._done: _Batch | None = None
         self._wake: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
         self._closing = False
         #: The fatal error once the journal has failed (fsync error or crash); None while healthy.
         self.failed: BaseException | None = None
         self.inline_sync_max = inline_sync_max
+        #: complete each batch while the next one syncs (see the module docstring)
+        self.overlap_syncs = overlap_syncs
+        #: overlapped journal: a buffer of at least twice this many records, with nothing to
+        #: complete meanwhile, is written in two halves
+        self.overlap_split_min = max(1, overlap_split_min)
         self._new_future: Callable[[], asyncio.Future[None]] = _no_loop
         self.stats = {"batches": 0, "records": 0, "bytes": 0, "rotations": 0, "write_errors": 0,
-                      "inline_syncs": 0}
+                      "inline_syncs": 0, "overlapped": 0, "splits": 0}
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -246,6 +265,9 @@ class Journal:
         assert self._wake is not None and self._idle is not None
         loop = asyncio.get_running_loop()
         while True:
+            if not self._data and self._done is not None:
+                self._complete_done()  # its callbacks may buffer the next writes
+                continue
             if not self._data:
                 self._idle.set()
                 if self._closing:
@@ -277,6 +299,7 @@ class Journal:
                 return
             fh = self._fh
             if fh is not None and fh.size() >= self.segment_size:
+                self._complete_done()  # answer it now, not after the new segment's syncs
                 old_seq, old_size = self._seq, fh.size()
                 try:
                     await self._new_segment(old_seq + 1)
@@ -302,12 +325,13 @@ class Journal:
             return False
         return True
 
-    def _take(self) -> tuple[list[bytes], list[Any], list[asyncio.Future[None] | None]]:
-        n = len(self._data)
+    def _take(self, count: int = 0,
+              ) -> tuple[list[bytes], list[Any], list[asyncio.Future[None] | None]]:
+        n = count or len(self._data)
         if n > self.max_batch_count or self._bytes > self.max_batch_bytes:
             n = 0
             size = 0
-            for d in self._data:
+            for d in self._data[: count or len(self._data)]:
                 if n and (n >= self.max_batch_count or size + len(d) > self.max_batch_bytes):
                     break
                 size += len(d)
@@ -322,64 +346,106 @@ class Journal:
         return data, tags, futs
 
     async def _write_batch(self) -> None:
+        """Write one batch and sync it. Serial: called only once the previous batch is synced,
+        so only the newest batch of the active segment is ever unsynced.
+
+        Overlapped (``overlap_syncs``): the previous batch, synced but not yet completed, is
+        completed while this one syncs; this batch is then left for the next call (or the
+        loop, when nothing else is buffered) to complete."""
         fh = self._fh
         assert fh is not None
-        data, tags, futs = self._take()
-        self._inflight = (tags, futs)
-        before = fh.size()
-        ends = list(accumulate(map(len, data), initial=before + BATCH_HEADER_SIZE))
-        end = ends[-1]
-        tagged = [item for item in zip(tags, ends[1:], strict=True) if item[0] is not None]
-        try:
-            fh.write(encode_batch(self._batch_seq, b"".join(data)))
-        except OSError as exc:
-            self._write_failed(exc, before, tags, futs)
+        done = self._done
+        split = (self.overlap_syncs and done is None
+                 and len(self._data) >= 2 * self.overlap_split_min)
+        batch = self._write(fh, len(self._data) // 2 if split else 0)
+        if batch is None:
             return
-        self._batch_seq += 1
-        position = Position(self._seq, end, self._batch_seq)
         acked_early = mutations.ACK_BEFORE_FSYNC in mutations.ACTIVE
         if acked_early:  # deliberately broken build: acknowledge before the data is durable
-            self._complete(position, tagged, futs)
-            self._inflight = ([], [])  # answered: a crash now must not answer them again
+            self._complete_done()
+            done = None
+            self._complete(batch)
         try:
-            if self._sync_inline(len(data)) and fh.sync_inline():
+            if done is not None or split:
+                # overlap: the disk syncs this batch while the loop completes the last one
+                # (or, after a split, while the rest of the buffer waits for the next round)
+                syncing = fh.start_sync()
+                if done is not None:
+                    self._done = None
+                    self.stats["overlapped"] += 1
+                    self._complete(done)
+                else:
+                    self.stats["splits"] += 1
+                await syncing
+            elif self._sync_inline(batch.records) and fh.sync_inline():
                 self.stats["inline_syncs"] += 1
             else:
                 await fh.sync()
         except OSError as exc:
-            self._fatal(exc, f"fsync of {fh.path}", tags if not acked_early else [], futs)
+            self._fatal(exc, f"fsync of {fh.path}", batch)
             return
         except asyncio.CancelledError:
             raise
-        if not acked_early:
-            self._complete(position, tagged, futs)
-        self._inflight = ([], [])
+        self._inflight = None
         self.stats["batches"] += 1
-        self.stats["records"] += len(data)
-        self.stats["bytes"] += end - before
+        self.stats["records"] += batch.records
+        self.stats["bytes"] += batch.bytes
+        if batch.completed:
+            return
+        if self.overlap_syncs:
+            self._done = batch  # completed by the next batch's sync or by the loop
+        else:
+            self._complete(batch)
+
+    def _write(self, fh: FileHandle, count: int) -> _Batch | None:
+        """Write the first ``count`` buffered records (0: all the limits allow) as one batch;
+        None if the write failed (then the batch is answered with the error)."""
+        data, tags, futs = self._take(count)
+        before = fh.size()
+        payload = b"".join(data)
+        end = before + BATCH_HEADER_SIZE + len(payload)
+        ends = accumulate(map(len, data), initial=before + BATCH_HEADER_SIZE)
+        next(ends)  # each record's end offset: the running sizes after the batch header
+        tagged = [item for item in zip(tags, ends, strict=True) if item[0] is not None]
+        batch = _Batch(tags, tagged, futs, len(data), end - before)
+        self._inflight = batch
+        try:
+            fh.write(encode_batch(self._batch_seq, payload))
+        except OSError as exc:
+            self._write_failed(exc, before, batch)
+            return None
+        self._batch_seq += 1
+        batch.position = Position(self._seq, end, self._batch_seq)
+        return batch
 
     def _sync_inline(self, records: int) -> bool:
         """Sync this batch on the loop's thread? Only a batch of at most ``inline_sync_max``
         records (0: never): for such a batch the thread hop costs about half the sync."""
         return records <= self.inline_sync_max
 
-    def _complete(self, position: Position, tagged: list[tuple[Any, int]],
-                  futs: list[asyncio.Future[None] | None]) -> None:
+    def _complete(self, batch: _Batch) -> None:
         # Index update and position move happen together, synchronously: any observer sees
         # an index that reflects exactly the batches up to ``position`` (checkpoints rely on it).
-        self._position = position
-        if tagged:
-            self._on_synced(position.seg, tagged)
-        for fut in futs:
-            if fut is not None and not fut.done():
+        batch.completed = True
+        assert batch.position is not None
+        self._position = batch.position
+        if batch.tagged:
+            self._on_synced(batch.position.seg, batch.tagged)
+        for fut in filter(None, batch.futs):  # (None: an append without a future)
+            if not fut.done():
                 fut.set_result(None)
 
-    def _write_failed(self, exc: OSError, before: int, tags: list[Any],
-                      futs: list[asyncio.Future[None] | None]) -> None:
+    def _complete_done(self) -> None:
+        """Complete the synced batch an overlapped journal left for later, if any."""
+        done, self._done = self._done, None
+        if done is not None:
+            self._complete(done)
+
+    def _write_failed(self, exc: OSError, before: int, batch: _Batch) -> None:
         """A write failed (ENOSPC, EIO): drop whatever prefix reached the file so no garbage
         sits between batches, fail this batch, and keep going (or die if we cannot)."""
         self.stats["write_errors"] += 1
-        self._inflight = ([], [])
+        self._inflight = None
         assert self._fh is not None
         path = self._fh.path
         try:
@@ -388,35 +454,41 @@ class Journal:
                 self.fs.truncate(path, before)
                 self._fh = self.fs.open_append(path)
         except OSError as exc2:
-            self._fatal(exc2, f"truncating {path} after a failed write ({exc})", tags, futs)
+            self._fatal(exc2, f"truncating {path} after a failed write ({exc})", batch)
             return
         if exc.errno == errno.ENOSPC:
             err: Exception = ReadOnlyBookieError(f"journal write failed, disk full (ENOSPC): {exc}")
         else:
             err = IOBookieError(f"journal write to {path} failed: {exc}")
-        self._on_failed(tags, err)
-        _fail_futures(futs, err)
+        self._on_failed(batch.tags, err)
+        _fail_futures(batch.futs, err)
         self._on_write_error(exc)
 
-    def _fatal(self, exc: OSError, what: str, tags: list[Any] | None = None,
-               futs: list[asyncio.Future[None] | None] | None = None) -> None:
+    def _fatal(self, exc: OSError, what: str, batch: _Batch | None = None) -> None:
         err = JournalFailedError(f"journal failed: {what}: {exc}; no write covered by it "
                                  "is acknowledged and the journal accepts no more writes")
         self.failed = err
-        self._inflight = ([], [])
-        if tags:
-            self._on_failed(tags, err)
-        _fail_futures(futs or [], err)
+        self._inflight = None
+        if batch is not None and not batch.completed:
+            batch.completed = True
+            self._on_failed(batch.tags, err)
+            _fail_futures(batch.futs, err)
+        self._fail_inflight(err)  # an overlapped journal's synced, uncompleted batch
         self._fail_buffer(err)
         self._on_fatal(err)
 
     def _fail_inflight(self, exc: BaseException) -> None:
-        tags, futs = self._inflight
-        self._inflight = ([], [])
-        pending = [t for t, f in zip(tags, futs, strict=True) if f is None or not f.done()]
-        if pending:
-            self._on_failed(pending, exc)
-        _fail_futures(futs, exc)
+        """Fail the batches not answered yet: the one being written or synced and (overlapped
+        journal) the synced one not completed yet (a crash before its answers went out)."""
+        batches = [b for b in (self._done, self._inflight) if b is not None and not b.completed]
+        self._done = self._inflight = None
+        for batch in batches:
+            batch.completed = True
+            pending = [t for t, f in zip(batch.tags, batch.futs, strict=True)
+                       if f is None or not f.done()]
+            if pending:
+                self._on_failed(pending, exc)
+            _fail_futures(batch.futs, exc)
 
     def _fail_buffer(self, exc: BaseException) -> None:
         tags, futs = self._tags, self._futs
@@ -436,6 +508,24 @@ class Journal:
             assert self._position.offset <= self._fh.size()
 
 
+class _Batch:
+    """One batch on its way: written, then synced, then completed (answered) exactly once."""
+
+    __slots__ = ("bytes", "completed", "futs", "position", "records", "tagged", "tags")
+
+    def __init__(self, tags: list[Any], tagged: list[tuple[Any, int]],
+                 futs: list[asyncio.Future[None] | None], records: int, size: int) -> None:
+        self.tags = tags
+        self.tagged = tagged
+        self.futs = futs
+        self.records = records
+        self.bytes = size
+        #: where the segment ends after this batch (set once written)
+        self.position: Position | None = None
+        #: answered (successfully or not): never again
+        self.completed = False
+
+
 def _no_loop() -> asyncio.Future[None]:
     raise RuntimeError("journal is not open")
 
@@ -443,7 +533,7 @@ def _no_loop() -> asyncio.Future[None]:
 def _fail_futures(futs: list[asyncio.Future[None] | None], exc: BaseException) -> None:
     """Fail every pending future of ``futs`` (None: an append without one), each with its own
     copy of ``exc``, marked as retrieved (the caller may never look)."""
-    for fut in futs:
-        if fut is not None and not fut.done():
+    for fut in filter(None, futs):
+        if not fut.done():
             fut.set_exception(fresh_copy(exc))
             fut.exception()

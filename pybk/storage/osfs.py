@@ -6,6 +6,12 @@ exactly one loop wake-up (the executor future), never one per record. Several bo
 process each get their own ``OsFileSystem`` and so sync in parallel (syncs on different files
 overlap on the device; see research/perf.md section 2).
 
+With ``sync_process=True`` the data syncs go to a helper process instead
+(:mod:`pybk.storage.syncer`): a sync thread must win the GIL from a busy loop before its
+``fdatasync`` starts, a process does not, so the journal can complete one batch while the next
+one syncs. A bookie process (``pybk bookie``) uses it; directory fsyncs (rare) stay on the
+thread.
+
 ``sync_inline`` is the exception the journal asks for when a batch is tiny: a lone
 ``fdatasync`` run on the caller's thread saves the two thread hand-offs (~80 us on this kind of
 VM) at the price of blocking the loop for one small sync (~0.15-0.3 ms).
@@ -20,6 +26,7 @@ import os
 import shutil
 
 from pybk.storage.fs import FileHandle, FileSystem
+from pybk.storage.syncer import SyncProcess, start_sync_process
 
 
 class _OsFileHandle(FileHandle):
@@ -28,6 +35,7 @@ class _OsFileHandle(FileHandle):
         self._fs = fs
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         self._size = os.fstat(self._fd).st_size
+        self._sync_key = 0  # this file's key in the sync process, 0 until registered
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data)
@@ -39,7 +47,16 @@ class _OsFileHandle(FileHandle):
             view = view[written:]
 
     async def sync(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._fs._executor, os.fdatasync, self._fd)
+        await self.start_sync()
+
+    def start_sync(self) -> asyncio.Future[None]:
+        syncer = self._fs.sync_process
+        if syncer is not None:
+            if not self._sync_key:
+                self._sync_key = syncer.register(self._fd)
+            return syncer.sync(self._sync_key, self.path)
+        return asyncio.get_running_loop().run_in_executor(
+            self._fs._executor, os.fdatasync, self._fd)
 
     def sync_inline(self) -> bool:
         if not self._fs.inline_syncs:
@@ -51,6 +68,9 @@ class _OsFileHandle(FileHandle):
         return self._size
 
     def close(self) -> None:
+        if self._sync_key and self._fs.sync_process is not None:
+            self._fs.sync_process.unregister(self._sync_key)
+            self._sync_key = 0
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -68,9 +88,13 @@ class OsFileSystem(FileSystem):
     """The operating system's files. Reads use cached read-only descriptors and ``pread``."""
 
     def __init__(self, sync_executor: concurrent.futures.Executor | None = None, *,
-                 inline_syncs: bool = True) -> None:
+                 inline_syncs: bool = True, sync_process: bool = False) -> None:
         #: allow ``FileHandle.sync_inline`` (a caller's small syncs on its own thread)
         self.inline_syncs = inline_syncs
+        #: the helper process running data syncs (``sync_process=True``), else None: syncs
+        #: run on the thread (also when the helper cannot be started, which is logged)
+        self.sync_process: SyncProcess | None = (
+            start_sync_process() if sync_process else None)
         self._own_executor = sync_executor is None
         self._executor = sync_executor or concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="pybk-fsync"
@@ -138,5 +162,8 @@ class OsFileSystem(FileSystem):
     def close(self) -> None:
         for path in list(self._read_fds):
             self._forget(path)
+        if self.sync_process is not None:
+            self.sync_process.close()
+            self.sync_process = None
         if self._own_executor:
             self._executor.shutdown(wait=True)

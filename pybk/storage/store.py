@@ -33,6 +33,8 @@ from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn
 
+import crc32c
+
 from pybk.errors import (
     BadRequestError,
     BKError,
@@ -47,7 +49,7 @@ from pybk.errors import (
     UnknownLedgerStateError,
     fresh_copy,
 )
-from pybk.protocol import ENTRY_HEADER, ENTRY_HEADER_SIZE, parse_entry_header
+from pybk.protocol import ENTRY_HEADER_SIZE, parse_entry_header
 from pybk.storage.fs import FileSystem
 from pybk.storage.index import (
     Index,
@@ -58,6 +60,9 @@ from pybk.storage.index import (
 )
 from pybk.storage.journal import Journal, parse_segment_name, segment_name
 from pybk.storage.records import (
+    _ENTRY_CRC,
+    _ENTRY_TYPE,
+    RECORD_HEADER,
     SEGMENT_HEADER_SIZE,
     Record,
     RecordType,
@@ -94,6 +99,15 @@ class StoreConfig:
     #: :data:`INLINE_SYNC_ALWAYS`); 0, the default, keeps every sync on the sync thread so
     #: bookies sharing a loop (LocalCluster) overlap their syncs.
     journal_inline_sync_max: int = 0
+    #: complete each journal batch (index updates, answers) while the next one syncs, and
+    #: split a big buffer in two when there is nothing to complete meanwhile, so the disk and
+    #: the loop work at the same time under load. Only pays where a sync can start while the
+    #: loop is busy: a bookie that makes its own OS file system then syncs through a helper
+    #: process (``pybk.storage.syncer``); ``pybk bookie`` turns it on.
+    journal_overlap_syncs: bool = False
+    #: overlapped journal: a buffer of at least twice this many records is split in two when
+    #: nothing is waiting to be completed (two cohorts of writers then take turns)
+    journal_overlap_split_min: int = 32
     #: rotate the active journal segment past this size (bytes)
     segment_size: int = 64 << 20
     #: start even if a segment is corrupt mid-log (its data after the bad point is ignored and
@@ -178,6 +192,8 @@ class LedgerStore:
             max_batch_count=self.config.journal_max_batch_count,
             segment_size=self.config.segment_size,
             inline_sync_max=self.config.journal_inline_sync_max,
+            overlap_syncs=self.config.journal_overlap_syncs,
+            overlap_split_min=self.config.journal_overlap_split_min,
         )
 
     # ================================================================== start-up / shut-down
@@ -349,35 +365,31 @@ class LedgerStore:
 
     def _on_synced(self, seg: int, tagged: list[tuple[Any, int]]) -> None:
         # The hot path: once per entry, so the common case (a new entry of a live ledger)
-        # goes straight to EntryIndex.add_new rather than through put_entry.
+        # goes straight to EntryIndex.add_new rather than through put_entry, and the ledger's
+        # state comes with the tag (see _Tag) rather than from a lookup.
         index = self.index
-        ledgers = index.ledgers
         watched = self._watched
         live = 0
         last = None
-        st: LedgerState | None = None
         done: list[AddCallback] = []
         changed: list[int] = []
         for tag, end in tagged:
-            lid, eid, lac, size, on_done = tag
+            lid, eid, lac, size, on_done, st = tag
             if not size:
                 continue
             if on_done is not None:
                 done.append(on_done)
             if lid != last:
                 last = lid
-                st = ledgers.get(lid)
                 if watched is None or lid in watched:  # wake long polls once per run
                     changed.append(lid)
-            if st is None or st.deleted or eid in st.entries.locs:
-                if st is not None:
-                    st.pending.pop(eid, None)
+            if st.deleted or eid in (entries := st.entries).locs:
+                st.pending.pop(eid, None)
                 # rare paths (re-added/compacted entry, deleted ledger): the general code
                 index.put_entry(lid, eid, (seg, end - size, size), lac)
-                st = ledgers.get(lid)
                 continue
             st.pending.pop(eid, None)
-            st.entries.add_new(eid, (seg, end - size, size))
+            entries.add_new(eid, (seg, end - size, size))
             live += size
             if lac > st.max_piggyback_lac:
                 st.max_piggyback_lac = lac
@@ -411,7 +423,7 @@ class LedgerStore:
         for tag in tags:
             if tag is None:
                 continue
-            lid, eid, _lac, size, on_done = tag
+            lid, eid, _lac, size, on_done, _st = tag
             if size:
                 st = self.index.get(lid)
                 if st is not None:
@@ -460,23 +472,20 @@ class LedgerStore:
         in the index, else the error. It runs synchronously inside the journal's batch
         completion (no future, no loop callback per entry), so it must be quick and must not
         raise; it may already have run when ``add_entry`` returns."""
-        if len(body) < ENTRY_HEADER_SIZE:
-            raise BadRequestError(f"ledger {ledger_id} entry {entry_id}: entry of {len(body)} "
-                                  f"bytes is shorter than the {ENTRY_HEADER_SIZE}-byte header")
-        blid, beid, lac, _length = _unpack_entry_header(body)
+        try:
+            blid, beid, lac = _unpack_entry_ids_lac(body)
+        except struct.error:  # shorter than the header (the length test, paid only here)
+            raise BadRequestError(
+                f"ledger {ledger_id} entry {entry_id}: entry of {len(body)} bytes is shorter "
+                f"than the {ENTRY_HEADER_SIZE}-byte header") from None
         if blid != ledger_id or beid != entry_id or entry_id < 0:
             raise BadRequestError(
                 f"add of ({ledger_id}, {entry_id}) carries an entry framed as ({blid}, {beid})")
         st = self.index.ledgers.get(ledger_id)
-        if st is not None:
-            if st.deleted:
-                raise LedgerFencedError(f"ledger {ledger_id} was deleted on this bookie")
-            if st.master_key is not None and st.master_key != master_key:
-                raise UnauthorizedError(f"ledger {ledger_id}: master key does not match")
-            if st.fenced and not recovery:
-                raise LedgerFencedError(f"ledger {ledger_id} is fenced")
-        else:
-            st = self.index.ledger(ledger_id)
+        # The common case in one test: a live, unfenced ledger whose key matches. Anything
+        # else (new ledger, no key yet, deleted, fenced, wrong key) takes the general checks.
+        if st is None or st.deleted or st.fenced or st.master_key != master_key:
+            st = self._add_checks(ledger_id, st, master_key, recovery)
         pending = st.pending.get(entry_id)
         if pending is not None:
             if pending != body:
@@ -491,10 +500,25 @@ class LedgerStore:
         journal = self.journal
         if st.master_key is None:
             journal.append_nowait(self._key_record(ledger_id, st, master_key),
-                                  (ledger_id, -1, -1, 0, None))
-        rec = encode_entry(body)
-        journal.append_nowait(rec, (ledger_id, entry_id, lac, len(rec), on_done))
+                                  (ledger_id, -1, -1, 0, None, st))
+        # encode_entry inlined (the hot path): record header + the framed body
+        rec = _pack_record_header(len(body), _crc32c(body, _ENTRY_CRC), _ENTRY_TYPE) + body
+        journal.append_nowait(rec, (ledger_id, entry_id, lac, len(rec), on_done, st))
         st.pending[entry_id] = body
+
+    def _add_checks(self, ledger_id: int, st: LedgerState | None, master_key: bytes,
+                    recovery: bool) -> LedgerState:
+        """The refusals of :meth:`add_entry` (deleted, wrong key, fenced), in their order; the
+        ledger's state, created if unknown."""
+        if st is not None:
+            if st.deleted:
+                raise LedgerFencedError(f"ledger {ledger_id} was deleted on this bookie")
+            if st.master_key is not None and st.master_key != master_key:
+                raise UnauthorizedError(f"ledger {ledger_id}: master key does not match")
+            if st.fenced and not recovery:
+                raise LedgerFencedError(f"ledger {ledger_id} is fenced")
+            return st
+        return self.index.ledger(ledger_id)
 
     def _add_existing(self, ledger_id: int, entry_id: int, body: bytes, lac: int,
                       on_done: AddCallback) -> None:
@@ -506,8 +530,9 @@ class LedgerStore:
             stored = None  # the local copy is damaged: store the new copy (repair)
         if stored is None:
             rec = encode_entry(body)
-            self.journal.append_nowait(rec, (ledger_id, entry_id, lac, len(rec), on_done))
-            self.index.ledger(ledger_id).pending[entry_id] = body
+            st = self.index.ledger(ledger_id)
+            self.journal.append_nowait(rec, (ledger_id, entry_id, lac, len(rec), on_done, st))
+            st.pending[entry_id] = body
             return
         if stored != body:
             raise EntryExistsError(
@@ -535,7 +560,7 @@ class LedgerStore:
         key_rec = self._key_record(ledger_id, st, master_key)
         st.fenced = True
         if key_rec:
-            self.journal.append(key_rec, (ledger_id, -1, -1, 0, None))
+            self.journal.append(key_rec, (ledger_id, -1, -1, 0, None, st))
         fut = self.journal.append(encode_fence(ledger_id))
         self._fence_futs[ledger_id] = fut
         fut.add_done_callback(lambda _f: self._fence_settled(ledger_id, fut))
@@ -559,7 +584,7 @@ class LedgerStore:
             st = self.index.ledger(ledger_id)
         key_rec = self._key_record(ledger_id, st, master_key)
         if key_rec:
-            self.journal.append(key_rec, (ledger_id, -1, -1, 0, None))
+            self.journal.append(key_rec, (ledger_id, -1, -1, 0, None, st))
         fut = self.journal.append(encode_explicit_lac(ledger_id, lac, body))
         if lac >= st.explicit_lac:
             st.explicit_lac, st.explicit_lac_body = lac, body
@@ -716,7 +741,7 @@ class LedgerStore:
             self.fs, self.journal_path(seq), seq, self.instance_id, start=None, batch_seq=0,
             is_last=False, allow_suspect=False, apply=lambda rec, _seg: records.append(rec),
         )
-        out: list[tuple[bytes, tuple[int, int, int, int, None] | None]] = []
+        out: list[tuple[bytes, _Tag | None]] = []
         meta: list[int] = []
         for rec in records:
             if rec.ledger_id < 0:
@@ -729,7 +754,7 @@ class LedgerStore:
                 if loc is not None and loc[0] == seq and loc[1] == rec.offset:
                     data = encode_entry(rec.data)
                     out.append((data, (rec.ledger_id, rec.entry_id,
-                                       _piggyback_lac(rec.data), len(data), None)))
+                                       _piggyback_lac(rec.data), len(data), None, st)))
             elif rec.ledger_id not in meta:
                 meta.append(rec.ledger_id)
         for lid in meta:
@@ -763,7 +788,19 @@ class LedgerStore:
 
 #: ``on_done(error)`` of :meth:`LedgerStore.add`: None once durable, else the error
 AddCallback = Callable[[BaseException | None], None]
-_unpack_entry_header = ENTRY_HEADER.unpack_from
+#: The journal tag of a record the store writes: (ledger id, entry id, piggybacked LAC,
+#: record size, add callback, the ledger's state). A MASTER_KEY record's has entry id -1 and
+#: size 0 (it is not an entry). The state is the ledger's one LedgerState object, which
+#: ``Index`` keeps for the ledger's whole life (a deletion marks it, never replaces it; only
+#: ``open`` replaces the index, before any write), so batch completion needs no lookup.
+_Tag = tuple[int, int, int, int, "AddCallback | None", LedgerState]
+#: the ids and piggybacked LAC of a framed entry's header (its length field skipped, not
+#: converted), needing the whole header like ENTRY_HEADER
+_ENTRY_IDS_LAC = struct.Struct(">qqq8x")
+assert _ENTRY_IDS_LAC.size == ENTRY_HEADER_SIZE
+_unpack_entry_ids_lac = _ENTRY_IDS_LAC.unpack_from
+_pack_record_header = RECORD_HEADER.pack
+_crc32c = crc32c.crc32c
 
 
 def _notify(on_done: AddCallback, error: BaseException | None, lid: int, eid: int) -> None:

@@ -53,6 +53,7 @@ class Model:
 
 
 class BookieMachine(RuleBasedStateMachine):
+    config = CONFIG
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
@@ -67,7 +68,7 @@ class BookieMachine(RuleBasedStateMachine):
         return self.loop.run_until_complete(coro)
 
     def _start(self) -> Bookie:
-        b = Bookie("b1", "/d", fs=self.fs, config=CONFIG, rng=random.Random(3))
+        b = Bookie("b1", "/d", fs=self.fs, config=self.config, rng=random.Random(3))
         self.run(b.start())
         return b
 
@@ -288,3 +289,15 @@ BookieMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_bookie_state_machine = BookieMachine.TestCase
+
+
+class OverlappedBookieMachine(BookieMachine):
+    """The same machine over an overlapped journal: a batch is completed while the next one
+    syncs, and buffers of four or more records are split in two."""
+
+    config = BookieConfig(segment_size=900, disk_check_interval=0, checkpoint_interval=0,
+                          journal_overlap_syncs=True, journal_overlap_split_min=2)
+
+
+OverlappedBookieMachine.TestCase.settings = BookieMachine.TestCase.settings
+test_overlapped_bookie_state_machine = OverlappedBookieMachine.TestCase

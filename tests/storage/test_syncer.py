@@ -1,0 +1,140 @@
+"""The sync process (``OsFileSystem(sync_process=True)``): syncs real files, in order, and
+when it fails or dies nothing is reported durable that may not be."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+import random
+import signal
+
+import pytest
+
+from pybk.bookie import READ_ONLY, Bookie, BookieConfig
+from pybk.errors import JournalFailedError, ReadOnlyBookieError
+from pybk.protocol import DigestManager, master_key
+from pybk.storage.fs import OsFileSystem
+from pybk.storage.syncer import SyncProcess
+
+KEY = master_key(b"sync")
+
+
+def _open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+async def test_files_sync_through_the_process_in_order(tmp_path):
+    fs = OsFileSystem(sync_process=True)
+    try:
+        syncer = fs.sync_process
+        assert syncer is not None and syncer.pid is not None
+        a = fs.open_append(str(tmp_path / "a"))
+        b = fs.open_append(str(tmp_path / "b"))
+        started = []
+        for i in range(20):
+            (a if i % 2 else b).write(b"x" * 100)
+            started.append((a if i % 2 else b).start_sync())
+        await asyncio.wait_for(asyncio.gather(*started), 10)
+        assert syncer.stats["syncs"] == 20
+        await asyncio.wait_for(a.sync(), 10)  # the coroutine form goes the same way
+        assert syncer.stats["syncs"] == 21
+        a.close()
+        b.close()
+    finally:
+        fs.close()
+
+
+async def test_a_sync_of_an_unknown_file_fails_with_ebadf():
+    syncer = SyncProcess()
+    try:
+        with pytest.raises(OSError) as info:
+            await asyncio.wait_for(syncer.sync(999, "/nowhere"), 10)
+        assert info.value.errno == errno.EBADF and "/nowhere" in str(info.value)
+    finally:
+        syncer.close()
+
+
+async def test_the_process_closes_its_copy_when_the_file_is_closed(tmp_path):
+    fs = OsFileSystem(sync_process=True)
+    try:
+        syncer = fs.sync_process
+        assert syncer is not None and syncer.pid is not None
+        keep = fs.open_append(str(tmp_path / "keep"))
+        await asyncio.wait_for(keep.start_sync(), 10)
+        before = _open_fds(syncer.pid)
+        fh = fs.open_append(str(tmp_path / "f"))
+        await asyncio.wait_for(fh.start_sync(), 10)
+        assert _open_fds(syncer.pid) == before + 1
+        fh.close()
+        await asyncio.wait_for(keep.start_sync(), 10)  # answered after the close request
+        assert _open_fds(syncer.pid) == before
+        keep.close()
+    finally:
+        fs.close()
+
+
+async def test_a_dead_process_fails_the_unanswered_sync_and_every_later_one(tmp_path):
+    fs = OsFileSystem(sync_process=True)
+    try:
+        syncer = fs.sync_process
+        assert syncer is not None and syncer.pid is not None
+        fh = fs.open_append(str(tmp_path / "f"))
+        await asyncio.wait_for(fh.start_sync(), 10)
+        os.kill(syncer.pid, signal.SIGSTOP)  # the next sync stays unanswered...
+        fh.write(b"y" * 10)
+        pending = fh.start_sync()
+        os.kill(syncer.pid, signal.SIGKILL)  # ...and the process dies with it
+        with pytest.raises(OSError) as info:
+            await asyncio.wait_for(pending, 10)
+        assert info.value.errno == errno.EIO and "not confirmed" in str(info.value)
+        with pytest.raises(OSError) as later:
+            await asyncio.wait_for(fh.start_sync(), 10)
+        assert later.value.errno == errno.EIO
+        fh.close()
+    finally:
+        fs.close()
+
+
+async def test_closing_the_file_system_stops_the_process():
+    fs = OsFileSystem(sync_process=True)
+    syncer = fs.sync_process
+    assert syncer is not None
+    proc = syncer._proc
+    assert proc is not None and proc.poll() is None
+    fs.close()
+    assert proc.poll() is not None and fs.sync_process is None
+
+
+async def test_a_bookie_whose_sync_process_dies_acknowledges_nothing_more(tmp_path):
+    """Every batch syncs through the process here (no inline syncs). When it dies the journal
+    fails: the bookie turns read-only, the adds in flight get the error, and what was
+    acknowledged before is there after a restart."""
+    config = BookieConfig(disk_check_interval=0, checkpoint_interval=0,
+                          journal_overlap_syncs=True, journal_overlap_split_min=2)
+    b = Bookie("b1", str(tmp_path / "data"), config=config, rng=random.Random(1))
+    await b.start()
+    dm = DigestManager(1)
+    acked = []
+    for eid in range(10):
+        await asyncio.wait_for(b.add(1, eid, KEY, dm.frame(eid, eid - 1, 0, b"v%d" % eid)), 10)
+        acked.append(eid)
+    syncer = b.fs.sync_process  # type: ignore[attr-defined]
+    assert syncer is not None and syncer.stats["syncs"] >= 10 and syncer.pid is not None
+    os.kill(syncer.pid, signal.SIGKILL)
+    syncer._proc.wait(10)
+    with pytest.raises((JournalFailedError, ReadOnlyBookieError)):
+        await asyncio.wait_for(b.add(1, 10, KEY, dm.frame(10, 9, 0, b"v10")), 10)
+    assert b.state == READ_ONLY
+    with pytest.raises(ReadOnlyBookieError):
+        await asyncio.wait_for(b.add(1, 11, KEY, dm.frame(11, 10, 0, b"v11")), 10)
+    await b.stop()
+    again = Bookie("b1", str(tmp_path / "data"), config=config, rng=random.Random(1))
+    await again.start()
+    try:
+        for eid in acked:
+            assert again.store is not None
+            assert again.store.read(1, eid) == dm.frame(eid, eid - 1, 0, b"v%d" % eid)
+        await asyncio.wait_for(again.add(1, 11, KEY, dm.frame(11, 10, 0, b"v11")), 10)
+    finally:
+        await again.stop()
