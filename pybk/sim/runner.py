@@ -602,6 +602,12 @@ class _Run:
                 pending_eio.clear()
         for p in self.processes:
             p.stop()
+        for sb in c.bookies.values():  # coverage: did overlapped journals overlap and split?
+            store = sb.bookie.store if sb.status == "up" and sb.bookie is not None else None
+            if store is not None:
+                for stat in ("overlapped", "splits"):
+                    if store.journal.stats[stat]:
+                        self.coverage[f"journal_batches_{stat}"] += store.journal.stats[stat]
         # Bookies: restart the ones that can; bounce the up ones (journal may have failed).
         for bid, sb in c.bookies.items():
             if sb.status == "up" and sb.bookie is not None and sb.bookie.state != "writable":

@@ -40,8 +40,13 @@ async def check_filesystem(fs: FileSystem, root: str) -> None:
     assert fh.size() == 15
     fh.write(b"!")
     await fh.sync()
+    fh.write(b"?")
+    started = fh.start_sync()  # begun now; awaiting it gives the outcome
+    fh.write(b"+")  # writing while that sync runs is allowed (the next sync covers it)
+    await started
+    await fh.start_sync()
     fh.close()
-    assert fs.read_file(a) == b"hello big world!"
+    assert fs.read_file(a) == b"hello big world!?+"
 
     fs.truncate(a, 5)
     assert fs.read_file(a) == b"hello"

@@ -12,10 +12,11 @@ from pybk.storage.fs import FileSystem, MemFileSystem, OsFileSystem, SimulatedCr
 from pybk.testing.fs_conformance import check_filesystem
 
 
-@pytest.fixture(params=["os", "mem"])
+@pytest.fixture(params=["os", "os+sync-process", "mem"])
 def any_fs(request: pytest.FixtureRequest, tmp_path):  # type: ignore[no-untyped-def]
-    fs: FileSystem = OsFileSystem() if request.param == "os" else MemFileSystem()
-    root = str(tmp_path) if request.param == "os" else "/data"
+    fs: FileSystem = (MemFileSystem() if request.param == "mem"
+                      else OsFileSystem(sync_process=request.param == "os+sync-process"))
+    root = str(tmp_path) if request.param != "mem" else "/data"
     fs.makedirs(root)
     yield fs, root
     fs.close()
