@@ -106,8 +106,9 @@ class StoreConfig:
     #: process (``pybk.storage.syncer``); ``pybk bookie`` turns it on.
     journal_overlap_syncs: bool = False
     #: overlapped journal: a buffer of at least twice this many records is split in two when
-    #: nothing is waiting to be completed (two cohorts of writers then take turns)
-    journal_overlap_split_min: int = 32
+    #: nothing is waiting to be completed (two cohorts of writers then take turns), and a
+    #: synced batch of fewer is answered before the next write (see pybk.storage.journal)
+    journal_overlap_split_min: int = 100
     #: rotate the active journal segment past this size (bytes)
     segment_size: int = 64 << 20
     #: start even if a segment is corrupt mid-log (its data after the bad point is ignored and
