@@ -128,3 +128,43 @@ async def test_a_lone_add_is_not_split_or_delayed():
     assert stats["splits"] == 0 and stats["overlapped"] == 0
     assert stats["batches"] >= 3  # the master key record may ride with the first entry
     await s.close()
+
+
+async def test_small_cohorts_merge_back_into_one_batch():
+    """Ten writers split into two cohorts of five; three of the first cohort stop early.
+    Its remaining two are below ``journal_overlap_split_min`` (4): that batch is answered
+    before the next write, its writers' next records join the other cohort's, and from
+    then on all seven writers share each batch (serial again: nothing split or overlapped)."""
+    fs = MemFileSystem()
+    s = LedgerStore(fs, "/data", IID, StoreConfig(journal_overlap_syncs=True,
+                                                  journal_overlap_split_min=4))
+    await s.open()
+    w = ChainedWriters(s, fs, writers=10, per_writer=40, snapshot=False)
+    stop_early = {1, 2, 3}
+    send = w.send
+
+    def send_unless_stopped(lid: int, eid: int) -> None:
+        if lid in stop_early and eid >= 3:
+            w.answers[(lid, eid)] += 1  # counted as done: this writer leaves
+            w.running -= 1
+            return
+        send(lid, eid)
+
+    w.send = send_unless_stopped  # type: ignore[method-assign]
+    sizes: list[int] = []  # entries per completed batch, in order
+    on_synced = s.journal._on_synced
+
+    def record_size(seg: int, tagged: list) -> None:  # type: ignore[type-arg]
+        sizes.append(sum(1 for tag, _end in tagged if tag[3]))
+        on_synced(seg, tagged)
+
+    s.journal._on_synced = record_size  # type: ignore[method-assign]
+    await asyncio.wait_for(w.finished, 10)
+    stats = s.journal.stats
+    assert stats["splits"] >= 1 and stats["overlapped"] >= 1  # the cohorts existed
+    assert 5 in sizes[:10]  # cohorts of five at first...
+    # ...then all seven writers in each batch (the last batch holds only the cohort that was
+    # one entry behind: its writers finish one batch after the others)
+    assert sizes[-21:-1] == [7] * 20, str(sizes)
+    assert not w.errors
+    await s.close()
