@@ -18,9 +18,9 @@ cohorts of closed-loop writers take turns. Halves must be big: a smaller one cos
 sync and two process hand-offs for less work than it hides (measured here with 100 B entries:
 halves of 128 records gained 9-21%, of 64 records anything from -25% to +10%), so a synced
 batch of fewer than ``overlap_split_min`` records is completed before the next write, and the
-two cohorts merge back into one when the load drops. Batches stay serial (a batch is written only after
-the previous sync returned) and an answer still comes only after the sync covering it. It pays
-only where a sync can start while the loop is busy: a helper process
+two cohorts merge back into one when the load drops. Batches stay serial (a batch is written
+only after the previous sync returned) and an answer still comes only after the sync covering
+it. It pays only where a sync can start while the loop is busy: a helper process
 (:mod:`pybk.storage.syncer`), or the simulator's disks; a sync thread first has to win the GIL.
 
 A batch of at most ``inline_sync_max`` records is synced on the loop's own thread
