@@ -231,3 +231,58 @@ def test_layer_commands_are_registered():
 
     has_sim_cli = importlib.util.find_spec("pybk.sim.cli") is not None
     assert ("simulate" in main.commands) == has_sim_cli
+
+
+def _children(pid: int) -> list[int]:
+    """Live (not zombie) child processes of ``pid``, from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append(int(entry))
+    return out
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2:].split()[0] == "Z"  # exited, not reaped (yet)
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
+def test_a_bookie_process_sync_helper_ends_with_it(tmp_path, how):
+    """`pybk bookie` syncs its journal through a helper process (pybk.storage.syncer). It must
+    not outlive the bookie: a clean stop closes it, and a killed bookie's helper sees its
+    socket close and exits."""
+    import signal
+    import time
+
+    from pybk.cli import spawn_bookie, wait_ready
+
+    root = tmp_path / "c"
+    proc = spawn_bookie(root, "b1", f"sqlite://{tmp_path / 'meta.db'}")
+    try:
+        wait_ready(root, "b1", proc, 60)
+        helpers = [c for c in _children(proc.pid)
+                   if "_sync_child.py" in Path(f"/proc/{c}/cmdline").read_text()]
+        assert len(helpers) == 1, helpers
+        proc.send_signal(getattr(signal, how))
+        proc.wait(30)
+        deadline = time.monotonic() + 30
+        while not _gone(helpers[0]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _gone(helpers[0]), f"sync helper {helpers[0]} outlived its bookie ({how})"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
