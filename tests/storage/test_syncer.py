@@ -24,25 +24,30 @@ def _open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-async def test_files_sync_through_the_process_in_order(tmp_path):
+@pytest.fixture
+def sync_fs():  # type: ignore[no-untyped-def]
+    """An OsFileSystem syncing through a helper process, and that helper."""
     fs = OsFileSystem(sync_process=True)
-    try:
-        syncer = fs.sync_process
-        assert syncer is not None and syncer.pid is not None
-        a = fs.open_append(str(tmp_path / "a"))
-        b = fs.open_append(str(tmp_path / "b"))
-        started = []
-        for i in range(20):
-            (a if i % 2 else b).write(b"x" * 100)
-            started.append((a if i % 2 else b).start_sync())
-        await asyncio.wait_for(asyncio.gather(*started), 10)
-        assert syncer.stats["syncs"] == 20
-        await asyncio.wait_for(a.sync(), 10)  # the coroutine form goes the same way
-        assert syncer.stats["syncs"] == 21
-        a.close()
-        b.close()
-    finally:
-        fs.close()
+    syncer = fs.sync_process
+    assert syncer is not None and syncer.pid is not None
+    yield fs, syncer
+    fs.close()
+
+
+async def test_files_sync_through_the_process_in_order(tmp_path, sync_fs):
+    fs, syncer = sync_fs
+    a = fs.open_append(str(tmp_path / "a"))
+    b = fs.open_append(str(tmp_path / "b"))
+    started = []
+    for i in range(20):
+        (a if i % 2 else b).write(b"x" * 100)
+        started.append((a if i % 2 else b).start_sync())
+    await asyncio.wait_for(asyncio.gather(*started), 10)
+    assert syncer.stats["syncs"] == 20
+    await asyncio.wait_for(a.sync(), 10)  # the coroutine form goes the same way
+    assert syncer.stats["syncs"] == 21
+    a.close()
+    b.close()
 
 
 async def test_a_sync_of_an_unknown_file_fails_with_ebadf():
@@ -55,45 +60,36 @@ async def test_a_sync_of_an_unknown_file_fails_with_ebadf():
         syncer.close()
 
 
-async def test_the_process_closes_its_copy_when_the_file_is_closed(tmp_path):
-    fs = OsFileSystem(sync_process=True)
-    try:
-        syncer = fs.sync_process
-        assert syncer is not None and syncer.pid is not None
-        keep = fs.open_append(str(tmp_path / "keep"))
-        await asyncio.wait_for(keep.start_sync(), 10)
-        before = _open_fds(syncer.pid)
-        fh = fs.open_append(str(tmp_path / "f"))
-        await asyncio.wait_for(fh.start_sync(), 10)
-        assert _open_fds(syncer.pid) == before + 1
-        fh.close()
-        await asyncio.wait_for(keep.start_sync(), 10)  # answered after the close request
-        assert _open_fds(syncer.pid) == before
-        keep.close()
-    finally:
-        fs.close()
+async def test_the_process_closes_its_copy_when_the_file_is_closed(tmp_path, sync_fs):
+    fs, syncer = sync_fs
+    keep = fs.open_append(str(tmp_path / "keep"))
+    await asyncio.wait_for(keep.start_sync(), 10)
+    before = _open_fds(syncer.pid)
+    fh = fs.open_append(str(tmp_path / "f"))
+    await asyncio.wait_for(fh.start_sync(), 10)
+    assert _open_fds(syncer.pid) == before + 1
+    fh.close()
+    await asyncio.wait_for(keep.start_sync(), 10)  # answered after the close request
+    assert _open_fds(syncer.pid) == before
+    keep.close()
 
 
-async def test_a_dead_process_fails_the_unanswered_sync_and_every_later_one(tmp_path):
-    fs = OsFileSystem(sync_process=True)
-    try:
-        syncer = fs.sync_process
-        assert syncer is not None and syncer.pid is not None
-        fh = fs.open_append(str(tmp_path / "f"))
+async def test_a_dead_process_fails_the_unanswered_sync_and_every_later_one(tmp_path,
+                                                                             sync_fs):
+    fs, syncer = sync_fs
+    fh = fs.open_append(str(tmp_path / "f"))
+    await asyncio.wait_for(fh.start_sync(), 10)
+    os.kill(syncer.pid, signal.SIGSTOP)  # the next sync stays unanswered...
+    fh.write(b"y" * 10)
+    pending = fh.start_sync()
+    os.kill(syncer.pid, signal.SIGKILL)  # ...and the process dies with it
+    with pytest.raises(OSError) as info:
+        await asyncio.wait_for(pending, 10)
+    assert info.value.errno == errno.EIO and "not confirmed" in str(info.value)
+    with pytest.raises(OSError) as later:
         await asyncio.wait_for(fh.start_sync(), 10)
-        os.kill(syncer.pid, signal.SIGSTOP)  # the next sync stays unanswered...
-        fh.write(b"y" * 10)
-        pending = fh.start_sync()
-        os.kill(syncer.pid, signal.SIGKILL)  # ...and the process dies with it
-        with pytest.raises(OSError) as info:
-            await asyncio.wait_for(pending, 10)
-        assert info.value.errno == errno.EIO and "not confirmed" in str(info.value)
-        with pytest.raises(OSError) as later:
-            await asyncio.wait_for(fh.start_sync(), 10)
-        assert later.value.errno == errno.EIO
-        fh.close()
-    finally:
-        fs.close()
+    assert later.value.errno == errno.EIO
+    fh.close()
 
 
 async def test_closing_the_file_system_stops_the_process():
