@@ -513,6 +513,8 @@ class Journal:
         """Assert internal invariants (stateful tests)."""
         assert len(self._data) == len(self._tags) == len(self._futs)
         assert self._bytes == sum(len(d) for d in self._data)
+        if self._done is not None:  # a synced batch awaiting its answers: overlapped only
+            assert self.overlap_syncs and not self._done.completed
         if self._fh is not None and self.failed is None:
             assert self._position.seg == self._seq
             assert self._position.offset <= self._fh.size()
