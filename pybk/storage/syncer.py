@@ -158,11 +158,16 @@ class SyncProcess:
                 return
             _key, path, fut = self._waiting.popleft()
             if fut.done():
+                if not self._waiting:
+                    return
                 continue
             if code:
                 fut.set_exception(OSError(code, f"fdatasync of {path}: {os.strerror(code)}"))
             else:
                 fut.set_result(None)
+            if not self._waiting:
+                return  # nothing else expected: skip the read that would only say EAGAIN
+                # (anything unexpected still on the socket wakes us again and is refused)
 
     def _status(self) -> str:
         proc = self._proc

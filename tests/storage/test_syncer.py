@@ -134,3 +134,22 @@ async def test_a_bookie_whose_sync_process_dies_acknowledges_nothing_more(tmp_pa
         await asyncio.wait_for(again.add(1, 11, KEY, dm.frame(11, 10, 0, b"v11")), 10)
     finally:
         await again.stop()
+
+
+async def test_an_answer_nobody_asked_for_ends_the_helper_loudly(tmp_path, sync_fs):
+    """Answers must match requests one to one; a stray one means the channel cannot be
+    trusted: the helper is dropped and syncs fail with EIO (never a silent success)."""
+    fs, syncer = sync_fs
+    fh = fs.open_append(str(tmp_path / "f"))
+    await asyncio.wait_for(fh.start_sync(), 10)
+    assert syncer._sock is not None
+    syncer._sock.send(b"S" + (1).to_bytes(4, "big"))  # a request with no waiter behind it
+    for _ in range(1000):  # bounded: the stray answer arrives and is refused
+        if syncer.failed is not None:
+            break
+        await asyncio.sleep(0.01)
+    assert syncer.failed is not None and "out of order" in str(syncer.failed)
+    with pytest.raises(OSError) as info:
+        await asyncio.wait_for(fh.start_sync(), 10)
+    assert info.value.errno == errno.EIO
+    fh.close()
