@@ -12,6 +12,8 @@ import asyncio
 import uuid
 from collections import Counter
 
+import pytest
+
 from pybk.errors import JournalFailedError
 from pybk.protocol import DigestManager
 from pybk.storage.fs import MemFileSystem
@@ -168,3 +170,27 @@ async def test_small_cohorts_merge_back_into_one_batch():
     assert sizes[-21:-1] == [7] * 20, str(sizes)
     assert not w.errors
     await s.close()
+
+
+@pytest.mark.parametrize("sync_process", [True, False], ids=["helper", "thread"])
+async def test_overlapped_journal_on_real_files(tmp_path, sync_process):
+    """On OS files, through the sync helper or (its fallback) the sync thread: every add is
+    answered once, and everything answered is read back after a restart."""
+    from pybk.storage.fs import OsFileSystem
+
+    fs = OsFileSystem(sync_process=sync_process)
+    try:
+        s = LedgerStore(fs, str(tmp_path), IID, CONFIG)
+        await s.open()
+        w = ChainedWriters(s, fs, writers=16, per_writer=30, snapshot=False)  # type: ignore[arg-type]
+        await asyncio.wait_for(w.finished, 30)
+        assert set(w.answers.values()) == {1} and not w.errors
+        assert s.journal.stats["overlapped"] > 0
+        await s.close()
+        again = LedgerStore(fs, str(tmp_path), IID, CONFIG)
+        await again.open()
+        for lid, eid in w.answers:
+            assert again.read(lid, eid) == body(lid, eid)
+        await again.close()
+    finally:
+        fs.close()
