@@ -52,11 +52,11 @@ from pybk.errors import (
 from pybk.protocol import ENTRY_HEADER_SIZE, parse_entry_header
 from pybk.storage.fs import FileSystem
 from pybk.storage.index import (
+    CheckpointEncoder,
     Index,
     LedgerState,
     Position,
     decode_checkpoint,
-    encode_checkpoint,
 )
 from pybk.storage.journal import Journal, parse_segment_name, segment_name
 from pybk.storage.records import (
@@ -680,8 +680,12 @@ class LedgerStore:
 
     async def _checkpoint_locked(self) -> Position:
         pos = self.journal.position
-        data = encode_checkpoint(self.index, pos)  # synchronous: a consistent snapshot
+        # the snapshot is taken here, synchronously: the checkpoint is the index at ``pos``
+        encoder = CheckpointEncoder(self.index, pos)
         dead = list(self._dead)
+        for _ in encoder.steps():
+            await asyncio.sleep(0)  # a big index is encoded in steps: keep serving between
+        data = encoder.result()
         data += struct.pack(f">{len(dead)}Q", *dead) + _DEAD.pack(len(dead))
         await self.fs.write_file_atomic(self.checkpoint_path, data)
         self._cp_pos = pos
