@@ -60,8 +60,8 @@ from pybk.storage.index import (
 )
 from pybk.storage.journal import Journal, parse_segment_name, segment_name
 from pybk.storage.records import (
-    _ENTRY_CRC,
-    _ENTRY_TYPE,
+    ENTRY_CRC_SEED,
+    ENTRY_TYPE_CODE,
     RECORD_HEADER,
     SEGMENT_HEADER_SIZE,
     Record,
@@ -503,7 +503,7 @@ class LedgerStore:
             journal.append_nowait(self._key_record(ledger_id, st, master_key),
                                   (ledger_id, -1, -1, 0, None, st))
         # encode_entry inlined (the hot path): record header + the framed body
-        rec = _pack_record_header(len(body), _crc32c(body, _ENTRY_CRC), _ENTRY_TYPE) + body
+        rec = _pack_record_header(len(body), _crc32c(body, ENTRY_CRC_SEED), ENTRY_TYPE_CODE) + body
         journal.append_nowait(rec, (ledger_id, entry_id, lac, len(rec), on_done, st))
         st.pending[entry_id] = body
 
