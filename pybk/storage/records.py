@@ -72,10 +72,8 @@ class RecordType(enum.IntEnum):
 
 
 _TYPE_CRC: Final = {t: crc32c.crc32c(bytes([t])) for t in RecordType}
-#: an ENTRY record's CRC32C seed (the CRC of its type byte) and type code: the store's add
-#: path frames ENTRY records inline with them (see LedgerStore.add_entry)
-ENTRY_CRC_SEED: Final = _TYPE_CRC[RecordType.ENTRY]
-ENTRY_TYPE_CODE: Final = int(RecordType.ENTRY)
+_ENTRY_CRC: Final = _TYPE_CRC[RecordType.ENTRY]
+_ENTRY_TYPE: Final = int(RecordType.ENTRY)
 _pack_entry_header = RECORD_HEADER.pack
 _crc32c = crc32c.crc32c
 
@@ -132,7 +130,7 @@ def encode_entry(body: bytes) -> bytes:
     """An ENTRY record: the framed body as it came from the client, whose header holds the
     ledger and entry ids (the caller has checked them). The hot path: one crc, one pack, one
     concatenation."""
-    return _pack_entry_header(len(body), _crc32c(body, ENTRY_CRC_SEED), ENTRY_TYPE_CODE) + body
+    return _pack_entry_header(len(body), _crc32c(body, _ENTRY_CRC), _ENTRY_TYPE) + body
 
 
 def encode_master_key(ledger_id: int, key: bytes) -> bytes:

@@ -33,8 +33,6 @@ from collections.abc import Awaitable, Callable, Container
 from dataclasses import dataclass, field
 from typing import Any, Final, NoReturn
 
-import crc32c
-
 from pybk.errors import (
     BadRequestError,
     BKError,
@@ -60,9 +58,6 @@ from pybk.storage.index import (
 )
 from pybk.storage.journal import Journal, parse_segment_name, segment_name
 from pybk.storage.records import (
-    ENTRY_CRC_SEED,
-    ENTRY_TYPE_CODE,
-    RECORD_HEADER,
     SEGMENT_HEADER_SIZE,
     Record,
     RecordType,
@@ -424,18 +419,14 @@ class LedgerStore:
         for tag in tags:
             if tag is None:
                 continue
-            lid, eid, _lac, size, on_done, _st = tag
+            lid, eid, _lac, size, on_done, st = tag
             if size:
-                st = self.index.get(lid)
-                if st is not None:
-                    st.pending.pop(eid, None)
+                st.pending.pop(eid, None)
                 for waiter in [on_done, *self._also_waiting.pop((lid, eid), ())]:
                     if waiter is not None:
                         _notify(waiter, fresh_copy(exc), lid, eid)
             else:  # a master-key record was lost: journal it again with the next write
-                st = self.index.get(lid)
-                if st is not None and eid == -1:
-                    st.master_key = None
+                st.master_key = None
 
     # ================================================================== writes
 
@@ -496,14 +487,13 @@ class LedgerStore:
             self._also_waiting.setdefault((ledger_id, entry_id), []).append(on_done)
             return
         if entry_id in st.entries.locs:
-            self._add_existing(ledger_id, entry_id, body, lac, on_done)
+            self._add_existing(st, ledger_id, entry_id, body, lac, on_done)
             return
         journal = self.journal
         if st.master_key is None:
             journal.append_nowait(self._key_record(ledger_id, st, master_key),
                                   (ledger_id, -1, -1, 0, None, st))
-        # encode_entry inlined (the hot path): record header + the framed body
-        rec = _pack_record_header(len(body), _crc32c(body, ENTRY_CRC_SEED), ENTRY_TYPE_CODE) + body
+        rec = encode_entry(body)
         journal.append_nowait(rec, (ledger_id, entry_id, lac, len(rec), on_done, st))
         st.pending[entry_id] = body
 
@@ -521,8 +511,8 @@ class LedgerStore:
             return st
         return self.index.ledger(ledger_id)
 
-    def _add_existing(self, ledger_id: int, entry_id: int, body: bytes, lac: int,
-                      on_done: AddCallback) -> None:
+    def _add_existing(self, st: LedgerState, ledger_id: int, entry_id: int, body: bytes,
+                      lac: int, on_done: AddCallback) -> None:
         """An add of an entry the index already holds: identical bytes are a durable no-op,
         different bytes an error; a damaged local copy is replaced (repair)."""
         try:
@@ -531,7 +521,6 @@ class LedgerStore:
             stored = None  # the local copy is damaged: store the new copy (repair)
         if stored is None:
             rec = encode_entry(body)
-            st = self.index.ledger(ledger_id)
             self.journal.append_nowait(rec, (ledger_id, entry_id, lac, len(rec), on_done, st))
             st.pending[entry_id] = body
             return
@@ -804,8 +793,6 @@ _Tag = tuple[int, int, int, int, "AddCallback | None", LedgerState]
 _ENTRY_IDS_LAC = struct.Struct(">qqq8x")
 assert _ENTRY_IDS_LAC.size == ENTRY_HEADER_SIZE
 _unpack_entry_ids_lac = _ENTRY_IDS_LAC.unpack_from
-_pack_record_header = RECORD_HEADER.pack
-_crc32c = crc32c.crc32c
 
 
 def _notify(on_done: AddCallback, error: BaseException | None, lid: int, eid: int) -> None:
