@@ -26,7 +26,8 @@ it. It pays only where a sync can start while the loop is busy: a helper process
 A batch of at most ``inline_sync_max`` records is synced on the loop's own thread
 (``FileHandle.sync_inline``): the batch then pays one fdatasync instead of a sync plus two
 thread hand-offs. It is off (0) unless the owner says this journal is alone on its event loop
-(a bookie process, which syncs every batch inline): several journals on one loop (an
+(a bookie process, which syncs a batch inline when it has nothing to overlap it with): several
+journals on one loop (an
 in-process cluster) keep the sync thread so their syncs overlap on the device. For a journal
 alone on its loop the thread buys little under CPython's GIL: the sync thread must take the
 GIL to start the fdatasync and again to report back, so while the loop is busy (answering the
@@ -334,9 +335,10 @@ class Journal:
               ) -> tuple[list[bytes], list[Any], list[asyncio.Future[None] | None]]:
         n = count or len(self._data)
         if n > self.max_batch_count or self._bytes > self.max_batch_bytes:
+            candidates = self._data[:n]
             n = 0
             size = 0
-            for d in self._data[: count or len(self._data)]:
+            for d in candidates:
                 if n and (n >= self.max_batch_count or size + len(d) > self.max_batch_bytes):
                     break
                 size += len(d)
@@ -392,7 +394,7 @@ class Journal:
             else:
                 await fh.sync()
         except OSError as exc:
-            self._fatal(exc, f"fsync of {fh.path}", batch)
+            self._fatal(exc, f"fsync of {fh.path}")
             return
         except asyncio.CancelledError:
             raise
@@ -417,7 +419,7 @@ class Journal:
         ends = accumulate(map(len, data), initial=before + BATCH_HEADER_SIZE)
         next(ends)  # each record's end offset: the running sizes after the batch header
         tagged = [item for item in zip(tags, ends, strict=True) if item[0] is not None]
-        batch = _Batch(tags, tagged, futs, len(data), end - before)
+        batch = _Batch(tags, tagged, futs, end - before)
         self._inflight = batch
         try:
             fh.write(encode_batch(self._batch_seq, payload))
@@ -455,7 +457,6 @@ class Journal:
         """A write failed (ENOSPC, EIO): drop whatever prefix reached the file so no garbage
         sits between batches, fail this batch, and keep going (or die if we cannot)."""
         self.stats["write_errors"] += 1
-        self._inflight = None
         assert self._fh is not None
         path = self._fh.path
         try:
@@ -464,8 +465,9 @@ class Journal:
                 self.fs.truncate(path, before)
                 self._fh = self.fs.open_append(path)
         except OSError as exc2:
-            self._fatal(exc2, f"truncating {path} after a failed write ({exc})", batch)
+            self._fatal(exc2, f"truncating {path} after a failed write ({exc})")
             return
+        self._inflight = None
         if exc.errno == errno.ENOSPC:
             err: Exception = ReadOnlyBookieError(f"journal write failed, disk full (ENOSPC): {exc}")
         else:
@@ -474,16 +476,13 @@ class Journal:
         _fail_futures(batch.futs, err)
         self._on_write_error(exc)
 
-    def _fatal(self, exc: OSError, what: str, batch: _Batch | None = None) -> None:
+    def _fatal(self, exc: OSError, what: str) -> None:
+        """The journal is dead: the batch in flight (and an overlapped journal's synced,
+        unanswered one), the buffer and every later append fail with JournalFailedError."""
         err = JournalFailedError(f"journal failed: {what}: {exc}; no write covered by it "
                                  "is acknowledged and the journal accepts no more writes")
         self.failed = err
-        self._inflight = None
-        if batch is not None and not batch.completed:
-            batch.completed = True
-            self._on_failed(batch.tags, err)
-            _fail_futures(batch.futs, err)
-        self._fail_inflight(err)  # an overlapped journal's synced, uncompleted batch
+        self._fail_inflight(err)
         self._fail_buffer(err)
         self._on_fatal(err)
 
@@ -523,19 +522,22 @@ class Journal:
 class _Batch:
     """One batch on its way: written, then synced, then completed (answered) exactly once."""
 
-    __slots__ = ("bytes", "completed", "futs", "position", "records", "tagged", "tags")
+    __slots__ = ("bytes", "completed", "futs", "position", "tagged", "tags")
 
     def __init__(self, tags: list[Any], tagged: list[tuple[Any, int]],
-                 futs: list[asyncio.Future[None] | None], records: int, size: int) -> None:
+                 futs: list[asyncio.Future[None] | None], size: int) -> None:
         self.tags = tags
         self.tagged = tagged
         self.futs = futs
-        self.records = records
         self.bytes = size
         #: where the segment ends after this batch (set once written)
         self.position: Position | None = None
         #: answered (successfully or not): never again
         self.completed = False
+
+    @property
+    def records(self) -> int:
+        return len(self.tags)
 
 
 def _no_loop() -> asyncio.Future[None]:
