@@ -251,7 +251,6 @@ class CheckpointEncoder:
     the caller may serve between steps."""
 
     def __init__(self, index: Index, pos: Position) -> None:
-        self.pos = pos
         self._ledgers: list[tuple[bytes, list[int], dict[int, Loc]]] = []
         for lid in sorted(index.ledgers):
             st = index.ledgers[lid]
@@ -271,12 +270,10 @@ class CheckpointEncoder:
                                                  len(self._ledgers))]
         self._done = False
 
-    def steps(self, entries_per_step: int = 16384) -> Iterator[int]:
-        """Encode, yielding (the number of entries encoded so far) after about
-        ``entries_per_step`` entries each time."""
+    def steps(self, entries_per_step: int = 16384) -> Iterator[None]:
+        """Encode, pausing (yielding) after about ``entries_per_step`` entries each time."""
         parts = self._parts
         since = 0
-        total = 0
         for head, ids, locs in self._ledgers:
             parts.append(head)
             for first in range(0, len(ids), entries_per_step):
@@ -287,10 +284,9 @@ class CheckpointEncoder:
                     flat.extend(locs[eid])
                 parts.append(struct.pack(">" + _CP_ENTRY_FMT * len(chunk), *flat))
                 since += len(chunk)
-                total += len(chunk)
                 if since >= entries_per_step:
                     since = 0
-                    yield total
+                    yield
         self._ledgers = []
         self._done = True
 

@@ -111,13 +111,12 @@ class SyncProcess:
         if sock is None:
             self._loop = loop
             return
+        # unanswered syncs of a loop that still runs: their answers would go to the wrong loop
+        if any(not fut.done() and not fut.get_loop().is_closed() for _k, _p, fut in self._waiting):
+            raise RuntimeError("SyncProcess used from two running event loops")
         old = self._loop
         if old is not None and not old.is_closed():
             old.remove_reader(sock.fileno())
-        # syncs sent from a closed loop can no longer be awaited by anyone: answer them away
-        for _key, _path, fut in self._waiting:
-            if not fut.done() and not fut.get_loop().is_closed():
-                raise RuntimeError("SyncProcess used from two running event loops")
         self._loop = loop
         loop.add_reader(sock.fileno(), self._on_readable)
 
