@@ -233,8 +233,9 @@ def test_layer_commands_are_registered():
     assert ("simulate" in main.commands) == has_sim_cli
 
 
-def _children(pid: int) -> list[int]:
-    """Live (not zombie) child processes of ``pid``, from /proc."""
+def _children(pid: int, running: str) -> list[int]:
+    """Live (not zombie) child processes of ``pid`` whose command line mentions ``running``,
+    from /proc."""
     out = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -245,43 +246,33 @@ def _children(pid: int) -> list[int]:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
+        if int(fields[1]) == pid and fields[0] != "Z" and \
+                running in Path(f"/proc/{entry}/cmdline").read_text(errors="replace"):
             out.append(int(entry))
     return out
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return True
-    return stat[stat.rindex(")") + 2:].split()[0] == "Z"  # exited, not reaped (yet)
-
-
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
-def test_a_bookie_process_sync_helper_ends_with_it(tmp_path, how):
+async def test_a_bookie_process_sync_helper_ends_with_it(tmp_path, how):
     """`pybk bookie` syncs its journal through a helper process (pybk.storage.syncer). It must
     not outlive the bookie: a clean stop closes it, and a killed bookie's helper sees its
     socket close and exits."""
     import signal
-    import time
 
-    from pybk.cli import spawn_bookie, wait_ready
+    from pybk.cli import _pid_alive, spawn_bookie, wait_ready
+
+    from .conftest import wait_until
 
     root = tmp_path / "c"
     proc = spawn_bookie(root, "b1", f"sqlite://{tmp_path / 'meta.db'}")
     try:
         wait_ready(root, "b1", proc, 60)
-        helpers = [c for c in _children(proc.pid)
-                   if "_sync_child.py" in Path(f"/proc/{c}/cmdline").read_text()]
+        helpers = _children(proc.pid, running="_sync_child.py")
         assert len(helpers) == 1, helpers
         proc.send_signal(getattr(signal, how))
         proc.wait(30)
-        deadline = time.monotonic() + 30
-        while not _gone(helpers[0]) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert _gone(helpers[0]), f"sync helper {helpers[0]} outlived its bookie ({how})"
+        await wait_until(lambda: not _pid_alive(helpers[0]), 30,
+                         f"sync helper {helpers[0]} outlived its bookie ({how})")
     finally:
         if proc.poll() is None:
             proc.kill()
