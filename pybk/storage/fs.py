@@ -25,13 +25,14 @@ from collections.abc import Awaitable
 
 
 class FileHandle(abc.ABC):
-    """An open file, positioned for appends. Obtained from :meth:`FileSystem.open_append`."""
+    """An open file written sequentially: at its end (:meth:`FileSystem.open_append`) or in
+    place from an offset on (:meth:`FileSystem.open_rewrite`, for preallocated files)."""
 
     path: str
 
     @abc.abstractmethod
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        """Append ``data`` (to the OS cache: not durable until :meth:`sync`).
+        """Write ``data`` at :meth:`size` (to the OS cache: not durable until :meth:`sync`).
         Raises ``OSError`` (e.g. ENOSPC); a failed write may have written a prefix."""
 
     @abc.abstractmethod
@@ -61,7 +62,8 @@ class FileHandle(abc.ABC):
 
     @abc.abstractmethod
     def size(self) -> int:
-        """Bytes written so far (synced or not)."""
+        """The offset the next write goes to: for an append handle the file's size (synced
+        or not), for a rewrite handle its start offset plus the bytes written since."""
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -74,6 +76,15 @@ class FileSystem(abc.ABC):
     @abc.abstractmethod
     def open_append(self, path: str) -> FileHandle:
         """Open ``path`` for appending, creating it if missing."""
+
+    @abc.abstractmethod
+    def open_rewrite(self, path: str, offset: int) -> FileHandle:
+        """Open the existing file ``path`` to write it in place from ``offset`` on: writes
+        replace its bytes there (a write past the end extends it) and the file keeps its
+        length. Why: a journal segment preallocated with zeros and synced is then written
+        without changing the file's size or allocating blocks, so each ``fdatasync`` flushes
+        the data alone, with no file system journal commit (research/perf.md section 2). Raises
+        ``FileNotFoundError``; ``ValueError`` if ``offset`` is outside the file."""
 
     @abc.abstractmethod
     def pread(self, path: str, offset: int, size: int) -> bytes:

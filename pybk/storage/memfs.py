@@ -4,9 +4,12 @@ Used by the storage tests (crash-point enumeration, stateful tests) and by the s
 follows the persistence model of the ALICE and LazyFS work (research/reliability.md 3.4):
 
 * File content: every file (inode) has *durable* bytes (as of its last successful sync) and
-  *current* bytes. A crash keeps the durable bytes plus, depending on the mode, none of the
-  unsynced suffix (``drop``), a random prefix of it cut at any byte (``torn``), or a random
-  subset of its sectors with the lost ones reading back as zeros (``reorder``).
+  *current* bytes. The unsynced change is the range where they differ: appended bytes, or
+  bytes written in place over a preallocated file (``open_rewrite``). A crash keeps the durable
+  bytes plus, depending on the mode, none of the change (``drop``), a random prefix of it cut
+  at any byte (``torn``), or a random subset of its sectors (``reorder``; a lost sector keeps
+  its durable bytes, zeros past the durable end). A truncation below the durable length is
+  metadata: a crash before the next sync undoes the whole unsynced change.
 * Directory entries: creations, renames and deletions are durable only after an
   ``fsync_dir`` of their directory. A crash keeps none (``drop``) or a random in-order prefix
   (``torn``/``reorder``) of each directory's pending changes.
@@ -42,10 +45,35 @@ class _Inode:
     lost: list[tuple[int, int]] = field(default_factory=list)
     #: Latent sector errors: ranges whose reads fail with EIO.
     bad_reads: list[tuple[int, int]] = field(default_factory=list)
+    #: cut below its durable length since the last sync (see the module docstring)
+    truncated: bool = False
 
-    def unsynced_is_append(self) -> bool:
-        n = len(self.durable)
-        return len(self.current) >= n and self.current[:n] == self.durable
+    def changed(self) -> tuple[int, int]:
+        """[start, end) of the current bytes that differ from the durable ones (start == end:
+        none): an append starts at the durable length, an in-place write earlier."""
+        cur, dur = memoryview(self.current), memoryview(self.durable)
+        n = min(len(cur), len(dur))
+        if cur[:n] == dur[:n]:
+            return n, max(n, len(cur))
+        start = _first_difference(cur, dur, n)
+        end = len(cur) if len(cur) > len(dur) else _last_difference(cur, dur, n) + 1
+        return start, end
+
+
+def _first_difference(a: memoryview, b: memoryview, n: int, step: int = 4096) -> int:
+    for lo in range(0, n, step):
+        hi = min(n, lo + step)
+        if a[lo:hi] != b[lo:hi]:
+            return next(i for i in range(lo, hi) if a[i] != b[i])
+    return n
+
+
+def _last_difference(a: memoryview, b: memoryview, n: int, step: int = 4096) -> int:
+    for hi in range(n, 0, -step):
+        lo = max(0, hi - step)
+        if a[lo:hi] != b[lo:hi]:
+            return next(i for i in range(hi - 1, lo - 1, -1) if a[i] != b[i])
+    return -1
 
 
 @dataclass
@@ -56,12 +84,15 @@ class _DirOp:
 
 
 class _MemFileHandle(FileHandle):
-    def __init__(self, fs: MemFileSystem, path: str, inode: _Inode) -> None:
+    def __init__(self, fs: MemFileSystem, path: str, inode: _Inode,
+                 offset: int | None = None) -> None:
+        """An append handle (``offset`` None) or a rewrite handle writing from ``offset``."""
         self.path = path
         self._fs = fs
         self._inode = inode
         self._generation = fs._generation
         self._closed = False
+        self._pos = offset
 
     def _check_open(self) -> None:
         if self._closed or self._generation != self._fs._generation:
@@ -71,9 +102,17 @@ class _MemFileHandle(FileHandle):
         self._check_open()
         self._fs._hook("write", self.path)
         size = len(data)
-        if self._fs._used() + size > self._fs.capacity:
+        current = self._inode.current
+        pos = len(current) if self._pos is None else self._pos
+        if self._fs._used() + max(0, pos + size - len(current)) > self._fs.capacity:
             raise OSError(errno.ENOSPC, f"{self.path}: no space left on device")
-        self._inode.current += data
+        if self._pos is None:
+            current += data
+        else:
+            if pos > len(current):  # the file was cut below this handle's offset: a hole
+                current.extend(bytes(pos - len(current)))
+            current[pos : pos + size] = data
+            self._pos = pos + size
         self._fs.counters["write"] += 1
 
     async def sync(self) -> None:
@@ -99,10 +138,11 @@ class _MemFileHandle(FileHandle):
         inode = self._inode
         failure = self._fs._take_fsync_failure(self.path)
         if failure is not None:
-            start = len(inode.durable)
-            if len(inode.current) > start:
-                inode.lost.append((start, len(inode.current)))
+            start, end = inode.changed()
+            if end > start:
+                inode.lost.append((start, end))
             raise OSError(failure, f"{self.path}: fsync failed")
+        inode.truncated = False
         inode.durable = bytearray(inode.current)
         for start, end in inode.lost:
             end = min(end, len(inode.durable))
@@ -110,7 +150,7 @@ class _MemFileHandle(FileHandle):
                 inode.durable[start:end] = bytes(end - start)
 
     def size(self) -> int:
-        return len(self._inode.current)
+        return len(self._inode.current) if self._pos is None else self._pos
 
     def close(self) -> None:
         self._closed = True
@@ -211,6 +251,14 @@ class MemFileSystem(FileSystem):
             self.counters["create"] += 1
         return _MemFileHandle(self, p, inode)
 
+    def open_rewrite(self, path: str, offset: int) -> FileHandle:
+        p = self._norm(path)
+        inode = self._inode(p)
+        if not 0 <= offset <= len(inode.current):
+            raise ValueError(f"{p}: offset {offset} outside the file "
+                             f"({len(inode.current)} bytes)")
+        return _MemFileHandle(self, p, inode, offset)
+
     def makedirs(self, path: str) -> None:
         # Directories are modelled as always durable: pybk creates them once, at set-up.
         p = self._norm(path)
@@ -241,6 +289,8 @@ class MemFileSystem(FileSystem):
         self._hook("truncate", p)
         inode = self._inode(p)
         del inode.current[size:]
+        if size < len(inode.durable):
+            inode.truncated = True
         self.counters["truncate"] += 1
 
     async def fsync_dir(self, path: str) -> None:
@@ -285,33 +335,35 @@ class MemFileSystem(FileSystem):
 
     def _crash_inode(self, inode: _Inode, mode: str, rng: random.Random) -> None:
         durable = inode.durable
-        if mode == "drop" or not inode.unsynced_is_append():
+        base, end = inode.changed()
+        if mode == "drop" or inode.truncated or base == end:
             inode.current = bytearray(durable)
         else:
-            base = len(durable)
-            suffix = bytes(inode.current[base:])
-            for start, end in inode.lost:  # data lost by a failed fsync never comes back
-                s, e = max(start - base, 0), max(end - base, 0)
+            change = bytearray(inode.current[base:end])
+            for start, stop in inode.lost:  # data lost by a failed fsync never comes back
+                s, e = max(start - base, 0), min(stop - base, len(change))
                 if s < e:
-                    suffix = suffix[:s] + bytes(min(e, len(suffix)) - s) + suffix[e:]
+                    change[s:e] = bytes(e - s)
+            kept: list[tuple[int, int]] = []  # ranges of ``change`` that reach the disk
             if mode == "torn":
-                kept = suffix[: rng.randint(0, len(suffix))]
-            else:  # reorder: each sector of the unsynced suffix survives independently
-                out = bytearray(suffix)
-                last_kept = 0
+                kept.append((0, rng.randint(0, len(change))))
+            else:  # reorder: each sector of the change survives independently
                 pos = 0
-                while pos < len(suffix):
-                    sector_end = min(len(suffix), ((base + pos) // self.sector_size + 1)
+                while pos < len(change):
+                    sector_end = min(len(change), ((base + pos) // self.sector_size + 1)
                                      * self.sector_size - base)
                     if rng.random() < 0.5:
-                        last_kept = sector_end
-                    else:
-                        out[pos:sector_end] = bytes(sector_end - pos)
+                        kept.append((pos, sector_end))
                     pos = sector_end
-                kept = bytes(out[:last_kept])
-            inode.current = bytearray(durable) + kept
+            out = bytearray(durable)
+            for s, e in kept:
+                if base + e > len(out):  # past the durable end: the gap before reads as zeros
+                    out.extend(bytes(base + e - len(out)))
+                out[base + s : base + e] = change[s:e]
+            inode.current = out
         inode.durable = bytearray(inode.current)
         inode.lost = []
+        inode.truncated = False
 
     def fail_next_fsync(self, err: int = errno.EIO, path_prefix: str | None = None) -> None:
         """Make the next sync of a file under ``path_prefix`` (any file if None) fail."""
@@ -335,9 +387,14 @@ class MemFileSystem(FileSystem):
 
     def unsynced_bytes(self) -> int:
         """How many bytes a crash in ``drop`` mode would lose right now (tests, stats)."""
-        return sum(
-            max(0, len(i.current) - len(i.durable)) for i in self._files.values()
-        )
+        total = 0
+        for inode in self._files.values():
+            if inode.lost:  # what a failed fsync lost differs from the disk but is gone already
+                total += max(0, len(inode.current) - len(inode.durable))
+            else:
+                start, end = inode.changed()
+                total += end - start
+        return total
 
     def clone(self) -> MemFileSystem:
         """A deep copy of the durable and unsynced state (open handles are not carried over)."""

@@ -30,17 +30,31 @@ from pybk.storage.syncer import SyncProcess, start_sync_process
 
 
 class _OsFileHandle(FileHandle):
-    def __init__(self, fs: OsFileSystem, path: str) -> None:
+    def __init__(self, fs: OsFileSystem, path: str, offset: int | None = None) -> None:
+        """An append handle (``offset`` None) or a rewrite handle writing from ``offset``."""
         self.path = path
         self._fs = fs
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        self._size = os.fstat(self._fd).st_size
+        if offset is None:
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+                               0o644)
+            self._size = os.fstat(self._fd).st_size
+        else:
+            self._fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+            length = os.fstat(self._fd).st_size
+            if not 0 <= offset <= length:
+                os.close(self._fd)
+                raise ValueError(f"{path}: offset {offset} outside the file ({length} bytes)")
+            self._size = offset
+        self._in_place = offset is not None
         self._sync_key = 0  # this file's key in the sync process, 0 until registered
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data)
         while view:
-            written = os.write(self._fd, view)
+            if self._in_place:
+                written = os.pwrite(self._fd, view, self._size)
+            else:
+                written = os.write(self._fd, view)
             if written <= 0:  # pragma: no cover - the kernel reports errors as OSError
                 raise OSError(errno.EIO, f"short write to {self.path}")
             self._size += written
@@ -139,6 +153,9 @@ class OsFileSystem(FileSystem):
 
     def open_append(self, path: str) -> FileHandle:
         return _OsFileHandle(self, path)
+
+    def open_rewrite(self, path: str, offset: int) -> FileHandle:
+        return _OsFileHandle(self, path, offset)
 
     def makedirs(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)

@@ -48,6 +48,41 @@ async def check_filesystem(fs: FileSystem, root: str) -> None:
     fh.close()
     assert fs.read_file(a) == b"hello big world!?+"
 
+    # in place (a preallocated file): writes replace bytes from the offset on, the file keeps
+    # its length, size() is the next write's offset, and a write past the end extends it
+    z = posixpath.join(d, "z.seg")
+    fh = fs.open_append(z)
+    fh.write(b"HEAD" + bytes(12))
+    await fh.sync()
+    fh.close()
+    fh = fs.open_rewrite(z, 4)
+    assert fh.size() == 4
+    fh.write(b"abc")
+    fh.write(b"de")
+    assert fh.size() == 9
+    await fh.sync()
+    assert fs.file_size(z) == 16
+    assert fs.read_file(z) == b"HEADabcde" + bytes(7)
+    assert fs.pread(z, 4, 5) == b"abcde"
+    fh.write(b"0123456789")  # 9..19: past the end of the 16-byte file
+    await fh.start_sync()
+    fh.close()
+    assert fs.read_file(z) == b"HEADabcde0123456789"
+    for bad in (-1, 20):
+        try:
+            fs.open_rewrite(z, bad)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"open_rewrite at offset {bad} of a 19-byte file must fail")
+    try:
+        fs.open_rewrite(posixpath.join(d, "missing.seg"), 0)
+    except FileNotFoundError:
+        pass
+    else:
+        raise AssertionError("open_rewrite of a missing file must raise FileNotFoundError")
+    fs.delete(z)
+
     fs.truncate(a, 5)
     assert fs.read_file(a) == b"hello"
 

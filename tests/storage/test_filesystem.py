@@ -71,6 +71,83 @@ async def test_crash_reorder_loses_whole_sectors_as_zeros() -> None:
         assert sector in (b"\0\0\0\0", str(i // 4 + 1).encode() * 4)
 
 
+async def _preallocated(fs: MemFileSystem, path: str, size: int) -> None:
+    """A file of ``size`` synced zeros with a durable name, as the journal makes segments."""
+    fs.makedirs("/d")
+    await _file(fs, path, bytes(size))
+    await fs.fsync_dir("/d")
+
+
+async def test_in_place_writes_are_unsynced_until_synced() -> None:
+    """Bytes written over a preallocated file are the unsynced change: a drop crash gives back
+    the durable zeros; after a sync they stay. The file's length never changes."""
+    fs = MemFileSystem()
+    await _preallocated(fs, "/d/p", 64)
+    fh = fs.open_rewrite("/d/p", 8)
+    fh.write(b"synced!!")
+    await fh.sync()
+    fh.write(b"unsynced")
+    assert fs.unsynced_bytes() == 8
+    fs.crash("drop")
+    assert fs.read_file("/d/p") == bytes(8) + b"synced!!" + bytes(48)
+
+
+async def test_crash_torn_keeps_a_prefix_of_the_in_place_change() -> None:
+    seen = set()
+    for seed in range(40):
+        fs = MemFileSystem()
+        await _preallocated(fs, "/d/p", 32)
+        fh = fs.open_rewrite("/d/p", 4)
+        fh.write(b"BBBBBBBBBB")
+        fs.crash("torn", random.Random(seed))
+        data = fs.read_file("/d/p")
+        assert len(data) == 32, "a crash does not change a preallocated file's length"
+        kept = data[4:14].rstrip(b"\0")
+        assert b"BBBBBBBBBB".startswith(kept) and data[:4] == bytes(4) and data[14:] == bytes(18)
+        seen.add(len(kept))
+    assert len(seen) > 3, "torn crashes should cut at different places"
+
+
+async def test_crash_reorder_keeps_or_loses_whole_sectors_of_an_in_place_change() -> None:
+    fs = MemFileSystem(sector_size=4)
+    await _preallocated(fs, "/d/p", 40)
+    fh = fs.open_rewrite("/d/p", 4)
+    fh.write(b"1111222233334444555566667777")
+    fs.crash("reorder", random.Random(3))
+    data = fs.read_file("/d/p")
+    assert len(data) == 40
+    sectors = [data[i : i + 4] for i in range(4, 32, 4)]
+    for i, sector in enumerate(sectors):
+        assert sector in (bytes(4), str(i + 1).encode() * 4)
+    assert bytes(4) in sectors and any(s != bytes(4) for s in sectors), "seed 3 mixes both"
+
+
+async def test_failed_fsync_of_an_in_place_write_loses_it_for_good() -> None:
+    fs = MemFileSystem()
+    await _preallocated(fs, "/d/p", 16)
+    fh = fs.open_rewrite("/d/p", 2)
+    fh.write(b"doomed")
+    fs.fail_next_fsync()
+    with pytest.raises(OSError):
+        await fh.sync()
+    await fh.sync()
+    fs.crash("torn", random.Random(1))
+    assert fs.read_file("/d/p") == bytes(16)
+
+
+async def test_a_crash_undoes_an_unsynced_truncation_whole() -> None:
+    """Cutting a file below its durable length is metadata: until synced, a crash brings the
+    durable content back, bytes written after the cut included (never a mix)."""
+    for seed in range(10):
+        fs = MemFileSystem()
+        await _preallocated(fs, "/d/p", 16)
+        fs.truncate("/d/p", 4)
+        fh = fs.open_append("/d/p")
+        fh.write(b"new bytes past the cut")
+        fs.crash("torn", random.Random(seed))
+        assert fs.read_file("/d/p") == bytes(16)
+
+
 async def test_handles_are_invalid_after_a_crash() -> None:
     fs = MemFileSystem()
     fs.makedirs("/d")
