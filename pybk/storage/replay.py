@@ -3,8 +3,13 @@
 Because group commit is serial (journal.py), only the last batch of the *active* segment can
 ever be unsynced when the process dies. Hence:
 
-* a bad batch (torn, zeroed, garbage, failed CRC) followed by nothing valid, at the end of the
-  last segment, is a torn tail: truncate it and count it;
+* a bad batch (torn, garbage, failed CRC) followed by nothing valid, at the end of the last
+  segment, is a torn tail: truncate it and count it;
+* nothing but zeros after the last batch of the last segment is its unused preallocated space
+  (journal.py) or the room of a lost unsynced batch: cut, counted apart (``zero_tail``), not
+  damage. A sealed segment never ends in zeros (the journal rotates a preallocated segment
+  only once its data reaches the preallocated length), so there zeros are corruption like any
+  other bad batch;
 * a bad batch followed by a valid batch, or a bad batch anywhere in an older segment, is
   corruption: refuse to start with CorruptRecordError naming file and offset (unless the
   operator allowed suspect segments; then the segment is used up to the bad point only).
@@ -43,6 +48,7 @@ class SegmentScan:
     next_batch_seq: int
     batches: int = 0
     torn_bytes: int = 0  # bytes of torn tail to cut (last segment only)
+    zero_tail: int = 0  # bytes of zeros to cut after the last batch (last segment only)
     torn_header: bool = False  # the segment was cut off while being created
     corruption: CorruptRecordError | None = None  # only when allowed (suspect segment)
 
@@ -93,6 +99,9 @@ def scan_segment(
     while pos < size:
         found = batch_at(data, pos)
         if found is None or found[0] != expect:
+            if is_last and data.count(0, pos) == size - pos:
+                scan.zero_tail = size - pos
+                break
             later = find_valid_batch_after(data, pos, expect)
             if later is None and is_last:
                 scan.torn_bytes = size - pos

@@ -106,6 +106,12 @@ class StoreConfig:
     journal_overlap_split_min: int = 100
     #: rotate the active journal segment past this size (bytes)
     segment_size: int = 64 << 20
+    #: make each journal segment ahead of use, ``segment_size`` bytes of synced zeros, and
+    #: write it in place: each sync then flushes data only (no size or block-map change),
+    #: about half the fdatasync time for a batch of tens of KB. Costs writing every segment
+    #: twice (zeros, then data) and ``segment_size`` of disk per segment from the start; the
+    #: first segment is made at start-up (~80 ms for 64 MiB here). ``pybk bookie`` turns it on.
+    journal_preallocate: bool = False
     #: start even if a segment is corrupt mid-log (its data after the bad point is ignored and
     #: the segment is reported as suspect). Operator decision; off by default.
     allow_suspect_segments: bool = False
@@ -123,6 +129,9 @@ class ReplayReport:
     records_replayed: int = 0
     torn_tails: int = 0
     torn_bytes: int = 0
+    #: zeros cut from the end of the last segment (its unused preallocated space, or the room
+    #: of a lost unsynced batch whose blocks were allocated but never written): not damage
+    zero_tail_bytes: int = 0
     suspect_segments: list[str] = field(default_factory=list)
     leftovers_removed: list[str] = field(default_factory=list)
 
@@ -190,6 +199,7 @@ class LedgerStore:
             inline_sync_max=self.config.journal_inline_sync_max,
             overlap_syncs=self.config.journal_overlap_syncs,
             overlap_split_min=self.config.journal_overlap_split_min,
+            preallocate=self.config.journal_preallocate,
         )
 
     # ================================================================== start-up / shut-down
@@ -243,13 +253,20 @@ class LedgerStore:
                 report.leftovers_removed.append(scan.path)
                 report.torn_tails += 1
                 continue
-            if scan.torn_bytes:
-                report.torn_tails += 1
-                report.torn_bytes += scan.torn_bytes
+            if scan.torn_bytes or scan.zero_tail:
+                if scan.torn_bytes:
+                    report.torn_tails += 1
+                    report.torn_bytes += scan.torn_bytes
+                report.zero_tail_bytes += scan.zero_tail
                 fs.truncate(scan.path, scan.end)
+            if seq == seqs[-1]:
+                # The cut must be durable before later segments exist: this start's cut, or an
+                # earlier start's whose sync failed (that start refused to run, but the cut
+                # file is what this one reads). Otherwise a crash could bring the tail back
+                # behind a newer segment, where it reads as corruption.
                 fh = fs.open_append(scan.path)
                 try:
-                    await fh.sync()  # the cut must be durable before later segments exist
+                    await fh.sync()
                 finally:
                     fh.close()
             if scan.corruption is not None:

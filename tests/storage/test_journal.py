@@ -175,6 +175,8 @@ async def filled_store(fs: MemFileSystem, n: int = 4) -> tuple[LedgerStore, str]
 
 @pytest.mark.parametrize("tail", [b"\x00" * 300, b"garbage!" * 10, "torn"])
 async def test_torn_tail_is_truncated_and_counted(tail):
+    """Garbage or a torn batch is a torn tail; zeros (unused preallocated space, or the room
+    of a lost batch) are cut too but counted apart: they are not damage."""
     fs = MemFileSystem()
     s, path = await filled_store(fs)
     s.abandon(JournalFailedError("crash"))
@@ -186,12 +188,54 @@ async def test_torn_tail_is_truncated_and_counted(tail):
     fh.close()
     size = fs.file_size(path)
     s2 = await new_store(fs)
-    assert s2.report.torn_tails == 1 and s2.report.torn_bytes == len(tail)
+    if tail.count(0) == len(tail):
+        assert s2.report.torn_tails == 0 and s2.report.zero_tail_bytes == len(tail)
+    else:
+        assert s2.report.torn_tails == 1 and s2.report.torn_bytes == len(tail)
+        assert s2.report.zero_tail_bytes == 0
     assert fs.file_size(path) == size - len(tail)
     for e in range(4):
         assert s2.read(1, e) == frame(1, e)
     s2._check()
     await s2.close()
+
+
+@pytest.mark.parametrize("preallocate", [True, False], ids=["zero-tail", "torn-tail"])
+async def test_a_tail_cut_whose_sync_failed_is_made_durable_by_the_next_start(preallocate):
+    """Start 1 cuts the last segment's tail but the sync of the cut fails: it refuses to run.
+    Start 2 (no crash between) reads the cut file: it must make the cut durable before it
+    creates a newer segment, or a crash brings the tail back behind that segment, where it
+    reads as corruption and the bookie never starts again (found by the simulator)."""
+    config = StoreConfig(journal_preallocate=preallocate, segment_size=4096)
+    fs = MemFileSystem()
+    s = LedgerStore(fs, "/data", IID, config)
+    await s.open()
+    for e in range(4):
+        await s.add(1, e, frame(1, e), b"k")
+    path = s.journal_path(s.journal.segment_seq)
+    s.abandon(JournalFailedError("crash"))
+    if not preallocate:  # a torn batch at the end
+        fh = fs.open_append(path)
+        fh.write(encode_batch(4, encode_fence(7))[:-3])
+        await fh.sync()
+        fh.close()
+    fs.crash("drop")
+    fs.fail_next_fsync(path_prefix=path)
+    with pytest.raises(OSError):
+        await LedgerStore(fs, "/data", IID, config).open()
+    cut = fs.file_size(path)  # start 1 cut it (in the page cache)
+    s2 = LedgerStore(fs, "/data", IID, config)
+    await s2.open()
+    await s2.add(1, 4, frame(1, 4), b"k")
+    assert s2.journal.segment_seq > s2.index.ledgers[1].location(0)[0]  # a newer segment
+    s2.abandon(JournalFailedError("crash"))
+    fs.crash("torn")
+    assert fs.file_size(path) == cut, "the tail came back behind a newer segment"
+    s3 = LedgerStore(fs, "/data", IID, config)
+    await s3.open()
+    for e in range(5):
+        assert s3.read(1, e) == frame(1, e)
+    await s3.close()
 
 
 async def test_mid_log_corruption_refuses_to_start():
