@@ -129,9 +129,10 @@ class BookieProcess:
         if bookie_config is None:
             # a bookie process hosts one bookie alone on its loop: a batch syncs inline when
             # the loop has nothing else to do, else through the sync process while the loop
-            # completes the batch before it
+            # completes the batch before it; its segments are preallocated (syncs that flush
+            # data only)
             bookie_config = BookieConfig(journal_inline_sync_max=INLINE_SYNC_ALWAYS,
-                                         journal_overlap_syncs=True)
+                                         journal_overlap_syncs=True, journal_preallocate=True)
         self.bookie = Bookie(
             self.bookie_id, cfg.data_dir, cookie_store=self.store, config=bookie_config
         )

@@ -37,7 +37,13 @@ CONFIG = BookieConfig(segment_size=1500, disk_check_interval=0, checkpoint_inter
 #: buffers split in two): the crash points then fall between those steps too
 OVERLAPPED = BookieConfig(segment_size=1500, disk_check_interval=0, checkpoint_interval=0,
                           journal_overlap_syncs=True, journal_overlap_split_min=2)
-CONFIGS = pytest.mark.parametrize("config", [CONFIG, OVERLAPPED], ids=["serial", "overlapped"])
+#: overlapped over preallocated segments (as in a ``pybk bookie`` process): the crash points
+#: then include making the next segment's file, renaming it into place and writing it in place
+PREALLOCATED = BookieConfig(segment_size=1500, disk_check_interval=0, checkpoint_interval=0,
+                            journal_overlap_syncs=True, journal_overlap_split_min=2,
+                            journal_preallocate=True)
+CONFIGS = pytest.mark.parametrize("config", [CONFIG, OVERLAPPED, PREALLOCATED],
+                                  ids=["serial", "overlapped", "preallocated"])
 
 
 def body(lid: int, eid: int) -> bytes:
@@ -64,12 +70,14 @@ class Injector:
         self.at = at
         self.count = 0
         self.fired = False
+        self.ops: set[tuple[str, str]] = set()  # (operation, file name suffix) seen
 
     def __call__(self, op: str, path: str) -> None:
         if self.at is not None and self.count >= self.at:
             self.fired = True
             raise SimulatedCrash(f"crash before {op} {path}")
         self.count += 1
+        self.ops.add((op, path.rsplit(".", 1)[-1]))
 
 
 async def workload(fs: MemFileSystem, inj: Injector, m: Model, started: list[Bookie],
@@ -162,7 +170,8 @@ async def _verify_started(b: Bookie, m: Model) -> list[tuple[Status, bytes | Non
     return answers
 
 
-async def run_point(at: int | None, mode: str, config: BookieConfig = CONFIG) -> tuple[bool, int]:
+async def run_point(at: int | None, mode: str, config: BookieConfig = CONFIG,
+                    ) -> tuple[bool, int, set[tuple[str, str]]]:
     fs = MemFileSystem()
     inj = Injector(at)
     fs.fault_hook = inj
@@ -180,19 +189,21 @@ async def run_point(at: int | None, mode: str, config: BookieConfig = CONFIG) ->
     second = await verify(fs, m, config)
     # the 9/0 add of the first verify may or may not be there; everything else must agree
     assert first == second
-    return inj.fired, inj.count
+    return inj.fired, inj.count, inj.ops
 
 
 @CONFIGS
 async def test_crash_at_every_boundary_in_every_mode(config):
-    fired, total = await run_point(None, "drop", config)
+    fired, total, ops = await run_point(None, "drop", config)
     assert not fired
     assert total >= 200, f"only {total} crash points"
+    if config.journal_preallocate:  # segments were made ahead and renamed into place
+        assert {("write", "prep"), ("sync", "prep"), ("rename", "prep")} <= ops, ops
     modes = ("drop", "torn", "reorder")
     points = 0
     for at in range(total):
         for mode in modes:
-            fired, _ = await run_point(at, mode, config)
+            fired, _, _ = await run_point(at, mode, config)
             assert fired
             points += 1
     assert points >= 600
@@ -202,7 +213,7 @@ async def test_crash_at_every_boundary_in_every_mode(config):
 @pytest.mark.parametrize("mode", ["torn", "reorder"])
 async def test_random_crash_points_with_other_seeds(mode, config):
     rng = random.Random(42)
-    _, total = await run_point(None, "drop", config)
+    _, total, _ = await run_point(None, "drop", config)
     for _ in range(30):
         at = rng.randrange(total)
         await run_point(at, mode, config)

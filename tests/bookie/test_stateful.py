@@ -301,3 +301,17 @@ class OverlappedBookieMachine(BookieMachine):
 
 OverlappedBookieMachine.TestCase.settings = BookieMachine.TestCase.settings
 test_overlapped_bookie_state_machine = OverlappedBookieMachine.TestCase
+
+
+class PreallocatedBookieMachine(BookieMachine):
+    """The same machine over preallocated segments written in place (overlapped, as in a
+    ``pybk bookie`` process): crashes then also hit half-made segment files and in-place
+    writes, whose unsynced bytes a crash drops, tears or reorders over the zeros."""
+
+    config = BookieConfig(segment_size=900, disk_check_interval=0, checkpoint_interval=0,
+                          journal_overlap_syncs=True, journal_overlap_split_min=2,
+                          journal_preallocate=True)
+
+
+PreallocatedBookieMachine.TestCase.settings = BookieMachine.TestCase.settings
+test_preallocated_bookie_state_machine = PreallocatedBookieMachine.TestCase

@@ -22,6 +22,10 @@ from pybk.storage.store import LedgerStore, StoreConfig
 IID = str(uuid.UUID(int=9, version=4))
 KEY = b"k" * 32
 CONFIG = StoreConfig(journal_overlap_syncs=True, journal_overlap_split_min=2)
+#: the same over preallocated segments written in place, small enough to rotate often
+PREALLOC = StoreConfig(journal_overlap_syncs=True, journal_overlap_split_min=2,
+                       journal_preallocate=True, segment_size=1024)
+CONFIGS = pytest.mark.parametrize("config", [CONFIG, PREALLOC], ids=["appended", "preallocated"])
 
 
 def body(lid: int, eid: int) -> bytes:
@@ -71,24 +75,27 @@ class ChainedWriters:
             self.finished.set_result(None)
 
 
-async def _store(fs: MemFileSystem) -> LedgerStore:
-    s = LedgerStore(fs, "/data", IID, CONFIG)
+async def _store(fs: MemFileSystem, config: StoreConfig = CONFIG) -> LedgerStore:
+    s = LedgerStore(fs, "/data", IID, config)
     await s.open()
     return s
 
 
-async def test_every_answer_is_durable_at_the_moment_it_is_given():
+@CONFIGS
+async def test_every_answer_is_durable_at_the_moment_it_is_given(config):
     fs = MemFileSystem()
-    s = await _store(fs)
+    s = await _store(fs, config)
     w = ChainedWriters(s, fs, writers=8, per_writer=6)
     await asyncio.wait_for(w.finished, 10)
     stats = s.journal.stats
     assert stats["splits"] >= 1 and stats["overlapped"] >= 5, stats  # the overlap happened
+    if config.journal_preallocate:  # and the segments were written in place
+        assert stats["rotations"] >= 2 and stats["preallocated"] == stats["rotations"] + 1
     assert set(w.answers.values()) == {1} and len(w.answers) == w.sent == 48
     assert not w.errors
     for copy, lid, eid in w.crashed_copies:
         # a crash right when the answer went out keeps the entry
-        restarted = LedgerStore(copy, "/data", IID, CONFIG)
+        restarted = LedgerStore(copy, "/data", IID, config)
         await restarted.open()
         assert restarted.read(lid, eid) == body(lid, eid), (lid, eid)
         restarted.abandon(JournalFailedError("done"))
@@ -172,22 +179,27 @@ async def test_small_cohorts_merge_back_into_one_batch():
     await s.close()
 
 
+@pytest.mark.parametrize("preallocate", [False, True], ids=["appended", "preallocated"])
 @pytest.mark.parametrize("sync_process", [True, False], ids=["helper", "thread"])
-async def test_overlapped_journal_on_real_files(tmp_path, sync_process):
-    """On OS files, through the sync helper or (its fallback) the sync thread: every add is
-    answered once, and everything answered is read back after a restart."""
+async def test_overlapped_journal_on_real_files(tmp_path, sync_process, preallocate):
+    """On OS files, through the sync helper or (its fallback) the sync thread, appending or
+    writing preallocated segments in place: every add is answered once, and everything
+    answered is read back after a restart."""
     from pybk.storage.fs import OsFileSystem
 
+    config = PREALLOC if preallocate else CONFIG
     fs = OsFileSystem(sync_process=sync_process)
     try:
-        s = LedgerStore(fs, str(tmp_path), IID, CONFIG)
+        s = LedgerStore(fs, str(tmp_path), IID, config)
         await s.open()
         w = ChainedWriters(s, fs, writers=16, per_writer=30, snapshot=False)  # type: ignore[arg-type]
         await asyncio.wait_for(w.finished, 30)
         assert set(w.answers.values()) == {1} and not w.errors
         assert s.journal.stats["overlapped"] > 0
+        if preallocate:
+            assert s.journal.stats["preallocated"] == s.journal.stats["rotations"] + 1 > 2
         await s.close()
-        again = LedgerStore(fs, str(tmp_path), IID, CONFIG)
+        again = LedgerStore(fs, str(tmp_path), IID, config)
         await again.open()
         for lid, eid in w.answers:
             assert again.read(lid, eid) == body(lid, eid)
