@@ -18,7 +18,9 @@ task each, ``await Bookie.add``). Then, in the same run and on the same disk:
 
 The bookie runs as in a ``pybk bookie`` process: overlapped journal syncs through a sync
 process (``journal_overlap_syncs``, ``OsFileSystem(sync_process=True)``), a batch with nothing
-to overlap synced on the loop's thread (``INLINE_SYNC_ALWAYS``), and the server's
+to overlap synced on the loop's thread (``INLINE_SYNC_ALWAYS``), journal segments preallocated
+and written in place (``journal_preallocate``; ``--append-segments`` turns it off for an A/B
+comparison: the ceiling loop always appends, as the issue defines it), and the server's
 garbage-collector settings (``pybk.server.tune_gc_for_server``, applied once each bookie has
 started, after collecting what the previous configurations left).
 
@@ -35,6 +37,7 @@ import asyncio
 import gc
 import os
 import random
+import shutil
 import sqlite3
 import struct
 import tempfile
@@ -59,7 +62,8 @@ def pct(samples: list[float], q: float) -> float:
 
 
 async def run_bookie(root: str, writers: int, size: int, duration: float, run: int = 0,
-                     style: str = "callback") -> tuple[float, list[float], float]:
+                     style: str = "callback", preallocate: bool = True,
+                     ) -> tuple[float, list[float], float]:
     """entries/s, latencies (s), records per fsync.
 
     ``style="callback"``: each writer adds through ``Bookie.add_entry`` and sends its next
@@ -68,11 +72,13 @@ async def run_bookie(root: str, writers: int, size: int, duration: float, run: i
     is an asyncio task doing ``await bookie.add(...)``, which adds a task switch and a
     future per entry on the writer's side."""
     fs = OsFileSystem(sync_process=True)
-    bookie = Bookie("bench", os.path.join(root, f"bookie-{run}-{writers}-{size}-{style}"), fs=fs,
+    data_dir = os.path.join(root, f"bookie-{run}-{writers}-{size}-{style}")
+    bookie = Bookie("bench", data_dir, fs=fs,
                     config=BookieConfig(disk_check_interval=0, checkpoint_interval=0,
                                         # alone on its loop, like a `pybk bookie` process
                                         journal_inline_sync_max=INLINE_SYNC_ALWAYS,
-                                        journal_overlap_syncs=True),
+                                        journal_overlap_syncs=True,
+                                        journal_preallocate=preallocate),
                     rng=random.Random(1))
     await bookie.start()
     # as `pybk bookie` does once started: freeze what start-up built, raise the gen0
@@ -150,6 +156,7 @@ async def run_bookie(root: str, writers: int, size: int, duration: float, run: i
     per_sync = (stats["records"] - r0) / max(1, stats["batches"] - b0)
     await bookie.stop()
     fs.close()
+    shutil.rmtree(data_dir)  # (preallocated segments: 64 MiB or more each)
     return count / elapsed, lat, per_sync
 
 
@@ -218,7 +225,10 @@ def main() -> None:
     ap.add_argument("--dir", default="/tmp", help="where the temp directory goes (the disk)")
     ap.add_argument("--writers", default="1,16,256")
     ap.add_argument("--sizes", default="100,1024")
+    ap.add_argument("--append-segments", action="store_true",
+                    help="journal segments written by appends instead of preallocated")
     args = ap.parse_args()
+    prealloc = not args.append_segments
     writers_list = [int(x) for x in args.writers.split(",")]
     sizes = [int(x) for x in args.sizes.split(",")]
     slice_ = args.duration / args.rounds
@@ -240,12 +250,13 @@ def main() -> None:
                 for _ in range(args.rounds):
                     run += 1
                     rate, lat, per_sync = asyncio.run(
-                        run_bookie(root, writers, size, slice_, run))
+                        run_bookie(root, writers, size, slice_, run, preallocate=prealloc))
                     rates.append(rate)
                     p50s.append(pct(lat, 0.5))
                     p99s.append(pct(lat, 0.99))
                     tasks.append(asyncio.run(
-                        run_bookie(root, writers, size, slice_, run, style="task"))[0])
+                        run_bookie(root, writers, size, slice_, run, style="task",
+                                   preallocate=prealloc))[0])
                     group = max(1, round(per_sync))
                     ceils.append(run_plain(root, size, group, slice_)[0])
                     fulls.append(ceils[-1] if group >= writers

@@ -21,7 +21,7 @@ import asyncio
 import hashlib
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pybk import mutations as _mutations
@@ -121,6 +121,10 @@ class _Run:
         # next one syncs; buffers of 4+ records split in two), as `pybk bookie` runs them; a
         # stream of its own, so the other draws of a seed stay what they were
         self.overlapped_journals = derive_rng(seed, "journal").random() < 0.5
+        # and, independently, half preallocate small journal segments (made ahead as zeros,
+        # written in place, rotated every 8 KiB): crashes then tear in-place writes and
+        # half-made segment files too
+        self.preallocated_segments = derive_rng(seed, "segments").random() < 0.5
         self.trace: list[str] = []
         self.fault_counts: Counter[str] = Counter()
         self.coverage: Counter[str] = Counter()
@@ -160,11 +164,16 @@ class _Run:
         self.coverage[marker] += 1
 
     def _bookie_config(self) -> Any:
-        if not self.overlapped_journals:
+        if not self.overlapped_journals and not self.preallocated_segments:
             return None
         from pybk.bookie import BookieConfig
 
-        return BookieConfig(journal_overlap_syncs=True, journal_overlap_split_min=2)
+        config = BookieConfig()
+        if self.overlapped_journals:
+            config = replace(config, journal_overlap_syncs=True, journal_overlap_split_min=2)
+        if self.preallocated_segments:
+            config = replace(config, journal_preallocate=True, segment_size=8 << 10)
+        return config
 
     @staticmethod
     def _client_config() -> Any:
@@ -564,7 +573,8 @@ class _Run:
             sb.fs.sync_delay = self.base_sync_delay
         self.log(f"seed {self.seed} topology E,Qw,Qa={self.topology} bookies={self.n} "
                  f"sync_delay={self.base_sync_delay} "
-                 f"journal={'overlapped' if self.overlapped_journals else 'serial'} "
+                 f"journal={'overlapped' if self.overlapped_journals else 'serial'}"
+                 f"{'+preallocated' if self.preallocated_segments else ''} "
                  f"plan: {self.plan.describe()}")
         await c.start()
         for _ in range(self.workload.writers):
@@ -608,6 +618,9 @@ class _Run:
                 for stat in ("overlapped", "splits"):
                     if store.journal.stats[stat]:
                         self.coverage[f"journal_batches_{stat}"] += store.journal.stats[stat]
+                for stat in ("preallocated", "rotations"):
+                    if store.journal.stats[stat]:
+                        self.coverage[f"journal_segments_{stat}"] += store.journal.stats[stat]
         # Bookies: restart the ones that can; bounce the up ones (journal may have failed).
         for bid, sb in c.bookies.items():
             if sb.status == "up" and sb.bookie is not None and sb.bookie.state != "writable":
