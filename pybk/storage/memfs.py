@@ -149,6 +149,16 @@ class _MemFileHandle(FileHandle):
             if start < end:
                 inode.durable[start:end] = bytes(end - start)
 
+    def allocate(self, size: int) -> None:
+        self._check_open()
+        self._fs._hook("write", self.path)
+        current = self._inode.current
+        if size > len(current):
+            if self._fs._used() + size - len(current) > self._fs.capacity:
+                raise OSError(errno.ENOSPC, f"{self.path}: no space left on device")
+            current.extend(bytes(size - len(current)))
+        self._fs.counters["write"] += 1
+
     def size(self) -> int:
         return len(self._inode.current) if self._pos is None else self._pos
 
@@ -238,7 +248,7 @@ class MemFileSystem(FileSystem):
 
     # -- FileSystem: changes ---------------------------------------------------------------------
 
-    def open_append(self, path: str) -> FileHandle:
+    def open_append(self, path: str, *, bulk: bool = False) -> FileHandle:
         p = self._norm(path)
         if posixpath.dirname(p) not in self._dirs:
             raise FileNotFoundError(errno.ENOENT, "no such directory", posixpath.dirname(p))

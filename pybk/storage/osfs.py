@@ -1,8 +1,9 @@
 """Real files behind the FileSystem seam.
 
 Blocking syncs (``fdatasync`` of a file, ``fsync`` of a directory) run on one dedicated thread
-per ``OsFileSystem``, so the event loop keeps serving while the disk works, and each sync costs
-exactly one loop wake-up (the executor future), never one per record. Several bookies in one
+per ``OsFileSystem`` (bulk syncs, see ``FileSystem.open_append``, on a second one), so the
+event loop keeps serving while the disk works, and each sync costs exactly one loop wake-up
+(the executor future), never one per record. Several bookies in one
 process each get their own ``OsFileSystem`` and so sync in parallel (syncs on different files
 overlap on the device; see research/perf.md section 2).
 
@@ -30,10 +31,13 @@ from pybk.storage.syncer import SyncProcess, start_sync_process
 
 
 class _OsFileHandle(FileHandle):
-    def __init__(self, fs: OsFileSystem, path: str, offset: int | None = None) -> None:
-        """An append handle (``offset`` None) or a rewrite handle writing from ``offset``."""
+    def __init__(self, fs: OsFileSystem, path: str, offset: int | None = None,
+                 bulk: bool = False) -> None:
+        """An append handle (``offset`` None) or a rewrite handle writing from ``offset``;
+        ``bulk``: syncs on the bulk thread (see ``FileSystem.open_append``)."""
         self.path = path
         self._fs = fs
+        self._bulk = bulk
         if offset is None:
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
                                0o644)
@@ -64,6 +68,9 @@ class _OsFileHandle(FileHandle):
         await self.start_sync()
 
     def start_sync(self) -> asyncio.Future[None]:
+        if self._bulk:
+            return asyncio.get_running_loop().run_in_executor(
+                self._fs._bulk_executor(), os.fdatasync, self._fd)
         syncer = self._fs.sync_process
         if syncer is not None:
             if not self._sync_key:
@@ -73,10 +80,16 @@ class _OsFileHandle(FileHandle):
             self._fs._executor, os.fdatasync, self._fd)
 
     def sync_inline(self) -> bool:
-        if not self._fs.inline_syncs:
+        if not self._fs.inline_syncs or self._bulk:
             return False
         os.fdatasync(self._fd)
         return True
+
+    def allocate(self, size: int) -> None:
+        if size > self._size:
+            os.posix_fallocate(self._fd, 0, size)
+            if not self._in_place:  # an append handle's next write goes to the new end
+                self._size = size
 
     def size(self) -> int:
         return self._size
@@ -114,6 +127,14 @@ class OsFileSystem(FileSystem):
             max_workers=1, thread_name_prefix="pybk-fsync"
         )
         self._read_fds: dict[str, int] = {}
+        self._bulk_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def _bulk_executor(self) -> concurrent.futures.Executor:
+        """The thread for bulk syncs, started on first use."""
+        if self._bulk_pool is None:
+            self._bulk_pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="pybk-fsync-bulk")
+        return self._bulk_pool
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -151,8 +172,8 @@ class OsFileSystem(FileSystem):
 
     # -- changes -------------------------------------------------------------------------------
 
-    def open_append(self, path: str) -> FileHandle:
-        return _OsFileHandle(self, path)
+    def open_append(self, path: str, *, bulk: bool = False) -> FileHandle:
+        return _OsFileHandle(self, path, bulk=bulk)
 
     def open_rewrite(self, path: str, offset: int) -> FileHandle:
         return _OsFileHandle(self, path, offset)
@@ -184,3 +205,6 @@ class OsFileSystem(FileSystem):
             self.sync_process = None
         if self._own_executor:
             self._executor.shutdown(wait=True)
+        if self._bulk_pool is not None:
+            self._bulk_pool.shutdown(wait=True)
+            self._bulk_pool = None

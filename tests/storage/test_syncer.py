@@ -50,6 +50,28 @@ async def test_files_sync_through_the_process_in_order(tmp_path, sync_fs):
     b.close()
 
 
+async def test_bulk_syncs_never_wait_behind_the_helper(tmp_path, sync_fs):
+    """Checkpoints and segments being preallocated sync on the bulk thread: with the helper
+    stopped (SIGSTOP), a bulk sync still completes while a journal sync waits for it."""
+    fs, syncer = sync_fs
+    journal = fs.open_append(str(tmp_path / "journal"))
+    journal.write(b"j" * 100)
+    os.kill(syncer.pid, signal.SIGSTOP)
+    try:
+        pending = journal.start_sync()
+        bulk = fs.open_append(str(tmp_path / "bulk"), bulk=True)
+        bulk.write(b"b" * (1 << 20))
+        await asyncio.wait_for(bulk.sync(), 10)
+        await fs.write_file_atomic(str(tmp_path / "checkpoint"), b"c" * 1000)
+        assert not pending.done()
+        assert syncer.stats["syncs"] == 1
+    finally:
+        os.kill(syncer.pid, signal.SIGCONT)
+    await asyncio.wait_for(pending, 10)
+    journal.close()
+    bulk.close()
+
+
 async def test_a_sync_of_an_unknown_file_fails_with_ebadf():
     syncer = SyncProcess()
     try:
