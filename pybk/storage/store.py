@@ -108,10 +108,14 @@ class StoreConfig:
     segment_size: int = 64 << 20
     #: make each journal segment ahead of use, ``segment_size`` bytes of synced zeros, and
     #: write it in place: each sync then flushes data only (no size or block-map change),
-    #: about half the fdatasync time for a batch of tens of KB. Costs writing every segment
-    #: twice (zeros, then data) and ``segment_size`` of disk per segment from the start; the
-    #: first segment is made at start-up (~80 ms for 64 MiB here). ``pybk bookie`` turns it on.
+    #: about half the fdatasync time for a batch of tens of KB. Costs ``segment_size`` of disk
+    #: per segment from the start and, when zero-filled, writing it twice; the first segment
+    #: is made at start-up (~80 ms for 64 MiB here). ``pybk bookie`` turns it on.
     journal_preallocate: bool = False
+    #: preallocated segments are zero-filled while the journal writes less than this many
+    #: bytes/s, else only their blocks are reserved (posix_fallocate): the zeros would compete
+    #: with the data for the disk (see pybk.storage.journal)
+    journal_zero_fill_below: float = 96e6
     #: start even if a segment is corrupt mid-log (its data after the bad point is ignored and
     #: the segment is reported as suspect). Operator decision; off by default.
     allow_suspect_segments: bool = False
@@ -200,6 +204,7 @@ class LedgerStore:
             overlap_syncs=self.config.journal_overlap_syncs,
             overlap_split_min=self.config.journal_overlap_split_min,
             preallocate=self.config.journal_preallocate,
+            zero_fill_below=self.config.journal_zero_fill_below,
         )
 
     # ================================================================== start-up / shut-down

@@ -83,6 +83,26 @@ async def check_filesystem(fs: FileSystem, root: str) -> None:
         raise AssertionError("open_rewrite of a missing file must raise FileNotFoundError")
     fs.delete(z)
 
+    # allocate: the file grows to at least the size, reading as zeros; an append handle's
+    # next write goes to the new end, a rewrite handle's stays where it was
+    fh = fs.open_append(z)
+    fh.write(b"H")
+    fh.allocate(8)
+    assert fh.size() == 8 and fs.file_size(z) == 8
+    fh.write(b"T")
+    fh.allocate(4)  # never shrinks
+    await fh.sync()
+    fh.close()
+    assert fs.read_file(z) == b"H" + bytes(7) + b"T"
+    fh = fs.open_rewrite(z, 1)
+    fh.allocate(16)
+    assert fh.size() == 1 and fs.file_size(z) == 16
+    fh.write(b"ab")
+    await fh.sync()
+    fh.close()
+    assert fs.read_file(z) == b"Hab" + bytes(5) + b"T" + bytes(7)
+    fs.delete(z)
+
     fs.truncate(a, 5)
     assert fs.read_file(a) == b"hello"
 

@@ -151,3 +151,56 @@ async def test_leftover_prepared_files_are_removed_at_start():
         for eid in range(6):
             assert s2.read(1, eid) == body(1, eid)
         await s2.close()
+
+
+@pytest.mark.parametrize("zero_fill_below", [1.0, 1e15], ids=["reserved", "zero-filled"])
+async def test_fast_journals_reserve_their_next_segments_slow_ones_zero_fill_them(
+        zero_fill_below):
+    """Zeros written out cost the disk as much as the data: above ``zero_fill_below`` bytes/s
+    the next segment's blocks are only reserved. The first segment is always zero-filled.
+    Either way the content is the same (MemFileSystem's allocate writes zeros)."""
+    fs = MemFileSystem()
+    config = StoreConfig(journal_preallocate=True, segment_size=1024,
+                         journal_zero_fill_below=zero_fill_below)
+    s = await _store(fs, config)
+    await _fill(s, 40)
+    stats = s.journal.stats
+    assert stats["preallocated"] == stats["rotations"] + 1 >= 5
+    # (made: the segments in use, and maybe the next one, made ahead already)
+    if zero_fill_below < 1e6:  # every segment filled faster than 1 byte/s
+        assert stats["zero_filled"] == 1 and stats["allocated"] >= stats["rotations"]
+    else:
+        assert stats["allocated"] == 0 and stats["zero_filled"] >= stats["rotations"] + 1
+    s2 = await _crash_and_restart(fs, s, config)
+    for eid in range(40):
+        assert s2.read(1, eid) == body(1, eid)
+    await s2.close()
+
+
+@pytest.mark.parametrize("zero_fill_below", [1.0, 1e15], ids=["reserved", "zero-filled"])
+async def test_preallocated_segments_on_real_files(tmp_path, zero_fill_below):
+    """On OS files (posix_fallocate for reserved segments): rotations through prepared
+    files, a restart cuts the active segment's zero tail and reads everything back."""
+    from pybk.storage.fs import OsFileSystem
+
+    fs = OsFileSystem(sync_process=True)
+    config = StoreConfig(journal_preallocate=True, segment_size=8192,
+                         journal_zero_fill_below=zero_fill_below)
+    try:
+        s = LedgerStore(fs, str(tmp_path), IID, config)
+        await s.open()
+        await _fill(s, 300)  # 300 x 128 B records: four rotations
+        stats = s.journal.stats
+        assert stats["preallocated"] == stats["rotations"] + 1 >= 5, stats
+        assert stats["allocated" if zero_fill_below < 1e6 else "zero_filled"] >= 4, stats
+        active = s.journal_path(s.journal.segment_seq)
+        assert fs.file_size(active) == 8192  # preallocated, data ends earlier
+        await s.close()
+        again = LedgerStore(fs, str(tmp_path), IID, config)
+        await again.open()
+        assert again.report.zero_tail_bytes > 0 and again.report.torn_tails == 0
+        for eid in range(300):
+            assert again.read(1, eid) == body(1, eid)
+        await again.close()
+    finally:
+        fs.close()
