@@ -197,6 +197,11 @@ def main() -> None:
 @click.option("--ready-file", type=click.Path(dir_okay=False), help="Write JSON here when ready.")
 @click.option("--stop-grace", type=float, default=10.0, show_default=True)
 @click.option("--metrics-port", type=click.IntRange(0, 65535), help="Prometheus HTTP port.")
+@click.option("--segment-mb", type=click.IntRange(1, 1 << 16), default=64, show_default=True,
+              help="Journal segment size in MiB.")
+@click.option("--preallocate/--no-preallocate", default=True, show_default=True,
+              help="Make journal segments ahead of use and write them in place (faster "
+                   "syncs; each segment takes its full size on disk from the start).")
 @click.pass_context
 def bookie(
     ctx: click.Context,
@@ -214,6 +219,8 @@ def bookie(
     ready_file: str | None,
     stop_grace: float,
     metrics_port: int | None,
+    segment_mb: int,
+    preallocate: bool,
 ) -> None:
     """Run a bookie server (`pybk bookie --data DIR --metadata URI`), or `pybk bookie list`.
 
@@ -241,6 +248,8 @@ def bookie(
         ready_file=ready_file,
         stop_grace=stop_grace,
         metrics_port=metrics_port,
+        segment_size=segment_mb << 20,
+        preallocate=preallocate,
     )
     try:
         config.resolved_bookie_id()

@@ -59,6 +59,9 @@ class BookieProcessConfig:
     server_config: ServerConfig | None = None
     bookie_config: Any = None  # pybk.bookie.BookieConfig
     metrics_port: int | None = None  # serve prometheus metrics over HTTP on host:port
+    #: journal segment size and preallocation (used when ``bookie_config`` is None)
+    segment_size: int = 64 << 20
+    preallocate: bool = True
 
     def resolved_bookie_id(self) -> str:
         if self.bookie_id:
@@ -132,7 +135,9 @@ class BookieProcess:
             # completes the batch before it; its segments are preallocated (syncs that flush
             # data only)
             bookie_config = BookieConfig(journal_inline_sync_max=INLINE_SYNC_ALWAYS,
-                                         journal_overlap_syncs=True, journal_preallocate=True)
+                                         journal_overlap_syncs=True,
+                                         journal_preallocate=cfg.preallocate,
+                                         segment_size=cfg.segment_size)
         self.bookie = Bookie(
             self.bookie_id, cfg.data_dir, cookie_store=self.store, config=bookie_config
         )

@@ -277,3 +277,28 @@ async def test_a_bookie_process_sync_helper_ends_with_it(tmp_path, how):
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
+
+
+@pytest.mark.parametrize("args, size", [([], 64 << 20), (["--segment-mb", "2"], 2 << 20),
+                                        (["--no-preallocate"], None)],
+                         ids=["default", "segment-mb", "no-preallocate"])
+def test_a_bookie_process_journal_segments_follow_its_options(tmp_path, args, size):
+    """`pybk bookie` preallocates its journal segments (64 MiB by default: the active segment
+    file has its full size before anything is written); `--segment-mb`/`--no-preallocate`
+    change that."""
+    from pybk.cli import spawn_bookie, wait_ready
+
+    root = tmp_path / "c"
+    proc = spawn_bookie(root, "b1", f"sqlite://{tmp_path / 'meta.db'}", extra_args=args)
+    try:
+        wait_ready(root, "b1", proc, 60)
+        journal = root / "bookies" / "b1" / "journal"
+        sizes = [p.stat().st_size for p in journal.glob("*.seg")]
+        assert len(sizes) == 1, sizes
+        if size is None:
+            assert sizes[0] < 4096, sizes  # a header, appended to as entries come
+        else:
+            assert sizes[0] == size, sizes
+    finally:
+        proc.terminate()
+        proc.wait(30)
