@@ -673,6 +673,12 @@ class Journal:
         if self._fh is not None and self.failed is None:
             assert self._position.seg == self._seq
             assert self._position.offset <= self._fh.size()
+            if self._in_place_len is not None:  # a preallocated segment written in place
+                assert self.preallocate
+                assert self.fs.file_size(self._fh.path) == max(self._in_place_len,
+                                                               self._fh.size())
+        if self._prep_task is not None:  # only ever the next segment is made ahead
+            assert self.preallocate and self._prep_seq == self._seq + 1
 
 
 class _Batch:
