@@ -44,16 +44,15 @@ so a batch's fdatasync flushes the data alone: the file's size and block map do 
 the file system's own journal is not committed (measured here, fdatasync after a write: a lone
 100 B record 0.11 -> 0.08 ms, 12.8 KB 0.18 -> 0.10 ms, 256 KB 0.49 -> 0.27 ms; research/perf.md
 section 2 has the same effect for 4 KiB). BookKeeper preallocates its journal for the same
-reason (``journalPreAllocSizeMB``). The zeros are written twice over, though (zeros, then
-data): measured with 1 KiB entries, zero-filled segments gave 1 writer +40%, 16 writers +50-85%
-entries/s, but 256 writers (190 MB/s of journal) -20%, the zeros' flush competing with the
-data's. So a segment is zero-filled only while the journal writes less than
+reason (``journalPreAllocSizeMB``). The disk is written twice over, though (zeros, then
+data): measured with 1 KiB entries, zero-filled segments gave 1 writer +40%, 16 writers
++50-85% entries/s, but 256 writers (190 MB/s of journal) -20%, the zeros' flush competing with
+the data's. So a segment is zero-filled only while the journal writes less than
 ``zero_fill_below`` bytes/s (measured on the loop clock when the active segment is half full);
 above, its blocks are only reserved (``FileHandle.allocate``, ``posix_fallocate``): no data
 written, a smaller gain per sync (the reserved blocks are converted as they are written), no
-loss (the same 256-writer run: +0%; 1 writer +25%). The first segment is zero-filled. The
-zero tail of
-the active segment is not data: replay cuts it (``SegmentScan.zero_tail``). A segment is
+loss (the same 256-writer run: +0%; 1 writer +25%). The first segment is zero-filled. The zero
+tail of the active segment is not data: replay cuts it (``SegmentScan.zero_tail``). A segment is
 rotated only once its data reaches ``segment_size``, the preallocated length (the batch that
 crosses it extends the file), and a failed write cuts the file back to its last batch, so a
 sealed segment never ends in zeros and one that does is still reported as corrupt. Never a
