@@ -21,7 +21,7 @@ import asyncio
 import hashlib
 import time
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from pybk import mutations as _mutations
@@ -164,16 +164,16 @@ class _Run:
         self.coverage[marker] += 1
 
     def _bookie_config(self) -> Any:
-        if not self.overlapped_journals and not self.preallocated_segments:
+        knobs: dict[str, Any] = {}
+        if self.overlapped_journals:
+            knobs.update(journal_overlap_syncs=True, journal_overlap_split_min=2)
+        if self.preallocated_segments:
+            knobs.update(journal_preallocate=True, segment_size=8 << 10)
+        if not knobs:
             return None
         from pybk.bookie import BookieConfig
 
-        config = BookieConfig()
-        if self.overlapped_journals:
-            config = replace(config, journal_overlap_syncs=True, journal_overlap_split_min=2)
-        if self.preallocated_segments:
-            config = replace(config, journal_preallocate=True, segment_size=8 << 10)
-        return config
+        return BookieConfig(**knobs)
 
     @staticmethod
     def _client_config() -> Any:
@@ -615,12 +615,12 @@ class _Run:
         for sb in c.bookies.values():  # coverage: did overlapped journals overlap and split?
             store = sb.bookie.store if sb.status == "up" and sb.bookie is not None else None
             if store is not None:
-                for stat in ("overlapped", "splits"):
+                for stat, marker in (("overlapped", "batches_overlapped"),
+                                     ("splits", "batches_splits"),
+                                     ("preallocated", "segments_preallocated"),
+                                     ("rotations", "segments_rotations")):
                     if store.journal.stats[stat]:
-                        self.coverage[f"journal_batches_{stat}"] += store.journal.stats[stat]
-                for stat in ("preallocated", "rotations"):
-                    if store.journal.stats[stat]:
-                        self.coverage[f"journal_segments_{stat}"] += store.journal.stats[stat]
+                        self.coverage[f"journal_{marker}"] += store.journal.stats[stat]
         # Bookies: restart the ones that can; bounce the up ones (journal may have failed).
         for bid, sb in c.bookies.items():
             if sb.status == "up" and sb.bookie is not None and sb.bookie.state != "writable":

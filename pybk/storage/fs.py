@@ -66,7 +66,8 @@ class FileHandle(abc.ABC):
         system can (``posix_fallocate``). Raises ``OSError`` (ENOSPC). Why: a segment
         preallocated this way costs no data writes; writes into it still convert the reserved
         blocks (a metadata commit per sync), so it saves less per sync than zeros written out
-        (see ``pybk.storage.journal``). The default writes the zeros."""
+        (see ``pybk.storage.journal``). The default, right for an append handle only (the
+        journal allocates through one), appends the zeros."""
         zeros = memoryview(bytes(1 << 20))
         while self.size() < size:
             self.write(zeros[: size - self.size()])

@@ -175,9 +175,9 @@ class Journal:
         self.overlap_split_min = max(1, overlap_split_min)
         self._new_future: Callable[[], asyncio.Future[None]] = _no_loop
         self.preallocate = preallocate
-        #: the file length of the active segment while it is written in place (preallocated),
-        #: None for a segment written by appends
-        self._in_place_len: int | None = None
+        #: the active segment is a preallocated one written in place (its file is
+        #: ``segment_size`` long, or longer once a batch crossed that), not appended to
+        self._in_place = False
         #: the background task making the next segment's file, and its sequence number
         self._prep_task: asyncio.Task[bool] | None = None
         self._prep_seq = -1
@@ -222,7 +222,7 @@ class Journal:
     async def _new_segment(self, seq: int) -> None:
         path = self.segment_path(seq)
         fh = await self._open_prepared(seq) if self.preallocate else None
-        in_place_len = None if fh is None else self.fs.file_size(path)
+        in_place = fh is not None
         if fh is None:
             fh = self.fs.open_append(path)
             try:
@@ -235,7 +235,7 @@ class Journal:
         if self._fh is not None:
             self._fh.close()
         self._fh = fh
-        self._in_place_len = in_place_len
+        self._in_place = in_place
         self._seq = seq
         self._batch_seq = 0
         self._position = Position(seq, SEGMENT_HEADER_SIZE, 0)
@@ -316,11 +316,7 @@ class Journal:
                  else logging.WARNING)
         log.log(level, "journal %s: preallocating segment %d failed (%s); it will be created "
                 "without preallocation", self.directory, seq, exc)
-        try:
-            if self.fs.exists(self.prep_path(seq)):
-                self.fs.delete(self.prep_path(seq))
-        except Exception:  # removed at the next start at the latest
-            pass
+        self._drop_partial(self.prep_path(seq))
         return False
 
     def _stop_preparing(self) -> None:
@@ -338,9 +334,9 @@ class Journal:
                 await self._task
             finally:
                 self._task = None
-        task, self._prep_task = self._prep_task, None
+        task = self._prep_task
+        self._stop_preparing()
         if task is not None:
-            task.cancel()
             await asyncio.gather(task, return_exceptions=True)
         if self._fh is not None:
             self._fh.close()
@@ -460,7 +456,8 @@ class Journal:
                 try:
                     await self._new_segment(old_seq + 1)
                 except OSError as exc:
-                    if exc.errno == errno.ENOSPC and self._drop_partial(old_seq + 1):
+                    if (exc.errno == errno.ENOSPC
+                            and self._drop_partial(self.segment_path(old_seq + 1))):
                         # no room for a new segment: keep appending to this one (rotation
                         # is retried after the next batch); the owner turns read-only
                         self._on_write_error(exc)
@@ -471,9 +468,9 @@ class Journal:
                 if self._on_rotate is not None:
                     self._on_rotate(old_seq, old_size, old_seq + 1)
 
-    def _drop_partial(self, seq: int) -> bool:
-        """Remove a segment file whose creation failed; False if even that fails."""
-        path = self.segment_path(seq)
+    def _drop_partial(self, path: str) -> bool:
+        """Remove a file whose creation failed (a segment, a prepared one); False if even
+        that fails (it is then removed at the next start at the latest)."""
         try:
             if self.fs.exists(path):
                 self.fs.delete(path)
@@ -610,13 +607,13 @@ class Journal:
         assert self._fh is not None
         path = self._fh.path
         # the file's length if nothing of the batch reached it
-        length = before if self._in_place_len is None else max(before, self._in_place_len)
+        length = max(before, self.segment_size) if self._in_place else before
         try:
             if self._fh.size() != before or self.fs.file_size(path) != length:
                 # (a segment written in place loses the rest of its preallocation)
                 self._fh.close()
                 self.fs.truncate(path, before)
-                self._in_place_len = None
+                self._in_place = False
                 self._fh = self.fs.open_append(path)
         except OSError as exc2:
             self._fatal(exc2, f"truncating {path} after a failed write ({exc})")
@@ -672,9 +669,9 @@ class Journal:
         if self._fh is not None and self.failed is None:
             assert self._position.seg == self._seq
             assert self._position.offset <= self._fh.size()
-            if self._in_place_len is not None:  # a preallocated segment written in place
+            if self._in_place:  # a preallocated segment written in place
                 assert self.preallocate
-                assert self.fs.file_size(self._fh.path) == max(self._in_place_len,
+                assert self.fs.file_size(self._fh.path) == max(self.segment_size,
                                                                self._fh.size())
         if self._prep_task is not None:  # only ever the next segment is made ahead
             assert self.preallocate and self._prep_seq == self._seq + 1

@@ -98,14 +98,18 @@ class _MemFileHandle(FileHandle):
         if self._closed or self._generation != self._fs._generation:
             raise OSError(errno.EBADF, f"{self.path}: handle invalid (closed or crashed)")
 
+    def _check_room(self, growth: int) -> None:
+        """ENOSPC if the file system cannot grow by ``growth`` bytes (<= 0: no growth)."""
+        if growth > 0 and self._fs._used() + growth > self._fs.capacity:
+            raise OSError(errno.ENOSPC, f"{self.path}: no space left on device")
+
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self._check_open()
         self._fs._hook("write", self.path)
         size = len(data)
         current = self._inode.current
         pos = len(current) if self._pos is None else self._pos
-        if self._fs._used() + max(0, pos + size - len(current)) > self._fs.capacity:
-            raise OSError(errno.ENOSPC, f"{self.path}: no space left on device")
+        self._check_room(pos + size - len(current))
         if self._pos is None:
             current += data
         else:
@@ -154,8 +158,7 @@ class _MemFileHandle(FileHandle):
         self._fs._hook("write", self.path)
         current = self._inode.current
         if size > len(current):
-            if self._fs._used() + size - len(current) > self._fs.capacity:
-                raise OSError(errno.ENOSPC, f"{self.path}: no space left on device")
+            self._check_room(size - len(current))
             current.extend(bytes(size - len(current)))
         self._fs.counters["write"] += 1
 
