@@ -85,8 +85,11 @@ from pybk.storage.records import (
     encode_segment_header,
 )
 
-#: ``on_synced(segment_seq, [(tag, end_offset_of_item), ...])`` for the tagged items of a batch.
-SyncedCallback = Callable[[int, list[tuple[Any, int]]], None]
+#: ``on_synced(segment_seq, tags, offsets)`` once a batch is durable: ``tags[i]`` is the tag
+#: of the batch's i-th item (None: appended without one), ``offsets[i]`` where that item
+#: starts in the segment (``offsets`` has one more element: where the batch ends). Two flat
+#: lists rather than a pair per item: the hot path, no object per record.
+SyncedCallback = Callable[[int, list[Any], list[int]], None]
 FailedCallback = Callable[[list[Any], BaseException], None]
 
 SEGMENT_SUFFIX = ".seg"
@@ -563,10 +566,9 @@ class Journal:
         before = fh.size()
         payload = b"".join(data)
         end = before + BATCH_HEADER_SIZE + len(payload)
-        ends = accumulate(map(len, data), initial=before + BATCH_HEADER_SIZE)
-        next(ends)  # each record's end offset: the running sizes after the batch header
-        tagged = [item for item in zip(tags, ends, strict=True) if item[0] is not None]
-        batch = _Batch(tags, tagged, futs, end - before)
+        # each record's start offset: the running sizes after the batch header
+        offsets = list(accumulate(map(len, data), initial=before + BATCH_HEADER_SIZE))
+        batch = _Batch(tags, offsets, futs, end - before)
         self._inflight = batch
         try:
             fh.write(encode_batch(self._batch_seq, payload))
@@ -588,8 +590,8 @@ class Journal:
         batch.completed = True
         assert batch.position is not None
         self._position = batch.position
-        if batch.tagged:
-            self._on_synced(batch.position.seg, batch.tagged)
+        if batch.tags:
+            self._on_synced(batch.position.seg, batch.tags, batch.offsets)
         for fut in filter(None, batch.futs):  # (None: an append without a future)
             if not fut.done():
                 fut.set_result(None)
@@ -680,12 +682,13 @@ class Journal:
 class _Batch:
     """One batch on its way: written, then synced, then completed (answered) exactly once."""
 
-    __slots__ = ("bytes", "completed", "futs", "position", "tagged", "tags")
+    __slots__ = ("bytes", "completed", "futs", "offsets", "position", "tags")
 
-    def __init__(self, tags: list[Any], tagged: list[tuple[Any, int]],
+    def __init__(self, tags: list[Any], offsets: list[int],
                  futs: list[asyncio.Future[None] | None], size: int) -> None:
         self.tags = tags
-        self.tagged = tagged
+        #: where each item starts in the segment, then where the batch ends
+        self.offsets = offsets
         self.futs = futs
         self.bytes = size
         #: where the segment ends after this batch (set once written)

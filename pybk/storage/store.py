@@ -381,17 +381,20 @@ class LedgerStore:
 
     # ================================================================== journal callbacks
 
-    def _on_synced(self, seg: int, tagged: list[tuple[Any, int]]) -> None:
+    def _on_synced(self, seg: int, tags: list[Any], offsets: list[int]) -> None:
         # The hot path: once per entry, so the common case (a new entry of a live ledger)
-        # goes straight to EntryIndex.add_new rather than through put_entry, and the ledger's
-        # state comes with the tag (see _Tag) rather than from a lookup.
+        # is inserted into the ledger's EntryIndex right here (what EntryIndex.add_new does)
+        # rather than through put_entry, and the ledger's state comes with the tag (see
+        # _Tag) rather than from a lookup.
         index = self.index
         watched = self._watched
         live = 0
         last = None
         done: list[AddCallback] = []
         changed: list[int] = []
-        for tag, end in tagged:
+        for tag, offset in zip(tags, offsets):
+            if tag is None:
+                continue
             lid, eid, lac, size, on_done, st = tag
             if not size:
                 continue
@@ -401,13 +404,15 @@ class LedgerStore:
                 last = lid
                 if watched is None or lid in watched:  # wake long polls once per run
                     changed.append(lid)
-            if st.deleted or eid in (entries := st.entries).locs:
-                st.pending.pop(eid, None)
-                # rare paths (re-added/compacted entry, deleted ledger): the general code
-                index.put_entry(lid, eid, (seg, end - size, size), lac)
-                continue
             st.pending.pop(eid, None)
-            entries.add_new(eid, (seg, end - size, size))
+            if st.deleted or eid in (locs := (entries := st.entries).locs):
+                # rare paths (re-added/compacted entry, deleted ledger): the general code
+                index.put_entry(lid, eid, (seg, offset, size), lac)
+                continue
+            locs[eid] = (seg, offset, size)  # EntryIndex.add_new, inlined
+            entries.unordered.append(eid)
+            if eid > entries.last:
+                entries.last = eid
             live += size
             if lac > st.max_piggyback_lac:
                 st.max_piggyback_lac = lac
@@ -416,7 +421,7 @@ class LedgerStore:
         for lid in changed:
             self._on_ledger_change(lid)
         if self._also_waiting:
-            done.extend(self._waiters_of(tagged))
+            done.extend(self._waiters_of(tags))
         # Answer only once the whole batch is in the index (a reader told "done" finds it).
         for on_done in done:
             try:
@@ -424,11 +429,11 @@ class LedgerStore:
             except Exception:  # a listener's bug must not break the journal's completion
                 log.exception("add callback failed")
 
-    def _waiters_of(self, tagged: list[tuple[Any, int]]) -> list[AddCallback]:
+    def _waiters_of(self, tags: list[Any]) -> list[AddCallback]:
         """The callbacks of duplicate adds that waited for entries of this batch."""
         also = self._also_waiting
         out: list[AddCallback] = []
-        for tag, _end in tagged:
+        for tag in tags:
             if tag is not None and tag[3]:
                 out.extend(also.pop((tag[0], tag[1]), ()))
         return out

@@ -90,7 +90,7 @@ def test_mem_sync_inline_declines_when_syncs_take_virtual_time():
 async def _journal(fs: MemFileSystem, name: str, synced: list, fatal: list,
                    inline_sync_max: int = 2) -> Journal:
     fs.makedirs(name)
-    j = Journal(fs, name, IID, on_synced=lambda seg, items: synced.extend(items),
+    j = Journal(fs, name, IID, on_synced=lambda seg, tags, offsets: synced.extend(zip(tags, offsets)),
                 on_failed=lambda tags, exc: None, on_fatal=fatal.append,
                 on_write_error=lambda exc: None, inline_sync_max=inline_sync_max)
     await j.open(0)
@@ -127,7 +127,7 @@ async def test_inline_syncs_are_explicit_configuration_not_process_state():
         await off.close()
         await on.close()
     fs2 = MemFileSystem()
-    default = Journal(fs2, "/d", IID, on_synced=lambda seg, items: None,
+    default = Journal(fs2, "/d", IID, on_synced=lambda seg, tags, offsets: None,
                       on_failed=lambda tags, exc: None, on_fatal=lambda exc: None,
                       on_write_error=lambda exc: None)
     assert default.inline_sync_max == 0

@@ -163,9 +163,9 @@ async def test_small_cohorts_merge_back_into_one_batch():
     sizes: list[int] = []  # entries per completed batch, in order
     on_synced = s.journal._on_synced
 
-    def record_size(seg: int, tagged: list) -> None:  # type: ignore[type-arg]
-        sizes.append(sum(1 for tag, _end in tagged if tag[3]))
-        on_synced(seg, tagged)
+    def record_size(seg: int, tags: list, offsets: list) -> None:  # type: ignore[type-arg]
+        sizes.append(sum(1 for tag in tags if tag is not None and tag[3]))
+        on_synced(seg, tags, offsets)
 
     s.journal._on_synced = record_size  # type: ignore[method-assign]
     await asyncio.wait_for(w.finished, 10)
