@@ -392,7 +392,7 @@ class LedgerStore:
         last = None
         done: list[AddCallback] = []
         changed: list[int] = []
-        for tag, offset in zip(tags, offsets):
+        for tag, offset in zip(tags, offsets, strict=False):  # (offsets: one more, the end)
             if tag is None:
                 continue
             lid, eid, lac, size, on_done, st = tag

@@ -90,7 +90,10 @@ def test_mem_sync_inline_declines_when_syncs_take_virtual_time():
 async def _journal(fs: MemFileSystem, name: str, synced: list, fatal: list,
                    inline_sync_max: int = 2) -> Journal:
     fs.makedirs(name)
-    j = Journal(fs, name, IID, on_synced=lambda seg, tags, offsets: synced.extend(zip(tags, offsets)),
+    def on_synced(seg: int, tags: list, offsets: list) -> None:  # type: ignore[type-arg]
+        synced.extend(zip(tags, offsets[:-1], strict=True))  # (tag, start offset)
+
+    j = Journal(fs, name, IID, on_synced=on_synced,
                 on_failed=lambda tags, exc: None, on_fatal=fatal.append,
                 on_write_error=lambda exc: None, inline_sync_max=inline_sync_max)
     await j.open(0)

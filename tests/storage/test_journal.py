@@ -49,7 +49,10 @@ async def make_journal(fs: MemFileSystem, **kw) -> tuple[Journal, list, list]:  
     synced: list = []
     fatal: list = []
     fs.makedirs("/j")
-    j = Journal(fs, "/j", IID, on_synced=lambda seg, tags, offsets: synced.extend(zip(tags, offsets)),
+    def on_synced(seg: int, tags: list, offsets: list) -> None:  # type: ignore[type-arg]
+        synced.extend(zip(tags, offsets[:-1], strict=True))  # (tag, start offset)
+
+    j = Journal(fs, "/j", IID, on_synced=on_synced,
                 on_failed=lambda tags, exc: None, on_fatal=fatal.append,
                 on_write_error=lambda exc: None, **kw)
     await j.open(0)
@@ -98,7 +101,8 @@ async def test_on_synced_offsets_locate_each_item_in_its_segment():
     fs.makedirs("/j")
     j = Journal(fs, "/j", IID,
                 on_synced=lambda seg, tags, offsets: seen.extend(
-                    (seg, tag, off) for tag, off in zip(tags, offsets) if tag is not None),
+                    (seg, tag, off) for tag, off in zip(tags, offsets[:-1], strict=True)
+                    if tag is not None),
                 on_failed=lambda tags, exc: None, on_fatal=lambda exc: None,
                 on_write_error=lambda exc: None, segment_size=120, max_batch_count=3)
     await j.open(0)
