@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bookie_append.py
 	$(PY) benchmarks/ledger_append.py
 	$(PY) benchmarks/tcp_append.py
+	$(PY) benchmarks/checkpoint.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

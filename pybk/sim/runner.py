@@ -125,6 +125,9 @@ class _Run:
         # written in place, rotated every 8 KiB): crashes then tear in-place writes and
         # half-made segment files too
         self.preallocated_segments = derive_rng(seed, "segments").random() < 0.5
+        # and half checkpoint their index every 2 virtual seconds, mostly as deltas (chains of
+        # up to 8), so crashes and damage meet delta chains and their writes
+        self.frequent_checkpoints = derive_rng(seed, "checkpoints").random() < 0.5
         self.trace: list[str] = []
         self.fault_counts: Counter[str] = Counter()
         self.coverage: Counter[str] = Counter()
@@ -169,6 +172,9 @@ class _Run:
             knobs.update(journal_overlap_syncs=True, journal_overlap_split_min=2)
         if self.preallocated_segments:
             knobs.update(journal_preallocate=True, segment_size=8 << 10)
+        if self.frequent_checkpoints:
+            knobs.update(checkpoint_interval=2.0, checkpoint_delta_ratio=4.0,
+                         checkpoint_max_deltas=8)
         if not knobs:
             return None
         from pybk.bookie import BookieConfig
@@ -574,7 +580,8 @@ class _Run:
         self.log(f"seed {self.seed} topology E,Qw,Qa={self.topology} bookies={self.n} "
                  f"sync_delay={self.base_sync_delay} "
                  f"journal={'overlapped' if self.overlapped_journals else 'serial'}"
-                 f"{'+preallocated' if self.preallocated_segments else ''} "
+                 f"{'+preallocated' if self.preallocated_segments else ''}"
+                 f"{' checkpoints=2s' if self.frequent_checkpoints else ''} "
                  f"plan: {self.plan.describe()}")
         await c.start()
         for _ in range(self.workload.writers):
@@ -621,6 +628,11 @@ class _Run:
                                      ("rotations", "segments_rotations")):
                     if store.journal.stats[stat]:
                         self.coverage[f"journal_{marker}"] += store.journal.stats[stat]
+                for kind in ("bases", "deltas"):  # index checkpoints, and chains loaded
+                    if store.checkpoint_stats[kind]:
+                        self.coverage[f"checkpoint_{kind}"] += store.checkpoint_stats[kind]
+                if store.report.checkpoint_deltas:
+                    self.coverage["checkpoint_deltas_loaded"] += store.report.checkpoint_deltas
         # Bookies: restart the ones that can; bounce the up ones (journal may have failed).
         for bid, sb in c.bookies.items():
             if sb.status == "up" and sb.bookie is not None and sb.bookie.state != "writable":

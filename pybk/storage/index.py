@@ -5,22 +5,19 @@ record) and the ledger's state (master key, fenced, explicit LAC, highest piggyb
 deleted tombstone). The index holds only *durable* entries: the store applies an entry after
 the fsync that covers it, so "not in the index" means "never durably written here" (R2, I9).
 
-The index is checkpointed to one CRC-framed, versioned file together with the journal position
+The index is checkpointed (:mod:`pybk.storage.checkpoint`) together with the journal position
 it covers; start-up loads it and replays the journal after that position, or rebuilds from
-every segment when the file is missing or damaged.
+every segment when a checkpoint file is missing or damaged.
 """
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Iterable, Iterator, ValuesView
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
+from itertools import islice
+from typing import NamedTuple
 
-import crc32c
 from sortedcontainers import SortedList
-
-from pybk.errors import CorruptRecordError
 
 
 class Location(NamedTuple):
@@ -52,38 +49,47 @@ class EntryIndex:
 
     Inserts and point lookups (the write path pays one insert per entry, reads look entries
     up by id) go to a plain dict; the ordered view (listings, range reads, ordered iteration)
-    is a sortedcontainers ``SortedList`` of the ids, brought up to date from the ids added
-    since it was last used, and the highest id is tracked as entries arrive. Why: a
-    ``SortedDict`` insert costs about ten dict inserts in CPython and the write path paid it
-    for every entry of every ledger, while ordered questions are rare and the highest id is
-    all "read the last entry" needs. Entries are only ever added or moved (compaction), never
-    removed one by one: a deleted ledger drops its whole index.
+    is a sortedcontainers ``SortedList`` of the ids, brought up to date when it is used, and
+    the highest id is tracked as entries arrive. Why: a ``SortedDict`` insert costs about ten
+    dict inserts in CPython and the write path paid it for every entry of every ledger, while
+    ordered questions are rare and the highest id is all "read the last entry" needs.
+
+    Entries are only ever added or moved (compaction, repair), never removed one by one (a
+    deleted ledger drops its whole index), and a dict keeps its keys in insertion order, so
+    the ids added since any moment are the dict's last ``len - n`` keys: the ordered view and
+    the index checkpoints (which write only what changed since the last one) each remember a
+    count, and the write path pays nothing per entry for either. Moves change a value in
+    place, so the ids moved since the last checkpoint are listed (:attr:`moved`, rare).
 
     The values are plain tuples, not :class:`Location`: the garbage collector stops tracking a
     plain tuple of ints after its first collection but tracks a NamedTuple forever, so an
     index of Locations made every full collection walk every entry the bookie holds."""
 
-    __slots__ = ("_ids", "last", "locs", "unordered")
+    __slots__ = ("_ids", "_n_ordered", "last", "locs", "moved", "n_checkpointed")
 
     def __init__(self, items: Iterable[tuple[int, Loc]] = ()) -> None:
         #: entry id -> location (the write path inserts here directly, see :meth:`add_new`)
         self.locs: dict[int, Loc] = dict(items)
         self._ids = SortedList(self.locs)
-        #: ids added since the ordered view was last brought up to date
-        self.unordered: list[int] = []
+        #: how many of the dict's first keys the ordered view holds
+        self._n_ordered = len(self.locs)
+        #: how many of the dict's first keys the last checkpoint holds (see take_changes)
+        self.n_checkpointed = len(self.locs)
+        #: ids whose location changed in place since the last checkpoint
+        self.moved: list[int] = []
         #: the highest entry id held, -1 when none
         self.last: int = self._ids[-1] if self._ids else -1
 
     def add_new(self, entry_id: int, loc: Loc) -> None:
         """Insert an id the index does not hold yet (the caller checked: the hot path)."""
         self.locs[entry_id] = loc
-        self.unordered.append(entry_id)
         if entry_id > self.last:
             self.last = entry_id
 
     def __setitem__(self, entry_id: int, loc: Loc) -> None:
         if entry_id in self.locs:
             self.locs[entry_id] = loc
+            self.moved.append(entry_id)
         else:
             self.add_new(entry_id, loc)
 
@@ -96,11 +102,25 @@ class EntryIndex:
     def __len__(self) -> int:
         return len(self.locs)
 
+    def _added_since(self, n: int) -> list[int]:
+        """The ids inserted after the dict's first ``n`` keys (its tail), newest first."""
+        return list(islice(reversed(self.locs), len(self.locs) - n))
+
     def _ordered(self) -> SortedList:
-        if self.unordered:
-            self._ids.update(self.unordered)
-            self.unordered.clear()
+        if len(self.locs) > self._n_ordered:
+            self._ids.update(self._added_since(self._n_ordered))
+            self._n_ordered = len(self.locs)
         return self._ids
+
+    def take_changes(self) -> dict[int, Loc]:
+        """The ids added or moved since the last call (or since this index was built), with
+        their locations now; from here on they count as checkpointed."""
+        changed = self._added_since(self.n_checkpointed)
+        changed += self.moved
+        self.n_checkpointed = len(self.locs)
+        self.moved = []
+        locs = self.locs
+        return {eid: locs[eid] for eid in changed}
 
     def __iter__(self) -> Iterator[int]:
         """Entry ids, ascending."""
@@ -128,6 +148,8 @@ class EntryIndex:
         ids = list(self._ordered())
         assert ids == sorted(self.locs), "ordered ids disagree with the locations"
         assert self.last == (ids[-1] if ids else -1), (self.last, ids[-1:])
+        assert self.n_checkpointed <= len(self.locs)
+        assert all(eid in self.locs for eid in self.moved)
 
 
 @dataclass(slots=True)
@@ -225,137 +247,3 @@ class Index:
                 live[seg] = live.get(seg, 0) + size
             assert state.explicit_lac_body is None or state.explicit_lac >= -1
         assert live == self.seg_live, (live, self.seg_live)
-
-
-# --------------------------------------------------------------------------- checkpoint file
-
-CHECKPOINT_MAGIC: Final = b"PYBKIDX\x00"
-CHECKPOINT_VERSION: Final = 1
-_CP_HEADER = struct.Struct(">8sHIQ")  # magic, version, crc, payload length
-_CP_POS = struct.Struct(">QQQI")  # seg, offset, batch seq, ledger count
-_CP_LEDGER = struct.Struct(">qBqqHII")  # id, flags, piggy lac, explicit lac, keylen, laclen, n
-_CP_ENTRY_FMT: Final = "qQQI"
-_CP_ENTRY_SIZE: Final = struct.calcsize(">" + _CP_ENTRY_FMT)
-_FENCED, _DELETED, _HAS_KEY, _HAS_LAC = 1, 2, 4, 8
-
-
-class CheckpointEncoder:
-    """Encodes an index checkpoint in steps, from a snapshot taken when it is created.
-
-    Why: encoding is a Python loop over every entry (about 0.3 s per million entries here),
-    and a bookie that encoded its whole index in one go stopped serving for that long at every
-    checkpoint. Creating the encoder copies what the checkpoint needs with C-level copies
-    (each ledger's ordered ids and location dict, its flags and LACs; about a tenth of the
-    encoding time), so the checkpoint is exactly the index at ``pos`` however the index
-    changes afterwards; :meth:`steps` then encodes a bounded number of entries per step and
-    the caller may serve between steps."""
-
-    def __init__(self, index: Index, pos: Position) -> None:
-        self._ledgers: list[tuple[bytes, list[int], dict[int, Loc]]] = []
-        for lid in sorted(index.ledgers):
-            st = index.ledgers[lid]
-            flags = (
-                (_FENCED if st.fenced else 0)
-                | (_DELETED if st.deleted else 0)
-                | (_HAS_KEY if st.master_key is not None else 0)
-                | (_HAS_LAC if st.explicit_lac_body is not None else 0)
-            )
-            key = st.master_key or b""
-            lac_body = st.explicit_lac_body or b""
-            ids, locs = st.entries.snapshot()
-            head = _CP_LEDGER.pack(lid, flags, st.max_piggyback_lac, st.explicit_lac,
-                                   len(key), len(lac_body), len(ids)) + key + lac_body
-            self._ledgers.append((head, ids, locs))
-        self._parts: list[bytes] = [_CP_POS.pack(pos.seg, pos.offset, pos.batch_seq,
-                                                 len(self._ledgers))]
-        self._done = False
-
-    def steps(self, entries_per_step: int = 16384) -> Iterator[None]:
-        """Encode, pausing (yielding) after about ``entries_per_step`` entries each time."""
-        parts = self._parts
-        since = 0
-        for head, ids, locs in self._ledgers:
-            parts.append(head)
-            for first in range(0, len(ids), entries_per_step):
-                chunk = ids[first : first + entries_per_step]
-                flat: list[int] = []
-                for eid in chunk:
-                    flat.append(eid)
-                    flat.extend(locs[eid])
-                parts.append(struct.pack(">" + _CP_ENTRY_FMT * len(chunk), *flat))
-                since += len(chunk)
-                if since >= entries_per_step:
-                    since = 0
-                    yield
-        self._ledgers = []
-        self._done = True
-
-    def result(self) -> bytes:
-        """The checkpoint file's bytes (after :meth:`steps` has run to its end)."""
-        if not self._done:
-            for _ in self.steps():
-                pass
-        payload = b"".join(self._parts)
-        return _CP_HEADER.pack(CHECKPOINT_MAGIC, CHECKPOINT_VERSION, crc32c.crc32c(payload),
-                               len(payload)) + payload
-
-
-def encode_checkpoint(index: Index, pos: Position) -> bytes:
-    """The index checkpoint at ``pos`` in one go (see :class:`CheckpointEncoder`)."""
-    return CheckpointEncoder(index, pos).result()
-
-
-def decode_checkpoint(data: bytes, path: str) -> tuple[Index, Position]:
-    """Parse an index checkpoint; CorruptRecordError on any damage or unknown version."""
-    if len(data) < _CP_HEADER.size:
-        raise CorruptRecordError(f"{path}: index checkpoint is truncated", path=path, offset=0)
-    magic, version, crc, length = _CP_HEADER.unpack_from(data)
-    if magic != CHECKPOINT_MAGIC:
-        raise CorruptRecordError(f"{path}: not a pybk index checkpoint", path=path, offset=0)
-    if version != CHECKPOINT_VERSION:
-        raise CorruptRecordError(
-            f"{path}: unknown index checkpoint version {version} (expected "
-            f"{CHECKPOINT_VERSION})", path=path, offset=0)
-    payload = data[_CP_HEADER.size :]
-    if len(payload) != length or crc32c.crc32c(payload) != crc:
-        raise CorruptRecordError(f"{path}: index checkpoint checksum mismatch", path=path,
-                                 offset=0)
-    try:
-        return _decode_payload(payload)
-    except (struct.error, ValueError) as exc:
-        raise CorruptRecordError(f"{path}: malformed index checkpoint ({exc})", path=path,
-                                 offset=0) from None
-
-
-def _decode_payload(payload: bytes) -> tuple[Index, Position]:
-    seg, offset, batch_seq, count = _CP_POS.unpack_from(payload)
-    pos = _CP_POS.size
-    index = Index()
-    for _ in range(count):
-        lid, flags, piggy, elac, keylen, laclen, n = _CP_LEDGER.unpack_from(payload, pos)
-        pos += _CP_LEDGER.size
-        key = payload[pos : pos + keylen]
-        pos += keylen
-        lac_body = payload[pos : pos + laclen]
-        pos += laclen
-        st = LedgerState(
-            master_key=key if flags & _HAS_KEY else None,
-            fenced=bool(flags & _FENCED),
-            deleted=bool(flags & _DELETED),
-            explicit_lac=elac,
-            explicit_lac_body=lac_body if flags & _HAS_LAC else None,
-            max_piggyback_lac=piggy,
-        )
-        if n:
-            flat = struct.unpack_from(">" + _CP_ENTRY_FMT * n, payload, pos)
-            pos += _CP_ENTRY_SIZE * n
-            items = []
-            for i in range(0, 4 * n, 4):
-                eseg, esize = flat[i + 1], flat[i + 3]
-                items.append((flat[i], (eseg, flat[i + 2], esize)))
-                index.seg_live[eseg] = index.seg_live.get(eseg, 0) + esize
-            st.entries = EntryIndex(items)
-        index.ledgers[lid] = st
-    if pos != len(payload):
-        raise ValueError(f"{len(payload) - pos} trailing bytes")
-    return index, Position(seg, offset, batch_seq)

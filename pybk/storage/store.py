@@ -48,14 +48,9 @@ from pybk.errors import (
     fresh_copy,
 )
 from pybk.protocol import ENTRY_HEADER_SIZE, parse_entry_header
+from pybk.storage.checkpoint import BASE, DELTA, CheckpointEncoder, decode_checkpoint
 from pybk.storage.fs import FileSystem
-from pybk.storage.index import (
-    CheckpointEncoder,
-    Index,
-    LedgerState,
-    Position,
-    decode_checkpoint,
-)
+from pybk.storage.index import Index, LedgerState, Position
 from pybk.storage.journal import Journal, parse_segment_name, segment_name
 from pybk.storage.records import (
     SEGMENT_HEADER_SIZE,
@@ -73,8 +68,25 @@ from pybk.storage.replay import SegmentScan, scan_segment
 
 log = logging.getLogger(__name__)
 
+#: the base index checkpoint; its deltas are ``index.ckpt.<generation>.<seq>`` (hex) beside it
 CHECKPOINT_FILE = "index.ckpt"
-_DEAD = struct.Struct(">I")
+_TMP_SUFFIX = ".tmp"  # (FileSystem.write_file_atomic's temporary file)
+
+
+def delta_checkpoint_name(generation: int, seq: int) -> str:
+    return f"{CHECKPOINT_FILE}.{generation:016x}.{seq:08x}"
+
+
+def parse_delta_checkpoint_name(name: str) -> tuple[int, int] | None:
+    """(generation, seq) of a delta checkpoint's file name, else None."""
+    parts = name.split(".")
+    if (len(parts) != 4 or ".".join(parts[:2]) != CHECKPOINT_FILE or len(parts[2]) != 16
+            or len(parts[3]) != 8):
+        return None
+    try:
+        return int(parts[2], 16), int(parts[3], 16)
+    except ValueError:
+        return None
 
 
 #: ``journal_inline_sync_max`` for a bookie alone on its event loop: every batch syncs inline.
@@ -121,6 +133,10 @@ class StoreConfig:
     allow_suspect_segments: bool = False
     #: compaction rewrites sealed segments whose live fraction is below this
     compaction_threshold: float = 0.5
+    #: index checkpoints after a base are deltas (what changed) until the deltas add up to
+    #: this fraction of the base's size or number ``checkpoint_max_deltas``; then a new base
+    checkpoint_delta_ratio: float = 0.5
+    checkpoint_max_deltas: int = 64
 
 
 @dataclass
@@ -128,6 +144,8 @@ class ReplayReport:
     """What start-up found (exposed for tests, info and logs)."""
 
     checkpoint_loaded: bool = False
+    #: delta checkpoints applied on top of the base
+    checkpoint_deltas: int = 0
     checkpoint_error: str = ""
     segments_scanned: int = 0
     records_replayed: int = 0
@@ -184,6 +202,18 @@ class LedgerStore:
         self._dead: list[int] = []  # segments retired by compaction, not yet known deleted
         self._cp_lock = asyncio.Lock()
         self._cp_pos: Position | None = None  # covered by the durable checkpoint
+        #: the base checkpoint new deltas extend: its generation, the deltas written on it,
+        #: its size and theirs, the ledger metas last written (see pybk.storage.checkpoint)
+        self._cp_gen = 0
+        self._cp_seq = 0
+        self._cp_base_bytes = 0
+        self._cp_delta_bytes = 0
+        self._cp_metas: dict[int, bytes] = {}
+        #: the next checkpoint must be a base (none yet, or the last one was not written)
+        self._cp_base_next = True
+        #: the highest generation of any checkpoint file seen (a new base goes above it)
+        self._cp_gen_seen = 0
+        self.checkpoint_stats = {"bases": 0, "deltas": 0, "base_bytes": 0, "delta_bytes": 0}
         self.suspect: list[str] = []
         #: set when the store opened read-only (disk full at start-up)
         self.read_only_reason = ""
@@ -219,9 +249,12 @@ class LedgerStore:
         index: Index = Index()
         pos: Position | None = None
         dead: list[int] = []
+        deltas = sorted(d for d in map(parse_delta_checkpoint_name, fs.listdir(self.data_dir))
+                        if d is not None)
+        self._cp_gen_seen = max([gen for gen, _seq in deltas], default=0)
         if fs.exists(self.checkpoint_path):
             try:
-                index, pos, dead = self._load_checkpoint()
+                index, pos, dead = self._load_checkpoint(deltas)
                 report.checkpoint_loaded = True
             except (CorruptRecordError, OSError) as exc:
                 report.checkpoint_error = str(exc)
@@ -349,20 +382,35 @@ class LedgerStore:
         elif t is RecordType.DELETE_LEDGER:
             index.delete_ledger(rec.ledger_id)
 
-    def _load_checkpoint(self) -> tuple[Index, Position, list[int]]:
-        data = self.fs.read_file(self.checkpoint_path)
-        if len(data) < _DEAD.size:
-            raise CorruptRecordError(f"{self.checkpoint_path}: truncated",
-                                     path=self.checkpoint_path, offset=0)
-        # layout: index checkpoint, then the retired-segment list, then its count
-        (ndead,) = _DEAD.unpack_from(data, len(data) - _DEAD.size)
-        tail = 8 * ndead + _DEAD.size
-        if tail > len(data):
-            raise CorruptRecordError(f"{self.checkpoint_path}: malformed",
-                                     path=self.checkpoint_path, offset=0)
-        index, pos = decode_checkpoint(data[: len(data) - tail], self.checkpoint_path)
-        dead = list(struct.unpack_from(f">{ndead}Q", data, len(data) - tail))
-        return index, pos, dead
+    def _load_checkpoint(self, deltas: list[tuple[int, int]],
+                         ) -> tuple[Index, Position, list[int]]:
+        """The index, position and dead segments of the base checkpoint and its chain of
+        deltas (``deltas``: the (generation, seq) of every delta file found, sorted). A
+        damaged file or a gap in the chain raises CorruptRecordError: the caller rebuilds."""
+        path = self.checkpoint_path
+        base = decode_checkpoint(self.fs.read_file(path), path)
+        if base.kind != BASE:
+            raise CorruptRecordError(f"{path}: a delta checkpoint where the base belongs",
+                                     path=path, offset=0)
+        self._cp_gen_seen = max(self._cp_gen_seen, base.generation)
+        index, last = base.build_index(), base
+        for gen, seq in deltas:
+            if gen != base.generation:
+                continue  # left by an older base (removed by the next base)
+            path = posixpath.join(self.data_dir, delta_checkpoint_name(gen, seq))
+            if seq != last.seq + 1:
+                raise CorruptRecordError(
+                    f"{path}: delta checkpoint {last.seq + 1} of generation {gen} is missing",
+                    path=path, offset=0)
+            delta = decode_checkpoint(self.fs.read_file(path), path)
+            if (delta.kind, delta.generation, delta.seq) != (DELTA, gen, seq):
+                raise CorruptRecordError(
+                    f"{path}: holds delta {delta.seq} of generation {delta.generation}, "
+                    "not what its name says", path=path, offset=0)
+            delta.apply_to(index)
+            self.report.checkpoint_deltas += 1
+            last = delta
+        return index, last.position, last.dead
 
     async def close(self) -> None:
         """Drain the journal, write a final checkpoint, close files."""
@@ -410,7 +458,6 @@ class LedgerStore:
                 index.put_entry(lid, eid, (seg, offset, size), lac)
                 continue
             locs[eid] = (seg, offset, size)  # EntryIndex.add_new, inlined
-            entries.unordered.append(eid)
             if eid > entries.last:
                 entries.last = eid
             live += size
@@ -696,16 +743,51 @@ class LedgerStore:
 
     async def _checkpoint_locked(self) -> Position:
         pos = self.journal.position
-        # the snapshot is taken here, synchronously: the checkpoint is the index at ``pos``
-        encoder = CheckpointEncoder(self.index, pos)
-        dead = list(self._dead)
+        base = (self._cp_base_next or self._cp_seq >= self.config.checkpoint_max_deltas
+                or self._cp_delta_bytes > self.config.checkpoint_delta_ratio
+                * self._cp_base_bytes)
+        gen = self._cp_gen_seen + 1 if base else self._cp_gen
+        seq = 0 if base else self._cp_seq + 1
+        # the snapshot is taken here, synchronously: the file is the index at ``pos``; from
+        # here on the index counts as checkpointed, so if the file is not written the next
+        # checkpoint must be a base
+        encoder = CheckpointEncoder(self.index, pos, generation=gen, seq=seq, dead=self._dead,
+                                    written=None if base else self._cp_metas)
+        self._cp_base_next = True
         for _ in encoder.steps():
             await asyncio.sleep(0)  # a big index is encoded in steps: keep serving between
         data = encoder.result()
-        data += struct.pack(f">{len(dead)}Q", *dead) + _DEAD.pack(len(dead))
-        await self.fs.write_file_atomic(self.checkpoint_path, data)
+        if base:
+            self._cp_gen_seen = gen
+            await self.fs.write_file_atomic(self.checkpoint_path, data)
+            self._cp_gen, self._cp_seq = gen, 0
+            self._cp_base_bytes, self._cp_delta_bytes = len(data), 0
+            self._drop_old_deltas(gen)
+        else:
+            await self.fs.write_file_atomic(
+                posixpath.join(self.data_dir, delta_checkpoint_name(gen, seq)), data)
+            self._cp_seq = seq
+            self._cp_delta_bytes += len(data)
+        kind = "base" if base else "delta"
+        self.checkpoint_stats[kind + "s"] += 1
+        self.checkpoint_stats[kind + "_bytes"] += len(data)
+        self._cp_metas = encoder.metas
+        self._cp_base_next = False
         self._cp_pos = pos
         return pos
+
+    def _drop_old_deltas(self, generation: int) -> None:
+        """Delete the delta files of older bases and half-written ones (``.tmp``, a crash
+        during a delta's write). Best effort: a leftover delta names an older generation, so
+        it is never applied, and the next base tries again."""
+        for name in self.fs.listdir(self.data_dir):
+            tmp = name.endswith(_TMP_SUFFIX)
+            found = parse_delta_checkpoint_name(name[: -len(_TMP_SUFFIX)] if tmp else name)
+            if found is not None and (tmp or found[0] != generation):
+                try:
+                    self.fs.delete(posixpath.join(self.data_dir, name))
+                except OSError as exc:
+                    log.warning("could not delete old index checkpoint %s: %s", name, exc)
 
     # ================================================================== compaction
 

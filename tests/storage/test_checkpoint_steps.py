@@ -7,8 +7,9 @@ import asyncio
 import uuid
 
 from pybk.protocol import DigestManager
+from pybk.storage.checkpoint import CheckpointEncoder, decode_checkpoint
 from pybk.storage.fs import MemFileSystem
-from pybk.storage.index import CheckpointEncoder, Index, Position, decode_checkpoint
+from pybk.storage.index import Index, Position
 from pybk.storage.store import LedgerStore, StoreConfig
 
 IID = str(uuid.UUID(int=11, version=4))
@@ -35,7 +36,8 @@ def test_the_checkpoint_is_the_index_when_the_encoder_was_made():
     steps = list(encoder.steps(entries_per_step=4))
     assert len(steps) >= 3  # it did yield between steps
     assert encoder.result() == expected
-    back, back_pos = decode_checkpoint(expected, "cp")
+    cp = decode_checkpoint(expected, "cp")
+    back, back_pos = cp.build_index(), cp.position
     assert back_pos == pos and sorted(back.ledgers) == [1, 2, 3]
     assert list(back.ledgers[1].entries) == [0, 1, 2, 3, 4, 5]
     assert back.ledgers[2].fenced and not back.ledgers[2].deleted

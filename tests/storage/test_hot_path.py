@@ -21,8 +21,9 @@ import pytest
 
 from pybk.errors import EntryExistsError, JournalFailedError
 from pybk.protocol import DigestManager
+from pybk.storage.checkpoint import decode_checkpoint, encode_checkpoint
 from pybk.storage.fs import MemFileSystem
-from pybk.storage.index import Index, Location, Position, decode_checkpoint, encode_checkpoint
+from pybk.storage.index import Index, Location, Position
 from pybk.storage.journal import Journal
 from pybk.storage.records import encode_fence
 from pybk.storage.store import LedgerStore, StoreConfig
@@ -263,7 +264,8 @@ def test_checkpoint_keeps_its_position_whatever_segments_entries_live_in():
     idx = Index()
     idx.put_entry(1, 0, (0, 40, 60), -1)
     idx.put_entry(1, 1, (4, 80, 70), 0)
-    back, pos = decode_checkpoint(encode_checkpoint(idx, Position(9, 220, 3)), "cp")
+    cp = decode_checkpoint(encode_checkpoint(idx, Position(9, 220, 3)), "cp")
+    back, pos = cp.build_index(), cp.position
     assert pos == Position(9, 220, 3)
     assert back.ledgers[1].entries.locs == {0: (0, 40, 60), 1: (4, 80, 70)}
     back._check()
@@ -276,20 +278,27 @@ def test_entry_index_ordered_view_follows_out_of_order_inserts():
     from pybk.storage.index import EntryIndex
 
     @settings(derandomize=True, max_examples=200, deadline=None)
-    @given(ops=st.lists(st.tuples(st.integers(0, 60), st.booleans()), max_size=80))
-    def check(ops: list[tuple[int, bool]]) -> None:
+    @given(ops=st.lists(st.tuples(st.integers(0, 60), st.booleans(), st.booleans()),
+                        max_size=80))
+    def check(ops: list[tuple[int, bool, bool]]) -> None:
         idx = EntryIndex()
         model: dict[int, tuple[int, int, int]] = {}
-        for n, (eid, query) in enumerate(ops):
+        changed: set[int] = set()  # added or moved since the last checkpoint
+        for n, (eid, query, checkpoint) in enumerate(ops):
             loc = (1, n, 10)
             if eid in idx:
                 idx[eid] = loc  # a move (compaction)
             else:
                 idx.add_new(eid, loc)
             model[eid] = loc
+            changed.add(eid)
             if query:  # ordered questions interleaved with inserts
                 assert list(idx) == sorted(model)
                 assert list(idx.irange(10, 40)) == [e for e in sorted(model) if 10 <= e <= 40]
+            if checkpoint:  # what a delta checkpoint takes: exactly the changes, current
+                assert idx.take_changes() == {e: model[e] for e in changed}
+                changed.clear()
+                assert idx.take_changes() == {}
             assert idx.last == max(model)
             assert idx.get(eid) == loc and len(idx) == len(model)
         assert idx.items() == sorted(model.items())
