@@ -28,8 +28,10 @@ Layout (big-endian), version 2::
 
 from __future__ import annotations
 
+import gc
 import struct
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -47,9 +49,28 @@ _HEADER = struct.Struct(">8sHIQ")  # magic, version, crc, payload length
 _HEAD = struct.Struct(">BQIQQQII")  # kind, generation, seq, position (3), ndead, nledgers
 _META = struct.Struct(">qBqqHI")  # id, flags, piggybacked lac, explicit lac, keylen, laclen
 _COUNT = struct.Struct(">I")
-_ENTRY_FMT: Final = "qQQI"
-_ENTRY_SIZE: Final = struct.calcsize(">" + _ENTRY_FMT)
 _FENCED, _DELETED, _HAS_KEY, _HAS_LAC = 1, 2, 4, 8
+_ENTRY_FMT: Final = "qQQI"  # id, segment, offset, size
+_ENTRY_SIZE: Final = struct.calcsize(">" + _ENTRY_FMT)
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector for a synchronous bulk step.
+
+    Why: decoding or encoding a checkpoint makes a tuple (or more) per entry, and the
+    collections those allocations trigger walk the whole young heap and, every so often, the
+    whole index: measured here, 80% of decoding a 2-million-entry checkpoint (1.6 s vs 0.3 s)
+    and 70% of encoding one. Nothing made in these steps forms a cycle, so nothing is lost by
+    not collecting during them; the previous setting is restored at once (never across an
+    await)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _ledger_meta(lid: int, st: LedgerState) -> bytes:
@@ -70,8 +91,9 @@ def _ledger_meta(lid: int, st: LedgerState) -> bytes:
 class CheckpointEncoder:
     """Encodes one checkpoint file in steps, from a snapshot taken when it is created.
 
-    Why steps: encoding is a Python loop over the entries it holds (about 0.3 s per million
-    here), and a bookie that encoded a big base in one go stopped serving for that long.
+    Why steps: encoding costs in proportion to the entries the file holds (about 0.2 s per
+    million here), and a bookie that encoded a big base in one go stopped serving for that
+    long.
     Creating the encoder copies what the file needs with C-level copies (each ledger's ordered
     ids and location dict for a base, the changed entries for a delta), so the file is exactly
     the index at ``pos`` however the index changes afterwards; :meth:`steps` then encodes a
@@ -90,15 +112,8 @@ class CheckpointEncoder:
         #: every ledger's meta as of this checkpoint (what the next delta compares with)
         self.metas: dict[int, bytes] = {}
         self._ledgers: list[tuple[bytes, list[int], dict[int, Loc]]] = []
-        for lid in sorted(index.ledgers):
-            st = index.ledgers[lid]
-            meta = self.metas[lid] = _ledger_meta(lid, st)
-            changes = st.entries.take_changes()
-            if not seq:
-                ids, locs = st.entries.snapshot()
-                self._ledgers.append((meta, ids, locs))
-            elif changes or written.get(lid) != meta:  # type: ignore[union-attr]
-                self._ledgers.append((meta, sorted(changes), changes))
+        with _gc_paused():
+            self._snapshot(index, seq, written)
         dead = list(dead)
         self._parts: list[bytes] = [
             _HEAD.pack(DELTA if seq else BASE, generation, seq, pos.seg, pos.offset,
@@ -106,6 +121,20 @@ class CheckpointEncoder:
             struct.pack(f">{len(dead)}Q", *dead),
         ]
         self._done = False
+
+    def _snapshot(self, index: Index, seq: int, written: dict[int, bytes] | None) -> None:
+        """Copy what the file will hold (synchronously: the index as it is now)."""
+        for lid in sorted(index.ledgers):
+            st = index.ledgers[lid]
+            meta = self.metas[lid] = _ledger_meta(lid, st)
+            if not seq:
+                st.entries.mark_checkpointed()
+                ids, locs = st.entries.snapshot()
+                self._ledgers.append((meta, ids, locs))
+                continue
+            changes = st.entries.take_changes()
+            if changes or written.get(lid) != meta:  # type: ignore[union-attr]
+                self._ledgers.append((meta, sorted(changes), changes))
 
     @property
     def ledger_count(self) -> int:
@@ -120,11 +149,12 @@ class CheckpointEncoder:
             parts.append(meta + _COUNT.pack(len(ids)))
             for first in range(0, len(ids), entries_per_step):
                 chunk = ids[first : first + entries_per_step]
-                flat: list[int] = []
-                for eid in chunk:
-                    flat.append(eid)
-                    flat.extend(locs[eid])
-                parts.append(struct.pack(">" + _ENTRY_FMT * len(chunk), *flat))
+                with _gc_paused():
+                    flat: list[int] = []
+                    for eid in chunk:
+                        flat.append(eid)
+                        flat.extend(locs[eid])
+                    parts.append(struct.pack(">" + _ENTRY_FMT * len(chunk), *flat))
                 since += len(chunk)
                 if since >= entries_per_step:
                     since = 0
@@ -164,6 +194,10 @@ class CheckpointFile:
         """The index a base describes."""
         if self.kind != BASE:
             raise ValueError("only a base checkpoint describes a whole index")
+        with _gc_paused():
+            return self._build_index()
+
+    def _build_index(self) -> Index:
         index = Index()
         live = index.seg_live
         for lid, st, items in self.ledgers:
@@ -208,7 +242,8 @@ def decode_checkpoint(data: bytes, path: str) -> CheckpointFile:
         raise CorruptRecordError(f"{path}: index checkpoint checksum mismatch", path=path,
                                  offset=0)
     try:
-        return _decode_payload(payload)
+        with _gc_paused():
+            return _decode_payload(payload)
     except (struct.error, ValueError) as exc:
         raise CorruptRecordError(f"{path}: malformed index checkpoint ({exc})", path=path,
                                  offset=0) from None

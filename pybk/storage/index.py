@@ -122,6 +122,11 @@ class EntryIndex:
         locs = self.locs
         return {eid: locs[eid] for eid in changed}
 
+    def mark_checkpointed(self) -> None:
+        """Every entry now counts as checkpointed (a base checkpoint holds them all)."""
+        self.n_checkpointed = len(self.locs)
+        self.moved = []
+
     def __iter__(self) -> Iterator[int]:
         """Entry ids, ascending."""
         return iter(self._ordered())
