@@ -88,6 +88,12 @@ def _ledger_meta(lid: int, st: LedgerState) -> bytes:
                       len(lac_body)) + key + lac_body
 
 
+def ledger_metas(index: Index) -> dict[int, bytes]:
+    """Every ledger's meta as a checkpoint of ``index`` writes it (what a delta compares
+    with): for a store that loaded a checkpoint chain, so its next checkpoint can be a delta."""
+    return {lid: _ledger_meta(lid, st) for lid, st in index.ledgers.items()}
+
+
 class CheckpointEncoder:
     """Encodes one checkpoint file in steps, from a snapshot taken when it is created.
 

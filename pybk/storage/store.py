@@ -48,7 +48,13 @@ from pybk.errors import (
     fresh_copy,
 )
 from pybk.protocol import ENTRY_HEADER_SIZE, parse_entry_header
-from pybk.storage.checkpoint import BASE, DELTA, CheckpointEncoder, decode_checkpoint
+from pybk.storage.checkpoint import (
+    BASE,
+    DELTA,
+    CheckpointEncoder,
+    decode_checkpoint,
+    ledger_metas,
+)
 from pybk.storage.fs import FileSystem
 from pybk.storage.index import Index, LedgerState, Position
 from pybk.storage.journal import Journal, parse_segment_name, segment_name
@@ -386,9 +392,12 @@ class LedgerStore:
                          ) -> tuple[Index, Position, list[int]]:
         """The index, position and dead segments of the base checkpoint and its chain of
         deltas (``deltas``: the (generation, seq) of every delta file found, sorted). A
-        damaged file or a gap in the chain raises CorruptRecordError: the caller rebuilds."""
+        damaged file or a gap in the chain raises CorruptRecordError: the caller rebuilds.
+        Once loaded, the next checkpoint extends this chain (a delta of what replay adds)."""
         path = self.checkpoint_path
-        base = decode_checkpoint(self.fs.read_file(path), path)
+        data = self.fs.read_file(path)
+        base = decode_checkpoint(data, path)
+        base_bytes, delta_bytes = len(data), 0
         if base.kind != BASE:
             raise CorruptRecordError(f"{path}: a delta checkpoint where the base belongs",
                                      path=path, offset=0)
@@ -402,7 +411,9 @@ class LedgerStore:
                 raise CorruptRecordError(
                     f"{path}: delta checkpoint {last.seq + 1} of generation {gen} is missing",
                     path=path, offset=0)
-            delta = decode_checkpoint(self.fs.read_file(path), path)
+            data = self.fs.read_file(path)
+            delta = decode_checkpoint(data, path)
+            delta_bytes += len(data)
             if (delta.kind, delta.generation, delta.seq) != (DELTA, gen, seq):
                 raise CorruptRecordError(
                     f"{path}: holds delta {delta.seq} of generation {delta.generation}, "
@@ -410,6 +421,11 @@ class LedgerStore:
             delta.apply_to(index)
             self.report.checkpoint_deltas += 1
             last = delta
+        self._cp_gen, self._cp_seq = base.generation, last.seq
+        self._cp_base_bytes, self._cp_delta_bytes = base_bytes, delta_bytes
+        self._cp_metas = ledger_metas(index)
+        self._cp_base_next = False
+        self._drop_old_deltas(base.generation)  # older bases' and half-written ones
         return index, last.position, last.dead
 
     async def close(self) -> None:

@@ -102,6 +102,30 @@ async def test_after_the_base_a_checkpoint_holds_only_the_changed_ledgers_and_en
     await again.close()
 
 
+async def test_a_start_on_a_good_chain_continues_it_with_a_delta():
+    """Start-up's checkpoint (after replay) extends the chain it loaded: a restart costs what
+    replay added, not a rewrite of the whole index."""
+    fs = MemFileSystem()
+    s = await _store(fs, CHAIN)
+    for lid in (1, 2):
+        await _fill(s, lid, range(50))
+    await s.checkpoint()
+    await _fill(s, 2, range(50, 55))  # after the last checkpoint: replayed at the next start
+    await s.journal.drain()
+    s.abandon(RuntimeError("crash"))
+    again = await _store(fs, CHAIN)
+    assert again.report.checkpoint_deltas == 1 and again.report.records_replayed == 5
+    assert again.checkpoint_stats["bases"] == 0 and again.checkpoint_stats["deltas"] == 1
+    gen, seq = _deltas(fs)[-1]
+    delta = decode_checkpoint(fs.read_file("/data/" + delta_checkpoint_name(gen, seq)), "d")
+    assert [(lid, [e for e, _ in items]) for lid, _st, items in delta.ledgers] == [
+        (2, [50, 51, 52, 53, 54])]
+    expected = _state(again.index)
+    third = await _reopen(fs, again, CHAIN)
+    assert _state(third.index) == expected and third.report.records_replayed == 0
+    await third.close()
+
+
 async def test_moves_deletions_keys_and_lacs_travel_in_deltas():
     fs = MemFileSystem()
     s = await _store(fs, CHAIN)
@@ -179,14 +203,17 @@ async def test_a_damaged_chain_rebuilds_the_index_from_the_segments(damage):
 
 async def test_a_delta_of_an_older_base_is_never_applied():
     fs = MemFileSystem()
-    s = await _store(fs, CHAIN)
+    one_delta = StoreConfig(segment_size=4096, checkpoint_delta_ratio=1e9,
+                            checkpoint_max_deltas=1)
+    s = await _store(fs, one_delta)
     await _fill(s, 1, range(10))
-    await s.close()
-    again = await _store(fs, CHAIN)  # its start-up base is a newer generation
-    old_gen, new_gen = s._cp_gen, again._cp_gen
+    await s.checkpoint()  # a delta on start-up's base
+    old_gen = s._cp_gen
+    await s.checkpoint()  # the count is reached: a new base, a newer generation
+    new_gen = s._cp_gen
     assert new_gen > old_gen and _deltas(fs) == []
     # what a crash after the new base, before the older base's deltas were deleted, leaves:
-    # here a delta that would fence and delete ledger 1 if it were applied
+    # here deltas that would fence and delete ledger 1 if they were applied
     other = Index()
     other.ledger(1).fenced = True
     other.delete_ledger(1)
@@ -194,17 +221,17 @@ async def test_a_delta_of_an_older_base_is_never_applied():
         stale = CheckpointEncoder(other, Position(0, 0, 0), generation=old_gen, seq=seq,
                                   written={}).result()
         await fs.write_file_atomic("/data/" + delta_checkpoint_name(old_gen, seq), stale)
-    await _fill(again, 1, range(10, 20))
-    await again.checkpoint()  # a delta of the new generation: (new_gen, 1)
-    assert (new_gen, 1) in _deltas(fs)
-    again.abandon(RuntimeError("crash"))
-    third = await _store(fs, CHAIN)
-    assert third.report.checkpoint_loaded and third.report.checkpoint_deltas == 1
-    st = third.index.ledgers[1]
+    await _fill(s, 1, range(10, 20))
+    await s.checkpoint()  # a delta of the new generation
+    assert _deltas(fs) == [(old_gen, 1), (old_gen, 2), (new_gen, 1)]
+    s.abandon(RuntimeError("crash"))
+    again = await _store(fs, one_delta)
+    assert again.report.checkpoint_loaded and again.report.checkpoint_deltas == 1
+    st = again.index.ledgers[1]
     assert not st.fenced and not st.deleted and len(st.entries) == 20
-    assert third.read(1, 19) == body(1, 19)
-    assert _deltas(fs) == []  # start-up's base removed every older delta
-    await third.close()
+    assert again.read(1, 19) == body(1, 19)
+    assert all(gen != old_gen for gen, _seq in _deltas(fs))  # removed at start-up
+    await again.close()
 
 
 async def test_a_half_written_delta_is_ignored_and_removed():
