@@ -12,7 +12,8 @@ import pytest
 from pybk.errors import CorruptRecordError, JournalFailedError, ReadOnlyBookieError
 from pybk.protocol import DigestManager
 from pybk.storage.fs import MemFileSystem
-from pybk.storage.journal import PREP_SUFFIX, parse_segment_name
+from pybk.storage.journal import PREP_CHUNK, PREP_SUFFIX, parse_segment_name
+from pybk.storage.records import SEGMENT_HEADER_SIZE
 from pybk.storage.store import LedgerStore, StoreConfig
 
 IID = str(uuid.UUID(int=11, version=4))
@@ -204,3 +205,24 @@ async def test_preallocated_segments_on_real_files(tmp_path, zero_fill_below):
         await again.close()
     finally:
         fs.close()
+
+
+async def test_zeros_are_synced_a_chunk_at_a_time():
+    """A segment's zeros are written and synced chunk by chunk, never more than one chunk
+    unsynced: a journal sync then waits behind one chunk's flush at most, not a segment's."""
+    fs = MemFileSystem()
+    ops: list[tuple[str, str, int]] = []  # (op, path, unsynced bytes before it)
+
+    def hook(op: str, path: str) -> None:
+        if path.endswith(PREP_SUFFIX):
+            ops.append((op, path, fs.unsynced_bytes()))
+
+    config = StoreConfig(journal_preallocate=True, segment_size=3 * PREP_CHUNK + 100)
+    fs.fault_hook = hook
+    s = await _store(fs, config)  # makes the first segment at start
+    writes = [unsynced for op, _path, unsynced in ops if op == "write"]
+    syncs = [op for op, _path, _unsynced in ops if op == "sync"]
+    assert len(writes) == 5 and len(syncs) == 4  # header + 4 chunks of zeros; 4 syncs
+    assert max(writes) <= PREP_CHUNK + SEGMENT_HEADER_SIZE  # never more than a chunk behind
+    await _fill(s, 3)
+    await s.close()
