@@ -405,7 +405,7 @@ class LedgerStore:
         index, last = base.build_index(), base
         for gen, seq in deltas:
             if gen != base.generation:
-                continue  # left by an older base (removed by the next base)
+                continue  # left by an older base (deleted below)
             path = posixpath.join(self.data_dir, delta_checkpoint_name(gen, seq))
             if seq != last.seq + 1:
                 raise CorruptRecordError(
