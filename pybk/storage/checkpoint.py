@@ -29,6 +29,7 @@ Layout (big-endian), version 2::
 from __future__ import annotations
 
 import gc
+import posixpath
 import struct
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -38,7 +39,13 @@ from typing import Final
 import crc32c
 
 from pybk.errors import CorruptRecordError
+from pybk.storage.fs import FileSystem
 from pybk.storage.index import EntryIndex, Index, LedgerState, Loc, Position
+
+#: the base checkpoint's file name in a data directory; its deltas are
+#: ``index.ckpt.<generation>.<seq>`` (hex) beside it
+CHECKPOINT_FILE: Final = "index.ckpt"
+_TMP_SUFFIX: Final = ".tmp"  # (FileSystem.write_file_atomic's temporary file)
 
 CHECKPOINT_MAGIC: Final = b"PYBKIDX\x00"
 CHECKPOINT_VERSION: Final = 2
@@ -291,3 +298,85 @@ def _decode_payload(payload: bytes) -> CheckpointFile:
         raise ValueError(f"{len(payload) - pos} trailing bytes")
     return CheckpointFile(kind, generation, seq, Position(seg, offset, batch_seq), dead,
                           ledgers)
+
+
+# --------------------------------------------------------------------------- files of a chain
+
+
+def delta_checkpoint_name(generation: int, seq: int) -> str:
+    return f"{CHECKPOINT_FILE}.{generation:016x}.{seq:08x}"
+
+
+def parse_delta_checkpoint_name(name: str) -> tuple[int, int] | None:
+    """(generation, seq) of a delta checkpoint's file name, else None."""
+    parts = name.split(".")
+    if (len(parts) != 4 or ".".join(parts[:2]) != CHECKPOINT_FILE or len(parts[2]) != 16
+            or len(parts[3]) != 8):
+        return None
+    try:
+        return int(parts[2], 16), int(parts[3], 16)
+    except ValueError:
+        return None
+
+
+def delta_checkpoints(fs: FileSystem, data_dir: str) -> list[tuple[int, int]]:
+    """(generation, seq) of every delta file in ``data_dir``, sorted."""
+    return sorted(d for d in map(parse_delta_checkpoint_name, fs.listdir(data_dir))
+                  if d is not None)
+
+
+def stale_checkpoint_files(fs: FileSystem, data_dir: str, generation: int) -> list[str]:
+    """Names of the delta files that are not part of base ``generation``'s chain: deltas of
+    other generations and half-written (``.tmp``) ones."""
+    stale = []
+    for name in fs.listdir(data_dir):
+        tmp = name.endswith(_TMP_SUFFIX)
+        found = parse_delta_checkpoint_name(name[: -len(_TMP_SUFFIX)] if tmp else name)
+        if found is not None and (tmp or found[0] != generation):
+            stale.append(name)
+    return sorted(stale)
+
+
+@dataclass
+class CheckpointChain:
+    """A base checkpoint and the deltas applied on it, as loaded from a data directory."""
+
+    index: Index
+    base: CheckpointFile
+    #: the chain's last file (the base when it has no deltas): its position and dead list
+    last: CheckpointFile
+    deltas: int
+    base_bytes: int
+    delta_bytes: int
+
+
+def load_checkpoint_chain(fs: FileSystem, data_dir: str) -> CheckpointChain:
+    """Read ``data_dir``'s base checkpoint and apply its deltas in sequence (deltas of other
+    generations are skipped). Reads only. A damaged file, a gap in the chain or a file that
+    is not what its name says raises CorruptRecordError; a missing base, FileNotFoundError."""
+    path = posixpath.join(data_dir, CHECKPOINT_FILE)
+    data = fs.read_file(path)
+    base = decode_checkpoint(data, path)
+    if base.kind != BASE:
+        raise CorruptRecordError(f"{path}: a delta checkpoint where the base belongs",
+                                 path=path, offset=0)
+    chain = CheckpointChain(base.build_index(), base, base, 0, len(data), 0)
+    for gen, seq in delta_checkpoints(fs, data_dir):
+        if gen != base.generation:
+            continue  # left by an older base
+        path = posixpath.join(data_dir, delta_checkpoint_name(gen, seq))
+        if seq != chain.last.seq + 1:
+            raise CorruptRecordError(
+                f"{path}: delta checkpoint {chain.last.seq + 1} of generation {gen} is "
+                "missing", path=path, offset=0)
+        data = fs.read_file(path)
+        delta = decode_checkpoint(data, path)
+        if (delta.kind, delta.generation, delta.seq) != (DELTA, gen, seq):
+            raise CorruptRecordError(
+                f"{path}: holds delta {delta.seq} of generation {delta.generation}, not what "
+                "its name says", path=path, offset=0)
+        delta.apply_to(chain.index)
+        chain.last = delta
+        chain.deltas += 1
+        chain.delta_bytes += len(data)
+    return chain

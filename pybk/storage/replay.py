@@ -25,11 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pybk.errors import BookieStateError, CorruptRecordError
+from pybk.protocol import parse_entry_header
 from pybk.storage.fs import FileSystem
+from pybk.storage.index import Index
 from pybk.storage.records import (
     BATCH_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
     Record,
+    RecordType,
     batch_at,
     decode_segment_header,
     find_valid_batch_after,
@@ -127,3 +130,32 @@ def scan_segment(
     scan.end = pos
     scan.next_batch_seq = expect
     return scan
+
+
+def apply_record(index: Index, rec: Record, seg: int) -> None:
+    """What a replayed record of segment ``seg`` does to the index (start-up replay, and the
+    offline rebuild of ``pybk.datadir``)."""
+    t = rec.rtype
+    if t is RecordType.ENTRY:
+        index.put_entry(rec.ledger_id, rec.entry_id, (seg, rec.offset, rec.size),
+                        piggyback_lac(rec.data))
+    elif t is RecordType.MASTER_KEY:
+        st = index.ledger(rec.ledger_id)
+        if st.master_key is None:
+            st.master_key = rec.data
+    elif t is RecordType.FENCE:
+        index.ledger(rec.ledger_id).fenced = True
+    elif t is RecordType.EXPLICIT_LAC:
+        st = index.ledger(rec.ledger_id)
+        if not st.deleted and rec.lac >= st.explicit_lac:
+            st.explicit_lac, st.explicit_lac_body = rec.lac, rec.data
+    elif t is RecordType.DELETE_LEDGER:
+        index.delete_ledger(rec.ledger_id)
+
+
+def piggyback_lac(body: bytes) -> int:
+    """The LAC an entry body carries (-1 if its header cannot be read)."""
+    try:
+        return parse_entry_header(body)[2]
+    except ValueError:
+        return -1

@@ -49,11 +49,13 @@ from pybk.errors import (
 )
 from pybk.protocol import ENTRY_HEADER_SIZE, parse_entry_header
 from pybk.storage.checkpoint import (
-    BASE,
-    DELTA,
+    CHECKPOINT_FILE,
     CheckpointEncoder,
-    decode_checkpoint,
+    delta_checkpoint_name,
+    delta_checkpoints,
     ledger_metas,
+    load_checkpoint_chain,
+    stale_checkpoint_files,
 )
 from pybk.storage.fs import FileSystem
 from pybk.storage.index import Index, LedgerState, Position
@@ -70,30 +72,9 @@ from pybk.storage.records import (
     encode_fence,
     encode_master_key,
 )
-from pybk.storage.replay import SegmentScan, scan_segment
+from pybk.storage.replay import SegmentScan, apply_record, piggyback_lac, scan_segment
 
 log = logging.getLogger(__name__)
-
-#: the base index checkpoint; its deltas are ``index.ckpt.<generation>.<seq>`` (hex) beside it
-CHECKPOINT_FILE = "index.ckpt"
-_TMP_SUFFIX = ".tmp"  # (FileSystem.write_file_atomic's temporary file)
-
-
-def delta_checkpoint_name(generation: int, seq: int) -> str:
-    return f"{CHECKPOINT_FILE}.{generation:016x}.{seq:08x}"
-
-
-def parse_delta_checkpoint_name(name: str) -> tuple[int, int] | None:
-    """(generation, seq) of a delta checkpoint's file name, else None."""
-    parts = name.split(".")
-    if (len(parts) != 4 or ".".join(parts[:2]) != CHECKPOINT_FILE or len(parts[2]) != 16
-            or len(parts[3]) != 8):
-        return None
-    try:
-        return int(parts[2], 16), int(parts[3], 16)
-    except ValueError:
-        return None
-
 
 #: ``journal_inline_sync_max`` for a bookie alone on its event loop: every batch syncs inline.
 INLINE_SYNC_ALWAYS: Final = sys.maxsize
@@ -255,12 +236,11 @@ class LedgerStore:
         index: Index = Index()
         pos: Position | None = None
         dead: list[int] = []
-        deltas = sorted(d for d in map(parse_delta_checkpoint_name, fs.listdir(self.data_dir))
-                        if d is not None)
-        self._cp_gen_seen = max([gen for gen, _seq in deltas], default=0)
+        self._cp_gen_seen = max([gen for gen, _seq in delta_checkpoints(fs, self.data_dir)],
+                                default=0)
         if fs.exists(self.checkpoint_path):
             try:
-                index, pos, dead = self._load_checkpoint(deltas)
+                index, pos, dead = self._load_checkpoint()
                 report.checkpoint_loaded = True
             except (CorruptRecordError, OSError) as exc:
                 report.checkpoint_error = str(exc)
@@ -361,7 +341,7 @@ class LedgerStore:
 
         def apply(rec: Record, seg: int) -> None:
             self.report.records_replayed += 1
-            self._apply_record(rec, seg)
+            apply_record(self.index, rec, seg)
 
         return scan_segment(
             self.fs, self.journal_path(seq), seq, self.instance_id,
@@ -369,64 +349,20 @@ class LedgerStore:
             allow_suspect=self.config.allow_suspect_segments, apply=apply,
         )
 
-    def _apply_record(self, rec: Record, seg: int) -> None:
-        index = self.index
-        t = rec.rtype
-        if t is RecordType.ENTRY:
-            index.put_entry(rec.ledger_id, rec.entry_id, (seg, rec.offset, rec.size),
-                            _piggyback_lac(rec.data))
-        elif t is RecordType.MASTER_KEY:
-            st = index.ledger(rec.ledger_id)
-            if st.master_key is None:
-                st.master_key = rec.data
-        elif t is RecordType.FENCE:
-            index.ledger(rec.ledger_id).fenced = True
-        elif t is RecordType.EXPLICIT_LAC:
-            st = index.ledger(rec.ledger_id)
-            if not st.deleted and rec.lac >= st.explicit_lac:
-                st.explicit_lac, st.explicit_lac_body = rec.lac, rec.data
-        elif t is RecordType.DELETE_LEDGER:
-            index.delete_ledger(rec.ledger_id)
-
-    def _load_checkpoint(self, deltas: list[tuple[int, int]],
-                         ) -> tuple[Index, Position, list[int]]:
+    def _load_checkpoint(self) -> tuple[Index, Position, list[int]]:
         """The index, position and dead segments of the base checkpoint and its chain of
-        deltas (``deltas``: the (generation, seq) of every delta file found, sorted). A
-        damaged file or a gap in the chain raises CorruptRecordError: the caller rebuilds.
-        Once loaded, the next checkpoint extends this chain (a delta of what replay adds)."""
-        path = self.checkpoint_path
-        data = self.fs.read_file(path)
-        base = decode_checkpoint(data, path)
-        base_bytes, delta_bytes = len(data), 0
-        if base.kind != BASE:
-            raise CorruptRecordError(f"{path}: a delta checkpoint where the base belongs",
-                                     path=path, offset=0)
-        self._cp_gen_seen = max(self._cp_gen_seen, base.generation)
-        index, last = base.build_index(), base
-        for gen, seq in deltas:
-            if gen != base.generation:
-                continue  # left by an older base (deleted below)
-            path = posixpath.join(self.data_dir, delta_checkpoint_name(gen, seq))
-            if seq != last.seq + 1:
-                raise CorruptRecordError(
-                    f"{path}: delta checkpoint {last.seq + 1} of generation {gen} is missing",
-                    path=path, offset=0)
-            data = self.fs.read_file(path)
-            delta = decode_checkpoint(data, path)
-            delta_bytes += len(data)
-            if (delta.kind, delta.generation, delta.seq) != (DELTA, gen, seq):
-                raise CorruptRecordError(
-                    f"{path}: holds delta {delta.seq} of generation {delta.generation}, "
-                    "not what its name says", path=path, offset=0)
-            delta.apply_to(index)
-            self.report.checkpoint_deltas += 1
-            last = delta
-        self._cp_gen, self._cp_seq = base.generation, last.seq
-        self._cp_base_bytes, self._cp_delta_bytes = base_bytes, delta_bytes
-        self._cp_metas = ledger_metas(index)
+        deltas (see ``load_checkpoint_chain``: damage raises, the caller rebuilds). Once
+        loaded, the next checkpoint extends this chain (a delta of what replay adds)."""
+        chain = load_checkpoint_chain(self.fs, self.data_dir)
+        self.report.checkpoint_deltas = chain.deltas
+        gen = chain.base.generation
+        self._cp_gen_seen = max(self._cp_gen_seen, gen)
+        self._cp_gen, self._cp_seq = gen, chain.last.seq
+        self._cp_base_bytes, self._cp_delta_bytes = chain.base_bytes, chain.delta_bytes
+        self._cp_metas = ledger_metas(chain.index)
         self._cp_base_next = False
-        self._drop_old_deltas(base.generation)  # older bases' and half-written ones
-        return index, last.position, last.dead
+        self._drop_old_deltas(gen)  # older bases' and half-written ones
+        return chain.index, chain.last.position, chain.last.dead
 
     async def close(self) -> None:
         """Drain the journal, write a final checkpoint, close files."""
@@ -793,17 +729,14 @@ class LedgerStore:
         return pos
 
     def _drop_old_deltas(self, generation: int) -> None:
-        """Delete the delta files of older bases and half-written ones (``.tmp``, a crash
-        during a delta's write). Best effort: a leftover delta names an older generation, so
-        it is never applied, and the next base tries again."""
-        for name in self.fs.listdir(self.data_dir):
-            tmp = name.endswith(_TMP_SUFFIX)
-            found = parse_delta_checkpoint_name(name[: -len(_TMP_SUFFIX)] if tmp else name)
-            if found is not None and (tmp or found[0] != generation):
-                try:
-                    self.fs.delete(posixpath.join(self.data_dir, name))
-                except OSError as exc:
-                    log.warning("could not delete old index checkpoint %s: %s", name, exc)
+        """Delete the delta files of older bases and half-written ones. Best effort: a
+        leftover delta names an older generation, so it is never applied, and the next base
+        tries again."""
+        for name in stale_checkpoint_files(self.fs, self.data_dir, generation):
+            try:
+                self.fs.delete(posixpath.join(self.data_dir, name))
+            except OSError as exc:
+                log.warning("could not delete old index checkpoint %s: %s", name, exc)
 
     # ================================================================== compaction
 
@@ -873,7 +806,7 @@ class LedgerStore:
                 if loc is not None and loc[0] == seq and loc[1] == rec.offset:
                     data = encode_entry(rec.data)
                     out.append((data, (rec.ledger_id, rec.entry_id,
-                                       _piggyback_lac(rec.data), len(data), None, st)))
+                                       piggyback_lac(rec.data), len(data), None, st)))
             elif rec.ledger_id not in meta:
                 meta.append(rec.ledger_id)
         for lid in meta:
@@ -945,13 +878,6 @@ class ResolveFuture:
         else:
             fut.set_exception(error)
             fut.exception()  # the caller may never look; do not warn
-
-
-def _piggyback_lac(body: bytes) -> int:
-    try:
-        return parse_entry_header(body)[2]
-    except ValueError:
-        return -1
 
 
 __all__ = [

@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 
 from pybk.protocol import DigestManager
-from pybk.storage.checkpoint import CheckpointEncoder, decode_checkpoint
-from pybk.storage.fs import MemFileSystem
-from pybk.storage.index import Index, Position
-from pybk.storage.store import (
+from pybk.storage.checkpoint import (
     CHECKPOINT_FILE,
-    LedgerStore,
-    StoreConfig,
+    CheckpointEncoder,
+    decode_checkpoint,
     delta_checkpoint_name,
     parse_delta_checkpoint_name,
 )
+from pybk.storage.fs import MemFileSystem
+from pybk.storage.index import Index, Position
+from pybk.storage.store import LedgerStore, StoreConfig
 
 IID = str(uuid.UUID(int=12, version=4))
 KEY = b"k" * 32
