@@ -283,35 +283,15 @@ class Bookie:
     def _cookie_path(self) -> str:
         return posixpath.join(self.data_dir, COOKIE_FILE)
 
-    @staticmethod
-    def _encode_cookie(bookie_id: str, instance_id: str) -> bytes:
-        doc = json.dumps({"bookie_id": bookie_id, "instance_id": instance_id},
-                         sort_keys=True).encode()
-        return _COOKIE_MAGIC + f"{crc32c.crc32c(doc):08x} ".encode() + doc
-
-    def _decode_cookie(self, data: bytes, where: str) -> dict[str, str]:
-        if not data.startswith(_COOKIE_MAGIC):
-            raise BookieStateError(f"{where}: not a pybk cookie (or an unknown cookie version)")
-        rest = data[len(_COOKIE_MAGIC):]
-        try:
-            crc, doc = rest.split(b" ", 1)
-            if int(crc, 16) != crc32c.crc32c(doc):
-                raise ValueError("checksum mismatch")
-            parsed = json.loads(doc)
-            return {"bookie_id": str(parsed["bookie_id"]),
-                    "instance_id": str(parsed["instance_id"])}
-        except (ValueError, KeyError, TypeError) as exc:
-            raise BookieStateError(f"{where}: damaged cookie ({exc})") from None
-
     async def _check_cookie(self) -> str:
         path = self._cookie_path()
-        local = (self._decode_cookie(self.fs.read_file(path), path)
+        local = (decode_cookie(self.fs.read_file(path), path)
                  if self.fs.exists(path) else None)
         stored = None
         if self.cookie_store is not None:
             raw = await self.cookie_store.read_cookie(self.bookie_id)
             if raw is not None:
-                stored = self._decode_cookie(raw, f"metadata cookie of {self.bookie_id}")
+                stored = decode_cookie(raw, f"metadata cookie of {self.bookie_id}")
         if local is None:
             if stored is not None:
                 raise BookieStateError(
@@ -326,7 +306,7 @@ class Bookie:
                 raise BookieStateError(
                     f"{self.data_dir} holds journal data but no cookie: refusing to adopt it")
             instance_id = str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
-            cookie = self._encode_cookie(self.bookie_id, instance_id)
+            cookie = encode_cookie(self.bookie_id, instance_id)
             await self.fs.write_file_atomic(path, cookie)
             if self.cookie_store is not None:
                 await self.cookie_store.write_cookie(self.bookie_id, cookie)
@@ -338,7 +318,7 @@ class Bookie:
         if stored is None:
             if self.cookie_store is not None:
                 await self.cookie_store.write_cookie(
-                    self.bookie_id, self._encode_cookie(self.bookie_id, local["instance_id"]))
+                    self.bookie_id, encode_cookie(self.bookie_id, local["instance_id"]))
         elif stored["instance_id"] != local["instance_id"]:
             raise BookieStateError(
                 f"bookie {self.bookie_id}: {self.data_dir} has instance {local['instance_id']} "
@@ -656,6 +636,30 @@ class Bookie:
         assert self._state in (WRITABLE, READ_ONLY, STOPPED)
         if self._state == WRITABLE:
             assert not self._journal_failed and not self._disk_full
+
+
+def encode_cookie(bookie_id: str, instance_id: str) -> bytes:
+    """A data directory's cookie file (and the copy kept in the metadata store)."""
+    doc = json.dumps({"bookie_id": bookie_id, "instance_id": instance_id},
+                     sort_keys=True).encode()
+    return _COOKIE_MAGIC + f"{crc32c.crc32c(doc):08x} ".encode() + doc
+
+
+def decode_cookie(data: bytes, where: str) -> dict[str, str]:
+    """``{"bookie_id", "instance_id"}`` of a cookie; BookieStateError naming ``where`` if it
+    is damaged or of an unknown version."""
+    if not data.startswith(_COOKIE_MAGIC):
+        raise BookieStateError(f"{where}: not a pybk cookie (or an unknown cookie version)")
+    rest = data[len(_COOKIE_MAGIC):]
+    try:
+        crc, doc = rest.split(b" ", 1)
+        if int(crc, 16) != crc32c.crc32c(doc):
+            raise ValueError("checksum mismatch")
+        parsed = json.loads(doc)
+        return {"bookie_id": str(parsed["bookie_id"]),
+                "instance_id": str(parsed["instance_id"])}
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BookieStateError(f"{where}: damaged cookie ({exc})") from None
 
 
 class _AddDone:

@@ -76,6 +76,9 @@ from pybk.storage.replay import SegmentScan, apply_record, piggyback_lac, scan_s
 
 log = logging.getLogger(__name__)
 
+#: the journal's directory inside a data directory
+JOURNAL_DIR: Final = "journal"
+
 #: ``journal_inline_sync_max`` for a bookie alone on its event loop: every batch syncs inline.
 INLINE_SYNC_ALWAYS: Final = sys.maxsize
 
@@ -170,7 +173,7 @@ class LedgerStore:
     ) -> None:
         self.fs = fs
         self.data_dir = data_dir
-        self.journal_dir = posixpath.join(data_dir, "journal")
+        self.journal_dir = posixpath.join(data_dir, JOURNAL_DIR)
         self.checkpoint_path = posixpath.join(data_dir, CHECKPOINT_FILE)
         self.instance_id = instance_id
         self.config = config or StoreConfig()

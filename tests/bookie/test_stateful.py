@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from pybk.bookie import Bookie, BookieConfig
+from pybk.datadir import inspect_data_dir
 from pybk.protocol import (
     AddRequest,
     DigestManager,
@@ -273,6 +274,13 @@ class BookieMachine(RuleBasedStateMachine):
             assert (r.status, r.body) == (Status.OK, data), (lid, eid, r)
 
     @invariant()
+    def the_directory_is_sound_and_the_checkpoint_chain_matches_the_segments(self) -> None:
+        # the offline inspection: every segment verifies, and the checkpoint chain plus the
+        # journal after it is the index a rebuild from every segment gives
+        report = inspect_data_dir(self.fs, "/d")
+        assert report.ok, report.problems
+
+    @invariant()
     def fences_hold(self) -> None:
         for lid in self.m.fenced:
             if lid in self.m.delete_tried:
@@ -315,3 +323,17 @@ class PreallocatedBookieMachine(BookieMachine):
 
 PreallocatedBookieMachine.TestCase.settings = BookieMachine.TestCase.settings
 test_preallocated_bookie_state_machine = PreallocatedBookieMachine.TestCase
+
+
+class DeltaChainBookieMachine(BookieMachine):
+    """The same machine with index checkpoints kept as delta chains (a new base every fourth
+    checkpoint): crashes, compactions, deletions and full disks meet chains of deltas, and
+    the invariants check after every step that the chain plus the journal after it is the
+    index the segments hold."""
+
+    config = BookieConfig(segment_size=900, disk_check_interval=0, checkpoint_interval=0,
+                          checkpoint_delta_ratio=1e9, checkpoint_max_deltas=3)
+
+
+DeltaChainBookieMachine.TestCase.settings = BookieMachine.TestCase.settings
+test_delta_chain_bookie_state_machine = DeltaChainBookieMachine.TestCase

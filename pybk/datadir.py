@@ -1,0 +1,243 @@
+"""Offline inspection of a bookie's data directory: what is there, and is it sound.
+
+For an operator with a stopped bookie (or a copy of its directory): the cookie, every journal
+segment verified record by record, the index checkpoint chain, and a check that the chain
+plus the journal after it gives the same index as a rebuild from every segment. It only
+reads: a bookie's start-up cuts torn tails and rewrites checkpoints, this does not, so it is
+safe on a directory a bookie may still need to recover (BookKeeper's shell has the same kind
+of tools: ``readjournal``, ``bookiesanity``, ``ledger``).
+
+Damage is reported, never raised: :attr:`DataDirReport.problems` lists what a start-up would
+refuse or repair. A torn or zeroed tail of the last segment is expected after a crash and is
+not a problem (start-up cuts it).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from dataclasses import dataclass, field
+
+from pybk.bookie import COOKIE_FILE, decode_cookie
+from pybk.errors import BKError, CorruptRecordError
+from pybk.storage.checkpoint import CHECKPOINT_FILE, load_checkpoint_chain
+from pybk.storage.fs import FileSystem
+from pybk.storage.index import Index, LedgerState, Position
+from pybk.storage.journal import parse_segment_name, segment_name
+from pybk.storage.records import SEGMENT_HEADER_SIZE, Record, decode_segment_header
+from pybk.storage.replay import apply_record, scan_segment
+from pybk.storage.store import JOURNAL_DIR
+
+
+@dataclass
+class SegmentReport:
+    """One journal segment, verified."""
+
+    seq: int
+    size: int
+    batches: int = 0
+    #: record type name -> count (a plain dict: ``dataclasses.asdict`` mangles a Counter)
+    records: dict[str, int] = field(default_factory=dict)
+    #: ok | torn tail | zero tail | torn header | corrupt | foreign | unreadable
+    state: str = "ok"
+    detail: str = ""
+
+
+@dataclass
+class CheckpointReport:
+    """The index checkpoint chain."""
+
+    #: ok | missing | damaged
+    state: str = "missing"
+    detail: str = ""
+    generation: int = 0
+    deltas: int = 0
+    position: Position | None = None
+    ledgers: int = 0
+    entries: int = 0
+
+
+@dataclass
+class DataDirReport:
+    """Everything :func:`inspect_data_dir` found."""
+
+    data_dir: str
+    bookie_id: str = ""
+    instance_id: str = ""
+    segments: list[SegmentReport] = field(default_factory=list)
+    checkpoint: CheckpointReport = field(default_factory=CheckpointReport)
+    #: from the rebuild out of every segment
+    ledgers: int = 0
+    fenced: int = 0
+    deleted: int = 0
+    entries: int = 0
+    #: what a start-up would refuse or repair (empty: sound)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def inspect_data_dir(fs: FileSystem, data_dir: str) -> DataDirReport:
+    """Read ``data_dir`` (a bookie's ``--data``) and report; writes nothing."""
+    report = DataDirReport(data_dir)
+    _read_cookie(fs, data_dir, report)
+    journal_dir = posixpath.join(data_dir, JOURNAL_DIR)
+    seqs = sorted(s for s in map(parse_segment_name, _listdir(fs, journal_dir, report))
+                  if s is not None)
+    rebuilt = Index()
+    for seq in seqs:
+        report.segments.append(_scan(fs, journal_dir, seq, seq == seqs[-1], report, rebuilt))
+    report.ledgers = sum(1 for st in rebuilt.ledgers.values() if not st.deleted)
+    report.deleted = sum(1 for st in rebuilt.ledgers.values() if st.deleted)
+    report.fenced = sum(1 for st in rebuilt.ledgers.values() if st.fenced and not st.deleted)
+    report.entries = sum(len(st.entries) for st in rebuilt.ledgers.values())
+    _check_chain(fs, data_dir, journal_dir, seqs, report, rebuilt)
+    return report
+
+
+def _listdir(fs: FileSystem, path: str, report: DataDirReport) -> list[str]:
+    try:
+        return fs.listdir(path)
+    except OSError as exc:
+        report.problems.append(f"{path}: cannot list ({exc})")
+        return []
+
+
+def _read_cookie(fs: FileSystem, data_dir: str, report: DataDirReport) -> None:
+    path = posixpath.join(data_dir, COOKIE_FILE)
+    if not fs.exists(path):
+        report.problems.append(f"{path}: no cookie (not a bookie's data directory, or one "
+                               "that was emptied)")
+        return
+    try:
+        cookie = decode_cookie(fs.read_file(path), path)
+    except (BKError, OSError) as exc:
+        report.problems.append(str(exc))
+        return
+    report.bookie_id, report.instance_id = cookie["bookie_id"], cookie["instance_id"]
+
+
+def _scan(fs: FileSystem, journal_dir: str, seq: int, is_last: bool, report: DataDirReport,
+          rebuilt: Index) -> SegmentReport:
+    """Verify one segment and apply its records to ``rebuilt`` (as a start-up that lost its
+    checkpoint would)."""
+    path = posixpath.join(journal_dir, segment_name(seq))
+    seg = SegmentReport(seq, 0)
+    try:
+        seg.size = fs.file_size(path)
+        instance_id = report.instance_id
+        if seg.size > SEGMENT_HEADER_SIZE:
+            header = decode_segment_header(fs.pread(path, 0, SEGMENT_HEADER_SIZE), path)
+            if instance_id and header.instance_id != instance_id:
+                seg.state, seg.detail = "foreign", f"instance {header.instance_id}"
+                report.problems.append(
+                    f"{path}: belongs to bookie instance {header.instance_id}, the cookie "
+                    f"says {instance_id}")
+                return seg
+            instance_id = header.instance_id
+
+        def apply(rec: Record, at: int) -> None:
+            seg.records[rec.rtype.name] = seg.records.get(rec.rtype.name, 0) + 1
+            apply_record(rebuilt, rec, at)
+
+        scan = scan_segment(fs, path, seq, instance_id, start=None, batch_seq=0,
+                            is_last=is_last, allow_suspect=True, apply=apply)
+    except (BKError, OSError) as exc:
+        seg.state, seg.detail = ("corrupt" if isinstance(exc, CorruptRecordError)
+                                 else "unreadable"), str(exc)
+        report.problems.append(str(exc))
+        return seg
+    seg.batches = scan.batches
+    if scan.torn_header:
+        seg.state, seg.detail = "torn header", "cut off while being created; dropped at start"
+        if not is_last:
+            report.problems.append(f"{path}: torn header in a segment that is not the last")
+    elif scan.corruption is not None:
+        seg.state, seg.detail = "corrupt", str(scan.corruption)
+        report.problems.append(str(scan.corruption))
+    elif scan.torn_bytes:
+        seg.state, seg.detail = "torn tail", f"{scan.torn_bytes} bytes, cut at start"
+    elif scan.zero_tail:
+        seg.state, seg.detail = "zero tail", f"{scan.zero_tail} bytes unused"
+    return seg
+
+
+def _check_chain(fs: FileSystem, data_dir: str, journal_dir: str, seqs: list[int],
+                 report: DataDirReport, rebuilt: Index) -> None:
+    """Load the checkpoint chain, replay the journal after it, and compare with ``rebuilt``:
+    the index a start-up would serve must be the one the segments hold."""
+    cp = report.checkpoint
+    if not fs.exists(posixpath.join(data_dir, CHECKPOINT_FILE)):
+        cp.detail = "no checkpoint: a start-up rebuilds the index from every segment"
+        return
+    try:
+        chain = load_checkpoint_chain(fs, data_dir)
+    except (BKError, OSError) as exc:
+        cp.state, cp.detail = "damaged", str(exc)
+        report.problems.append(f"index checkpoint: {exc} (a start-up rebuilds the index from "
+                               "the segments)")
+        return
+    index, pos = chain.index, chain.last.position
+    cp.state, cp.generation, cp.deltas, cp.position = "ok", chain.base.generation, \
+        chain.deltas, pos
+    cp.ledgers = len(index.ledgers)
+    cp.entries = sum(len(st.entries) for st in index.ledgers.values())
+    if any(s.state in ("corrupt", "foreign", "unreadable") for s in report.segments):
+        cp.detail = "not compared with the segments (they are damaged)"
+        return
+    for seq in seqs:
+        if seq < pos.seg:
+            continue
+        path = posixpath.join(journal_dir, segment_name(seq))
+        try:
+            scan_segment(fs, path, seq, report.instance_id or _instance(fs, path),
+                         start=pos.offset if seq == pos.seg else None,
+                         batch_seq=pos.batch_seq if seq == pos.seg else 0,
+                         is_last=seq == seqs[-1], allow_suspect=True,
+                         apply=lambda rec, at: apply_record(index, rec, at))
+        except (BKError, OSError) as exc:
+            cp.detail = f"replay after the checkpoint failed: {exc}"
+            report.problems.append(f"index checkpoint: {cp.detail}")
+            return
+    differ = _first_difference(index, rebuilt)
+    if differ:
+        cp.detail = f"disagrees with the segments: {differ}"
+        report.problems.append(f"index checkpoint {cp.detail}")
+
+
+def _instance(fs: FileSystem, path: str) -> str:
+    return decode_segment_header(fs.pread(path, 0, SEGMENT_HEADER_SIZE), path).instance_id
+
+
+def _first_difference(checkpointed: Index, rebuilt: Index) -> str:
+    """The first ledger where the checkpoint chain (plus replay) and the rebuild from the
+    segments disagree on flags, LACs or entry locations; "" if none.
+
+    Tolerated, because the checkpoint is then more conservative than the segments, never
+    less: a fence takes effect before its record is durable, so a checkpoint may record one
+    whose record was never written (ENOSPC) and the ledger it created. And a refused add
+    may leave an empty ledger state; compaction keeps a deleted ledger's tombstone only."""
+    for lid in sorted(set(checkpointed.ledgers) | set(rebuilt.ledgers)):
+        sa, sb = checkpointed.ledgers.get(lid), rebuilt.ledgers.get(lid)
+        if sb is None and (sa is None or _empty(sa, fence_ok=True)):
+            continue
+        if sa is None or sb is None:
+            return f"ledger {lid} is only in {'the segments' if sa is None else 'the checkpoint'}"
+        if sa.deleted and sb.deleted:
+            continue
+        for what in ("deleted", "fenced", "master_key", "explicit_lac", "max_piggyback_lac"):
+            mine, theirs = getattr(sa, what), getattr(sb, what)
+            if mine != theirs and not (what == "fenced" and mine):
+                return f"ledger {lid}: {what} {mine!r} vs {theirs!r}"
+        if sa.entries.items() != sb.entries.items():
+            return f"ledger {lid}: entries differ"
+    return ""
+
+
+def _empty(st: LedgerState, *, fence_ok: bool) -> bool:
+    """A ledger state that says nothing (but maybe a fence): no key, entries, LAC or
+    tombstone."""
+    return (st.master_key is None and (fence_ok or not st.fenced) and not st.deleted
+            and st.explicit_lac_body is None and st.max_piggyback_lac == -1
+            and not st.entries)
