@@ -211,33 +211,31 @@ def _instance(fs: FileSystem, path: str) -> str:
 
 
 def _first_difference(checkpointed: Index, rebuilt: Index) -> str:
-    """The first ledger where the checkpoint chain (plus replay) and the rebuild from the
-    segments disagree on flags, LACs or entry locations; "" if none.
+    """The first ledger where the checkpoint chain (plus replay) says less than, or other
+    than, the rebuild from the segments; "" if none.
 
-    Tolerated, because the checkpoint is then more conservative than the segments, never
-    less: a fence takes effect before its record is durable, so a checkpoint may record one
-    whose record was never written (ENOSPC) and the ledger it created. And a refused add
-    may leave an empty ledger state; compaction keeps a deleted ledger's tombstone only."""
+    The chain may say *more* about a ledger's metadata: a fence, a master key and an explicit
+    LAC take effect in memory when their record is appended, so a checkpoint taken before
+    that record's write failed (ENOSPC, EIO) keeps them without the record. Each is true (the
+    writer's key, the writer's LAC, a fence that was asked for) and more conservative. Entries
+    are indexed only once durable, so they must match exactly, as must tombstones (a deleted
+    ledger keeps only its tombstone through compaction)."""
     for lid in sorted(set(checkpointed.ledgers) | set(rebuilt.ledgers)):
-        sa, sb = checkpointed.ledgers.get(lid), rebuilt.ledgers.get(lid)
-        if sb is None and (sa is None or _empty(sa, fence_ok=True)):
+        mine = checkpointed.ledgers.get(lid) or LedgerState()
+        theirs = rebuilt.ledgers.get(lid) or LedgerState()
+        if mine.deleted != theirs.deleted:
+            return f"ledger {lid}: deleted {mine.deleted} vs {theirs.deleted}"
+        if mine.deleted:
             continue
-        if sa is None or sb is None:
-            return f"ledger {lid} is only in {'the segments' if sa is None else 'the checkpoint'}"
-        if sa.deleted and sb.deleted:
-            continue
-        for what in ("deleted", "fenced", "master_key", "explicit_lac", "max_piggyback_lac"):
-            mine, theirs = getattr(sa, what), getattr(sb, what)
-            if mine != theirs and not (what == "fenced" and mine):
-                return f"ledger {lid}: {what} {mine!r} vs {theirs!r}"
-        if sa.entries.items() != sb.entries.items():
+        if theirs.fenced and not mine.fenced:
+            return f"ledger {lid}: not fenced, but the segments hold a fence"
+        if theirs.master_key is not None and mine.master_key != theirs.master_key:
+            return f"ledger {lid}: master key differs from the segments'"
+        if mine.explicit_lac < theirs.explicit_lac:
+            return f"ledger {lid}: explicit LAC {mine.explicit_lac} < {theirs.explicit_lac}"
+        if mine.max_piggyback_lac != theirs.max_piggyback_lac:
+            return (f"ledger {lid}: piggybacked LAC {mine.max_piggyback_lac} vs "
+                    f"{theirs.max_piggyback_lac}")
+        if mine.entries.items() != theirs.entries.items():
             return f"ledger {lid}: entries differ"
     return ""
-
-
-def _empty(st: LedgerState, *, fence_ok: bool) -> bool:
-    """A ledger state that says nothing (but maybe a fence): no key, entries, LAC or
-    tombstone."""
-    return (st.master_key is None and (fence_ok or not st.fenced) and not st.deleted
-            and st.explicit_lac_body is None and st.max_piggyback_lac == -1
-            and not st.entries)

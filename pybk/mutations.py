@@ -25,9 +25,13 @@ RECOVERY_READS_DONT_FENCE: Final = "recovery_reads_dont_fence"
 NO_SUCH_ENTRY_ON_IO_ERROR: Final = "no_such_entry_on_io_error"
 #: The writer acknowledges adds as soon as they reach Qa, not in entry-id order.
 ACK_OUT_OF_ORDER: Final = "ack_out_of_order"
+#: A delta index checkpoint leaves out the ledgers whose state changed without new entries
+#: (a fence, an explicit LAC): the chain then forgets them once the journal moves past.
+DELTA_SKIPS_LEDGER_STATE: Final = "delta_skips_ledger_state"
 
 KNOWN: Final = frozenset(
-    {ACK_BEFORE_FSYNC, RECOVERY_READS_DONT_FENCE, NO_SUCH_ENTRY_ON_IO_ERROR, ACK_OUT_OF_ORDER}
+    {ACK_BEFORE_FSYNC, RECOVERY_READS_DONT_FENCE, NO_SUCH_ENTRY_ON_IO_ERROR, ACK_OUT_OF_ORDER,
+     DELTA_SKIPS_LEDGER_STATE}
 )
 
 ACTIVE: set[str] = set()

@@ -23,6 +23,9 @@ Invariants (research/reliability.md 2.3 and 3.6); each violation names its code:
   later says the entry is absent (after a restart or otherwise; an injected fsync failure on
   that bookie makes it I11), and never serves bytes that fail the digest.
 * **I12** liveness after heal (recorded by the runner as liveness events).
+* **I14** a bookie's index checkpoint chain plus the journal after it is the index a rebuild
+  from its segments gives (the runner inspects each undamaged bookie's data directory at the
+  end, ``pybk.datadir``).
 
 I13 (determinism) compares two runs and lives in the runner/tests, not here.
 """
@@ -126,6 +129,8 @@ class Checker:
         self._check_lac()
         self._check_bookies()
         self._check_liveness()
+        for ev in self.h.of_kind("index_mismatch"):
+            self._v("I14", -1, -1, f"bookie {ev.process}: index checkpoint {ev.detail}", ev)
         return self.violations
 
     def _expected(self, ledger: int, entry: int) -> Event | None:

@@ -122,6 +122,12 @@ class History:
         return self._add("bookie_absent", bookie, f"{bookie} says L{ledger}:{entry} absent "
                          f"({how})", ledger=ledger, entry=entry, detail=how)
 
+    def index_mismatch(self, bookie: str, detail: str) -> Event:
+        """The bookie's index checkpoint chain plus its journal is not the index its
+        segments hold (the offline inspection, ``pybk.datadir``)."""
+        return self._add("index_mismatch", bookie, f"{bookie} index checkpoint {detail}",
+                         detail=detail)
+
     def bookie_served(self, bookie: str, ledger: int, entry: int, payload: bytes | None,
                       detail: str = "") -> Event:
         """A bookie answered OK with bytes: ``payload`` None means they failed the digest."""

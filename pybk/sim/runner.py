@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pybk import mutations as _mutations
+from pybk.datadir import inspect_data_dir
 from pybk.protocol import (
     AddRequest,
     DigestManager,
@@ -708,6 +709,17 @@ class _Run:
         for sb in c.bookies.values():
             if sb.status == "up":
                 await self._audit(sb, "final")
+            if sb.status == "up" and not sb.damaged:
+                self._inspect(sb)
+
+    def _inspect(self, sb: SimBookie) -> None:
+        """I14: the bookie's checkpoint chain and journal agree with its segments."""
+        report = inspect_data_dir(sb.fs, DATA_DIR)
+        self.cover("data_dir_inspected")
+        if report.checkpoint.state == "ok" and report.checkpoint.deltas:
+            self.cover("data_dir_inspected_with_deltas")
+        if report.checkpoint.detail.startswith(("disagrees", "replay after")):
+            self.history.index_mismatch(sb.bookie_id, report.checkpoint.detail)
 
 
 def run(

@@ -38,6 +38,7 @@ from typing import Final
 
 import crc32c
 
+from pybk import mutations
 from pybk.errors import CorruptRecordError
 from pybk.storage.fs import FileSystem
 from pybk.storage.index import EntryIndex, Index, LedgerState, Loc, Position
@@ -146,7 +147,8 @@ class CheckpointEncoder:
                 self._ledgers.append((meta, ids, locs))
                 continue
             changes = st.entries.take_changes()
-            if changes or written.get(lid) != meta:  # type: ignore[union-attr]
+            if changes or (written.get(lid) != meta  # type: ignore[union-attr]
+                           and mutations.DELTA_SKIPS_LEDGER_STATE not in mutations.ACTIVE):
                 self._ledgers.append((meta, sorted(changes), changes))
 
     @property

@@ -14,7 +14,7 @@ from pybk import mutations
 from pybk.sim.sweep import CI_SEEDS, find_violation
 
 SAFETY = {"L1", "L2", "L3", "L4", "L5", "L6", "L7", "L8", "L9", "I1", "I3", "I5", "I7", "I9",
-          "I10", "I11"}
+          "I10", "I11", "I14"}
 
 
 #: Where each broken build must show up.
@@ -23,6 +23,7 @@ EXPECTED = {
     mutations.RECOVERY_READS_DONT_FENCE: {"L1", "L8"},
     mutations.NO_SUCH_ENTRY_ON_IO_ERROR: {"I9", "L1"},
     mutations.ACK_OUT_OF_ORDER: {"L6"},
+    mutations.DELTA_SKIPS_LEDGER_STATE: {"I14"},
 }
 
 
