@@ -486,10 +486,16 @@ class _Run:
             for name in fs.listdir(d):
                 path = d.rstrip("/") + "/" + name
                 try:
-                    size = fs.file_size(path)
+                    fs.file_size(path)
                 except (IsADirectoryError, FileNotFoundError, OSError):
                     stack.append(path)
                     continue
+                try:
+                    # where the data ends: a preallocated segment's zero tail is not data,
+                    # and damage followed only by zeros would pass for a torn tail
+                    size = len(fs.read_file(path).rstrip(b"\0"))
+                except OSError:
+                    continue  # (already damaged: a latent read error)
                 if size > 2048:
                     files.append((path, size))
         if not files:
