@@ -179,10 +179,15 @@ def _check_chain(fs: FileSystem, data_dir: str, journal_dir: str, seqs: list[int
                                "the segments)")
         return
     index, pos = chain.index, chain.last.position
-    cp.state, cp.generation, cp.deltas, cp.position = "ok", chain.base.generation, \
-        chain.deltas, pos
+    cp.state, cp.generation, cp.deltas = "ok", chain.base.generation, chain.deltas
+    cp.position = pos
     cp.ledgers = len(index.ledgers)
     cp.entries = sum(len(st.entries) for st in index.ledgers.values())
+    missing = sorted(seg for seg in index.seg_live if seg not in seqs)
+    if missing:
+        cp.detail = f"its entries live in missing segments {missing}"
+        report.problems.append(f"index checkpoint: {cp.detail}: synced journal data is gone")
+        return
     if any(s.state in ("corrupt", "foreign", "unreadable") for s in report.segments):
         cp.detail = "not compared with the segments (they are damaged)"
         return

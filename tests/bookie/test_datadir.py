@@ -170,3 +170,16 @@ async def test_pybk_bookie_inspect_on_real_files(tmp_path):
     result = runner.invoke(main, ["bookie", "inspect", data])
     assert result.exit_code == 1
     assert "pybk: error: 1 problem(s)" in result.output and "corrupt" in result.output
+
+
+async def test_a_checkpoint_pointing_into_a_missing_segment_is_reported(harness_cls):
+    h = harness_cls(config=BookieConfig(disk_check_interval=0, checkpoint_interval=0,
+                                        segment_size=1024))
+    await h.start()
+    for eid in range(30):
+        assert await h.add(1, eid) == Status.OK
+    await h.bookie.stop()
+    h.fs.delete(f"{h.DATA_DIR}/journal/{segment_name(1)}")  # an operator's "cleanup"
+    report = inspect_data_dir(h.fs, h.DATA_DIR)
+    assert not report.ok
+    assert "missing segments [1]" in report.checkpoint.detail
