@@ -724,7 +724,7 @@ class _Run:
         self.cover("data_dir_inspected")
         if report.checkpoint.state == "ok" and report.checkpoint.deltas:
             self.cover("data_dir_inspected_with_deltas")
-        if report.checkpoint.detail.startswith(("disagrees", "replay after")):
+        if report.checkpoint.detail.startswith(("disagrees", "replay after", "its entries live")):
             self.history.index_mismatch(sb.bookie_id, report.checkpoint.detail)
 
 
