@@ -151,11 +151,6 @@ class CheckpointEncoder:
                            and mutations.DELTA_SKIPS_LEDGER_STATE not in mutations.ACTIVE):
                 self._ledgers.append((meta, sorted(changes), changes))
 
-    @property
-    def ledger_count(self) -> int:
-        """How many ledgers the file holds."""
-        return len(self._ledgers)
-
     def steps(self, entries_per_step: int = 16384) -> Iterator[None]:
         """Encode, pausing (yielding) after about ``entries_per_step`` entries each time."""
         parts = self._parts
@@ -237,8 +232,7 @@ class CheckpointFile:
                 continue
             for eid, loc in items:
                 index.put_entry(lid, eid, loc, -1)
-        for st in index.ledgers.values():
-            st.entries.take_changes()  # what was just loaded is on disk already
+            st.entries.mark_checkpointed()  # what was just loaded is on disk already
 
 
 def decode_checkpoint(data: bytes, path: str) -> CheckpointFile:
