@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from pybk.bookie import COOKIE_FILE, decode_cookie
 from pybk.errors import BKError, CorruptRecordError
-from pybk.storage.checkpoint import CHECKPOINT_FILE, load_checkpoint_chain
+from pybk.storage.checkpoint import CHECKPOINT_FILE, CheckpointChain, load_checkpoint_chain
 from pybk.storage.fs import FileSystem
 from pybk.storage.index import Index, LedgerState, Position
 from pybk.storage.journal import parse_segment_name, segment_name
@@ -85,14 +85,20 @@ def inspect_data_dir(fs: FileSystem, data_dir: str) -> DataDirReport:
     journal_dir = posixpath.join(data_dir, JOURNAL_DIR)
     seqs = sorted(s for s in map(parse_segment_name, _listdir(fs, journal_dir, report))
                   if s is not None)
+    chain = _load_chain(fs, data_dir, report)
+    # one pass over the journal feeds both indexes: the rebuild from every record, and the
+    # checkpoint chain's replay of the records after its position
     rebuilt = Index()
+    replay = None if chain is None else (chain.index, chain.last.position)
     for seq in seqs:
-        report.segments.append(_scan(fs, journal_dir, seq, seq == seqs[-1], report, rebuilt))
+        report.segments.append(_scan(fs, journal_dir, seq, seq == seqs[-1], report, rebuilt,
+                                     replay))
     report.ledgers = sum(1 for st in rebuilt.ledgers.values() if not st.deleted)
     report.deleted = sum(1 for st in rebuilt.ledgers.values() if st.deleted)
     report.fenced = sum(1 for st in rebuilt.ledgers.values() if st.fenced and not st.deleted)
     report.entries = sum(len(st.entries) for st in rebuilt.ledgers.values())
-    _check_chain(fs, data_dir, journal_dir, seqs, report, rebuilt)
+    if chain is not None:
+        _compare(chain.index, chain.last.position, seqs, report, rebuilt)
     return report
 
 
@@ -119,9 +125,10 @@ def _read_cookie(fs: FileSystem, data_dir: str, report: DataDirReport) -> None:
 
 
 def _scan(fs: FileSystem, journal_dir: str, seq: int, is_last: bool, report: DataDirReport,
-          rebuilt: Index) -> SegmentReport:
+          rebuilt: Index, replay: tuple[Index, Position] | None) -> SegmentReport:
     """Verify one segment and apply its records to ``rebuilt`` (as a start-up that lost its
-    checkpoint would)."""
+    checkpoint would) and, past the chain's position, to the chain's index (``replay``: as a
+    start-up that loaded it would)."""
     path = posixpath.join(journal_dir, segment_name(seq))
     seg = SegmentReport(seq, 0)
     try:
@@ -140,6 +147,8 @@ def _scan(fs: FileSystem, journal_dir: str, seq: int, is_last: bool, report: Dat
         def apply(rec: Record, at: int) -> None:
             seg.records[rec.rtype.name] = seg.records.get(rec.rtype.name, 0) + 1
             apply_record(rebuilt, rec, at)
+            if replay is not None and (at, rec.offset) >= (replay[1].seg, replay[1].offset):
+                apply_record(replay[0], rec, at)
 
         scan = scan_segment(fs, path, seq, instance_id, start=None, batch_seq=0,
                             is_last=is_last, allow_suspect=True, apply=apply)
@@ -163,26 +172,32 @@ def _scan(fs: FileSystem, journal_dir: str, seq: int, is_last: bool, report: Dat
     return seg
 
 
-def _check_chain(fs: FileSystem, data_dir: str, journal_dir: str, seqs: list[int],
-                 report: DataDirReport, rebuilt: Index) -> None:
-    """Load the checkpoint chain, replay the journal after it, and compare with ``rebuilt``:
-    the index a start-up would serve must be the one the segments hold."""
+def _load_chain(fs: FileSystem, data_dir: str, report: DataDirReport,
+                ) -> CheckpointChain | None:
+    """The checkpoint chain, described in ``report.checkpoint``; None if missing or damaged."""
     cp = report.checkpoint
     if not fs.exists(posixpath.join(data_dir, CHECKPOINT_FILE)):
         cp.detail = "no checkpoint: a start-up rebuilds the index from every segment"
-        return
+        return None
     try:
         chain = load_checkpoint_chain(fs, data_dir)
     except (BKError, OSError) as exc:
         cp.state, cp.detail = "damaged", str(exc)
         report.problems.append(f"index checkpoint: {exc} (a start-up rebuilds the index from "
                                "the segments)")
-        return
-    index, pos = chain.index, chain.last.position
+        return None
     cp.state, cp.generation, cp.deltas = "ok", chain.base.generation, chain.deltas
-    cp.position = pos
-    cp.ledgers = len(index.ledgers)
-    cp.entries = sum(len(st.entries) for st in index.ledgers.values())
+    cp.position = chain.last.position
+    cp.ledgers = len(chain.index.ledgers)
+    cp.entries = sum(len(st.entries) for st in chain.index.ledgers.values())
+    return chain
+
+
+def _compare(index: Index, pos: Position, seqs: list[int], report: DataDirReport,
+             rebuilt: Index) -> None:
+    """The chain plus the journal after it (``index``) must be the index the segments hold
+    (``rebuilt``): what a start-up that loaded the chain would serve."""
+    cp = report.checkpoint
     missing = sorted(seg for seg in index.seg_live if seg not in seqs)
     if missing:
         cp.detail = f"its entries live in missing segments {missing}"
@@ -191,28 +206,16 @@ def _check_chain(fs: FileSystem, data_dir: str, journal_dir: str, seqs: list[int
     if any(s.state in ("corrupt", "foreign", "unreadable") for s in report.segments):
         cp.detail = "not compared with the segments (they are damaged)"
         return
-    for seq in seqs:
-        if seq < pos.seg:
-            continue
-        path = posixpath.join(journal_dir, segment_name(seq))
-        try:
-            scan_segment(fs, path, seq, report.instance_id or _instance(fs, path),
-                         start=pos.offset if seq == pos.seg else None,
-                         batch_seq=pos.batch_seq if seq == pos.seg else 0,
-                         is_last=seq == seqs[-1], allow_suspect=True,
-                         apply=lambda rec, at: apply_record(index, rec, at))
-        except (BKError, OSError) as exc:
-            cp.detail = f"replay after the checkpoint failed: {exc}"
-            report.problems.append(f"index checkpoint: {cp.detail}")
-            return
+    covered = next((s for s in report.segments if s.seq == pos.seg), None)
+    if covered is not None and pos.offset > covered.size:
+        cp.detail = (f"replay after the checkpoint failed: segment {pos.seg} is "
+                     f"{covered.size} bytes but the checkpoint covers it up to {pos.offset}")
+        report.problems.append(f"index checkpoint: {cp.detail}")
+        return
     differ = _first_difference(index, rebuilt)
     if differ:
         cp.detail = f"disagrees with the segments: {differ}"
         report.problems.append(f"index checkpoint {cp.detail}")
-
-
-def _instance(fs: FileSystem, path: str) -> str:
-    return decode_segment_header(fs.pread(path, 0, SEGMENT_HEADER_SIZE), path).instance_id
 
 
 def _first_difference(checkpointed: Index, rebuilt: Index) -> str:
