@@ -37,6 +37,17 @@ async def _busy(harness) -> None:  # type: ignore[no-untyped-def]
     await harness.bookie.checkpoint()
 
 
+async def _stopped_with_segments(harness_cls):  # type: ignore[no-untyped-def]
+    """A stopped bookie whose 30 entries of ledger 1 fill several small segments."""
+    h = harness_cls(config=BookieConfig(disk_check_interval=0, checkpoint_interval=0,
+                                        segment_size=1024))
+    await h.start()
+    for eid in range(30):
+        assert await h.add(1, eid) == Status.OK
+    await h.bookie.stop()
+    return h
+
+
 async def test_a_sound_directory_is_reported_sound_and_left_untouched(harness_cls):
     h = harness_cls(config=BookieConfig(disk_check_interval=0, checkpoint_interval=0,
                                         segment_size=2048))
@@ -74,12 +85,7 @@ async def test_a_torn_tail_after_a_crash_is_not_a_problem(harness):
 
 
 async def test_a_flipped_bit_in_a_sealed_segment_is_corruption(harness_cls):
-    h = harness_cls(config=BookieConfig(disk_check_interval=0, checkpoint_interval=0,
-                                        segment_size=1024))
-    await h.start()
-    for eid in range(30):
-        assert await h.add(1, eid) == Status.OK
-    await h.bookie.stop()
+    h = await _stopped_with_segments(harness_cls)
     path = f"{h.DATA_DIR}/journal/{segment_name(0)}"
     h.fs.flip_bit(path, 200)
     report = inspect_data_dir(h.fs, h.DATA_DIR)
@@ -173,12 +179,7 @@ async def test_pybk_bookie_inspect_on_real_files(tmp_path):
 
 
 async def test_a_checkpoint_pointing_into_a_missing_segment_is_reported(harness_cls):
-    h = harness_cls(config=BookieConfig(disk_check_interval=0, checkpoint_interval=0,
-                                        segment_size=1024))
-    await h.start()
-    for eid in range(30):
-        assert await h.add(1, eid) == Status.OK
-    await h.bookie.stop()
+    h = await _stopped_with_segments(harness_cls)
     h.fs.delete(f"{h.DATA_DIR}/journal/{segment_name(1)}")  # an operator's "cleanup"
     report = inspect_data_dir(h.fs, h.DATA_DIR)
     assert not report.ok
