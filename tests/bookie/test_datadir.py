@@ -94,13 +94,21 @@ async def test_a_flipped_bit_in_a_sealed_segment_is_corruption(harness_cls):
     assert report.checkpoint.detail.startswith("not compared")
 
 
-async def test_a_damaged_checkpoint_delta_is_reported(harness_cls):
+async def _stopped_with_a_delta(harness_cls):  # type: ignore[no-untyped-def]
+    """A stopped bookie with 5 entries of ledger 1, checkpointed as a delta; and the journal
+    position that delta names."""
     harness = harness_cls(config=CHAIN)
     await harness.start()
     for eid in range(5):
         assert await harness.add(1, eid) == Status.OK
     await harness.bookie.checkpoint()
+    position = harness.bookie.store.journal.position
     await harness.bookie.stop()
+    return harness, position
+
+
+async def test_a_damaged_checkpoint_delta_is_reported(harness_cls):
+    harness, _ = await _stopped_with_a_delta(harness_cls)
     gen, seq = delta_checkpoints(harness.fs, harness.DATA_DIR)[-1]
     harness.fs.flip_bit(f"{harness.DATA_DIR}/{delta_checkpoint_name(gen, seq)}", 30)
     report = inspect_data_dir(harness.fs, harness.DATA_DIR)
@@ -109,13 +117,7 @@ async def test_a_damaged_checkpoint_delta_is_reported(harness_cls):
 
 
 async def test_a_checkpoint_that_disagrees_with_the_segments_is_reported(harness_cls):
-    harness = harness_cls(config=CHAIN)
-    await harness.start()
-    for eid in range(5):
-        assert await harness.add(1, eid) == Status.OK
-    await harness.bookie.checkpoint()
-    store_pos = harness.bookie.store.journal.position
-    await harness.bookie.stop()
+    harness, store_pos = await _stopped_with_a_delta(harness_cls)
     # a well-formed next delta that puts entry 0 of ledger 1 where no record is
     gen, seq = delta_checkpoints(harness.fs, harness.DATA_DIR)[-1]
     lie = Index()
