@@ -536,9 +536,9 @@ class Bookie:
         deadline = loop.time() + req.timeout
         lid = req.ledger_id
         while True:
-            st = store.index.get(lid)
-            if st is not None and st.deleted:
+            if store.index.is_deleted(lid):
                 raise NoSuchLedgerError(f"ledger {lid} was deleted on this bookie")
+            st = store.index.get(lid)
             if st is not None and (st.lac > previous_lac or st.fenced):
                 break
             if self._journal_failed or self._state == STOPPED:
@@ -565,9 +565,9 @@ class Bookie:
     def _poll_answer(self, store: LedgerStore, req: ReadRequest,
                      previous_lac: int) -> ReadResponse:
         lid = req.ledger_id
-        st = store.index.get(lid)
-        if st is not None and st.deleted:
+        if store.index.is_deleted(lid):
             raise NoSuchLedgerError(f"ledger {lid} was deleted on this bookie")
+        st = store.index.get(lid)
         lac = -1 if st is None else st.lac
         wanted = previous_lac + 1
         body = None

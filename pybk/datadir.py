@@ -93,9 +93,9 @@ def inspect_data_dir(fs: FileSystem, data_dir: str) -> DataDirReport:
     for seq in seqs:
         report.segments.append(_scan(fs, journal_dir, seq, seq == seqs[-1], report, rebuilt,
                                      replay))
-    report.ledgers = sum(1 for st in rebuilt.ledgers.values() if not st.deleted)
-    report.deleted = sum(1 for st in rebuilt.ledgers.values() if st.deleted)
-    report.fenced = sum(1 for st in rebuilt.ledgers.values() if st.fenced and not st.deleted)
+    report.ledgers = len(rebuilt.ledgers)
+    report.deleted = len(rebuilt.deleted)
+    report.fenced = sum(1 for st in rebuilt.ledgers.values() if st.fenced)
     report.entries = sum(len(st.entries) for st in rebuilt.ledgers.values())
     if chain is not None:
         _compare(chain.index, chain.last.position, seqs, report, rebuilt)
@@ -228,13 +228,13 @@ def _first_difference(checkpointed: Index, rebuilt: Index) -> str:
     writer's key, the writer's LAC, a fence that was asked for) and more conservative. Entries
     are indexed only once durable, so they must match exactly, as must tombstones (a deleted
     ledger keeps only its tombstone through compaction)."""
+    lid = checkpointed.deleted.first_difference(rebuilt.deleted)
+    if lid is not None:
+        return (f"ledger {lid}: deleted {checkpointed.is_deleted(lid)} vs "
+                f"{rebuilt.is_deleted(lid)}")
     for lid in sorted(set(checkpointed.ledgers) | set(rebuilt.ledgers)):
         mine = checkpointed.ledgers.get(lid) or LedgerState()
         theirs = rebuilt.ledgers.get(lid) or LedgerState()
-        if mine.deleted != theirs.deleted:
-            return f"ledger {lid}: deleted {mine.deleted} vs {theirs.deleted}"
-        if mine.deleted:
-            continue
         if theirs.fenced and not mine.fenced:
             return f"ledger {lid}: not fenced, but the segments hold a fence"
         if theirs.master_key is not None and mine.master_key != theirs.master_key:

@@ -15,7 +15,7 @@ journal after the last one's position. Files are CRC-framed and versioned; each 
 base is never applied to a newer one, and a missing or damaged file in the chain is damage
 (the store then rebuilds the index from the segments, as for a damaged base).
 
-Layout (big-endian), version 2::
+Layout (big-endian), version 3::
 
     header   magic "PYBKIDX\\0", version u16, crc32c(payload) u32, payload length u64
     payload  kind u8 (0 base, 1 delta), generation u64, seq u32 (0 for a base),
@@ -23,7 +23,12 @@ Layout (big-endian), version 2::
              dead segment count u32, ledger count u32, dead segment seqs u64...,
              ledgers: id i64, flags u8, piggybacked LAC i64, explicit LAC i64,
                       key length u16, LAC body length u32, key, LAC body,
-                      entry count u32, entries (id i64, segment u64, offset u64, size u32)...
+                      entry count u32, entries (id i64, segment u64, offset u64, size u32)...,
+             deleted range count u32, deleted ledger id ranges (first i64, last i64)...
+
+The ledgers are the ones held; deleted ledgers are only ids, as ranges (a base: every
+deleted ledger; a delta: the ones deleted since the file before it). Version 2 (read, never
+written) kept a deleted ledger as a ledger with the "deleted" flag and had no ranges.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ import crc32c
 from pybk import mutations
 from pybk.errors import CorruptRecordError
 from pybk.storage.fs import FileSystem
+from pybk.storage.idranges import IdRanges
 from pybk.storage.index import EntryIndex, Index, LedgerState, Loc, Position
 
 #: the base checkpoint's file name in a data directory; its deltas are
@@ -49,7 +55,9 @@ CHECKPOINT_FILE: Final = "index.ckpt"
 _TMP_SUFFIX: Final = ".tmp"  # (FileSystem.write_file_atomic's temporary file)
 
 CHECKPOINT_MAGIC: Final = b"PYBKIDX\x00"
-CHECKPOINT_VERSION: Final = 2
+CHECKPOINT_VERSION: Final = 3
+#: the versions this pybk reads (2: tombstones as flagged ledgers, upgraded on load)
+READABLE_VERSIONS: Final = (2, 3)
 BASE: Final = 0
 DELTA: Final = 1
 
@@ -57,7 +65,8 @@ _HEADER = struct.Struct(">8sHIQ")  # magic, version, crc, payload length
 _HEAD = struct.Struct(">BQIQQQII")  # kind, generation, seq, position (3), ndead, nledgers
 _META = struct.Struct(">qBqqHI")  # id, flags, piggybacked lac, explicit lac, keylen, laclen
 _COUNT = struct.Struct(">I")
-_FENCED, _DELETED, _HAS_KEY, _HAS_LAC = 1, 2, 4, 8
+_RANGE = struct.Struct(">qq")
+_FENCED, _DELETED, _HAS_KEY, _HAS_LAC = 1, 2, 4, 8  # (_DELETED: version 2 only)
 _ENTRY_FMT: Final = "qQQI"  # id, segment, offset, size
 _ENTRY_SIZE: Final = struct.calcsize(">" + _ENTRY_FMT)
 
@@ -86,7 +95,6 @@ def _ledger_meta(lid: int, st: LedgerState) -> bytes:
     checkpoints: a delta holds a ledger whose meta changed even if no entry did)."""
     flags = (
         (_FENCED if st.fenced else 0)
-        | (_DELETED if st.deleted else 0)
         | (_HAS_KEY if st.master_key is not None else 0)
         | (_HAS_LAC if st.explicit_lac_body is not None else 0)
     )
@@ -97,7 +105,7 @@ def _ledger_meta(lid: int, st: LedgerState) -> bytes:
 
 
 def ledger_metas(index: Index) -> dict[int, bytes]:
-    """Every ledger's meta as a checkpoint of ``index`` writes it (what a delta compares
+    """Every held ledger's meta as a checkpoint of ``index`` writes it (what a delta compares
     with): for a store that loaded a checkpoint chain, so its next checkpoint can be a delta."""
     return {lid: _ledger_meta(lid, st) for lid, st in index.ledgers.items()}
 
@@ -113,11 +121,12 @@ class CheckpointEncoder:
     the index at ``pos`` however the index changes afterwards; :meth:`steps` then encodes a
     bounded number of entries per step and the caller may serve between steps.
 
-    ``seq == 0``: a base (every ledger, every entry). ``seq > 0``: a delta on the checkpoint
-    whose ledger metas were ``written`` (:attr:`metas` of the previous encoder): the ledgers
-    whose meta differs or that have added or moved entries, with only those entries. Either
-    way the index's entries count as checkpointed from here on (``EntryIndex.take_changes``):
-    if this file is not written, the caller's next checkpoint must be a base."""
+    ``seq == 0``: a base (every ledger, every entry, every deleted id). ``seq > 0``: a delta
+    on the checkpoint whose ledger metas were ``written`` (:attr:`metas` of the previous
+    encoder): the ledgers whose meta differs or that have added or moved entries, with only
+    those entries, and the ledgers deleted since. Either way the index's changes count as
+    checkpointed from here on (``EntryIndex.take_changes``, ``Index.take_deleted``): if this
+    file is not written, the caller's next checkpoint must be a base."""
 
     def __init__(self, index: Index, pos: Position, *, generation: int = 0, seq: int = 0,
                  dead: Iterable[int] = (), written: dict[int, bytes] | None = None) -> None:
@@ -128,7 +137,9 @@ class CheckpointEncoder:
         self._ledgers: list[tuple[bytes, list[int], dict[int, Loc]]] = []
         with _gc_paused():
             self._snapshot(index, seq, written)
+        deleted = self._deleted.ranges()
         dead = list(dead)
+        self._tail = _COUNT.pack(len(deleted)) + b"".join(_RANGE.pack(*r) for r in deleted)
         self._parts: list[bytes] = [
             _HEAD.pack(DELTA if seq else BASE, generation, seq, pos.seg, pos.offset,
                        pos.batch_seq, len(dead), len(self._ledgers)),
@@ -138,6 +149,8 @@ class CheckpointEncoder:
 
     def _snapshot(self, index: Index, seq: int, written: dict[int, bytes] | None) -> None:
         """Copy what the file will hold (synchronously: the index as it is now)."""
+        since = index.take_deleted()
+        self._deleted = index.deleted if not seq else IdRanges(since)
         for lid in sorted(index.ledgers):
             st = index.ledgers[lid]
             meta = self.metas[lid] = _ledger_meta(lid, st)
@@ -170,6 +183,7 @@ class CheckpointEncoder:
                     since = 0
                     yield
         self._ledgers = []
+        parts.append(self._tail)
         self._done = True
 
     def result(self) -> bytes:
@@ -199,6 +213,8 @@ class CheckpointFile:
     dead: list[int]
     #: (ledger id, its state without entries, its entries as written here)
     ledgers: list[tuple[int, LedgerState, list[tuple[int, Loc]]]] = field(repr=False)
+    #: a base: every deleted ledger; a delta: those deleted since the file before it
+    deleted: IdRanges = field(default_factory=IdRanges)
 
     def build_index(self) -> Index:
         """The index a base describes."""
@@ -209,6 +225,7 @@ class CheckpointFile:
 
     def _build_index(self) -> Index:
         index = Index()
+        index.deleted = self.deleted
         live = index.seg_live
         for lid, st, items in self.ledgers:
             if items:
@@ -219,17 +236,20 @@ class CheckpointFile:
         return index
 
     def apply_to(self, index: Index) -> None:
-        """Bring ``index`` (as of the previous file of the chain) up to this delta."""
+        """Bring ``index`` (as of the previous file of the chain) up to this delta.
+        ValueError if the delta names a ledger as held that the index has deleted (a delta
+        that does not follow this index).
+        """
         if self.kind != DELTA:
             raise ValueError("only a delta checkpoint applies to an index")
+        for lid in self.deleted:
+            index.delete_ledger(lid)
+        index.take_deleted()  # what was just loaded is on disk already
         for lid, new, items in self.ledgers:
             st = index.ledger(lid)
             st.master_key, st.fenced = new.master_key, new.fenced
             st.explicit_lac, st.explicit_lac_body = new.explicit_lac, new.explicit_lac_body
             st.max_piggyback_lac = new.max_piggyback_lac
-            if new.deleted:
-                index.delete_ledger(lid)
-                continue
             for eid, loc in items:
                 index.put_entry(lid, eid, loc, -1)
             st.entries.mark_checkpointed()  # what was just loaded is on disk already
@@ -242,23 +262,23 @@ def decode_checkpoint(data: bytes, path: str) -> CheckpointFile:
     magic, version, crc, length = _HEADER.unpack_from(data)
     if magic != CHECKPOINT_MAGIC:
         raise CorruptRecordError(f"{path}: not a pybk index checkpoint", path=path, offset=0)
-    if version != CHECKPOINT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise CorruptRecordError(
-            f"{path}: unknown index checkpoint version {version} (expected "
-            f"{CHECKPOINT_VERSION})", path=path, offset=0)
+            f"{path}: unknown index checkpoint version {version} (this pybk reads "
+            f"{', '.join(map(str, READABLE_VERSIONS))})", path=path, offset=0)
     payload = data[_HEADER.size :]
     if len(payload) != length or crc32c.crc32c(payload) != crc:
         raise CorruptRecordError(f"{path}: index checkpoint checksum mismatch", path=path,
                                  offset=0)
     try:
         with _gc_paused():
-            return _decode_payload(payload)
+            return _decode_payload(payload, version)
     except (struct.error, ValueError) as exc:
         raise CorruptRecordError(f"{path}: malformed index checkpoint ({exc})", path=path,
                                  offset=0) from None
 
 
-def _decode_payload(payload: bytes) -> CheckpointFile:
+def _decode_payload(payload: bytes, version: int) -> CheckpointFile:
     kind, generation, seq, seg, offset, batch_seq, ndead, count = _HEAD.unpack_from(payload)
     if kind not in (BASE, DELTA) or (kind == BASE) != (seq == 0):
         raise ValueError(f"kind {kind} with sequence number {seq}")
@@ -266,6 +286,7 @@ def _decode_payload(payload: bytes) -> CheckpointFile:
     dead = list(struct.unpack_from(f">{ndead}Q", payload, pos))
     pos += 8 * ndead
     ledgers = []
+    deleted = IdRanges()
     for _ in range(count):
         lid, flags, piggy, elac, keylen, laclen = _META.unpack_from(payload, pos)
         pos += _META.size
@@ -275,10 +296,15 @@ def _decode_payload(payload: bytes) -> CheckpointFile:
         pos += laclen
         (n,) = _COUNT.unpack_from(payload, pos)
         pos += _COUNT.size
+        if flags & _DELETED:
+            if version >= 3:
+                raise ValueError(f"ledger {lid} flagged deleted (version {version} keeps ids)")
+            deleted.add(lid)  # version 2's tombstone: its entries were dropped already
+            pos += _ENTRY_SIZE * n
+            continue
         st = LedgerState(
             master_key=key if flags & _HAS_KEY else None,
             fenced=bool(flags & _FENCED),
-            deleted=bool(flags & _DELETED),
             explicit_lac=elac,
             explicit_lac_body=lac_body if flags & _HAS_LAC else None,
             max_piggyback_lac=piggy,
@@ -290,10 +316,19 @@ def _decode_payload(payload: bytes) -> CheckpointFile:
             items = [(flat[i], (flat[i + 1], flat[i + 2], flat[i + 3]))
                      for i in range(0, 4 * n, 4)]
         ledgers.append((lid, st, items))
+    if version >= 3:
+        (nranges,) = _COUNT.unpack_from(payload, pos)
+        pos += _COUNT.size
+        deleted = IdRanges.from_ranges(_RANGE.unpack_from(payload, pos + i * _RANGE.size)
+                                       for i in range(nranges))
+        pos += _RANGE.size * nranges
+    held_and_deleted = [lid for lid, _st, _items in ledgers if lid in deleted]
+    if held_and_deleted:
+        raise ValueError(f"ledger {held_and_deleted[0]} both held and deleted")
     if pos != len(payload):
         raise ValueError(f"{len(payload) - pos} trailing bytes")
     return CheckpointFile(kind, generation, seq, Position(seg, offset, batch_seq), dead,
-                          ledgers)
+                          ledgers, deleted)
 
 
 # --------------------------------------------------------------------------- files of a chain
@@ -371,7 +406,11 @@ def load_checkpoint_chain(fs: FileSystem, data_dir: str) -> CheckpointChain:
             raise CorruptRecordError(
                 f"{path}: holds delta {delta.seq} of generation {delta.generation}, not what "
                 "its name says", path=path, offset=0)
-        delta.apply_to(chain.index)
+        try:
+            delta.apply_to(chain.index)
+        except ValueError as exc:
+            raise CorruptRecordError(f"{path}: does not follow its chain ({exc})", path=path,
+                                     offset=0) from None
         chain.last = delta
         chain.deltas += 1
         chain.delta_bytes += len(data)

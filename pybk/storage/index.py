@@ -1,9 +1,11 @@
 """The bookie's index: where each entry lives, and what the bookie knows about each ledger.
 
 Per ledger: an :class:`EntryIndex` entry id -> location (segment seq, offset, size of the framed
-record) and the ledger's state (master key, fenced, explicit LAC, highest piggybacked LAC,
-deleted tombstone). The index holds only *durable* entries: the store applies an entry after
-the fsync that covers it, so "not in the index" means "never durably written here" (R2, I9).
+record) and the ledger's state (master key, fenced, explicit LAC, highest piggybacked LAC).
+A deleted ledger's state leaves the index and only its id stays, in :attr:`Index.deleted`
+(compact ranges: deletions never end on a bookie under rolling logs). The index holds only
+*durable* entries: the store applies an entry after the fsync that covers it, so "not in the
+index" means "never durably written here" (R2, I9).
 
 The index is checkpointed (:mod:`pybk.storage.checkpoint`) together with the journal position
 it covers; start-up loads it and replays the journal after that position, or rebuilds from
@@ -18,6 +20,8 @@ from itertools import islice
 from typing import NamedTuple
 
 from sortedcontainers import SortedList
+
+from pybk.storage.idranges import IdRanges
 
 
 class Location(NamedTuple):
@@ -163,6 +167,8 @@ class LedgerState:
 
     master_key: bytes | None = None
     fenced: bool = False
+    #: set when the ledger is deleted: the state has then left the index, and only a write
+    #: still in flight (whose journal tag holds this object) can see the mark
     deleted: bool = False
     explicit_lac: int = -1
     explicit_lac_body: bytes | None = None
@@ -187,29 +193,44 @@ class LedgerState:
 
 
 class Index:
-    """All ledgers' states plus per-segment live byte counts (for compaction)."""
+    """The live ledgers' states, the deleted ledgers' ids, and per-segment live byte counts
+    (for compaction)."""
 
     def __init__(self) -> None:
+        #: the ledgers held, not deleted
         self.ledgers: dict[int, LedgerState] = {}
+        #: every ledger deleted here (never held again: adds, fences and LAC writes refused)
+        self.deleted = IdRanges()
+        #: ids deleted since the last :meth:`take_deleted` (what a delta checkpoint records)
+        self._deleted_since: list[int] = []
         #: segment seq -> bytes of live ENTRY records located there
         self.seg_live: dict[int, int] = {}
 
     def get(self, ledger_id: int) -> LedgerState | None:
+        """The state of a held ledger; None when unknown *or deleted* (see :meth:`is_deleted`)."""
         return self.ledgers.get(ledger_id)
 
+    def is_deleted(self, ledger_id: int) -> bool:
+        return ledger_id in self.deleted
+
     def ledger(self, ledger_id: int) -> LedgerState:
-        """The state of ``ledger_id``, created empty if unknown."""
+        """The state of ``ledger_id``, created empty if unknown. ValueError for a deleted
+        ledger: it is never held again (callers refuse or skip it first)."""
         state = self.ledgers.get(ledger_id)
         if state is None:
+            if ledger_id in self.deleted:
+                raise ValueError(f"ledger {ledger_id} was deleted")
             state = self.ledgers[ledger_id] = LedgerState()
         return state
 
     def put_entry(self, ledger_id: int, entry_id: int, loc: Loc,
                   piggyback_lac: int) -> None:
         """Record a durable entry (ignored for a deleted ledger: its bytes are garbage)."""
-        state = self.ledger(ledger_id)
-        if state.deleted:
-            return
+        state = self.ledgers.get(ledger_id)
+        if state is None:
+            if ledger_id in self.deleted:  # (looked up only when the ledger is not held)
+                return
+            state = self.ledgers[ledger_id] = LedgerState()
         old = state.entries.get(entry_id)
         if old is not None:
             self._sub_live(old)
@@ -220,13 +241,25 @@ class Index:
             state.max_piggyback_lac = piggyback_lac
 
     def delete_ledger(self, ledger_id: int) -> None:
-        """Tombstone: the ledger's entries become garbage; the state stays as a marker."""
-        state = self.ledger(ledger_id)
-        for loc in state.entries.values():
-            self._sub_live(loc)
-        state.entries = EntryIndex()
-        state.deleted = True
-        state.explicit_lac_body = None
+        """The ledger's entries become garbage, its state leaves the index, its id is
+        remembered in :attr:`deleted`."""
+        state = self.ledgers.pop(ledger_id, None)
+        if state is not None:
+            for loc in state.entries.values():
+                self._sub_live(loc)
+            # a write still in flight holds this object (its journal tag): leave it marked
+            # and empty, so its completion indexes nothing
+            state.entries = EntryIndex()
+            state.deleted = True
+            state.explicit_lac_body = None
+        if self.deleted.add(ledger_id):
+            self._deleted_since.append(ledger_id)
+
+    def take_deleted(self) -> list[int]:
+        """The ids deleted since the last call (or since this index was built); from here on
+        they count as checkpointed."""
+        out, self._deleted_since = self._deleted_since, []
+        return out
 
     def _sub_live(self, loc: Loc) -> None:
         seg, _offset, size = loc
@@ -241,8 +274,7 @@ class Index:
         live: dict[int, int] = {}
         for lid, state in self.ledgers.items():
             assert isinstance(lid, int)
-            if state.deleted:
-                assert not state.entries, f"deleted ledger {lid} still has entries"
+            assert not state.deleted and lid not in self.deleted, f"deleted ledger {lid} held"
             state.entries._check()
             for eid, loc in state.entries.items():
                 assert eid >= 0, (lid, eid)
@@ -252,3 +284,4 @@ class Index:
                 live[seg] = live.get(seg, 0) + size
             assert state.explicit_lac_body is None or state.explicit_lac >= -1
         assert live == self.seg_live, (live, self.seg_live)
+        assert all(lid in self.deleted for lid in self._deleted_since)

@@ -134,23 +134,34 @@ def scan_segment(
 
 def apply_record(index: Index, rec: Record, seg: int) -> None:
     """What a replayed record of segment ``seg`` does to the index (start-up replay, and the
-    offline rebuild of ``pybk.datadir``)."""
+    offline rebuild of ``pybk.datadir``). Records of a deleted ledger do nothing: replay
+    after a checkpoint can meet records written before the deletion the checkpoint holds."""
     t = rec.rtype
-    if t is RecordType.ENTRY:
+    if t is RecordType.ENTRY:  # (put_entry skips a deleted ledger)
         index.put_entry(rec.ledger_id, rec.entry_id, (seg, rec.offset, rec.size),
                         piggyback_lac(rec.data))
-    elif t is RecordType.MASTER_KEY:
+        return
+    if t is RecordType.DELETE_LEDGER:
+        index.delete_ledger(rec.ledger_id)
+        return
+    if t not in _LEDGER_META:
+        return  # (a CHECKPOINT mark: nothing for the index)
+    st = index.get(rec.ledger_id)
+    if st is None:
+        if index.is_deleted(rec.ledger_id):
+            return
         st = index.ledger(rec.ledger_id)
+    if t is RecordType.FENCE:
+        st.fenced = True
+    elif t is RecordType.MASTER_KEY:
         if st.master_key is None:
             st.master_key = rec.data
-    elif t is RecordType.FENCE:
-        index.ledger(rec.ledger_id).fenced = True
-    elif t is RecordType.EXPLICIT_LAC:
-        st = index.ledger(rec.ledger_id)
-        if not st.deleted and rec.lac >= st.explicit_lac:
-            st.explicit_lac, st.explicit_lac_body = rec.lac, rec.data
-    elif t is RecordType.DELETE_LEDGER:
-        index.delete_ledger(rec.ledger_id)
+    elif rec.lac >= st.explicit_lac:  # EXPLICIT_LAC
+        st.explicit_lac, st.explicit_lac_body = rec.lac, rec.data
+
+
+#: the record types that set a held ledger's metadata
+_LEDGER_META = frozenset((RecordType.MASTER_KEY, RecordType.FENCE, RecordType.EXPLICIT_LAC))
 
 
 def piggyback_lac(body: bytes) -> int:

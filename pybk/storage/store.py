@@ -503,9 +503,9 @@ class LedgerStore:
             raise BadRequestError(
                 f"add of ({ledger_id}, {entry_id}) carries an entry framed as ({blid}, {beid})")
         st = self.index.ledgers.get(ledger_id)
-        # The common case in one test: a live, unfenced ledger whose key matches. Anything
-        # else (new ledger, no key yet, deleted, fenced, wrong key) takes the general checks.
-        if st is None or st.deleted or st.fenced or st.master_key != master_key:
+        # The common case in one test: a held, unfenced ledger whose key matches. Anything
+        # else (new or deleted ledger, no key yet, fenced, wrong key) takes the general checks.
+        if st is None or st.fenced or st.master_key != master_key:
             st = self._add_checks(ledger_id, st, master_key, recovery)
         pending = st.pending.get(entry_id)
         if pending is not None:
@@ -531,13 +531,13 @@ class LedgerStore:
         """The refusals of :meth:`add_entry` (deleted, wrong key, fenced), in their order; the
         ledger's state, created if unknown."""
         if st is not None:
-            if st.deleted:
-                raise LedgerFencedError(f"ledger {ledger_id} was deleted on this bookie")
             if st.master_key is not None and st.master_key != master_key:
                 raise UnauthorizedError(f"ledger {ledger_id}: master key does not match")
             if st.fenced and not recovery:
                 raise LedgerFencedError(f"ledger {ledger_id} is fenced")
             return st
+        if self.index.is_deleted(ledger_id):
+            raise LedgerFencedError(f"ledger {ledger_id} was deleted on this bookie")
         return self.index.ledger(ledger_id)
 
     def _add_existing(self, st: LedgerState, ledger_id: int, entry_id: int, body: bytes,
@@ -561,9 +561,9 @@ class LedgerStore:
     def fence(self, ledger_id: int, master_key: bytes) -> Awaitable[None]:
         """Fence durably (creating the ledger, fenced, if unknown). Takes effect at once; the
         returned awaitable completes once the fence is synced."""
-        st = self.index.get(ledger_id)
-        if st is not None and st.deleted:
+        if self.index.is_deleted(ledger_id):
             raise NoSuchLedgerError(f"ledger {ledger_id} was deleted on this bookie")
+        st = self.index.get(ledger_id)
         self._check_key(ledger_id, st, master_key)
         if st is None:
             st = self.index.ledger(ledger_id)
@@ -595,9 +595,9 @@ class LedgerStore:
 
     def write_lac(self, ledger_id: int, lac: int, body: bytes,
                   master_key: bytes) -> Awaitable[None]:
-        st = self.index.get(ledger_id)
-        if st is not None and st.deleted:
+        if self.index.is_deleted(ledger_id):
             raise LedgerFencedError(f"ledger {ledger_id} was deleted on this bookie")
+        st = self.index.get(ledger_id)
         self._check_key(ledger_id, st, master_key)
         if st is None:
             st = self.index.ledger(ledger_id)
@@ -611,7 +611,8 @@ class LedgerStore:
         return fut
 
     def delete_ledger(self, ledger_id: int) -> Awaitable[None]:
-        """Journal a tombstone; the ledger's bytes become garbage; later adds are rejected."""
+        """Journal a tombstone; the ledger's bytes become garbage; later adds are rejected.
+        Deleting a ledger this bookie never held records the deletion all the same."""
         self.index.delete_ledger(ledger_id)
         fut = self.journal.append(encode_delete(ledger_id))
         self._on_ledger_change(ledger_id)
@@ -623,9 +624,9 @@ class LedgerStore:
         """The ledger's state; NoSuchLedgerError when unknown or deleted."""
         st = self.index.get(ledger_id)
         if st is None:
+            if self.index.is_deleted(ledger_id):
+                raise NoSuchLedgerError(f"ledger {ledger_id} was deleted on this bookie")
             self._absent(f"ledger {ledger_id} is not on this bookie", NoSuchLedgerError)
-        if st.deleted:
-            raise NoSuchLedgerError(f"ledger {ledger_id} was deleted on this bookie")
         return st
 
     def _absent(self, what: str, cls: type[BKError]) -> NoReturn:
@@ -687,7 +688,7 @@ class LedgerStore:
 
     def ledger_ids(self) -> list[int]:
         """Ledgers held (not deleted), ascending."""
-        return sorted(lid for lid, st in self.index.ledgers.items() if not st.deleted)
+        return sorted(self.index.ledgers)
 
     # ================================================================== checkpoint
 
@@ -797,12 +798,15 @@ class LedgerStore:
             is_last=False, allow_suspect=False, apply=lambda rec, _seg: records.append(rec),
         )
         out: list[tuple[bytes, _Tag | None]] = []
-        meta: list[int] = []
+        meta: dict[int, None] = {}  # the ledgers mentioned, in order
+        index = self.index
         for rec in records:
             if rec.ledger_id < 0:
                 continue
-            st = self.index.get(rec.ledger_id)
+            st = index.get(rec.ledger_id)
             if st is None:
+                if index.is_deleted(rec.ledger_id):
+                    meta[rec.ledger_id] = None  # its tombstone goes on (see below)
                 continue
             if rec.rtype is RecordType.ENTRY:
                 loc = st.entries.get(rec.entry_id)
@@ -810,13 +814,16 @@ class LedgerStore:
                     data = encode_entry(rec.data)
                     out.append((data, (rec.ledger_id, rec.entry_id,
                                        piggyback_lac(rec.data), len(data), None, st)))
-            elif rec.ledger_id not in meta:
-                meta.append(rec.ledger_id)
+            else:
+                meta[rec.ledger_id] = None
         for lid in meta:
-            st = self.index.ledgers[lid]
-            if st.deleted:
+            # a deleted ledger's DELETE record is carried forward whenever a segment that
+            # mentions the ledger goes: older segments may still hold its entries, which a
+            # rebuild from the segments must not bring back
+            if index.is_deleted(lid):
                 out.append((encode_delete(lid), None))
                 continue
+            st = index.ledgers[lid]
             if st.master_key is not None:
                 out.append((encode_master_key(lid, st.master_key), None))
             if st.fenced:
@@ -835,7 +842,7 @@ class LedgerStore:
         for lid, st in self.index.ledgers.items():
             for eid, body in st.pending.items():
                 assert parse_entry_header(body)[:2] == (lid, eid)
-                assert st.deleted or eid not in st.entries, (lid, eid)
+                assert eid not in st.entries, (lid, eid)
         assert self.journal.segment_seq in self._segments or self.journal.failed is not None
         for seq in self.index.seg_live:
             assert seq in self._segments, f"live entries in unknown segment {seq}"

@@ -40,7 +40,7 @@ def test_the_checkpoint_is_the_index_when_the_encoder_was_made():
     back, back_pos = cp.build_index(), cp.position
     assert back_pos == pos and sorted(back.ledgers) == [1, 2, 3]
     assert list(back.ledgers[1].entries) == [0, 1, 2, 3, 4, 5]
-    assert back.ledgers[2].fenced and not back.ledgers[2].deleted
+    assert back.ledgers[2].fenced and not back.is_deleted(2)
     assert back.ledgers[3].master_key == KEY
     back._check()
 

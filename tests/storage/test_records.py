@@ -147,7 +147,7 @@ def test_index_checkpoint_round_trip_and_damage():
     b2 = back.ledgers[2]
     assert (b2.master_key, b2.fenced, b2.explicit_lac, b2.explicit_lac_body) == (b"k", True, 4,
                                                                                  b"lb")
-    assert back.ledgers[3].deleted and back.seg_live == {0: 60, 1: 70}
+    assert back.is_deleted(3) and 3 not in back.ledgers and back.seg_live == {0: 60, 1: 70}
     for i in (0, 9, 30, len(data) - 1):
         bad = bytearray(data)
         bad[i] ^= 1

@@ -1,0 +1,111 @@
+"""A set of integers kept as sorted, disjoint, non-adjacent ranges.
+
+Why: the bookie must remember every ledger it deleted (an add, fence or LAC write to one is
+refused for ever, and a rebuild must not bring its entries back), and a long-lived bookie
+under rolling logs deletes ledgers without end. Ledger ids come from a counter and old
+ledgers are deleted roughly in order, so the deleted ids collapse into few ranges: a whole
+history of deletions costs a handful of ``(first, last)`` pairs in memory and in every
+checkpoint, where one state object per deleted ledger cost about 740 bytes each and a
+comparison at every checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from sortedcontainers import SortedDict
+
+
+class IdRanges:
+    """Integers as ranges ``first -> last`` (inclusive) in a sortedcontainers ``SortedDict``.
+
+    Membership and insertion cost O(log ranges). Only insertion is supported: what it holds
+    (deleted ledgers) is never taken back."""
+
+    __slots__ = ("_count", "_ranges")
+
+    def __init__(self, ids: Iterable[int] = ()) -> None:
+        self._ranges: SortedDict = SortedDict()
+        self._count = 0
+        for x in ids:
+            self.add(x)
+
+    @classmethod
+    def from_ranges(cls, ranges: Iterable[tuple[int, int]]) -> IdRanges:
+        """Rebuild from :meth:`ranges` output; ValueError unless they are sorted, disjoint
+        and non-adjacent (as :meth:`ranges` gives them)."""
+        out = cls()
+        prev = None
+        for first, last in ranges:
+            if first > last or (prev is not None and first <= prev + 1):
+                raise ValueError(f"id range ({first}, {last}) out of order after {prev}")
+            out._ranges[first] = last
+            out._count += last - first + 1
+            prev = last
+        return out
+
+    def __contains__(self, x: object) -> bool:
+        if not isinstance(x, int):
+            return False
+        ranges = self._ranges
+        i = ranges.bisect_right(x)
+        return bool(i) and x <= ranges.peekitem(i - 1)[1]
+
+    def add(self, x: int) -> bool:
+        """Insert ``x``, merging with the ranges beside it; False if it was already held."""
+        ranges = self._ranges
+        i = ranges.bisect_right(x)
+        start = None
+        if i:
+            start, last = ranges.peekitem(i - 1)
+            if x <= last:
+                return False
+            if x != last + 1:
+                start = None
+        if i < len(ranges):
+            nxt, nxt_last = ranges.peekitem(i)
+            if nxt == x + 1:  # joins the next range (and maybe the previous one)
+                del ranges[nxt]
+                ranges[x if start is None else start] = nxt_last
+                self._count += 1
+                return True
+        ranges[x if start is None else start] = x
+        self._count += 1
+        return True
+
+    def ranges(self) -> list[tuple[int, int]]:
+        """The ``(first, last)`` ranges, ascending."""
+        return list(self._ranges.items())
+
+    def first_difference(self, other: IdRanges) -> int | None:
+        """The smallest integer held by exactly one of the two sets; None if they are equal
+        (found without expanding the ranges)."""
+        mine, theirs = self.ranges(), other.ranges()
+        for (a1, a2), (b1, b2) in zip(mine, theirs, strict=False):
+            if a1 != b1:
+                return min(a1, b1)
+            if a2 != b2:
+                return min(a2, b2) + 1
+        if len(mine) != len(theirs):
+            return (mine if len(mine) > len(theirs) else theirs)[min(len(mine), len(theirs))][0]
+        return None
+
+    def __iter__(self) -> Iterator[int]:
+        for first, last in self._ranges.items():
+            yield from range(first, last + 1)
+
+    def __len__(self) -> int:
+        """How many integers are held (not how many ranges)."""
+        return self._count
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, IdRanges):
+            return NotImplemented
+        return bool(self._ranges == other._ranges)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in self.ranges()[:8])
+        more = ", ..." if len(self._ranges) > 8 else ""
+        return f"IdRanges({shown}{more})"

@@ -1,0 +1,50 @@
+"""IdRanges, the deleted-ledger set: a set of ints as sorted, disjoint, non-adjacent ranges.
+Checked against a plain set."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pybk.storage.idranges import IdRanges
+
+ids = st.lists(st.integers(min_value=-5, max_value=60), max_size=80)
+
+
+@given(ids)
+def test_ranges_hold_exactly_what_was_added(added: list[int]) -> None:
+    r = IdRanges()
+    model: set[int] = set()
+    for x in added:
+        assert r.add(x) == (x not in model)
+        model.add(x)
+    assert len(r) == len(model)
+    assert list(r) == sorted(model)
+    for x in range(-7, 63):
+        assert (x in r) == (x in model), x
+    pairs = r.ranges()
+    for (a1, a2), (b1, _b2) in itertools.pairwise(pairs):
+        assert a1 <= a2 and a2 + 1 < b1  # disjoint, never adjacent (adjacent ones merge)
+    assert IdRanges.from_ranges(pairs) == r
+
+
+@given(ids, ids)
+def test_first_difference_is_the_smallest_id_held_by_one_only(a: list[int],
+                                                              b: list[int]) -> None:
+    diff = set(a) ^ set(b)
+    assert IdRanges(a).first_difference(IdRanges(b)) == (min(diff) if diff else None)
+
+
+def test_consecutive_deletions_cost_one_range() -> None:
+    r = IdRanges(range(100_000, 0, -1))  # any order
+    assert r.ranges() == [(1, 100_000)] and len(r) == 100_000
+    assert 0 not in r and 100_001 not in r and 5 in r and "5" not in r
+
+
+@pytest.mark.parametrize("bad", [[(3, 2)], [(1, 2), (3, 4)], [(5, 6), (1, 2)], [(1, 4), (4, 9)]])
+def test_from_ranges_refuses_what_ranges_never_gives(bad: list[tuple[int, int]]) -> None:
+    with pytest.raises(ValueError, match="out of order"):
+        IdRanges.from_ranges(bad)
