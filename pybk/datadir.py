@@ -222,17 +222,19 @@ def _first_difference(checkpointed: Index, rebuilt: Index) -> str:
     """The first ledger where the checkpoint chain (plus replay) says less than, or other
     than, the rebuild from the segments; "" if none.
 
-    The chain may say *more* about a ledger's metadata: a fence, a master key and an explicit
-    LAC take effect in memory when their record is appended, so a checkpoint taken before
-    that record's write failed (ENOSPC, EIO) keeps them without the record. Each is true (the
-    writer's key, the writer's LAC, a fence that was asked for) and more conservative. Entries
-    are indexed only once durable, so they must match exactly, as must tombstones (a deleted
-    ledger keeps only its tombstone through compaction)."""
-    lid = checkpointed.deleted.first_difference(rebuilt.deleted)
+    The chain may say *more* about a ledger's metadata: a fence, a master key, an explicit
+    LAC and a deletion take effect in memory when their record is appended, so a checkpoint
+    taken before that record's write failed (ENOSPC, EIO) keeps them without the record. Each
+    is true (the writer's key, the writer's LAC, a fence or deletion that was asked for) and
+    more conservative. Entries are indexed only once durable, so for a ledger both hold they
+    must match exactly; a deletion the segments hold must be in the chain (compaction carries
+    deletions forward)."""
+    lid = rebuilt.deleted.first_missing_from(checkpointed.deleted)
     if lid is not None:
-        return (f"ledger {lid}: deleted {checkpointed.is_deleted(lid)} vs "
-                f"{rebuilt.is_deleted(lid)}")
+        return f"ledger {lid}: not deleted, but the segments hold its deletion"
     for lid in sorted(set(checkpointed.ledgers) | set(rebuilt.ledgers)):
+        if checkpointed.is_deleted(lid):
+            continue  # deleted in memory, its record lost (see above): more, not less
         mine = checkpointed.ledgers.get(lid) or LedgerState()
         theirs = rebuilt.ledgers.get(lid) or LedgerState()
         if theirs.fenced and not mine.fenced:

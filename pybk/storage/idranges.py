@@ -77,17 +77,19 @@ class IdRanges:
         """The ``(first, last)`` ranges, ascending."""
         return list(self._ranges.items())
 
-    def first_difference(self, other: IdRanges) -> int | None:
-        """The smallest integer held by exactly one of the two sets; None if they are equal
-        (found without expanding the ranges)."""
-        mine, theirs = self.ranges(), other.ranges()
-        for (a1, a2), (b1, b2) in zip(mine, theirs, strict=False):
-            if a1 != b1:
-                return min(a1, b1)
-            if a2 != b2:
-                return min(a2, b2) + 1
-        if len(mine) != len(theirs):
-            return (mine if len(mine) > len(theirs) else theirs)[min(len(mine), len(theirs))][0]
+    def first_missing_from(self, other: IdRanges) -> int | None:
+        """The smallest integer held here but not by ``other``; None if ``other`` holds all
+        of them (found without expanding the ranges)."""
+        theirs = other._ranges
+        first: int
+        last: int
+        for first, last in self._ranges.items():
+            i = theirs.bisect_right(first)
+            end: int = theirs.peekitem(i - 1)[1] if i else first - 1  # covers ``first``?
+            if end < first:
+                return first
+            if end < last:
+                return end + 1
         return None
 
     def __iter__(self) -> Iterator[int]:

@@ -7,13 +7,20 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
 from click.testing import CliRunner
 
 from pybk.bookie import Bookie, BookieConfig
 from pybk.cli import main
 from pybk.datadir import inspect_data_dir
+from pybk.errors import ReadOnlyBookieError
 from pybk.protocol import Status
-from pybk.storage.checkpoint import CheckpointEncoder, delta_checkpoint_name, delta_checkpoints
+from pybk.storage.checkpoint import (
+    CHECKPOINT_FILE,
+    CheckpointEncoder,
+    delta_checkpoint_name,
+    delta_checkpoints,
+)
 from pybk.storage.fs import OsFileSystem
 from pybk.storage.index import Index
 from pybk.storage.journal import segment_name
@@ -186,3 +193,38 @@ async def test_a_checkpoint_pointing_into_a_missing_segment_is_reported(harness_
     report = inspect_data_dir(h.fs, h.DATA_DIR)
     assert not report.ok
     assert "missing segments [1]" in report.checkpoint.detail
+
+
+async def test_a_deletion_whose_record_was_not_written_may_stay_in_the_chain(harness_cls):
+    """A deletion takes effect in memory when its record is appended (adds are refused at
+    once), so a checkpoint taken after its write failed (ENOSPC) holds a deletion the
+    segments lack: more than the segments, like a fence, and not a problem. A deletion the
+    chain lacks is one."""
+    h = harness_cls(config=CHAIN)
+    await h.start()
+    for eid in range(5):
+        assert await h.add(5, eid) == Status.OK
+    used = h.fs.disk_usage(h.DATA_DIR)
+    h.fs.set_capacity(used[1] - used[0])  # (total - free: full from here on)
+    with pytest.raises(ReadOnlyBookieError, match="ENOSPC"):
+        await h.bookie.store.delete_ledger(5)
+    h.fs.set_capacity(1 << 40)
+    assert h.bookie.store.index.is_deleted(5)
+    await h.bookie.checkpoint()
+    await h.bookie.stop()
+    report = inspect_data_dir(h.fs, h.DATA_DIR)
+    assert report.ok, report.problems
+    assert report.deleted == 0 and report.ledgers == 1  # (the segments' story)
+    # the other way round: a chain that forgot a deletion the segments hold
+    await h.start()
+    await h.bookie.delete_ledger(5)
+    store = h.bookie.store
+    await h.bookie.stop()
+    gen, _seq = delta_checkpoints(h.fs, h.DATA_DIR)[-1]
+    forgot = Index()  # a new base that holds ledger 5 as live
+    forgot.ledger(5).master_key = h.KEY
+    data = CheckpointEncoder(forgot, store.journal.position, generation=gen + 1).result()
+    await h.fs.write_file_atomic(f"{h.DATA_DIR}/{CHECKPOINT_FILE}", data)
+    report = inspect_data_dir(h.fs, h.DATA_DIR)
+    assert not report.ok
+    assert "ledger 5: not deleted, but the segments hold its deletion" in report.checkpoint.detail

@@ -32,10 +32,10 @@ def test_ranges_hold_exactly_what_was_added(added: list[int]) -> None:
 
 
 @given(ids, ids)
-def test_first_difference_is_the_smallest_id_held_by_one_only(a: list[int],
-                                                              b: list[int]) -> None:
-    diff = set(a) ^ set(b)
-    assert IdRanges(a).first_difference(IdRanges(b)) == (min(diff) if diff else None)
+def test_first_missing_from_is_the_smallest_id_the_other_lacks(a: list[int],
+                                                               b: list[int]) -> None:
+    missing = set(a) - set(b)
+    assert IdRanges(a).first_missing_from(IdRanges(b)) == (min(missing) if missing else None)
 
 
 def test_consecutive_deletions_cost_one_range() -> None:
