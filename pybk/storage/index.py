@@ -14,12 +14,13 @@ every segment when a checkpoint file is missing or damaged.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, ValuesView
+import heapq
+from array import array
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import islice
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
-from sortedcontainers import SortedList
+from sortedcontainers import SortedDict
 
 from pybk.storage.idranges import IdRanges
 
@@ -48,117 +49,266 @@ class Position(NamedTuple):
 Loc = tuple[int, int, int]
 
 
-class EntryIndex:
-    """One ledger's entries: entry id -> plain ``(seg, offset, size)`` location tuple.
+class EntryColumns(NamedTuple):
+    """A run of consecutive entry ids ``first, first + 1, ...`` as three parallel arrays (a
+    size of 0: the id is not held). What checkpoints copy and write, column by column."""
 
-    Inserts and point lookups (the write path pays one insert per entry, reads look entries
-    up by id) go to a plain dict; the ordered view (listings, range reads, ordered iteration)
-    is a sortedcontainers ``SortedList`` of the ids, brought up to date when it is used, and
-    the highest id is tracked as entries arrive. Why: a ``SortedDict`` insert costs about ten
-    dict inserts in CPython and the write path paid it for every entry of every ledger, while
-    ordered questions are rare and the highest id is all "read the last entry" needs.
+    first: int
+    segs: array[int]
+    offs: array[int]
+    sizes: array[int]
+
+
+def empty_columns(first: int = 0) -> EntryColumns:
+    return EntryColumns(first, array("I"), array("Q"), array("I"))
+
+
+#: an id at most this far past the dense run's end extends the run (leaving holes); further
+#: ones go to the sparse part
+MAX_GAP: Final = 64
+
+
+class EntryIndex:
+    """One ledger's entries: entry id -> ``(seg, offset, size)`` of its ENTRY record.
+
+    Why arrays: a bookie holds every entry it stores in this index, and a dict of location
+    tuples cost ~160 bytes an entry (a dict slot, a tuple, its ints), 16 GB for 100 million
+    entries. A ledger's entries arrive in id order, so most of them form one *dense run*:
+    ids ``first .. end - 1`` in three parallel ``array`` columns (segment ``I``, offset ``Q``,
+    size ``I``; 16 bytes an entry), a size of 0 marking a hole (an id this bookie does not
+    hold: with striping, E > Qw, each bookie holds only some ids). The write path appends to
+    the columns in place (the store inlines it: ``eid == end``); ids before ``first`` or far
+    past ``end`` (recovery adds, re-replication) go to ``sparse``, a sortedcontainers
+    ``SortedDict``. Checkpoints copy and write the columns whole (C-level copies), not entry
+    by entry.
 
     Entries are only ever added or moved (compaction, repair), never removed one by one (a
-    deleted ledger drops its whole index), and a dict keeps its keys in insertion order, so
-    the ids added since any moment are the dict's last ``len - n`` keys: the ordered view and
-    the index checkpoints (which write only what changed since the last one) each remember a
-    count, and the write path pays nothing per entry for either. Moves change a value in
-    place, so the ids moved since the last checkpoint are listed (:attr:`moved`, rare).
+    deleted ledger drops its whole index). Since the last checkpoint, the new dense slots are
+    those from ``cp_n`` on; ids changed in place before it (moves, filled holes) and every
+    sparse change are listed in :attr:`changed` (rare).
+    """
 
-    The values are plain tuples, not :class:`Location`: the garbage collector stops tracking a
-    plain tuple of ints after its first collection but tracks a NamedTuple forever, so an
-    index of Locations made every full collection walk every entry the bookie holds."""
+    __slots__ = ("changed", "cp_n", "end", "first", "holes", "offs", "segs", "sizes",
+                 "sparse")
 
-    __slots__ = ("_ids", "_n_ordered", "last", "locs", "moved", "n_checkpointed")
+    def __init__(self) -> None:
+        #: the entry id of the dense run's slot 0 (set by the first insert into an empty run)
+        self.first = 0
+        #: ``first + len(sizes)``: the id the write path appends in place
+        self.end = 0
+        self.segs: array[int] = array("I")
+        self.offs: array[int] = array("Q")
+        self.sizes: array[int] = array("I")
+        #: slots of the dense run with size 0
+        self.holes = 0
+        #: ids off the dense run -> location (None until the first one: most ledgers have none)
+        self.sparse: SortedDict | None = None
+        #: how many dense slots the last checkpoint holds
+        self.cp_n = 0
+        #: ids changed since the last checkpoint other than in the new slots (see above)
+        self.changed: list[int] = []
 
-    def __init__(self, items: Iterable[tuple[int, Loc]] = ()) -> None:
-        #: entry id -> location (the write path inserts here directly, see :meth:`add_new`)
-        self.locs: dict[int, Loc] = dict(items)
-        self._ids = SortedList(self.locs)
-        #: how many of the dict's first keys the ordered view holds
-        self._n_ordered = len(self.locs)
-        #: how many of the dict's first keys the last checkpoint holds (see take_changes)
-        self.n_checkpointed = len(self.locs)
-        #: ids whose location changed in place since the last checkpoint
-        self.moved: list[int] = []
-        #: the highest entry id held, -1 when none
-        self.last: int = self._ids[-1] if self._ids else -1
+    @classmethod
+    def from_columns(cls, cols: EntryColumns, rows: Iterable[tuple[int, Loc]] = ()
+                     ) -> EntryIndex:
+        """An index holding ``cols`` (taken over, not copied) and ``rows``, all counted as
+        checkpointed."""
+        out = cls()
+        if len(cols.sizes):
+            out._extend(cols)
+        for eid, loc in rows:
+            out[eid] = loc
+        out.mark_checkpointed()
+        return out
 
-    def add_new(self, entry_id: int, loc: Loc) -> None:
-        """Insert an id the index does not hold yet (the caller checked: the hot path)."""
-        self.locs[entry_id] = loc
-        if entry_id > self.last:
-            self.last = entry_id
+    def _extend(self, cols: EntryColumns) -> bool:
+        """Append ``cols`` (which must not end in a hole) to the dense run if it continues
+        it (or the run is empty) and meets no sparse id; False (nothing done) otherwise."""
+        n = len(cols.sizes)
+        if not n:
+            return True
+        if len(self.sizes) and cols.first != self.end:
+            return False
+        if self.sparse and any(True for _ in self.sparse.irange(cols.first, cols.first + n - 1)):
+            return False  # (an id both dense and sparse: put them one by one)
+        if not len(self.sizes):
+            self.first = self.end = cols.first
+            self.segs, self.offs, self.sizes = cols.segs, cols.offs, cols.sizes
+        else:
+            self.segs.extend(cols.segs)
+            self.offs.extend(cols.offs)
+            self.sizes.extend(cols.sizes)
+        self.end += n
+        self.holes += cols.sizes.count(0)
+        return True
+
+    def add_columns(self, cols: EntryColumns) -> None:
+        """Put every entry of ``cols`` (a checkpoint delta's new slots): appended whole when
+        they continue the dense run, else one by one."""
+        if self._extend(cols):
+            return
+        first, segs, offs, sizes = cols
+        for i, size in enumerate(sizes):
+            if size:
+                self.put(first + i, (segs[i], offs[i], size))
+
+    def put(self, entry_id: int, loc: Loc) -> Loc | None:
+        """Insert or move ``entry_id``; its previous location, if it had one."""
+        sparse = self.sparse
+        if sparse is not None and entry_id in sparse:
+            old: Loc | None = sparse[entry_id]
+            sparse[entry_id] = loc
+            self.changed.append(entry_id)
+            return old
+        seg, offset, size = loc
+        sizes = self.sizes
+        n = len(sizes)
+        i = entry_id - self.first
+        if 0 <= i < n:
+            old = (self.segs[i], self.offs[i], sizes[i]) if sizes[i] else None
+            if old is None:
+                self.holes -= 1
+            self.segs[i], self.offs[i], sizes[i] = seg, offset, size
+            if i < self.cp_n:
+                self.changed.append(entry_id)
+            return old
+        if not n and entry_id >= 0:
+            self.first = self.end = entry_id
+            i = 0
+        if n <= i <= n + MAX_GAP:
+            gap = i - n
+            if gap:
+                self.segs.extend(array("I", bytes(4 * gap)))
+                self.offs.extend(array("Q", bytes(8 * gap)))
+                sizes.extend(array("I", bytes(4 * gap)))
+                self.holes += gap
+            self.segs.append(seg)
+            self.offs.append(offset)
+            sizes.append(size)
+            self.end = entry_id + 1
+            return None
+        if sparse is None:
+            sparse = self.sparse = SortedDict()
+        sparse[entry_id] = loc
+        self.changed.append(entry_id)
+        return None
 
     def __setitem__(self, entry_id: int, loc: Loc) -> None:
-        if entry_id in self.locs:
-            self.locs[entry_id] = loc
-            self.moved.append(entry_id)
-        else:
-            self.add_new(entry_id, loc)
+        self.put(entry_id, loc)
 
     def get(self, entry_id: int) -> Loc | None:
-        return self.locs.get(entry_id)
+        i = entry_id - self.first
+        if 0 <= i < len(self.sizes):
+            size = self.sizes[i]
+            if size:
+                return (self.segs[i], self.offs[i], size)
+        if self.sparse is not None:
+            loc: Loc | None = self.sparse.get(entry_id)
+            return loc
+        return None
 
     def __contains__(self, entry_id: object) -> bool:
-        return entry_id in self.locs
+        if not isinstance(entry_id, int):
+            return False
+        i = entry_id - self.first
+        if 0 <= i < len(self.sizes) and self.sizes[i]:
+            return True
+        return self.sparse is not None and entry_id in self.sparse
 
     def __len__(self) -> int:
-        return len(self.locs)
+        return len(self.sizes) - self.holes + (len(self.sparse) if self.sparse else 0)
 
-    def _added_since(self, n: int) -> list[int]:
-        """The ids inserted after the dict's first ``n`` keys (its tail), newest first."""
-        return list(islice(reversed(self.locs), len(self.locs) - n))
+    @property
+    def last(self) -> int:
+        """The highest entry id held, -1 when none."""
+        dense = self.end - 1 if len(self.sizes) else -1
+        if self.sparse:
+            top: int = self.sparse.peekitem(-1)[0]
+            return max(dense, top)
+        return dense
 
-    def _ordered(self) -> SortedList:
-        if len(self.locs) > self._n_ordered:
-            self._ids.update(self._added_since(self._n_ordered))
-            self._n_ordered = len(self.locs)
-        return self._ids
-
-    def take_changes(self) -> dict[int, Loc]:
-        """The ids added or moved since the last call (or since this index was built), with
-        their locations now; from here on they count as checkpointed."""
-        changed = self._added_since(self.n_checkpointed)
-        changed += self.moved
-        self.n_checkpointed = len(self.locs)
-        self.moved = []
-        locs = self.locs
-        return {eid: locs[eid] for eid in changed}
+    def take_changes(self) -> tuple[EntryColumns, dict[int, Loc]]:
+        """What changed since the last call (or since this index was built): the new dense
+        slots as columns (copies), and the other changed ids with their locations now; from
+        here on everything counts as checkpointed."""
+        n = self.cp_n
+        cols = EntryColumns(self.first + n, self.segs[n:], self.offs[n:], self.sizes[n:])
+        rows = {eid: loc for eid in self.changed if (loc := self.get(eid)) is not None}
+        self.mark_checkpointed()
+        return cols, rows
 
     def mark_checkpointed(self) -> None:
         """Every entry now counts as checkpointed (a base checkpoint holds them all)."""
-        self.n_checkpointed = len(self.locs)
-        self.moved = []
+        self.cp_n = len(self.sizes)
+        self.changed = []
 
-    def __iter__(self) -> Iterator[int]:
-        """Entry ids, ascending."""
-        return iter(self._ordered())
+    def snapshot(self) -> tuple[EntryColumns, dict[int, Loc]]:
+        """Copies of the dense run's columns and of the sparse part (C-level copies, for a
+        checkpoint taken while the index keeps changing)."""
+        return (EntryColumns(self.first, self.segs[:], self.offs[:], self.sizes[:]),
+                dict(self.sparse or {}))
+
+    def _dense_ids(self, lo: int, hi: int) -> Iterator[int]:
+        """Ids held by the dense run within ``[lo, hi]``, ascending."""
+        first, sizes = self.first, self.sizes
+        start = max(lo - first, 0)
+        stop = min(hi - first + 1, len(sizes))
+        if self.holes:
+            return (first + i for i in range(start, stop) if sizes[i])
+        return iter(range(first + start, first + max(stop, start)))
 
     def irange(self, first: int, last: int) -> Iterator[int]:
         """Entry ids in ``[first, last]``, ascending."""
-        return iter(self._ordered().irange(first, last))
+        dense = self._dense_ids(first, last)
+        if self.sparse is None:
+            return dense
+        return heapq.merge(dense, self.sparse.irange(first, last))
+
+    def __iter__(self) -> Iterator[int]:
+        """Entry ids, ascending."""
+        return self.irange(-(1 << 63), (1 << 63) - 1)
 
     def items(self) -> list[tuple[int, Loc]]:
         """``(entry id, location)``, ascending."""
-        locs = self.locs
-        return [(eid, locs[eid]) for eid in self._ordered()]
+        out = []
+        for eid in self:
+            loc = self.get(eid)
+            assert loc is not None
+            out.append((eid, loc))
+        return out
 
-    def snapshot(self) -> tuple[list[int], dict[int, Loc]]:
-        """Copies of the ids (ascending) and of the locations (C-level copies, for a
-        checkpoint taken while the index keeps changing)."""
-        return list(self._ordered()), self.locs.copy()
-
-    def values(self) -> ValuesView[Loc]:
+    def values(self) -> Iterator[Loc]:
         """The locations, in no particular order."""
-        return self.locs.values()
+        segs, offs, sizes = self.segs, self.offs, self.sizes
+        for i, size in enumerate(sizes):
+            if size:
+                yield (segs[i], offs[i], size)
+        if self.sparse is not None:
+            yield from self.sparse.values()
+
+    def live_by_segment(self) -> dict[int, int]:
+        """Bytes held per segment (what a deleted ledger's entries free)."""
+        live: dict[int, int] = {}
+        for seg, size in zip(self.segs, self.sizes, strict=True):
+            if size:
+                live[seg] = live.get(seg, 0) + size
+        for seg, _offset, size in (self.sparse or {}).values():
+            live[seg] = live.get(seg, 0) + size
+        return live
 
     def _check(self) -> None:
-        ids = list(self._ordered())
-        assert ids == sorted(self.locs), "ordered ids disagree with the locations"
-        assert self.last == (ids[-1] if ids else -1), (self.last, ids[-1:])
-        assert self.n_checkpointed <= len(self.locs)
-        assert all(eid in self.locs for eid in self.moved)
+        n = len(self.sizes)
+        assert len(self.segs) == len(self.offs) == n
+        assert self.end == self.first + n, (self.end, self.first, n)
+        assert self.holes == self.sizes.count(0), (self.holes, self.sizes.count(0))
+        assert not n or self.sizes[-1], "the dense run ends in a hole"
+        assert 0 <= self.cp_n <= n
+        for eid in self.sparse or ():
+            i = eid - self.first
+            assert not (0 <= i < n and self.sizes[i]), f"entry {eid} both dense and sparse"
+        assert all(eid in self for eid in self.changed)
+        ids = list(self)
+        assert ids == sorted(set(ids)), "ids not ascending"
 
 
 @dataclass(slots=True)
@@ -231,11 +381,10 @@ class Index:
             if ledger_id in self.deleted:  # (looked up only when the ledger is not held)
                 return
             state = self.ledgers[ledger_id] = LedgerState()
-        old = state.entries.get(entry_id)
+        old = state.entries.put(entry_id, loc)
         if old is not None:
             self._sub_live(old)
-        seg, offset, size = loc
-        state.entries[entry_id] = (seg, offset, size)
+        seg, _offset, size = loc
         self.seg_live[seg] = self.seg_live.get(seg, 0) + size
         if piggyback_lac > state.max_piggyback_lac:
             state.max_piggyback_lac = piggyback_lac
@@ -245,8 +394,8 @@ class Index:
         remembered in :attr:`deleted`."""
         state = self.ledgers.pop(ledger_id, None)
         if state is not None:
-            for loc in state.entries.values():
-                self._sub_live(loc)
+            for seg, size in state.entries.live_by_segment().items():
+                self._sub_live((seg, 0, size))
             # a write still in flight holds this object (its journal tag): leave it marked
             # and empty, so its completion indexes nothing
             state.entries = EntryIndex()

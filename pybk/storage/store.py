@@ -385,10 +385,10 @@ class LedgerStore:
     # ================================================================== journal callbacks
 
     def _on_synced(self, seg: int, tags: list[Any], offsets: list[int]) -> None:
-        # The hot path: once per entry, so the common case (a new entry of a live ledger)
-        # is inserted into the ledger's EntryIndex right here (what EntryIndex.add_new does)
-        # rather than through put_entry, and the ledger's state comes with the tag (see
-        # _Tag) rather than from a lookup.
+        # The hot path: once per entry, so the common case (the next entry of a held ledger)
+        # is appended to the ledger's EntryIndex columns right here (what EntryIndex.put does
+        # for it) rather than through put_entry, and the ledger's state comes with the tag
+        # (see _Tag) rather than from a lookup.
         index = self.index
         watched = self._watched
         live = 0
@@ -408,13 +408,16 @@ class LedgerStore:
                 if watched is None or lid in watched:  # wake long polls once per run
                     changed.append(lid)
             st.pending.pop(eid, None)
-            if st.deleted or eid in (locs := (entries := st.entries).locs):
-                # rare paths (re-added/compacted entry, deleted ledger): the general code
+            entries = st.entries
+            if eid != entries.end or entries.sparse is not None or st.deleted:
+                # rare paths (not the next id, re-added/compacted entry, deleted ledger): the
+                # general code
                 index.put_entry(lid, eid, (seg, offset, size), lac)
                 continue
-            locs[eid] = (seg, offset, size)  # EntryIndex.add_new, inlined
-            if eid > entries.last:
-                entries.last = eid
+            entries.segs.append(seg)  # EntryIndex.put's append at the end, inlined
+            entries.offs.append(offset)
+            entries.sizes.append(size)
+            entries.end = eid + 1
             live += size
             if lac > st.max_piggyback_lac:
                 st.max_piggyback_lac = lac
@@ -515,7 +518,9 @@ class LedgerStore:
             # identical: answered with the original, after the fsync that covers it
             self._also_waiting.setdefault((ledger_id, entry_id), []).append(on_done)
             return
-        if entry_id in st.entries.locs:
+        entries = st.entries
+        # (an id from the dense run's end on is not held unless sparse ids exist: one test)
+        if (entry_id < entries.end or entries.sparse is not None) and entry_id in entries:
             self._add_existing(st, ledger_id, entry_id, body, lac, on_done)
             return
         journal = self.journal

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import gc
+import tracemalloc
 import uuid
 
 import pytest
@@ -249,15 +250,26 @@ async def test_a_failing_on_done_does_not_break_the_journal():
 # --------------------------------------------------------------------------- index
 
 
-def test_index_stores_plain_tuples_the_garbage_collector_can_forget():
+def test_the_index_costs_about_16_bytes_an_entry_and_no_object_per_entry():
+    """Locations live in array columns: no tuple, dict slot or int object per entry for the
+    garbage collector to walk, ~16 bytes each (a dict of tuples cost ~160)."""
     idx = Index()
     idx.put_entry(1, 0, Location(3, 40, 60), -1)
-    stored = idx.ledgers[1].entries.get(0)
-    assert type(stored) is tuple and stored == (3, 40, 60)
     gc.collect()
-    assert not gc.is_tracked(stored)
+    objects = len(gc.get_objects())
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for eid in range(1, 100_001):
+        idx.put_entry(1, eid, (3 + eid // 1000, 40 + 100 * eid, 60), -1)
+    per_entry = (tracemalloc.get_traced_memory()[0] - before) / 100_000
+    tracemalloc.stop()
+    gc.collect()
+    assert per_entry < 24, per_entry
+    assert len(gc.get_objects()) - objects < 100
     assert idx.ledgers[1].location(0) == Location(3, 40, 60)
-    assert idx.ledgers[1].location(1) is None
+    assert idx.ledgers[1].location(100_000) == Location(103, 40 + 10_000_000, 60)
+    assert idx.ledgers[1].location(100_001) is None
+    idx._check()
 
 
 def test_checkpoint_keeps_its_position_whatever_segments_entries_live_in():
@@ -267,42 +279,61 @@ def test_checkpoint_keeps_its_position_whatever_segments_entries_live_in():
     cp = decode_checkpoint(encode_checkpoint(idx, Position(9, 220, 3)), "cp")
     back, pos = cp.build_index(), cp.position
     assert pos == Position(9, 220, 3)
-    assert back.ledgers[1].entries.locs == {0: (0, 40, 60), 1: (4, 80, 70)}
+    assert back.ledgers[1].entries.items() == [(0, (0, 40, 60)), (1, (4, 80, 70))]
     back._check()
 
 
-def test_entry_index_ordered_view_follows_out_of_order_inserts():
+def test_entry_index_matches_a_dict_and_its_changes_rebuild_it():
+    """EntryIndex against a plain dict: ids in order, out of order, with short gaps (holes
+    in the dense run) and long ones (sparse), moves; what each ``take_changes`` returns,
+    applied in turn to a fresh index the way delta checkpoints are loaded, rebuilds it."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from pybk.storage.index import EntryIndex
+    from pybk.storage.index import MAX_GAP, EntryIndex
 
-    @settings(derandomize=True, max_examples=200, deadline=None)
-    @given(ops=st.lists(st.tuples(st.integers(0, 60), st.booleans(), st.booleans()),
+    ids = st.one_of(st.integers(0, 3 * MAX_GAP), st.integers(0, 10**9))
+
+    @settings(derandomize=True, max_examples=300, deadline=None)
+    @given(ops=st.lists(st.tuples(st.one_of(ids, st.just(-1)), st.booleans(), st.booleans()),
                         max_size=80))
     def check(ops: list[tuple[int, bool, bool]]) -> None:
         idx = EntryIndex()
+        copy = EntryIndex()  # built only from what the checkpoints took
         model: dict[int, tuple[int, int, int]] = {}
         changed: set[int] = set()  # added or moved since the last checkpoint
         for n, (eid, query, checkpoint) in enumerate(ops):
-            loc = (1, n, 10)
-            if eid in idx:
-                idx[eid] = loc  # a move (compaction)
-            else:
-                idx.add_new(eid, loc)
+            if eid == -1:  # the next id, as the write path appends it
+                eid = idx.end
+            loc = (1 + n % 3, n * 100, 10 + n)
+            old = idx.put(eid, loc)
+            assert old == model.get(eid)
             model[eid] = loc
             changed.add(eid)
             if query:  # ordered questions interleaved with inserts
                 assert list(idx) == sorted(model)
                 assert list(idx.irange(10, 40)) == [e for e in sorted(model) if 10 <= e <= 40]
             if checkpoint:  # what a delta checkpoint takes: exactly the changes, current
-                assert idx.take_changes() == {e: model[e] for e in changed}
+                cols, rows = idx.take_changes()
+                taken = {cols.first + i: (cols.segs[i], cols.offs[i], size)
+                         for i, size in enumerate(cols.sizes) if size} | rows
+                assert taken == {e: model[e] for e in changed}
                 changed.clear()
-                assert idx.take_changes() == {}
+                cols2, rows2 = idx.take_changes()
+                assert not len(cols2.sizes) and rows2 == {}
+                copy.add_columns(cols)
+                for e, where in rows.items():
+                    copy.put(e, where)
+                assert copy.items() == sorted(
+                    (e, where) for e, where in model.items() if e not in changed)
             assert idx.last == max(model)
-            assert idx.get(eid) == loc and len(idx) == len(model)
+            assert idx.get(eid) == loc and len(idx) == len(model) and eid in idx
+            assert sum(idx.live_by_segment().values()) == sum(x[2] for x in model.values())
         assert idx.items() == sorted(model.items())
+        assert sorted(idx.values()) == sorted(model.values())
         idx._check()
-        assert EntryIndex(idx.items()).items() == idx.items()
+        copy._check()
+        cols, rows = idx.snapshot()
+        assert EntryIndex.from_columns(cols, rows.items()).items() == idx.items()
 
     check()

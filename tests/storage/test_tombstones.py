@@ -200,9 +200,13 @@ def test_a_checkpoint_that_holds_a_deleted_ledger_is_damage() -> None:
     data = CheckpointEncoder(index, Position(0, 0, 0)).result()
     with pytest.raises(CorruptRecordError, match="both held and deleted"):
         decode_checkpoint(data, "cp")
-    # the version-3 layout has no "deleted" flag any more
-    flagged = _v2_checkpoint([(6, 2, b"", [])])
-    flagged = flagged[:8] + struct.pack(">H", 3) + flagged[10:]
+    # the version-3 layout has no "deleted" flag any more: a well-checksummed file with one
+    held = Index()
+    held.ledger(6)
+    payload = bytearray(CheckpointEncoder(held, Position(0, 0, 0)).result()[22:])
+    payload[45 + 8] |= 2  # (the ledger's flags: after the 45-byte head and its id)
+    flagged = struct.pack(">8sHIQ", CHECKPOINT_MAGIC, 3, crc32c.crc32c(bytes(payload)),
+                          len(payload)) + bytes(payload)
     with pytest.raises(CorruptRecordError, match="flagged deleted"):
         decode_checkpoint(flagged, "cp")
 
