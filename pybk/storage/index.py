@@ -66,6 +66,7 @@ def empty_columns(first: int = 0) -> EntryColumns:
 #: an id at most this far past the dense run's end extends the run (leaving holes); further
 #: ones go to the sparse part
 MAX_GAP: Final = 64
+_ZEROS: Final = memoryview(bytes(8 * MAX_GAP))
 
 
 class EntryIndex:
@@ -177,10 +178,10 @@ class EntryIndex:
             i = 0
         if n <= i <= n + MAX_GAP:
             gap = i - n
-            if gap:
-                self.segs.extend(array("I", bytes(4 * gap)))
-                self.offs.extend(array("Q", bytes(8 * gap)))
-                sizes.extend(array("I", bytes(4 * gap)))
+            if gap:  # (zero bytes, no array made: striped ledgers leave a hole every few ids)
+                self.segs.frombytes(_ZEROS[: 4 * gap])
+                self.offs.frombytes(_ZEROS[: 8 * gap])
+                sizes.frombytes(_ZEROS[: 4 * gap])
                 self.holes += gap
             self.segs.append(seg)
             self.offs.append(offset)
