@@ -337,3 +337,22 @@ def test_entry_index_matches_a_dict_and_its_changes_rebuild_it():
         assert EntryIndex.from_columns(cols, rows.items()).items() == idx.items()
 
     check()
+
+
+def test_columns_that_do_not_continue_the_run_are_put_one_by_one():
+    from array import array
+
+    from pybk.storage.index import EntryColumns, EntryIndex
+
+    idx = EntryIndex()
+    for eid in range(10):
+        idx.put(eid, (1, eid * 10, 10))
+    idx.put(500, (2, 0, 10))  # far off the run: sparse
+    # a run of 3 slots (one a hole) starting past the end, and one meeting the sparse id
+    idx.add_columns(EntryColumns(20, array("I", [3, 0, 3]), array("Q", [0, 0, 20]),
+                                 array("I", [10, 0, 10])))
+    idx.add_columns(EntryColumns(499, array("I", [4, 4]), array("Q", [0, 10]),
+                                 array("I", [10, 10])))
+    assert list(idx) == [*range(10), 20, 22, 499, 500]
+    assert idx.get(500) == (4, 10, 10) and idx.get(21) is None and idx.last == 500
+    idx._check()
