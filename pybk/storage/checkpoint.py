@@ -2,9 +2,9 @@
 
 Why deltas: a checkpoint that rewrites the whole index costs CPU and disk in proportion to every
 entry the bookie holds (per million entries about 50 ms of the loop's time and 17 MB written;
-0.3 s and 28 MB when entries were rows), at every checkpoint, however little had changed. A delta holds the ledgers whose state
-changed and only their added or moved entries, so a checkpoint costs what changed since the
-last one (plus one small header per ledger compared); a new base is written once the deltas
+0.3 s and 28 MB when entries were rows), at every checkpoint, however little had changed.
+A delta holds the ledgers whose state changed and only their added or moved entries, so a
+checkpoint costs what changed since the last one (plus one small header per ledger compared); a new base is written once the deltas
 add up to a fraction of the base (``StoreConfig.checkpoint_delta_ratio``), which keeps the
 full rewrites' cost proportional to the changes too.
 
@@ -117,9 +117,9 @@ def _gc_paused() -> Iterator[None]:
     Why: decoding or encoding rows (version 2 files, a delta's changed entries) makes a tuple
     (or more) per entry, and the collections those allocations trigger walk the whole young
     heap and, every so often, the whole index: measured here, 80% of decoding a
-    2-million-entry version 2 checkpoint (1.6 s vs 0.3 s) and 70% of encoding one. Nothing made in these steps forms a cycle, so nothing is lost by
-    not collecting during them; the previous setting is restored at once (never across an
-    await)."""
+    2-million-entry version 2 checkpoint (1.6 s vs 0.3 s) and 70% of encoding one. Nothing
+    made in these steps forms a cycle, so nothing is lost by not collecting during them; the
+    previous setting is restored at once (never across an await)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
