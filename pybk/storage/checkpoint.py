@@ -4,9 +4,10 @@ Why deltas: a checkpoint that rewrites the whole index costs CPU and disk in pro
 entry the bookie holds (per million entries about 50 ms of the loop's time and 17 MB written;
 0.3 s and 28 MB when entries were rows), at every checkpoint, however little had changed.
 A delta holds the ledgers whose state changed and only their added or moved entries, so a
-checkpoint costs what changed since the last one (plus one small header per ledger compared); a new base is written once the deltas
-add up to a fraction of the base (``StoreConfig.checkpoint_delta_ratio``), which keeps the
-full rewrites' cost proportional to the changes too.
+checkpoint costs what changed since the last one (plus one small header per held ledger
+compared); a new base is written once the deltas add up to a fraction of the base
+(``StoreConfig.checkpoint_delta_ratio``), which keeps the full rewrites' cost proportional to
+the changes too.
 
 Every file, base or delta, is the whole story up to its journal position when read after the
 files before it: start-up loads the base, applies its deltas in sequence and replays the
