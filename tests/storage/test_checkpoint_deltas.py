@@ -7,12 +7,11 @@ one a base."""
 from __future__ import annotations
 
 import errno
-import uuid
 from typing import Any
 
 import pytest
+from storage_kit import CHAIN, CONFIG, KEY, body, fill, open_store
 
-from pybk.protocol import DigestManager
 from pybk.storage.checkpoint import (
     CHECKPOINT_FILE,
     CheckpointEncoder,
@@ -23,27 +22,6 @@ from pybk.storage.checkpoint import (
 from pybk.storage.fs import MemFileSystem
 from pybk.storage.index import EntryColumns, Index, Loc, Position
 from pybk.storage.store import LedgerStore, StoreConfig
-
-IID = str(uuid.UUID(int=12, version=4))
-KEY = b"k" * 32
-CONFIG = StoreConfig(segment_size=4096)
-#: deltas only (after start-up's base) up to the count limit
-CHAIN = StoreConfig(segment_size=4096, checkpoint_delta_ratio=1e9)
-
-
-def body(lid: int, eid: int) -> bytes:
-    return DigestManager(lid).frame(eid, eid - 1, 0, bytes([lid % 256, eid % 256]) * 20)
-
-
-async def _store(fs: MemFileSystem, config: StoreConfig = CONFIG) -> LedgerStore:
-    s = LedgerStore(fs, "/data", IID, config)
-    await s.open()
-    return s
-
-
-async def _fill(s: LedgerStore, lid: int, eids: range) -> None:
-    for eid in eids:
-        await s.add(lid, eid, body(lid, eid), KEY)
 
 
 def _state(index: Index) -> dict[int, Any]:
@@ -70,7 +48,7 @@ async def _reopen(fs: MemFileSystem, s: LedgerStore,
                   config: StoreConfig = CONFIG) -> LedgerStore:
     """A clean stop (which checkpoints), then a start."""
     await s.close()
-    return await _store(fs, config)
+    return await open_store(fs, config)
 
 
 def test_delta_names_round_trip_and_nothing_else_parses():
@@ -82,13 +60,13 @@ def test_delta_names_round_trip_and_nothing_else_parses():
 
 async def test_after_the_base_a_checkpoint_holds_only_the_changed_ledgers_and_entries():
     fs = MemFileSystem()
-    s = await _store(fs)
+    s = await open_store(fs)
     for lid in range(1, 6):
-        await _fill(s, lid, range(60))
+        await fill(s, lid, range(60))
     await s.checkpoint()  # a delta on start-up's (empty) base: everything since
     await s.checkpoint()  # that delta outweighs the base: a new base
     assert (s.checkpoint_stats["bases"], s.checkpoint_stats["deltas"]) == (2, 1)
-    await _fill(s, 3, range(60, 63))
+    await fill(s, 3, range(60, 63))
     await s.fence(4, KEY)
     base_bytes = fs.file_size("/data/" + CHECKPOINT_FILE)
     await s.checkpoint()
@@ -112,14 +90,14 @@ async def test_a_start_on_a_good_chain_continues_it_with_a_delta():
     """Start-up's checkpoint (after replay) extends the chain it loaded: a restart costs what
     replay added, not a rewrite of the whole index."""
     fs = MemFileSystem()
-    s = await _store(fs, CHAIN)
+    s = await open_store(fs, CHAIN)
     for lid in (1, 2):
-        await _fill(s, lid, range(50))
+        await fill(s, lid, range(50))
     await s.checkpoint()
-    await _fill(s, 2, range(50, 55))  # after the last checkpoint: replayed at the next start
+    await fill(s, 2, range(50, 55))  # after the last checkpoint: replayed at the next start
     await s.journal.drain()
     s.abandon(RuntimeError("crash"))
-    again = await _store(fs, CHAIN)
+    again = await open_store(fs, CHAIN)
     assert again.report.checkpoint_deltas == 1 and again.report.records_replayed == 5
     assert again.checkpoint_stats["bases"] == 0 and again.checkpoint_stats["deltas"] == 1
     gen, seq = _deltas(fs)[-1]
@@ -134,13 +112,13 @@ async def test_a_start_on_a_good_chain_continues_it_with_a_delta():
 
 async def test_moves_deletions_keys_and_lacs_travel_in_deltas():
     fs = MemFileSystem()
-    s = await _store(fs, CHAIN)
+    s = await open_store(fs, CHAIN)
     for lid in (1, 2, 3):
-        await _fill(s, lid, range(40))
+        await fill(s, lid, range(40))
     await s.checkpoint()
     await s.delete_ledger(2)
     await s.write_lac(1, 30, b"lac-body", KEY)
-    await _fill(s, 9, range(3))  # a ledger new since the last checkpoint
+    await fill(s, 9, range(3))  # a ledger new since the last checkpoint
     result = await s.compact(threshold=1.0)  # moves live entries to new segments (deltas)
     assert result.entries_moved > 0
     expected = _state(s.index)
@@ -158,15 +136,15 @@ async def test_moves_deletions_keys_and_lacs_travel_in_deltas():
 async def test_a_new_base_once_the_deltas_add_up_and_old_deltas_go():
     fs = MemFileSystem()
     config = StoreConfig(segment_size=4096, checkpoint_delta_ratio=0.5, checkpoint_max_deltas=64)
-    s = await _store(fs, config)
-    await _fill(s, 1, range(100))
+    s = await open_store(fs, config)
+    await fill(s, 1, range(100))
     await s.checkpoint()  # delta of 100 entries
     await s.checkpoint()  # ... and now a base: the first delta was bigger than half the base
     base_gen = s._cp_gen
     assert s.checkpoint_stats["bases"] == 2 and s.checkpoint_stats["deltas"] == 1
     assert _deltas(fs) == []  # the old base's deltas are gone
     for i in range(3):
-        await _fill(s, 1, range(100 + i, 101 + i))
+        await fill(s, 1, range(100 + i, 101 + i))
         await s.checkpoint()
     assert _deltas(fs) == [(base_gen, 1), (base_gen, 2), (base_gen, 3)]
     few = StoreConfig(segment_size=4096, checkpoint_max_deltas=3)
@@ -182,9 +160,9 @@ async def test_a_new_base_once_the_deltas_add_up_and_old_deltas_go():
 @pytest.mark.parametrize("damage", ["bit-flip", "missing-link", "wrong-name"])
 async def test_a_damaged_chain_rebuilds_the_index_from_the_segments(damage):
     fs = MemFileSystem()
-    s = await _store(fs, CHAIN)
+    s = await open_store(fs, CHAIN)
     for step in range(3):
-        await _fill(s, 1, range(20 * step, 20 * step + 20))
+        await fill(s, 1, range(20 * step, 20 * step + 20))
         await s.checkpoint()
     expected = _state(s.index)
     await s.journal.drain()
@@ -199,7 +177,7 @@ async def test_a_damaged_chain_rebuilds_the_index_from_the_segments(damage):
         fs.delete(path)
         fs.rename("/data/" + delta_checkpoint_name(gen, 3), path)
     await fs.fsync_dir("/data")
-    again = await _store(fs)
+    again = await open_store(fs)
     assert not again.report.checkpoint_loaded and again.report.checkpoint_error
     assert _state(again.index) == expected  # rebuilt from every segment
     assert again.read(1, 59) == body(1, 59)
@@ -211,8 +189,8 @@ async def test_a_delta_of_an_older_base_is_never_applied():
     fs = MemFileSystem()
     one_delta = StoreConfig(segment_size=4096, checkpoint_delta_ratio=1e9,
                             checkpoint_max_deltas=1)
-    s = await _store(fs, one_delta)
-    await _fill(s, 1, range(10))
+    s = await open_store(fs, one_delta)
+    await fill(s, 1, range(10))
     await s.checkpoint()  # a delta on start-up's base
     old_gen = s._cp_gen
     await s.checkpoint()  # the count is reached: a new base, a newer generation
@@ -227,11 +205,11 @@ async def test_a_delta_of_an_older_base_is_never_applied():
         stale = CheckpointEncoder(other, Position(0, 0, 0), generation=old_gen, seq=seq,
                                   written={}).result()
         await fs.write_file_atomic("/data/" + delta_checkpoint_name(old_gen, seq), stale)
-    await _fill(s, 1, range(10, 20))
+    await fill(s, 1, range(10, 20))
     await s.checkpoint()  # a delta of the new generation
     assert _deltas(fs) == [(old_gen, 1), (old_gen, 2), (new_gen, 1)]
     s.abandon(RuntimeError("crash"))
-    again = await _store(fs, one_delta)
+    again = await open_store(fs, one_delta)
     assert again.report.checkpoint_loaded and again.report.checkpoint_deltas == 1
     st = again.index.ledgers[1]
     assert not st.fenced and not again.index.is_deleted(1) and len(st.entries) == 20
@@ -242,8 +220,8 @@ async def test_a_delta_of_an_older_base_is_never_applied():
 
 async def test_a_half_written_delta_is_ignored_and_removed():
     fs = MemFileSystem()
-    s = await _store(fs, CHAIN)
-    await _fill(s, 1, range(10))
+    s = await open_store(fs, CHAIN)
+    await fill(s, 1, range(10))
     await s.checkpoint()
     gen, seq = _deltas(fs)[-1]
     # a crash while writing the next delta leaves its temporary file (never renamed)
@@ -252,7 +230,7 @@ async def test_a_half_written_delta_is_ignored_and_removed():
     await fs.fsync_dir("/data")
     await s.journal.drain()
     s.abandon(RuntimeError("crash"))
-    again = await _store(fs, CHAIN)
+    again = await open_store(fs, CHAIN)
     assert again.report.checkpoint_loaded and again.report.checkpoint_deltas == 1
     assert len(again.index.ledgers[1].entries) == 10 and not fs.exists(tmp)
     await again.close()
@@ -261,10 +239,10 @@ async def test_a_half_written_delta_is_ignored_and_removed():
 @pytest.mark.parametrize("failure", ["enospc", "eio"])
 async def test_a_checkpoint_that_was_not_written_makes_the_next_one_a_base(failure):
     fs = MemFileSystem()
-    s = await _store(fs, CHAIN)
-    await _fill(s, 1, range(30))
+    s = await open_store(fs, CHAIN)
+    await fill(s, 1, range(30))
     await s.checkpoint()
-    await _fill(s, 1, range(30, 40))
+    await fill(s, 1, range(30, 40))
     if failure == "enospc":
         fs.set_capacity(fs._used())
     else:
@@ -279,7 +257,7 @@ async def test_a_checkpoint_that_was_not_written_makes_the_next_one_a_base(failu
     await s.journal.drain()
     s.abandon(RuntimeError("crash"))
     fs.crash("drop")
-    again = await _store(fs, CHAIN)
+    again = await open_store(fs, CHAIN)
     assert again.report.checkpoint_loaded and again.report.records_replayed == 0
     assert _state(again.index) == expected
     await again.close()

@@ -6,13 +6,12 @@ per deleted ledger. Version 2 checkpoints (tombstones as flagged ledgers) still 
 from __future__ import annotations
 
 import struct
-import uuid
 
 import crc32c
 import pytest
+from storage_kit import CHAIN, KEY, body, fill, open_store
 
 from pybk.errors import CorruptRecordError, LedgerFencedError, NoSuchLedgerError
-from pybk.protocol import DigestManager
 from pybk.storage.checkpoint import (
     CHECKPOINT_FILE,
     CHECKPOINT_MAGIC,
@@ -33,26 +32,10 @@ from pybk.storage.records import (
 from pybk.storage.replay import apply_record
 from pybk.storage.store import LedgerStore, StoreConfig
 
-IID = str(uuid.UUID(int=13, version=4))
-KEY = b"k" * 32
-CONFIG = StoreConfig(segment_size=4096)
-CHAIN = StoreConfig(segment_size=4096, checkpoint_delta_ratio=1e9)
 BASES = StoreConfig(segment_size=4096, checkpoint_max_deltas=0)
 
 
-def body(lid: int, eid: int) -> bytes:
-    return DigestManager(lid).frame(eid, eid - 1, 0, bytes([lid % 256, eid % 256]) * 20)
 
-
-async def _store(fs: MemFileSystem, config: StoreConfig = CONFIG) -> LedgerStore:
-    s = LedgerStore(fs, "/data", IID, config)
-    await s.open()
-    return s
-
-
-async def _fill(s: LedgerStore, lid: int, eids: range) -> None:
-    for eid in eids:
-        await s.add(lid, eid, body(lid, eid), KEY)
 
 
 def _drop_checkpoints(fs: MemFileSystem) -> None:
@@ -77,9 +60,9 @@ async def _assert_refused(s: LedgerStore, lid: int) -> None:
 async def test_a_deleted_ledger_leaves_only_its_id_and_stays_refused(way_back: str) -> None:
     fs = MemFileSystem()
     config = BASES if way_back == "base" else CHAIN
-    s = await _store(fs, config)
+    s = await open_store(fs, config)
     for lid in range(30):
-        await _fill(s, lid, range(3))
+        await fill(s, lid, range(3))
     if way_back == "delta":
         await s.checkpoint()  # the deletions below then travel in deltas
     for lid in range(1, 30):
@@ -98,11 +81,11 @@ async def test_a_deleted_ledger_leaves_only_its_id_and_stays_refused(way_back: s
         s.abandon(RuntimeError("stop without the closing checkpoint"))
         _drop_checkpoints(fs)
         await fs.fsync_dir("/data")
-        again = await _store(fs)
+        again = await open_store(fs)
         assert not again.report.checkpoint_loaded
     else:
         await s.close()
-        again = await _store(fs, config)
+        again = await open_store(fs, config)
         assert again.report.checkpoint_loaded and again.report.records_replayed == 0
         assert (again.report.checkpoint_deltas > 0) == (way_back == "delta")
     assert sorted(again.index.ledgers) == [0]
@@ -140,17 +123,17 @@ async def test_compaction_carries_a_deletion_while_older_segments_hold_the_ledge
     DELETE record's segment is compacted away: the DELETE must move on with it, or a rebuild
     from the segments would bring ledger 1 back."""
     fs = MemFileSystem()
-    s = await _store(fs)
-    await _fill(s, 1, range(4))
+    s = await open_store(fs)
+    await fill(s, 1, range(4))
     eid = 0
     while s.journal.segment_seq == 0:
-        await _fill(s, 2, range(eid, eid + 1))
+        await fill(s, 2, range(eid, eid + 1))
         eid += 1
     deletion_seg = s.journal.segment_seq
     await s.delete_ledger(1)
     n = 0
     while s.journal.segment_seq == deletion_seg:  # fill the DELETE's segment with garbage
-        await _fill(s, 3, range(n, n + 1))
+        await fill(s, 3, range(n, n + 1))
         n += 1
     await s.delete_ledger(3)
     result = await s.compact(threshold=0.5)
@@ -160,7 +143,7 @@ async def test_compaction_carries_a_deletion_while_older_segments_hold_the_ledge
     s.abandon(RuntimeError("stop without the closing checkpoint"))
     _drop_checkpoints(fs)
     await fs.fsync_dir("/data")
-    again = await _store(fs)  # rebuilt from the segments left
+    again = await open_store(fs)  # rebuilt from the segments left
     assert not again.report.checkpoint_loaded
     assert again.index.deleted.ranges() == [(1, 1), (3, 3)]
     await _assert_refused(again, 1)
