@@ -34,7 +34,9 @@ from pybk.storage.fs import MemFileSystem
 
 KEY = master_key(b"s")
 LEDGERS = st.integers(0, 3)
-ENTRIES = st.integers(0, 12)
+#: mostly near ids, in any order (the index's dense run, its holes, ids before its start), and
+#: now and then ids far past them (the index's sparse part)
+ENTRIES = st.sampled_from([*range(13), 100, 150])
 CONFIG = BookieConfig(segment_size=900, disk_check_interval=0, checkpoint_interval=0)
 
 
