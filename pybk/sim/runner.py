@@ -722,6 +722,12 @@ class _Run:
         """I14: the bookie's checkpoint chain and journal agree with its segments."""
         report = inspect_data_dir(sb.fs, DATA_DIR)
         self.cover("data_dir_inspected")
+        store = sb.bookie.store if sb.bookie is not None else None
+        for st in store.index.ledgers.values() if store is not None else ():
+            if st.entries.holes:  # (striped ensembles leave ids out of a bookie's dense run)
+                self.cover("index_ledgers_with_holes")
+            if st.entries.sparse:  # (ids far off the run: recovery adds, re-replication)
+                self.cover("index_ledgers_with_sparse_ids")
         if report.checkpoint.state == "ok" and report.checkpoint.deltas:
             self.cover("data_dir_inspected_with_deltas")
         if report.checkpoint.detail.startswith(("disagrees", "replay after", "its entries live")):
