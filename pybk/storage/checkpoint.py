@@ -18,7 +18,8 @@ base is never applied to a newer one, and a missing or damaged file in the chain
 
 Layout (big-endian), version 3::
 
-    header   magic "PYBKIDX\\0", version u16, crc32c(payload) u32, payload length u64
+    header   magic "PYBKIDX\\0", version u16, crc32c u32 (of magic, version, length and
+             payload), payload length u64
     payload  kind u8 (0 base, 1 delta), generation u64, seq u32 (0 for a base),
              position: segment u64, offset u64, batch seq u64,
              dead segment count u32, ledger count u32, dead segment seqs u64...,
@@ -80,6 +81,7 @@ BASE: Final = 0
 DELTA: Final = 1
 
 _HEADER = struct.Struct(">8sHIQ")  # magic, version, crc, payload length
+_HEADER_CHECKED = struct.Struct(">8sHQ")  # what of the header the CRC covers (version >= 3)
 _HEAD = struct.Struct(">BQIQQQII")  # kind, generation, seq, position (3), ndead, nledgers
 _META = struct.Struct(">qBqqHI")  # id, flags, piggybacked lac, explicit lac, keylen, laclen
 _COUNT = struct.Struct(">I")
@@ -239,8 +241,18 @@ class CheckpointEncoder:
             for _ in self.steps():
                 pass
         payload = b"".join(self._parts)
-        return _HEADER.pack(CHECKPOINT_MAGIC, CHECKPOINT_VERSION, crc32c.crc32c(payload),
-                            len(payload)) + payload
+        crc = _checksum(CHECKPOINT_VERSION, len(payload), payload)
+        return _HEADER.pack(CHECKPOINT_MAGIC, CHECKPOINT_VERSION, crc, len(payload)) + payload
+
+
+def _checksum(version: int, length: int, payload: bytes) -> int:
+    """The file's CRC32C: from version 3 over the header's magic, version and length too (a
+    flipped version byte is a checksum mismatch, not a misread payload); version 2: the
+    payload only."""
+    if version < 3:
+        return crc32c.crc32c(payload)
+    return crc32c.crc32c(payload, crc32c.crc32c(_HEADER_CHECKED.pack(CHECKPOINT_MAGIC, version,
+                                                                     length)))
 
 
 def encode_checkpoint(index: Index, pos: Position, *, generation: int = 0,
@@ -328,7 +340,7 @@ def decode_checkpoint(data: bytes, path: str) -> CheckpointFile:
             f"{path}: unknown index checkpoint version {version} (this pybk reads "
             f"{', '.join(map(str, READABLE_VERSIONS))})", path=path, offset=0)
     payload = data[_HEADER.size :]
-    if len(payload) != length or crc32c.crc32c(payload) != crc:
+    if len(payload) != length or _checksum(version, length, payload) != crc:
         raise CorruptRecordError(f"{path}: index checkpoint checksum mismatch", path=path,
                                  offset=0)
     try:

@@ -154,6 +154,10 @@ def test_index_checkpoint_round_trip_and_damage():
         with pytest.raises(CorruptRecordError):
             decode_checkpoint(bytes(bad), "cp")
     bad = bytearray(data)
+    bad[9] ^= 1  # version 3 -> 2: the checksum covers the header's version too
+    with pytest.raises(CorruptRecordError, match="checksum mismatch"):
+        decode_checkpoint(bytes(bad), "cp")
+    bad = bytearray(data)
     struct.pack_into(">H", bad, 8, 1)  # (version 1: no deltas, read by older pybk only)
     with pytest.raises(CorruptRecordError, match="unknown index checkpoint version 1"):
         decode_checkpoint(bytes(bad), "cp")

@@ -188,8 +188,9 @@ def test_a_checkpoint_that_holds_a_deleted_ledger_is_damage() -> None:
     held.ledger(6)
     payload = bytearray(CheckpointEncoder(held, Position(0, 0, 0)).result()[22:])
     payload[45 + 8] |= 2  # (the ledger's flags: after the 45-byte head and its id)
-    flagged = struct.pack(">8sHIQ", CHECKPOINT_MAGIC, 3, crc32c.crc32c(bytes(payload)),
-                          len(payload)) + bytes(payload)
+    crc = crc32c.crc32c(bytes(payload), crc32c.crc32c(struct.pack(">8sHQ", CHECKPOINT_MAGIC, 3,
+                                                                  len(payload))))
+    flagged = struct.pack(">8sHIQ", CHECKPOINT_MAGIC, 3, crc, len(payload)) + bytes(payload)
     with pytest.raises(CorruptRecordError, match="flagged deleted"):
         decode_checkpoint(flagged, "cp")
 
