@@ -153,10 +153,12 @@ async def test_compaction_carries_a_deletion_while_older_segments_hold_the_ledge
 
 
 def _v2_checkpoint(ledgers: list[tuple[int, int, bytes, list[tuple[int, int, int, int]]]],
-                   ) -> bytes:
-    """A version-2 base as pybk wrote it before deleted ledgers became ranges: ``ledgers`` are
-    (id, flags, key, entries as (id, seg, offset, size)); flag 2 was "deleted"."""
-    payload = struct.pack(">BQIQQQII", 0, 1, 0, 1, 500, 3, 0, len(ledgers))
+                   seq: int = 0) -> bytes:
+    """A version-2 file (a base, or delta ``seq`` of generation 1) as pybk wrote it before
+    deleted ledgers became ranges: ``ledgers`` are (id, flags, key, entries as (id, seg,
+    offset, size)); flag 2 was "deleted"."""
+    payload = struct.pack(">BQIQQQII", 1 if seq else 0, 1, seq, 1, 500 + seq, 3 + seq, 0,
+                          len(ledgers))
     for lid, flags, key, entries in ledgers:
         payload += struct.pack(">qBqqHI", lid, flags, -1, -1, len(key), 0) + key
         payload += struct.pack(">I", len(entries))
@@ -173,6 +175,26 @@ def test_a_version_2_checkpoint_loads_with_its_tombstones_as_ids() -> None:
     assert sorted(index.ledgers) == [1] and index.deleted.ranges() == [(2, 3)]
     assert index.ledgers[1].entries.items() == [(0, (0, 40, 80)), (1, (0, 120, 80))]
     assert cp.position == Position(1, 500, 3)
+    index._check()
+
+
+async def test_a_version_2_chain_loads_without_a_rebuild() -> None:
+    """An upgrade: a version-2 base and delta (which moves an entry, adds two and deletes a
+    ledger) load as the same index a version-3 chain would give, live bytes summed."""
+    fs = MemFileSystem()
+    fs.makedirs("/data")
+    await fs.write_file_atomic("/data/" + CHECKPOINT_FILE, _v2_checkpoint(
+        [(1, 4, KEY, [(0, 0, 40, 80), (1, 0, 120, 80)]), (2, 4, KEY, [(0, 0, 200, 90)])]))
+    await fs.write_file_atomic("/data/" + delta_checkpoint_name(1, 1), _v2_checkpoint(
+        [(1, 4, KEY, [(1, 1, 0, 80), (2, 1, 80, 70), (3, 1, 150, 70)]), (2, 2 | 4, KEY, [])],
+        seq=1))
+    chain = load_checkpoint_chain(fs, "/data")
+    index = chain.index
+    assert chain.deltas == 1 and chain.last.position == Position(1, 501, 4)
+    assert index.ledgers[1].entries.items() == [(0, (0, 40, 80)), (1, (1, 0, 80)),
+                                               (2, (1, 80, 70)), (3, (1, 150, 70))]
+    assert index.deleted.ranges() == [(2, 2)] and sorted(index.ledgers) == [1]
+    assert index.seg_live == {0: 80, 1: 220}
     index._check()
 
 
