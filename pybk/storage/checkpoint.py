@@ -291,9 +291,13 @@ class CheckpointFile:
         for lid, st, cols, rows in self.ledgers:
             st.entries = EntryIndex.from_columns(cols, rows)
             index.ledgers[lid] = st
-        index.seg_live = (dict(self.seg_live) if self.seg_live is not None
-                          else _live_bytes(index))
+        self._set_live(index)
         return index
+
+    def _set_live(self, index: Index) -> None:
+        """The live bytes as of this file (entries loaded from it did not count them)."""
+        index.seg_live = (dict(self.seg_live) if self.seg_live is not None
+                          else index.live_from_entries())  # (version 2: summed)
 
     def apply_to(self, index: Index) -> None:
         """Bring ``index`` (as of the previous file of the chain) up to this delta.
@@ -314,18 +318,7 @@ class CheckpointFile:
             for eid, loc in rows:
                 st.entries.put(eid, loc)
             st.entries.mark_checkpointed()  # what was just loaded is on disk already
-        # the live bytes as of this file (moves and additions above did not count them)
-        index.seg_live = (dict(self.seg_live) if self.seg_live is not None
-                          else _live_bytes(index))
-
-
-def _live_bytes(index: Index) -> dict[int, int]:
-    """Live bytes per segment, summed over every entry (for version 2 files)."""
-    live: dict[int, int] = {}
-    for st in index.ledgers.values():
-        for seg, n in st.entries.live_by_segment().items():
-            live[seg] = live.get(seg, 0) + n
-    return live
+        self._set_live(index)
 
 
 def decode_checkpoint(data: bytes, path: str) -> CheckpointFile:

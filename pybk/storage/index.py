@@ -59,8 +59,8 @@ class EntryColumns(NamedTuple):
     sizes: array[int]
 
 
-def empty_columns(first: int = 0) -> EntryColumns:
-    return EntryColumns(first, array("I"), array("Q"), array("I"))
+def empty_columns() -> EntryColumns:
+    return EntryColumns(0, array("I"), array("Q"), array("I"))
 
 
 #: an id at most this far past the dense run's end extends the run (leaving holes); further
@@ -115,10 +115,9 @@ class EntryIndex:
         """An index holding ``cols`` (taken over, not copied) and ``rows``, all counted as
         checkpointed."""
         out = cls()
-        if len(cols.sizes):
-            out._extend(cols)
+        out.add_columns(cols)
         for eid, loc in rows:
-            out[eid] = loc
+            out.put(eid, loc)
         out.mark_checkpointed()
         return out
 
@@ -193,9 +192,6 @@ class EntryIndex:
         sparse[entry_id] = loc
         self.changed.append(entry_id)
         return None
-
-    def __setitem__(self, entry_id: int, loc: Loc) -> None:
-        self.put(entry_id, loc)
 
     def get(self, entry_id: int) -> Loc | None:
         i = entry_id - self.first
@@ -384,7 +380,7 @@ class Index:
             state = self.ledgers[ledger_id] = LedgerState()
         old = state.entries.put(entry_id, loc)
         if old is not None:
-            self._sub_live(old)
+            self._sub_live(old[0], old[2])
         seg, _offset, size = loc
         self.seg_live[seg] = self.seg_live.get(seg, 0) + size
         if piggyback_lac > state.max_piggyback_lac:
@@ -396,7 +392,7 @@ class Index:
         state = self.ledgers.pop(ledger_id, None)
         if state is not None:
             for seg, size in state.entries.live_by_segment().items():
-                self._sub_live((seg, 0, size))
+                self._sub_live(seg, size)
             # a write still in flight holds this object (its journal tag): leave it marked
             # and empty, so its completion indexes nothing
             state.entries = EntryIndex()
@@ -411,8 +407,16 @@ class Index:
         out, self._deleted_since = self._deleted_since, []
         return out
 
-    def _sub_live(self, loc: Loc) -> None:
-        seg, _offset, size = loc
+    def live_from_entries(self) -> dict[int, int]:
+        """Live bytes per segment summed over every entry held (what :attr:`seg_live` keeps
+        up to date; for a checkpoint that does not carry it, and for the checks)."""
+        live: dict[int, int] = {}
+        for state in self.ledgers.values():
+            for seg, n in state.entries.live_by_segment().items():
+                live[seg] = live.get(seg, 0) + n
+        return live
+
+    def _sub_live(self, seg: int, size: int) -> None:
         left = self.seg_live[seg] - size
         if left:
             self.seg_live[seg] = left
@@ -421,17 +425,16 @@ class Index:
 
     def _check(self) -> None:
         """Assert the internal invariants (called by the stateful tests after every step)."""
-        live: dict[int, int] = {}
         for lid, state in self.ledgers.items():
             assert isinstance(lid, int)
             assert not state.deleted and lid not in self.deleted, f"deleted ledger {lid} held"
             state.entries._check()
             for eid, loc in state.entries.items():
                 assert eid >= 0, (lid, eid)
-                assert type(loc) is tuple and len(loc) == 3, (lid, eid, loc)  # plain (see above)
-                seg, offset, size = loc
+                assert type(loc) is tuple and len(loc) == 3, (lid, eid, loc)
+                _seg, offset, size = loc
                 assert size > 0 and offset >= 0, (lid, eid, loc)
-                live[seg] = live.get(seg, 0) + size
             assert state.explicit_lac_body is None or state.explicit_lac >= -1
+        live = self.live_from_entries()
         assert live == self.seg_live, (live, self.seg_live)
         assert all(lid in self.deleted for lid in self._deleted_since)
