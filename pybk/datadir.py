@@ -248,4 +248,12 @@ def _first_difference(checkpointed: Index, rebuilt: Index) -> str:
                     f"{theirs.max_piggyback_lac}")
         if mine.entries.items() != theirs.entries.items():
             return f"ledger {lid}: entries differ"
+    # the live bytes per segment travel in the checkpoint (compaction trusts them): they
+    # must be what the chain's own entries add up to
+    live = checkpointed.live_from_entries()
+    if checkpointed.seg_live != live:
+        seg = min(s for s in set(live) | set(checkpointed.seg_live)
+                  if live.get(s) != checkpointed.seg_live.get(s))
+        return (f"live bytes of segment {seg}: {checkpointed.seg_live.get(seg, 0)}, but its "
+                f"entries add up to {live.get(seg, 0)}")
     return ""

@@ -137,6 +137,21 @@ async def test_a_checkpoint_that_disagrees_with_the_segments_is_reported(harness
     assert not report.ok and "ledger 1: entries differ" in report.checkpoint.detail
 
 
+async def test_checkpointed_live_bytes_that_disagree_with_the_entries_are_reported(
+        harness_cls):
+    harness, store_pos = await _stopped_with_a_delta(harness_cls)
+    # a well-formed next delta that changes no ledger but says segment 0 holds 1 live byte
+    gen, seq = delta_checkpoints(harness.fs, harness.DATA_DIR)[-1]
+    lie = Index()
+    lie.seg_live = {0: 1}
+    data = CheckpointEncoder(lie, store_pos, generation=gen, seq=seq + 1, written={}).result()
+    await harness.fs.write_file_atomic(
+        f"{harness.DATA_DIR}/{delta_checkpoint_name(gen, seq + 1)}", data)
+    report = inspect_data_dir(harness.fs, harness.DATA_DIR)
+    assert not report.ok and "live bytes of segment 0: 1, but its entries add up to" in (
+        report.checkpoint.detail)
+
+
 async def test_a_missing_cookie_and_a_foreign_segment_are_reported(harness_cls):
     a, b = harness_cls(), harness_cls(seed=8)
     for h in (a, b):
