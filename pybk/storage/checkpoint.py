@@ -353,9 +353,15 @@ def _decode_payload(payload: bytes, version: int) -> CheckpointFile:
     pos += 8 * ndead
     ledgers = []
     deleted = IdRanges()
+    last_lid: int | None = None
     for _ in range(count):
         lid, flags, piggy, elac, keylen, laclen = _META.unpack_from(payload, pos)
         pos += _META.size
+        if last_lid is not None and lid <= last_lid:  # (written ascending, each once)
+            raise ValueError(f"ledger {lid} after ledger {last_lid}")
+        last_lid = lid
+        if piggy < -1 or elac < -1:
+            raise ValueError(f"ledger {lid}: LAC {min(piggy, elac)}")
         key = payload[pos : pos + keylen]
         pos += keylen
         lac_body = payload[pos : pos + laclen]
@@ -368,8 +374,9 @@ def _decode_payload(payload: bytes, version: int) -> CheckpointFile:
                                 _read_column(payload, pos + 4 * n, "Q", n),
                                 _read_column(payload, pos + 12 * n, "I", n))
             pos += 16 * n
-            if n and not cols.sizes[-1]:
-                raise ValueError(f"ledger {lid}: its dense run ends in a hole")
+            if n and (first < 0 or not cols.sizes[-1]):
+                raise ValueError(f"ledger {lid}: a dense run from entry {first} that ends in "
+                                 f"{'a hole' if not cols.sizes[-1] else 'an entry'}")
         (nrows,) = _COUNT.unpack_from(payload, pos)
         pos += _COUNT.size
         if flags & _DELETED:
@@ -393,6 +400,7 @@ def _decode_payload(payload: bytes, version: int) -> CheckpointFile:
             pos += _ENTRY_SIZE * nrows
             rows = [(flat[i], (flat[i + 1], flat[i + 2], flat[i + 3]))
                     for i in range(0, 4 * nrows, 4)]
+            _check_rows(lid, rows, cols, kind)
         ledgers.append((lid, st, cols, rows))
     seg_live = None
     if version >= 3:
@@ -412,6 +420,19 @@ def _decode_payload(payload: bytes, version: int) -> CheckpointFile:
         raise ValueError(f"{len(payload) - pos} trailing bytes")
     return CheckpointFile(kind, generation, seq, Position(seg, offset, batch_seq), dead,
                           ledgers, deleted, seg_live)
+
+
+def _check_rows(lid: int, rows: list[tuple[int, Loc]], cols: EntryColumns, kind: int) -> None:
+    """Rows are written in ascending id order, each once, with a size; a base's rows are the
+    entries outside its dense run's held slots (a delta's may move entries of that run)."""
+    last = -1
+    first, n, sizes = cols.first, len(cols.sizes), cols.sizes
+    for eid, (_seg, _offset, size) in rows:
+        if eid <= last or not size:
+            raise ValueError(f"ledger {lid}: row of entry {eid} (size {size}) after entry {last}")
+        last = eid
+        if kind == BASE and 0 <= eid - first < n and sizes[eid - first]:
+            raise ValueError(f"ledger {lid}: entry {eid} both in the dense run and a row")
 
 
 # --------------------------------------------------------------------------- files of a chain
@@ -474,7 +495,12 @@ def load_checkpoint_chain(fs: FileSystem, data_dir: str) -> CheckpointChain:
     if base.kind != BASE:
         raise CorruptRecordError(f"{path}: a delta checkpoint where the base belongs",
                                  path=path, offset=0)
-    chain = CheckpointChain(base.build_index(), base, base, 0, len(data), 0)
+    try:
+        index = base.build_index()
+    except ValueError as exc:  # (the decoder's checks should leave nothing to find here)
+        raise CorruptRecordError(f"{path}: does not describe an index ({exc})", path=path,
+                                 offset=0) from None
+    chain = CheckpointChain(index, base, base, 0, len(data), 0)
     for gen, seq in delta_checkpoints(fs, data_dir):
         if gen != base.generation:
             continue  # left by an older base
