@@ -81,6 +81,10 @@ JOURNAL_DIR: Final = "journal"
 
 #: ``journal_inline_sync_max`` for a bookie alone on its event loop: every batch syncs inline.
 INLINE_SYNC_ALWAYS: Final = sys.maxsize
+#: the longest ledger master key a bookie records (BookKeeper's is a 20-byte digest of the
+#: ledger's password; ``pybk.protocol.master_key`` gives 32 bytes). Checkpoints hold a key's
+#: length in 16 bits: a longer key taken from the network made every checkpoint fail
+MAX_MASTER_KEY_SIZE: Final = 1024
 
 
 @dataclass
@@ -463,8 +467,17 @@ class LedgerStore:
     # ================================================================== writes
 
     def _check_key(self, lid: int, st: LedgerState | None, key: bytes) -> None:
-        if st is not None and st.master_key is not None and st.master_key != key:
-            raise UnauthorizedError(f"ledger {lid}: master key does not match")
+        """A write's ledger id and key: a negative id or a key too long to record is a bad
+        request, a key that differs from the recorded one is unauthorized."""
+        if st is not None and st.master_key is not None:
+            if st.master_key != key:
+                raise UnauthorizedError(f"ledger {lid}: master key does not match")
+            return
+        if lid < 0:
+            raise BadRequestError(f"ledger id {lid}: ledger ids are never negative")
+        if len(key) > MAX_MASTER_KEY_SIZE:
+            raise BadRequestError(f"ledger {lid}: a master key of {len(key)} bytes (at most "
+                                  f"{MAX_MASTER_KEY_SIZE})")
 
     def _key_record(self, lid: int, st: LedgerState, key: bytes) -> bytes:
         """The MASTER_KEY record to journal with this write, if the ledger has none yet."""
@@ -502,7 +515,10 @@ class LedgerStore:
             raise BadRequestError(
                 f"ledger {ledger_id} entry {entry_id}: entry of {len(body)} bytes is shorter "
                 f"than the {ENTRY_HEADER_SIZE}-byte header") from None
-        if blid != ledger_id or beid != entry_id or entry_id < 0:
+        if blid != ledger_id or beid != entry_id or entry_id < 0 or ledger_id < 0:
+            if entry_id < 0 or ledger_id < 0:
+                raise BadRequestError(f"add of ({ledger_id}, {entry_id}): ledger and entry ids "
+                                      "are never negative")
             raise BadRequestError(
                 f"add of ({ledger_id}, {entry_id}) carries an entry framed as ({blid}, {beid})")
         st = self.index.ledgers.get(ledger_id)
@@ -536,13 +552,13 @@ class LedgerStore:
         """The refusals of :meth:`add_entry` (deleted, wrong key, fenced), in their order; the
         ledger's state, created if unknown."""
         if st is not None:
-            if st.master_key is not None and st.master_key != master_key:
-                raise UnauthorizedError(f"ledger {ledger_id}: master key does not match")
+            self._check_key(ledger_id, st, master_key)
             if st.fenced and not recovery:
                 raise LedgerFencedError(f"ledger {ledger_id} is fenced")
             return st
         if self.index.is_deleted(ledger_id):
             raise LedgerFencedError(f"ledger {ledger_id} was deleted on this bookie")
+        self._check_key(ledger_id, None, master_key)
         return self.index.ledger(ledger_id)
 
     def _add_existing(self, st: LedgerState, ledger_id: int, entry_id: int, body: bytes,
@@ -600,6 +616,10 @@ class LedgerStore:
 
     def write_lac(self, ledger_id: int, lac: int, body: bytes,
                   master_key: bytes) -> Awaitable[None]:
+        """Record an explicit LAC (and its digested body) durably; the awaitable completes
+        once it is synced."""
+        if lac < -1:
+            raise BadRequestError(f"ledger {ledger_id}: explicit LAC {lac} (at least -1)")
         if self.index.is_deleted(ledger_id):
             raise LedgerFencedError(f"ledger {ledger_id} was deleted on this bookie")
         st = self.index.get(ledger_id)
@@ -618,6 +638,8 @@ class LedgerStore:
     def delete_ledger(self, ledger_id: int) -> Awaitable[None]:
         """Journal a tombstone; the ledger's bytes become garbage; later adds are rejected.
         Deleting a ledger this bookie never held records the deletion all the same."""
+        if ledger_id < 0:
+            raise BadRequestError(f"ledger id {ledger_id}: ledger ids are never negative")
         self.index.delete_ledger(ledger_id)
         fut = self.journal.append(encode_delete(ledger_id))
         self._on_ledger_change(ledger_id)
@@ -806,8 +828,8 @@ class LedgerStore:
         meta: dict[int, None] = {}  # the ledgers mentioned, in order
         index = self.index
         for rec in records:
-            if rec.ledger_id < 0:
-                continue
+            if rec.rtype is RecordType.CHECKPOINT:
+                continue  # (the only record of no ledger; a ledger id's sign means nothing)
             st = index.get(rec.ledger_id)
             if st is None:
                 if index.is_deleted(rec.ledger_id):
