@@ -99,6 +99,13 @@ class BookieConfig(StoreConfig):
     #: how often the index is checkpointed when the journal moved (seconds); <= 0: only on stop
     checkpoint_interval: float = 60.0
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.disk_usage_low_water <= self.disk_usage_threshold <= 1.0:
+            raise ValueError(
+                "BookieConfig needs 0 <= disk_usage_low_water <= disk_usage_threshold <= 1, got "
+                f"{self.disk_usage_low_water!r} and {self.disk_usage_threshold!r}")
+
 
 def _status_of(exc: BKError) -> Status:
     try:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
+import math
 import posixpath
 import struct
 import sys
@@ -131,6 +132,30 @@ class StoreConfig:
     #: this fraction of the base's size or number ``checkpoint_max_deltas``; then a new base
     checkpoint_delta_ratio: float = 0.5
     checkpoint_max_deltas: int = 64
+
+    def __post_init__(self) -> None:
+        """Refuse a knob no store can run with, naming it (a caller's mistake should not
+        show up later as a journal that rotates for ever or a compaction of live data)."""
+        _at_least(self, "journal_max_wait", 0.0)
+        _at_least(self, "journal_max_batch_bytes", 1)
+        _at_least(self, "journal_max_batch_count", 1)
+        _at_least(self, "journal_inline_sync_max", 0)
+        _at_least(self, "journal_overlap_split_min", 1)
+        _at_least(self, "segment_size", 1)
+        _at_least(self, "journal_zero_fill_below", 0.0)
+        _at_least(self, "compaction_threshold", 0.0, 1.0)
+        _at_least(self, "checkpoint_delta_ratio", 0.0)
+        _at_least(self, "checkpoint_max_deltas", 0)
+
+
+def _at_least(config: object, name: str, low: float, high: float = math.inf) -> None:
+    """ValueError unless ``config.<name>`` is a number (not a bool) in ``[low, high]``."""
+    value = getattr(config, name)
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not low <= value <= high):
+        span = f"at least {low}" if high == math.inf else f"between {low} and {high}"
+        raise ValueError(f"{type(config).__name__}.{name} must be a number {span}, "
+                         f"got {value!r}")
 
 
 @dataclass
