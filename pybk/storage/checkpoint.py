@@ -92,6 +92,7 @@ _ENTRY_SIZE: Final = struct.calcsize(">" + _ENTRY_FMT)
 _DENSE = struct.Struct(">qI")  # first id, slot count
 _LIVE = struct.Struct(">QQ")  # segment, live bytes
 _SWAP: Final = sys.byteorder == "little"  # columns are written big-endian like the rest
+_MAX_SEGMENT: Final = 0xFFFFFFFF  # (EntryIndex keeps segments in an array of u32)
 assert array("I").itemsize == 4 and array("Q").itemsize == 8
 
 
@@ -423,13 +424,15 @@ def _decode_payload(payload: bytes, version: int) -> CheckpointFile:
 
 
 def _check_rows(lid: int, rows: list[tuple[int, Loc]], cols: EntryColumns, kind: int) -> None:
-    """Rows are written in ascending id order, each once, with a size; a base's rows are the
+    """Rows are written in ascending id order, each once, with a size and a segment that fits
+    the index's 32-bit segment column (a row may land in the dense run); a base's rows are the
     entries outside its dense run's held slots (a delta's may move entries of that run)."""
     last = -1
     first, n, sizes = cols.first, len(cols.sizes), cols.sizes
-    for eid, (_seg, _offset, size) in rows:
-        if eid <= last or not size:
-            raise ValueError(f"ledger {lid}: row of entry {eid} (size {size}) after entry {last}")
+    for eid, (seg, _offset, size) in rows:
+        if eid <= last or not size or seg > _MAX_SEGMENT:
+            raise ValueError(f"ledger {lid}: row of entry {eid} (segment {seg}, size {size}) "
+                             f"after entry {last}")
         last = eid
         if kind == BASE and 0 <= eid - first < n and sizes[eid - first]:
             raise ValueError(f"ledger {lid}: entry {eid} both in the dense run and a row")
@@ -495,12 +498,7 @@ def load_checkpoint_chain(fs: FileSystem, data_dir: str) -> CheckpointChain:
     if base.kind != BASE:
         raise CorruptRecordError(f"{path}: a delta checkpoint where the base belongs",
                                  path=path, offset=0)
-    try:
-        index = base.build_index()
-    except ValueError as exc:  # (the decoder's checks should leave nothing to find here)
-        raise CorruptRecordError(f"{path}: does not describe an index ({exc})", path=path,
-                                 offset=0) from None
-    chain = CheckpointChain(index, base, base, 0, len(data), 0)
+    chain = CheckpointChain(base.build_index(), base, base, 0, len(data), 0)
     for gen, seq in delta_checkpoints(fs, data_dir):
         if gen != base.generation:
             continue  # left by an older base

@@ -193,3 +193,21 @@ async def test_a_store_rebuilds_from_the_segments_over_a_checksummed_malformed_b
     assert "dense run" in (s.report.checkpoint_error or "")
     assert [s.read(1, eid) for eid in range(40)] == [body(1, eid) for eid in range(40)]
     await s.close()
+
+
+def test_a_row_whose_segment_does_not_fit_the_index_is_corruption():
+    """A row may land in the dense run (here: in its hole), whose segment column is 32-bit; a
+    larger segment there raised OverflowError while building the index."""
+    index = Index()
+    index.put_entry(1, 0, (0, 40, 50), -1)
+    index.put_entry(1, 2, (0, 140, 50), -1)  # (entry 1: a hole)
+    index.put_entry(1, 300, (2**33, 40, 50), -1)  # a row (sparse), its segment past 2**32
+    payload = bytearray(encode_checkpoint(index, Position(0, 200, 1))[_HEADER.size :])
+    at = payload.index(struct.pack(">q", 300))
+    payload[at : at + 8] = struct.pack(">q", 1)  # the row now names the hole
+    try:
+        load(reframed(bytes(payload)))
+    except CorruptRecordError as exc:
+        assert "segment 8589934592" in str(exc)
+    else:
+        raise AssertionError("a row with a 33-bit segment in the dense run loaded")
