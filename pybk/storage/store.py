@@ -540,10 +540,10 @@ class LedgerStore:
             raise BadRequestError(
                 f"ledger {ledger_id} entry {entry_id}: entry of {len(body)} bytes is shorter "
                 f"than the {ENTRY_HEADER_SIZE}-byte header") from None
-        if blid != ledger_id or beid != entry_id or entry_id < 0 or ledger_id < 0:
-            if entry_id < 0 or ledger_id < 0:
-                raise BadRequestError(f"add of ({ledger_id}, {entry_id}): ledger and entry ids "
-                                      "are never negative")
+        if entry_id < 0 or ledger_id < 0:
+            raise BadRequestError(f"add of ({ledger_id}, {entry_id}): ledger and entry ids are "
+                                  "never negative")
+        if blid != ledger_id or beid != entry_id:
             raise BadRequestError(
                 f"add of ({ledger_id}, {entry_id}) carries an entry framed as ({blid}, {beid})")
         st = self.index.ledgers.get(ledger_id)
