@@ -160,23 +160,31 @@ async def run_bookie(root: str, writers: int, size: int, duration: float, run: i
     return count / elapsed, lat, per_sync
 
 
+_RECORD_HEADER = struct.Struct(">II")  # length, crc32c
+
+
+def frame_records(payload: bytes, count: int) -> list[bytes]:
+    """The ceiling's framing: ``count`` CRC-framed records of ``payload``, as parts to join."""
+    parts: list[bytes] = []
+    pack, crc = _RECORD_HEADER.pack, crc32c.crc32c
+    for _ in range(count):
+        parts.append(pack(len(payload), crc(payload)))
+        parts.append(payload)
+    return parts
+
+
 def run_plain(root: str, size: int, group: int, duration: float) -> tuple[float, list[float]]:
     """The ceiling: framed records, one write + fdatasync per group. entries/s, group lat."""
     path = os.path.join(root, f"plain-{size}-{group}.log")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     payload = os.urandom(size)
-    hdr = struct.Struct(">II")
     lat: list[float] = []
     count = 0
     start = time.perf_counter()
     try:
         while time.perf_counter() - start < duration:
             t0 = time.perf_counter()
-            parts = []
-            for _ in range(group):
-                parts.append(hdr.pack(len(payload), crc32c.crc32c(payload)))
-                parts.append(payload)
-            os.write(fd, b"".join(parts))
+            os.write(fd, b"".join(frame_records(payload, group)))
             os.fdatasync(fd)
             lat.append(time.perf_counter() - t0)
             count += group
@@ -194,15 +202,10 @@ def cpu_probe(records: int = 100_000) -> float:
     so when the VM's CPU slows down the bookie loses more than the ceiling and the ratio
     falls with the host, not the code. This column says how fast the CPU was."""
     payload = bytes(100)
-    hdr = struct.Struct(">II")
-    crc = crc32c.crc32c
     best = float("inf")
     for _ in range(3):
-        parts: list[bytes] = []
         t0 = time.perf_counter()
-        for _ in range(records):
-            parts.append(hdr.pack(len(payload), crc(payload)))
-            parts.append(payload)
+        frame_records(payload, records)
         best = min(best, time.perf_counter() - t0)
     return best / records * 1e9
 
