@@ -21,7 +21,7 @@ process (``journal_overlap_syncs``, ``OsFileSystem(sync_process=True)``), a batc
 to overlap synced on the loop's thread (``INLINE_SYNC_ALWAYS``), journal segments preallocated
 and written in place (``journal_preallocate``; ``--append-segments`` turns it off for an A/B
 comparison: the ceiling loop always appends, as the issue defines it), and the server's
-garbage-collector settings (``pybk.server.tune_gc_for_server``, applied once each bookie has
+garbage-collector settings (``pybk.bookie.process.tune_gc_for_server``, applied once each bookie has
 started, after collecting what the previous configurations left).
 
 Targets (issue 2): with 256 writers >= 50% of the ceiling and >= 3x SQLite; a lone writer's
@@ -46,9 +46,9 @@ import time
 import crc32c
 
 from pybk.bookie import Bookie, BookieConfig
+from pybk.bookie.process import tune_gc_for_server
 from pybk.protocol import DigestManager, master_key
-from pybk.server import tune_gc_for_server
-from pybk.storage.fs import OsFileSystem
+from pybk.storage import OsFileSystem
 from pybk.storage.store import INLINE_SYNC_ALWAYS
 
 KEY = master_key(b"bench")

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pybk import LocalCluster
 from pybk.bookie import Bookie, BookieConfig
 from pybk.protocol import AddRequest, DigestManager, Response, Status, master_key
-from pybk.storage.fs import OsFileSystem
+from pybk.storage import OsFileSystem
 
 
 def pct(samples: list[float], q: float) -> float:

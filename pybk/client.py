@@ -1,10 +1,10 @@
 """The ledger client: create, open (with or without recovery), delete and list ledgers.
 
 A :class:`Client` owns a metadata store and a transport. Give it a store object or a URI
-(``memory://``, ``sqlite:///path``, ``zk://...``); without a transport it talks to
-in-process bookies when the URI belongs to a live :class:`pybk.LocalCluster` in this
-process, and otherwise builds a TCP transport (``pybk.transport.tcp``) that finds bookies
-through the store's registry.
+(``memory://``, ``sqlite:///path``, ``zk://...``); without a transport it builds a TCP
+transport (``pybk.transport.tcp``) that finds bookies through the store's registry. The
+bookies of a :class:`pybk.LocalCluster` live in its process: reach them with
+``cluster.client()`` or ``transport=cluster.transport``.
 
 It uses only the running loop's clock and its injected ``rng``, so the simulator runs it
 unchanged.
@@ -77,7 +77,6 @@ class Client:
         if self._ctx is not None:
             return self._ctx
         store: MetadataStore
-        uri = self._metadata_arg if isinstance(self._metadata_arg, str) else None
         if isinstance(self._metadata_arg, MetadataStore):
             store = self._metadata_arg
         else:
@@ -86,8 +85,6 @@ class Client:
             store = open_store(self._metadata_arg)
             self._own_store = True
         transport = self._transport_arg
-        if transport is None:
-            transport = _local_transport_for(uri)
         if transport is None:
             transport = self._tcp_transport(store)
             self._own_transport = True
@@ -227,10 +224,3 @@ def _check_password(password: object) -> None:
     if not isinstance(password, bytes):
         raise TypeError(f"password must be bytes, not {type(password).__name__}")
 
-
-def _local_transport_for(uri: str | None) -> Transport | None:
-    if uri is None:
-        return None
-    from pybk.cluster import transport_for_uri
-
-    return transport_for_uri(uri)

@@ -6,8 +6,14 @@ the real disk under ``root/bookies/<id>`` with a SQLite metadata store at
 the bookies through an in-process :class:`~pybk.transport.local.LocalTransport`.
 
 For tests: pass ``fs=MemFileSystem()`` and ``metadata="memory://"`` (or a store object) to
-run everything in memory, and use ``cluster.transport.hooks`` (or a private transport from
-:meth:`LocalCluster.local_transport`) to hold, fail or drop requests per bookie.
+run everything in memory, and ``transport_wrapper=pybk.testing.HookedTransport`` to hold, fail
+or drop requests per bookie through ``cluster.transport.hooks`` (or wrap a private transport
+from :meth:`LocalCluster.local_transport`).
+
+The bookies are objects of this process: a client reaches them through the cluster's
+in-process transport (:meth:`LocalCluster.client`, or ``transport=cluster.transport``), never
+through the metadata store's registry (in-process bookies register without a network
+address).
 
 ``stop_bookie`` is a crash-stop (``bookie.crash()``, then the registration is removed, as
 a dead bookie's session would expire); ``start_bookie`` restarts it on the same directory.
@@ -21,8 +27,7 @@ import logging
 import os
 import pathlib
 import random
-import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pybk.client import Client
@@ -33,24 +38,9 @@ from pybk.storage.fs import FileSystem
 from pybk.transport.base import Transport
 from pybk.transport.local import LocalTransport
 
+__all__ = ["LocalCluster"]
+
 log = logging.getLogger(__name__)
-
-#: metadata URI -> live cluster, so ``pybk.Client(metadata=uri)`` in this process finds
-#: the in-process bookies of a LocalCluster using that store.
-_LIVE: weakref.WeakValueDictionary[str, LocalCluster] = weakref.WeakValueDictionary()
-
-
-def _uri_key(uri: str) -> str:
-    """``sqlite:///a/../b.db`` and ``sqlite:///b.db`` name the same store."""
-    if uri.startswith("sqlite:///"):
-        return "sqlite://" + os.path.realpath(uri[len("sqlite://") :])
-    return uri
-
-
-def transport_for_uri(uri: str) -> Transport | None:
-    """The in-process transport of a live LocalCluster whose metadata URI is ``uri``."""
-    cluster = _LIVE.get(_uri_key(uri))
-    return cluster.transport if cluster is not None else None
 
 
 class LocalCluster:
@@ -66,6 +56,7 @@ class LocalCluster:
         bookie_config: Any = None,
         client_config: ClientConfig | None = None,
         rng: random.Random | None = None,
+        transport_wrapper: Callable[[Transport], Transport] | None = None,
     ) -> None:
         if isinstance(bookies, int):
             if bookies < 0:
@@ -88,8 +79,8 @@ class LocalCluster:
         self._tasks: set[asyncio.Task[None]] = set()
         self._store: MetadataStore | None = None
         self._own_store = False
-        self._uri: str | None = None
-        self.transport = LocalTransport(self._bookies)
+        self._wrap = transport_wrapper
+        self.transport = self.local_transport()
         self._started = False
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -110,9 +101,6 @@ class LocalCluster:
 
             self._store = open_store(metadata)
             self._own_store = True
-            self._uri = _uri_key(metadata)
-            if not metadata.rstrip("/").endswith("memory:"):
-                _LIVE[self._uri] = self
         else:
             self._store = metadata
         self._started = True
@@ -129,8 +117,6 @@ class LocalCluster:
         if not self._started:
             return
         self._started = False
-        if self._uri is not None and _LIVE.get(self._uri) is self:
-            del _LIVE[self._uri]
         for client in self._clients:
             await client.close()
         self._clients.clear()
@@ -250,9 +236,11 @@ class LocalCluster:
 
     # -- clients -----------------------------------------------------------------------------
 
-    def local_transport(self) -> LocalTransport:
-        """A new in-process transport (with its own hooks) to this cluster's bookies."""
-        return LocalTransport(self._bookies)
+    def local_transport(self) -> Transport:
+        """A new in-process transport to this cluster's bookies (wrapped by the cluster's
+        ``transport_wrapper``, when it has one)."""
+        transport: Transport = LocalTransport(self._bookies)
+        return self._wrap(transport) if self._wrap is not None else transport
 
     def client(
         self,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 
 from pybk.protocol import DigestManager
-from pybk.storage.fs import MemFileSystem
+from pybk.storage import MemFileSystem
 from pybk.storage.store import LedgerStore, StoreConfig
 
 IID = str(uuid.UUID(int=12, version=4))

@@ -10,6 +10,7 @@ import random
 from dataclasses import dataclass, field
 
 from pybk.metadata.base import MetadataStore
+from pybk.mutations import NO_MUTATIONS, Mutations
 from pybk.transport.base import Transport
 
 
@@ -39,6 +40,8 @@ class ClientConfig:
     #: TCP connections per bookie (BookKeeper's ``numChannelsPerBookie``); a ledger's requests
     #: to one bookie always use the same connection. Only used by the TCP transport.
     connections_per_bookie: int = 1
+    #: deliberately broken behaviours for checker tests (pybk.mutations); none in production
+    mutations: Mutations = NO_MUTATIONS
 
     def __post_init__(self) -> None:
         for name in ("add_timeout", "read_timeout"):

@@ -28,7 +28,6 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from pybk import mutations
 from pybk.errors import (
     BKError,
     DigestMismatchError,
@@ -37,6 +36,7 @@ from pybk.errors import (
     UnexpectedConditionError,
 )
 from pybk.metadata.base import CLOSED, IN_RECOVERY, OPEN, LedgerMetadata
+from pybk.mutations import RECOVERY_READS_DONT_FENCE
 from pybk.protocol import LAST_ENTRY, DecodedEntry, DigestManager, ReadRequest, ReadResponse, Status
 from pybk.replication.quorum import Answer, CoverageSet, EntryState, RecoveryReadDecision
 from pybk.replication.reader import _lac_answer, drop_pending, in_order, quorums_of, read_entry
@@ -111,7 +111,7 @@ async def recovery_read(
     q = quorums_of(md)
     ensemble = md.ensemble_for(entry_id)
     decision = RecoveryReadDecision(q)
-    fence = mutations.RECOVERY_READS_DONT_FENCE not in mutations.ACTIVE
+    fence = RECOVERY_READS_DONT_FENCE not in ctx.config.mutations
     request = ReadRequest(
         md.ledger_id, entry_id, fence=fence, master_key=master_key if fence else b""
     )

@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from pybk import mutations
 from pybk.errors import (
     BKError,
     LedgerClosedError,
@@ -38,6 +37,7 @@ from pybk.errors import (
     fresh_copy,
 )
 from pybk.metadata.base import CLOSED, IN_RECOVERY, OPEN, LedgerMetadata
+from pybk.mutations import ACK_OUT_OF_ORDER
 from pybk.protocol import (
     AddRequest,
     AddResponse,
@@ -116,6 +116,8 @@ class AddPipeline:
         self.dead_slots: set[int] = set()
         self._change_task: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
+        #: mutation switch ACK_OUT_OF_ORDER: a broken build that ignores entry order
+        self._ack_out_of_order = ACK_OUT_OF_ORDER in ctx.config.mutations
 
     # -- adding ------------------------------------------------------------------------------
 
@@ -224,7 +226,7 @@ class AddPipeline:
         if response.status == Status.OK:
             assert isinstance(response, AddResponse)
             if op.acks.ack(index):
-                if mutations.ACK_OUT_OF_ORDER in mutations.ACTIVE:
+                if self._ack_out_of_order:
                     self._resolve(op)  # deliberately broken build: no ordering
                 self._complete_in_order()
             return

@@ -4,7 +4,8 @@
     result = sim.run(seed=1234, bookies=5, duration=30.0, faults=sim.Faults.all())
     result.ok, result.violations, result.trace, result.trace_hash, result.stats
 
-See docs/simulation.md.
+See docs/simulation.md. A user's own tests get a simulated cluster from
+:class:`pybk.testing.SimTestCluster` (the ``sim_cluster`` pytest fixture).
 """
 
 from pybk.sim.checker import Checker, Violation, check
@@ -14,7 +15,6 @@ from pybk.sim.history import History
 from pybk.sim.loop import SimDeadlock, SimLoop, SimTimeLimit
 from pybk.sim.net import NetConfig, SimNetwork, SimTransport
 from pybk.sim.runner import TOPOLOGIES, SimResult, Stats, run
-from pybk.sim.testing import SimTestCluster
 from pybk.sim.workload import Workload
 
 __all__ = [
@@ -29,7 +29,6 @@ __all__ = [
     "SimLoop",
     "SimNetwork",
     "SimResult",
-    "SimTestCluster",
     "SimTimeLimit",
     "SimTransport",
     "Stats",

@@ -25,7 +25,7 @@ Invariants (research/reliability.md 2.3 and 3.6); each violation names its code:
 * **I12** liveness after heal (recorded by the runner as liveness events).
 * **I14** a bookie's index checkpoint chain plus the journal after it is the index a rebuild
   from its segments gives (the runner inspects each undamaged bookie's data directory at the
-  end, ``pybk.datadir``).
+  end, ``pybk.bookie.inspect``).
 
 I13 (determinism) compares two runs and lives in the runner/tests, not here.
 """

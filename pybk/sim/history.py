@@ -124,7 +124,7 @@ class History:
 
     def index_mismatch(self, bookie: str, detail: str) -> Event:
         """The bookie's index checkpoint chain plus its journal is not the index its
-        segments hold (the offline inspection, ``pybk.datadir``)."""
+        segments hold (the offline inspection, ``pybk.bookie.inspect``)."""
         return self._add("index_mismatch", bookie, f"{bookie} index checkpoint {detail}",
                          detail=detail)
 

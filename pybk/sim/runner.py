@@ -24,8 +24,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from pybk import mutations as _mutations
-from pybk.datadir import inspect_data_dir
+from pybk.bookie.inspect import inspect_data_dir
+from pybk.mutations import NO_MUTATIONS, Mutations
 from pybk.protocol import (
     AddRequest,
     DigestManager,
@@ -35,7 +35,7 @@ from pybk.protocol import (
     Response,
     Status,
 )
-from pybk.sim import coverage
+from pybk.replication.context import ClientConfig
 from pybk.sim.checker import Checker, Violation
 from pybk.sim.cluster import DATA_DIR, SimBookie, SimCluster, derive_rng
 from pybk.sim.faults import FaultPlan, Faults
@@ -106,8 +106,10 @@ class _Run:
 
     def __init__(self, seed: int, bookies: int | None, duration: float, faults: Faults,
                  workload: Workload | None, topology: tuple[int, int, int] | None,
-                 liveness_bound: float) -> None:
+                 liveness_bound: float, mutations: Mutations = NO_MUTATIONS) -> None:
         self.seed = seed
+        #: broken behaviours handed to every bookie and client of the run (checker tests)
+        self.mutations = mutations
         self.rng = derive_rng(seed, "runner")
         self.topology = topology or self.rng.choice(
             [t for t in TOPOLOGIES if bookies is None or t[0] <= bookies])
@@ -168,7 +170,7 @@ class _Run:
         self.coverage[marker] += 1
 
     def _bookie_config(self) -> Any:
-        knobs: dict[str, Any] = {}
+        knobs: dict[str, Any] = {"mutations": self.mutations}
         if self.overlapped_journals:
             knobs.update(journal_overlap_syncs=True, journal_overlap_split_min=2)
         if self.preallocated_segments:
@@ -176,23 +178,14 @@ class _Run:
         if self.frequent_checkpoints:
             knobs.update(checkpoint_interval=2.0, checkpoint_delta_ratio=4.0,
                          checkpoint_max_deltas=8)
-        if not knobs:
-            return None
         from pybk.bookie import BookieConfig
 
         return BookieConfig(**knobs)
 
-    @staticmethod
-    def _client_config() -> Any:
-        try:
-            from pybk.replication.context import ClientConfig
-        except ImportError:  # pragma: no cover - the client is not there yet
-            return None
-        fields_ = ClientConfig.__dataclass_fields__
-        wanted: dict[str, Any] = {"add_timeout": 2.0, "read_timeout": 2.0,
-                                  "speculative_read_delay": 0.5,
-                  "long_poll_timeout": 1.0, "explicit_lac_interval": 0.5}
-        return ClientConfig(**{k: v for k, v in wanted.items() if k in fields_})
+    def _client_config(self) -> ClientConfig:
+        return ClientConfig(add_timeout=2.0, read_timeout=2.0, speculative_read_delay=0.5,
+                            long_poll_timeout=1.0, explicit_lac_interval=0.5,
+                            mutations=self.mutations)
 
     # -- observing bookies from the outside ------------------------------------------------------
 
@@ -748,31 +741,29 @@ def run(
 ) -> SimResult:
     """Run one seed and check it. See the module docstring; API.md has the contract."""
     faults = faults if faults is not None else Faults.all()
-    r = _Run(seed, bookies, duration, faults, workload, topology, liveness_bound)
+    switches = Mutations.of(mutations)
+    r = _Run(seed, bookies, duration, faults, workload, topology, liveness_bound, switches)
     loop = SimLoop(max_time=duration + 10 * liveness_bound + 600.0, max_steps=max_steps)
     r.loop = loop
     wall = time.perf_counter()
     error: str | None = None
-    coverage.reset()
-    with _mutations.active(*mutations):
+    try:
+        loop.run_main(r.main())
+    except (SimDeadlock, SimTimeLimit) as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        r.log(f"RUN ERROR {error}")
+    finally:
+        closing = r.cluster.close()
         try:
-            loop.run_main(r.main())
-        except (SimDeadlock, SimTimeLimit) as exc:
-            error = f"{type(exc).__name__}: {exc}"
-            r.log(f"RUN ERROR {error}")
-        finally:
-            closing = r.cluster.close()
-            try:
-                loop.run_until_complete(closing)
-            except Exception:
-                closing.close()
-            loop.shutdown()
+            loop.run_until_complete(closing)
+        except Exception:
+            closing.close()
+        loop.shutdown()
     checker = Checker(r.history, beyond_tolerance=r.plan.beyond_tolerance)
     violations = checker.run()
     if error is not None and not r.plan.beyond_tolerance:
         violations.append(Violation("I12", -1, -1, f"the run did not finish: {error}",
                                     (len(r.trace) - 1,)))
-    r.coverage.update(coverage.snapshot())
     trace_hash = hashlib.sha256("\n".join(r.trace).encode()).hexdigest()
     ops = sum(p.ops for p in r.processes)
     stats = Stats(virtual_seconds=loop.time(), wall_seconds=time.perf_counter() - wall,

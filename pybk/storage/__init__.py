@@ -1,6 +1,7 @@
 """pybk's storage: everything a bookie writes to or reads from its disk.
 
-* ``fs``       the FileSystem seam (OsFileSystem, MemFileSystem with crash semantics)
+* ``fs``       the FileSystem seam; ``osfs`` the real one, ``memfs`` one in memory with crash
+               semantics (the simulator's disk)
 * ``records``  on-disk framing: segment headers, CRC-framed batches and records
 * ``journal``  the write side: segment files, serial group commit, rotation
 * ``replay``   the read side at start-up: verify segments, torn tail vs corruption
@@ -11,3 +12,9 @@
 The journal *is* the entry store: entries are read back from the segment files through the
 index, so there is no second copy to keep consistent.
 """
+
+from pybk.storage.fs import FileHandle, FileSystem, SimulatedCrash
+from pybk.storage.memfs import MemFileSystem
+from pybk.storage.osfs import OsFileSystem
+
+__all__ = ["FileHandle", "FileSystem", "MemFileSystem", "OsFileSystem", "SimulatedCrash"]

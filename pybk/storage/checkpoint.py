@@ -54,7 +54,6 @@ from typing import Final
 
 import crc32c
 
-from pybk import mutations
 from pybk.errors import CorruptRecordError
 from pybk.storage.fs import FileSystem
 from pybk.storage.idranges import IdRanges
@@ -172,12 +171,15 @@ class CheckpointEncoder:
     file is not written, the caller's next checkpoint must be a base."""
 
     def __init__(self, index: Index, pos: Position, *, generation: int = 0, seq: int = 0,
-                 dead: Iterable[int] = (), written: dict[int, bytes] | None = None) -> None:
+                 dead: Iterable[int] = (), written: dict[int, bytes] | None = None,
+                 skip_state_only: bool = False) -> None:
         if seq and written is None:
             raise ValueError("a delta checkpoint needs the ledger metas it follows")
         #: every ledger's meta as of this checkpoint (what the next delta compares with)
         self.metas: dict[int, bytes] = {}
         self._ledgers: list[tuple[bytes, EntryColumns, dict[int, Loc]]] = []
+        #: mutation switch DELTA_SKIPS_LEDGER_STATE (a broken build, for checker tests)
+        self._skip_state_only = skip_state_only
         with _gc_paused():
             self._snapshot(index, seq, written)
         deleted = self._deleted.ranges()
@@ -207,7 +209,7 @@ class CheckpointEncoder:
             cols, rows = st.entries.take_changes()
             if len(cols.sizes) or rows or (
                     written.get(lid) != meta  # type: ignore[union-attr]
-                    and mutations.DELTA_SKIPS_LEDGER_STATE not in mutations.ACTIVE):
+                    and not self._skip_state_only):
                 self._ledgers.append((meta, cols, rows))
 
     def steps(self, entries_per_step: int = 16384) -> Iterator[None]:

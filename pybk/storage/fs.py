@@ -171,8 +171,4 @@ class SimulatedCrash(Exception):
     """Raised by a test's ``MemFileSystem.fault_hook`` to stop a workload at a chosen boundary."""
 
 
-# The implementations live in their own modules; import them from here.
-from pybk.storage.memfs import MemFileSystem  # noqa: E402
-from pybk.storage.osfs import OsFileSystem  # noqa: E402
-
-__all__ = ["FileHandle", "FileSystem", "MemFileSystem", "OsFileSystem", "SimulatedCrash"]
+__all__ = ["FileHandle", "FileSystem", "SimulatedCrash"]

@@ -74,7 +74,6 @@ from collections.abc import Callable
 from itertools import accumulate
 from typing import Any
 
-from pybk import mutations
 from pybk.errors import IOBookieError, JournalFailedError, ReadOnlyBookieError, fresh_copy
 from pybk.storage.fs import FileHandle, FileSystem
 from pybk.storage.index import Position
@@ -138,8 +137,11 @@ class Journal:
         overlap_split_min: int = 100,
         preallocate: bool = False,
         zero_fill_below: float = 96e6,
+        ack_before_fsync: bool = False,
     ) -> None:
         self.fs = fs
+        #: mutation switch ACK_BEFORE_FSYNC: a broken build that answers before the sync
+        self._ack_before_fsync = ack_before_fsync
         self.directory = directory
         self.instance_id = instance_id
         self.max_wait = max_wait
@@ -528,7 +530,7 @@ class Journal:
         batch = self._write(fh, len(self._data) // 2 if split else 0)
         if batch is None:
             return
-        acked_early = mutations.ACK_BEFORE_FSYNC in mutations.ACTIVE
+        acked_early = self._ack_before_fsync
         if acked_early:  # deliberately broken build: acknowledge before the data is durable
             self._complete_done()
             done = None

@@ -134,7 +134,7 @@ def scan_segment(
 
 def apply_record(index: Index, rec: Record, seg: int) -> None:
     """What a replayed record of segment ``seg`` does to the index (start-up replay, and the
-    offline rebuild of ``pybk.datadir``). Records of a deleted ledger do nothing: replay
+    offline rebuild of ``pybk.bookie.inspect``). Records of a deleted ledger do nothing: replay
     after a checkpoint can meet records written before the deletion the checkpoint holds."""
     t = rec.rtype
     if t is RecordType.ENTRY:  # (put_entry skips a deleted ledger)

@@ -48,6 +48,12 @@ from pybk.errors import (
     UnknownLedgerStateError,
     fresh_copy,
 )
+from pybk.mutations import (
+    ACK_BEFORE_FSYNC,
+    DELTA_SKIPS_LEDGER_STATE,
+    NO_MUTATIONS,
+    Mutations,
+)
 from pybk.protocol import ENTRY_HEADER_SIZE, parse_entry_header
 from pybk.storage.checkpoint import (
     CHECKPOINT_FILE,
@@ -132,6 +138,8 @@ class StoreConfig:
     #: this fraction of the base's size or number ``checkpoint_max_deltas``; then a new base
     checkpoint_delta_ratio: float = 0.5
     checkpoint_max_deltas: int = 64
+    #: deliberately broken behaviours for checker tests (pybk.mutations); none in production
+    mutations: Mutations = NO_MUTATIONS
 
     def __post_init__(self) -> None:
         """Refuse a knob no store can run with, naming it (a caller's mistake should not
@@ -146,6 +154,9 @@ class StoreConfig:
         _at_least(self, "compaction_threshold", 0.0, 1.0)
         _at_least(self, "checkpoint_delta_ratio", 0.0)
         _at_least(self, "checkpoint_max_deltas", 0)
+        if not isinstance(self.mutations, Mutations):
+            raise TypeError(f"mutations must be a pybk.mutations.Mutations, not "
+                            f"{type(self.mutations).__name__}")
 
 
 def _at_least(config: object, name: str, low: float, high: float = math.inf) -> None:
@@ -254,6 +265,7 @@ class LedgerStore:
             overlap_split_min=self.config.journal_overlap_split_min,
             preallocate=self.config.journal_preallocate,
             zero_fill_below=self.config.journal_zero_fill_below,
+            ack_before_fsync=ACK_BEFORE_FSYNC in self.config.mutations,
         )
 
     # ================================================================== start-up / shut-down
@@ -760,7 +772,9 @@ class LedgerStore:
         # here on the index counts as checkpointed, so if the file is not written the next
         # checkpoint must be a base
         encoder = CheckpointEncoder(self.index, pos, generation=gen, seq=seq, dead=self._dead,
-                                    written=None if base else self._cp_metas)
+                                    written=None if base else self._cp_metas,
+                                    skip_state_only=DELTA_SKIPS_LEDGER_STATE
+                                    in self.config.mutations)
         self._cp_base_next = True
         for _ in encoder.steps():
             await asyncio.sleep(0)  # a big index is encoded in steps: keep serving between

@@ -1,0 +1,77 @@
+"""What users need to test their own code against pybk (as ``trio.testing`` is for trio).
+
+* :class:`HookedTransport` / :class:`Hooks`: hold, fail, drop or delay requests per bookie
+  and operation, around any transport (``LocalCluster(..., transport_wrapper=HookedTransport)``);
+* :class:`LocalTransport` and :class:`MemFileSystem`: bookies in memory, with crash semantics;
+* :class:`SimTestCluster` / :class:`SimCluster`: a deterministic simulated cluster (virtual
+  time, faults; the ``sim_cluster`` pytest fixture);
+* conformance suites any implementation of a seam can run: :mod:`.metadata_conformance`
+  (MetadataStore), :mod:`.fs_conformance` (FileSystem);
+* :mod:`.zookeeper`: a real ZooKeeper server on a free port for tests.
+
+Names load on first use (PEP 562), so importing the pytest plugin stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pybk.sim.cluster import SimCluster
+    from pybk.storage.memfs import MemFileSystem
+    from pybk.testing.fs_conformance import check_filesystem
+    from pybk.testing.hooks import (
+        HeldRequest,
+        HookedTransport,
+        Hooks,
+        Rule,
+        is_fencing,
+        is_normal_add,
+        is_recovery_add,
+    )
+    from pybk.testing.simulated import SimTestCluster
+    from pybk.transport.local import LocalTransport
+
+_WHERE = {
+    "HeldRequest": "pybk.testing.hooks",
+    "HookedTransport": "pybk.testing.hooks",
+    "Hooks": "pybk.testing.hooks",
+    "Rule": "pybk.testing.hooks",
+    "is_fencing": "pybk.testing.hooks",
+    "is_normal_add": "pybk.testing.hooks",
+    "is_recovery_add": "pybk.testing.hooks",
+    "LocalTransport": "pybk.transport.local",
+    "MemFileSystem": "pybk.storage.memfs",
+    "SimCluster": "pybk.sim.cluster",
+    "SimTestCluster": "pybk.testing.simulated",
+    "check_filesystem": "pybk.testing.fs_conformance",
+}
+
+__all__ = [
+    "HeldRequest",
+    "HookedTransport",
+    "Hooks",
+    "LocalTransport",
+    "MemFileSystem",
+    "Rule",
+    "SimCluster",
+    "SimTestCluster",
+    "check_filesystem",
+    "is_fencing",
+    "is_normal_add",
+    "is_recovery_add",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pybk.testing' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

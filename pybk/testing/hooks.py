@@ -2,8 +2,10 @@
 
 BookKeeper tests the client's hardest paths (``LedgerRecovery2Test``, ``HandleFailuresTest``)
 against mock bookies whose requests can be paused, failed or released one by one. These
-hooks give the same control over *real* bookies behind :class:`pybk.transport.local.LocalTransport`
-(or any transport that consults a :class:`Hooks` object).
+hooks give the same control over *real* bookies: wrap any transport (in-process, TCP,
+simulated) in a :class:`HookedTransport` and add rules to its ``hooks``. Production code never
+sees them; ``LocalCluster(..., transport_wrapper=HookedTransport)`` puts them in front of an
+embedded cluster's bookies.
 
 A rule matches requests by bookie and optionally by operation, ledger, entry, or any
 predicate, and then:
@@ -27,13 +29,17 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pybk.errors import BookieUnavailableError, TimeoutError
 from pybk.protocol import (
     AddRequest,
     Op,
     ReadRequest,
     Request,
+    Response,
     Status,
+    error_response,
 )
+from pybk.transport.base import Transport
 
 Action = Literal["hold", "fail", "drop", "before"]
 BeforeCallback = Callable[[str, Request], Awaitable[None]]
@@ -257,8 +263,115 @@ def is_normal_add(bookie_id: str, request: Request) -> bool:
     return isinstance(request, AddRequest) and not request.recovery
 
 
+class HookedTransport(Transport):
+    """A transport that consults :attr:`hooks` before handing a request to ``inner``.
+
+    A request no rule matches goes straight to ``inner`` with its timeout. A held or
+    dropped request keeps its caller's deadline here (it never reached ``inner``): it fails
+    with :class:`pybk.errors.TimeoutError` when the deadline passes first, and a held request
+    released later goes to ``inner`` with what is left of it."""
+
+    def __init__(self, inner: Transport, hooks: Hooks | None = None) -> None:
+        self.inner = inner
+        self.hooks = hooks if hooks is not None else Hooks()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def send(
+        self, bookie_id: str, request: Request, timeout: float | None = None
+    ) -> asyncio.Future[Response]:
+        rule = self.hooks.match(bookie_id, request) if self.hooks.rules else None
+        if rule is None:
+            return self.inner.send(bookie_id, request, timeout)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Response] = loop.create_future()
+        deadline = None if timeout is None else loop.time() + timeout
+        timer = None
+        if deadline is not None and rule.action in ("hold", "drop", "before"):
+            timer = loop.call_at(deadline, _expire, fut, bookie_id, request, timeout)
+
+        def deliver() -> None:
+            if timer is not None:
+                timer.cancel()
+            if fut.done():
+                return
+            left = None if deadline is None else max(0.0, deadline - loop.time())
+            _chain(self.inner.send(bookie_id, request, left), fut)
+
+        if rule.action == "fail":
+            _fail(fut, bookie_id, request, rule.status)
+        elif rule.action == "drop":
+            pass
+        elif rule.action == "hold":
+            rule.held.append(HeldRequest(
+                bookie_id, request, deliver=deliver,
+                fail=lambda status: _fail(fut, bookie_id, request, status),
+                drop=lambda: None))
+            rule._notify()
+        else:  # before
+            assert rule.callback is not None
+            callback = rule.callback
+
+            async def run_then_deliver() -> None:
+                try:
+                    await callback(bookie_id, request)
+                except Exception as exc:  # a failing hook fails the request, visibly
+                    if not fut.done():
+                        fut.set_exception(
+                            BookieUnavailableError(f"{bookie_id}: hook failed: {exc!r}"))
+                    return
+                deliver()
+
+            task = loop.create_task(run_then_deliver())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return fut
+
+    async def close(self) -> None:
+        self.hooks.clear(release=False)
+        for task in list(self._tasks):
+            task.cancel()
+        await self.inner.close()
+
+
+def _chain(src: asyncio.Future[Response], dst: asyncio.Future[Response]) -> None:
+    def copy(f: asyncio.Future[Response]) -> None:
+        if dst.done():
+            if not f.cancelled():
+                f.exception()  # retrieved: nobody waits for it any more
+            return
+        if f.cancelled():
+            dst.set_exception(BookieUnavailableError("request cancelled"))
+        elif f.exception() is not None:
+            dst.set_exception(f.exception())  # type: ignore[arg-type]
+        else:
+            dst.set_result(f.result())
+
+    src.add_done_callback(copy)
+
+
+def _fail(
+    fut: asyncio.Future[Response], bookie_id: str, request: Request, status: Status | None
+) -> None:
+    if fut.done():
+        return
+    if status is None or status == Status.UNAVAILABLE:
+        fut.set_exception(BookieUnavailableError(f"bookie {bookie_id} unavailable (hook)"))
+    elif status == Status.TIMEOUT:
+        fut.set_exception(TimeoutError(f"bookie {bookie_id}: timed out (hook)"))
+    else:
+        fut.set_result(error_response(request, status, f"injected {status.name}"))
+
+
+def _expire(fut: asyncio.Future[Response], bookie_id: str, request: Request,
+            timeout: float | None) -> None:
+    if not fut.done():
+        fut.set_exception(
+            TimeoutError(f"bookie {bookie_id}: no answer to {request.op.name} within {timeout}s"))
+
+
 __all__ = [
     "HeldRequest",
+    "HookedTransport",
     "Hooks",
     "Rule",
     "is_fencing",

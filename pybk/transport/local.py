@@ -2,8 +2,8 @@
 
 Used by :class:`pybk.LocalCluster` and by the client tests. It keeps the transport
 contract of :mod:`pybk.transport.base` (a response, ``BookieUnavailableError`` or
-``TimeoutError``, nothing else) and consults a :class:`pybk.testing.hooks.Hooks` object on
-every request so tests can hold, fail, drop or delay requests per bookie and operation.
+``TimeoutError``, nothing else). Tests that need to hold, fail, drop or delay requests wrap it
+in :class:`pybk.testing.HookedTransport` (this module knows nothing of them).
 
 Per-request timeouts use the running loop's clock (virtual time under the simulator) but
 not one timer per request: requests wait in one send-ordered table per timeout value, which an
@@ -22,9 +22,10 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from pybk.errors import BookieUnavailableError, ClientClosedError, TimeoutError
-from pybk.protocol import AddRequest, Request, Response, Status, error_response
-from pybk.testing.hooks import HeldRequest, Hooks
+from pybk.protocol import AddRequest, Request, Response, Status
 from pybk.transport.base import Transport
+
+__all__ = ["LocalTransport"]
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +50,8 @@ class LocalTransport(Transport):
     :class:`pybk.bookie.Bookie` does): no task or coroutine per request, the reply is set
     straight from the bookie's journal completion."""
 
-    def __init__(self, bookies: Mapping[str, _BookieLike], *, hooks: Hooks | None = None) -> None:
+    def __init__(self, bookies: Mapping[str, _BookieLike]) -> None:
         self.bookies = bookies
-        self.hooks = hooks if hooks is not None else Hooks()
         self._closed = False
         self.sent = 0  # requests sent (for tests and benchmarks)
         self._deadlines: dict[float, _Queue] = {}
@@ -77,41 +77,7 @@ class LocalTransport(Transport):
             queue[rid] = (loop.time() + timeout, fut, bookie_id, request)
             if self._sweeper is None:
                 self._schedule_sweep(loop)
-        rule = self.hooks.match(bookie_id, request) if self.hooks.rules else None
-        if rule is None:
-            self._deliver(fut, bookie_id, request, queue, rid)
-            return fut
-        if rule.action == "fail":
-            _fail(fut, bookie_id, request, rule.status)
-        elif rule.action == "drop":
-            pass
-        elif rule.action == "hold":
-            rule.held.append(
-                HeldRequest(
-                    bookie_id,
-                    request,
-                    deliver=lambda: self._deliver(fut, bookie_id, request, queue, rid),
-                    fail=lambda status: _fail(fut, bookie_id, request, status),
-                    drop=lambda: None,
-                )
-            )
-            rule._notify()
-        else:  # before
-            assert rule.callback is not None
-            callback = rule.callback
-
-            async def run_then_deliver() -> None:
-                try:
-                    await callback(bookie_id, request)
-                except Exception as exc:  # a failing hook fails the request, visibly
-                    if not fut.done():
-                        fut.set_exception(
-                            BookieUnavailableError(f"{bookie_id}: hook failed: {exc!r}")
-                        )
-                    return
-                self._deliver(fut, bookie_id, request, queue, rid)
-
-            _spawn(run_then_deliver())
+        self._deliver(fut, bookie_id, request, queue, rid)
         return fut
 
     def _deliver(
@@ -158,16 +124,6 @@ class LocalTransport(Transport):
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
-        self.hooks.clear(release=False)
-
-
-_background: set[asyncio.Task[None]] = set()
-
-
-def _spawn(coro: Any) -> None:
-    task = asyncio.ensure_future(coro)
-    _background.add(task)
-    task.add_done_callback(_background.discard)
 
 
 class _AddReply:
@@ -219,19 +175,6 @@ async def _call(
             fut.set_exception(BookieUnavailableError(f"bookie {bookie_id} failed: {exc!r}"))
         return
     _settle(fut, bookie_id, response)
-
-
-def _fail(
-    fut: asyncio.Future[Response], bookie_id: str, request: Request, status: Status | None
-) -> None:
-    if fut.done():
-        return
-    if status is None or status == Status.UNAVAILABLE:
-        fut.set_exception(BookieUnavailableError(f"bookie {bookie_id} unavailable (hook)"))
-    elif status == Status.TIMEOUT:
-        fut.set_exception(TimeoutError(f"bookie {bookie_id}: timed out (hook)"))
-    else:
-        fut.set_result(error_response(request, status, f"injected {status.name}"))
 
 
 def _expire(

@@ -49,7 +49,7 @@ from pybk.protocol import (
 )
 from pybk.transport import codec
 
-log = logging.getLogger("pybk.server")
+log = logging.getLogger("pybk.bookie.process")
 
 Handler = Callable[[Request], Awaitable[Response]]
 

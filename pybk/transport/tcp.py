@@ -65,7 +65,9 @@ def registry_resolver(store: MetadataStore) -> Resolver:
             if registration.bookie_id == bookie_id:
                 if not registration.address:
                     raise BookieUnavailableError(
-                        f"bookie {bookie_id} is registered without a network address"
+                        f"bookie {bookie_id} is registered without a network address: "
+                        "it runs inside a LocalCluster's process; reach it with "
+                        "cluster.client() or transport=cluster.transport"
                     )
                 return registration.address
         raise BookieUnavailableError(f"bookie {bookie_id} is not registered (not running?)")

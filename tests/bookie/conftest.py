@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
 from pybk.bookie import Bookie, BookieConfig
 from pybk.protocol import AddRequest, DigestManager, ReadRequest, Status, master_key
-from pybk.storage.fs import MemFileSystem
+from pybk.storage import MemFileSystem
 
 KEY = master_key(b"pw")
 DATA_DIR = "/data/b1"
@@ -50,6 +52,13 @@ class Harness:
         self.bookie = self.new()
         await self.bookie.start()
         return self.bookie
+
+    async def restart_with(self, **config: Any) -> Bookie:
+        """Stop cleanly and start again with ``config`` changed (e.g. ``mutations=``)."""
+        assert self.bookie is not None
+        await self.bookie.stop()
+        self.config = dataclasses.replace(self.config, **config)
+        return await self.start()
 
     async def crash_restart(self, mode: str = "drop", seed: int = 0) -> Bookie:
         assert self.bookie is not None

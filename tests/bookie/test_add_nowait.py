@@ -8,7 +8,7 @@ import random
 
 from pybk.bookie import Bookie, BookieConfig
 from pybk.protocol import AddRequest, AddResponse, FenceRequest, Response, Status
-from pybk.storage.fs import MemFileSystem
+from pybk.storage import MemFileSystem
 
 from .conftest import DATA_DIR, KEY, frame
 

@@ -18,7 +18,7 @@ from pybk.protocol import (
     Status,
     WriteLacRequest,
 )
-from pybk.storage.fs import MemFileSystem
+from pybk.storage import MemFileSystem
 from pybk.storage.records import encode_entry, encode_master_key
 from pybk.storage.store import MAX_MASTER_KEY_SIZE
 

@@ -10,10 +10,10 @@ import random
 
 import pytest
 
-from pybk import mutations
 from pybk.bookie import READ_ONLY, WRITABLE, Bookie, BookieConfig
 from pybk.errors import BookieStateError, CorruptRecordError
 from pybk.metadata import open_store
+from pybk.mutations import ACK_BEFORE_FSYNC, NO_SUCH_ENTRY_ON_IO_ERROR, Mutations
 from pybk.protocol import (
     AddRequest,
     AuthRequest,
@@ -27,7 +27,7 @@ from pybk.protocol import (
     WriteLacRequest,
     master_key,
 )
-from pybk.storage.fs import MemFileSystem
+from pybk.storage import MemFileSystem
 
 # --------------------------------------------------------------------------- basics
 
@@ -85,11 +85,10 @@ async def test_an_add_is_not_acknowledged_before_its_fsync(harness):
 
 
 async def test_ack_before_fsync_mutation_loses_acked_entries(harness):
-    fs = harness.fs
-    fs.sync_delay = 0.001
-    with mutations.active(mutations.ACK_BEFORE_FSYNC):
-        assert await harness.add(1, 0) == Status.OK
-        await harness.crash_restart("drop")  # the sync was still in flight
+    await harness.restart_with(mutations=Mutations(ACK_BEFORE_FSYNC))
+    harness.fs.sync_delay = 0.001
+    assert await harness.add(1, 0) == Status.OK
+    await harness.crash_restart("drop")  # the sync was still in flight
     assert (await harness.read(1, 0))[0] == Status.NO_SUCH_LEDGER
 
 
@@ -379,8 +378,9 @@ async def test_bit_flip_with_mutation_answers_no_such_entry(harness):
     await harness.add(1, 0)
     path, off, size = _entry_offset(harness.bookie, 1, 0)
     harness.fs.flip_bit(path, off + size - 1)
-    with mutations.active(mutations.NO_SUCH_ENTRY_ON_IO_ERROR):
-        assert (await harness.read(1, 0))[0] == Status.NO_SUCH_ENTRY
+    await harness.restart_with(mutations=Mutations(NO_SUCH_ENTRY_ON_IO_ERROR))
+    assert (await harness.read(1, 0))[0] == Status.NO_SUCH_ENTRY
+    await harness.restart_with(mutations=Mutations())
     assert (await harness.read(1, 0))[0] == Status.CORRUPT
 
 

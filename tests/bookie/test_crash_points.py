@@ -28,7 +28,7 @@ from pybk.protocol import (
     WriteLacRequest,
     master_key,
 )
-from pybk.storage.fs import MemFileSystem, SimulatedCrash
+from pybk.storage import MemFileSystem, SimulatedCrash
 
 KEY = master_key(b"k")
 DIR = "/d"

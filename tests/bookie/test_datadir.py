@@ -1,4 +1,4 @@
-"""Offline inspection of a data directory (``pybk.datadir``, ``pybk bookie inspect``): it
+"""Offline inspection of a data directory (``pybk.bookie.inspect``, ``pybk bookie inspect``): it
 reads only, finds every kind of damage a start-up would refuse or repair, and says a sound
 directory is sound."""
 
@@ -11,17 +11,17 @@ import pytest
 from click.testing import CliRunner
 
 from pybk.bookie import Bookie, BookieConfig
+from pybk.bookie.inspect import inspect_data_dir
 from pybk.cli import main
-from pybk.datadir import inspect_data_dir
 from pybk.errors import ReadOnlyBookieError
 from pybk.protocol import Status
+from pybk.storage import OsFileSystem
 from pybk.storage.checkpoint import (
     CHECKPOINT_FILE,
     CheckpointEncoder,
     delta_checkpoint_name,
     delta_checkpoints,
 )
-from pybk.storage.fs import OsFileSystem
 from pybk.storage.index import Index
 from pybk.storage.journal import segment_name
 

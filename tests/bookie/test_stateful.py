@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from pybk.bookie import Bookie, BookieConfig
-from pybk.datadir import inspect_data_dir
+from pybk.bookie.inspect import inspect_data_dir
 from pybk.protocol import (
     AddRequest,
     DigestManager,
@@ -30,7 +30,7 @@ from pybk.protocol import (
     WriteLacRequest,
     master_key,
 )
-from pybk.storage.fs import MemFileSystem
+from pybk.storage import MemFileSystem
 
 KEY = master_key(b"s")
 LEDGERS = st.integers(0, 3)

@@ -12,6 +12,7 @@ import pytest
 from pybk.cluster import LocalCluster
 from pybk.replication.context import ClientConfig
 from pybk.storage.memfs import MemFileSystem
+from pybk.testing import HookedTransport
 
 #: short timeouts: a test that expects a timeout waits this long, nothing else does
 FAST = ClientConfig(add_timeout=2.0, read_timeout=2.0, speculative_read_delay=0.0)
@@ -26,6 +27,7 @@ async def mem_cluster(
     kwargs.setdefault("client_config", FAST)
     kwargs.setdefault("metadata", "memory://")
     kwargs.setdefault("fs", MemFileSystem())
+    kwargs.setdefault("transport_wrapper", HookedTransport)  # cluster.transport.hooks
     cluster = LocalCluster("/cluster", bookies, rng=random.Random(seed), **kwargs)
     async with cluster:
         yield cluster

@@ -31,9 +31,13 @@ async def test_local_cluster_on_disk(tmp_path: pathlib.Path) -> None:
         assert len(ensembles) == 2 and spare in ensembles[max(ensembles)]
         assert victim not in ensembles[max(ensembles)]
 
-        # another client in this process, by metadata URI, reaches the same bookies
+        # another client in this process reaches the same bookies through the cluster's
+        # in-process transport; without it, the registry names no network address
         uri = f"sqlite:///{tmp_path}/metadata.db"
-        async with pybk.Client(metadata=uri) as other:
+        async with pybk.Client(metadata=uri) as stranger:
+            with pytest.raises(pybk.BKError, match=r"cluster\.client"):
+                await stranger.open_ledger(lh.id, recovery=False)
+        async with pybk.Client(metadata=uri, transport=cluster.transport) as other:
             rh = await other.open_ledger(lh.id, recovery=True)
             assert [e.data for e in await rh.read(0, 3)] == [b"a", b"b", b"c", b"d"]
         with pytest.raises(LedgerFencedError):

@@ -8,11 +8,11 @@ Where BookKeeper scripts mock bookies, these tests seed entries straight into re
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
 
-from pybk import mutations
 from pybk.errors import (
     LedgerFencedError,
     LedgerRecoveryError,
@@ -21,6 +21,7 @@ from pybk.errors import (
     UnexpectedConditionError,
 )
 from pybk.metadata.base import CLOSED, IN_RECOVERY, OPEN
+from pybk.mutations import RECOVERY_READS_DONT_FENCE, Mutations
 from pybk.protocol import (
     LAST_ENTRY,
     AddRequest,
@@ -314,8 +315,9 @@ async def test_first_writer_cannot_commit_after_second_closes(broken: bool) -> N
         t2 = cluster.local_transport()
         t2.hooks.hold(b2, predicate=_is_lac_fence)  # the fence to b2 is lost
         t2.hooks.hold(b3, op=Op.READ, entry_id=2)  # b3's answer about e2 comes too late
-        with mutations.active(*([mutations.RECOVERY_READS_DONT_FENCE] if broken else [])):
-            rh = await cluster.client(transport=t2, config=slow).open_ledger(lh.id)
+        recovering = dataclasses.replace(
+            slow, mutations=Mutations(RECOVERY_READS_DONT_FENCE) if broken else Mutations())
+        rh = await cluster.client(transport=t2, config=recovering).open_ledger(lh.id)
         assert rh.metadata.last_entry_id == 1
 
         h2.release()

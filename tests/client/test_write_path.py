@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
-from pybk import mutations
 from pybk.errors import (
     DigestMismatchError,
     LedgerClosedError,
@@ -16,10 +16,11 @@ from pybk.errors import (
     UnauthorizedError,
 )
 from pybk.metadata.base import CLOSED, OPEN
+from pybk.mutations import ACK_OUT_OF_ORDER, Mutations
 from pybk.protocol import DigestManager, Op
 from pybk.replication.reader import ReadHandle
 
-from .conftest import mem_cluster, until
+from .conftest import FAST, mem_cluster, until
 
 
 async def test_create_validates_arguments() -> None:
@@ -85,13 +86,13 @@ async def test_acks_wait_for_earlier_entries() -> None:
 async def test_ack_out_of_order_mutation_breaks_ordering() -> None:
     """The deliberately broken build completes entry 1 while entry 0 is still pending."""
     async with mem_cluster(3) as cluster:
-        lh = await cluster.client().create_ledger(3, 3, 2)
+        broken = dataclasses.replace(FAST, mutations=Mutations(ACK_OUT_OF_ORDER))
+        lh = await cluster.client(config=broken).create_ledger(3, 3, 2)
         hold = cluster.transport.hooks.hold(op=Op.ADD, entry_id=0)
-        with mutations.active(mutations.ACK_OUT_OF_ORDER):
-            f0 = lh.append(b"zero")
-            f1 = lh.append(b"one")
-            assert await f1 == 1
-            assert not f0.done()
+        f0 = lh.append(b"zero")
+        f1 = lh.append(b"one")
+        assert await f1 == 1
+        assert not f0.done()
         hold.release()
         assert await f0 == 0
 

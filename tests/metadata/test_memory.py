@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from pybk.errors import ClientClosedError, CorruptRecordError, MetadataStoreError
-from pybk.metadata import MemoryMetadataStore, forget_memory_store, open_store
+from pybk.metadata import MemoryDirectory, MemoryMetadataStore, open_store
 from pybk.metadata.base import BookieRegistration, LedgerMetadata
 
 
@@ -88,9 +88,9 @@ async def test_corrupt_bytes_raise_corrupt_record_error() -> None:
 
 
 async def test_named_memory_uri_shares_data_between_opens() -> None:
-    forget_memory_store("t-shared")
-    a = open_store("memory://t-shared")
-    b = open_store("memory://t-shared")
+    directory = MemoryDirectory()
+    a = open_store("memory://t-shared", memory=directory)
+    b = open_store("memory://t-shared", memory=directory)
     await a.create_ledger(_md(5))
     assert await b.list_ledgers() == [5]
     c = open_store("memory://")
@@ -99,7 +99,13 @@ async def test_named_memory_uri_shares_data_between_opens() -> None:
     await b.register_bookie(BookieRegistration("bk", ""))
     await a.close()
     assert await b.writable_bookies() == ["bk"]
-    forget_memory_store("t-shared")
+    directory.forget("t-shared")
+    assert await open_store("memory://t-shared", memory=directory).list_ledgers() == []
+
+
+def test_a_named_memory_uri_without_a_directory_is_refused() -> None:
+    with pytest.raises(ValueError, match="MemoryDirectory"):
+        open_store("memory://t-shared")
 
 
 def test_same_operations_same_result_deterministic() -> None:

@@ -33,7 +33,7 @@ def test_the_repro_command_replays_the_same_run() -> None:
 
     from click.testing import CliRunner
 
-    from pybk.sim.cli import simulate
+    from pybk.cli.simulate import simulate
 
     for bookies in (None, 5):
         r = sim.run(911, bookies=bookies, duration=5.0, faults=sim.Faults.all())

@@ -2,8 +2,9 @@
 
 For every switch in :mod:`pybk.mutations` the CI sweep's seeds are run in order until one
 shows a *safety* violation (I12 liveness failures do not count: a broken build must be caught
-by the invariant it breaks, not by a timeout). With no mutation the sweep finds none: that is
-``test_ci_sweep.py``.
+by the invariant it breaks, not by a timeout), and the same seed without the switch must pass:
+the violation is the broken build's, not the seed's. With no mutation the sweep finds none:
+that is ``test_ci_sweep.py``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from pybk import mutations
-from pybk.sim.sweep import CI_SEEDS, find_violation
+from pybk.sim.sweep import CI_DURATION, CI_FAULTS, CI_SEEDS, find_violation, run_seed
 
 SAFETY = {"L1", "L2", "L3", "L4", "L5", "L6", "L7", "L8", "L9", "I1", "I3", "I5", "I7", "I9",
           "I10", "I11", "I14"}
@@ -27,11 +28,18 @@ EXPECTED = {
 }
 
 
+def test_every_switch_has_its_expected_invariants() -> None:
+    assert set(EXPECTED) == mutations.KNOWN
+    assert all(expected <= SAFETY for expected in EXPECTED.values())
+
+
 @pytest.mark.parametrize("mutation", sorted(mutations.KNOWN))
 def test_sweep_catches_mutation(mutation: str) -> None:
     found = find_violation(list(CI_SEEDS)[:60], mutations=(mutation,),
                            invariants=EXPECTED[mutation])
     assert found is not None, f"{mutation}: no seed of the first 60 CI seeds caught it"
-    assert set(found.invariants) & EXPECTED[mutation] <= SAFETY
+    caught = set(found.invariants) & EXPECTED[mutation]
+    assert caught, f"{mutation}: seed {found.seed} violated {found.invariants} only"
     print(f"{mutation}: caught by seed {found.seed} ({', '.join(found.invariants)})")
-    assert not mutations.ACTIVE  # the run restored the switches
+    clean = run_seed(found.seed, CI_FAULTS, CI_DURATION, None, ())
+    assert clean.ok, f"seed {found.seed} fails without {mutation} too: {clean.invariants}"

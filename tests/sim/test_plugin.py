@@ -7,7 +7,7 @@ from typing import Any
 
 import pybk
 from pybk.sim.cluster import SimCluster
-from pybk.sim.testing import SimTestCluster
+from pybk.testing.simulated import SimTestCluster
 
 
 def test_sim_cluster_runs_a_user_scenario_with_faults(sim_cluster: SimTestCluster,

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from storage_kit import CHAIN, CONFIG, KEY, body, fill, open_store
 
+from pybk.storage import MemFileSystem
 from pybk.storage.checkpoint import (
     CHECKPOINT_FILE,
     CheckpointEncoder,
@@ -19,7 +20,6 @@ from pybk.storage.checkpoint import (
     delta_checkpoint_name,
     parse_delta_checkpoint_name,
 )
-from pybk.storage.fs import MemFileSystem
 from pybk.storage.index import EntryColumns, Index, Loc, Position
 from pybk.storage.store import LedgerStore, StoreConfig
 

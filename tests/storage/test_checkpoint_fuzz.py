@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from storage_kit import KEY, body, fill, open_store
 
 from pybk.errors import CorruptRecordError
+from pybk.storage import MemFileSystem
 from pybk.storage.checkpoint import (
     _HEAD,
     _HEADER,
@@ -30,7 +31,6 @@ from pybk.storage.checkpoint import (
     decode_checkpoint,
     encode_checkpoint,
 )
-from pybk.storage.fs import MemFileSystem
 from pybk.storage.index import Index, Position
 from pybk.storage.store import StoreConfig
 

@@ -7,8 +7,8 @@ import asyncio
 import uuid
 
 from pybk.protocol import DigestManager
+from pybk.storage import MemFileSystem
 from pybk.storage.checkpoint import CheckpointEncoder, decode_checkpoint
-from pybk.storage.fs import MemFileSystem
 from pybk.storage.index import Index, Position
 from pybk.storage.store import LedgerStore, StoreConfig
 

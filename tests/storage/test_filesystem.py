@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from pybk.storage.fs import FileSystem, MemFileSystem, OsFileSystem, SimulatedCrash
+from pybk.storage import FileSystem, MemFileSystem, OsFileSystem, SimulatedCrash
 from pybk.testing.fs_conformance import check_filesystem
 
 

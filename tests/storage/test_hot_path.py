@@ -22,8 +22,8 @@ import pytest
 
 from pybk.errors import EntryExistsError, JournalFailedError
 from pybk.protocol import DigestManager
+from pybk.storage import MemFileSystem
 from pybk.storage.checkpoint import decode_checkpoint, encode_checkpoint
-from pybk.storage.fs import MemFileSystem
 from pybk.storage.index import Index, Location, Position
 from pybk.storage.journal import Journal
 from pybk.storage.records import encode_fence

@@ -11,7 +11,7 @@ import pytest
 
 from pybk.errors import BookieStateError, CorruptRecordError, JournalFailedError
 from pybk.protocol import DigestManager
-from pybk.storage.fs import FileHandle, MemFileSystem
+from pybk.storage import FileHandle, MemFileSystem
 from pybk.storage.journal import Journal, parse_segment_name, segment_name
 from pybk.storage.records import SEGMENT_HEADER_SIZE, encode_batch, encode_fence
 from pybk.storage.store import LedgerStore, StoreConfig

@@ -14,7 +14,7 @@ import pytest
 
 from pybk.bookie import Bookie
 from pybk.protocol import AddRequest, DigestManager, ReadRequest, Status, master_key
-from pybk.storage.fs import MemFileSystem
+from pybk.storage import MemFileSystem
 
 KEY = master_key(b"")
 

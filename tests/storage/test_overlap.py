@@ -16,7 +16,7 @@ import pytest
 
 from pybk.errors import JournalFailedError
 from pybk.protocol import DigestManager
-from pybk.storage.fs import MemFileSystem
+from pybk.storage import MemFileSystem
 from pybk.storage.store import LedgerStore, StoreConfig
 
 IID = str(uuid.UUID(int=9, version=4))
@@ -185,7 +185,7 @@ async def test_overlapped_journal_on_real_files(tmp_path, sync_process, prealloc
     """On OS files, through the sync helper or (its fallback) the sync thread, appending or
     writing preallocated segments in place: every add is answered once, and everything
     answered is read back after a restart."""
-    from pybk.storage.fs import OsFileSystem
+    from pybk.storage import OsFileSystem
 
     config = PREALLOC if preallocate else CONFIG
     fs = OsFileSystem(sync_process=sync_process)

@@ -11,7 +11,7 @@ import pytest
 
 from pybk.errors import CorruptRecordError, JournalFailedError, ReadOnlyBookieError
 from pybk.protocol import DigestManager
-from pybk.storage.fs import MemFileSystem
+from pybk.storage import MemFileSystem
 from pybk.storage.journal import PREP_CHUNK, PREP_SUFFIX, parse_segment_name
 from pybk.storage.records import SEGMENT_HEADER_SIZE
 from pybk.storage.store import LedgerStore, StoreConfig
@@ -182,7 +182,7 @@ async def test_fast_journals_reserve_their_next_segments_slow_ones_zero_fill_the
 async def test_preallocated_segments_on_real_files(tmp_path, zero_fill_below):
     """On OS files (posix_fallocate for reserved segments): rotations through prepared
     files, a restart cuts the active segment's zero tail and reads everything back."""
-    from pybk.storage.fs import OsFileSystem
+    from pybk.storage import OsFileSystem
 
     fs = OsFileSystem(sync_process=True)
     config = StoreConfig(journal_preallocate=True, segment_size=8192,

@@ -14,7 +14,7 @@ import pytest
 from pybk.bookie import READ_ONLY, Bookie, BookieConfig
 from pybk.errors import JournalFailedError, ReadOnlyBookieError
 from pybk.protocol import DigestManager, master_key
-from pybk.storage.fs import OsFileSystem
+from pybk.storage import OsFileSystem
 from pybk.storage.syncer import SyncProcess
 
 KEY = master_key(b"sync")

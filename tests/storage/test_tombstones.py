@@ -12,6 +12,7 @@ import pytest
 from storage_kit import CHAIN, KEY, body, fill, open_store
 
 from pybk.errors import CorruptRecordError, LedgerFencedError, NoSuchLedgerError
+from pybk.storage import MemFileSystem
 from pybk.storage.checkpoint import (
     CHECKPOINT_FILE,
     CHECKPOINT_MAGIC,
@@ -20,7 +21,6 @@ from pybk.storage.checkpoint import (
     delta_checkpoint_name,
     load_checkpoint_chain,
 )
-from pybk.storage.fs import MemFileSystem
 from pybk.storage.index import Index, Position
 from pybk.storage.records import (
     encode_entry,

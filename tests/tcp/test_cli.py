@@ -229,7 +229,7 @@ def test_layer_commands_are_registered():
     """`pybk simulate` lives in pybk/sim/cli.py and is added to the group when present."""
     import importlib.util
 
-    has_sim_cli = importlib.util.find_spec("pybk.sim.cli") is not None
+    has_sim_cli = importlib.util.find_spec("pybk.cli.simulate") is not None
     assert ("simulate" in main.commands) == has_sim_cli
 
 
@@ -259,7 +259,8 @@ async def test_a_bookie_process_sync_helper_ends_with_it(tmp_path, how):
     socket close and exits."""
     import signal
 
-    from pybk.cli import _pid_alive, spawn_bookie, wait_ready
+    from pybk.cli.processes import pid_alive as _pid_alive
+    from pybk.cli.processes import spawn_bookie, wait_ready
 
     from .conftest import wait_until
 

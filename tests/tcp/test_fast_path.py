@@ -6,7 +6,7 @@ import asyncio
 
 from pybk.bookie import Bookie
 from pybk.protocol import AddRequest, DigestManager, ReadRequest, Status, master_key
-from pybk.storage.fs import MemFileSystem
+from pybk.storage import MemFileSystem
 from pybk.transport.server import BookieServer
 from pybk.transport.tcp import TcpTransport
 

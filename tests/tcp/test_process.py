@@ -10,10 +10,10 @@ from __future__ import annotations
 import pytest
 
 from pybk.bookie import BookieConfig
+from pybk.bookie.process import BookieProcess, BookieProcessConfig
 from pybk.errors import BookieUnavailableError
 from pybk.metadata.memory import MemoryMetadataStore
 from pybk.protocol import BookieInfoRequest, Status
-from pybk.server import BookieProcess, BookieProcessConfig
 from pybk.transport.tcp import TcpTransport
 
 from .conftest import wait_until_async
@@ -182,7 +182,7 @@ def test_a_bookie_process_tunes_its_garbage_collector() -> None:
 
     code = (
         "import gc\n"
-        "from pybk.server import SERVER_GC_THRESHOLD, tune_gc_for_server\n"
+        "from pybk.bookie.process import SERVER_GC_THRESHOLD, tune_gc_for_server\n"
         "before = gc.get_threshold()\n"
         "tune_gc_for_server()\n"
         "assert gc.get_threshold() == SERVER_GC_THRESHOLD != before, gc.get_threshold()\n"

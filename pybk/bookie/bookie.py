@@ -24,18 +24,15 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import json
 import logging
-import posixpath
 import random
-import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
-import crc32c
-
-from pybk import mutations
+from pybk.bookie.config import BookieConfig
+from pybk.bookie.cookie import check_cookie
+from pybk.bookie.longpoll import LongPollWaiters
+from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE, BookieState
 from pybk.errors import (
     BKError,
     BookieStateError,
@@ -46,6 +43,7 @@ from pybk.errors import (
     ReadOnlyBookieError,
 )
 from pybk.metadata.base import MetadataStore
+from pybk.mutations import NO_SUCH_ENTRY_ON_IO_ERROR
 from pybk.protocol import (
     AddRequest,
     BookieInfoRequest,
@@ -72,40 +70,9 @@ from pybk.storage.store import (
     CompactionResult,
     LedgerStore,
     ResolveFuture,
-    StoreConfig,
 )
 
 log = logging.getLogger(__name__)
-
-WRITABLE = "writable"
-READ_ONLY = "read-only"
-STOPPED = "stopped"
-
-COOKIE_FILE = "COOKIE"
-_COOKIE_MAGIC = b"pybk-cookie v1 "
-
-
-@dataclass
-class BookieConfig(StoreConfig):
-    """Bookie knobs: the storage engine's (inherited from StoreConfig, passed to it as they
-    are) plus the bookie's own below."""
-
-    #: disk usage fraction above which the bookie turns read-only ...
-    disk_usage_threshold: float = 0.95
-    #: ... and below which it becomes writable again
-    disk_usage_low_water: float = 0.90
-    #: how often the disk usage is checked (seconds, loop time); <= 0 disables the timer
-    disk_check_interval: float = 10.0
-    #: how often the index is checkpointed when the journal moved (seconds); <= 0: only on stop
-    checkpoint_interval: float = 60.0
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not 0.0 <= self.disk_usage_low_water <= self.disk_usage_threshold <= 1.0:
-            raise ValueError(
-                "BookieConfig needs 0 <= disk_usage_low_water <= disk_usage_threshold <= 1, got "
-                f"{self.disk_usage_low_water!r} and {self.disk_usage_threshold!r}")
-
 
 def _status_of(exc: BKError) -> Status:
     try:
@@ -146,7 +113,8 @@ class Bookie:
         self._disk_full = False  # read-only because of the disk (recoverable)
         self._journal_failed = False  # read-only for good (until restart)
         self._journal_reason = ""
-        self._waiters: dict[int, list[asyncio.Future[None]]] = {}
+        self._polls = LongPollWaiters()
+        self._no_such_entry_on_io_error = NO_SUCH_ENTRY_ON_IO_ERROR in config.mutations
         self._timers: list[asyncio.TimerHandle] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._last_cp_pos: object = None
@@ -154,7 +122,7 @@ class Bookie:
 
     @staticmethod
     def _new_os_fs(config: BookieConfig) -> FileSystem:
-        from pybk.storage.fs import OsFileSystem
+        from pybk.storage import OsFileSystem
 
         # overlapped journal syncs need a sync that starts while the loop is busy: a helper
         # process (a sync thread would first have to win the GIL, see pybk.storage.syncer)
@@ -163,14 +131,14 @@ class Bookie:
     # ================================================================== state
 
     @property
-    def state(self) -> str:
+    def state(self) -> BookieState:
         return self._state
 
     @property
     def state_reason(self) -> str:
         return self._reason
 
-    def _set_state(self, state: str, reason: str) -> None:
+    def _set_state(self, state: BookieState, reason: str) -> None:
         changed = state != self._state
         self._state, self._reason = state, reason
         if changed:
@@ -202,11 +170,12 @@ class Bookie:
         if self._own_fs and self._fs_closed:
             self.fs, self._fs_closed = self._new_os_fs(self.config), False
         self.fs.makedirs(self.data_dir)
-        self.instance_id = await self._check_cookie()
+        self.instance_id = await check_cookie(self.fs, self.data_dir, self.bookie_id,
+                                              self.cookie_store, self.rng)
         store = LedgerStore(
             self.fs, self.data_dir, self.instance_id, self.config,
             on_fatal=self._on_journal_fatal, on_write_error=self._on_write_error,
-            on_ledger_change=self._wake_waiters, watched=self._waiters,
+            on_ledger_change=self._polls.wake, watched=self._polls.by_ledger,
         )
         try:
             await store.open()
@@ -269,11 +238,7 @@ class Bookie:
         for task in list(self._tasks):
             task.cancel()
         self._tasks.clear()
-        for waiters in self._waiters.values():
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
-        self._waiters.clear()
+        self._polls.wake_all()
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
@@ -285,61 +250,13 @@ class Bookie:
         if not task.cancelled() and task.exception() is not None:
             log.warning("bookie %s background task failed: %s", self.bookie_id, task.exception())
 
-    # ================================================================== cookie (R4)
-
-    def _cookie_path(self) -> str:
-        return posixpath.join(self.data_dir, COOKIE_FILE)
-
-    async def _check_cookie(self) -> str:
-        path = self._cookie_path()
-        local = (decode_cookie(self.fs.read_file(path), path)
-                 if self.fs.exists(path) else None)
-        stored = None
-        if self.cookie_store is not None:
-            raw = await self.cookie_store.read_cookie(self.bookie_id)
-            if raw is not None:
-                stored = decode_cookie(raw, f"metadata cookie of {self.bookie_id}")
-        if local is None:
-            if stored is not None:
-                raise BookieStateError(
-                    f"bookie {self.bookie_id}: the metadata store holds its cookie (instance "
-                    f"{stored['instance_id']}) but {self.data_dir} has none: the data directory "
-                    "was emptied or replaced, so this bookie may have lost acknowledged entries. "
-                    "Refusing to start; an operator must delete the bookie's cookie from the "
-                    "metadata store (and let re-replication restore its ledgers) to start it "
-                    "fresh")
-            journal = posixpath.join(self.data_dir, "journal")
-            if self.fs.exists(journal) and self.fs.listdir(journal):
-                raise BookieStateError(
-                    f"{self.data_dir} holds journal data but no cookie: refusing to adopt it")
-            instance_id = str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
-            cookie = encode_cookie(self.bookie_id, instance_id)
-            await self.fs.write_file_atomic(path, cookie)
-            if self.cookie_store is not None:
-                await self.cookie_store.write_cookie(self.bookie_id, cookie)
-            return instance_id
-        if local["bookie_id"] != self.bookie_id:
-            raise BookieStateError(
-                f"{self.data_dir} belongs to bookie {local['bookie_id']!r}, not "
-                f"{self.bookie_id!r}: refusing to start on another bookie's data")
-        if stored is None:
-            if self.cookie_store is not None:
-                await self.cookie_store.write_cookie(
-                    self.bookie_id, encode_cookie(self.bookie_id, local["instance_id"]))
-        elif stored["instance_id"] != local["instance_id"]:
-            raise BookieStateError(
-                f"bookie {self.bookie_id}: {self.data_dir} has instance {local['instance_id']} "
-                f"but the metadata store says {stored['instance_id']}: the data directory was "
-                "swapped; refusing to serve it as if it held this bookie's data")
-        return local["instance_id"]
-
     # ================================================================== disk / journal state
 
     def _on_journal_fatal(self, exc: BaseException) -> None:
         self._journal_failed = True
         self._journal_reason = f"journal failed, writes disabled until restart: {exc}"
         self._refresh_state(self._journal_reason)
-        self._wake_all()
+        self._polls.wake_all()
 
     def _on_write_error(self, exc: OSError) -> None:
         if exc.errno == errno.ENOSPC:
@@ -393,19 +310,6 @@ class Bookie:
         loop = asyncio.get_running_loop()
         self._timers.append(loop.call_later(self.config.checkpoint_interval,
                                             self._checkpoint_timer))
-
-    # ================================================================== long-poll waiters
-
-    def _wake_waiters(self, ledger_id: int) -> None:
-        waiters = self._waiters.pop(ledger_id, None)
-        if waiters:
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_result(None)
-
-    def _wake_all(self) -> None:
-        for lid in list(self._waiters):
-            self._wake_waiters(lid)
 
     # ================================================================== requests
 
@@ -516,7 +420,7 @@ class Bookie:
         try:
             return store.read(ledger_id, entry_id)
         except (CorruptRecordError, IOBookieError) as exc:
-            if mutations.NO_SUCH_ENTRY_ON_IO_ERROR in mutations.ACTIVE:  # broken build
+            if self._no_such_entry_on_io_error:  # a broken build (mutation switch)
                 raise NoSuchEntryError(str(exc)) from None
             log.error("bookie %s: %s", self.bookie_id, exc)
             raise
@@ -553,18 +457,7 @@ class Bookie:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
-            fut: asyncio.Future[None] = loop.create_future()
-            self._waiters.setdefault(lid, []).append(fut)
-            timer = loop.call_later(remaining, _resolve, fut)
-            try:
-                await fut
-            finally:
-                timer.cancel()
-                waiters = self._waiters.get(lid)
-                if waiters is not None and fut in waiters:
-                    waiters.remove(fut)
-                    if not waiters:
-                        del self._waiters[lid]
+            await self._polls.wait(lid, remaining)
             if self.store is not store:
                 raise BookieStateError(f"bookie {self.bookie_id} stopped during a long poll")
         return self._poll_answer(store, req, previous_lac)
@@ -645,30 +538,6 @@ class Bookie:
             assert not self._journal_failed and not self._disk_full
 
 
-def encode_cookie(bookie_id: str, instance_id: str) -> bytes:
-    """A data directory's cookie file (and the copy kept in the metadata store)."""
-    doc = json.dumps({"bookie_id": bookie_id, "instance_id": instance_id},
-                     sort_keys=True).encode()
-    return _COOKIE_MAGIC + f"{crc32c.crc32c(doc):08x} ".encode() + doc
-
-
-def decode_cookie(data: bytes, where: str) -> dict[str, str]:
-    """``{"bookie_id", "instance_id"}`` of a cookie; BookieStateError naming ``where`` if it
-    is damaged or of an unknown version."""
-    if not data.startswith(_COOKIE_MAGIC):
-        raise BookieStateError(f"{where}: not a pybk cookie (or an unknown cookie version)")
-    rest = data[len(_COOKIE_MAGIC):]
-    try:
-        crc, doc = rest.split(b" ", 1)
-        if int(crc, 16) != crc32c.crc32c(doc):
-            raise ValueError("checksum mismatch")
-        parsed = json.loads(doc)
-        return {"bookie_id": str(parsed["bookie_id"]),
-                "instance_id": str(parsed["instance_id"])}
-    except (ValueError, KeyError, TypeError) as exc:
-        raise BookieStateError(f"{where}: damaged cookie ({exc})") from None
-
-
 class _AddDone:
     """``on_done`` of one :meth:`Bookie.add_nowait`: turns the store's outcome into the
     response (a small object rather than a closure and its cells: less for the GC)."""
@@ -689,9 +558,4 @@ class _AddDone:
             self.reply(self.bookie._error_reply(request, exc))
 
 
-def _resolve(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-__all__ = ["READ_ONLY", "STOPPED", "WRITABLE", "Bookie", "BookieConfig"]
+__all__ = ["Bookie"]

@@ -4,7 +4,7 @@ Kept cheap to import: it loads in every pytest run where pybk is installed, so h
 are imported inside the fixtures.
 
 * ``pybk_seed``: the seed for simulated runs (``--pybk-seed N``, default 0).
-* ``sim_cluster``: a deterministic simulated cluster (:class:`pybk.sim.testing.SimTestCluster`):
+* ``sim_cluster``: a deterministic simulated cluster (:class:`pybk.testing.SimTestCluster`):
   ``sim_cluster.run(scenario)`` runs ``async def scenario(cluster)`` in virtual time.
 * ``local_cluster``: a factory of real :class:`pybk.LocalCluster` objects under ``tmp_path``:
   ``async with local_cluster(bookies=3) as cluster: ...``.
@@ -21,7 +21,7 @@ import pytest
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from pybk.sim.testing import SimTestCluster
+    from pybk.testing.simulated import SimTestCluster
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -44,7 +44,7 @@ def pybk_seed(request: pytest.FixtureRequest) -> int:
 @pytest.fixture
 def sim_cluster(pybk_seed: int) -> SimTestCluster:
     """A deterministic simulated 3-bookie cluster; ``.with_options(bookies=5)`` for others."""
-    from pybk.sim.testing import SimTestCluster
+    from pybk.testing.simulated import SimTestCluster
 
     return SimTestCluster(seed=pybk_seed)
 

@@ -1,0 +1,44 @@
+"""The ``pybk`` command (also ``python -m pybk``), one module per command group.
+
+``common`` holds what the commands share (connection options, exit conventions), ``processes``
+starting and stopping bookie processes; ``bookie``, ``cluster``, ``ledger`` and ``simulate`` are
+the command groups. This is the outermost layer: it reads the environment, signals and files.
+"""
+
+from __future__ import annotations
+
+import click
+
+import pybk
+from pybk.cli.bookie import bookie
+from pybk.cli.cluster import cluster
+from pybk.cli.ledger import ledger
+from pybk.cli.processes import spawn_bookie, stop_pid, wait_ready
+from pybk.cli.simulate import simulate
+
+__all__ = ["main", "spawn_bookie", "stop_pid", "wait_ready"]
+
+
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="""\b
+Example:
+  M=$(pybk cluster up --root /tmp/bk --bookies 3)
+  L=$(pybk ledger append --metadata $M hello world)
+  pybk ledger read --metadata $M $L
+  pybk cluster down --root /tmp/bk""",
+)
+@click.version_option(pybk.__version__, package_name="pybk")
+def main() -> None:
+    """pybk: Apache BookKeeper's replicated log, in Python.
+
+    Data goes to stdout, progress and errors to stderr. Exit status: 0 done, 1 the
+    operation failed (one line naming the cause), 2 bad usage.
+    """
+
+
+
+main.add_command(bookie)
+main.add_command(cluster)
+main.add_command(ledger)
+main.add_command(simulate)

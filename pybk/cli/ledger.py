@@ -1,0 +1,262 @@
+"""``pybk ledger``: create, append, read, tail, list, show, recover and delete ledgers."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import sys
+from typing import Any
+
+import click
+
+from pybk.cli.common import Conn, client_options, run_async, stderr_console, with_client
+
+__all__ = ["ledger"]
+
+
+@click.group()
+def ledger() -> None:
+    """Create, write, read, recover and delete ledgers."""
+
+
+@ledger.command("create")
+@client_options
+@click.option("--ensemble", "-e", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--write-quorum", "-w", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--ack-quorum", "-a", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--digest", type=click.Choice(["CRC32C", "MAC", "DUMMY"]), default="CRC32C")
+@click.option("--password", default="", help="Ledger password (needed to write/recover).")
+def ledger_create(
+    conn: Conn, ensemble: int, write_quorum: int, ack_quorum: int, digest: str, password: str
+) -> None:
+    """Create a ledger and print its id. (The ledger stays open: appends from other
+    commands go through `pybk ledger append`, which opens a fresh ledger handle.)"""
+
+    async def go(client: Any) -> int:
+        lh = await client.create_ledger(
+            ensemble_size=ensemble,
+            write_quorum=write_quorum,
+            ack_quorum=ack_quorum,
+            digest_type=digest,
+            password=password.encode(),
+        )
+        return int(lh.id)
+
+    click.echo(run_async(with_client(conn, go)))
+
+
+def _entries_from(data: tuple[str, ...], count: int | None, size: int) -> list[bytes]:
+    if data and count:
+        raise click.UsageError("give DATA arguments or --count, not both")
+    if data == ("-",):
+        return [line.rstrip(b"\n") for line in sys.stdin.buffer]
+    if data:
+        return [d.encode() for d in data]
+    if count:
+        return [(b"%08d:" % i).ljust(size, b".")[: max(size, 9)] for i in range(count)]
+    raise click.UsageError("nothing to append: give DATA arguments, '-' for stdin, or --count")
+
+
+@ledger.command("append")
+@client_options
+@click.argument("data", nargs=-1)
+@click.option("--count", type=click.IntRange(1), help="Append COUNT generated entries.")
+@click.option("--size", type=click.IntRange(1), default=100, show_default=True,
+              help="Bytes per generated entry (--count).")  # fmt: skip
+@click.option("--ensemble", "-e", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--write-quorum", "-w", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--ack-quorum", "-a", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--password", default="", help="Ledger password (needed to recover it later).")
+@click.option("--close/--no-close", default=True, show_default=True, help="Seal when done.")
+def ledger_append(
+    conn: Conn,
+    data: tuple[str, ...],
+    count: int | None,
+    size: int,
+    ensemble: int,
+    write_quorum: int,
+    ack_quorum: int,
+    password: str,
+    close: bool,
+) -> None:
+    """Write DATA (one entry per argument; '-' reads lines from stdin) to a NEW ledger.
+
+    A ledger has one writer, so appending creates the ledger; prints the ledger id on
+    stdout, then closes it (unless --no-close).
+    """
+    entries = _entries_from(data, count, size)
+
+    async def go(client: Any) -> int:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+        lh = await client.create_ledger(
+            ensemble_size=ensemble,
+            write_quorum=write_quorum,
+            ack_quorum=ack_quorum,
+            password=password.encode(),
+        )
+        console = stderr_console()
+        with Progress(
+            *Progress.get_default_columns()[:1],
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+            disable=not console.is_terminal,  # no bar (nor its blank line) in pipes and logs
+        ) as progress:
+            task = progress.add_task(f"ledger {lh.id}", total=len(entries))
+            batch = 256
+            for i in range(0, len(entries), batch):
+                chunk = entries[i : i + batch]
+                await asyncio.gather(*(lh.append(e) for e in chunk))
+                progress.advance(task, len(chunk))
+        if close:
+            await lh.close()
+        return int(lh.id)
+
+    ledger_id = run_async(with_client(conn, go))
+    click.echo(ledger_id)
+    click.echo(f"appended {len(entries)} entries to ledger {ledger_id}", err=True)
+
+
+def _emit(entry: Any, fmt: str) -> None:
+    if fmt == "json":
+        click.echo(
+            json.dumps(
+                {
+                    "ledger_id": entry.ledger_id,
+                    "entry_id": entry.entry_id,
+                    "data": base64.b64encode(entry.data).decode(),
+                }
+            )
+        )
+    elif fmt == "raw":
+        sys.stdout.buffer.write(entry.data + b"\n")
+        sys.stdout.buffer.flush()
+    else:
+        click.echo(f"{entry.entry_id}\t{entry.data.decode('utf-8', 'backslashreplace')}")
+
+
+_FORMAT = click.option(
+    "--format", "fmt", type=click.Choice(["text", "json", "raw"]), default="text",
+    show_default=True, help="text: 'id<TAB>data'; json: base64 data; raw: data lines.",
+)  # fmt: skip
+
+
+@ledger.command("read")
+@client_options
+@click.argument("ledger_id", type=click.IntRange(0))
+@click.option("--first", type=click.IntRange(0), default=0, show_default=True)
+@click.option("--last", type=int, default=None, help="Default: the last confirmed entry.")
+@click.option("--password", default="")
+@_FORMAT
+def ledger_read(
+    conn: Conn, ledger_id: int, first: int, last: int | None, password: str, fmt: str
+) -> None:
+    """Print entries FIRST..LAST of LEDGER_ID (without disturbing a writer)."""
+
+    async def go(client: Any) -> list[Any]:
+        rh = await client.open_ledger(ledger_id, password=password.encode(), recovery=False)
+        end = rh.last_add_confirmed if last is None else last
+        out: list[Any] = []
+        step = 500
+        for lo in range(first, end + 1, step):
+            out.extend(await rh.read(lo, min(end, lo + step - 1)))
+        return out
+
+    for entry in run_async(with_client(conn, go)):
+        _emit(entry, fmt)
+
+
+@ledger.command("tail")
+@client_options
+@click.argument("ledger_id", type=click.IntRange(0))
+@click.option("--start", type=click.IntRange(0), default=0, show_default=True)
+@click.option("--password", default="")
+@_FORMAT
+def ledger_tail(conn: Conn, ledger_id: int, start: int, password: str, fmt: str) -> None:
+    """Follow LEDGER_ID as it is written, printing entries; ends when it is closed."""
+
+    async def go() -> None:
+        async with conn.client() as client:
+            rh = await client.open_ledger(ledger_id, password=password.encode(), recovery=False)
+            async for entry in rh.tail(start=start):
+                _emit(entry, fmt)
+
+    run_async(go())
+
+
+@ledger.command("list")
+@client_options
+def ledger_list(conn: Conn) -> None:
+    """Print every ledger id, one per line."""
+
+    async def go(client: Any) -> list[int]:
+        return list(await client.list_ledgers())
+
+    for ledger_id in run_async(with_client(conn, go)):
+        click.echo(ledger_id)
+
+
+def _metadata_doc(md: Any) -> dict[str, Any]:
+    return {
+        "ledger_id": md.ledger_id,
+        "state": md.state,
+        "ensemble_size": md.ensemble_size,
+        "write_quorum": md.write_quorum,
+        "ack_quorum": md.ack_quorum,
+        "last_entry_id": md.last_entry_id,
+        "length": md.length,
+        "digest_type": md.digest_type,
+        "ensembles": {str(k): list(v) for k, v in sorted(md.ensembles.items())},
+        "custom_metadata": {k: base64.b64encode(v).decode() for k, v in md.custom_metadata.items()},
+        "version": md.version,
+    }
+
+
+@ledger.command("show")
+@client_options
+@click.argument("ledger_id", type=click.IntRange(0))
+def ledger_show(conn: Conn, ledger_id: int) -> None:
+    """Print LEDGER_ID's metadata as JSON."""
+
+    async def go(client: Any) -> Any:
+        return await client.ledger_metadata(ledger_id)
+
+    click.echo(json.dumps(_metadata_doc(run_async(with_client(conn, go))), indent=2))
+
+
+@ledger.command("recover")
+@client_options
+@click.argument("ledger_id", type=click.IntRange(0))
+@click.option("--password", default="")
+def ledger_recover(conn: Conn, ledger_id: int, password: str) -> None:
+    """Fence and seal LEDGER_ID (its writer can no longer add); print its last entry id."""
+
+    async def go(client: Any) -> int:
+        rh = await client.open_ledger(ledger_id, password=password.encode(), recovery=True)
+        return int(rh.last_add_confirmed)
+
+    last = run_async(with_client(conn, go))
+    click.echo(last)
+    click.echo(f"ledger {ledger_id} is closed; last entry {last}", err=True)
+
+
+@ledger.command("delete")
+@client_options
+@click.argument("ledger_id", type=click.IntRange(0))
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def ledger_delete(conn: Conn, ledger_id: int, yes: bool) -> None:
+    """Delete LEDGER_ID (its entries are garbage-collected on the bookies)."""
+    if not yes:
+        click.confirm(f"delete ledger {ledger_id}?", abort=True, err=True)
+
+    async def go(client: Any) -> None:
+        await client.delete_ledger(ledger_id)
+
+    run_async(with_client(conn, go))
+    click.echo(f"deleted ledger {ledger_id}", err=True)
+
+
