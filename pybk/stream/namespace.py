@@ -7,6 +7,7 @@ listing a namespace is one prefix listing and every change is a compare-and-set.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import time
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from pybk.errors import (
+    BKError,
     KeyExistsError,
     LogExistsError,
     LogNotFoundError,
@@ -120,9 +122,9 @@ class Namespace:
                 if "/" not in k[len(prefix):]]
 
     async def delete_log(self, name: str) -> None:
-        """Delete a log and its ledgers. Its writer's next metadata change fails
-        (LedgerFencedError) and its appends fail once the ledger is gone; readers get
-        LogNotFoundError. LogNotFoundError when there is no such log."""
+        """Delete a log and its ledgers. Its in-progress segment is fenced first, so its
+        writer's next append fails (LedgerFencedError), as does any metadata change it tries;
+        readers get LogNotFoundError. LogNotFoundError when there is no such log."""
         cat = self._catalog(name)
         store = self.client.store
         key = log_key(self.name, name)
@@ -142,6 +144,10 @@ class Namespace:
                     )
                 except MetadataVersionError:
                     continue
+            for seg in md.segments:
+                if seg.in_progress:  # fence it: its writer's next add fails at once
+                    with contextlib.suppress(BKError):
+                        await self.client.open_ledger(seg.ledger_id, recovery=True)
             for lid in [s.ledger_id for s in md.segments] + list(md.allocated):
                 await cat.delete_ledger(lid)
             try:

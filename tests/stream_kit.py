@@ -1,5 +1,5 @@
-"""Fixtures for the log layer: in-memory clusters of real bookies (MemFileSystem + memory://
-metadata), a namespace on them, and a counting hook on the metadata store."""
+"""Shared helpers of the log-layer tests (tests/stream, tests/test_wal*): in-memory clusters of real
+bookies (MemFileSystem + memory:// metadata) and a counting hook on the metadata store."""
 
 from __future__ import annotations
 
