@@ -35,11 +35,14 @@ from pybk.metadata.base import LedgerMetadata
 from pybk.replication.reader import LedgerEntry, ReadHandle
 from pybk.replication.writer import LedgerHandle
 from pybk.stream import Log, LogReader, LogRecord, LogWriter, Namespace, Position
+from pybk.wal import WAL, AsyncWAL
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "WAL",
     "AlreadyTruncatedError",
+    "AsyncWAL",
     "BKError",
     "BookieUnavailableError",
     "Client",

@@ -85,7 +85,10 @@ class LogCatalog:
                     f" took the log over from this one (epoch {epoch})"
                 )
             new = transform(md)
-            return None if new is None else new.to_bytes()
+            if new is None:
+                return None
+            new._check()  # never store a record that readers would refuse
+            return new.to_bytes()
 
         try:
             value = await self.store.update_value(self.key, apply)

@@ -64,12 +64,17 @@ class Log:
         *,
         txid: int | None = None,
         stop_at: Position | None = None,
+        stop_at_acknowledged: bool = False,
         options: ReaderOptions | None = None,
     ) -> LogReader:
         """Records from ``start`` (default: the oldest kept) or from the first record with a
         txid >= ``txid``, following the tail until the end of stream, or up to ``stop_at``
-        inclusive. ``async for rec in log.reader(...)``."""
-        return LogReader(self._cat, start=start, txid=txid, stop_at=stop_at, options=options)
+        inclusive. ``async for rec in log.reader(...)``.
+
+        ``stop_at_acknowledged``: ``stop_at`` is known acknowledged (a writer's own last
+        position), so entries up to it are read without waiting for the bookies' LAC."""
+        return LogReader(self._cat, start=start, txid=txid, stop_at=stop_at,
+                         stop_at_acknowledged=stop_at_acknowledged, options=options)
 
     async def metadata(self) -> LogMetadata:
         """The log's metadata record as stored now."""
@@ -103,8 +108,8 @@ class Log:
         last = await self.last_position()
         if last is None:
             return None
-        async with LogReader(self._cat, stop_at=last, stop_at_acknowledged=True,
-                             options=ReaderOptions(read_ahead_entries=1)) as reader:
+        async with self.reader(stop_at=last, stop_at_acknowledged=True,
+                               options=ReaderOptions(read_ahead_entries=1)) as reader:
             batch = await reader.read_batch(1)
         return batch[0].position if batch else None
 

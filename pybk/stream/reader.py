@@ -296,8 +296,7 @@ class LogReader:
                     await self._refresh()
                     continue
                 if backoff:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._changed.wait(), backoff)
+                    await self._wait_changed(backoff)
                 got, quick = await self._long_poll(rh, entry)
                 if got is not None:
                     entry += 1
@@ -317,6 +316,15 @@ class LogReader:
             if ahead is not None:
                 _drop(ahead[1])
             await rh.close()
+
+    async def _wait_changed(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for a metadata change (asyncio.wait, which never swallows
+        a cancellation of the reader, unlike wait_for in Python 3.11)."""
+        waiter = asyncio.ensure_future(self._changed.wait())
+        try:
+            await asyncio.wait({waiter}, timeout=timeout)
+        finally:
+            waiter.cancel()
 
     async def _long_poll(self, rh: ReadHandle, entry: int) -> tuple[LedgerEntry | None, bool]:
         """Wait for ``entry`` or a metadata change: (the entry or None, answered quickly)."""
@@ -339,8 +347,7 @@ class LogReader:
             elif not isinstance(exc, BKError):
                 raise exc
         else:
-            with contextlib.suppress(asyncio.CancelledError, BKError):
-                await poll
+            _drop(poll)  # never awaited: awaiting it here could swallow our own cancellation
         quick = got is None and not self._changed.is_set() and (
             loop.time() - t0 < timeout / 10
         )

@@ -43,6 +43,7 @@ from pybk.errors import (
     NoSuchLedgerError,
     RecordTooLargeError,
     TooManyRequestsError,
+    UnexpectedConditionError,
     WriterConflictError,
     fresh_copy,
 )
@@ -158,6 +159,7 @@ class LogWriter:
         self._queued: deque[_Batch] = deque()
         self._rolling = False
         self._roll_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # rolls (and their retention) under way
         self._serial = 0  # batches sealed
         self._acked_serial = 0  # batches acknowledged (in order)
         self._flush_waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
@@ -512,32 +514,44 @@ class LogWriter:
 
     def _begin_roll(self) -> None:
         self._rolling = True
-        self._roll_task = self._loop.create_task(self._roll())
+        task = self._loop.create_task(self._roll())
+        self._roll_task = task
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _roll(self) -> None:
+        """One roll. It owns ``_rolling`` until the next segment is in place; then the
+        queued batches go out (which may begin the next roll) and retention runs."""
         try:
             completed = await self._seal_segment()
             await self._start_segment(completed)
+        except BaseException as exc:
             self._rolling = False
-            self._drain_queue()
+            self._fail(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        self._rolling = False
+        self._drain_queue()
+        try:
             await self._apply_retention()
         except BaseException as exc:
             self._fail(exc)
             if not isinstance(exc, Exception):
                 raise
-        finally:
-            self._rolling = False
 
     def _drain_queue(self) -> None:
         while self._queued and self._lh is not None and not self._rolling:
             self._send(self._queued.popleft())
 
-    async def _seal_segment(self) -> SegmentInfo | None:
-        """Stop writing the current segment: wait for its entries, close its ledger. The
-        completed segment (None when it holds nothing: then it is deleted)."""
+    async def _seal_segment(self) -> SegmentInfo:
+        """Stop writing the current segment: wait for its entries, close its ledger; the
+        segment as completed (``last_entry`` -1 when it holds nothing)."""
         lh, seg = self._lh, self._seg
         if lh is None or seg is None:
-            return None
+            raise UnexpectedConditionError(
+                f"log {self._cat.name!r}: no segment to complete (a roll without a segment)"
+            )
         self._lh = None
         await lh.close()
         if self._error is not None:  # an entry failed (fenced: another writer took over)
@@ -563,9 +577,9 @@ class LogWriter:
             raise fresh_copy(self._error)
 
     async def _wait_roll(self) -> None:
-        task = self._roll_task
-        if task is not None and not task.done():
-            await asyncio.shield(task)
+        """Wait for every roll under way (and the retention each runs after it)."""
+        while self._tasks:
+            await asyncio.wait([asyncio.shield(t) for t in list(self._tasks)])
 
     async def _apply_retention(self) -> None:
         before = plan_retention(self._md, self._cat.now_ms())
@@ -653,16 +667,14 @@ class LogWriter:
                 break
         completed = await self._seal_segment()
         self._seg = None
-        drop = completed is not None and completed.last_entry < 0
+        drop = completed.last_entry < 0  # an empty segment goes
 
         def transform(md: LogMetadata) -> LogMetadata:
-            if completed is not None:
-                md = (md.without_segments([completed.seq]) if drop
-                      else md.replace_segment(completed))
+            md = md.without_segments([completed.seq]) if drop else md.replace_segment(completed)
             return md.with_changes(end_of_stream=md.end_of_stream or end_of_stream)
 
         self._md = await self._cat.update(transform, epoch=self._epoch)
-        if drop and completed is not None:
+        if drop:
             await self._cat.delete_ledger(completed.ledger_id)
 
     async def _release(self) -> None:
@@ -670,12 +682,10 @@ class LogWriter:
         task, self._next = self._next, None
         if task is None:
             return
-        if not task.done():
-            task.cancel()
-        try:
-            lh = await task
-        except (asyncio.CancelledError, Exception):
+        await asyncio.wait([task])  # (a creation cut short would leave its ledger behind)
+        if task.cancelled() or task.exception() is not None:
             return
+        lh = task.result()
         await _abandon_ledger(self._cat, lh)
         if self._error is None:
             self._md = await self._cat.update(
@@ -691,7 +701,7 @@ class LogWriter:
         records already pushed may still be acknowledged."""
         self._closed = True
         self._fail(ClientClosedError(f"log {self._cat.name!r}: the writer was aborted"))
-        for task in (self._roll_task, self._next):
+        for task in (*self._tasks, self._next):
             if task is not None and not task.done():
                 task.cancel()
 
