@@ -23,13 +23,15 @@ a background thread (``pybk.sync``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import os
 import pathlib
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
+from pybk.bookie import BookieConfig
 from pybk.client import Client
 from pybk.cluster import LocalCluster
 from pybk.errors import LockedError, LogExistsError, LogNotFoundError
@@ -41,6 +43,13 @@ __all__ = ["WAL", "AsyncWAL"]
 
 #: file under an embedded WAL's directory that holds its lock (and its holder's pid)
 LOCK_FILE = "LOCK"
+
+
+def embedded_bookie_config() -> BookieConfig:
+    """The embedded WAL's bookies: journal segments made ahead and written in place (each
+    fdatasync then flushes data only: about a fifth more appends per second here, and what
+    ``pybk bookie`` does), 16 MiB each (48 MiB of disk at start for 3 bookies)."""
+    return BookieConfig(journal_preallocate=True, segment_size=16 << 20)
 
 
 class DirectoryLock:
@@ -127,6 +136,10 @@ class AsyncWAL:
         self._own_client = False
         self._log: Log | None = None
         self._writer: LogWriter | None = None
+        #: ``await wal.append(data)``: the record's position once it is durable. A future,
+        #: not a coroutine, so many appends can be in flight without a task each; the open
+        #: writer's own method (no wrapper: it runs once per record)
+        self.append: Callable[[bytes], asyncio.Future[Position]] = self._append_closed
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -137,9 +150,10 @@ class AsyncWAL:
                 self.path.mkdir(parents=True, exist_ok=True)
                 self._lock = DirectoryLock(self.path)
                 self._lock.acquire()
+                options = dict(self._cluster_options)
+                options.setdefault("bookie_config", embedded_bookie_config())
                 self._cluster = LocalCluster(
-                    self.path, self._bookies, client_config=self._client_config,
-                    **self._cluster_options,
+                    self.path, self._bookies, client_config=self._client_config, **options
                 )
                 await self._cluster.start()
                 self._client = self._cluster.client()
@@ -159,6 +173,7 @@ class AsyncWAL:
             self._writer = await self._log.writer(
                 self._writer_options, label=f"pid {os.getpid()}"
             )
+            self.append = self._writer.append
         except BaseException:
             await self._shutdown()
             raise
@@ -167,6 +182,7 @@ class AsyncWAL:
     async def close(self) -> None:
         """Complete the log's segment, stop the bookies (embedded), release the lock."""
         writer, self._writer = self._writer, None
+        self.append = self._append_closed
         try:
             if writer is not None:
                 await writer.close()
@@ -215,9 +231,8 @@ class AsyncWAL:
         """The position of the last record acknowledged (None when the WAL holds none)."""
         return self._w().last_position
 
-    async def append(self, data: bytes) -> Position:
-        """Append one record; returns its position once it is durable."""
-        return await self._w().append(data)
+    def _append_closed(self, data: bytes) -> asyncio.Future[Position]:
+        raise RuntimeError("the WAL is not open (use it in an async with block)")
 
     async def append_many(self, items: Sequence[bytes]) -> list[Position]:
         """Append several records; their positions once all are durable."""
@@ -280,7 +295,7 @@ class WAL:
 
     def append(self, data: bytes) -> Position:
         """Append one record; returns its position once it is durable."""
-        return self._runner.run(self._wal.append(data))
+        return self._runner.run(_append(self._wal, data))  # appended on the loop's thread
 
     def append_many(self, items: Sequence[bytes]) -> list[Position]:
         """Append several records; their positions once all are durable."""
@@ -318,6 +333,10 @@ class WAL:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+async def _append(wal: AsyncWAL, data: bytes) -> Position:
+    return await wal.append(data)
 
 
 async def _open(wal: AsyncWAL) -> AsyncWAL:

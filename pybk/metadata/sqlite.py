@@ -249,7 +249,7 @@ class SqliteMetadataStore(MetadataStore):
                 return version
 
         version = await self._run("create_ledger", create)
-        self._seen[lid] = version
+        self._changed_here(lid, version)
         return metadata.with_changes(version=version)
 
     async def read_ledger(self, ledger_id: int) -> LedgerMetadata:
@@ -287,7 +287,7 @@ class SqliteMetadataStore(MetadataStore):
                 return version
 
         version = await self._run("write_ledger", cas)
-        self._seen[lid] = version
+        self._changed_here(lid, version)
         return metadata.with_changes(version=version)
 
     async def delete_ledger(self, ledger_id: int, expected_version: int | None = None) -> None:
@@ -305,7 +305,7 @@ class SqliteMetadataStore(MetadataStore):
                 _bump(conn)
 
         await self._run("delete_ledger", delete)
-        self._seen[ledger_id] = None
+        self._changed_here(ledger_id, None)
 
     async def list_ledgers(self) -> list[int]:
         def ids(conn: sqlite3.Connection) -> list[int]:
@@ -328,7 +328,7 @@ class SqliteMetadataStore(MetadataStore):
                 return version
 
         version = await self._run("create_value", create)
-        self._seen_values[key] = version
+        self._value_changed_here(key, version)
         return VersionedValue(key, data, version)
 
     async def read_value(self, key: str) -> VersionedValue:
@@ -364,7 +364,7 @@ class SqliteMetadataStore(MetadataStore):
                 return version
 
         version = await self._run("write_value", cas)
-        self._seen_values[key] = version
+        self._value_changed_here(key, version)
         return VersionedValue(key, data, version)
 
     async def delete_value(self, key: str, expected_version: int | None = None) -> None:
@@ -381,7 +381,7 @@ class SqliteMetadataStore(MetadataStore):
                 _bump(conn)
 
         await self._run("delete_value", delete)
-        self._seen_values[key] = None
+        self._value_changed_here(key, None)
 
     async def list_keys(self, prefix: str = "") -> list[str]:
         check_prefix(prefix)
@@ -465,6 +465,19 @@ class SqliteMetadataStore(MetadataStore):
                 return
 
     # -- watches -----------------------------------------------------------------------------
+
+    def _changed_here(self, ledger_id: int, version: int | None) -> None:
+        """A change made through this store: watchers here hear of it at once (the poller
+        only reports versions that differ from what this store last saw, its own writes
+        included)."""
+        self._seen[ledger_id] = version
+        for w in list(self._ledger_watches.get(ledger_id, ())):
+            w.fire()
+
+    def _value_changed_here(self, key: str, version: int | None) -> None:
+        self._seen_values[key] = version
+        for w in list(self._value_watches.get(key, ())):
+            w.fire()
 
     def watch_ledger(self, ledger_id: int, callback: Callable[[int], None]) -> Watch:
         check_ledger_id(ledger_id)

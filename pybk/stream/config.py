@@ -102,8 +102,9 @@ class WriterOptions:
     together) shares an entry and a lone writer waits for nothing. A record above
     ``max_record_bytes`` or a batch whose envelope would exceed ``max_envelope_bytes`` is
     refused (RecordTooLargeError) before anything is sent. ``max_pending_bytes`` bounds the
-    bytes appended but not yet acknowledged (slow bookies cannot make a writer hold
-    unbounded memory): an append beyond it raises TooManyRequestsError.
+    bytes appended but not yet acknowledged, each record counted with its 4 bytes of length
+    (12 with a txid) (slow bookies cannot make a writer hold unbounded memory): an append
+    beyond it raises TooManyRequestsError.
     """
 
     flush_bytes: int = 128 << 10

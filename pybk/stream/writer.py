@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
 from functools import partial
+from itertools import accumulate
 from typing import TYPE_CHECKING, Any
 
 from pybk.errors import (
@@ -68,20 +70,25 @@ _TXID_OVERHEAD = envelope.TXID_OVERHEAD
 
 class _Group:
     """The one future of an ``append_many`` call: collects its records' positions in order
-    (envelopes are acknowledged in order, and records in slot order within one)."""
+    (envelopes are acknowledged in order, and records in slot order within one).
 
-    __slots__ = ("fut", "positions", "remaining")
+    ``set_result`` is the positions list's own ``append`` (a C call per record, like a
+    future's); the writer calls :meth:`complete` once per envelope that held some of them."""
+
+    __slots__ = ("count", "fut", "positions", "set_result")
 
     def __init__(self, fut: asyncio.Future[list[Position]], count: int) -> None:
         self.fut = fut
         self.positions: list[Position] = []
-        self.remaining = count
+        self.count = count
+        self.set_result = self.positions.append
 
-    def add(self, pos: Position) -> None:
-        self.positions.append(pos)
-        self.remaining -= 1
-        if not self.remaining and not self.fut.done():
+    def complete(self) -> None:
+        if len(self.positions) >= self.count and not self.fut.done():
             self.fut.set_result(self.positions)
+
+    def done(self) -> bool:
+        return self.fut.done()
 
     def fail(self, exc: BaseException) -> None:
         if not self.fut.done():
@@ -94,13 +101,14 @@ _Sink = Any  # asyncio.Future[Position] | _Group (checked by class in the hot lo
 class _Batch:
     """Records sealed together: one envelope, one entry."""
 
-    __slots__ = ("max_txid", "nbytes", "records", "serial", "sinks", "txids")
+    __slots__ = ("groups", "max_txid", "nbytes", "records", "serial", "sinks", "txids")
 
     def __init__(self, records: list[bytes], txids: list[int] | None, sinks: list[_Sink],
-                 nbytes: int, max_txid: int, serial: int) -> None:
+                 groups: list[_Group], nbytes: int, max_txid: int, serial: int) -> None:
         self.records = records
         self.txids = txids
         self.sinks = sinks
+        self.groups = groups  # the append_many calls with records here
         self.nbytes = nbytes
         self.max_txid = max_txid
         self.serial = serial
@@ -152,8 +160,8 @@ class LogWriter:
         self._buf: list[bytes] = []
         self._buf_txids: list[int] | None = None
         self._buf_sinks: list[_Sink] = []
+        self._buf_groups: list[_Group] = []  # append_many calls with records in the batch
         self._buf_raw = 0  # the open batch's raw body size (lengths, txids, data)
-        self._buf_data = 0  # its records' bytes
         self._flush_handle: asyncio.Handle | asyncio.TimerHandle | None = None
         # sealed batches waiting for a segment (during a roll)
         self._queued: deque[_Batch] = deque()
@@ -163,14 +171,20 @@ class LogWriter:
         self._serial = 0  # batches sealed
         self._acked_serial = 0  # batches acknowledged (in order)
         self._flush_waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
-        self._pending_bytes = 0
+        self._pending_bytes = 0  # raw bytes of sealed batches not yet acknowledged
+        self._max_pending = options.max_pending_bytes
         self._max_txid = md.max_txid  # highest txid appended (sent or not)
         self._sent_max_txid = md.max_txid  # highest txid pushed to a segment
         self._last_acked: Position | None = md.last_position()
         self._error: BaseException | None = None
+        #: what this writer pushed: entries (envelopes), records, their raw bytes (with the
+        #: 4-12 bytes of length/txid each) and the bytes stored (envelopes, compressed)
+        self.stats = {"entries": 0, "records": 0, "raw_bytes": 0, "stored_bytes": 0}
         self._closed = False
         self._closing = False
         self._ended = md.end_of_stream
+        #: any of error / closing / closed / ended: appends take the checked path
+        self._blocked = self._ended
 
     # -- opening (takeover) ------------------------------------------------------------------
 
@@ -303,6 +317,26 @@ class LogWriter:
         than ``max_record_bytes`` (RecordTooLargeError), its txid is below the log's last one
         (ValueError), too much is pending (TooManyRequestsError), or the writer failed, was
         closed or the log ended."""
+        # the common case in as few steps as possible: it runs once per record
+        if txid is None and data.__class__ is bytes and not self._blocked and (
+                self._buf_txids is None):
+            n = len(data)
+            raw = self._buf_raw + n + _OVERHEAD
+            if (n <= self._max_record and raw <= self._room
+                    and self._pending_bytes + raw <= self._max_pending):
+                fut = self._loop.create_future()
+                buf = self._buf
+                buf.append(data)
+                self._buf_sinks.append(fut)
+                self._buf_raw = raw
+                if raw >= self._flush_bytes or len(buf) >= self._flush_records:
+                    self._seal()
+                elif self._flush_handle is None:
+                    self._schedule_flush()
+                return fut
+        return self._append_checked(data, txid)
+
+    def _append_checked(self, data: bytes, txid: int | None) -> asyncio.Future[Position]:
         if data.__class__ is not bytes:
             if not isinstance(data, bytes | bytearray | memoryview):
                 raise TypeError(f"append() takes bytes, not {type(data).__name__}")
@@ -312,18 +346,25 @@ class LogWriter:
             raise RecordTooLargeError(
                 f"record of {n} bytes is larger than max_record_bytes ({self._max_record})"
             )
-        if self._error is not None or self._closing or self._closed or self._ended:
+        if self._blocked:
             self._check_open()
         if txid is not None:
             self._check_txid(txid, self._max_txid)
-        if self._pending_bytes + n > self._opts.max_pending_bytes:
+        if self._pending_bytes + self._buf_raw + n > self._max_pending:
             raise TooManyRequestsError(
-                f"log {self._cat.name!r}: {self._pending_bytes} bytes appended and not yet "
-                f"acknowledged; max_pending_bytes is {self._opts.max_pending_bytes}"
+                f"log {self._cat.name!r}: {self._pending_bytes + self._buf_raw} bytes appended "
+                f"and not yet acknowledged; max_pending_bytes is {self._max_pending}"
             )
         fut: asyncio.Future[Position] = self._loop.create_future()
         self._add(data, n, txid, fut)
         return fut
+
+    def _schedule_flush(self) -> None:
+        delay = self._opts.flush_delay
+        if delay > 0:
+            self._flush_handle = self._loop.call_later(delay, self._flush_now)
+        else:
+            self._flush_handle = self._loop.call_soon(self._flush_now)
 
     def _add(self, data: bytes, n: int, txid: int | None, sink: _Sink) -> None:
         txids = self._buf_txids
@@ -348,54 +389,88 @@ class LogWriter:
         buf = self._buf
         buf.append(data)
         self._buf_sinks.append(sink)
+        if sink.__class__ is _Group and (not self._buf_groups or self._buf_groups[-1] is not sink):
+            self._buf_groups.append(sink)
         self._buf_raw += widen + size
-        self._buf_data += n
-        self._pending_bytes += n
         if self._buf_raw >= self._flush_bytes or len(buf) >= self._flush_records:
             self._seal()
         elif self._flush_handle is None:
-            delay = self._opts.flush_delay
-            if delay > 0:
-                self._flush_handle = self._loop.call_later(delay, self._flush_now)
-            else:
-                self._flush_handle = self._loop.call_soon(self._flush_now)
+            self._schedule_flush()
 
-    async def append_many(
+    def append_many(
         self, records: Sequence[bytes], txids: Sequence[int | None] | None = None
-    ) -> list[Position]:
-        """Add several records; their positions once all are durable. Every record and txid
-        is checked before any is queued: a bad one refuses the whole call."""
+    ) -> asyncio.Future[list[Position]]:
+        """Add several records: ``await w.append_many([...])`` is their positions once all
+        are durable. Every record and txid is checked before any is queued: a bad one
+        refuses the whole call (raised here). A future, not a coroutine, as for append."""
         items = list(records)
-        for i, item in enumerate(items):
-            if not isinstance(item, bytes | bytearray | memoryview):
-                raise TypeError(f"append_many() takes bytes, item {i} is {type(item).__name__}")
-            if len(item) > self._max_record:
-                raise RecordTooLargeError(
-                    f"record {i} of {len(item)} bytes is larger than max_record_bytes "
-                    f"({self._max_record})"
-                )
-        ids: list[int | None] = [None] * len(items) if txids is None else list(txids)
-        if len(ids) != len(items):
-            raise ValueError(f"{len(items)} records but {len(ids)} txids")
-        floor = self._max_txid
-        for t in ids:
-            if t is not None:
-                floor = self._check_txid(t, floor)
+        if not set(map(type, items)) <= {bytes}:  # the common case checked at C speed
+            for i, item in enumerate(items):
+                if not isinstance(item, bytes | bytearray | memoryview):
+                    raise TypeError(
+                        f"append_many() takes bytes, item {i} is {type(item).__name__}"
+                    )
+            items = [b if b.__class__ is bytes else bytes(b) for b in items]
+        if items and max(map(len, items)) > self._max_record:
+            i = next(i for i, b in enumerate(items) if len(b) > self._max_record)
+            raise RecordTooLargeError(
+                f"record {i} of {len(items[i])} bytes is larger than max_record_bytes "
+                f"({self._max_record})"
+            )
+        if txids is not None:
+            ids = list(txids)
+            if len(ids) != len(items):
+                raise ValueError(f"{len(items)} records but {len(ids)} txids")
+            floor = self._max_txid
+            for t in ids:
+                if t is not None:
+                    floor = self._check_txid(t, floor)
         self._check_open()
         total = sum(map(len, items))
-        if self._pending_bytes + total > self._opts.max_pending_bytes:
+        pending = self._pending_bytes + self._buf_raw
+        if pending + total > self._max_pending:
             raise TooManyRequestsError(
-                f"log {self._cat.name!r}: {self._pending_bytes} bytes pending, {total} more "
-                f"would pass max_pending_bytes ({self._opts.max_pending_bytes})"
+                f"log {self._cat.name!r}: {pending} bytes pending, {total} more "
+                f"would pass max_pending_bytes ({self._max_pending})"
             )
         fut: asyncio.Future[list[Position]] = self._loop.create_future()
         if not items:
-            return []
+            fut.set_result([])
+            return fut
         group = _Group(fut, len(items))
-        for item, t in zip(items, ids, strict=True):
-            data = item if item.__class__ is bytes else bytes(item)
-            self._add(data, len(data), t, group)
-        return await fut
+        if txids is None and self._buf_txids is None:
+            self._add_many(items, group)
+        else:
+            for data, t in zip(items, ids if txids is not None else [None] * len(items),
+                               strict=True):
+                self._add(data, len(data), t, group)
+        return fut
+
+    def _add_many(self, items: list[bytes], group: _Group) -> None:
+        """Records without txids, in runs that fit the open batch (found by bisecting the
+        running total of their sizes: no per-record Python step but the list copies)."""
+        # cum[j]: raw size of records 0..j-1, each with its 4-byte length
+        cum = list(accumulate(map(_OVERHEAD.__add__, map(len, items)), initial=0))
+        i, n = 0, len(items)
+        while i < n:
+            room = min(self._room, self._flush_bytes) - self._buf_raw
+            fits = bisect_right(cum, cum[i] + room) - 1  # records i..fits-1 fit
+            fits = min(fits, i + self._flush_records - len(self._buf))
+            if fits <= i:
+                if self._buf:
+                    self._seal()
+                    continue
+                fits = i + 1  # a lone record larger than flush_bytes (but within room)
+            self._buf.extend(items[i:fits])
+            self._buf_sinks.extend([group] * (fits - i))
+            if not self._buf_groups or self._buf_groups[-1] is not group:
+                self._buf_groups.append(group)
+            self._buf_raw += cum[fits] - cum[i]
+            i = fits
+            if self._buf_raw >= self._flush_bytes or len(self._buf) >= self._flush_records:
+                self._seal()
+        if self._buf and self._flush_handle is None:
+            self._schedule_flush()
 
     # -- sealing and sending -----------------------------------------------------------------
 
@@ -412,10 +487,11 @@ class LogWriter:
         if not self._buf:
             return
         self._serial += 1
-        batch = _Batch(self._buf, self._buf_txids, self._buf_sinks, self._buf_data,
-                       self._max_txid, self._serial)
-        self._buf, self._buf_txids, self._buf_sinks = [], None, []
-        self._buf_raw = self._buf_data = 0
+        batch = _Batch(self._buf, self._buf_txids, self._buf_sinks, self._buf_groups,
+                       self._buf_raw, self._max_txid, self._serial)
+        self._pending_bytes += self._buf_raw
+        self._buf, self._buf_txids, self._buf_sinks, self._buf_groups = [], None, [], []
+        self._buf_raw = 0
         if self._rolling or self._queued or self._lh is None:
             self._queued.append(batch)
         else:
@@ -435,6 +511,11 @@ class LogWriter:
             self._fail(exc)
             return
         self._sent_max_txid = batch.max_txid
+        stats = self.stats
+        stats["entries"] += 1
+        stats["records"] += count
+        stats["raw_bytes"] += batch.nbytes
+        stats["stored_bytes"] += len(data)
         self._seg_records += count
         self._seg_entries += 1
         self._seg_bytes += len(data)
@@ -453,15 +534,20 @@ class LogWriter:
             self._fail(exc)
             return
         eid = fut.result()
-        pos = None
-        group_cls = _Group
-        for slot, sink in enumerate(batch.sinks):
-            pos = _new_tuple(Position, (seq, eid, slot))
-            if sink.__class__ is group_cls:
-                sink.add(pos)
-            elif not sink.done():
-                sink.set_result(pos)
-        self._last_acked = pos
+        sinks = batch.sinks
+        new, pos_cls = _new_tuple, Position
+        slot = 0
+        try:  # once per record: no per-record branch (a _Group has set_result too)
+            for slot, sink in enumerate(sinks):
+                sink.set_result(new(pos_cls, (seq, eid, slot)))
+        except asyncio.InvalidStateError:  # a future its caller cancelled: skip it
+            for later in range(slot + 1, len(sinks)):
+                sink = sinks[later]
+                if not sink.done():
+                    sink.set_result(new(pos_cls, (seq, eid, later)))
+        for group in batch.groups:
+            group.complete()
+        self._last_acked = new(pos_cls, (seq, eid, len(sinks) - 1))
         self._acked_serial = batch.serial
         waiters = self._flush_waiters
         while waiters and waiters[0][0] <= batch.serial:
@@ -475,12 +561,12 @@ class LogWriter:
         if self._error is None:
             self._error = exc
             log.info("log %s: writer failed: %r", self._cat.name, exc)
+        self._blocked = True
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
         sinks, self._buf_sinks = self._buf_sinks, []
-        self._pending_bytes -= self._buf_data
-        self._buf, self._buf_txids, self._buf_raw, self._buf_data = [], None, 0, 0
+        self._buf, self._buf_txids, self._buf_raw, self._buf_groups = [], None, 0, []
         _fail_sinks(sinks, exc)
         while self._queued:
             batch = self._queued.popleft()
@@ -628,7 +714,7 @@ class LogWriter:
         """Flush, complete the segment and mark the log ended: later appends (by any writer)
         raise EndOfStreamError; readers stop once they read everything before the mark."""
         self._check_open()
-        self._closing = True
+        self._closing = self._blocked = True
         try:
             await self._finish(end_of_stream=True)
             self._ended = True
@@ -644,7 +730,7 @@ class LogWriter:
         ledger made ahead. A failed writer (e.g. fenced by a newer one) closes locally."""
         if self._closed or self._closing:
             return
-        self._closing = True
+        self._closing = self._blocked = True
         try:
             if self._error is None and not self._ended:
                 await self._finish(end_of_stream=False)
@@ -699,7 +785,7 @@ class LogWriter:
         """Stop at once, as if the process died: nothing is completed or released (the next
         writer recovers the segment). Records not yet sent fail with ClientClosedError;
         records already pushed may still be acknowledged."""
-        self._closed = True
+        self._closed = self._blocked = True
         self._fail(ClientClosedError(f"log {self._cat.name!r}: the writer was aborted"))
         for task in (*self._tasks, self._next):
             if task is not None and not task.done():
@@ -721,9 +807,12 @@ class LogWriter:
         only while no ledger takes them."""
         assert len(self._buf) == len(self._buf_sinks)
         assert self._buf_txids is None or len(self._buf_txids) == len(self._buf)
+        assert {id(g) for g in self._buf_groups} == {
+            id(x) for x in self._buf_sinks if x.__class__ is _Group}
         per = _OVERHEAD + (0 if self._buf_txids is None else _TXID_OVERHEAD)
-        assert self._buf_data == sum(map(len, self._buf))
-        assert self._buf_raw == self._buf_data + per * len(self._buf)
+        assert self._buf_raw == sum(map(len, self._buf)) + per * len(self._buf)
+        assert self._blocked == (self._error is not None or self._closing or self._closed
+                                 or self._ended)
         assert self._acked_serial <= self._serial
         assert not self._queued or self._rolling or self._lh is None or self._error is not None
 

@@ -618,6 +618,28 @@ async def check_values_watch(backend: MetadataBackend) -> None:
     assert set(fired) == {"w/k"} and cancelled == [], (fired, cancelled)
 
 
+async def check_watches_fire_for_changes_made_through_the_same_store(
+    backend: MetadataBackend,
+) -> None:
+    store = await backend.open()
+    lid = await store.allocate_ledger_id()
+    md = await store.create_ledger(sample_metadata(lid))
+    await store.create_value("mine", b"0")
+    ledger_event, value_event = asyncio.Event(), asyncio.Event()
+    lw = store.watch_ledger(lid, lambda _lid: ledger_event.set())
+    vw = store.watch_value("mine", lambda _key: value_event.set())
+    await store.list_keys()  # let a polling backend take its baseline
+    await store.write_ledger(md.with_changes(state=IN_RECOVERY), md.version)
+    await store.update_value("mine", lambda cur: b"1")
+    await _wait_event(ledger_event, backend.bound, "a ledger watch after this store's own write")
+    await _wait_event(value_event, backend.bound, "a value watch after this store's own write")
+    value_event.clear()
+    await store.delete_value("mine")
+    await _wait_event(value_event, backend.bound, "a value watch after this store's own delete")
+    lw.cancel()
+    vw.cancel()
+
+
 async def check_values_bad_arguments(backend: MetadataBackend) -> None:
     store = await backend.open()
     bad_keys: list[object] = ["", "/a", "a/", "a//b", "a/../b", ".", "a/./b", "sp ace", "é",
@@ -678,6 +700,7 @@ CHECKS: list[Callable[[MetadataBackend], Awaitable[None]]] = [
     check_values_update_loop_under_concurrent_updaters,
     check_values_list_by_prefix,
     check_values_watch,
+    check_watches_fire_for_changes_made_through_the_same_store,
     check_values_bad_arguments,
 ]
 

@@ -90,7 +90,11 @@ class LogMachine(RuleBasedStateMachine):
     def append_many(self, n: int) -> None:
         self._settle_inflight()
         items = [self._data() for _ in range(n)]
-        positions = self.run(self.writer.append_many(items))
+
+        async def go() -> list[Position]:
+            return await self.writer.append_many(items)
+
+        positions = self.run(go())
         for data, pos in zip(items, positions, strict=True):
             self._acked(data, pos)
 
@@ -232,8 +236,9 @@ class LogMachine(RuleBasedStateMachine):
 
         async def close() -> None:
             await asyncio.gather(self.tail, return_exceptions=True)
-            await asyncio.gather(*self.stale, return_exceptions=True)
             await self.writer.abort()
+            await asyncio.gather(*self.stale, *(f for _, f in self.inflight),
+                                 return_exceptions=True)
             await self.cluster.close()
 
         try:

@@ -274,7 +274,7 @@ async def test_size_limits_are_checked_before_anything_is_sent() -> None:
 async def test_pending_bytes_are_bounded() -> None:
     async with mem_cluster() as cluster:
         log = await cluster.client().namespace().create_log("l")
-        w = await log.writer(max_pending_bytes=3000)
+        w = await log.writer(max_pending_bytes=3012)  # 3 records and their 4-byte lengths
         hold = cluster.transport.hooks.hold(op=Op.ADD)
         futs = [w.append(bytes(1000)) for _ in range(3)]
         with pytest.raises(TooManyRequestsError, match="max_pending_bytes"):
