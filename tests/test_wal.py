@@ -118,3 +118,13 @@ def test_bad_input(tmp_path: Path) -> None:
         with pytest.raises(TypeError):
             wal.append("text")  # type: ignore[arg-type]
         assert wal.append(bytes(1000)) == Position(1, 0, 0)
+
+
+def test_the_kv_example_runs_and_rebuilds_its_state(tmp_path: Path) -> None:
+    example = Path(__file__).parents[1] / "examples" / "wal_kv.py"
+    outputs = [subprocess.run([sys.executable, str(example), str(tmp_path)], capture_output=True,
+                              text=True, timeout=120, check=True).stdout for _ in range(2)]
+    assert "run 1:" in outputs[0] and "run 2:" in outputs[1]
+    assert "reopened: the same" in outputs[1]
+    first_keys = outputs[0].split("run 1: ")[1].split(" keys")[0]
+    assert f"{first_keys} keys after start-up" in outputs[1]  # the second run found them
