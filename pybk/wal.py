@@ -24,14 +24,16 @@ a background thread (``pybk.sync``).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import fcntl
 import os
 import pathlib
+import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
-from pybk.bookie import BookieConfig
 from pybk.client import Client
 from pybk.cluster import LocalCluster
 from pybk.errors import LockedError, LogExistsError, LogNotFoundError
@@ -45,10 +47,13 @@ __all__ = ["WAL", "AsyncWAL"]
 LOCK_FILE = "LOCK"
 
 
-def embedded_bookie_config() -> BookieConfig:
-    """The embedded WAL's bookies: journal segments made ahead and written in place (each
-    fdatasync then flushes data only: about a fifth more appends per second here, and what
-    ``pybk bookie`` does), 16 MiB each (48 MiB of disk at start for 3 bookies)."""
+def embedded_bookie_config() -> Any:
+    """The embedded WAL's bookies (a ``pybk.bookie.BookieConfig``): journal segments made
+    ahead and written in place (each fdatasync then flushes data only: about a fifth more
+    appends per second here, and what ``pybk bookie`` does), 16 MiB each (48 MiB of disk at
+    start for 3 bookies)."""
+    from pybk.bookie import BookieConfig
+
     return BookieConfig(journal_preallocate=True, segment_size=16 << 20)
 
 
@@ -294,8 +299,24 @@ class WAL:
         return self._wal.log
 
     def append(self, data: bytes) -> Position:
-        """Append one record; returns its position once it is durable."""
-        return self._runner.run(_append(self._wal, data))  # appended on the loop's thread
+        """Append one record; returns its position once it is durable.
+
+        One hop to the loop's thread and one back (no task: the writer's future is chained
+        to a thread-safe one), since a lone writer's latency is mostly hops and fsyncs."""
+        if threading.current_thread() is self._runner.thread:
+            raise RuntimeError("pybk.WAL called from its own event loop thread")
+        done: concurrent.futures.Future[Position] = concurrent.futures.Future()
+
+        def start() -> None:
+            try:
+                fut = self._wal.append(data)
+            except BaseException as exc:
+                done.set_exception(exc)
+                return
+            fut.add_done_callback(partial(_chain, done))
+
+        self._runner.loop.call_soon_threadsafe(start)
+        return done.result()
 
     def append_many(self, items: Sequence[bytes]) -> list[Position]:
         """Append several records; their positions once all are durable."""
@@ -335,8 +356,13 @@ class WAL:
         self.close()
 
 
-async def _append(wal: AsyncWAL, data: bytes) -> Position:
-    return await wal.append(data)
+def _chain(done: concurrent.futures.Future[Position], fut: asyncio.Future[Position]) -> None:
+    if fut.cancelled():
+        done.cancel()
+    elif fut.exception() is not None:
+        done.set_exception(fut.exception())
+    else:
+        done.set_result(fut.result())
 
 
 async def _open(wal: AsyncWAL) -> AsyncWAL:

@@ -237,3 +237,26 @@ async def test_read_ahead_is_bounded() -> None:
         await task
         assert got == list(ps)
         assert 4 <= peak <= 8, peak
+
+
+def test_synchronous_logs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import pybk
+
+    with pybk.sync.LocalCluster(tmp_path) as cluster:
+        ns = cluster.client().namespace("sync")
+        log = ns.create_log("l", roll_entries=2)
+        assert ns.list_logs() == ["l"]
+        with log.writer() as w:
+            ps = [w.append(b"%d" % i) for i in range(5)] + w.append_many([b"x", b"y"])
+            w.flush()
+        got = list(log.reader(stop_at=ps[-1]))
+        assert [r.position for r in got] == ps
+        assert [r.data for r in got] == [b"0", b"1", b"2", b"3", b"4", b"x", b"y"]
+        assert log.last_position() == ps[-1] and log.first_position() == ps[0]
+        log.truncate(ps[2])
+        with log.reader(stop_at=ps[-1]) as reader:
+            first = reader.read_batch(100)  # what the first read brought (up to 100)
+            assert first and [r.position for r in first] == ps[2:2 + len(first)]
+            assert [r.position for r in reader] == ps[2 + len(first):]
+        ns.delete_log("l")
+        assert ns.list_logs() == []
