@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from stream_kit import MetaOps, mem_cluster, until
 
 from pybk import (
@@ -336,3 +338,47 @@ async def test_a_writer_that_cannot_write_fails_its_records_never_hangs() -> Non
         with pytest.raises(type(results[0])):
             w.append(b"after")
         await w.close()
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 900), min_size=1,
+                                                  max_size=30)), min_size=1, max_size=8),
+       st.integers(200, 3000), st.integers(1, 12))
+def test_batches_respect_the_limits_and_keep_order(
+        calls: list[tuple[bool, list[int]]], flush_bytes: int, flush_records: int) -> None:
+    """Records appended one by one and in append_many calls, of any sizes: positions
+    strictly increase in call order, every envelope holds at most flush_records records and
+    max_envelope_bytes bytes, and everything reads back."""
+
+    async def go() -> None:
+        async with mem_cluster() as cluster:
+            log = await cluster.client().namespace().create_log("l")
+            w = await log.writer(flush_bytes=flush_bytes, flush_records=flush_records,
+                                 max_record_bytes=1000, max_envelope_bytes=2048)
+            futs: list[asyncio.Future[object]] = []
+            expected: list[bytes] = []
+            for many, sizes in calls:
+                items = [bytes([len(expected) % 251]) * n for n in sizes]
+                expected += items
+                if many:
+                    futs.append(w.append_many(items))  # type: ignore[arg-type]
+                else:
+                    futs += [w.append(b) for b in items]  # type: ignore[misc]
+                w._check()
+            done = await asyncio.gather(*futs)
+            positions: list[Position] = []
+            for d in done:
+                positions += d if isinstance(d, list) else [d]
+            assert positions == sorted(set(positions)) and len(positions) == len(expected)
+            per_entry: dict[int, int] = {}
+            for p in positions:
+                per_entry[p.entry] = per_entry.get(p.entry, 0) + 1
+            assert max(per_entry.values()) <= flush_records
+            assert w.stats["stored_bytes"] <= 2048 * w.stats["entries"]
+            await w.close()
+            got = [r async for r in log.reader(stop_at=positions[-1])]
+            assert [r.data for r in got] == expected
+            assert [r.position for r in got] == positions
+
+    asyncio.run(go())
