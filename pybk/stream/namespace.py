@@ -7,7 +7,7 @@ listing a namespace is one prefix listing and every change is a compare-and-set.
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import random
 import re
 import time
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from pybk.client import Client
 
 __all__ = ["Namespace", "check_name"]
+
+log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
 
@@ -146,8 +148,11 @@ class Namespace:
                     continue
             for seg in md.segments:
                 if seg.in_progress:  # fence it: its writer's next add fails at once
-                    with contextlib.suppress(BKError):
+                    try:
                         await self.client.open_ledger(seg.ledger_id, recovery=True)
+                    except BKError as exc:  # the deletion goes on; the writer fails later
+                        log.info("delete_log %s: could not fence ledger %d: %s", name,
+                                 seg.ledger_id, exc)
             for lid in [s.ledger_id for s in md.segments] + list(md.allocated):
                 await cat.delete_ledger(lid)
             try:

@@ -639,7 +639,17 @@ class LogWriter:
                 f"log {self._cat.name!r}: no segment to complete (a roll without a segment)"
             )
         self._lh = None
-        await lh.close()
+        try:
+            await lh.close()
+        except BKError as exc:
+            # e.g. the ledger was recovered and closed elsewhere: say so if the log moved on
+            current = await self._cat.read()
+            if current.epoch != self._epoch:
+                raise LedgerFencedError(
+                    f"log {self._cat.name!r}: another writer ({current.writer or 'unnamed'}, "
+                    f"epoch {current.epoch}) took the log over from this one"
+                ) from exc
+            raise
         if self._error is not None:  # an entry failed (fenced: another writer took over)
             raise fresh_copy(self._error)
         if lh.last_add_confirmed < 0:
