@@ -833,7 +833,18 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
 
 
 async def _abandon_ledger(cat: LogCatalog, lh: LedgerHandle) -> None:
-    """A ledger made for a segment that never made it into the metadata: delete it."""
+    """A ledger this writer made and no longer needs (a segment that never made it into the
+    metadata, a ledger made ahead): delete it, unless a segment names it after all (a CAS
+    whose reply was lost, "outcome unknown", may have been applied). Deleting one still
+    listed in ``allocated`` is harmless: whoever clears the list deletes it again."""
+    try:
+        md = await cat.read()
+    except BKError as exc:
+        log.warning("log %s: cannot tell whether ledger %d is in use (%s); keeping it",
+                    cat.name, lh.id, exc)
+        return
+    if any(s.ledger_id == lh.id for s in md.segments):
+        return
     try:
         await lh.close()
     except NoSuchLedgerError:
