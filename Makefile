@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/ledger_append.py
 	$(PY) benchmarks/tcp_append.py
 	$(PY) benchmarks/checkpoint.py
+	$(PY) benchmarks/wal_append.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

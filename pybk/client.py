@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import random
 import ssl
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from pybk.errors import (
     ClientClosedError,
@@ -30,6 +30,9 @@ from pybk.replication.reader import LedgerEntry, ReadHandle, read_lac_covered
 from pybk.replication.recovery import recover
 from pybk.replication.writer import LedgerHandle
 from pybk.transport.base import Transport
+
+if TYPE_CHECKING:
+    from pybk.stream.namespace import Namespace
 
 __all__ = ["Client", "ClientConfig", "LedgerEntry", "LedgerHandle", "ReadHandle"]
 
@@ -218,6 +221,19 @@ class Client:
     async def list_ledgers(self) -> list[int]:
         """Every ledger id, ascending."""
         return await self._context().store.list_ledgers()
+
+
+    # -- logs ----------------------------------------------------------------------------------
+
+    def namespace(
+        self, name: str = "default", *, clock: Callable[[], float] | None = None
+    ) -> Namespace:
+        """The logs of namespace ``name`` in this client's metadata store (pybk.stream).
+        ``clock``: wall-clock seconds for segment times (retention by age); time.time by
+        default."""
+        from pybk.stream.namespace import Namespace
+
+        return Namespace(self, name, clock=clock, rng=random.Random(self._rng.getrandbits(64)))
 
 
 def _check_password(password: object) -> None:

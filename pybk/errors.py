@@ -190,6 +190,65 @@ class ClientClosedError(BKError):
     status = 24
 
 
+class NoSuchKeyError(BKError):
+    """A key of the metadata store's key/value namespace does not exist."""
+
+    status = 25
+
+
+class KeyExistsError(BKError):
+    """A key of the metadata store's key/value namespace already exists."""
+
+    status = 26
+
+
+class LogNotFoundError(BKError):
+    """The named log does not exist in this namespace (never created, or deleted)."""
+
+    status = 27
+
+
+class LogExistsError(BKError):
+    """A log with this name already exists in the namespace."""
+
+    status = 28
+
+
+class AlreadyTruncatedError(BKError):
+    """A reader asked for a position before the log's truncation point: those records are
+    gone (DistributedLog's AlreadyTruncatedTransactionException)."""
+
+    status = 29
+
+
+class EndOfStreamError(BKError):
+    """The log was marked ended (``mark_end_of_stream``): it takes no more records."""
+
+    status = 30
+
+
+class WriterConflictError(BKError):
+    """Another writer opened the log at the same moment and won the race for its writer
+    lock; this one never wrote anything. (A writer that opens *later* fences the earlier one
+    instead, whose appends then fail with LedgerFencedError.)"""
+
+    status = 31
+
+
+class RecordTooLargeError(BKError, ValueError):
+    """A record (or a batch of records) is larger than the log's size limits. Raised before
+    anything is sent; also a ValueError, since the caller passed it."""
+
+    status = 32
+
+
+class LockedError(BKError):
+    """A resource is held by someone else: e.g. an embedded WAL directory opened by another
+    process (the message names the holder)."""
+
+    status = 33
+
+
 _BY_STATUS: dict[int, type[BKError]] = {}
 for _cls in list(globals().values()):
     if isinstance(_cls, type) and issubclass(_cls, BKError) and _cls is not BKError:
@@ -218,6 +277,7 @@ def fresh_copy(exc: BaseException) -> BaseException:
 
 
 __all__ = [
+    "AlreadyTruncatedError",
     "BKError",
     "BadRequestError",
     "BookieStateError",
@@ -225,25 +285,33 @@ __all__ = [
     "ClientClosedError",
     "CorruptRecordError",
     "DigestMismatchError",
+    "EndOfStreamError",
     "EntryExistsError",
     "IOBookieError",
     "JournalFailedError",
+    "KeyExistsError",
     "LedgerClosedError",
     "LedgerExistsError",
     "LedgerFencedError",
     "LedgerRecoveryError",
+    "LockedError",
+    "LogExistsError",
+    "LogNotFoundError",
     "MetadataStoreError",
     "MetadataVersionError",
     "NoSuchEntryError",
+    "NoSuchKeyError",
     "NoSuchLedgerError",
     "NotEnoughBookiesError",
     "ProtocolError",
     "ReadOnlyBookieError",
+    "RecordTooLargeError",
     "TimeoutError",
     "TooManyRequestsError",
     "UnauthorizedError",
     "UnexpectedConditionError",
     "UnknownLedgerStateError",
+    "WriterConflictError",
     "error_for_status",
     "fresh_copy",
 ]

@@ -62,6 +62,16 @@ class Status(enum.IntEnum):
     BOOKIE_STATE = 22
     PROTOCOL_ERROR = 23
     CLIENT_CLOSED = 24
+    # not sent by bookies: the metadata key/value namespace and the log layer (pybk.stream)
+    NO_SUCH_KEY = 25
+    KEY_EXISTS = 26
+    LOG_NOT_FOUND = 27
+    LOG_EXISTS = 28
+    ALREADY_TRUNCATED = 29
+    END_OF_STREAM = 30
+    WRITER_CONFLICT = 31
+    RECORD_TOO_LARGE = 32
+    LOCKED = 33
     GENERIC_ERROR = 100  # BKError itself (no more specific class)
 
 

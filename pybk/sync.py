@@ -38,6 +38,10 @@ class _LoopThread:
         self._thread = threading.Thread(target=self.loop.run_forever, name="pybk-sync", daemon=True)
         self._thread.start()
 
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         if threading.current_thread() is self._thread:
             raise RuntimeError("pybk.sync called from its own event loop thread")
@@ -211,6 +215,12 @@ class Client:
 
     def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
         return self._runner.run(self._c.ledger_metadata(ledger_id))
+
+    def namespace(self, name: str = "default", **kwargs: Any) -> Any:
+        """The logs of a namespace, synchronously (:class:`pybk.stream.sync.SyncNamespace`)."""
+        from pybk.stream.sync import SyncNamespace
+
+        return SyncNamespace(self._runner, self._c.namespace(name, **kwargs))
 
     def close(self) -> None:
         self._runner.run(self._c.close())

@@ -6,9 +6,19 @@ Kept apart from ``base.py`` so the interface module stays a pure contract.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable, Iterable
 
-from pybk.metadata.base import STATES, BookieRegistration, LedgerMetadata, Watch
+from pybk.metadata.base import (
+    MAX_KEY_LENGTH,
+    MAX_VALUE_SIZE,
+    STATES,
+    BookieRegistration,
+    LedgerMetadata,
+    Watch,
+)
+
+_KEY_SEGMENT = re.compile(r"[A-Za-z0-9._:-]+")
 
 
 def check_ledger_id(ledger_id: object) -> int:
@@ -28,6 +38,43 @@ def check_metadata(metadata: object) -> LedgerMetadata:
     if not metadata.ensembles:
         raise ValueError(f"ledger {metadata.ledger_id}: metadata has no ensemble")
     return metadata
+
+
+def check_key(key: object) -> str:
+    """Keys of the key/value namespace: '/'-separated segments of ``[A-Za-z0-9._:-]``, none
+    empty, ``.`` or ``..`` (they become znode paths and SQLite text alike)."""
+    if not isinstance(key, str):
+        raise TypeError(f"key must be a str, not {type(key).__name__}")
+    if not key or len(key) > MAX_KEY_LENGTH:
+        raise ValueError(f"key must have 1 to {MAX_KEY_LENGTH} characters, got {key[:80]!r}")
+    for seg in key.split("/"):
+        if seg in (".", "..") or not _KEY_SEGMENT.fullmatch(seg):
+            raise ValueError(
+                f"bad key {key!r}: segments are non-empty runs of letters, digits and ._:- "
+                f"(not {seg!r})"
+            )
+    return key
+
+
+def check_prefix(prefix: object) -> str:
+    """A listing prefix: ``""`` or a valid key followed by ``/``."""
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a str, not {type(prefix).__name__}")
+    if prefix and (not prefix.endswith("/") or check_key(prefix[:-1]) is None):
+        raise ValueError(f"bad prefix {prefix!r}: expected '' or a key path ending in '/'")
+    return prefix
+
+
+def check_value(key: str, value: object) -> bytes:
+    """Values are bytes of at most MAX_VALUE_SIZE (checked before anything is sent)."""
+    if not isinstance(value, bytes | bytearray | memoryview):
+        raise TypeError(f"value of {key!r} must be bytes, not {type(value).__name__}")
+    data = bytes(value)
+    if len(data) > MAX_VALUE_SIZE:
+        raise ValueError(
+            f"value of {key!r} is {len(data)} bytes, above the {MAX_VALUE_SIZE}-byte limit"
+        )
+    return data
 
 
 def check_bookie_id(bookie_id: object) -> str:

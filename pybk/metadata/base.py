@@ -22,7 +22,7 @@ from typing import Any, Final
 
 import crc32c
 
-from pybk.errors import CorruptRecordError, MetadataVersionError
+from pybk.errors import CorruptRecordError, MetadataVersionError, NoSuchKeyError
 
 OPEN: Final = "OPEN"
 IN_RECOVERY: Final = "IN_RECOVERY"
@@ -146,6 +146,26 @@ class BookieRegistration:
     read_only: bool = False
 
 
+@dataclass(frozen=True)
+class VersionedValue:
+    """One value of the store's key/value namespace, with its version.
+
+    Versions are opaque integers that change on every write and are never reused for a key,
+    not even after it was deleted and created again (so a stale compare-and-set can never
+    succeed on a new incarnation of the key).
+    """
+
+    key: str
+    value: bytes
+    version: int
+
+
+#: Largest value the key/value namespace stores (ZooKeeper's znode limit is about 1 MiB).
+MAX_VALUE_SIZE: Final = 1_000_000
+#: Longest key.
+MAX_KEY_LENGTH: Final = 512
+
+
 class Watch(abc.ABC):
     """Handle of a registered watch; ``cancel()`` stops further callbacks."""
 
@@ -156,6 +176,10 @@ class Watch(abc.ABC):
 #: A transform for :meth:`MetadataStore.update_ledger`: return the new metadata, or ``None``
 #: when no update is needed (the "needs update" predicate is false).
 Transform = Callable[[LedgerMetadata], "LedgerMetadata | None"]
+
+#: A transform for :meth:`MetadataStore.update_value`: the new bytes, or ``None`` when no
+#: update is needed.
+ValueTransform = Callable[[VersionedValue], "bytes | None"]
 
 
 class MetadataStore(abc.ABC):
@@ -278,6 +302,66 @@ class MetadataStore(abc.ABC):
     @abc.abstractmethod
     async def delete_cookie(self, bookie_id: str) -> None:
         """Forget a bookie's cookie (operator action: the bookie's data was deliberately wiped)."""
+
+    # -- key/value namespace (logs; later leases and locks) -------------------------------------
+    #
+    # Keys are '/'-separated paths of segments made of letters, digits and ``._:-`` (no empty
+    # segment, no ``.`` or ``..``), at most MAX_KEY_LENGTH characters; values are bytes of at
+    # most MAX_VALUE_SIZE. A key may have keys below it ("a/b" and "a/b/c" are independent).
+    # Every change goes through compare-and-set on the version, like ledger metadata.
+
+    @abc.abstractmethod
+    async def create_value(self, key: str, value: bytes) -> VersionedValue:
+        """Store ``value`` under a new key; KeyExistsError if the key exists."""
+
+    @abc.abstractmethod
+    async def read_value(self, key: str) -> VersionedValue:
+        """The current value and version; NoSuchKeyError if absent."""
+
+    @abc.abstractmethod
+    async def write_value(
+        self, key: str, value: bytes, expected_version: int
+    ) -> VersionedValue:
+        """Compare-and-set: replace the value only if its version is ``expected_version``
+        (MetadataVersionError otherwise; NoSuchKeyError if the key is gone)."""
+
+    @abc.abstractmethod
+    async def delete_value(self, key: str, expected_version: int | None = None) -> None:
+        """Remove a key (CAS when ``expected_version`` is given); NoSuchKeyError if absent.
+        Keys below it stay."""
+
+    @abc.abstractmethod
+    async def list_keys(self, prefix: str = "") -> list[str]:
+        """Every key starting with ``prefix`` (``""`` or a path ending in ``/``), at any
+        depth, sorted."""
+
+    @abc.abstractmethod
+    def watch_value(self, key: str, callback: Callable[[str], None]) -> Watch:
+        """Call ``callback(key)`` (on the event loop) after the key is created, changed or
+        deleted. Several changes may produce one call; the watcher re-reads."""
+
+    async def update_value(
+        self, key: str, transform: ValueTransform, *, max_attempts: int = 100
+    ) -> VersionedValue:
+        """The read-transform-CAS loop for values (as :meth:`update_ledger` for ledgers):
+        ``transform`` gets the current value and returns the new bytes, or ``None`` for "no
+        update" (the current value is returned). It must be a pure function of its
+        argument; what it raises propagates. NoSuchKeyError if the key does not exist."""
+        last_error: MetadataVersionError | None = None
+        for _ in range(max_attempts):
+            current = await self.read_value(key)
+            new = transform(current)
+            if new is None:
+                return current
+            try:
+                return await self.write_value(key, new, current.version)
+            except MetadataVersionError as exc:
+                last_error = exc
+            except NoSuchKeyError:
+                raise
+        raise MetadataVersionError(
+            f"key {key!r}: gave up after {max_attempts} conflicting updates"
+        ) from last_error
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -27,19 +27,30 @@ from dataclasses import dataclass, field
 
 from pybk.errors import (
     ClientClosedError,
+    KeyExistsError,
     LedgerExistsError,
     MetadataVersionError,
+    NoSuchKeyError,
     NoSuchLedgerError,
 )
 from pybk.metadata._common import (
     CallbackWatch,
     check_bookie_id,
+    check_key,
     check_ledger_id,
     check_metadata,
+    check_prefix,
     check_registration,
+    check_value,
     merge_missing,
 )
-from pybk.metadata.base import BookieRegistration, LedgerMetadata, MetadataStore, Watch
+from pybk.metadata.base import (
+    BookieRegistration,
+    LedgerMetadata,
+    MetadataStore,
+    VersionedValue,
+    Watch,
+)
 
 #: ``before_op(op_name, key)``: awaited before each operation (simulator fault injection).
 BeforeOp = Callable[[str, object], Awaitable[None]]
@@ -55,6 +66,8 @@ class _State:
     bookies: dict[str, tuple[BookieRegistration, int]] = field(default_factory=dict)  # -> owner
     under_replicated: dict[int, list[str]] = field(default_factory=dict)
     cookies: dict[str, bytes] = field(default_factory=dict)
+    values: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # key -> (value, version)
+    value_watches: dict[str, list[CallbackWatch]] = field(default_factory=dict)
     ledger_watches: dict[int, list[CallbackWatch]] = field(default_factory=dict)
     bookie_watches: list[CallbackWatch] = field(default_factory=list)
     session_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -65,6 +78,10 @@ class _State:
 
     def ledger_changed(self, ledger_id: int) -> None:
         for w in list(self.ledger_watches.get(ledger_id, ())):
+            w.fire()
+
+    def value_changed(self, key: str) -> None:
+        for w in list(self.value_watches.get(key, ())):
             w.fire()
 
     def bookies_changed(self) -> None:
@@ -140,6 +157,8 @@ class MemoryMetadataStore(MetadataStore):
             assert reg.bookie_id == b
         for marks in st.under_replicated.values():
             assert marks == sorted(set(marks))
+        for key, (_, version) in st.values.items():
+            assert check_key(key) == key and 0 < version <= st.next_version
 
     # -- plumbing ----------------------------------------------------------------------------
 
@@ -321,6 +340,90 @@ class MemoryMetadataStore(MetadataStore):
         check_bookie_id(bookie_id)
         await self._enter("delete_cookie", bookie_id)
         self._state.cookies.pop(bookie_id, None)
+
+    # -- key/value namespace -------------------------------------------------------------------
+
+    async def create_value(self, key: str, value: bytes) -> VersionedValue:
+        check_key(key)
+        data = check_value(key, value)
+        await self._enter("create_value", key)
+        st = self._state
+        if key in st.values:
+            raise KeyExistsError(f"key {key!r} already exists")
+        version = st.bump_version()
+        st.values[key] = (data, version)
+        st.value_changed(key)
+        await self._applied("create_value", key)
+        return VersionedValue(key, data, version)
+
+    async def read_value(self, key: str) -> VersionedValue:
+        check_key(key)
+        await self._enter("read_value", key)
+        try:
+            data, version = self._state.values[key]
+        except KeyError:
+            raise NoSuchKeyError(f"key {key!r} does not exist") from None
+        return VersionedValue(key, data, version)
+
+    async def write_value(
+        self, key: str, value: bytes, expected_version: int
+    ) -> VersionedValue:
+        check_key(key)
+        data = check_value(key, value)
+        await self._enter("write_value", key)
+        st = self._state
+        try:
+            _, current = st.values[key]
+        except KeyError:
+            raise NoSuchKeyError(f"key {key!r} does not exist") from None
+        if current != expected_version:
+            raise MetadataVersionError(
+                f"key {key!r}: version {expected_version} is stale (store has {current})"
+            )
+        version = st.bump_version()
+        st.values[key] = (data, version)
+        st.value_changed(key)
+        await self._applied("write_value", key)
+        return VersionedValue(key, data, version)
+
+    async def delete_value(self, key: str, expected_version: int | None = None) -> None:
+        check_key(key)
+        await self._enter("delete_value", key)
+        st = self._state
+        try:
+            _, current = st.values[key]
+        except KeyError:
+            raise NoSuchKeyError(f"key {key!r} does not exist") from None
+        if expected_version is not None and current != expected_version:
+            raise MetadataVersionError(
+                f"key {key!r}: version {expected_version} is stale (store has {current})"
+            )
+        del st.values[key]
+        st.value_changed(key)
+        await self._applied("delete_value", key)
+
+    async def list_keys(self, prefix: str = "") -> list[str]:
+        check_prefix(prefix)
+        await self._enter("list_keys", prefix)
+        return sorted(k for k in self._state.values if k.startswith(prefix))
+
+    def watch_value(self, key: str, callback: Callable[[str], None]) -> Watch:
+        check_key(key)
+        watches = self._state.value_watches
+
+        def forget(w: CallbackWatch) -> None:
+            lst = watches.get(key, [])
+            if w in lst:
+                lst.remove(w)
+            if not lst:
+                watches.pop(key, None)
+            if w in self._my_watches:
+                self._my_watches.remove(w)
+
+        w = CallbackWatch(asyncio.get_running_loop(), lambda: callback(key), forget)
+        watches.setdefault(key, []).append(w)
+        self._my_watches.append(w)
+        return w
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -32,20 +32,31 @@ from typing import TypeVar
 from pybk.errors import (
     ClientClosedError,
     CorruptRecordError,
+    KeyExistsError,
     LedgerExistsError,
     MetadataStoreError,
     MetadataVersionError,
+    NoSuchKeyError,
     NoSuchLedgerError,
 )
 from pybk.metadata._common import (
     CallbackWatch,
     check_bookie_id,
+    check_key,
     check_ledger_id,
     check_metadata,
+    check_prefix,
     check_registration,
+    check_value,
     merge_missing,
 )
-from pybk.metadata.base import BookieRegistration, LedgerMetadata, MetadataStore, Watch
+from pybk.metadata.base import (
+    BookieRegistration,
+    LedgerMetadata,
+    MetadataStore,
+    VersionedValue,
+    Watch,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -60,6 +71,8 @@ CREATE TABLE IF NOT EXISTS bookies (
     owner TEXT NOT NULL, expires_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS cookies (bookie_id TEXT PRIMARY KEY, cookie BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS under_replicated (ledger_id INTEGER PRIMARY KEY, missing TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS kv (
+    key TEXT PRIMARY KEY, value BLOB NOT NULL, version INTEGER NOT NULL);
 INSERT OR IGNORE INTO counters VALUES ('next_ledger_id', 0), ('version', 0), ('changes', 0);
 """
 
@@ -121,6 +134,8 @@ class SqliteMetadataStore(MetadataStore):
         self._ledger_watches: dict[int, list[CallbackWatch]] = {}
         self._bookie_watches: list[CallbackWatch] = []
         self._seen: dict[int, int | None] = {}  # ledger id -> last version seen (None = absent)
+        self._value_watches: dict[str, list[CallbackWatch]] = {}
+        self._seen_values: dict[str, int | None] = {}  # key -> last version seen (None = absent)
         #: Completed watch polls (tests wait on it; a gauge for operators).
         self.polls = 0
 
@@ -234,7 +249,7 @@ class SqliteMetadataStore(MetadataStore):
                 return version
 
         version = await self._run("create_ledger", create)
-        self._seen[lid] = version
+        self._changed_here(lid, version)
         return metadata.with_changes(version=version)
 
     async def read_ledger(self, ledger_id: int) -> LedgerMetadata:
@@ -272,7 +287,7 @@ class SqliteMetadataStore(MetadataStore):
                 return version
 
         version = await self._run("write_ledger", cas)
-        self._seen[lid] = version
+        self._changed_here(lid, version)
         return metadata.with_changes(version=version)
 
     async def delete_ledger(self, ledger_id: int, expected_version: int | None = None) -> None:
@@ -290,13 +305,114 @@ class SqliteMetadataStore(MetadataStore):
                 _bump(conn)
 
         await self._run("delete_ledger", delete)
-        self._seen[ledger_id] = None
+        self._changed_here(ledger_id, None)
 
     async def list_ledgers(self) -> list[int]:
         def ids(conn: sqlite3.Connection) -> list[int]:
             return [r[0] for r in conn.execute("SELECT id FROM ledgers ORDER BY id")]
 
         return await self._run("list_ledgers", ids)
+
+    # -- key/value namespace -------------------------------------------------------------------
+
+    async def create_value(self, key: str, value: bytes) -> VersionedValue:
+        check_key(key)
+        data = check_value(key, value)
+
+        def create(conn: sqlite3.Connection) -> int:
+            with _immediate(conn):
+                if conn.execute("SELECT 1 FROM kv WHERE key = ?", (key,)).fetchone():
+                    raise KeyExistsError(f"key {key!r} already exists")
+                version = _bump(conn)
+                conn.execute("INSERT INTO kv VALUES (?, ?, ?)", (key, data, version))
+                return version
+
+        version = await self._run("create_value", create)
+        self._value_changed_here(key, version)
+        return VersionedValue(key, data, version)
+
+    async def read_value(self, key: str) -> VersionedValue:
+        check_key(key)
+
+        def read(conn: sqlite3.Connection) -> tuple[bytes, int] | None:
+            row = conn.execute("SELECT value, version FROM kv WHERE key = ?", (key,)).fetchone()
+            return None if row is None else (bytes(row[0]), int(row[1]))
+
+        row = await self._run("read_value", read)
+        if row is None:
+            raise NoSuchKeyError(f"key {key!r} does not exist")
+        self._seen_values[key] = row[1]
+        return VersionedValue(key, row[0], row[1])
+
+    async def write_value(
+        self, key: str, value: bytes, expected_version: int
+    ) -> VersionedValue:
+        check_key(key)
+        data = check_value(key, value)
+
+        def cas(conn: sqlite3.Connection) -> int:
+            with _immediate(conn):
+                current = _value_version(conn, key)
+                if current != expected_version:
+                    raise MetadataVersionError(
+                        f"key {key!r}: version {expected_version} is stale (store has {current})"
+                    )
+                version = _bump(conn)
+                conn.execute(
+                    "UPDATE kv SET value = ?, version = ? WHERE key = ?", (data, version, key)
+                )
+                return version
+
+        version = await self._run("write_value", cas)
+        self._value_changed_here(key, version)
+        return VersionedValue(key, data, version)
+
+    async def delete_value(self, key: str, expected_version: int | None = None) -> None:
+        check_key(key)
+
+        def delete(conn: sqlite3.Connection) -> None:
+            with _immediate(conn):
+                current = _value_version(conn, key)
+                if expected_version is not None and current != expected_version:
+                    raise MetadataVersionError(
+                        f"key {key!r}: version {expected_version} is stale (store has {current})"
+                    )
+                conn.execute("DELETE FROM kv WHERE key = ?", (key,))
+                _bump(conn)
+
+        await self._run("delete_value", delete)
+        self._value_changed_here(key, None)
+
+    async def list_keys(self, prefix: str = "") -> list[str]:
+        check_prefix(prefix)
+
+        def keys(conn: sqlite3.Connection) -> list[str]:
+            # a range on the primary key: '0' is the character after '/'
+            if not prefix:
+                rows = conn.execute("SELECT key FROM kv ORDER BY key")
+            else:
+                rows = conn.execute(
+                    "SELECT key FROM kv WHERE key >= ? AND key < ? ORDER BY key",
+                    (prefix, prefix[:-1] + "0"),
+                )
+            return [str(r[0]) for r in rows]
+
+        return await self._run("list_keys", keys)
+
+    def watch_value(self, key: str, callback: Callable[[str], None]) -> Watch:
+        check_key(key)
+
+        def forget(w: CallbackWatch) -> None:
+            lst = self._value_watches.get(key, [])
+            if w in lst:
+                lst.remove(w)
+            if not lst:
+                self._value_watches.pop(key, None)
+
+        w = CallbackWatch(asyncio.get_running_loop(), lambda: callback(key), forget)
+        self._value_watches.setdefault(key, []).append(w)
+        self._ensure_poller()
+        return w
 
     # -- bookies -----------------------------------------------------------------------------
 
@@ -350,6 +466,19 @@ class SqliteMetadataStore(MetadataStore):
 
     # -- watches -----------------------------------------------------------------------------
 
+    def _changed_here(self, ledger_id: int, version: int | None) -> None:
+        """A change made through this store: watchers here hear of it at once (the poller
+        only reports versions that differ from what this store last saw, its own writes
+        included)."""
+        self._seen[ledger_id] = version
+        for w in list(self._ledger_watches.get(ledger_id, ())):
+            w.fire()
+
+    def _value_changed_here(self, key: str, version: int | None) -> None:
+        self._seen_values[key] = version
+        for w in list(self._value_watches.get(key, ())):
+            w.fire()
+
     def watch_ledger(self, ledger_id: int, callback: Callable[[int], None]) -> Watch:
         check_ledger_id(ledger_id)
 
@@ -392,19 +521,25 @@ class SqliteMetadataStore(MetadataStore):
         """
         last_changes = -1
         last_bookies: list[BookieRegistration] | None = None
-        while not self._closed and (self._ledger_watches or self._bookie_watches):
+        while not self._closed and (
+            self._ledger_watches or self._bookie_watches or self._value_watches
+        ):
             watched = sorted(self._ledger_watches)
+            keys = sorted(self._value_watches)
             want_bookies = bool(self._bookie_watches)
-            force = any(lid not in self._seen for lid in watched)
+            force = any(lid not in self._seen for lid in watched) or any(
+                k not in self._seen_values for k in keys
+            )
             poll = functools.partial(
                 _poll_changes,
                 watched=watched,
+                keys=keys,
                 force=force,
                 last_changes=last_changes,
                 want_bookies=want_bookies,
             )
             try:
-                changes, versions, bookies = await self._run("watch poll", poll)
+                changes, versions, key_versions, bookies = await self._run("watch poll", poll)
             except ClientClosedError:
                 return
             except (MetadataStoreError, CorruptRecordError) as exc:
@@ -419,6 +554,15 @@ class SqliteMetadataStore(MetadataStore):
                     elif self._seen[lid] != now:
                         self._seen[lid] = now
                         for w in list(self._ledger_watches.get(lid, ())):
+                            w.fire()
+            if key_versions is not None:
+                for key in keys:
+                    now_v = key_versions.get(key)
+                    if key not in self._seen_values:
+                        self._seen_values[key] = now_v
+                    elif self._seen_values[key] != now_v:
+                        self._seen_values[key] = now_v
+                        for w in list(self._value_watches.get(key, ())):
                             w.fire()
             last_changes = changes
             self.polls += 1
@@ -529,6 +673,8 @@ class SqliteMetadataStore(MetadataStore):
             ).fetchone()
             assert max_id is None or max_id < next_id, (max_id, next_id)
             assert max_version is None or max_version <= version, (max_version, version)
+            (max_kv,) = conn.execute("SELECT max(version) FROM kv").fetchone()
+            assert max_kv is None or max_kv <= version, (max_kv, version)
             for lid, missing in conn.execute("SELECT ledger_id, missing FROM under_replicated"):
                 marks = _parse_missing(missing, lid)
                 assert marks == sorted(set(marks)), (lid, marks)
@@ -577,6 +723,9 @@ class SqliteMetadataStore(MetadataStore):
                 w.cancel()
         for bw in list(self._bookie_watches):
             bw.cancel()
+        for vl in list(self._value_watches.values()):
+            for w in list(vl):
+                w.cancel()
 
         def close_conn() -> None:
             if self._conn is not None:
@@ -631,6 +780,13 @@ def _ledger_version(conn: sqlite3.Connection, ledger_id: int) -> int:
     return int(row[0])
 
 
+def _value_version(conn: sqlite3.Connection, key: str) -> int:
+    row = conn.execute("SELECT version FROM kv WHERE key = ?", (key,)).fetchone()
+    if row is None:
+        raise NoSuchKeyError(f"key {key!r} does not exist")
+    return int(row[0])
+
+
 def _live_bookies(conn: sqlite3.Connection) -> list[BookieRegistration]:
     rows = conn.execute(
         "SELECT bookie_id, address, read_only FROM bookies WHERE expires_at > ?"
@@ -657,21 +813,32 @@ def _poll_changes(
     conn: sqlite3.Connection,
     *,
     watched: list[int],
+    keys: list[str],
     force: bool,
     last_changes: int,
     want_bookies: bool,
-) -> tuple[int, dict[int, int] | None, list[BookieRegistration] | None]:
-    """One watch poll: the change counter; versions of watched ledgers only if something
-    changed (or a new watch needs a baseline); the live bookies if anyone watches them."""
+) -> tuple[
+    int, dict[int, int] | None, dict[str, int] | None, list[BookieRegistration] | None
+]:
+    """One watch poll: the change counter; versions of watched ledgers and keys only if
+    something changed (or a new watch needs a baseline); the live bookies if anyone watches
+    them."""
     changes = _counter(conn, "changes")
     versions: dict[int, int] | None = None
-    if watched and (force or changes != last_changes):
-        marks = ",".join("?" * len(watched))
-        versions = dict(
-            conn.execute(f"SELECT id, version FROM ledgers WHERE id IN ({marks})", watched)
-        )
+    key_versions: dict[str, int] | None = None
+    if force or changes != last_changes:
+        if watched:
+            marks = ",".join("?" * len(watched))
+            versions = dict(
+                conn.execute(f"SELECT id, version FROM ledgers WHERE id IN ({marks})", watched)
+            )
+        if keys:
+            marks = ",".join("?" * len(keys))
+            key_versions = dict(
+                conn.execute(f"SELECT key, version FROM kv WHERE key IN ({marks})", keys)
+            )
     bookies = _live_bookies(conn) if want_bookies else None
-    return changes, versions, bookies
+    return changes, versions, key_versions, bookies
 
 
 def _parse_missing(text: str, ledger_id: int) -> list[str]:

@@ -8,10 +8,15 @@ Layout under ``/root`` (see docs/zookeeper.md)::
     bookies/readonly/<bookie>   ephemeral, JSON {"address": ...}
     cookies/<bookie>            the bookie's cookie bytes
     underreplication/ledgers/<same two levels>/urL<id % 10^4>   JSON list of missing bookies
+    kv/<key path>               the key/value namespace: a key's znode holds b"\x01" + value;
+                                nodes made only as parents of deeper keys hold b""
 
 Ledger metadata versions are znode versions (CAS = ``set(..., version=v)``). Ids are never
 reused by the allocator, so a re-created ledger's restarted znode version cannot be confused
-with an old one.
+with an old one. Key/value versions are the znode's ``mzxid`` (the zxid of its last change,
+unique across the ensemble): a znode's own version restarts at 0 when a key is deleted and
+created again, and a stale compare-and-set must never succeed on the new key. A CAS reads the
+node, compares its mzxid and writes with the node's own version (a change in between fails it).
 
 Threads: kazoo runs its own threads. Operations use kazoo's async API and are bridged to the
 event loop with ``call_soon_threadsafe``; no operation blocks the loop. Watch and session
@@ -52,20 +57,31 @@ from kazoo.recipe.watchers import ChildrenWatch, DataWatch
 from pybk.errors import (
     ClientClosedError,
     CorruptRecordError,
+    KeyExistsError,
     LedgerExistsError,
     MetadataStoreError,
     MetadataVersionError,
+    NoSuchKeyError,
     NoSuchLedgerError,
 )
 from pybk.metadata._common import (
     CallbackWatch,
     check_bookie_id,
+    check_key,
     check_ledger_id,
     check_metadata,
+    check_prefix,
     check_registration,
+    check_value,
     merge_missing,
 )
-from pybk.metadata.base import BookieRegistration, LedgerMetadata, MetadataStore, Watch
+from pybk.metadata.base import (
+    BookieRegistration,
+    LedgerMetadata,
+    MetadataStore,
+    VersionedValue,
+    Watch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +89,9 @@ log = logging.getLogger(__name__)
 _IDEMPOTENT = frozenset({"get", "get_children", "exists"})
 
 _UNSEEN: Any = object()  # "no version known yet" (None means "the ledger does not exist")
+
+#: First byte of a key's znode data (parents made by ``makepath`` hold b"").
+_KEY_MARK = b"\x01"
 
 
 @dataclass
@@ -149,6 +168,9 @@ class ZooKeeperMetadataStore(MetadataStore):
         self._ledger_watches: dict[int, list[CallbackWatch]] = {}
         self._bookie_watches: list[CallbackWatch] = []
         self._seen: dict[int, int | None] = {}
+        self._value_watches: dict[str, list[CallbackWatch]] = {}
+        self._value_recipes: dict[str, _LedgerRecipe] = {}
+        self._seen_values: dict[str, int | None] = {}
         self._pending_recipes: list[Callable[[], Any]] = []  # watches made before connecting
         self._ledger_recipes: dict[int, _LedgerRecipe] = {}
         self._bookie_recipes = False
@@ -202,7 +224,7 @@ class ZooKeeperMetadataStore(MetadataStore):
             def start() -> None:
                 self._zk.start(timeout=self.connect_timeout)
                 for sub in ("ledgers", "bookies/writable", "bookies/readonly", "cookies",
-                            "underreplication/ledgers"):
+                            "underreplication/ledgers", "kv"):
                     self._zk.ensure_path(self._p(*sub.split("/")))
                 if not self._zk.exists(self._p("idgen")):
                     with contextlib.suppress(NodeExistsError):
@@ -261,6 +283,9 @@ class ZooKeeperMetadataStore(MetadataStore):
             self._spawn(self._reregister())
         for watches in list(self._ledger_watches.values()):
             for w in list(watches):
+                w.fire()
+        for vw in list(self._value_watches.values()):
+            for w in list(vw):
                 w.fire()
         for bw in list(self._bookie_watches):
             bw.fire()
@@ -500,6 +525,183 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     async def list_ledgers(self) -> list[int]:
         return [lid for lid, _ in await self._walk("list_ledgers", self._p("ledgers"), "L")]
+
+    # -- key/value namespace ---------------------------------------------------------------------
+
+    def _kv_path(self, key: str) -> str:
+        return self._p("kv", key)
+
+    async def _get_key(self, op: str, key: str) -> tuple[bytes, Any]:
+        """(value, stat) of a key; NoSuchKeyError when absent or only a parent node."""
+        try:
+            data, stat = await self._call(op, "get", self._kv_path(key), expect=(NoNodeError,))
+        except NoNodeError:
+            raise NoSuchKeyError(f"key {key!r} does not exist") from None
+        data = bytes(data or b"")
+        if not data.startswith(_KEY_MARK):
+            raise NoSuchKeyError(f"key {key!r} does not exist")
+        return data[len(_KEY_MARK):], stat
+
+    async def create_value(self, key: str, value: bytes) -> VersionedValue:
+        check_key(key)
+        data = check_value(key, value)
+        path = self._kv_path(key)
+        for _ in range(20):
+            try:
+                _, stat = await self._call(
+                    "create_value", "create", path, _KEY_MARK + data, makepath=True,
+                    include_data=True, expect=(NodeExistsError,),
+                )
+            except NodeExistsError:
+                # a parent node of deeper keys: it becomes this key, by CAS
+                try:
+                    old, stat = await self._call(
+                        "create_value", "get", path, expect=(NoNodeError,)
+                    )
+                except NoNodeError:
+                    continue
+                if bytes(old or b"").startswith(_KEY_MARK):
+                    raise KeyExistsError(f"key {key!r} already exists") from None
+                try:
+                    stat = await self._call(
+                        "create_value", "set", path, _KEY_MARK + data, version=stat.version,
+                        expect=(BadVersionError, NoNodeError),
+                    )
+                except (BadVersionError, NoNodeError):
+                    continue
+            self._seen_values[key] = stat.mzxid
+            return VersionedValue(key, data, stat.mzxid)
+        raise MetadataStoreError(f"could not create key {key!r}: contention")
+
+    async def read_value(self, key: str) -> VersionedValue:
+        check_key(key)
+        data, stat = await self._get_key("read_value", key)
+        self._seen_values[key] = stat.mzxid
+        return VersionedValue(key, data, stat.mzxid)
+
+    async def write_value(
+        self, key: str, value: bytes, expected_version: int
+    ) -> VersionedValue:
+        check_key(key)
+        data = check_value(key, value)
+        _, stat = await self._get_key("write_value", key)
+        if stat.mzxid != expected_version:
+            raise MetadataVersionError(
+                f"key {key!r}: version {expected_version} is stale (store has {stat.mzxid})"
+            )
+        try:
+            new = await self._call(
+                "write_value", "set", self._kv_path(key), _KEY_MARK + data,
+                version=stat.version, expect=(BadVersionError, NoNodeError),
+            )
+        except BadVersionError:
+            raise MetadataVersionError(
+                f"key {key!r}: version {expected_version} is stale (changed meanwhile)"
+            ) from None
+        except NoNodeError:
+            raise NoSuchKeyError(f"key {key!r} does not exist") from None
+        self._seen_values[key] = new.mzxid
+        return VersionedValue(key, data, new.mzxid)
+
+    async def delete_value(self, key: str, expected_version: int | None = None) -> None:
+        check_key(key)
+        path = self._kv_path(key)
+        for _ in range(20):
+            _, stat = await self._get_key("delete_value", key)
+            if expected_version is not None and stat.mzxid != expected_version:
+                raise MetadataVersionError(
+                    f"key {key!r}: version {expected_version} is stale (store has {stat.mzxid})"
+                )
+            try:
+                if stat.numChildren:  # keys below it stay: it becomes a bare parent node
+                    await self._call(
+                        "delete_value", "set", path, b"", version=stat.version,
+                        expect=(BadVersionError, NoNodeError),
+                    )
+                else:
+                    await self._call(
+                        "delete_value", "delete", path, version=stat.version,
+                        expect=(BadVersionError, NoNodeError, NotEmptyError),
+                    )
+            except (BadVersionError, NoNodeError, NotEmptyError):
+                continue  # changed meanwhile: look again (a CAS then fails on the mzxid)
+            self._seen_values[key] = None
+            return
+        raise MetadataStoreError(f"could not delete key {key!r}: contention")
+
+    async def list_keys(self, prefix: str = "") -> list[str]:
+        check_prefix(prefix)
+        found: list[str] = []
+
+        async def walk(rel: str) -> None:
+            base = self._p("kv", rel) if rel else self._p("kv")
+            names = await self._children("list_keys", base)
+
+            async def visit(name: str) -> None:
+                child = f"{rel}/{name}" if rel else name
+                try:
+                    data, _ = await self._call(
+                        "list_keys", "get", f"{base}/{name}", expect=(NoNodeError,)
+                    )
+                except NoNodeError:
+                    return
+                if bytes(data or b"").startswith(_KEY_MARK):
+                    found.append(child)
+                await walk(child)
+
+            await asyncio.gather(*map(visit, names))
+
+        await walk(prefix[:-1])
+        return sorted(found)
+
+    def watch_value(self, key: str, callback: Callable[[str], None]) -> Watch:
+        """One kazoo DataWatch per watched key and store (as for ledgers)."""
+        check_key(key)
+        loop = self._watch_loop()
+
+        def forget(w: CallbackWatch) -> None:
+            lst = self._value_watches.get(key, [])
+            if w in lst:
+                lst.remove(w)
+            if not lst:
+                self._value_watches.pop(key, None)
+                recipe = self._value_recipes.pop(key, None)
+                if recipe is not None:
+                    recipe.stopped = True
+
+        w = CallbackWatch(loop, lambda: callback(key), forget, threadsafe=True)
+        self._value_watches.setdefault(key, []).append(w)
+        recipe = self._value_recipes.get(key)
+        if recipe is None:
+            recipe = _LedgerRecipe(baseline=self._seen_values.get(key, _UNSEEN))
+            self._value_recipes[key] = recipe
+            path = self._kv_path(key)
+            on_data = functools.partial(self._on_value_data, key, recipe)
+            self._add_recipe(lambda: DataWatch(self._zk, path, on_data))
+        elif recipe.version is not _UNSEEN and self._seen_values.get(key, _UNSEEN) not in (
+            _UNSEEN, recipe.version,
+        ):
+            w.fire()
+        return w
+
+    def _on_value_data(
+        self, key: str, recipe: _LedgerRecipe, data: bytes | None, stat: Any, *_: Any
+    ) -> bool:
+        """DataWatch callback (a kazoo thread): a parent-only node counts as absent."""
+        if recipe.stopped:
+            return False
+        is_key = stat is not None and bytes(data or b"").startswith(_KEY_MARK)
+        self._schedule(self._value_event, key, recipe, stat.mzxid if is_key else None)
+        return True
+
+    def _value_event(self, key: str, recipe: _LedgerRecipe, version: int | None) -> None:
+        first = recipe.version is _UNSEEN
+        recipe.version = version
+        if first and recipe.baseline in (_UNSEEN, version):
+            return
+        if not recipe.stopped:
+            for w in list(self._value_watches.get(key, ())):
+                w.fire()
 
     # -- bookies -------------------------------------------------------------------------------
 
@@ -830,6 +1032,9 @@ class ZooKeeperMetadataStore(MetadataStore):
         self._own.clear()
         for watches in list(self._ledger_watches.values()):
             for w in list(watches):
+                w.cancel()
+        for vw in list(self._value_watches.values()):
+            for w in list(vw):
                 w.cancel()
         for bw in list(self._bookie_watches):
             bw.cancel()

@@ -29,8 +29,11 @@ class ClientConfig:
     #: this long (0 disables speculative reads).
     speculative_read_delay: float = 2.0
     #: Send the writer's LAC explicitly (WriteLac) when idle, every this many seconds
-    #: (0 = off). Lets tailing readers see the last entry without waiting for the next add.
-    explicit_lac_interval: float = 0.0
+    #: (0 = off). Lets tailing readers see the last entry without waiting for the next add:
+    #: the piggybacked LAC lags one entry and stops when writes stop, so without it a quiet
+    #: writer's last acknowledged entries stay invisible to readers until recovery. On by
+    #: default, so such entries become visible within about this interval.
+    explicit_lac_interval: float = 0.2
     #: Entries read ahead during recovery (BookKeeper ``recoveryReadBatchSize``).
     recovery_read_batch_size: int = 1
     #: Entries read concurrently by ``read(first, last)``.

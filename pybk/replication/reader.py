@@ -439,7 +439,8 @@ class ReadHandle:
                     if entry_id <= self._lac:
                         return (await self._read(entry_id, entry_id))[0]
         finally:
-            drop_pending(pending)
+            # every reply, also those answered in the same batch as the one returned
+            drop_pending(futures)
         return None
 
     async def tail(self, start: int = 0) -> AsyncGenerator[LedgerEntry, None]:

@@ -4,8 +4,9 @@ In the spirit of ``trio.testing.check_two_way_stream``: you describe how to reac
 with a :class:`MetadataBackend` (open another client on the same store, make a client's owner
 vanish, damage stored bytes), and :func:`run_check` / :func:`run_all` exercise the contract:
 CAS conflicts, the update loop under concurrent updaters, unique ids under concurrency,
-watches, ephemeral registrations, read-only flag, cookies, under-replication marks and the
-serialization round trip including corrupt bytes.
+watches, ephemeral registrations, read-only flag, cookies, under-replication marks, the
+serialization round trip including corrupt bytes, and the key/value namespace (create, CAS,
+delete, versions never reused, listing by prefix, watches, the update loop).
 
 Typical pytest use::
 
@@ -26,13 +27,16 @@ from pathlib import Path
 
 from pybk.errors import (
     CorruptRecordError,
+    KeyExistsError,
     LedgerExistsError,
     MetadataVersionError,
+    NoSuchKeyError,
     NoSuchLedgerError,
 )
 from pybk.metadata.base import (
     CLOSED,
     IN_RECOVERY,
+    MAX_VALUE_SIZE,
     BookieRegistration,
     LedgerMetadata,
     MetadataStore,
@@ -488,6 +492,195 @@ async def check_bad_arguments_are_value_errors(backend: MetadataBackend) -> None
     assert await store.list_ledgers() == []
 
 
+async def _raises(
+    exc: type[BaseException], call: Callable[[], Awaitable[object]], what: str
+) -> None:
+    try:
+        await call()
+    except exc:
+        return
+    raise AssertionError(f"{what} did not raise {exc.__name__}")
+
+
+async def check_values_create_read_cas(backend: MetadataBackend) -> None:
+    a, b = await backend.open(), await backend.open()
+    created = await a.create_value("logs/ns/orders", b"v0")
+    assert (created.key, created.value) == ("logs/ns/orders", b"v0"), created
+    read = await b.read_value("logs/ns/orders")
+    assert (read.value, read.version) == (b"v0", created.version), read
+    await _raises(KeyExistsError, lambda: b.create_value("logs/ns/orders", b"other"),
+                  "creating an existing key")
+    v1 = await b.write_value("logs/ns/orders", b"v1", created.version)
+    assert v1.version != created.version and v1.value == b"v1"
+    await _raises(MetadataVersionError, lambda: a.write_value("logs/ns/orders", b"x",
+                                                              created.version), "a stale CAS")
+    for never in (-1, -7):
+        await _raises(MetadataVersionError, lambda n=never: a.write_value(  # type: ignore[misc]
+            "logs/ns/orders", b"x", n), f"a CAS with version {never}")
+        await _raises(MetadataVersionError, lambda n=never: a.delete_value(  # type: ignore[misc]
+            "logs/ns/orders", n), f"a delete with version {never}")
+    assert (await a.read_value("logs/ns/orders")).value == b"v1"
+    await _raises(NoSuchKeyError, lambda: a.read_value("logs/ns/missing"), "reading a missing key")
+    await _raises(NoSuchKeyError, lambda: a.write_value("logs/ns/missing", b"x", v1.version),
+                  "a CAS on a missing key")
+    await _raises(NoSuchKeyError, lambda: a.delete_value("logs/ns/missing"),
+                  "deleting a missing key")
+    # empty values and binary values round-trip
+    empty = await a.create_value("e", b"")
+    assert (await b.read_value("e")).value == b"" and empty.value == b""
+    blob = bytes(range(256)) * 3
+    await a.write_value("e", blob, empty.version)
+    assert (await b.read_value("e")).value == blob
+    # delete, then create again: the new incarnation's versions are new, a stale CAS fails
+    await _raises(MetadataVersionError, lambda: a.delete_value("logs/ns/orders",
+                                                               created.version), "stale delete")
+    await a.delete_value("logs/ns/orders", v1.version)
+    await _raises(NoSuchKeyError, lambda: b.read_value("logs/ns/orders"), "reading a deleted key")
+    again = await b.create_value("logs/ns/orders", b"again")
+    assert again.version not in (created.version, v1.version), (again, created, v1)
+    for stale in (created.version, v1.version):
+        await _raises(MetadataVersionError, lambda s=stale: a.write_value(  # type: ignore[misc]
+            "logs/ns/orders", b"x", s), "a CAS with a version of the old incarnation")
+    await a.delete_value("logs/ns/orders")
+    await _raises(NoSuchKeyError, lambda: a.read_value("logs/ns/orders"), "reading a deleted key")
+
+
+async def check_values_update_loop_under_concurrent_updaters(backend: MetadataBackend) -> None:
+    stores = [await backend.open() for _ in range(3)]
+    await stores[0].create_value("counter", b"0")
+    per_store, updaters = 4, 3
+
+    def add(amount: int) -> Callable[[object], bytes]:
+        return lambda cur: str(int(cur.value) + amount).encode()  # type: ignore[attr-defined]
+
+    async def bump(store: MetadataStore, amount: int) -> None:
+        for _ in range(per_store):
+            await store.update_value("counter", add(amount))
+
+    await asyncio.gather(*(bump(s, i + 1) for s in stores for i in range(updaters)))
+    final = await stores[1].read_value("counter")
+    assert int(final.value) == len(stores) * per_store * sum(range(1, updaters + 1)), final
+    same = await stores[2].update_value("counter", lambda cur: None)
+    assert same.version == final.version
+    await _raises(NoSuchKeyError, lambda: stores[0].update_value("nope", lambda c: b"x"),
+                  "update_value on a missing key")
+
+
+async def check_values_list_by_prefix(backend: MetadataBackend) -> None:
+    store, other = await backend.open(), await backend.open()
+    assert await store.list_keys() == []
+    keys = ["logs/a/x", "logs/a/y", "logs/a/y/deeper", "logs/b/z", "logs/a.b/q", "logsx", "top"]
+    for k in reversed(keys):
+        await store.create_value(k, k.encode())
+    assert await other.list_keys("logs/a/") == ["logs/a/x", "logs/a/y", "logs/a/y/deeper"]
+    assert await other.list_keys("logs/") == sorted(k for k in keys if k.startswith("logs/"))
+    assert await other.list_keys("") == sorted(keys)
+    assert await other.list_keys("nothing/") == []
+    # a key with keys below it: deleting it leaves them; creating it again works
+    await store.delete_value("logs/a/y")
+    assert await other.list_keys("logs/a/") == ["logs/a/x", "logs/a/y/deeper"]
+    assert (await other.read_value("logs/a/y/deeper")).value == b"logs/a/y/deeper"
+    await _raises(NoSuchKeyError, lambda: other.read_value("logs/a/y"), "reading a deleted key")
+    await other.create_value("logs/a/y", b"back")
+    assert (await store.read_value("logs/a/y")).value == b"back"
+    # a parent that was never a key is not listed and cannot be read
+    await store.create_value("p/q/r", b"1")
+    assert await store.list_keys("p/") == ["p/q/r"]
+    await _raises(NoSuchKeyError, lambda: store.read_value("p/q"), "reading a bare parent path")
+
+
+async def check_values_watch(backend: MetadataBackend) -> None:
+    watcher, writer = await backend.open(), await backend.open()
+    fired: list[str] = []
+    event = asyncio.Event()
+    cancelled: list[str] = []
+
+    def on_change(key: str) -> None:
+        fired.append(key)
+        event.set()
+
+    watch = watcher.watch_value("w/k", on_change)
+    dead = watcher.watch_value("w/k", cancelled.append)
+    dead.cancel()
+    await watcher.list_keys()  # let a polling backend take its baseline
+    created = await writer.create_value("w/k", b"1")
+    await _wait_event(event, backend.bound, "value watch after create")
+    event.clear()
+    seen = await watcher.read_value("w/k")
+    assert seen.version == created.version
+    await writer.write_value("w/k", b"2", seen.version)
+    await _wait_event(event, backend.bound, "value watch after a CAS write")
+    assert (await watcher.read_value("w/k")).value == b"2"
+    event.clear()
+    await writer.delete_value("w/k")
+    await _wait_event(event, backend.bound, "value watch after delete")
+    watch.cancel()
+    assert set(fired) == {"w/k"} and cancelled == [], (fired, cancelled)
+
+
+async def check_watches_fire_for_changes_made_through_the_same_store(
+    backend: MetadataBackend,
+) -> None:
+    store = await backend.open()
+    lid = await store.allocate_ledger_id()
+    md = await store.create_ledger(sample_metadata(lid))
+    await store.create_value("mine", b"0")
+    ledger_event, value_event = asyncio.Event(), asyncio.Event()
+    lw = store.watch_ledger(lid, lambda _lid: ledger_event.set())
+    vw = store.watch_value("mine", lambda _key: value_event.set())
+    await store.list_keys()  # let a polling backend take its baseline
+    await store.write_ledger(md.with_changes(state=IN_RECOVERY), md.version)
+    await store.update_value("mine", lambda cur: b"1")
+    await _wait_event(ledger_event, backend.bound, "a ledger watch after this store's own write")
+    await _wait_event(value_event, backend.bound, "a value watch after this store's own write")
+    value_event.clear()
+    await store.delete_value("mine")
+    await _wait_event(value_event, backend.bound, "a value watch after this store's own delete")
+    lw.cancel()
+    vw.cancel()
+
+
+async def check_values_bad_arguments(backend: MetadataBackend) -> None:
+    store = await backend.open()
+    bad_keys: list[object] = ["", "/a", "a/", "a//b", "a/../b", ".", "a/./b", "sp ace", "é",
+                              "a" * 600, 7, None, b"bytes"]
+    for key in bad_keys:
+        for call in (
+            lambda k=key: store.create_value(k, b"x"),
+            lambda k=key: store.read_value(k),
+            lambda k=key: store.write_value(k, b"x", 1),
+            lambda k=key: store.delete_value(k),
+        ):
+            try:
+                await call()
+            except (ValueError, TypeError) as exc:
+                assert str(exc), "an error without a message"
+            else:
+                raise AssertionError(f"bad key {key!r} accepted")
+    for prefix in ("a", "/", "a//", 3):
+        try:
+            await store.list_keys(prefix)  # type: ignore[arg-type]
+        except (ValueError, TypeError):
+            pass
+        else:
+            raise AssertionError(f"bad prefix {prefix!r} accepted")
+    for value in ("text", 5, None):
+        try:
+            await store.create_value("k", value)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+        else:
+            raise AssertionError(f"value {value!r} accepted")
+    try:
+        await store.create_value("k", bytes(MAX_VALUE_SIZE + 1))
+    except ValueError as exc:
+        assert str(MAX_VALUE_SIZE) in str(exc), exc
+    else:
+        raise AssertionError("an oversized value was accepted")
+    await store.create_value("k", bytes(MAX_VALUE_SIZE))  # the limit itself is fine
+    assert await store.list_keys() == ["k"]
+
+
 CHECKS: list[Callable[[MetadataBackend], Awaitable[None]]] = [
     check_create_read_round_trip,
     check_cas_conflict,
@@ -503,6 +696,12 @@ CHECKS: list[Callable[[MetadataBackend], Awaitable[None]]] = [
     check_under_replication_marks,
     check_corrupt_metadata_is_an_error,
     check_bad_arguments_are_value_errors,
+    check_values_create_read_cas,
+    check_values_update_loop_under_concurrent_updaters,
+    check_values_list_by_prefix,
+    check_values_watch,
+    check_watches_fire_for_changes_made_through_the_same_store,
+    check_values_bad_arguments,
 ]
 
 

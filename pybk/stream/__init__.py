@@ -1,0 +1,33 @@
+"""Logs over chains of ledgers (DistributedLog's model): namespaces, positions, record
+batching, the single writer and tailing readers. The format and semantics are in
+docs/logs.md.
+
+``client.namespace("default")`` gives a :class:`Namespace`; ``await ns.create_log(name)`` /
+``open_log(name)`` a :class:`Log`; ``await log.writer()`` its :class:`LogWriter` and
+``log.reader(start)`` a :class:`LogReader` of :class:`LogRecord` s at :class:`Position` s.
+"""
+
+from pybk.stream.config import LogConfig, ReaderOptions, WriterOptions
+from pybk.stream.log import Log
+from pybk.stream.meta import COMPLETED, IN_PROGRESS, TRUNCATED, LogMetadata, SegmentInfo
+from pybk.stream.namespace import Namespace
+from pybk.stream.position import LogRecord, Position
+from pybk.stream.reader import LogReader
+from pybk.stream.writer import LogWriter
+
+__all__ = [
+    "COMPLETED",
+    "IN_PROGRESS",
+    "TRUNCATED",
+    "Log",
+    "LogConfig",
+    "LogMetadata",
+    "LogReader",
+    "LogRecord",
+    "LogWriter",
+    "Namespace",
+    "Position",
+    "ReaderOptions",
+    "SegmentInfo",
+    "WriterOptions",
+]

@@ -1,0 +1,130 @@
+"""pybk.WAL / pybk.AsyncWAL embedded in this process: durable appends, replay after reopening,
+truncation, the directory lock (this process and another), and bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import pybk
+from pybk import AlreadyTruncatedError, LockedError, Position, RecordTooLargeError
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_append_replay_reopen_truncate(tmp_path: Path) -> None:
+    with pybk.WAL(tmp_path) as wal:
+        assert wal.last_position is None and list(wal.replay()) == []
+        ps = [wal.append(b"rec-%d" % i) for i in range(5)]
+        ps += wal.append_many([b"a", b"b", b"c"])
+        assert ps == sorted(set(ps)) and wal.last_position == ps[-1]
+        assert [d for _, d in wal.replay()] == [b"rec-%d" % i for i in range(5)] + [b"a", b"b",
+                                                                                    b"c"]
+        assert [p for p, _ in wal.replay(ps[6])] == ps[6:]
+    with pybk.WAL(tmp_path) as wal:  # the same bookies and metadata, reopened
+        assert wal.last_position == ps[-1]
+        assert [p for p, _ in wal.replay()] == ps
+        wal.truncate(ps[4])
+        assert [p for p, _ in wal.replay()] == ps[4:]
+        with pytest.raises(AlreadyTruncatedError):
+            list(wal.replay(ps[0]))
+        more = wal.append(b"after")
+        assert more > ps[-1] and more.segment > ps[-1].segment  # a new writer's segment
+    with pybk.WAL(tmp_path) as wal:
+        assert [d for _, d in wal.replay()] == [b"rec-4", b"a", b"b", b"c", b"after"]
+    assert sorted(p.name for p in (tmp_path / "bookies").iterdir()) == [
+        "bookie-0", "bookie-1", "bookie-2"]
+
+
+def test_replay_streams_in_batches(tmp_path: Path) -> None:
+    with pybk.WAL(tmp_path, roll_bytes=5000,
+                  writer_options=pybk.stream.WriterOptions(flush_records=100)) as wal:
+        ps = wal.append_many([b"%05d" % i for i in range(3000)])
+        stream = wal.replay()
+        first = next(stream)
+        assert first == (ps[0], b"00000")
+        assert sum(1 for _ in stream) == 2999
+        assert len({p.segment for p in ps}) > 2
+
+
+async def test_async_wal(tmp_path: Path) -> None:
+    async with pybk.AsyncWAL(tmp_path, compression="zstd") as wal:
+        ps = await asyncio.gather(*(wal.append(b"x%d" % i) for i in range(50)))
+        assert ps == [Position(1, 0, i) for i in range(50)]  # one loop pass: one envelope
+        got = [(p, d) async for p, d in wal.replay()]
+        assert got == [(p, b"x%d" % i) for i, p in enumerate(ps)]
+        await wal.truncate(ps[10])
+        assert wal.cluster is not None and len(wal.cluster.bookie_ids) == 3
+        seg = (await wal.log.segments())[0]
+        md = await wal.cluster.client().ledger_metadata(seg.ledger_id)
+        assert (md.ensemble_size, md.write_quorum, md.ack_quorum) == (3, 3, 2)
+    async with pybk.AsyncWAL(tmp_path) as wal:
+        assert [p async for p, _ in wal.replay()] == ps[10:]
+
+
+def test_a_second_opener_in_this_process_is_refused(tmp_path: Path) -> None:
+    with pybk.WAL(tmp_path), pytest.raises(LockedError, match=r"in use by process \d+"):
+        pybk.WAL(tmp_path)
+    with pybk.WAL(tmp_path) as wal:  # released on close
+        wal.append(b"x")
+
+
+def test_a_second_process_is_refused_with_the_holders_pid(tmp_path: Path) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent("""
+            import sys, pybk
+            with pybk.WAL(sys.argv[1]) as wal:
+                wal.append(b"mine")
+                print("ready", flush=True)
+                sys.stdin.readline()
+        """), str(tmp_path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline().strip() == "ready"
+        with pytest.raises(LockedError, match=f"process {holder.pid}"):
+            pybk.WAL(tmp_path)
+        holder.stdin.write("done\n")
+        holder.stdin.flush()
+        assert holder.wait(60) == 0
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait(10)
+    with pybk.WAL(tmp_path) as wal:
+        assert [d for _, d in wal.replay()] == [b"mine"]
+
+
+def test_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="directory"):
+        pybk.WAL()
+    with pytest.raises(TypeError, match="not both"):
+        pybk.WAL(tmp_path, metadata="memory://")
+    with pytest.raises(ValueError, match="bookies"):
+        pybk.WAL(tmp_path, bookies=2)
+    with pytest.raises(ValueError, match="quorum"):
+        pybk.WAL(tmp_path, write_quorum=4)
+    assert not (tmp_path / "LOCK").exists()  # refused before anything started
+    with pybk.WAL(tmp_path, writer_options=pybk.stream.WriterOptions(
+            max_record_bytes=1000)) as wal:
+        with pytest.raises(RecordTooLargeError):
+            wal.append(bytes(1001))
+        with pytest.raises(TypeError):
+            wal.append("text")  # type: ignore[arg-type]
+        assert wal.append(bytes(1000)) == Position(1, 0, 0)
+
+
+def test_the_kv_example_runs_and_rebuilds_its_state(tmp_path: Path) -> None:
+    example = Path(__file__).parents[1] / "examples" / "wal_kv.py"
+    outputs = [subprocess.run([sys.executable, str(example), str(tmp_path)], capture_output=True,
+                              text=True, timeout=120, check=True).stdout for _ in range(2)]
+    assert "run 1:" in outputs[0] and "run 2:" in outputs[1]
+    assert "reopened: the same" in outputs[1]
+    first_keys = outputs[0].split("run 1: ")[1].split(" keys")[0]
+    assert f"{first_keys} keys after start-up" in outputs[1]  # the second run found them
