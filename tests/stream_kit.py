@@ -15,6 +15,7 @@ from pybk.cluster import LocalCluster
 from pybk.metadata.memory import MemoryMetadataStore
 from pybk.replication.context import ClientConfig
 from pybk.storage.memfs import MemFileSystem
+from pybk.testing import HookedTransport
 
 #: short timeouts; the explicit LAC default (0.2 s) is kept
 FAST = ClientConfig(add_timeout=2.0, read_timeout=2.0, speculative_read_delay=0.0,
@@ -53,6 +54,7 @@ async def mem_cluster(
     bookies: int = 3, *, seed: int = 1, config: ClientConfig = FAST, **kwargs: Any
 ) -> AsyncIterator[LocalCluster]:
     kwargs.setdefault("metadata", MemoryMetadataStore())
+    kwargs.setdefault("transport_wrapper", HookedTransport)  # cluster.transport.hooks
     cluster = LocalCluster("/cluster", bookies, fs=MemFileSystem(), rng=random.Random(seed),
                            client_config=config, **kwargs)
     async with cluster:

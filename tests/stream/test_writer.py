@@ -252,7 +252,7 @@ async def test_size_limits_are_checked_before_anything_is_sent() -> None:
     async with mem_cluster() as cluster:
         log = await cluster.client().namespace().create_log("l")
         w = await log.writer(max_record_bytes=1000, max_envelope_bytes=4096)
-        sent = cluster.transport.sent
+        sent = cluster.transport.inner.sent
         with pytest.raises(RecordTooLargeError, match="1001 bytes"):
             w.append(bytes(1001))
         with pytest.raises(RecordTooLargeError, match="record 2"):
@@ -263,7 +263,7 @@ async def test_size_limits_are_checked_before_anything_is_sent() -> None:
             w.append("text")  # type: ignore[arg-type]
         for _ in range(3):
             await asyncio.sleep(0)
-        assert cluster.transport.sent == sent and w._buf == []
+        assert cluster.transport.inner.sent == sent and w._buf == []
         ps = await asyncio.gather(*(w.append(bytes(1000)) for _ in range(10)))
         assert [p.entry for p in ps] == [0] * 4 + [1] * 4 + [2] * 2  # envelopes <= 4096 B
         await w.close()
