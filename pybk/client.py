@@ -25,7 +25,8 @@ from pybk.errors import (
 from pybk.metadata.base import LedgerMetadata, MetadataStore
 from pybk.protocol import DIGEST_TYPES, DigestManager, master_key, password_hash
 from pybk.replication.context import ClientConfig, ClientContext
-from pybk.replication.quorum import choose_ensemble, validate_quorums
+from pybk.replication.placement import refresh_topology, writable_nodes
+from pybk.replication.quorum import validate_quorums
 from pybk.replication.reader import LedgerEntry, ReadHandle, read_lac_covered
 from pybk.replication.recovery import recover
 from pybk.replication.writer import LedgerHandle
@@ -167,8 +168,8 @@ class Client:
                     f"custom_metadata maps str to bytes; got {key!r}: {type(value).__name__}"
                 )
         ctx = self._context()
-        writable = await ctx.store.writable_bookies()
-        ensemble = choose_ensemble(writable, ensemble_size, ctx.rng)
+        nodes = await writable_nodes(ctx)
+        ensemble = ctx.config.placement.new_ensemble(nodes, ensemble_size, write_quorum, ctx.rng)
         ledger_id = await ctx.store.allocate_ledger_id()
         md = LedgerMetadata(
             ledger_id=ledger_id,
@@ -199,6 +200,8 @@ class Client:
         if md.password_hash != password_hash(password):
             raise UnauthorizedError(f"ledger {ledger_id}: wrong password")
         digest = DigestManager(ledger_id, md.digest_type, password)
+        if ctx.config.placement.local_rack is not None:  # reads prefer the local rack
+            await refresh_topology(ctx)
         if recovery:
             md = await recover(ctx, md, digest, master_key(password))
             return ReadHandle(ctx, md, digest, md.last_entry_id)

@@ -27,7 +27,7 @@ import logging
 import os
 import pathlib
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pybk.client import Client
@@ -57,6 +57,7 @@ class LocalCluster:
         client_config: ClientConfig | None = None,
         rng: random.Random | None = None,
         transport_wrapper: Callable[[Transport], Transport] | None = None,
+        racks: Mapping[str, str] | None = None,
     ) -> None:
         if isinstance(bookies, int):
             if bookies < 0:
@@ -80,6 +81,8 @@ class LocalCluster:
         self._store: MetadataStore | None = None
         self._own_store = False
         self._wrap = transport_wrapper
+        #: bookie id -> network location ``/region/rack`` it registers with
+        self.racks: dict[str, str] = dict(racks or {})
         self.transport = self.local_transport()
         self._started = False
 
@@ -195,7 +198,8 @@ class LocalCluster:
             await self.store.unregister_bookie(bookie_id)
             return
         await self.store.register_bookie(
-            BookieRegistration(bookie_id, "", read_only=(state == "read-only"))
+            BookieRegistration(bookie_id, "", read_only=(state == "read-only"),
+                               rack=self.racks.get(bookie_id, ""))
         )
 
     def _on_state_change(self, bookie_id: str, state: str) -> None:
@@ -222,8 +226,8 @@ class LocalCluster:
             raise BookieStateError(f"bookie {bookie_id!r} is already running")
         await self._start(bookie_id)
 
-    async def add_bookie(self, bookie_id: str | None = None) -> str:
-        """Start one more bookie; returns its id."""
+    async def add_bookie(self, bookie_id: str | None = None, *, rack: str | None = None) -> str:
+        """Start one more bookie (in ``rack`` when given); returns its id."""
         if bookie_id is None:
             n = len(self._known)
             while f"bookie-{n}" in self._known:
@@ -231,6 +235,8 @@ class LocalCluster:
             bookie_id = f"bookie-{n}"
         elif bookie_id in self._known:
             raise ValueError(f"bookie {bookie_id!r} already exists")
+        if rack is not None:
+            self.racks[bookie_id] = rack
         await self._start(bookie_id)
         return bookie_id
 

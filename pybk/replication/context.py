@@ -10,6 +10,7 @@ import random
 from dataclasses import dataclass, field
 
 from pybk.metadata.base import MetadataStore
+from pybk.replication.placement import DefaultPlacementPolicy, PlacementPolicy
 from pybk.transport.base import Transport
 
 
@@ -45,6 +46,11 @@ class ClientConfig:
     #: names of deliberately broken behaviours (mutation switches) for checker tests, made
     #: by the outermost layer (``pybk.testing.Mutations``); empty in production
     mutations: frozenset[str] = frozenset()
+    #: chooses the bookies of new ensembles, ensemble changes and re-replication, and the
+    #: order reads try replicas in (pybk.replication.placement)
+    placement: PlacementPolicy = field(default_factory=DefaultPlacementPolicy)
+    #: how long a bookie's free-disk report is reused by disk-weighted placement (seconds)
+    disk_usage_cache_ttl: float = 30.0
 
     def __post_init__(self) -> None:
         for name in ("add_timeout", "read_timeout"):
@@ -62,6 +68,11 @@ class ClientConfig:
                 and all(isinstance(m, str) for m in self.mutations)):
             raise TypeError(f"mutations must be a frozenset of switch names, not "
                             f"{self.mutations!r}")
+        if not isinstance(self.placement, PlacementPolicy):
+            raise TypeError(f"placement must be a PlacementPolicy, not {self.placement!r}")
+        if self.disk_usage_cache_ttl < 0:
+            raise ValueError(
+                f"disk_usage_cache_ttl must be >= 0, got {self.disk_usage_cache_ttl!r}")
 
 
 @dataclass
@@ -70,3 +81,7 @@ class ClientContext:
     transport: Transport
     config: ClientConfig = field(default_factory=ClientConfig)
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    #: bookie id -> rack, as last seen in the registry (placement, local-rack reads)
+    topology: dict[str, str] = field(default_factory=dict)
+    #: bookie id -> (free bytes, loop time the report expires): disk-weighted placement
+    disk_usage: dict[str, tuple[int, float]] = field(default_factory=dict)

@@ -98,9 +98,15 @@ def summarize(ledger_id: int, entry_id: int, errors: list[BKError]) -> BKError:
     return DigestMismatchError(f"{where}: no replica returned a valid copy ({detail})")
 
 
-def _replicas(md: LedgerMetadata, entry_id: int) -> list[str]:
+def _replicas(ctx: ClientContext, md: LedgerMetadata, entry_id: int) -> list[str]:
+    """The replicas of an entry in the order a read tries them: the write set's, or the
+    placement policy's when it prefers a local rack."""
     ensemble = md.ensemble_for(entry_id)
-    return [ensemble[i] for i in quorums_of(md).write_set(entry_id)]
+    replicas = [ensemble[i] for i in quorums_of(md).write_set(entry_id)]
+    placement = ctx.config.placement
+    if placement.local_rack is not None:
+        return placement.read_order(replicas, ctx.topology)
+    return replicas
 
 
 async def read_entry(
@@ -114,7 +120,7 @@ async def read_entry(
 
     ``first_request``: a read already sent to the first replica (the batch fast path).
     """
-    order = _replicas(md, entry_id)
+    order = _replicas(ctx, md, entry_id)
     cfg = ctx.config
     request = ReadRequest(md.ledger_id, entry_id)
     pending: dict[asyncio.Future[Response], str] = {}
@@ -191,7 +197,7 @@ async def _read_batch(
     cfg = ctx.config
     sent = [
         ctx.transport.send(
-            _replicas(md, e)[0], ReadRequest(md.ledger_id, e), cfg.read_timeout
+            _replicas(ctx, md, e)[0], ReadRequest(md.ledger_id, e), cfg.read_timeout
         )
         for e in range(first, last + 1)
     ]

@@ -45,6 +45,7 @@ from pybk.protocol import (
     Status,
     WriteLacRequest,
 )
+from pybk.replication.placement import BookieNode, writable_nodes
 from pybk.replication.quorum import AckSet, Quorums, plan_ensemble_change
 from pybk.replication.reader import LedgerEntry, read_range
 
@@ -300,11 +301,12 @@ class AddPipeline:
                 failed = {i: b for i, b in failed.items() if self.ensemble[i] == b}
                 if not failed:
                     continue
-                writable = await self.ctx.store.writable_bookies()
+                writable = await writable_nodes(self.ctx)
                 if self.recovery:
                     try:
                         change = plan_ensemble_change(
-                            self.ensembles, self.lac, failed, writable, self.ctx.rng
+                            self.ensembles, self.lac, failed, writable, self.ctx.rng,
+                            self.ctx.config.placement, self.quorums.write_quorum,
                         )
                     except NotEnoughBookiesError:
                         self._write_around(failed)  # raises if Qa is out of reach
@@ -346,14 +348,18 @@ class AddPipeline:
         log.info("ledger %s: writing around failed bookies %s (no spare)",
                  self.ledger_id, sorted(failed.values()))
 
-    async def _commit_change(self, failed: dict[int, str], writable: Sequence[str]) -> None:
+    async def _commit_change(
+        self, failed: dict[int, str], writable: Sequence[BookieNode]
+    ) -> None:
         """CAS the new ensemble into the metadata (the one place a writer changes it)."""
         lac, rng = self.lac, self.ctx.rng
+        policy, write_quorum = self.ctx.config.placement, self.quorums.write_quorum
 
         def transform(md: LedgerMetadata) -> LedgerMetadata | None:
             if md.state != OPEN:
                 return None
-            change = plan_ensemble_change(md.ensembles, lac, failed, writable, rng)
+            change = plan_ensemble_change(md.ensembles, lac, failed, writable, rng, policy,
+                                          write_quorum)
             if change is None:
                 return None
             return md.with_changes(ensembles=change.ensembles)
