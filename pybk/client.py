@@ -23,7 +23,13 @@ from pybk.errors import (
     UnauthorizedError,
 )
 from pybk.metadata.base import LedgerMetadata, MetadataStore
-from pybk.protocol import DIGEST_TYPES, DigestManager, master_key, password_hash
+from pybk.protocol import (
+    DIGEST_TYPES,
+    DigestManager,
+    mac_key,
+    master_key,
+    password_hash,
+)
 from pybk.replication.context import ClientConfig, ClientContext
 from pybk.replication.placement import refresh_topology, writable_nodes
 from pybk.replication.quorum import validate_quorums
@@ -181,6 +187,8 @@ class Client:
             password_hash=password_hash(password),
             custom_metadata=custom,
         )
+        if ctx.config.recovery_keys_in_metadata:
+            md = md.with_changes(**recovery_keys(digest_type, password))
         md = await ctx.store.create_ledger(md)
         digest = DigestManager(ledger_id, digest_type, password)
         return LedgerHandle(ctx, md, digest, master_key(password), password)
@@ -237,6 +245,12 @@ class Client:
         from pybk.stream.namespace import Namespace
 
         return Namespace(self, name, clock=clock, rng=random.Random(self._rng.getrandbits(64)))
+
+
+def recovery_keys(digest_type: str, password: bytes) -> dict[str, bytes]:
+    """The keys a ledger's metadata carries for auto-recovery (see LedgerMetadata)."""
+    return {"master_key": master_key(password),
+            "mac_key": mac_key(password) if digest_type == "MAC" else b""}
 
 
 def _check_password(password: object) -> None:

@@ -52,6 +52,13 @@ class LedgerMetadata:
     password_hash: bytes = b""
     custom_metadata: Mapping[str, bytes] = field(default_factory=dict)
     ctime_ms: int = 0
+    #: the keys auto-recovery needs to copy this ledger's entries without its password:
+    #: the bookies' master key (recovery adds, fencing) and, for the MAC digest, the MAC
+    #: key (verifying what it copies). One-way hashes of the password, never the password
+    #: itself; b"" when the creator chose not to store them (recovery then needs the
+    #: password from its configuration).
+    master_key: bytes = field(default=b"", repr=False)
+    mac_key: bytes = field(default=b"", repr=False)
     version: int = -1
 
     # -- derived views ---------------------------------------------------------------------
@@ -80,7 +87,7 @@ class LedgerMetadata:
     # -- serialization (versioned, checksummed) ---------------------------------------------
 
     def to_bytes(self) -> bytes:
-        doc = {
+        doc: dict[str, Any] = {
             "ledger_id": self.ledger_id,
             "ensemble_size": self.ensemble_size,
             "write_quorum": self.write_quorum,
@@ -96,6 +103,10 @@ class LedgerMetadata:
             },
             "ctime_ms": self.ctime_ms,
         }
+        if self.master_key:
+            doc["master_key"] = base64.b64encode(self.master_key).decode()
+        if self.mac_key:
+            doc["mac_key"] = base64.b64encode(self.mac_key).decode()
         payload = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
         return _MAGIC + _HDR.pack(FORMAT_VERSION, crc32c.crc32c(payload), len(payload)) + payload
 
@@ -127,6 +138,8 @@ class LedgerMetadata:
                     str(k): base64.b64decode(v) for k, v in doc["custom_metadata"].items()
                 },
                 ctime_ms=int(doc.get("ctime_ms", 0)),
+                master_key=base64.b64decode(doc.get("master_key", "")),
+                mac_key=base64.b64decode(doc.get("mac_key", "")),
                 version=version,
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -51,6 +51,10 @@ class ClientConfig:
     placement: PlacementPolicy = field(default_factory=DefaultPlacementPolicy)
     #: how long a bookie's free-disk report is reused by disk-weighted placement (seconds)
     disk_usage_cache_ttl: float = 30.0
+    #: store the keys auto-recovery needs (one-way hashes of the password) in each new
+    #: ledger's metadata, so it can re-replicate the ledger without knowing its password;
+    #: off: only ledgers whose password the auto-recovery process is given get copied
+    recovery_keys_in_metadata: bool = True
 
     def __post_init__(self) -> None:
         for name in ("add_timeout", "read_timeout"):

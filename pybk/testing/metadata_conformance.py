@@ -174,6 +174,8 @@ def sample_metadata(ledger_id: int, **changes: object) -> LedgerMetadata:
         password_hash=b"\x00\xffsecret-hash",
         custom_metadata={"app": b"\x01\x02", "name": b"ledger"},
         ctime_ms=1_700_000_000_123,
+        master_key=bytes(range(32)),
+        mac_key=bytes(range(32, 64)),
     )
     return md.with_changes(**changes) if changes else md
 
