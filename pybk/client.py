@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import random
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pybk.errors import (
@@ -39,6 +39,7 @@ from pybk.replication.writer import LedgerHandle
 from pybk.transport.base import Transport
 
 if TYPE_CHECKING:
+    from pybk.ops.admin import Admin
     from pybk.stream.namespace import Namespace
 
 __all__ = ["Client", "ClientConfig", "LedgerEntry", "LedgerHandle", "ReadHandle"]
@@ -233,6 +234,16 @@ class Client:
         """Every ledger id, ascending."""
         return await self._context().store.list_ledgers()
 
+
+    # -- operations ----------------------------------------------------------------------------
+
+    def admin(self, *, passwords: Sequence[bytes] = (b"",)) -> Admin:
+        """Cluster administration through this client (pybk.ops.admin): bookies,
+        under-replicated ledgers, recover / decommission a bookie, auto-recovery switches.
+        ``passwords``: tried for ledgers whose metadata carries no recovery keys."""
+        from pybk.ops.admin import Admin
+
+        return Admin(self, passwords=passwords)
 
     # -- logs ----------------------------------------------------------------------------------
 

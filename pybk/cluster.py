@@ -58,6 +58,8 @@ class LocalCluster:
         rng: random.Random | None = None,
         transport_wrapper: Callable[[Transport], Transport] | None = None,
         racks: Mapping[str, str] | None = None,
+        autorecovery: bool = False,
+        autorecovery_config: Any = None,
     ) -> None:
         if isinstance(bookies, int):
             if bookies < 0:
@@ -83,6 +85,11 @@ class LocalCluster:
         self._wrap = transport_wrapper
         #: bookie id -> network location ``/region/rack`` it registers with
         self.racks: dict[str, str] = dict(racks or {})
+        #: run auto-recovery (an auditor candidate and a replication worker) next to each
+        #: running bookie; a pybk.ops.AutoRecoveryConfig tunes it
+        self.autorecovery = autorecovery
+        self._autorecovery_config = autorecovery_config
+        self._recoveries: dict[str, Any] = {}  # bookie id -> its pybk.ops.AutoRecovery
         self.transport = self.local_transport()
         self._started = False
 
@@ -120,6 +127,8 @@ class LocalCluster:
         if not self._started:
             return
         self._started = False
+        for bookie_id in list(self._recoveries):
+            await self._stop_autorecovery(bookie_id)
         for client in self._clients:
             await client.close()
         self._clients.clear()
@@ -192,6 +201,45 @@ class LocalCluster:
         self._bookies[bookie_id] = bookie
         bookie.on_state_change = lambda state, b=bookie_id: self._on_state_change(b, state)
         await self._register(bookie_id, bookie.state)
+        if self.autorecovery:
+            await self._start_autorecovery(bookie_id)
+
+    async def _start_autorecovery(self, bookie_id: str) -> None:
+        """Auto-recovery next to ``bookie_id``, on a metadata session of its own (so the
+        auditor election and the ledger locks see one candidate per bookie), reaching the
+        bookies through the cluster's transport (its test hooks apply)."""
+        from pybk.metadata.memory import MemoryMetadataStore
+        from pybk.ops.autorecovery import AutoRecovery
+
+        store = self.store
+        own = False
+        if isinstance(store, MemoryMetadataStore):
+            store, own = store.session(), True
+        elif isinstance(self._metadata_arg, str) or self._metadata_arg is None:
+            from pybk.metadata import open_store
+
+            uri = self._metadata_arg or f"sqlite:///{self.root}/metadata.db"
+            if not uri.startswith("memory://"):
+                store, own = open_store(uri), True
+        recovery = AutoRecovery(
+            store, self.transport, name=bookie_id, config=self._autorecovery_config,
+            client_config=self._client_config, rng=random.Random(self._rng.random()))
+        recovery.owns_store = own
+        await recovery.start()
+        self._recoveries[bookie_id] = recovery
+
+    async def _stop_autorecovery(self, bookie_id: str) -> None:
+        recovery = self._recoveries.pop(bookie_id, None)
+        if recovery is None:
+            return
+        await recovery.stop()
+        if recovery.owns_store:
+            await recovery.ctx.store.close()
+
+    @property
+    def recoveries(self) -> dict[str, Any]:
+        """The running auto-recovery instances (pybk.ops.AutoRecovery) by bookie id."""
+        return dict(self._recoveries)
 
     async def _register(self, bookie_id: str, state: str) -> None:
         if state == "stopped" or self._bookies.get(bookie_id) is None:
@@ -216,6 +264,7 @@ class LocalCluster:
             raise BookieStateError(f"bookie {bookie_id!r} is not running")
         bookie.on_state_change = None
         bookie.crash()
+        await self._stop_autorecovery(bookie_id)  # it dies with its bookie
         await self.store.unregister_bookie(bookie_id)
 
     async def start_bookie(self, bookie_id: str) -> None:
