@@ -33,6 +33,7 @@ from pybk.errors import (
     BKError,
     BookieUnavailableError,
     DigestMismatchError,
+    LedgerFencedError,
     NoSuchLedgerError,
     UnauthorizedError,
     error_for_status,
@@ -253,16 +254,24 @@ async def _repair_slot(ctx: ClientContext, md: LedgerMetadata, access: LedgerAcc
     if not repair.replace:
         missing, damaged = await _verify(ctx, md, access, repair.bookie, entries)
         if not damaged:
-            if missing:
-                copier = _Copier(ctx, md, access, repair.bookie, window)
+            if not missing:
+                return
+            copier = _Copier(ctx, md, access, repair.bookie, window)
+            try:
                 await copier.copy(missing, {e: _sources(fragment, quorums, index, e, usable)
                                             for e in missing})
+            except (NoSuchLedgerError, LedgerFencedError):
+                # a recovery add is refused only when the bookie deleted the ledger (fenced
+                # ledgers take them): it will take no more of its entries
+                damaged = missing
+            finally:
                 result.entries_copied += copier.entries
                 result.bytes_copied += copier.bytes
+            if not damaged:
                 log.info("ledger %s: copied %d missing entries back to %s", md.ledger_id,
                          copier.entries, repair.bookie)
-            return
-        log.warning("ledger %s: %s holds damaged entries %s; moving slot %d of fragment %d",
+                return
+        log.warning("ledger %s: %s cannot serve entries %s; moving slot %d of fragment %d",
                     md.ledger_id, repair.bookie, damaged[:10], index, fragment.first)
     nodes = await writable_nodes(ctx, exclude=[repair.bookie])
     not_live = [b for b in fragment.ensemble if b not in live]

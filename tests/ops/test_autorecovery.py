@@ -272,3 +272,76 @@ async def test_ledgers_without_recovery_keys_need_their_password() -> None:
         await cluster.stop_bookie(other)
         with pytest.raises(UnauthorizedError, match=f"ledger {lh.id}"):
             await client.admin().recover_bookie(other)
+
+
+SCRUB = AutoRecoveryConfig(open_ledger_grace=0.5, worker_poll_interval=0.2, retry_backoff=0.2,
+                           max_retry_backoff=1.0, ledger_check_interval=0.0,
+                           ledger_check="scrub")
+
+
+async def test_an_audit_finds_an_entry_a_live_bookie_never_got_and_copies_it_back() -> None:
+    async with cluster_with_recovery(3, config=SCRUB) as cluster:
+        client = cluster.client()
+        lh = await client.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2)
+        victim = lh.metadata.ensembles[0][2]
+        # entry 5 never reaches the victim: acknowledged by the two others, the ledger closed
+        rule = cluster.transport.hooks.hold(victim, op=Op.ADD, ledger_id=lh.id, entry_id=5)
+        await lh.append_many([b"e%d" % i for i in range(10)])
+        await lh.close()
+        rule.drop_held()
+        rule.remove()
+        problems = await replication_problems(cluster.store, cluster.transport)
+        assert len(problems) == 1 and "entry 5 on " + victim in problems[0], problems
+        await client.admin().trigger_audit()
+        await wait_until(lambda: _clean(cluster), BOUND, "the missing copy to be restored")
+        md = await cluster.store.read_ledger(lh.id)
+        assert md.ensembles == lh.metadata.ensembles  # repaired in place, nothing moved
+        assert sum(r.stats.entries_copied for r in cluster.recoveries.values()) == 1
+
+
+async def test_an_audit_finds_a_damaged_entry_and_moves_that_replica_away() -> None:
+    async with cluster_with_recovery(4, config=SCRUB) as cluster:
+        client = cluster.client()
+        (lh,) = await write_ledgers(client, 1, 10, e=3, w=3, a=2)
+        victim = lh.metadata.ensembles[0][1]
+        bookie = cluster.bookie(victim)
+        loc = bookie.store.index.ledgers[lh.id].location(4)
+        bookie.fs.flip_bit(bookie.store.journal_path(loc.seg), loc.offset + loc.size - 1)
+        await client.admin().trigger_audit()
+        await wait_until(lambda: _clean(cluster), BOUND, "the damaged replica to be replaced")
+        md = await cluster.store.read_ledger(lh.id)
+        assert victim not in md.ensembles[0]
+
+
+async def test_a_replica_that_deleted_the_ledger_is_replaced() -> None:
+    async with cluster_with_recovery(4, config=SCRUB) as cluster:
+        client = cluster.client()
+        (lh,) = await write_ledgers(client, 1, 6, e=3, w=3, a=2)
+        victim = lh.metadata.ensembles[0][0]
+        await cluster.bookie(victim).delete_ledger(lh.id)
+        await client.admin().trigger_audit()
+        await wait_until(lambda: _clean(cluster), BOUND, "the replica to be replaced")
+        assert victim not in (await cluster.store.read_ledger(lh.id)).ensembles[0]
+
+
+async def _clean(cluster: LocalCluster) -> bool:
+    if await cluster.store.list_under_replicated():
+        return False
+    return await replication_problems(cluster.store, cluster.transport) == []
+
+
+async def test_re_replication_keeps_a_rack_aware_ensemble_spread() -> None:
+    from pybk.replication.placement import RackAwarePlacementPolicy
+
+    racks = {f"bookie-{i}": f"/dc/rack-{i % 3}" for i in range(6)}
+    config = ClientConfig(add_timeout=2.0, read_timeout=2.0, speculative_read_delay=0.0,
+                          placement=RackAwarePlacementPolicy(min_racks_per_write_quorum=3))
+    async with cluster_with_recovery(6, racks=racks, client_config=config) as cluster:
+        client = cluster.client()
+        handles = await write_ledgers(client, 4, 8, e=3, w=3, a=2)
+        lost = handles[0].metadata.ensembles[0][0]
+        await cluster.stop_bookie(lost)
+        await wait_repaired(cluster, lost, [h.id for h in handles])
+        for h in handles:
+            md = await cluster.store.read_ledger(h.id)
+            assert {racks[b] for b in md.ensembles[0]} == set(racks.values()), md.ensembles
