@@ -12,12 +12,14 @@ unchanged.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import ssl
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pybk.errors import (
+    BKError,
     ClientClosedError,
     NoSuchLedgerError,
     UnauthorizedError,
@@ -36,9 +38,12 @@ from pybk.replication.quorum import validate_quorums
 from pybk.replication.reader import LedgerEntry, ReadHandle, read_lac_covered
 from pybk.replication.recovery import recover
 from pybk.replication.writer import LedgerHandle
+from pybk.stats import ClientStats
 from pybk.transport.base import Transport
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
     from pybk.ops.admin import Admin
     from pybk.stream.namespace import Namespace
 
@@ -57,6 +62,7 @@ class Client:
         rng: random.Random | None = None,
         tls: ssl.SSLContext | None = None,
         auth_token: bytes | None = None,
+        metrics: CollectorRegistry | None = None,
     ) -> None:
         if not isinstance(metadata, str | MetadataStore):
             raise TypeError(
@@ -72,8 +78,17 @@ class Client:
         self._own_store = False
         self._own_transport = False
         self._closed = False
+        #: what this client records when given a Prometheus registry (``metrics=``): add and
+        #: read latency, ensemble changes, recoveries, speculative reads (pybk.ops.metrics)
+        self.stats: ClientStats | None = None
+        if metrics is not None:
+            from pybk.ops.metrics import ClientCollector
+
+            self.stats = ClientStats()
+            metrics.register(ClientCollector(self.stats))
         if isinstance(metadata, MetadataStore) and transport is not None:
-            self._ctx = ClientContext(metadata, transport, self._config, self._rng)
+            self._ctx = ClientContext(metadata, transport, self._config, self._rng,
+                                      stats=self.stats)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -99,7 +114,7 @@ class Client:
         if transport is None:
             transport = self._tcp_transport(store)
             self._own_transport = True
-        self._ctx = ClientContext(store, transport, self._config, self._rng)
+        self._ctx = ClientContext(store, transport, self._config, self._rng, stats=self.stats)
         return self._ctx
 
     def _tcp_transport(self, store: MetadataStore) -> Transport:
@@ -191,6 +206,8 @@ class Client:
         if ctx.config.recovery_keys_in_metadata:
             md = md.with_changes(**recovery_keys(digest_type, password))
         md = await ctx.store.create_ledger(md)
+        if ctx.stats is not None:
+            ctx.stats.ledgers_created += 1
         digest = DigestManager(ledger_id, digest_type, password)
         return LedgerHandle(ctx, md, digest, master_key(password), password)
 
@@ -212,12 +229,29 @@ class Client:
         if ctx.config.placement.local_rack is not None:  # reads prefer the local rack
             await refresh_topology(ctx)
         if recovery:
-            md = await recover(ctx, md, digest, master_key(password))
+            md = await self._recover(ctx, md, digest, master_key(password))
             return ReadHandle(ctx, md, digest, md.last_entry_id)
         if md.is_closed:
             return ReadHandle(ctx, md, digest, md.last_entry_id)
         lac = await read_lac_covered(ctx, md, digest)
         return ReadHandle(ctx, md, digest, lac)
+
+    @staticmethod
+    async def _recover(ctx: ClientContext, md: LedgerMetadata, digest: DigestManager,
+                       key: bytes) -> LedgerMetadata:
+        stats = ctx.stats
+        if stats is None or md.is_closed:
+            return await recover(ctx, md, digest, key)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            closed = await recover(ctx, md, digest, key)
+        except BKError:
+            stats.recovery_errors += 1
+            raise
+        stats.recoveries += 1
+        stats.recovery_latency.observe(loop.time() - started)
+        return closed
 
     async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
         """The ledger's current metadata."""

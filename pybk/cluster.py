@@ -60,6 +60,7 @@ class LocalCluster:
         racks: Mapping[str, str] | None = None,
         autorecovery: bool = False,
         autorecovery_config: Any = None,
+        metrics: Any = None,
     ) -> None:
         if isinstance(bookies, int):
             if bookies < 0:
@@ -90,6 +91,15 @@ class LocalCluster:
         self.autorecovery = autorecovery
         self._autorecovery_config = autorecovery_config
         self._recoveries: dict[str, Any] = {}  # bookie id -> its pybk.ops.AutoRecovery
+        #: a prometheus_client CollectorRegistry: the bookies (and auto-recovery) record
+        #: metrics and are exported in it
+        self.metrics = metrics
+        if metrics is not None:
+            from pybk.ops.metrics import AutoRecoveryCollector, BookieCollector
+
+            metrics.register(BookieCollector(lambda: list(self._bookies.values())))
+            metrics.register(AutoRecoveryCollector(
+                lambda: [(b, r.stats) for b, r in self._recoveries.items()]))
         self.transport = self.local_transport()
         self._started = False
 
@@ -194,6 +204,10 @@ class LocalCluster:
             kwargs["fs"] = self._fs
         if self._bookie_config is not None:
             kwargs["config"] = self._bookie_config
+        if self.metrics is not None:
+            from pybk.stats import BookieStats
+
+            kwargs["stats"] = BookieStats()
         bookie = Bookie(bookie_id, data_dir, **kwargs)
         await bookie.start()
         if bookie_id not in self._known:

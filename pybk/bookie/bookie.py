@@ -63,6 +63,7 @@ from pybk.protocol import (
     add_ok,
     error_response,
 )
+from pybk.stats import BookieStats
 from pybk.storage.fs import FileSystem
 from pybk.storage.store import (
     AddCallback,
@@ -97,6 +98,7 @@ class Bookie:
         config: BookieConfig | None = None,
         cookie_store: MetadataStore | None = None,
         rng: random.Random | None = None,
+        stats: BookieStats | None = None,
     ) -> None:
         #: a file system we created ourselves is ours to close on stop (its sync thread)
         self._own_fs = fs is None
@@ -119,6 +121,9 @@ class Bookie:
         self._journal_reason = ""
         self._polls = LongPollWaiters()
         self._no_such_entry_on_io_error = NO_SUCH_ENTRY_ON_IO_ERROR in config.mutations
+        #: requests, their latency and the journal's batches, recorded when given
+        #: (pybk.ops.metrics exports them); None: nothing is timed
+        self.stats = stats
         self._timers: list[asyncio.TimerHandle] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._last_cp_pos: object = None
@@ -180,6 +185,7 @@ class Bookie:
             self.fs, self.data_dir, self.instance_id, self.config,
             on_fatal=self._on_journal_fatal, on_write_error=self._on_write_error,
             on_ledger_change=self._polls.wake, watched=self._polls.by_ledger,
+            stats=self.stats,
         )
         try:
             await store.open()
@@ -324,6 +330,36 @@ class Bookie:
 
     async def handle(self, request: Request) -> Response:
         """Answer one request (never raises for request-level errors)."""
+        if self.stats is not None:
+            return await self._handle_timed(request, self.stats)
+        return await self._handle(request)
+
+    async def _handle_timed(self, request: Request, stats: BookieStats) -> Response:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        response = await self._handle(request)
+        elapsed = loop.time() - started
+        ok = response.status == Status.OK
+        if isinstance(request, AddRequest):
+            _count_add(stats, request, ok, elapsed)
+        elif isinstance(request, ReadRequest):
+            if request.previous_lac is not None and request.timeout > 0:
+                stats.long_polls += 1  # its latency is how long it waited: not a read's
+            else:
+                body = getattr(response, "body", None)
+                stats.reads += 1
+                if ok:
+                    stats.read_bytes += len(body) if body is not None else 0
+                    stats.read_latency.observe(elapsed)
+                else:
+                    stats.read_errors += 1
+            if request.fence:
+                stats.fences += 1
+        elif isinstance(request, FenceRequest):
+            stats.fences += 1
+        return response
+
+    async def _handle(self, request: Request) -> Response:
         if self._state == STOPPED or self.store is None:
             return error_response(request, Status.UNAVAILABLE,
                                   f"bookie {self.bookie_id} is stopped")
@@ -405,8 +441,10 @@ class Bookie:
         the journal's batch completion, right after the fsync that covers the entry and its
         index update. ``reply`` must be quick and must not raise (the transport's is a
         ``Future.set_result``)."""
+        done = _AddDone(self, request, reply) if self.stats is None else _TimedAddDone(
+            self, request, reply, self.stats)
         self.add_entry(request.ledger_id, request.entry_id, request.master_key, request.body,
-                       _AddDone(self, request, reply), request.recovery)
+                       done, request.recovery)
 
     async def _fence(self, req: FenceRequest) -> FenceResponse:
         store = self._store()
@@ -560,6 +598,34 @@ class _AddDone:
             self.reply(add_ok(request.ledger_id, request.entry_id))
         else:
             self.reply(self.bookie._error_reply(request, exc))
+
+
+class _TimedAddDone(_AddDone):
+    """:class:`_AddDone` of a bookie that keeps stats: also times the add."""
+
+    __slots__ = ("started", "stats")
+
+    def __init__(self, bookie: Bookie, request: AddRequest, reply: Callable[[Response], None],
+                 stats: BookieStats) -> None:
+        super().__init__(bookie, request, reply)
+        self.stats = stats
+        self.started = asyncio.get_running_loop().time()
+
+    def __call__(self, exc: BaseException | None) -> None:
+        _count_add(self.stats, self.request, exc is None,
+                   asyncio.get_running_loop().time() - self.started)
+        super().__call__(exc)
+
+
+def _count_add(stats: BookieStats, request: AddRequest, ok: bool, elapsed: float) -> None:
+    if not ok:
+        stats.add_errors += 1
+        return
+    stats.adds += 1
+    stats.add_bytes += len(request.body)
+    if request.recovery:
+        stats.recovery_adds += 1
+    stats.add_latency.observe(elapsed)
 
 
 __all__ = ["NO_SUCH_ENTRY_ON_IO_ERROR", "Bookie"]

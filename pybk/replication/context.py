@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from pybk.metadata.base import MetadataStore
 from pybk.replication.placement import DefaultPlacementPolicy, PlacementPolicy
+from pybk.stats import ClientStats
 from pybk.transport.base import Transport
 
 
@@ -89,3 +90,5 @@ class ClientContext:
     topology: dict[str, str] = field(default_factory=dict)
     #: bookie id -> (free bytes, loop time the report expires): disk-weighted placement
     disk_usage: dict[str, tuple[int, float]] = field(default_factory=dict)
+    #: what the client records for metrics (None: nothing is timed or counted)
+    stats: ClientStats | None = None

@@ -41,6 +41,7 @@ from pybk.replication.quorum import Answer, CoverageSet, Quorums
 
 if TYPE_CHECKING:
     from pybk.replication.context import ClientContext
+    from pybk.stats import ClientStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +148,8 @@ async def read_entry(
             )
             if not done:
                 ask_next()  # speculative: the current replica is slow
+                if ctx.stats is not None:
+                    ctx.stats.speculative_reads += 1
                 continue
             for fut in in_order(done, pending):
                 bookie = pending.pop(fut)
@@ -180,11 +183,37 @@ async def read_range(
     ctx: ClientContext, md: LedgerMetadata, digest: DigestManager, first: int, last: int
 ) -> list[DecodedEntry]:
     """Read entries ``first..last`` (inclusive), a batch at a time, in order."""
+    stats = ctx.stats
+    if stats is not None:
+        return await _timed_read_range(ctx, stats, md, digest, first, last)
+    return await _read_range(ctx, md, digest, first, last)
+
+
+async def _read_range(
+    ctx: ClientContext, md: LedgerMetadata, digest: DigestManager, first: int, last: int
+) -> list[DecodedEntry]:
     out: list[DecodedEntry] = []
     step = ctx.config.read_batch_size
     for start in range(first, last + 1, step):
         stop = min(last, start + step - 1)
         out.extend(await _read_batch(ctx, md, digest, start, stop))
+    return out
+
+
+async def _timed_read_range(
+    ctx: ClientContext, stats: ClientStats, md: LedgerMetadata, digest: DigestManager,
+    first: int, last: int,
+) -> list[DecodedEntry]:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        out = await _read_range(ctx, md, digest, first, last)
+    except BKError:
+        stats.read_errors += 1
+        raise
+    stats.reads += 1
+    stats.read_entries += len(out)
+    stats.read_latency.observe(loop.time() - started)
     return out
 
 

@@ -51,6 +51,7 @@ from pybk.replication.reader import LedgerEntry, read_range
 
 if TYPE_CHECKING:
     from pybk.replication.context import ClientContext
+    from pybk.stats import ClientStats
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,8 @@ _FATAL_STATUSES = {Status.FENCED: LedgerFencedError, Status.UNAUTHORIZED: Unauth
 
 
 class _PendingAdd:
-    __slots__ = ("acks", "batch_first", "body", "entry_id", "future", "length", "request", "sent")
+    __slots__ = ("acks", "batch_first", "body", "entry_id", "future", "length", "request", "sent",
+                 "started")
 
     def __init__(
         self, entry_id: int, body: bytes, length: int, future: asyncio.Future[Any] | None,
@@ -77,6 +79,7 @@ class _PendingAdd:
         self.acks = AckSet(q)
         self.sent = False
         self.request: AddRequest | None = None  # one request object for every replica
+        self.started = 0.0  # loop time it was pushed (only when the client keeps metrics)
 
 
 class AddPipeline:
@@ -122,6 +125,8 @@ class AddPipeline:
         self._loop = asyncio.get_running_loop()
         #: mutation switch ACK_OUT_OF_ORDER: a broken build that ignores entry order
         self._ack_out_of_order = ACK_OUT_OF_ORDER in ctx.config.mutations
+        #: the writer's add latency and errors, when the client keeps metrics
+        self._stats: ClientStats | None = None if recovery else ctx.stats
 
     # -- adding ------------------------------------------------------------------------------
 
@@ -155,6 +160,8 @@ class AddPipeline:
     ) -> _PendingAdd:
         self.lap = entry_id
         op = _PendingAdd(entry_id, body, length, fut, self.quorums)
+        if self._stats is not None:
+            op.started = self._loop.time()
         self.pending.append(op)
         if not self.changing:
             self._send(op)
@@ -252,6 +259,7 @@ class AddPipeline:
         if self.changing:
             return
         pending = self.pending
+        stats = self._stats
         while pending:
             op = pending[0]
             if not op.acks.complete or op.entry_id != self.lac + 1:
@@ -261,6 +269,9 @@ class AddPipeline:
             self.lac_length = op.length
             if op.future is not None:
                 self._resolve(op)
+                if stats is not None:  # one per append / append_many call
+                    stats.adds += 1
+                    stats.add_latency.observe(self._loop.time() - op.started)
 
     @staticmethod
     def _resolve(op: _PendingAdd) -> None:
@@ -281,6 +292,8 @@ class AddPipeline:
         for op in pending:
             if op.future is not None and not op.future.done():
                 op.future.set_exception(fresh_copy(exc))
+                if self._stats is not None:
+                    self._stats.add_errors += 1
 
     # -- ensemble change ---------------------------------------------------------------------
 
@@ -389,6 +402,8 @@ class AddPipeline:
             )
             self.ensemble = new
             self.ensemble_changes += 1
+            if self.ctx.stats is not None and not self.recovery:
+                self.ctx.stats.ensemble_changes += 1
             self._epoch += 1
             for index in replaced:
                 self._slot_epoch[index] = self._epoch

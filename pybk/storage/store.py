@@ -49,6 +49,7 @@ from pybk.errors import (
     fresh_copy,
 )
 from pybk.protocol import ENTRY_HEADER_SIZE, parse_entry_header
+from pybk.stats import BookieStats
 from pybk.storage.checkpoint import (
     CHECKPOINT_FILE,
     CheckpointEncoder,
@@ -214,6 +215,7 @@ class LedgerStore:
         on_write_error: Callable[[OSError], None] | None = None,
         on_ledger_change: Callable[[int], None] | None = None,
         watched: Container[int] | None = None,
+        stats: BookieStats | None = None,
     ) -> None:
         self.fs = fs
         self.data_dir = data_dir
@@ -270,6 +272,7 @@ class LedgerStore:
             preallocate=self.config.journal_preallocate,
             zero_fill_below=self.config.journal_zero_fill_below,
             ack_before_fsync=ACK_BEFORE_FSYNC in self.config.mutations,
+            stats=stats,
         )
 
     # ================================================================== start-up / shut-down
