@@ -24,9 +24,9 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from datetime import UTC, datetime
-from typing import IO, Any, TypeVar
+from typing import IO, Any, NoReturn, TypeVar
 
 import click
 
@@ -134,13 +134,54 @@ async def _interruptible(coro: Coroutine[Any, Any, T]) -> T:
     return result
 
 
+class _StdoutClosed(BaseException):
+    """Whoever reads our stdout went away (``pybk log tail NAME | head``)."""
+
+
+def _out(text: str) -> None:
+    """Print a line (or lines) of data on stdout."""
+    try:
+        click.echo(text)
+    except BrokenPipeError:
+        raise _StdoutClosed() from None
+
+
+def _out_bytes(data: bytes) -> None:
+    try:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    except BrokenPipeError:
+        raise _StdoutClosed() from None
+
+
 def _run(coro: Coroutine[Any, Any, T]) -> T:
-    """``run_async`` (errors as one line, exit 1) with Ctrl-C as exit status 130."""
+    """``run_async`` (errors as one line, exit 1) with Ctrl-C as exit status 130 and a
+    closed stdout as a quiet exit with status 141 (128 + SIGPIPE, what a shell reports for a
+    command the pipe's reader left), as ``head`` users expect."""
     try:
         return run_async(_interruptible(coro))
     except _Interrupted:
         click.echo("pybk: interrupted", err=True)
         raise SystemExit(130) from None
+    except _StdoutClosed:
+        _quit_on_closed_stdout()
+
+
+@contextlib.contextmanager
+def _printing() -> Iterator[None]:
+    """Around printing done after ``_run``: a closed stdout ends the command quietly."""
+    try:
+        yield
+    except _StdoutClosed:
+        _quit_on_closed_stdout()
+
+
+def _quit_on_closed_stdout() -> NoReturn:
+    with contextlib.suppress(OSError, ValueError):  # what is still buffered goes nowhere
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    raise SystemExit(141) from None
 
 
 async def _bounded(conn: Conn, aw: Awaitable[T]) -> T:
@@ -264,8 +305,9 @@ def log_list(conn: Conn, namespace: str, as_json: bool) -> None:
         return out
 
     logs = _run(with_client(conn, go))
-    for doc in logs:
-        click.echo(json.dumps(doc) if as_json else doc["name"])
+    with _printing():
+        for doc in logs:
+            _out(json.dumps(doc) if as_json else doc["name"])
     if not logs:
         click.echo(f"no logs in namespace {namespace!r}", err=True)
 
@@ -388,9 +430,10 @@ def log_show(conn: Conn, name: str, namespace: str, as_json: bool) -> None:
 
     doc = _run(with_client(conn, go))
     if as_json:
-        click.echo(json.dumps(doc, indent=2))
+        with _printing():
+            _out(json.dumps(doc, indent=2))
     else:
-        _print_show(doc)
+        _print_show(doc)  # (rich ends the command quietly if stdout is closed)
 
 
 # -- append ----------------------------------------------------------------------------------
@@ -512,7 +555,7 @@ async def _append(
 
     def emit(pos: Position) -> None:
         nonlocal printed, last
-        click.echo(str(pos))
+        _out(str(pos))
         printed += 1
         last = pos
 
@@ -629,9 +672,7 @@ def _printable(data: bytes) -> str | None:
 def _emit(records: list[LogRecord], fmt: str) -> None:
     """Print a batch of records at once (one write and flush per batch)."""
     if fmt == "raw":
-        out = sys.stdout.buffer
-        out.write(b"".join(r.data + b"\n" for r in records))
-        out.flush()
+        _out_bytes(b"".join(r.data + b"\n" for r in records))
         return
     lines: list[str] = []
     for rec in records:
@@ -646,7 +687,7 @@ def _emit(records: list[LogRecord], fmt: str) -> None:
         else:
             text = _printable(rec.data)
             lines.append(f"{rec.position}\t{text if text is not None else 'hex:' + rec.data.hex()}")
-    click.echo("\n".join(lines))
+    _out("\n".join(lines))
 
 
 @log.command("read")

@@ -289,3 +289,29 @@ def test_bad_records_fail_in_one_line_after_the_good_ones_are_acknowledged(uri):
 def test_log_commands_are_listed_by_the_cli():
     assert set(main.commands["log"].commands) == {  # type: ignore[attr-defined]
         "create", "list", "show", "append", "read", "tail", "truncate", "delete"}
+
+
+def test_a_tail_whose_reader_goes_away_ends_quietly(uri):
+    """`pybk log tail NAME | head -1`: once the pipe's reader is gone, the next record ends
+    the tail with status 141 (128 + SIGPIPE, as a shell shows it) and no error message."""
+    import select
+
+    ok(run(uri, "create", "piped"))
+    positions(run(uri, "append", "piped", "first"))
+    proc = subprocess.Popen([sys.executable, "-m", "pybk", "log", "tail", "piped"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "PYBK_METADATA": uri})  # fmt: skip
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        ready, _, _ = select.select([proc.stdout], [], [], WAIT)
+        assert ready, "no output from the tail"
+        assert proc.stdout.readline().decode().endswith("\tfirst\n")
+        proc.stdout.close()
+        positions(run(uri, "append", "piped", "second"))
+        assert proc.wait(WAIT) == 141
+        assert proc.stderr.read() == b""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(WAIT)
+        proc.stderr.close()  # type: ignore[union-attr]
