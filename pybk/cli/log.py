@@ -24,7 +24,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterator
 from datetime import UTC, datetime
 from typing import IO, Any, NoReturn, TypeVar
 
@@ -488,7 +488,7 @@ class _StdinLines:
             self._thread.start()
         return await fut
 
-    async def batches(self) -> AsyncIterator[list[bytes]]:
+    async def batches(self) -> AsyncGenerator[list[bytes], None]:
         partial = bytearray()
         try:
             while True:
@@ -527,7 +527,7 @@ def _chunk_reader(stream: IO[bytes]) -> Callable[[int], bytes]:
     return functools.partial(os.read, fd)
 
 
-async def _from_args(records: list[bytes]) -> AsyncIterator[list[bytes]]:
+async def _from_args(records: list[bytes]) -> AsyncGenerator[list[bytes], None]:
     yield records
 
 
@@ -539,7 +539,7 @@ async def _append(
     conn: Conn,
     namespace: str,
     name: str,
-    source: AsyncIterator[list[bytes]],
+    source: AsyncGenerator[list[bytes], None],
     txid: int | None,
     label: str,
     end_of_stream: bool,
@@ -569,16 +569,22 @@ async def _append(
         async def produce() -> None:
             next_txid = txid
             try:
-                async for records in source:
-                    for data in records:
-                        fut = writer.append(data, next_txid)
-                        if next_txid is not None:
-                            next_txid += 1
-                        await futures.put(fut)
+                async with contextlib.aclosing(source):
+                    async for records in source:
+                        for data in records:
+                            fut = writer.append(data, next_txid)
+                            if next_txid is not None:
+                                next_txid += 1
+                            try:
+                                await futures.put(fut)
+                            except asyncio.CancelledError:
+                                unqueued.append(fut)  # appended: printed if acknowledged
+                                raise
             except Exception as exc:  # refused input, or the writer failed: after the rest
                 await futures.put(exc)
             await futures.put(None)
 
+        unqueued: list[asyncio.Future[Position]] = []
         producer = asyncio.create_task(produce())
         current: asyncio.Future[Position] | None = None
         try:
@@ -600,10 +606,10 @@ async def _append(
                 await _bounded(conn, writer.close())  # sends and waits for what is appended
             finally:
                 # records acknowledged after a failure or Ctrl-C are printed too, in order
-                rest = [current] if current is not None else []
+                rest: list[Any] = [current] if current is not None else []
                 while not futures.empty():
-                    rest.append(futures.get_nowait())  # type: ignore[arg-type]
-                for fut in rest:
+                    rest.append(futures.get_nowait())
+                for fut in [*rest, *unqueued]:
                     if (isinstance(fut, asyncio.Future) and fut.done()
                             and not fut.cancelled() and fut.exception() is None):
                         emit(fut.result())

@@ -201,5 +201,7 @@ def test_a_timeout_is_one_line_naming_the_bound(uri):
     assert run(uri, "create", "orders").exit_code == 0
     line = one_error_line(run(uri, "show", "orders", "--timeout", "0.000001"))
     assert line.startswith("pybk: error: TimeoutError: not done within 1e-06 s")
-    line = one_error_line(run(uri, "read", "orders", "--timeout", "0.000001"))
-    assert line.startswith("pybk: error: TimeoutError: not done within 1e-06 s")
+    for args in (["read", "orders"], ["tail", "orders"], ["append", "orders", "x"],
+                 ["truncate", "orders", "--before", "1:0:0"]):
+        line = one_error_line(run(uri, *args, "--timeout", "0.000001"))
+        assert line.startswith("pybk: error: TimeoutError: not done within 1e-06 s"), args
