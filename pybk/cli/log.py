@@ -207,6 +207,8 @@ def log() -> None:
     A log is a sequence of records over a chain of ledgers (segments); a record's place is
     its position SEGMENT:ENTRY:SLOT. One writer at a time: `pybk log append` opens the
     log's writer, which fences any earlier writer.
+
+    Besides 0, 1 and 2: Ctrl-C exits 130, and a closed stdout (`| head`) 141, quietly.
     """
 
 

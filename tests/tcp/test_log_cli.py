@@ -15,7 +15,9 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pytest
 from click.testing import CliRunner, Result
@@ -25,6 +27,7 @@ from pybk.cli import main
 
 pytestmark = pytest.mark.integration
 
+T = TypeVar("T")
 WAIT = 60.0  # bound on any one wait for a process's output or exit
 BINARY = b"\x00\xffbin\ttab"  # not printable as text: shown in hex
 
@@ -71,6 +74,14 @@ def records(uri: str, name: str, *args: str) -> list[tuple[str, bytes, int | Non
     out = ok(run(uri, "read", name, "--format", "json", *args)).stdout.splitlines()
     docs = [json.loads(line) for line in out]
     return [(d["position"], base64.b64decode(d["data"]), d["txid"]) for d in docs]
+
+
+def until(probe: Callable[[], T], done: Callable[[T], bool]) -> T:
+    """Probe until ``done(result)`` holds; fail after WAIT seconds."""
+    deadline = time.monotonic() + WAIT
+    while not done(result := probe()):
+        assert time.monotonic() < deadline, f"not reached within {WAIT} s: {result}"
+    return result
 
 
 class Proc:
@@ -256,6 +267,15 @@ def test_a_new_writer_fences_a_running_append(uri):
     try:
         old.feed(b"a1\n")
         (a1,) = [Position.parse(p) for p in old.next_lines(1)]
+        # while it writes: its segment is in progress, counts unknown until completed; the
+        # last position is what the bookies confirm (the writer's explicit LAC, within 0.2 s)
+        doc = until(lambda: json.loads(ok(run(uri, "show", "fence", "--json")).stdout),
+                    lambda d: d["last_position"] == str(a1))
+        (seg,) = doc["segments"]
+        assert seg["state"] == "in-progress" and seg["records"] is None
+        assert seg["last_position"] is None and doc["writer"] == "old-writer"
+        assert "in-progress" in ok(run(uri, "show", "fence")).stdout
+        assert records(uri, "fence") == [(str(a1), b"a1", None)]
         (b1,) = positions(run(uri, "append", "fence", "b1"))
         assert b1 > a1
         old.feed(b"a2\n")
