@@ -31,6 +31,43 @@ import crc32c
 
 from pybk.errors import DigestMismatchError
 
+__all__ = [
+    "DIGEST_SIZES",
+    "DIGEST_TYPES",
+    "ENTRY_HEADER",
+    "ENTRY_HEADER_SIZE",
+    "LAC_HEADER",
+    "LAST_ENTRY",
+    "AddRequest",
+    "AddResponse",
+    "AuthRequest",
+    "AuthResponse",
+    "BookieInfoRequest",
+    "BookieInfoResponse",
+    "DecodedEntry",
+    "DigestManager",
+    "FenceRequest",
+    "FenceResponse",
+    "ListEntriesRequest",
+    "ListEntriesResponse",
+    "Op",
+    "ReadLacRequest",
+    "ReadLacResponse",
+    "ReadRequest",
+    "ReadResponse",
+    "Request",
+    "Response",
+    "Status",
+    "WriteLacRequest",
+    "WriteLacResponse",
+    "add_ok",
+    "error_response",
+    "mac_key",
+    "master_key",
+    "parse_entry_header",
+    "password_hash",
+]
+
 # --------------------------------------------------------------------------- status codes
 
 

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from pybk.bookie.state import STOPPED
 from pybk.errors import BookieUnavailableError, ClientClosedError, TimeoutError
 from pybk.protocol import AddRequest, Request, Response, Status
 from pybk.transport.base import Transport
@@ -87,7 +88,7 @@ class LocalTransport(Transport):
         if fut.done():
             return
         bookie = self.bookies.get(bookie_id)
-        if bookie is None or bookie.state == "stopped":
+        if bookie is None or bookie.state == STOPPED:
             fut.set_exception(BookieUnavailableError(f"bookie {bookie_id} is not running"))
             return
         if type(request) is AddRequest:
