@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pybk.cli import spawn_bookie, wait_ready
 from pybk.client import Client
+from pybk.protocol import ReadRequest, Status
 from pybk.replication.context import ClientConfig
 from pybk.testing.replicas import replication_problems
 
@@ -68,6 +69,17 @@ async def lost_bookie_is_re_replicated(root: Path, metadata: str) -> None:
                 handles.append(lh)
             idle = await client.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2)
             await idle.append_many([b"open %d" % i for i in range(15)])  # and then silence
+
+            async def all_written() -> bool:  # no add still on its way to a third replica
+                for bookie in idle.metadata.last_ensemble:  # (its failure would make the
+                    for e in range(15):                     # writer change the ensemble)
+                        reply = await client.transport.send(bookie, ReadRequest(idle.id, e),
+                                                            5.0)
+                        if reply.status != Status.OK:
+                            return False
+                return True
+
+            await until(all_written, 30.0, "every replica of the open ledger to be written")
             named = {b: sum(b in e for h in [*handles, idle]
                             for e in h.metadata.ensembles.values()) for b in ids}
             victim = max(sorted(named), key=lambda b: (b in idle.metadata.last_ensemble,

@@ -1,9 +1,10 @@
 """The ``pybk`` command (also ``python -m pybk``), one module per command group.
 
 ``common`` holds what the commands share (connection options, exit conventions), ``processes``
-starting and stopping bookie processes; ``bookie``, ``cluster``, ``ledger``, ``autorecovery`` and
-``simulate`` are the command groups (``admin`` adds the operator commands to ``bookie`` and
-``ledger``). This is the outermost layer: it reads the environment, signals and files.
+starting and stopping bookie processes; ``bookie``, ``cluster``, ``ledger``, ``log``,
+``autorecovery`` and ``simulate`` are the command groups (``admin`` adds the operator commands
+to ``bookie`` and ``ledger``). This is the outermost layer: it reads the environment, signals
+and files.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pybk.cli.autorecovery import autorecovery
 from pybk.cli.bookie import bookie
 from pybk.cli.cluster import cluster
 from pybk.cli.ledger import ledger
+from pybk.cli.log import log
 from pybk.cli.processes import spawn_bookie, stop_pid, wait_ready
 from pybk.cli.simulate import simulate
 
@@ -54,4 +56,5 @@ ledger.add_command(ledger_under_replicated)
 main.add_command(autorecovery)
 main.add_command(cluster)
 main.add_command(ledger)
+main.add_command(log)
 main.add_command(simulate)

@@ -26,6 +26,24 @@ from pybk.metadata.base import (
 if TYPE_CHECKING:
     from pybk.metadata.base import MetadataStore
 
+__all__ = [
+    "MAX_OWNER_LENGTH",
+    "CallbackWatch",
+    "LockElection",
+    "check_bookie_id",
+    "check_expected_marks",
+    "check_key",
+    "check_ledger_id",
+    "check_metadata",
+    "check_owner",
+    "check_prefix",
+    "check_rack",
+    "check_registration",
+    "check_value",
+    "election_lock",
+    "merge_missing",
+]
+
 log = logging.getLogger(__name__)
 
 #: Longest owner label of a lock or candidate label of an election.

@@ -14,6 +14,11 @@ from pybk.replication.placement import DefaultPlacementPolicy, PlacementPolicy
 from pybk.stats import ClientStats
 from pybk.transport.base import Transport
 
+__all__ = [
+    "ClientConfig",
+    "ClientContext",
+]
+
 
 @dataclass
 class ClientConfig:

@@ -43,6 +43,19 @@ if TYPE_CHECKING:
     from pybk.replication.context import ClientContext
     from pybk.stats import ClientStats
 
+__all__ = [
+    "LedgerEntry",
+    "ReadHandle",
+    "consume",
+    "drop_pending",
+    "in_order",
+    "quorums_of",
+    "read_entry",
+    "read_lac_covered",
+    "read_range",
+    "summarize",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class LedgerEntry:

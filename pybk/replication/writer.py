@@ -53,6 +53,12 @@ if TYPE_CHECKING:
     from pybk.replication.context import ClientContext
     from pybk.stats import ClientStats
 
+__all__ = [
+    "ACK_OUT_OF_ORDER",
+    "AddPipeline",
+    "LedgerHandle",
+]
+
 log = logging.getLogger(__name__)
 
 #: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``):
