@@ -42,6 +42,8 @@ _ABSENT = frozenset({Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER})
 _DAMAGED = frozenset({Status.IO_ERROR, Status.CORRUPT, Status.DIGEST_MISMATCH})
 #: metadata reads in flight while indexing every ledger
 _READ_WINDOW = 64
+#: seconds within which a lost bookie's delay counts as passed
+_SLACK = 0.001
 
 
 async def read_all_metadata(ctx: ClientContext) -> list[LedgerMetadata]:
@@ -106,7 +108,7 @@ class Auditor:
                     if forced:
                         log.info("auditor: audit requested")
                     next_due = await self.check_bookies(force=forced)
-                    if forced or loop.time() >= next_ledger_check:
+                    if forced or loop.time() + _SLACK >= next_ledger_check:
                         await self.check_ledgers()
                         if interval > 0:
                             next_ledger_check = loop.time() + interval
@@ -147,7 +149,7 @@ class Auditor:
         newly = 0
         for bookie in sorted(missing):
             since = self.lost_since.setdefault(bookie, now)
-            if not force and now - since < delay:
+            if not force and now - since + _SLACK < delay:  # (due within 1 ms: due now)
                 next_due = min(next_due, since + delay)
                 continue
             for lid in sorted(index[bookie]):
@@ -183,6 +185,7 @@ class Auditor:
             self.stats.ledgers_marked += marked
             await self.settings.marks_added()
         self.stats.durations["ledger_check"] = loop.time() - started
+        self.stats.ledger_checks_completed += 1
         return marked
 
     async def check_ledger(self, md: LedgerMetadata, live: set[str]) -> set[str]:

@@ -82,6 +82,8 @@ class AutoRecoveryStats:
     audits: int = 0
     bookie_checks: int = 0
     ledger_checks: int = 0
+    #: ledger checks that ran to the end (a failed one is retried)
+    ledger_checks_completed: int = 0
     ledgers_marked: int = 0
     #: ledgers found by the ledger check with an entry no replica holds readable
     ledgers_lost_entries: int = 0

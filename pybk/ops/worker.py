@@ -29,6 +29,10 @@ __all__ = ["ReplicationWorker", "ledger_lock"]
 log = logging.getLogger(__name__)
 
 
+#: seconds within which a scheduled retry counts as due
+_SLACK = 0.001
+
+
 def ledger_lock(ledger_id: int) -> str:
     """The lock a worker holds while it repairs ``ledger_id``."""
     return f"replication/ledger-{ledger_id}"
@@ -90,7 +94,9 @@ class ReplicationWorker:
                 self.deferred_since.pop(lid, None)
         live = {r.bookie_id for r in await self.ctx.store.list_bookies()}
         now = loop.time()
-        due = [lid for lid in sorted(marks) if self.retry_at.get(lid, 0.0) <= now]
+        # (a retry due within a millisecond is due now: a wait shorter than the clock's
+        # resolution would wake at once, again and again)
+        due = [lid for lid in sorted(marks) if self.retry_at.get(lid, 0.0) <= now + _SLACK]
         self.ctx.rng.shuffle(due)  # several workers start on different ledgers
         limit = asyncio.Semaphore(self.config.concurrent_repairs)
 
@@ -114,7 +120,8 @@ class ReplicationWorker:
         try:
             now = loop.time()
             since = self.deferred_since.get(lid)
-            grace_over = since is not None and now - since >= self.config.open_ledger_grace
+            grace_over = since is not None and \
+                now - since + _SLACK >= self.config.open_ledger_grace
             result = await repair_ledger(
                 self.ctx, lid, marked, live=live, grace_over=grace_over,
                 passwords=self.config.passwords, window=self.config.copy_window)
