@@ -220,3 +220,64 @@ async def test_a_cluster_with_racks_places_every_ledger_across_racks() -> None:
         lh = await best_effort.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2)
         assert len({racks[b] for b in lh.metadata.ensembles[0]}) == 2
         await lh.close()
+
+
+async def test_disk_weighted_placement_asks_the_bookies_and_caches_their_answers() -> None:
+    from pybk.protocol import Op
+    from pybk.replication.placement import writable_nodes
+    from pybk.testing import HookedTransport
+
+    config = ClientConfig(placement=DefaultPlacementPolicy(disk_weighted=True),
+                          disk_usage_cache_ttl=30.0)
+    async with LocalCluster("/c", 4, metadata="memory://", fs=MemFileSystem(),
+                            client_config=config, transport_wrapper=HookedTransport) as cluster:
+        client = cluster.client()
+        asked = cluster.transport.hooks.before(None, op=Op.BOOKIE_INFO,
+                                               callback=_nothing)
+        lh = await client.create_ledger(ensemble_size=3, write_quorum=2, ack_quorum=2)
+        assert asked.matched == 4  # one BookieInfo per writable bookie
+        nodes = await writable_nodes(client._context())
+        assert all(n.free_bytes is not None and n.free_bytes > 0 for n in nodes)
+        assert asked.matched == 4  # cached: not asked again within the TTL
+        await lh.close()
+        # a bookie that does not answer is weighed as the median, never blocks placement
+        asked.remove()
+        cluster.transport.hooks.fail("bookie-0", op=Op.BOOKIE_INFO, status=None)
+        client._context().disk_usage.clear()
+        nodes = await writable_nodes(client._context())
+        assert {n.bookie_id: n.free_bytes is None for n in nodes}["bookie-0"] is True
+        await (await client.create_ledger(ensemble_size=3, write_quorum=2,
+                                          ack_quorum=2)).close()
+
+
+async def _nothing(bookie: str, request: object) -> None:
+    return None
+
+
+async def test_reads_go_to_the_local_rack_first() -> None:
+    from pybk.protocol import Op
+    from pybk.testing import HookedTransport
+
+    racks = {"bookie-0": "/dc/a", "bookie-1": "/dc/b", "bookie-2": "/dc/c"}
+    async with LocalCluster("/c", 3, metadata="memory://", fs=MemFileSystem(), racks=racks,
+                            transport_wrapper=HookedTransport) as cluster:
+        writer = cluster.client()
+        lh = await writer.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2)
+        await lh.append_many([b"e%d" % i for i in range(30)])
+        await lh.close()
+        for local in ("/dc/a", "/dc/c"):
+            reader = cluster.client(config=ClientConfig(
+                speculative_read_delay=0.0,
+                placement=RackAwarePlacementPolicy(local_rack=local)))
+            seen: list[str] = []
+
+            async def note(bookie: str, request: object, seen: list[str] = seen) -> None:
+                seen.append(bookie)
+
+            rule = cluster.transport.hooks.before(None, op=Op.READ, callback=note)
+            rh = await reader.open_ledger(lh.id, recovery=False)
+            seen.clear()
+            assert len(await rh.read(0, 29)) == 30
+            rule.remove()
+            want = next(b for b, r in racks.items() if r == local)
+            assert seen and set(seen) == {want}, seen  # every entry from the local replica
