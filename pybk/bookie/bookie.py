@@ -441,8 +441,9 @@ class Bookie:
         the journal's batch completion, right after the fsync that covers the entry and its
         index update. ``reply`` must be quick and must not raise (the transport's is a
         ``Future.set_result``)."""
-        done = _AddDone(self, request, reply) if self.stats is None else _TimedAddDone(
-            self, request, reply, self.stats)
+        stats = self.stats
+        done: AddCallback = _AddDone(self, request, reply) if stats is None else \
+            _TimedAddDone(self, request, reply, stats, asyncio.get_running_loop().time)
         self.add_entry(request.ledger_id, request.entry_id, request.master_key, request.body,
                        done, request.recovery)
 
@@ -600,21 +601,35 @@ class _AddDone:
             self.reply(self.bookie._error_reply(request, exc))
 
 
-class _TimedAddDone(_AddDone):
-    """:class:`_AddDone` of a bookie that keeps stats: also times the add."""
+class _TimedAddDone:
+    """``on_done`` of an add on a bookie that keeps stats: answers as :class:`_AddDone`
+    does and records the add (its own small class: a ``super()`` call per add costs more
+    than the recording)."""
 
-    __slots__ = ("started", "stats")
+    __slots__ = ("bookie", "clock", "reply", "request", "started", "stats")
 
     def __init__(self, bookie: Bookie, request: AddRequest, reply: Callable[[Response], None],
-                 stats: BookieStats) -> None:
-        super().__init__(bookie, request, reply)
+                 stats: BookieStats, clock: Callable[[], float]) -> None:
+        self.bookie = bookie
+        self.request = request
+        self.reply = reply
         self.stats = stats
-        self.started = asyncio.get_running_loop().time()
+        self.clock = clock
+        self.started = clock()
 
     def __call__(self, exc: BaseException | None) -> None:
-        _count_add(self.stats, self.request, exc is None,
-                   asyncio.get_running_loop().time() - self.started)
-        super().__call__(exc)
+        request = self.request
+        stats = self.stats
+        if exc is None:
+            stats.adds += 1
+            stats.add_bytes += len(request.body)
+            if request.recovery:
+                stats.recovery_adds += 1
+            stats.add_latency.observe(self.clock() - self.started)
+            self.reply(add_ok(request.ledger_id, request.entry_id))
+        else:
+            stats.add_errors += 1
+            self.reply(self.bookie._error_reply(request, exc))
 
 
 def _count_add(stats: BookieStats, request: AddRequest, ok: bool, elapsed: float) -> None:
