@@ -442,8 +442,16 @@ class Bookie:
         index update. ``reply`` must be quick and must not raise (the transport's is a
         ``Future.set_result``)."""
         stats = self.stats
-        done: AddCallback = _AddDone(self, request, reply) if stats is None else \
-            _TimedAddDone(self, request, reply, stats, asyncio.get_running_loop().time)
+        done: AddCallback
+        if stats is None:
+            done = _AddDone(self, request, reply)
+        else:
+            stats.sampled += 1
+            timed = stats.sampled >= stats.latency_sample
+            if timed:
+                stats.sampled = 0
+            done = _CountedAddDone(self, request, reply, stats,
+                                   asyncio.get_running_loop().time if timed else None)
         self.add_entry(request.ledger_id, request.entry_id, request.master_key, request.body,
                        done, request.recovery)
 
@@ -601,21 +609,21 @@ class _AddDone:
             self.reply(self.bookie._error_reply(request, exc))
 
 
-class _TimedAddDone:
+class _CountedAddDone:
     """``on_done`` of an add on a bookie that keeps stats: answers as :class:`_AddDone`
-    does and records the add (its own small class: a ``super()`` call per add costs more
-    than the recording)."""
+    does and counts the add; one add in ``BookieStats.latency_sample`` is also timed (its
+    own small class: a ``super()`` call per add costs more than the recording)."""
 
     __slots__ = ("bookie", "clock", "reply", "request", "started", "stats")
 
     def __init__(self, bookie: Bookie, request: AddRequest, reply: Callable[[Response], None],
-                 stats: BookieStats, clock: Callable[[], float]) -> None:
+                 stats: BookieStats, clock: Callable[[], float] | None) -> None:
         self.bookie = bookie
         self.request = request
         self.reply = reply
         self.stats = stats
         self.clock = clock
-        self.started = clock()
+        self.started = clock() if clock is not None else 0.0
 
     def __call__(self, exc: BaseException | None) -> None:
         request = self.request
@@ -625,7 +633,8 @@ class _TimedAddDone:
             stats.add_bytes += len(request.body)
             if request.recovery:
                 stats.recovery_adds += 1
-            stats.add_latency.observe(self.clock() - self.started)
+            if self.clock is not None:
+                stats.add_latency.observe(self.clock() - self.started)
             self.reply(add_ok(request.ledger_id, request.entry_id))
         else:
             stats.add_errors += 1
