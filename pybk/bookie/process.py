@@ -81,6 +81,9 @@ class BookieProcessConfig:
     session_timeout: float | None = None
     #: network location ``/region/rack`` for rack-aware placement
     rack: str = ""
+    #: how auto-recovery and the admin endpoint choose target bookies (a pybk
+    #: PlacementPolicy; None: random among writable bookies)
+    placement: Any = None
     #: journal segment size and preallocation (used when ``bookie_config`` is None)
     segment_size: int = 64 << 20
     preallocate: bool = True
@@ -224,7 +227,7 @@ class BookieProcess:
     async def _start_operations(self) -> None:
         """The client that reaches the other bookies (as a client of the cluster: the same
         TLS and token), the bookie's collectors, and auto-recovery when asked for."""
-        from pybk.client import Client
+        from pybk.client import Client, ClientConfig
         from pybk.ops import AutoRecovery
         from pybk.ops.metrics import AutoRecoveryCollector
         from pybk.transport.tcp import TcpTransport
@@ -241,10 +244,13 @@ class BookieProcess:
         if cfg.auth_token is not None:
             kwargs["auth_token"] = cfg.auth_token
         transport = TcpTransport.from_store(self.store, **kwargs)
-        self._client = Client(self.store, transport=transport)
+        client_config = ClientConfig() if cfg.placement is None else ClientConfig(
+            placement=cfg.placement)
+        self._client = Client(self.store, transport=transport, config=client_config)
         if cfg.autorecovery:
             self.autorecovery = AutoRecovery(
-                self.store, transport, name=self.bookie_id, config=cfg.autorecovery_config)
+                self.store, transport, name=self.bookie_id, config=cfg.autorecovery_config,
+                client_config=client_config)
             recovery = self.autorecovery
             self.registry.register(AutoRecoveryCollector(
                 lambda: [(self.bookie_id, recovery.stats)]))

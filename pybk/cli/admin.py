@@ -8,7 +8,14 @@ from typing import Any
 
 import click
 
+from pybk.cli.autorecovery import placement_options
 from pybk.cli.common import Conn, client_options, run_async, with_client
+
+
+def _placed(placement: Any) -> Any:
+    from pybk.client import ClientConfig
+
+    return ClientConfig(placement=placement)
 
 __all__ = ["bookie_decommission", "bookie_info", "bookie_recover", "ledger_under_replicated"]
 
@@ -28,13 +35,15 @@ def bookie_info(conn: Conn, bookie_id: str) -> None:
 
 @click.command("decommission")
 @client_options
+@placement_options
 @click.argument("bookie_id")
 @click.option("--delete-cookie", is_flag=True,
               help="Forget the bookie's identity too, so a fresh bookie may reuse the id.")
 @click.option("--grace", type=click.FloatRange(0), default=0.0, show_default=True,
               help="Seconds an open ledger naming the bookie is left to its writer before "
                    "it is fenced.")
-def bookie_decommission(conn: Conn, bookie_id: str, delete_cookie: bool, grace: float) -> None:
+def bookie_decommission(conn: Conn, bookie_id: str, delete_cookie: bool, grace: float,
+                        placement: Any) -> None:
     """Retire a stopped bookie for good: copy everything it held elsewhere and wait until no
     ledger names it (bounded by --timeout). Refused while the bookie runs. Prints a report."""
 
@@ -44,16 +53,19 @@ def bookie_decommission(conn: Conn, bookie_id: str, delete_cookie: bool, grace: 
         result: dict[str, Any] = report.as_dict()
         return result
 
+    conn.config = _placed(placement)
     click.echo(json.dumps(run_async(with_client(conn, go)), sort_keys=True))
 
 
 @click.command("recover")
 @client_options
+@placement_options
 @click.argument("bookie_id")
 @click.option("--password-file", "password_files", multiple=True,
               type=click.Path(exists=True, dir_okay=False),
               help="A ledger password for ledgers without recovery keys (repeatable).")
-def bookie_recover(conn: Conn, bookie_id: str, password_files: tuple[str, ...]) -> None:
+def bookie_recover(conn: Conn, bookie_id: str, password_files: tuple[str, ...],
+                   placement: Any) -> None:
     """Copy every fragment naming BOOKIE_ID to other bookies and update the ledgers (open
     ledgers naming it are fenced first). Prints a report."""
     from pathlib import Path
@@ -65,6 +77,7 @@ def bookie_recover(conn: Conn, bookie_id: str, password_files: tuple[str, ...]) 
         result: dict[str, Any] = report.as_dict()
         return result
 
+    conn.config = _placed(placement)
     click.echo(json.dumps(run_async(with_client(conn, go)), sort_keys=True))
 
 

@@ -23,7 +23,41 @@ import click
 
 from pybk.cli.common import Conn, client_options, fail, run_async, with_client
 
-__all__ = ["autorecovery", "autorecovery_options", "make_autorecovery_config"]
+__all__ = ["autorecovery", "autorecovery_options", "make_autorecovery_config",
+           "placement_options"]
+
+
+def placement_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """How re-replication (and the admin's copies) choose target bookies; passes
+    ``placement`` (a pybk PlacementPolicy)."""
+
+    @click.option("--placement", type=click.Choice(["random", "disk-weighted", "rack-aware"]),
+                  default="random", show_default=True,
+                  help="Policy for new bookies of a ledger (re-replication targets).")
+    @click.option("--min-racks", type=click.IntRange(1, 64), default=2, show_default=True,
+                  help="rack-aware: racks each write set should span.")
+    @click.option("--strict-placement", is_flag=True,
+                  help="rack-aware: refuse a target that cannot keep --min-racks.")
+    @functools.wraps(fn)
+    def wrapper(*args: Any, placement: str, min_racks: int, strict_placement: bool,
+                **kwargs: Any) -> Any:
+        from pybk.replication.placement import (
+            DefaultPlacementPolicy,
+            PlacementPolicy,
+            RackAwarePlacementPolicy,
+        )
+
+        policy: PlacementPolicy
+        if placement == "rack-aware":
+            policy = RackAwarePlacementPolicy(min_racks_per_write_quorum=min_racks,
+                                              strict=strict_placement)
+        else:
+            if strict_placement:
+                raise click.UsageError("--strict-placement needs --placement rack-aware")
+            policy = DefaultPlacementPolicy(disk_weighted=placement == "disk-weighted")
+        return fn(*args, placement=policy, **kwargs)
+
+    return wrapper
 
 
 def autorecovery_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -93,11 +127,13 @@ def make_autorecovery_config(**given: Any) -> Any:
               type=click.Path(exists=True, dir_okay=False),
               help="A ledger password to try for ledgers without recovery keys (repeatable).")
 @autorecovery_options
+@placement_options
 @click.pass_context
 def autorecovery(ctx: click.Context, metadata: str | None, name: str | None,
                  tls_ca: str | None, tls_cert: str | None, tls_key: str | None,
                  auth_token_file: str | None, session_timeout: float | None,
-                 password_files: tuple[str, ...], autorecovery_config: Any) -> None:
+                 password_files: tuple[str, ...], autorecovery_config: Any,
+                 placement: Any) -> None:
     """Run auto-recovery (`pybk autorecovery --metadata URI`) until SIGTERM, or act on it
     cluster-wide: status, enable, disable, trigger, delay.
 
@@ -119,24 +155,28 @@ def autorecovery(ctx: click.Context, metadata: str | None, name: str | None,
     logging.basicConfig(level=os.environ.get("PYBK_LOG_LEVEL", "INFO"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        asyncio.run(_serve(conn, label, autorecovery_config, session_timeout))
+        asyncio.run(_serve(conn, label, autorecovery_config, session_timeout, placement))
     except (OSError, ValueError) as exc:
         fail(f"{type(exc).__name__}: {exc}")
 
 
-async def _serve(conn: Conn, name: str, config: Any, session_timeout: float | None) -> None:
-    from pybk.client import Client
+async def _serve(conn: Conn, name: str, config: Any, session_timeout: float | None,
+                 placement: Any) -> None:
+    from pybk.client import Client, ClientConfig
     from pybk.metadata import open_store
     from pybk.metadata.uri import session_options
     from pybk.ops import AutoRecovery
 
     store = open_store(conn.metadata, **session_options(conn.metadata, session_timeout))
-    client = Client(store, tls=conn.ssl_context(), auth_token=conn.token())
+    client_config = ClientConfig(placement=placement)
+    client = Client(store, tls=conn.ssl_context(), auth_token=conn.token(),
+                    config=client_config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    recovery = AutoRecovery(store, client.transport, name=name, config=config)
+    recovery = AutoRecovery(store, client.transport, name=name, config=config,
+                            client_config=client_config)
     try:
         await recovery.start()
         print(json.dumps({"event": "ready", "name": name, "pid": os.getpid()}), flush=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from pybk.cli.autorecovery import autorecovery_options
+from pybk.cli.autorecovery import autorecovery_options, placement_options
 from pybk.cli.common import Conn, client_options, fail, read_token, run_async
 from pybk.errors import BKError
 from pybk.metadata._common import check_rack
@@ -77,6 +77,7 @@ def http_options(fn: Any) -> Any:
               help="Also run auto-recovery here (an auditor candidate and a worker).")
 @http_options
 @autorecovery_options
+@placement_options
 @click.pass_context
 def bookie(
     ctx: click.Context,
@@ -102,6 +103,7 @@ def bookie(
     http_port: int | None,
     http_config: Any,
     autorecovery_config: Any,
+    placement: Any,
 ) -> None:
     """Run a bookie server (`pybk bookie --data DIR --metadata URI`), or `pybk bookie list`,
     or check a stopped bookie's data directory (`pybk bookie inspect DIR`).
@@ -138,6 +140,7 @@ def bookie(
         autorecovery_config=autorecovery_config,
         http_port=http_port,
         http_config=http_config,
+        placement=placement,
     )
     try:
         config.resolved_bookie_id()

@@ -76,6 +76,8 @@ class Conn:
         self.tls_key = tls_key
         self.auth_token_file = auth_token_file
         self.timeout = timeout
+        #: the client's ClientConfig (None: defaults); a command may set it
+        self.config: Any = None
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if not (self.tls_ca or self.tls_cert):
@@ -90,7 +92,8 @@ class Conn:
     def client(self) -> Any:
         from pybk.client import Client
 
-        return Client(self.metadata, tls=self.ssl_context(), auth_token=self.token())
+        return Client(self.metadata, tls=self.ssl_context(), auth_token=self.token(),
+                      config=self.config)
 
     def store(self) -> Any:
         from pybk.metadata import open_store

@@ -104,7 +104,9 @@ async def test_bookie_info_recover_decommission_and_marks(procs: Procs) -> None:
     info = json.loads(out)
     assert code == 0 and info["state"] == "writable" and info["total_bytes"] > 0
     # recover moves every fragment off a bookie, even a running one
-    code, out = await asyncio.to_thread(cli, "bookie", "recover", "b0", "--metadata", m)
+    code, out = await asyncio.to_thread(cli, "bookie", "recover", "b0", "--metadata", m,
+                                        "--placement", "rack-aware", "--min-racks", "2",
+                                        "--strict-placement")
     assert code == 0, out
     async with Client(m) as client:
         for lid in ids:
@@ -161,6 +163,9 @@ async def test_autorecovery_switches_and_bad_input(tmp_path: Path) -> None:
         assert code == 1 and out.startswith("pybk: error: ValueError"), (bad, out)
     code, out = await asyncio.to_thread(cli, "autorecovery")
     assert code == 2 and "--metadata" in out
+    code, out = await asyncio.to_thread(cli, "bookie", "recover", "b0", "--metadata", m,
+                                        "--strict-placement")
+    assert code == 2 and "rack-aware" in out
     code, out = await asyncio.to_thread(cli, "autorecovery", "--metadata", m,
                                         "--open-ledger-grace", "0")
     assert code == 2
