@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,speed]"
 	touch $(STAMP)
 
 venv: $(STAMP)
