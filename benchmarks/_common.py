@@ -9,11 +9,14 @@ printed the same way everywhere.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import sqlite3
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from dataclasses import fields
+from pathlib import Path
 from typing import Any, TypeVar
 
 from pybk.bench import (
@@ -41,6 +44,7 @@ __all__ = [
     "cpu_probe",
     "frame_records",
     "fsync_latencies",
+    "ledger_run",
     "loops_to_run",
     "median",
     "open_loop",
@@ -49,6 +53,8 @@ __all__ = [
     "plain_group_commit",
     "run_on",
     "run_sqlite",
+    "server_settings",
+    "tcp_bookies",
 ]
 
 T = TypeVar("T")
@@ -151,3 +157,53 @@ def config_diff(a: Any, b: Any) -> list[str]:
         if va != vb:
             out.append(f"{f.name}: {va!r} vs {vb!r}")
     return out
+
+
+def server_settings(preallocate: bool = True) -> Any:
+    """The ``BookieConfig`` of a ``pybk bookie`` process (the same object it builds)."""
+    from pybk.bookie.process import process_bookie_config
+
+    return process_bookie_config(preallocate=preallocate)
+
+
+@contextlib.asynccontextmanager
+async def tcp_bookies(root: Path, count: int = 3, *, loop: str = "asyncio",
+                      extra_args: Sequence[str] = ()) -> AsyncIterator[str]:
+    """``count`` ``pybk bookie`` processes on loopback (free ports, SQLite metadata under
+    ``root``), each on event loop ``loop``; yields the metadata URI; stops them by PID."""
+    from pybk.cli.processes import spawn_bookie, wait_ready
+
+    metadata = f"sqlite://{root / 'metadata.db'}"
+    args = ["--loop", loop, *extra_args]
+    procs = [spawn_bookie(root, f"bookie-{i + 1}", metadata, extra_args=args)
+             for i in range(count)]
+    try:
+        for i, p in enumerate(procs):
+            await asyncio.to_thread(wait_ready, root, f"bookie-{i + 1}", p, 60.0)
+        yield metadata
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                await asyncio.to_thread(p.wait, 30)
+            except Exception:
+                p.kill()
+                p.wait()
+
+
+async def ledger_run(client: Any, quorum: tuple[int, int, int], size: int, inflight: int,
+                     duration: float, warmup: float = 0.2) -> Run:
+    """A new ledger with ``quorum`` (E, Qw, Qa); ``warmup`` s of appends (connections,
+    caches), then ``duration`` s with ``inflight`` appends of ``size`` bytes outstanding
+    (``LedgerHandle.append``, the public API); the ledger is closed."""
+    lh = await client.create_ledger(*quorum)
+    payload = os.urandom(size)
+    append = lh.append
+    try:
+        if warmup > 0:
+            await closed_loop(lambda: append(payload), inflight, warmup)
+        return await closed_loop(lambda: append(payload), inflight, duration)
+    finally:
+        await lh.close()
