@@ -50,12 +50,18 @@ class Run:
         return LatencySummary.of(self.latencies)
 
 
-async def closed_loop(append: Append, inflight: int, duration: float) -> Run:
-    """Keep ``inflight`` appends outstanding for ``duration`` seconds (module doc)."""
+async def closed_loop(append: Append, inflight: int, duration: float = math.inf, *,
+                      count: int | None = None) -> Run:
+    """Keep ``inflight`` appends outstanding for ``duration`` seconds, or until ``count``
+    appends were issued (module doc)."""
     if inflight < 1:
         raise ValueError(f"inflight must be >= 1, got {inflight}")
-    if duration <= 0:
-        raise ValueError(f"duration must be > 0, got {duration}")
+    if duration <= 0 or (count is not None and count < 1):
+        raise ValueError(f"duration and count must be > 0, got {duration} and {count}")
+    if math.isinf(duration) and count is None:
+        raise ValueError("give a duration or a count")
+    limit = count if count is not None else math.inf
+    issued = 0
     loop = asyncio.get_running_loop()
     clock = time.perf_counter
     lat: list[float] = []
@@ -64,7 +70,7 @@ async def closed_loop(append: Append, inflight: int, duration: float) -> Run:
     stop = clock() + duration
 
     def issue() -> None:
-        nonlocal outstanding
+        nonlocal outstanding, issued
         t0 = clock()
         try:
             fut = append()
@@ -73,6 +79,7 @@ async def closed_loop(append: Append, inflight: int, duration: float) -> Run:
                 finished.set_exception(exc)
             return
         outstanding += 1
+        issued += 1
         fut.add_done_callback(lambda f: done(f, t0))
 
     def done(f: asyncio.Future[Any], t0: float) -> None:
@@ -85,13 +92,13 @@ async def closed_loop(append: Append, inflight: int, duration: float) -> Run:
                 finished.set_exception(error)
             return
         lat.append(now - t0)
-        if now < stop and not finished.done():
+        if now < stop and issued < limit and not finished.done():
             issue()
         elif outstanding == 0 and not finished.done():
             finished.set_result(None)
 
     start = clock()
-    for _ in range(inflight):
+    for _ in range(int(min(inflight, limit))):
         issue()
     try:
         await finished
