@@ -11,6 +11,8 @@ the same as the other's:
 * :mod:`pybk.bench.drive`: closed-loop (N in flight) and open-loop (a fixed rate, latency
   counted from when each append was due) drivers of any ``append() -> Future``.
 * :mod:`pybk.bench.stats`: percentiles and a latency summary.
+* :mod:`pybk.bench.writes`: ``pybk bench``'s measurement (a ledger's appends, then the
+  ceiling under the same load on the same disk).
 
 Nothing here is used by pybk's own read or write paths.
 """
@@ -24,12 +26,15 @@ from pybk.bench.ceiling import (
 )
 from pybk.bench.drive import Run, closed_loop, open_loop
 from pybk.bench.stats import LatencySummary, median, percentile
+from pybk.bench.writes import WriteBench, WriteReport, run_write_bench
 
 __all__ = [
     "GroupCommitFile",
     "LatencySummary",
     "RecordFile",
     "Run",
+    "WriteBench",
+    "WriteReport",
     "closed_loop",
     "frame_records",
     "fsync_latencies",
@@ -37,4 +42,5 @@ __all__ = [
     "open_loop",
     "percentile",
     "plain_group_commit",
+    "run_write_bench",
 ]
