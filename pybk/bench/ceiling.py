@@ -161,6 +161,17 @@ class GroupCommitFile:
         self.wake.set()
         return fut
 
+    def append_many(self, payloads: list[bytes]) -> asyncio.Future[int]:
+        """Several records, one future (resolved with the batch's offset)."""
+        fut = asyncio.get_running_loop().create_future()
+        pack, crc, parts = RECORD_HEADER.pack, crc32c.crc32c, self.parts
+        for payload in payloads:
+            parts.append(pack(len(payload), crc(payload)))
+            parts.append(payload)
+        self.waiters.append(fut)
+        self.wake.set()
+        return fut
+
     async def _run(self) -> None:
         waiters: list[asyncio.Future[int]] = []
         try:
@@ -173,7 +184,7 @@ class GroupCommitFile:
                 self.file.write(b"".join(parts))
                 self.file.sync()
                 self.syncs += 1
-                self.records += len(waiters)
+                self.records += len(parts) // 2
                 for fut in waiters:
                     if not fut.done():
                         fut.set_result(offset)
