@@ -49,6 +49,7 @@ import time
 
 from _common import cpu_probe, fsync_latencies, median, pct, plain_group_commit, run_sqlite
 
+from pybk.bench import RecordFile
 from pybk.bookie import Bookie, BookieConfig
 from pybk.bookie.process import tune_gc_for_server
 from pybk.protocol import DigestManager, master_key
@@ -157,11 +158,11 @@ async def run_bookie(root: str, writers: int, size: int, duration: float, run: i
     return count / elapsed, lat, per_sync
 
 
-def ceiling(root: str, size: int, group: int, secs: float, preallocate: bool) -> float:
-    """The plain loop's records/s with groups of ``group``, on a file treated as the
-    bookie's segments are (preallocated and written in place, or appended)."""
-    return plain_group_commit(os.path.join(root, "ceiling.log"), size, group, secs,
-                              preallocate=preallocate)[0]
+def ceiling(file: RecordFile, size: int, group: int, secs: float) -> float:
+    """The plain loop's records/s with groups of ``group``, on ``file``: treated as the
+    bookie's segments are (preallocated and written in place, or appended), made once per
+    run (making a preallocated file loads the disk for a while after)."""
+    return plain_group_commit(file, size, group, secs)[0]
 
 
 def main() -> None:
@@ -197,6 +198,7 @@ def main() -> None:
                   f"{'vs sqlite':>9} {'vs sql1':>8} {'tasks/ceil':>10} | {'cpu ns':>6}")
         print(header)
         print("-" * len(header))
+        ceiling_file = RecordFile(os.path.join(root, "ceiling.log"), preallocate=prealloc)
         run = 0
         for size in sizes:
             for writers in writers_list:
@@ -215,15 +217,14 @@ def main() -> None:
                         run_bookie(root, writers, size, slice_, run, style="task",
                                    preallocate=prealloc))[0])
                     group = max(1, round(per_sync))
-                    ceils.append(ceiling(root, size, group, slice_, prealloc))
+                    ceils.append(ceiling(ceiling_file, size, group, slice_))
                     fulls.append(ceils[-1] if group >= writers
-                                 else ceiling(root, size, writers, slice_, prealloc))
+                                 else ceiling(ceiling_file, size, writers, slice_))
                     sqls.append(run_sqlite(root, size, group, slice_))
                     sql1s.append(run_sqlite(root, size, 1, min(slice_, 0.5)))
                     if writers == 1:
                         fsyncs.append(pct(fsync_latencies(
-                            os.path.join(root, "fsync.log"), size, min(slice_, 0.5),
-                            preallocate=prealloc), 0.5))
+                            ceiling_file, size, min(slice_, 0.5)), 0.5))
                 rate, ceil, sql, sql1 = median(rates), median(ceils), median(sqls), median(sql1s)
                 task, full = median(tasks), median(fulls)
                 print(f"{writers:>7} {size:>5} | {rate:>9,.0f} {median(p50s) * 1e3:>7.3f} "
@@ -237,6 +238,7 @@ def main() -> None:
                     print(f"{'':>15}lone writer: p50 {median(p50s) * 1e3:.3f} ms vs one "
                           f"write+fdatasync p50 {median(fsyncs) * 1e3:.3f} ms = "
                           f"{median(ratios):.2f} fsync latencies (median of per-round ratios)")
+        ceiling_file.close()
         print("bookie: callback writers (Bookie.add_entry, next add from the durability "
               "callback); tasks: one asyncio task per writer awaiting Bookie.add. ceiling: "
               "plain loop, CRC-framed records, one write+fdatasync per group of the bookie's "

@@ -43,6 +43,7 @@ alternating, and prints medians.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import tempfile
@@ -70,6 +71,7 @@ from _common import (
 )
 
 from pybk import Client, LocalCluster
+from pybk.bench import RecordFile
 from pybk.bench.ceiling import RECORD_HEADER
 from pybk.bookie.process import tune_gc_for_server
 from pybk.eventloop import available_loops
@@ -119,10 +121,11 @@ async def ledger_open_loop(client: Any, rate: float, duration: float) -> Run:
         await lh.close()
 
 
-async def ceiling_run(root: str, preallocate: bool, inflight: int, duration: float
+async def ceiling_run(target: str | RecordFile, inflight: int, duration: float
                       ) -> tuple[Run, float]:
-    """The single-file group-commit ceiling at ``inflight``: (run, records per fsync)."""
-    log = GroupCommitFile(os.path.join(root, "ceiling.log"), preallocate=preallocate)
+    """The single-file group-commit ceiling at ``inflight``: (run, records per fsync).
+    ``target``: a path (a growing file) or the round's preallocated file."""
+    log = GroupCommitFile(target, preallocate=False if isinstance(target, str) else None)
     payload = os.urandom(SIZE)
     try:
         await closed_loop(lambda: log.append(payload), inflight, min(duration, 0.3))
@@ -190,9 +193,11 @@ async def read_run(client: Any, entries: int) -> float:
     return n / elapsed
 
 
-def fsync_p50(root: str, preallocate: bool) -> float:
-    return percentile(fsync_latencies(os.path.join(root, "fsync.log"), SIZE, 0.5,
-                                      preallocate=preallocate), 0.5)
+def fsync_p50(target: str | RecordFile) -> float:
+    """p50 of one 100 B write + fdatasync: on a growing file (a path) or the round's
+    preallocated file."""
+    return percentile(fsync_latencies(target, SIZE, 0.5, preallocate=False
+                                      if isinstance(target, str) else None), 0.5)
 
 
 # -- one round on one loop ---------------------------------------------------------------------
@@ -205,6 +210,16 @@ async def one_round(root: Path, args: argparse.Namespace, loop: str) -> dict[str
     config = server_settings() if prealloc else None
     skip = set(args.skip.split(",")) if args.skip else set()
     gc.collect()
+    # made once per round, before the cluster starts: making a preallocated file loads the
+    # disk for a while after, and the cluster's first rows give it that while
+    with contextlib.closing(RecordFile(str(root / "prealloc.log"), preallocate=True)) as pre:
+        return await _one_round(root, args, loop, out, prealloc, config, skip, pre)
+
+
+async def _one_round(root: Path, args: argparse.Namespace, loop: str, out: dict[str, Any],
+                     prealloc: bool, config: Any, skip: set[str], pre: RecordFile
+                     ) -> dict[str, Any]:
+    grow = str(root / "grow.log")
     async with LocalCluster(root / "inproc", 3, bookie_config=config) as cluster:
         client = cluster.client()
         # 1. E3/Qw2/Qa2 at 1024 against the single-file ceiling
@@ -212,7 +227,7 @@ async def one_round(root: Path, args: argparse.Namespace, loop: str) -> dict[str
         await lh.close()
         out["e3"] = run
         out["ceiling"], out["ceiling_group"] = await ceiling_run(
-            str(root), prealloc, 1024, args.duration)
+            pre if prealloc else grow, 1024, args.duration)
         # 2. E1 through the client against the same bookie directly
         run, lh = await ledger_closed_loop(client, E1, 1024, args.duration)
         out["e1"] = run
@@ -230,8 +245,8 @@ async def one_round(root: Path, args: argparse.Namespace, loop: str) -> dict[str
         if "read" not in skip:
             out["read"] = await read_run(client, args.read_entries)
             out["read_ceiling"] = read_ceiling(str(root), args.read_entries)
-    out["fsync_same"] = fsync_p50(str(root), prealloc)
-    out["fsync_prealloc"] = fsync_p50(str(root), True)
+    out["fsync_same"] = fsync_p50(pre if prealloc else grow)
+    out["fsync_prealloc"] = fsync_p50(pre)
     if "tcp" in skip:
         return out
     # 3. TCP bookie processes against in process, same settings; 4./5. over TCP

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import itertools
 import json
@@ -58,6 +59,7 @@ from _common import (
 )
 
 import pybk
+from pybk.bench import RecordFile
 from pybk.stream import envelope
 
 # -- pybk ---------------------------------------------------------------------------------------
@@ -139,12 +141,11 @@ async def drive(append: Callable[[], asyncio.Future[Any]], per_call: int, inflig
     return run.rate * per_call
 
 
-async def run_ceiling(root: str, size: int, per_call: int, inflight: int, duration: float
-                      ) -> tuple[float, float]:
-    """records/s, records per fsync. The file is preallocated and written in place, as the
+async def run_ceiling(file: RecordFile, size: int, per_call: int, inflight: int,
+                      duration: float) -> tuple[float, float]:
+    """records/s, records per fsync. ``file`` is preallocated and written in place, as the
     embedded WAL's journal segments are (``pybk.wal.embedded_bookie_config``)."""
-    path = os.path.join(root, "ceiling.log")
-    log = GroupCommitFile(path, preallocate=True)
+    log = GroupCommitFile(file)
     payload = os.urandom(size)
     batch = [payload] * per_call
     try:
@@ -157,11 +158,11 @@ async def run_ceiling(root: str, size: int, per_call: int, inflight: int, durati
         await log.close()
 
 
-def run_plain(root: str, size: int, group: int, duration: float) -> tuple[float, list[float]]:
+def run_plain(file: RecordFile, size: int, group: int, duration: float
+              ) -> tuple[float, list[float]]:
     """The ceiling's framing and group size in a plain loop (no asyncio), on a preallocated
     file written in place: records/s, sync latencies."""
-    return plain_group_commit(os.path.join(root, f"plain-{group}.log"), size, group, duration,
-                              preallocate=True)
+    return plain_group_commit(file, size, group, duration)
 
 
 # -- JSON-like records ----------------------------------------------------------------------------
@@ -284,7 +285,9 @@ def main() -> None:
     args = ap.parse_args()
     slice_ = args.duration / args.rounds
     size, inflight = args.size, args.inflight
-    with tempfile.TemporaryDirectory(prefix="pybk-wal-bench-", dir=args.dir) as root:
+    with tempfile.TemporaryDirectory(prefix="pybk-wal-bench-", dir=args.dir) as root, \
+            contextlib.closing(RecordFile(os.path.join(root, "ceiling.log"),
+                                          preallocate=True)) as ceiling_file:
         print(f"disk under test: {root}; {size}-byte records, {inflight} outstanding, "
               f"{args.rounds} alternating rounds of {slice_:.2f} s, medians")
         print("pybk: pybk.AsyncWAL(path), embedded, 3 bookies, E=3 Qw=3 Qa=2")
@@ -300,10 +303,11 @@ def main() -> None:
                 rate, pe, _, _ = asyncio.run(run_pybk(root, size, per_call, inflight, slice_))
                 rates.append(rate)
                 per_entry.append(pe)
-                ceil, group = asyncio.run(run_ceiling(root, size, per_call, inflight, slice_))
+                ceil, group = asyncio.run(run_ceiling(ceiling_file, size, per_call, inflight,
+                                                      slice_))
                 ceils.append(ceil)
                 groups.append(group)
-                plains.append(run_plain(root, size, max(1, round(group)), slice_)[0])
+                plains.append(run_plain(ceiling_file, size, max(1, round(group)), slice_)[0])
                 sqls.append(run_sqlite(root, size, 1, min(slice_, 0.5)))
             rate, ceil, plain, sql = median(rates), median(ceils), median(plains), median(sqls)
             name = "1/append" if per_call == 1 else f"{per_call}/call"
@@ -335,8 +339,7 @@ def main() -> None:
 
         lone = asyncio.run(lone_writer(root, size, min(args.duration, 2.0)))
         sync_lone = lone_sync_writer(root, size, 500)
-        fsync = pct(fsync_latencies(os.path.join(root, "fsync.log"), size, 0.5,
-                                    preallocate=True), 0.5)
+        fsync = pct(fsync_latencies(ceiling_file, size, 0.5), 0.5)
         p50, p99 = pct(lone, 0.5), pct(lone, 0.99)
         print(f"\nlone writer (await each append): p50 {p50 * 1e3:.3f} ms, p99 "
               f"{p99 * 1e3:.3f} ms = {p50 / fsync:.2f} fsync latencies "

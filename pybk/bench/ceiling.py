@@ -104,13 +104,28 @@ class RecordFile:
         return "appended (the file grows)"
 
 
-def plain_group_commit(path: str, size: int, group: int, duration: float, *,
-                       preallocate: bool) -> tuple[float, list[float]]:
+def _open(target: str | RecordFile, preallocate: bool | None) -> tuple[RecordFile, bool]:
+    """(the file, whether the caller made it here and must close it)."""
+    if isinstance(target, RecordFile):
+        if preallocate is not None and preallocate != target.preallocate:
+            raise ValueError(f"{target.path} is {target.describe()}, not as asked")
+        return target, False
+    if preallocate is None:
+        raise TypeError("a path needs preallocate=True or False")
+    return RecordFile(target, preallocate=preallocate), True
+
+
+def plain_group_commit(target: str | RecordFile, size: int, group: int, duration: float, *,
+                       preallocate: bool | None = None) -> tuple[float, list[float]]:
     """A plain loop (no asyncio): ``group`` records framed, one write, one fdatasync, for
-    ``duration`` seconds. (records/s, one latency per group in seconds)."""
+    ``duration`` seconds. (records/s, one latency per group in seconds).
+
+    ``target``: a path (a file made for this run, preallocated or not, removed after) or an
+    open :class:`RecordFile` to reuse (making a preallocated file writes and syncs 64 MiB,
+    which loads the disk for a while after: reuse one across measurements)."""
     if group < 1:
         raise ValueError(f"group must be >= 1, got {group}")
-    f = RecordFile(path, preallocate=preallocate)
+    f, own = _open(target, preallocate)
     payload = os.urandom(size)
     lat: list[float] = []
     count = 0
@@ -124,15 +139,16 @@ def plain_group_commit(path: str, size: int, group: int, duration: float, *,
             lat.append(clock() - t0)
             count += group
     finally:
-        f.close()
+        if own:
+            f.close()
     return count / (clock() - start), lat
 
 
-def fsync_latencies(path: str, size: int = 100, duration: float = 0.5, *,
-                    preallocate: bool) -> list[float]:
+def fsync_latencies(target: str | RecordFile, size: int = 100, duration: float = 0.5, *,
+                    preallocate: bool | None = None) -> list[float]:
     """The latency of one ``size``-byte record written and fdatasync'ed, repeated for
     ``duration`` seconds: the unit a lone writer's latency is compared with."""
-    return plain_group_commit(path, size, 1, duration, preallocate=preallocate)[1]
+    return plain_group_commit(target, size, 1, duration, preallocate=preallocate)[1]
 
 
 class GroupCommitFile:
@@ -141,11 +157,11 @@ class GroupCommitFile:
     ``append`` CRC-frames the record at once and returns a future; the writer task takes
     whatever accumulated while it last wrote and synced, writes it with one write and one
     fdatasync (on the loop's thread, as a one-task writer does), then resolves those futures
-    with the record's offset."""
+    with the record's offset. ``target``: a path (a file made here, removed on close) or an
+    open :class:`RecordFile` to reuse (left open)."""
 
-    def __init__(self, path: str, *, preallocate: bool,
-                 prealloc_size: int = PREALLOC_SIZE) -> None:
-        self.file = RecordFile(path, preallocate=preallocate, prealloc_size=prealloc_size)
+    def __init__(self, target: str | RecordFile, *, preallocate: bool | None = None) -> None:
+        self.file, self._own_file = _open(target, preallocate)
         self.parts: list[bytes] = []
         self.waiters: list[asyncio.Future[int]] = []
         self.wake = asyncio.Event()
@@ -203,4 +219,5 @@ class GroupCommitFile:
         await asyncio.gather(self.task, return_exceptions=True)
         for fut in self.waiters:  # (appended before the task first ran)
             fut.cancel()
-        self.file.close()
+        if self._own_file:
+            self.file.close()
