@@ -19,8 +19,10 @@ peer on the same disk in the same run; the ratio and the target it measures are 
    settings. Target >= 0.5x.
 4. ``lone``: one writer awaiting each append (1 in flight), in process and over TCP; its p50
    in fsync latencies: one 100 B record written and fdatasync'ed on a file with the bookies'
-   treatment (and, stricter, on a preallocated file when the bookies append). Targets: within
-   2 (in process) and 3 (TCP).
+   treatment (and, stricter, on a preallocated file when the bookies append), measured between
+   slices of the lone writer (the disk's latency drifts by 10x within seconds here), on the
+   loop's thread and on a worker thread (which one is faster varies), the smaller kept.
+   Targets: within 2 (in process) and 3 (TCP).
 5. ``p99@half``: an open-loop driver (``pybk.bench.open_loop``: appends issued at a fixed
    rate, latency counted from when each was due) at half the rate row 1 (in process) and row
    3 (TCP) reached. Target p99 < 5 ms.
@@ -43,6 +45,7 @@ alternating, and prints medians.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import gc
 import os
@@ -193,11 +196,40 @@ async def read_run(client: Any, entries: int) -> float:
     return n / elapsed
 
 
-def fsync_p50(target: str | RecordFile) -> float:
-    """p50 of one 100 B write + fdatasync: on a growing file (a path) or the round's
-    preallocated file."""
-    return percentile(fsync_latencies(target, SIZE, 0.5, preallocate=False
-                                      if isinstance(target, str) else None), 0.5)
+async def fsync_samples(target: str | RecordFile, duration: float) -> list[float]:
+    """One 100 B write + fdatasync, repeated for ``duration`` s on a growing file (a path) or
+    the round's preallocated file, half on this thread and half on a worker thread (as a
+    bookie's sync thread does it): on this VM either can be several times the other."""
+    pre = False if isinstance(target, str) else None
+    here = fsync_latencies(target, SIZE, duration / 2, preallocate=pre)
+    there = await asyncio.to_thread(fsync_latencies, target, SIZE, duration / 2,
+                                    preallocate=pre)
+    return min(here, there, key=lambda xs: percentile(xs, 0.5))
+
+
+async def lone_writer(client: Any, duration: float, units: dict[str, str | RecordFile],
+                      slices: int = 4) -> tuple[Run, dict[str, float]]:
+    """A lone writer (1 in flight, E3/Qw2/Qa2) in ``slices`` slices of ``duration`` s in
+    all, each followed by the fsync latency on each of ``units``' files, so both are
+    measured in the same moments of a drifting disk. (run, {unit: p50 of its samples})."""
+    lh = await client.create_ledger(*E3)
+    payload = os.urandom(SIZE)
+    append = lh.append
+    lat: list[float] = []
+    samples: dict[str, list[float]] = {name: [] for name in units}
+    count, elapsed = 0, 0.0
+    try:
+        await closed_loop(lambda: append(payload), 1, 0.1)
+        for _ in range(slices):
+            run = await closed_loop(lambda: append(payload), 1, duration / slices)
+            lat += run.latencies
+            count += run.count
+            elapsed += run.elapsed
+            for name, target in units.items():
+                samples[name] += await fsync_samples(target, min(0.2, duration / slices))
+    finally:
+        await lh.close()
+    return Run(count, elapsed, lat), {k: percentile(v, 0.5) for k, v in samples.items()}
 
 
 # -- one round on one loop ---------------------------------------------------------------------
@@ -237,16 +269,14 @@ async def _one_round(root: Path, args: argparse.Namespace, loop: str, out: dict[
         await closed_loop(direct, 1024, min(args.duration, 0.3))
         out["direct"] = await closed_loop(direct, 1024, args.duration)
         # 4./5. lone writer and p99 at half the peak, in process
-        run, lh = await ledger_closed_loop(client, E3, 1, args.duration)
-        await lh.close()
-        out["lone"] = run
+        out["lone"], units = await lone_writer(
+            client, args.duration, {"same": pre if prealloc else grow, "prealloc": pre})
+        out["fsync_same"], out["fsync_prealloc"] = units["same"], units["prealloc"]
         out["half"] = await ledger_open_loop(client, out["e3"].rate / 2, args.duration)
         # 6. sequential read
         if "read" not in skip:
             out["read"] = await read_run(client, args.read_entries)
             out["read_ceiling"] = read_ceiling(str(root), args.read_entries)
-    out["fsync_same"] = fsync_p50(pre if prealloc else grow)
-    out["fsync_prealloc"] = fsync_p50(pre)
     if "tcp" in skip:
         return out
     # 3. TCP bookie processes against in process, same settings; 4./5. over TCP
@@ -263,9 +293,9 @@ async def _one_round(root: Path, args: argparse.Namespace, loop: str, out: dict[
             run, lh = await ledger_closed_loop(tcp_client, E3, 1024, args.duration)
             await lh.close()
             out["tcp"] = run
-            run, lh = await ledger_closed_loop(tcp_client, E3, 1, args.duration)
-            await lh.close()
-            out["tcp_lone"] = run
+            out["tcp_lone"], units = await lone_writer(tcp_client, args.duration,
+                                                       {"prealloc": pre})
+            out["tcp_fsync"] = units["prealloc"]
             out["tcp_half"] = await ledger_open_loop(tcp_client, out["tcp"].rate / 2,
                                                      args.duration)
         finally:
@@ -322,13 +352,18 @@ def rows_of(rounds: list[dict[str, Any]], settings: str) -> list[Row]:
                     med("lone", p50) * 1e3, min(fs_same, fs_pre) * 1e3, "ms", r,
                     "<= 2 fsyncs", r <= 2,
                     f"fsync p50: {fs_same * 1e3:.3f} ms on the bookies' file treatment, "
-                    f"{fs_pre * 1e3:.3f} ms preallocated (the smaller is the unit); "
+                    f"{fs_pre * 1e3:.3f} ms preallocated (the smaller is the unit; each "
+                    "measured between slices of the lone writer, on this thread and on a "
+                    "worker thread, the smaller p50 kept); "
                     f"{med('lone'):,.0f} appends/s"))
     if "tcp" in rounds[0]:
-        r = median([p50(x["tcp_lone"]) / x["fsync_prealloc"] for x in rounds])
+        r = median([p50(x["tcp_lone"]) / x["tcp_fsync"] for x in rounds])
         rows.append(Row("lone tcp", "lone writer p50, over TCP, in fsync latencies",
-                        med("tcp_lone", p50) * 1e3, fs_pre * 1e3, "ms", r, "<= 3 fsyncs",
-                        r <= 3, f"{med('tcp_lone'):,.0f} appends/s"))
+                        med("tcp_lone", p50) * 1e3,
+                        median([x["tcp_fsync"] for x in rounds]) * 1e3, "ms", r,
+                        "<= 3 fsyncs", r <= 3,
+                        f"{med('tcp_lone'):,.0f} appends/s; fsync p50 on a preallocated "
+                        "file, the bookies' treatment"))
     half = med("half", p99) * 1e3
     rows.append(Row("p99@half", "p99 at half the peak rate (open loop), in process",
                     half, 5.0, "ms", half / 5.0, "< 5 ms", half < 5.0,
