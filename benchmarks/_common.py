@@ -120,33 +120,74 @@ def run_on(loop: str, coro: Coroutine[Any, Any, T]) -> T:
     return run(coro, loop)
 
 
-def bookie_appender(bookie: Any, ledger_id: int, size: int
+def bookie_appender(bookie: Any, ledger_id: int, size: int, *, batched: bool = False
                     ) -> Callable[[], asyncio.Future[None]]:
-    """``append()`` adding the next entry of ``ledger_id`` to ``bookie`` directly, through the
-    bookie's own callback path (``Bookie.add_entry``: what the transports call), framed as the
-    client frames it (CRC32C digest): the same bookie without the client in front."""
+    """``append()`` adding the next entry of ``ledger_id`` to ``bookie`` directly, without the
+    client, framed as the client frames them (CRC32C digest): the same bookie without the
+    client in front.
+
+    ``batched=False``: one ``Bookie.add_entry`` per append (the single-add callback path).
+    ``batched=True`` (a bookie with ``add_batch``): the appends made in one pass of the loop
+    go as one ``Bookie.add_batch``, as a batching client sends them, so a client that batches
+    is compared with the bookie driven the same way."""
     dm = DigestManager(ledger_id)
     key = master_key(b"")
     payload = os.urandom(size)
     next_id = 0
-    add = bookie.add_entry
+    if not batched:
+        add = bookie.add_entry
 
-    def append() -> asyncio.Future[None]:
+        def append() -> asyncio.Future[None]:
+            nonlocal next_id
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            def on_done(error: BaseException | None) -> None:
+                if error is not None:
+                    fut.set_exception(error)
+                else:
+                    fut.set_result(None)
+
+            body = dm.frame(next_id, next_id - 1, 0, payload)
+            add(ledger_id, next_id, key, body, on_done)
+            next_id += 1
+            return fut
+
+        return append
+
+    add_batch = bookie.add_batch
+    ids: list[int] = []
+    bodies: list[bytes] = []
+    futs: list[asyncio.Future[None]] = []
+
+    def flush() -> None:
+        nonlocal ids, bodies, futs
+        batch_futs = futs
+        send_ids, send_bodies = ids, bodies
+        ids, bodies, futs = [], [], []
+
+        def on_done(outcome: Any) -> None:
+            for i, fut in enumerate(batch_futs):
+                error = outcome[i] if isinstance(outcome, list | tuple) else outcome
+                if error is not None:
+                    fut.set_exception(error)
+                else:
+                    fut.set_result(None)
+
+        add_batch(ledger_id, send_ids, send_bodies, key, on_done)
+
+    def append_batched() -> asyncio.Future[None]:
         nonlocal next_id
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def on_done(error: BaseException | None) -> None:
-            if error is not None:
-                fut.set_exception(error)
-            else:
-                fut.set_result(None)
-
-        body = dm.frame(next_id, next_id - 1, 0, payload)
-        add(ledger_id, next_id, key, body, on_done)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        if not futs:
+            loop.call_soon(flush)
+        ids.append(next_id)
+        bodies.append(dm.frame(next_id, next_id - 1, 0, payload))
+        futs.append(fut)
         next_id += 1
         return fut
 
-    return append
+    return append_batched
 
 
 def config_diff(a: Any, b: Any) -> list[str]:
