@@ -1,10 +1,10 @@
 """The ``pybk`` command (also ``python -m pybk``), one module per command group.
 
 ``common`` holds what the commands share (connection options, exit conventions), ``processes``
-starting and stopping bookie processes; ``bookie``, ``cluster``, ``ledger``, ``log``,
-``autorecovery`` and ``simulate`` are the command groups (``admin`` adds the operator commands
-to ``bookie`` and ``ledger``). This is the outermost layer: it reads the environment, signals
-and files.
+starting and stopping bookie processes; ``bench``, ``bookie``, ``cluster``, ``ledger``,
+``log``, ``autorecovery`` and ``simulate`` are the command groups (``admin`` adds the operator
+commands to ``bookie`` and ``ledger``). This is the outermost layer: it reads the environment,
+signals and files.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pybk.cli.admin import (
     ledger_under_replicated,
 )
 from pybk.cli.autorecovery import autorecovery
+from pybk.cli.bench import bench
 from pybk.cli.bookie import bookie
 from pybk.cli.cluster import cluster
 from pybk.cli.ledger import ledger
@@ -48,6 +49,7 @@ def main() -> None:
 
 
 
+main.add_command(bench)
 main.add_command(bookie)
 bookie.add_command(bookie_info)
 bookie.add_command(bookie_decommission)

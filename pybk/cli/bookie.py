@@ -11,6 +11,7 @@ import click
 from pybk.cli.autorecovery import autorecovery_options, placement_options
 from pybk.cli.common import Conn, client_options, fail, read_token, run_async
 from pybk.errors import BKError
+from pybk.eventloop import DEFAULT_LOOP, LOOPS, LoopUnavailableError, loop_factory
 from pybk.metadata._common import check_rack
 
 __all__ = ["bookie"]
@@ -78,6 +79,8 @@ def http_options(fn: Any) -> Any:
 @http_options
 @autorecovery_options
 @placement_options
+@click.option("--loop", type=click.Choice(LOOPS), default=DEFAULT_LOOP, show_default=True,
+              help="Event loop; uvloop needs pip install 'pybk[speed]'.")
 @click.pass_context
 def bookie(
     ctx: click.Context,
@@ -104,6 +107,7 @@ def bookie(
     http_config: Any,
     autorecovery_config: Any,
     placement: Any,
+    loop: str,
 ) -> None:
     """Run a bookie server (`pybk bookie --data DIR --metadata URI`), or `pybk bookie list`,
     or check a stopped bookie's data directory (`pybk bookie inspect DIR`).
@@ -146,10 +150,11 @@ def bookie(
         config.resolved_bookie_id()
         config.ssl_context()
         check_rack(rack)
-    except (ValueError, ssl.SSLError, OSError) as exc:
+        loop_factory(loop)
+    except (ValueError, ssl.SSLError, OSError, LoopUnavailableError) as exc:
         raise click.UsageError(str(exc)) from exc
     try:
-        code = run(config)
+        code = run(config, loop)
     except BKError as exc:
         fail(f"{type(exc).__name__}: {exc}")
     except OSError as exc:
