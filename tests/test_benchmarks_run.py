@@ -34,6 +34,10 @@ CASES = {
                       [r"1/append \|\s+[\d,]+", r"lone writer"]),
     "checkpoint.py": (["--entries", "20000", "--ledgers", "20", "--changed", "1000",
                        "--active", "5", "--rounds", "1"], [r"delta vs base"]),
+    "metrics_overhead.py": (["--duration", "0.1", "--rounds", "1", "--writers", "4",
+                             "--window", "16"],
+                            [r"no metrics\s+[\d,]+ entries/s", r"with metrics\s+[\d,]+",
+                             r"CPU per entry [\d.]+"]),
 }
 
 
