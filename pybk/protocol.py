@@ -29,50 +29,12 @@ from typing import Any, Final
 
 import crc32c
 
-from pybk.errors import DigestMismatchError
+from pybk.errors import DigestMismatchError, Status
 
-# --------------------------------------------------------------------------- status codes
+# --------------------------------------------------------------------------- operations
 
-
-class Status(enum.IntEnum):
-    """Wire status codes. Each non-OK code maps to one class in :mod:`pybk.errors`."""
-
-    OK = 0
-    NO_SUCH_LEDGER = 1
-    NO_SUCH_ENTRY = 2
-    BAD_REQUEST = 3
-    IO_ERROR = 4
-    UNAUTHORIZED = 5
-    FENCED = 6
-    READ_ONLY = 7
-    TOO_MANY_REQUESTS = 8
-    CORRUPT = 9
-    ENTRY_EXISTS = 10
-    UNKNOWN_LEDGER_STATE = 11
-    TIMEOUT = 12
-    UNAVAILABLE = 13
-    LEDGER_CLOSED = 14
-    LEDGER_EXISTS = 15
-    NOT_ENOUGH_BOOKIES = 16
-    DIGEST_MISMATCH = 17
-    METADATA_VERSION = 18
-    METADATA_STORE_ERROR = 19
-    LEDGER_RECOVERY_ERROR = 20
-    UNEXPECTED_CONDITION = 21
-    BOOKIE_STATE = 22
-    PROTOCOL_ERROR = 23
-    CLIENT_CLOSED = 24
-    # not sent by bookies: the metadata key/value namespace and the log layer (pybk.stream)
-    NO_SUCH_KEY = 25
-    KEY_EXISTS = 26
-    LOG_NOT_FOUND = 27
-    LOG_EXISTS = 28
-    ALREADY_TRUNCATED = 29
-    END_OF_STREAM = 30
-    WRITER_CONFLICT = 31
-    RECORD_TOO_LARGE = 32
-    LOCKED = 33
-    GENERIC_ERROR = 100  # BKError itself (no more specific class)
+#: ``Status`` (the wire status codes) lives in :mod:`pybk.errors` with the error classes it
+#: maps to (the one status table); it is importable from here too.
 
 
 class Op(enum.IntEnum):
@@ -465,3 +427,41 @@ def parse_entry_header(body: bytes) -> tuple[int, int, int, int]:
         raise ValueError(f"entry body of {len(body)} bytes is shorter than the 32-byte header")
     ledger_id, entry_id, lac, length = ENTRY_HEADER.unpack_from(body)
     return int(ledger_id), int(entry_id), int(lac), int(length)
+
+
+__all__ = [
+    "DIGEST_SIZES",
+    "DIGEST_TYPES",
+    "ENTRY_HEADER",
+    "ENTRY_HEADER_SIZE",
+    "LAC_HEADER",
+    "LAST_ENTRY",
+    "AddRequest",
+    "AddResponse",
+    "AuthRequest",
+    "AuthResponse",
+    "BookieInfoRequest",
+    "BookieInfoResponse",
+    "DecodedEntry",
+    "DigestManager",
+    "FenceRequest",
+    "FenceResponse",
+    "ListEntriesRequest",
+    "ListEntriesResponse",
+    "Op",
+    "ReadLacRequest",
+    "ReadLacResponse",
+    "ReadRequest",
+    "ReadResponse",
+    "Request",
+    "Response",
+    "Status",
+    "WriteLacRequest",
+    "WriteLacResponse",
+    "add_ok",
+    "error_response",
+    "mac_key",
+    "master_key",
+    "parse_entry_header",
+    "password_hash",
+]

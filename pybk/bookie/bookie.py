@@ -36,11 +36,13 @@ from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE, BookieState
 from pybk.errors import (
     BKError,
     BookieStateError,
+    BookieStoppedError,
     CorruptRecordError,
     IOBookieError,
     NoSuchEntryError,
     NoSuchLedgerError,
     ReadOnlyBookieError,
+    status_of,
 )
 from pybk.metadata.base import MetadataStore
 from pybk.mutations import NO_SUCH_ENTRY_ON_IO_ERROR
@@ -73,13 +75,6 @@ from pybk.storage.store import (
 )
 
 log = logging.getLogger(__name__)
-
-def _status_of(exc: BKError) -> Status:
-    try:
-        return Status(exc.status)
-    except ValueError:
-        return Status.IO_ERROR
-
 
 class Bookie:
     """One bookie over one data directory. See the module docstring and docs/contracts.md."""
@@ -315,7 +310,7 @@ class Bookie:
 
     def _store(self) -> LedgerStore:
         if self.store is None or self._state == STOPPED:
-            raise BookieStateError(f"bookie {self.bookie_id} is stopped")
+            raise BookieStoppedError(f"bookie {self.bookie_id} is stopped")
         return self.store
 
     async def handle(self, request: Request) -> Response:
@@ -350,16 +345,14 @@ class Bookie:
             return self._error_reply(request, exc)
 
     def _error_reply(self, request: Request, exc: BaseException) -> Response:
-        """The response for a request that failed with ``exc`` (one mapping for every path)."""
-        if isinstance(exc, BookieStateError):
-            return error_response(request, Status.UNAVAILABLE, str(exc))
+        """The response for a request that failed with ``exc`` (:func:`pybk.errors.status_of`,
+        the one mapping for every path)."""
         if isinstance(exc, BKError):
-            return error_response(request, _status_of(exc), str(exc))
-        # never crash the bookie on one request
+            return error_response(request, status_of(exc), str(exc))
+        # never crash the bookie on one request; an exception nobody expected is a finding
         log.error("bookie %s: unexpected error handling %r", self.bookie_id, request,
                   exc_info=exc)
-        return error_response(request, Status.IO_ERROR,
-                              f"unexpected {type(exc).__name__}: {exc}")
+        return error_response(request, status_of(exc), f"unexpected {type(exc).__name__}: {exc}")
 
     def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes, body: bytes,
                   on_done: AddCallback, recovery: bool = False) -> None:
@@ -374,7 +367,7 @@ class Bookie:
         form, :meth:`handle` the request/response one."""
         store = self.store
         if self._state == STOPPED or store is None:
-            on_done(BookieStateError(f"bookie {self.bookie_id} is stopped"))
+            on_done(BookieStoppedError(f"bookie {self.bookie_id} is stopped"))
             return
         if self._journal_failed or (self._disk_full and not recovery):
             on_done(ReadOnlyBookieError(f"bookie {self.bookie_id} is read-only: {self._reason}"))
@@ -459,7 +452,7 @@ class Bookie:
                 break
             await self._polls.wait(lid, remaining)
             if self.store is not store:
-                raise BookieStateError(f"bookie {self.bookie_id} stopped during a long poll")
+                raise BookieStoppedError(f"bookie {self.bookie_id} stopped during a long poll")
         return self._poll_answer(store, req, previous_lac)
 
     def _poll_answer(self, store: LedgerStore, req: ReadRequest,

@@ -36,7 +36,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from pybk.errors import BKError, ProtocolError
+from pybk.errors import BKError, ProtocolError, status_of
 from pybk.protocol import (
     AddRequest,
     AuthRequest,
@@ -293,11 +293,11 @@ class _ServerConnection(asyncio.Protocol):
             raise
         except BKError as exc:
             self.server.stats.incr("handler_error")
-            response = error_response(request, _status_of(exc), str(exc))
+            response = error_response(request, status_of(exc), str(exc))
         except Exception as exc:
             self.server.stats.incr("handler_error")
             log.exception("handler failed on %r", request)
-            response = error_response(request, Status.GENERIC_ERROR, f"internal error: {exc!r}")
+            response = error_response(request, status_of(exc), f"internal error: {exc!r}")
         finally:
             self.in_flight -= 1
         self._answered(request_id, response)
@@ -420,13 +420,6 @@ class _ServerConnection(asyncio.Protocol):
             self.server.stats.incr(reason)
             log.info("closing connection from %s: %s", self.peer_ip, reason)
             self.abort()
-
-
-def _status_of(exc: BKError) -> Status:
-    try:
-        return Status(exc.status)
-    except ValueError:
-        return Status.GENERIC_ERROR
 
 
 class _FastAddReply:
