@@ -24,12 +24,13 @@ import enum
 import hashlib
 import hmac
 import struct
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import crc32c
 
-from pybk.errors import DigestMismatchError, Status
+from pybk.errors import BKError, DigestMismatchError, Status, error_for_status, status_of
 
 # --------------------------------------------------------------------------- operations
 
@@ -48,6 +49,8 @@ class Op(enum.IntEnum):
     LIST_ENTRIES = 6
     BOOKIE_INFO = 7
     AUTH = 8
+    #: several entries of one ledger in one request (protocol version 2)
+    ADD_BATCH = 9
 
 
 # --------------------------------------------------------------------------- requests
@@ -131,8 +134,11 @@ class ListEntriesRequest:
 
 @dataclass(frozen=True, slots=True)
 class BookieInfoRequest:
-    """Free space, total space and state of the bookie."""
+    """Free space, total space and state of the bookie. ``versions=True`` also asks for the
+    newest protocol version the bookie speaks (how a TCP client learns it may send
+    :class:`AddBatchRequest`; an older bookie refuses the flag, see docs/protocol.md)."""
 
+    versions: bool = False
     op = Op.BOOKIE_INFO
 
 
@@ -144,8 +150,28 @@ class AuthRequest:
     op = Op.AUTH
 
 
+@dataclass(frozen=True, slots=True)
+class AddBatchRequest:
+    """Store several framed entries of one ledger: ``bodies[i]`` is entry ``entry_ids[i]``
+    (ascending; not necessarily consecutive: with striping a bookie holds only some ids).
+
+    What a writer sends one bookie for the entries of one ledger it pushed together: one
+    request, one journal append, one index update and one answer for the lot, instead of one
+    each per entry. The bookie checks each body's embedded ids like a single add's and answers
+    each entry on its own (:class:`AddBatchResponse`). The bodies are the very bytes framed
+    once by the writer and handed to every replica (never copied per replica)."""
+
+    ledger_id: int
+    master_key: bytes
+    entry_ids: Sequence[int]
+    bodies: Sequence[bytes]
+    recovery: bool = False
+    op = Op.ADD_BATCH
+
+
 Request = (
     AddRequest
+    | AddBatchRequest
     | ReadRequest
     | ReadLacRequest
     | WriteLacRequest
@@ -229,6 +255,8 @@ class BookieInfoResponse:
     total_bytes: int = 0
     state: str = ""  # "writable" | "read-only" | "stopped"
     message: str = ""
+    #: the newest protocol version the bookie speaks, when the request asked (else 0)
+    protocol_version: int = 0
     op = Op.BOOKIE_INFO
 
 
@@ -239,8 +267,23 @@ class AuthResponse:
     op = Op.AUTH
 
 
+@dataclass(frozen=True, slots=True)
+class AddBatchResponse:
+    """The answer to an :class:`AddBatchRequest` of ``count`` entries. ``statuses`` is empty
+    when every entry has ``status`` (OK: all stored), else one status per entry in request
+    order; ``status`` is then the first non-OK one and ``message`` says why."""
+
+    status: Status
+    ledger_id: int
+    count: int
+    statuses: tuple[Status, ...] = ()
+    message: str = ""
+    op = Op.ADD_BATCH
+
+
 Response = (
     AddResponse
+    | AddBatchResponse
     | ReadResponse
     | ReadLacResponse
     | WriteLacResponse
@@ -274,6 +317,8 @@ def error_response(request: Request, status: Status, message: str = "") -> Respo
     """A response of the right type for ``request`` carrying a non-OK ``status``."""
     if isinstance(request, AddRequest):
         return AddResponse(status, request.ledger_id, request.entry_id, message)
+    if isinstance(request, AddBatchRequest):
+        return AddBatchResponse(status, request.ledger_id, len(request.bodies), (), message)
     if isinstance(request, ReadRequest):
         return ReadResponse(status, request.ledger_id, request.entry_id, message=message)
     if isinstance(request, ReadLacRequest):
@@ -287,6 +332,61 @@ def error_response(request: Request, status: Status, message: str = "") -> Respo
     if isinstance(request, BookieInfoRequest):
         return BookieInfoResponse(status, message=message)
     return AuthResponse(status, message)
+
+
+# --------------------------------------------------------------------------- add outcomes
+
+#: What a bookie did with an add, in process (``Transport.add``, ``Bookie.add_request``):
+#: None, every entry is durable there; a BKError, no entry was stored (the bookie refused,
+#: or could not be reached: BookieUnavailableError, TimeoutError); a list, one outcome per
+#: entry of an :class:`AddBatchRequest`, in its order (some stored, some not)
+AddOutcome = BKError | None | list[BKError | None]
+#: ``on_done(outcome)``: called exactly once per add request, quick, never raising
+AddCallback = Callable[[AddOutcome], None]
+AddLike = AddRequest | AddBatchRequest
+
+
+def add_response(request: AddLike, outcome: AddOutcome) -> AddResponse | AddBatchResponse:
+    """The response reporting ``outcome`` (what the TCP server sends; the simulator's
+    observers see it too). Unexpected exceptions are mapped like any other (status_of)."""
+    if type(request) is AddRequest:
+        if outcome is None:
+            return add_ok(request.ledger_id, request.entry_id)
+        if isinstance(outcome, BaseException):
+            return AddResponse(status_of(outcome), request.ledger_id, request.entry_id,
+                               str(outcome))
+        return add_response(request, outcome[0])
+    assert isinstance(request, AddBatchRequest)
+    n = len(request.bodies)
+    if outcome is None:
+        return AddBatchResponse(Status.OK, request.ledger_id, n)
+    if isinstance(outcome, BaseException):
+        return AddBatchResponse(status_of(outcome), request.ledger_id, n, (), str(outcome))
+    first = next((e for e in outcome if e is not None), None)
+    if first is None:
+        return AddBatchResponse(Status.OK, request.ledger_id, n)
+    statuses = tuple(Status.OK if e is None else status_of(e) for e in outcome)
+    return AddBatchResponse(status_of(first), request.ledger_id, n, statuses, str(first))
+
+
+def add_outcome(response: Response, count: int = 1) -> AddOutcome:
+    """The outcome a response to an add of ``count`` entries reports (the inverse of
+    :func:`add_response`; error classes from :func:`pybk.errors.error_for_status`)."""
+    status = response.status
+    if status == Status.OK:
+        return None
+    if isinstance(response, AddBatchResponse) and response.statuses:
+        message = response.message
+        return [None if s == Status.OK else error_for_status(s, message)
+                for s in response.statuses]
+    return error_for_status(status, response.message)
+
+
+def outcome_of(outcome: AddOutcome, index: int) -> BKError | None:
+    """Entry ``index``'s part of a batch's ``outcome``."""
+    if outcome is None or isinstance(outcome, BaseException):
+        return outcome
+    return outcome[index]
 
 
 # --------------------------------------------------------------------------- keys & digests
@@ -436,6 +536,11 @@ __all__ = [
     "ENTRY_HEADER_SIZE",
     "LAC_HEADER",
     "LAST_ENTRY",
+    "AddBatchRequest",
+    "AddBatchResponse",
+    "AddCallback",
+    "AddLike",
+    "AddOutcome",
     "AddRequest",
     "AddResponse",
     "AuthRequest",
@@ -459,9 +564,12 @@ __all__ = [
     "WriteLacRequest",
     "WriteLacResponse",
     "add_ok",
+    "add_outcome",
+    "add_response",
     "error_response",
     "mac_key",
     "master_key",
+    "outcome_of",
     "parse_entry_header",
     "password_hash",
 ]

@@ -26,7 +26,7 @@ import asyncio
 import errno
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from pybk.bookie.config import BookieConfig
@@ -47,6 +47,9 @@ from pybk.errors import (
 from pybk.metadata.base import MetadataStore
 from pybk.mutations import NO_SUCH_ENTRY_ON_IO_ERROR
 from pybk.protocol import (
+    AddBatchRequest,
+    AddCallback,
+    AddOutcome,
     AddRequest,
     BookieInfoRequest,
     BookieInfoResponse,
@@ -64,11 +67,12 @@ from pybk.protocol import (
     WriteLacRequest,
     WriteLacResponse,
     add_ok,
+    add_response,
     error_response,
 )
 from pybk.storage.fs import FileSystem
+from pybk.storage.store import AddCallback as EntryCallback
 from pybk.storage.store import (
-    AddCallback,
     CompactionResult,
     LedgerStore,
     ResolveFuture,
@@ -323,6 +327,11 @@ class Bookie:
                 await self.add(request.ledger_id, request.entry_id, request.master_key,
                                request.body, request.recovery)
                 return add_ok(request.ledger_id, request.entry_id)
+            if isinstance(request, AddBatchRequest):
+                outcome: asyncio.Future[AddOutcome] = (
+                    asyncio.get_running_loop().create_future())
+                self.add_request(request, outcome.set_result)
+                return add_response(request, await outcome)
             if isinstance(request, ReadRequest):
                 return await self._read(request)
             if isinstance(request, ReadLacRequest):
@@ -355,7 +364,7 @@ class Bookie:
         return error_response(request, status_of(exc), f"unexpected {type(exc).__name__}: {exc}")
 
     def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes, body: bytes,
-                  on_done: AddCallback, recovery: bool = False) -> None:
+                  on_done: EntryCallback, recovery: bool = False) -> None:
         """Store one framed entry and tell the outcome through ``on_done(error)``: ``None``
         once the entry is durable and readable here, else the error (a :class:`BKError`:
         ReadOnlyBookieError, LedgerFencedError, UnauthorizedError, EntryExistsError, ...).
@@ -375,7 +384,49 @@ class Bookie:
         try:
             store.add_entry(ledger_id, entry_id, body, master_key, recovery, on_done)
         except Exception as exc:
-            on_done(exc)
+            on_done(self._add_error(exc, ledger_id, entry_id))
+
+    def add_request(self, request: AddRequest | AddBatchRequest, on_done: AddCallback) -> None:
+        """The add path every transport drives (the in-process transport, the TCP server, the
+        simulated network): ``on_done(outcome)`` exactly once, a :data:`AddOutcome` (None:
+        stored; a BKError; for a batch, possibly one outcome per entry), possibly before this
+        returns, from the journal's batch completion. No response object is made: a server
+        builds one only to put it on the wire."""
+        if type(request) is AddBatchRequest:
+            self.add_batch(request.ledger_id, request.entry_ids, request.bodies,
+                           request.master_key, on_done, request.recovery)
+        else:
+            assert isinstance(request, AddRequest)
+            self.add_entry(request.ledger_id, request.entry_id, request.master_key,
+                           request.body, on_done, request.recovery)
+
+    def add_batch(self, ledger_id: int, entry_ids: Sequence[int], bodies: Sequence[bytes],
+                  master_key: bytes, on_done: AddCallback, recovery: bool = False) -> None:
+        """Store several framed entries of one ledger (``bodies[i]`` is entry
+        ``entry_ids[i]``) with one journal append, one index update and one answer:
+        ``on_done(outcome)`` once, like :meth:`add_request`. The bookie's state and the
+        ledger's checks apply to the whole batch; each entry's own checks to it alone."""
+        store = self.store
+        if self._state == STOPPED or store is None:
+            on_done(BookieStoppedError(f"bookie {self.bookie_id} is stopped"))
+            return
+        if self._journal_failed or (self._disk_full and not recovery):
+            on_done(ReadOnlyBookieError(f"bookie {self.bookie_id} is read-only: {self._reason}"))
+            return
+        try:
+            store.add_batch(ledger_id, entry_ids, bodies, master_key, recovery, on_done)
+        except Exception as exc:
+            on_done(self._add_error(exc, ledger_id, entry_ids[0] if entry_ids else -1))
+
+    def _add_error(self, exc: Exception, ledger_id: int, entry_id: int) -> BKError:
+        """What an add reports for ``exc`` raised while admitting it: a BKError as is;
+        anything else is a bug, logged with its traceback and reported as this bookie's I/O
+        error (the writer replaces the bookie)."""
+        if isinstance(exc, BKError):
+            return exc
+        log.error("bookie %s: unexpected error adding (%s, %s)", self.bookie_id, ledger_id,
+                  entry_id, exc_info=exc)
+        return IOBookieError(f"unexpected {type(exc).__name__}: {exc}")
 
     def add(self, ledger_id: int, entry_id: int, master_key: bytes, body: bytes,
             recovery: bool = False) -> asyncio.Future[None]:
@@ -387,15 +438,9 @@ class Bookie:
 
     def add_nowait(self, request: AddRequest, reply: Callable[[Response], None]) -> None:
         """Answer an add through ``reply(response)``, called exactly once (possibly before
-        this returns): the same answers as ``await handle(request)``.
-
-        Why: an in-process caller otherwise pays a task, two coroutine steps and a future
-        hop per replica per entry. Here the checks run now and the answer is built inside
-        the journal's batch completion, right after the fsync that covers the entry and its
-        index update. ``reply`` must be quick and must not raise (the transport's is a
-        ``Future.set_result``)."""
-        self.add_entry(request.ledger_id, request.entry_id, request.master_key, request.body,
-                       _AddDone(self, request, reply), request.recovery)
+        this returns): the same answers as ``await handle(request)``. :meth:`add_request`
+        with the outcome put in a response (for callers that want one)."""
+        self.add_request(request, _Respond(request, reply))
 
     async def _fence(self, req: FenceRequest) -> FenceResponse:
         store = self._store()
@@ -531,24 +576,18 @@ class Bookie:
             assert not self._journal_failed and not self._disk_full
 
 
-class _AddDone:
-    """``on_done`` of one :meth:`Bookie.add_nowait`: turns the store's outcome into the
-    response (a small object rather than a closure and its cells: less for the GC)."""
+class _Respond:
+    """``on_done`` of :meth:`Bookie.add_nowait`: the outcome as a response (a small object
+    rather than a closure and its cells: less for the GC)."""
 
-    __slots__ = ("bookie", "reply", "request")
+    __slots__ = ("reply", "request")
 
-    def __init__(self, bookie: Bookie, request: AddRequest,
-                 reply: Callable[[Response], None]) -> None:
-        self.bookie = bookie
+    def __init__(self, request: AddRequest, reply: Callable[[Response], None]) -> None:
         self.request = request
         self.reply = reply
 
-    def __call__(self, exc: BaseException | None) -> None:
-        request = self.request
-        if exc is None:
-            self.reply(add_ok(request.ledger_id, request.entry_id))
-        else:
-            self.reply(self.bookie._error_reply(request, exc))
+    def __call__(self, outcome: AddOutcome) -> None:
+        self.reply(add_response(self.request, outcome))
 
 
 __all__ = ["Bookie"]
