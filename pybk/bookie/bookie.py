@@ -27,7 +27,7 @@ import errno
 import logging
 import random
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from pybk.bookie.config import BookieConfig
 from pybk.bookie.cookie import check_cookie
@@ -45,7 +45,6 @@ from pybk.errors import (
     status_of,
 )
 from pybk.metadata.base import MetadataStore
-from pybk.mutations import NO_SUCH_ENTRY_ON_IO_ERROR
 from pybk.protocol import (
     AddBatchRequest,
     AddCallback,
@@ -79,6 +78,12 @@ from pybk.storage.store import (
 )
 
 log = logging.getLogger(__name__)
+
+#: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``):
+#: the bookie answers NoSuchEntry when reading an entry fails with an I/O or checksum error
+#: (BookKeeper #2908), which lets recovery call a stored entry absent
+NO_SUCH_ENTRY_ON_IO_ERROR: Final = "no_such_entry_on_io_error"
+
 
 class Bookie:
     """One bookie over one data directory. See the module docstring and docs/contracts.md."""
@@ -590,4 +595,4 @@ class _Respond:
         self.reply(add_response(self.request, outcome))
 
 
-__all__ = ["Bookie"]
+__all__ = ["NO_SUCH_ENTRY_ON_IO_ERROR", "Bookie"]

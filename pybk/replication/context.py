@@ -10,7 +10,6 @@ import random
 from dataclasses import dataclass, field
 
 from pybk.metadata.base import MetadataStore
-from pybk.mutations import NO_MUTATIONS, Mutations
 from pybk.replication.placement import PlacementPolicy, RandomPlacement
 from pybk.transport.base import Transport
 from pybk.transport.messages import DEFAULT_MAX_FRAME, MAX_BATCH_ENTRIES
@@ -59,8 +58,9 @@ class ClientConfig:
     #: request of at most this many entries / body bytes (larger runs are split).
     add_batch_max_entries: int = 4096
     add_batch_max_bytes: int = 1 << 20
-    #: deliberately broken behaviours for checker tests (pybk.mutations); none in production
-    mutations: Mutations = NO_MUTATIONS
+    #: names of deliberately broken behaviours (mutation switches) for checker tests, made
+    #: by the outermost layer (``pybk.testing.Mutations``); empty in production
+    mutations: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         for name in ("add_timeout", "read_timeout"):
@@ -82,6 +82,10 @@ class ClientConfig:
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_BATCH_ENTRIES:
             raise ValueError(f"add_batch_max_entries must be an int in 1..{MAX_BATCH_ENTRIES}, "
                              f"got {n!r}")
+        if not (isinstance(self.mutations, frozenset)
+                and all(isinstance(m, str) for m in self.mutations)):
+            raise TypeError(f"mutations must be a frozenset of switch names, not "
+                            f"{self.mutations!r}")
 
 
 @dataclass

@@ -34,6 +34,19 @@ from pybk.errors import NotEnoughBookiesError
 if TYPE_CHECKING:
     from pybk.replication.placement import PlacementPolicy
 
+__all__ = [
+    "AckSet",
+    "Answer",
+    "CoverageSet",
+    "EnsembleChange",
+    "EntryState",
+    "Quorums",
+    "RecoveryReadDecision",
+    "choose_ensemble",
+    "plan_ensemble_change",
+    "validate_quorums",
+]
+
 
 def validate_quorums(ensemble_size: int, write_quorum: int, ack_quorum: int) -> None:
     """Raise ValueError naming the bad value unless ``E >= Qw >= Qa >= 1``."""

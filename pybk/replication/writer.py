@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from pybk.errors import (
     BKError,
@@ -42,7 +42,6 @@ from pybk.errors import (
     fresh_copy,
 )
 from pybk.metadata.base import CLOSED, IN_RECOVERY, OPEN, LedgerMetadata
-from pybk.mutations import ACK_OUT_OF_ORDER
 from pybk.protocol import (
     AddBatchRequest,
     AddOutcome,
@@ -64,9 +63,13 @@ from pybk.replication.reader import LedgerEntry, read_range
 if TYPE_CHECKING:
     from pybk.replication.context import ClientContext
 
-__all__ = ["AddPipeline", "LedgerHandle"]
+__all__ = ["ACK_OUT_OF_ORDER", "AddPipeline", "LedgerHandle"]
 
 log = logging.getLogger(__name__)
+
+#: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``):
+#: the writer acknowledges adds as soon as they reach Qa, not in entry-id order
+ACK_OUT_OF_ORDER: Final = "ack_out_of_order"
 
 
 class _Batch:

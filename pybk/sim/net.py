@@ -65,6 +65,14 @@ from pybk.transport.deadlines import Deadlines
 
 __all__ = ["AddPath", "Handler", "NetConfig", "Observer", "SimNetwork", "SimTransport"]
 
+__all__ = [
+    "Handler",
+    "NetConfig",
+    "Observer",
+    "SimNetwork",
+    "SimTransport",
+]
+
 Handler = Callable[[Request], Awaitable[Response]]
 #: a bookie's add path (``Bookie.add_request``)
 AddPath = Callable[[AddLike, AddCallback], None]

@@ -18,8 +18,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import posixpath
+from typing import Final
 
-from pybk.mutations import DELTA_SKIPS_LEDGER_STATE
 from pybk.storage.checkpoint import (
     CHECKPOINT_FILE,
     CheckpointEncoder,
@@ -33,9 +33,14 @@ from pybk.storage.config import StoreConfig
 from pybk.storage.fs import FileSystem
 from pybk.storage.index import Index, Position
 
-__all__ = ["Checkpointer"]
+__all__ = ["DELTA_SKIPS_LEDGER_STATE", "Checkpointer"]
 
 log = logging.getLogger(__name__)
+
+#: mutation switch (a name in ``StoreConfig.mutations``; registry: ``pybk.testing.mutations``):
+#: a delta index checkpoint leaves out the ledgers whose state changed without new entries
+#: (a fence, an explicit LAC): the chain then forgets them once the journal moves past
+DELTA_SKIPS_LEDGER_STATE: Final = "delta_skips_ledger_state"
 
 
 class Checkpointer:

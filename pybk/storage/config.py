@@ -11,8 +11,6 @@ import sys
 from dataclasses import dataclass
 from typing import Final
 
-from pybk.mutations import NO_MUTATIONS, Mutations
-
 __all__ = ["INLINE_SYNC_ALWAYS", "JOURNAL_DIR", "MAX_MASTER_KEY_SIZE", "StoreConfig"]
 
 #: the journal's directory inside a data directory
@@ -70,8 +68,9 @@ class StoreConfig:
     #: this fraction of the base's size or number ``checkpoint_max_deltas``; then a new base
     checkpoint_delta_ratio: float = 0.5
     checkpoint_max_deltas: int = 64
-    #: deliberately broken behaviours for checker tests (pybk.mutations); none in production
-    mutations: Mutations = NO_MUTATIONS
+    #: names of deliberately broken behaviours (mutation switches) for checker tests, made
+    #: by the outermost layer (``pybk.testing.Mutations``); empty in production
+    mutations: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         """Refuse a knob no store can run with, naming it (a caller's mistake should not
@@ -86,9 +85,10 @@ class StoreConfig:
         _at_least(self, "compaction_threshold", 0.0, 1.0)
         _at_least(self, "checkpoint_delta_ratio", 0.0)
         _at_least(self, "checkpoint_max_deltas", 0)
-        if not isinstance(self.mutations, Mutations):
-            raise TypeError(f"mutations must be a pybk.mutations.Mutations, not "
-                            f"{type(self.mutations).__name__}")
+        if not (isinstance(self.mutations, frozenset)
+                and all(isinstance(m, str) for m in self.mutations)):
+            raise TypeError(f"mutations must be a frozenset of switch names, not "
+                            f"{self.mutations!r}")
 
 
 def _at_least(config: object, name: str, low: float, high: float = math.inf) -> None:

@@ -23,13 +23,13 @@ import asyncio
 import errno
 import posixpath
 from collections.abc import Callable, Container
+from typing import Final
 
 from pybk.errors import BKError, ReadOnlyBookieError
-from pybk.mutations import ACK_BEFORE_FSYNC
 from pybk.protocol import parse_entry_header
 from pybk.storage import compaction
 from pybk.storage.checkpoint import CHECKPOINT_FILE
-from pybk.storage.checkpointer import Checkpointer
+from pybk.storage.checkpointer import DELTA_SKIPS_LEDGER_STATE, Checkpointer
 from pybk.storage.compaction import CompactionResult
 from pybk.storage.config import (
     INLINE_SYNC_ALWAYS,
@@ -44,10 +44,17 @@ from pybk.storage.startup import ReplayReport, replay
 from pybk.storage.writes import AddCallback, BatchCallback, ResolveFuture, WritesMixin
 
 __all__ = [
-    "INLINE_SYNC_ALWAYS", "JOURNAL_DIR", "MAX_MASTER_KEY_SIZE", "AddCallback",
+    "ACK_BEFORE_FSYNC", "DELTA_SKIPS_LEDGER_STATE", "INLINE_SYNC_ALWAYS", "JOURNAL_DIR",
+    "MAX_MASTER_KEY_SIZE", "AddCallback",
     "BKError", "BatchCallback", "CompactionResult", "LedgerStore", "ReplayReport",
     "ResolveFuture", "StoreConfig",
 ]
+
+# Mutation switches consulted by the store (names in ``StoreConfig.mutations``; the registry
+# of every switch is ``pybk.testing.mutations``). Each is a deliberately broken build for
+# checker tests. DELTA_SKIPS_LEDGER_STATE is the checkpointer's (re-exported here).
+#: the bookie acknowledges an add before the journal fsync that covers it
+ACK_BEFORE_FSYNC: Final = "ack_before_fsync"
 
 
 class LedgerStore(WritesMixin):

@@ -44,6 +44,10 @@ from pybk.protocol import (
 
 __all__ = ["OutcomeJoin", "Transport", "settle_add", "split_batch", "split_callback"]
 
+__all__ = [
+    "Transport",
+]
+
 
 class Transport(abc.ABC):
     """Sends requests to bookies by bookie id."""

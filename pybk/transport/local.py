@@ -28,6 +28,7 @@ from pybk.protocol import (
     AddLike,
     AddOutcome,
     AddRequest,
+    BookieState,
     Request,
     Response,
     Status,
@@ -68,7 +69,7 @@ class LocalTransport(Transport):
             settle_add(on_done, ClientClosedError("transport closed"))
             return
         bookie = self.bookies.get(bookie_id)
-        if bookie is None or bookie.state == "stopped":
+        if bookie is None or bookie.state == BookieState.STOPPED:
             settle_add(on_done, BookieUnavailableError(f"bookie {bookie_id} is not running"))
             return
         if timeout is not None:
@@ -97,7 +98,7 @@ class LocalTransport(Transport):
             fut.set_exception(ClientClosedError("transport closed"))
             return fut
         bookie = self.bookies.get(bookie_id)
-        if bookie is None or bookie.state == "stopped":
+        if bookie is None or bookie.state == BookieState.STOPPED:
             fut.set_exception(BookieUnavailableError(f"bookie {bookie_id} is not running"))
             return fut
         token = None

@@ -55,6 +55,13 @@ from pybk.transport.deadlines import Deadlines
 if TYPE_CHECKING:
     from pybk.metadata.base import MetadataStore
 
+__all__ = [
+    "Resolver",
+    "TcpTransport",
+    "parse_address",
+    "registry_resolver",
+]
+
 log = logging.getLogger("pybk.tcp")
 
 Resolver = Callable[[str], Awaitable[str]]
