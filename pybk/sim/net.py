@@ -54,13 +54,20 @@ from pybk.protocol import (
     AddOutcome,
     AddRequest,
     AddResponse,
+    ReadBatchRequest,
     Request,
     Response,
     add_outcome,
     add_response,
     outcome_of,
 )
-from pybk.transport.base import Transport, settle_add, split_batch, split_callback
+from pybk.transport.base import (
+    Transport,
+    read_batch_by_singles,
+    settle_add,
+    split_batch,
+    split_callback,
+)
 from pybk.transport.deadlines import Deadlines
 
 __all__ = ["AddPath", "Handler", "NetConfig", "Observer", "SimNetwork", "SimTransport"]
@@ -470,7 +477,8 @@ def _answer(fut: asyncio.Future[Response], request: AddLike, outcome: AddOutcome
 
 class SimTransport(Transport):
     """One client's view of the simulated network. ``batch_adds=False``: an old client that
-    sends each entry of a batch as a single add (and joins their answers)."""
+    sends each entry of a batch as a single add, and reads one entry per request (protocol
+    version 1's requests only)."""
 
     def __init__(self, network: SimNetwork, client: str, *, batch_adds: bool = True) -> None:
         self.network = network
@@ -485,6 +493,9 @@ class SimTransport(Transport):
             fut: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
             fut.set_exception(BookieUnavailableError("transport closed"))
             return fut
+        if type(request) is ReadBatchRequest and not self.batch_adds:
+            return read_batch_by_singles(  # an old client: one entry per read
+                lambda read: self.network.send(self.client, bookie_id, read, timeout), request)
         return self.network.send(self.client, bookie_id, request, timeout)
 
     def add(self, bookie_id: str, request: AddLike, on_done: AddCallback,

@@ -37,13 +37,21 @@ from pybk.protocol import (
     AddOutcome,
     AddRequest,
     Op,
+    ReadBatchRequest,
+    ReadBatchResponse,
     ReadRequest,
+    ReadResponse,
     Request,
     Response,
     Status,
     error_response,
 )
-from pybk.transport.base import Transport, split_batch, split_callback
+from pybk.transport.base import (
+    Transport,
+    read_batch_by_singles,
+    split_batch,
+    split_callback,
+)
 from pybk.transport.deadlines import Deadlines
 
 Action = Literal["hold", "fail", "drop", "before"]
@@ -290,9 +298,41 @@ class HookedTransport(Transport):
     def send(
         self, bookie_id: str, request: Request, timeout: float | None = None
     ) -> asyncio.Future[Response]:
+        if type(request) is ReadBatchRequest and self.hooks.rules:
+            return self._send_read_batch(bookie_id, request, timeout)
         rule = self.hooks.match(bookie_id, request) if self.hooks.rules else None
         if rule is None:
             return self.inner.send(bookie_id, request, timeout)
+        return self._send_hooked(rule, bookie_id, request, timeout)
+
+    def _send_read_batch(self, bookie_id: str, request: ReadBatchRequest,
+                         timeout: float | None) -> asyncio.Future[Response]:
+        """Match each entry of a batched read as a single read: the entries no rule matches
+        are read together, each matched one is acted on alone; one answer for the lot."""
+        rules = {e: self.hooks.match(bookie_id, ReadRequest(request.ledger_id, e))
+                 for e in request.entry_ids}
+        free = [e for e in request.entry_ids if rules[e] is None]
+        if len(free) == len(request.entry_ids):
+            return self.inner.send(bookie_id, request, timeout)
+        loop = asyncio.get_running_loop()
+        batch: asyncio.Future[Response] | None = None
+        if free:
+            batch = self.inner.send(bookie_id, ReadBatchRequest(request.ledger_id, free),
+                                    timeout)
+
+        def single(read: ReadRequest) -> asyncio.Future[Response]:
+            rule = rules[read.entry_id]
+            if rule is None:  # answered by the batch of the free entries
+                fut: asyncio.Future[Response] = loop.create_future()
+                assert batch is not None
+                batch.add_done_callback(lambda b: _pick(b, read, fut))
+                return fut
+            return self._send_hooked(rule, bookie_id, read, timeout)
+
+        return read_batch_by_singles(single, request)
+
+    def _send_hooked(self, rule: Rule, bookie_id: str, request: Request,
+                     timeout: float | None) -> asyncio.Future[Response]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Response] = loop.create_future()
 
@@ -410,6 +450,27 @@ class HookedTransport(Transport):
         for task in list(self._tasks):
             task.cancel()
         await self.inner.close()
+
+
+def _pick(batch: asyncio.Future[Response], read: ReadRequest,
+          fut: asyncio.Future[Response]) -> None:
+    """Settle ``fut`` (one entry's read) from the answer of the batched read holding it."""
+    if fut.done():
+        return
+    exc = None if batch.cancelled() else batch.exception()
+    if batch.cancelled() or exc is not None:
+        fut.set_exception(exc or BookieUnavailableError("read cancelled"))
+        return
+    response = batch.result()
+    if isinstance(response, ReadBatchResponse) and response.status == Status.OK:
+        for eid, status, body in response.entries:
+            if eid == read.entry_id:
+                fut.set_result(ReadResponse(status, read.ledger_id, eid, body, response.lac))
+                return
+        status = Status.TIMEOUT  # the bookie stopped before it (its answer was full)
+    else:
+        status = response.status
+    fut.set_result(ReadResponse(status, read.ledger_id, read.entry_id, None))
 
 
 def _chain(src: asyncio.Future[Response], dst: asyncio.Future[Response]) -> None:

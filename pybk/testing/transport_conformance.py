@@ -12,6 +12,7 @@ contract of :mod:`pybk.transport.base`:
   the bookie meant (UnauthorizedError, LedgerFencedError), and a recovery batch is taken on a
   fenced ledger;
 * ``send`` of an add answers with a response (the older form still works);
+* a batched read answers each entry (stored, absent) in request order, with the bookie's LAC;
 * requests answer with their own responses, however many are in flight;
 * an unknown or crashed bookie is BookieUnavailableError; a bookie that does not answer is
   TimeoutError after the request's timeout, never a hang; adds in flight when a bookie dies
@@ -52,6 +53,8 @@ from pybk.protocol import (
     FenceRequest,
     ListEntriesRequest,
     ListEntriesResponse,
+    ReadBatchRequest,
+    ReadBatchResponse,
     ReadRequest,
     ReadResponse,
     Status,
@@ -239,6 +242,25 @@ async def check_send_of_an_add_answers_a_response(backend: TransportBackend) -> 
     await t.close()
 
 
+async def check_batched_read(backend: TransportBackend) -> None:
+    t = backend.transport()
+    assert await add(backend, t, "b0", batch(11, list(range(10)))) is None
+    resp = await t.send("b0", ReadBatchRequest(11, [0, 2, 5, 42, 7]), backend.bound)
+    assert isinstance(resp, ReadBatchResponse) and resp.status == Status.OK, resp
+    assert [e for e, _s, _b in resp.entries] == [0, 2, 5, 42, 7], resp.entries
+    for eid, status, data in resp.entries:
+        if eid == 42:
+            assert (status, data) == (Status.NO_SUCH_ENTRY, None)
+        else:
+            assert (status, data) == (Status.OK, body(11, eid))
+    assert resp.lac == 8  # the highest piggybacked LAC (entry 9 carries 8)
+    missing = await t.send("b0", ReadBatchRequest(12, [0, 1]), backend.bound)
+    assert isinstance(missing, ReadBatchResponse)
+    assert missing.status == Status.NO_SUCH_LEDGER or [s for _e, s, _b in missing.entries] == [
+        Status.NO_SUCH_LEDGER, Status.NO_SUCH_LEDGER], missing  # (an old peer: entry by entry)
+    await t.close()
+
+
 async def check_answers_match_their_requests(backend: TransportBackend) -> None:
     t = backend.transport()
     n = 60
@@ -335,6 +357,7 @@ CHECKS: list[Callable[[TransportBackend], Awaitable[None]]] = [
     check_a_batch_fails_entry_by_entry,
     check_a_refused_batch_fails_every_entry,
     check_send_of_an_add_answers_a_response,
+    check_batched_read,
     check_answers_match_their_requests,
     check_unreachable_bookies,
     check_a_silent_bookie_times_out,

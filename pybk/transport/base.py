@@ -30,19 +30,31 @@ import abc
 import asyncio
 from collections.abc import Callable
 
-from pybk.errors import BKError, BookieUnavailableError
+from pybk.errors import BKError, BookieUnavailableError, status_of
 from pybk.protocol import (
     AddBatchRequest,
     AddCallback,
     AddLike,
     AddOutcome,
     AddRequest,
+    ReadBatchRequest,
+    ReadBatchResponse,
+    ReadRequest,
+    ReadResponse,
     Request,
     Response,
+    Status,
     add_outcome,
 )
 
-__all__ = ["OutcomeJoin", "Transport", "settle_add", "split_batch", "split_callback"]
+__all__ = [
+    "OutcomeJoin",
+    "Transport",
+    "read_batch_by_singles",
+    "settle_add",
+    "split_batch",
+    "split_callback",
+]
 
 __all__ = [
     "Transport",
@@ -106,6 +118,46 @@ def split_callback(on_done: AddCallback, n: int,
         return [part(g) for g in groups]
     join = OutcomeJoin(n, on_done)
     return [join.part(g) for g in groups]
+
+
+def read_batch_by_singles(
+    send: Callable[[ReadRequest], asyncio.Future[Response]], request: ReadBatchRequest,
+) -> asyncio.Future[Response]:
+    """A :class:`~pybk.protocol.ReadBatchRequest` answered by single reads through ``send``
+    (a peer that does not take batches, a test hook acting on some entries): one entry of
+    the answer per read, its status what the read said (UNAVAILABLE or TIMEOUT when it
+    failed)."""
+    loop = asyncio.get_running_loop()
+    out: asyncio.Future[Response] = loop.create_future()
+    ids = list(request.entry_ids)
+    futs = [send(ReadRequest(request.ledger_id, e)) for e in ids]
+    left = len(futs)
+
+    def one_done(_f: asyncio.Future[Response]) -> None:
+        nonlocal left
+        left -= 1
+        if left or out.done():
+            return
+        entries: list[tuple[int, Status, bytes | None]] = []
+        lac = -1
+        for eid, f in zip(ids, futs, strict=True):
+            exc = None if f.cancelled() else f.exception()
+            if f.cancelled() or exc is not None:
+                entries.append((eid, status_of(exc) if exc is not None else Status.UNAVAILABLE,
+                                None))
+                continue
+            response = f.result()
+            if isinstance(response, ReadResponse):
+                lac = max(lac, response.lac)
+                ok = response.status == Status.OK
+                entries.append((eid, response.status, response.body if ok else None))
+            else:
+                entries.append((eid, Status.PROTOCOL_ERROR, None))
+        out.set_result(ReadBatchResponse(Status.OK, request.ledger_id, lac, tuple(entries)))
+
+    for f in futs:
+        f.add_done_callback(one_done)
+    return out
 
 
 def split_batch(request: AddBatchRequest) -> list[AddRequest]:

@@ -43,6 +43,8 @@ from pybk.protocol import (
     ListEntriesRequest,
     ListEntriesResponse,
     Op,
+    ReadBatchRequest,
+    ReadBatchResponse,
     ReadLacRequest,
     ReadLacResponse,
     ReadRequest,
@@ -86,7 +88,7 @@ __all__ = [
 PROTOCOL_VERSION: Final = 2
 #: the operations each frame version may carry
 _OPS_OF_VERSION: Final = {
-    1: frozenset(op for op in Op if op is not Op.ADD_BATCH),
+    1: frozenset(op for op in Op if op not in (Op.ADD_BATCH, Op.READ_BATCH)),
     2: frozenset(Op),
 }
 
@@ -266,7 +268,7 @@ Event = RequestReceived | ResponseReceived | MessageRejected
 
 def frame_version(op: Op) -> int:
     """The version byte of a frame of ``op``: the first protocol version defining ``op``."""
-    return 2 if op is Op.ADD_BATCH else 1
+    return 2 if op is Op.ADD_BATCH or op is Op.READ_BATCH else 1
 
 
 def _encode_request_body(req: Request, w: _Writer) -> int:
@@ -299,6 +301,14 @@ def _encode_request_body(req: Request, w: _Writer) -> int:
         return flags
     if isinstance(req, ReadLacRequest | ListEntriesRequest):
         w.raw(_Q.pack(req.ledger_id))
+        return 0
+    if isinstance(req, ReadBatchRequest):
+        n = len(req.entry_ids)
+        if not 1 <= n <= MAX_BATCH_ENTRIES:
+            raise ValueError(f"a READ_BATCH asks for 1 to {MAX_BATCH_ENTRIES} entries, not {n}")
+        w.raw(_Q.pack(req.ledger_id))
+        w.raw(_I.pack(n))
+        w.raw(struct.pack(f">{n}q", *req.entry_ids))
         return 0
     if isinstance(req, WriteLacRequest):
         w.raw(_QQ.pack(req.ledger_id, req.lac))
@@ -341,6 +351,12 @@ def _encode_response_body(resp: Response, w: _Writer) -> int:
     elif isinstance(resp, ReadResponse):
         w.raw(_QQQ.pack(resp.ledger_id, resp.entry_id, resp.lac))
         w.blob(resp.body)
+    elif isinstance(resp, ReadBatchResponse):
+        w.raw(_QQ.pack(resp.ledger_id, resp.lac))
+        w.raw(_I.pack(len(resp.entries)))
+        for entry_id, entry_status, body in resp.entries:
+            w.raw(_QH.pack(entry_id, int(entry_status)))
+            w.blob(body)
     elif isinstance(resp, ReadLacResponse):
         w.raw(_Q.pack(resp.ledger_id))
         w.blob(resp.lac_body)
@@ -390,6 +406,7 @@ _QQI = struct.Struct(">qqI")
 _HI = struct.Struct(">HI")
 _II = struct.Struct(">II")
 _QII = struct.Struct(">qII")
+_QH = struct.Struct(">qH")
 
 
 def _encode_add_request(request_id: int, req: AddRequest) -> bytes:
@@ -516,6 +533,15 @@ def _decode_request(op: Op, flags: int, r: _Reader) -> Request:
         ledger_id = r.i64()
         r.done()
         return ReadLacRequest(ledger_id) if op is Op.READ_LAC else ListEntriesRequest(ledger_id)
+    if op is Op.READ_BATCH:
+        ledger_id = r.i64()
+        (count,) = r.take(_I)
+        if not 1 <= count <= MAX_BATCH_ENTRIES or count * 8 != r.left():
+            raise ProtocolError(f"read batch of {count} entries (1 to {MAX_BATCH_ENTRIES}) "
+                                f"in {r.left()} bytes")
+        ids = list(r.take(struct.Struct(f">{count}q")))
+        r.done()
+        return ReadBatchRequest(ledger_id, ids)
     if op is Op.WRITE_LAC:
         ledger_id, lac = r.take(_QQ)
         key = r.required_blob("master key")
@@ -556,6 +582,17 @@ def _decode_response(op: Op, r: _Reader, flags: int = FLAG_RESPONSE) -> Response
         body = r.blob()
         r.done()
         return ReadResponse(status, ledger_id, entry_id, body, lac, message)
+    if op is Op.READ_BATCH:
+        ledger_id, lac = r.take(_QQ)
+        (count,) = r.take(_I)
+        if count * 14 > r.left():
+            raise ProtocolError(f"{count} entries cannot fit the {r.left()} bytes left")
+        entries = []
+        for _ in range(count):
+            entry_id, code = r.take(_QH)
+            entries.append((entry_id, _status(code), r.blob()))
+        r.done()
+        return ReadBatchResponse(status, ledger_id, lac, tuple(entries), message)
     if op is Op.READ_LAC:
         ledger_id = r.i64()
         lac_body = r.blob()
@@ -712,6 +749,8 @@ def error_response_for_op(op: Op, status: Status, message: str) -> Response:
         return AddBatchResponse(status, 0, 0, (), message)
     if op is Op.READ:
         return ReadResponse(status, 0, 0, message=message)
+    if op is Op.READ_BATCH:
+        return ReadBatchResponse(status, 0, message=message)
     if op is Op.READ_LAC:
         return ReadLacResponse(status, 0, message=message)
     if op is Op.WRITE_LAC:

@@ -42,6 +42,8 @@ from pybk.protocol import (
     AuthRequest,
     BookieInfoRequest,
     BookieInfoResponse,
+    ReadBatchRequest,
+    ReadRequest,
     Request,
     Response,
     Status,
@@ -49,7 +51,13 @@ from pybk.protocol import (
     error_response,
 )
 from pybk.transport import codec
-from pybk.transport.base import Transport, settle_add, split_batch, split_callback
+from pybk.transport.base import (
+    Transport,
+    read_batch_by_singles,
+    settle_add,
+    split_batch,
+    split_callback,
+)
 from pybk.transport.deadlines import Deadlines
 
 if TYPE_CHECKING:
@@ -215,7 +223,24 @@ class _ClientConnection(asyncio.Protocol):
     def send(
         self, request: Request, future: asyncio.Future[Response], timeout: float | None
     ) -> None:
+        if type(request) is ReadBatchRequest and self.peer_version < 2:
+            # an older bookie reads one entry per request; the answer is put together here
+            self._ask_versions(len(request.entry_ids))
+
+            def single(read: ReadRequest) -> asyncio.Future[Response]:
+                fut: asyncio.Future[Response] = self.loop.create_future()
+                self._enqueue(read, _future_pending(read, fut), timeout)
+                return fut
+
+            _chain(read_batch_by_singles(single, request), future)
+            return
         self._enqueue(request, _future_pending(request, future), timeout)
+
+    def _ask_versions(self, entries: int) -> None:
+        """Ask the bookie which protocol version it speaks, once, when batching would pay."""
+        if not self.asked_versions and entries > 1:
+            self.asked_versions = True
+            self.versions_id = self._enqueue(BookieInfoRequest(versions=True), None, None)
 
     def add(self, request: AddLike, on_done: AddCallback, timeout: float | None) -> None:
         """Send an add: one ADD_BATCH frame (or as many as the frame cap needs) to a bookie
@@ -226,9 +251,7 @@ class _ClientConnection(asyncio.Protocol):
             return
         assert isinstance(request, AddBatchRequest)
         if self.peer_version < 2:
-            if not self.asked_versions and len(request.bodies) > 1:
-                self.asked_versions = True
-                self.versions_id = self._enqueue(BookieInfoRequest(versions=True), None, None)
+            self._ask_versions(len(request.bodies))
             singles = split_batch(request)
             parts = split_callback(on_done, len(singles), [[i] for i in range(len(singles))])
             self._add_frames(singles, parts, timeout)
@@ -521,3 +544,18 @@ class TcpTransport(Transport):
             conn.fail("transport closed")
         if self._connects:
             await asyncio.gather(*self._connects, return_exceptions=True)
+
+
+def _chain(src: asyncio.Future[Response], dst: asyncio.Future[Response]) -> None:
+    """Settle ``dst`` as ``src`` settles."""
+
+    def copy(f: asyncio.Future[Response]) -> None:
+        if dst.done():
+            return
+        exc = f.exception()
+        if exc is not None:
+            dst.set_exception(exc)
+        else:
+            dst.set_result(f.result())
+
+    src.add_done_callback(copy)

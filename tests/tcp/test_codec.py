@@ -29,6 +29,8 @@ from pybk.protocol import (
     ListEntriesRequest,
     ListEntriesResponse,
     Op,
+    ReadBatchRequest,
+    ReadBatchResponse,
     ReadLacRequest,
     ReadLacResponse,
     ReadRequest,
@@ -79,6 +81,7 @@ requests = st.one_of(
         lambda entries: st.builds(
             AddBatchRequest, i64, blob, st.just([e for e, _ in entries]),
             st.just([b for _, b in entries]), st.booleans())),
+    st.builds(ReadBatchRequest, i64, st.lists(i64, min_size=1, max_size=8)),
 )
 
 ranges = st.lists(st.tuples(i64, i64).map(lambda t: (min(t), max(t))), max_size=20).map(tuple)
@@ -94,6 +97,8 @@ responses = st.one_of(
     st.integers(0, 8).flatmap(lambda n: st.builds(
         AddBatchResponse, status, i64, st.just(n),
         st.just(()) | st.lists(status, min_size=n, max_size=n).map(tuple), text)),
+    st.builds(ReadBatchResponse, status, i64, i64,
+              st.lists(st.tuples(i64, status, opt_blob), max_size=5).map(tuple), text),
 )
 
 
@@ -140,6 +145,7 @@ def test_every_op_has_a_strategy():
             BookieInfoRequest(),
             AuthRequest(b""),
             AddBatchRequest(1, b"", [1], [b""]),
+            ReadBatchRequest(1, [1]),
         ]
     }
     assert seen_req == set(Op)
