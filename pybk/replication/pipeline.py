@@ -183,11 +183,11 @@ class WritePipeline:
         #: when :meth:`on_timer` wants to be called next (loop time), None: never
         self.next_timer: float | None = None
         self._ack_out_of_order = ack_out_of_order
-        qw, e = quorums.write_quorum, quorums.ensemble_size
+        e = quorums.ensemble_size
         #: write set of each entry id modulo E (the striping schedule, precomputed)
         self._write_sets = [quorums.write_set(i) for i in range(e)]
         self._qa = quorums.ack_quorum
-        self._striped = qw < e
+        self._e = e
 
     # ================================================================== queries
 
@@ -225,7 +225,15 @@ class WritePipeline:
         self._acked.append(0)
         self._waiters.append(waiter)
         if not self.changing:
-            self._queue(entry_id, body)
+            if self.dead_slots:
+                self._queue(entry_id, body)
+            else:  # (the common case of _queue, inlined: once per entry)
+                size = len(body)
+                outbox, outbodies, outbytes = self._outbox, self._outbodies, self._outbytes
+                for slot in self._write_sets[entry_id % self._e]:
+                    outbox[slot].append(entry_id)
+                    outbodies[slot].append(body)
+                    outbytes[slot] += size
             self._unsent = entry_id + 1
         return entry_id
 

@@ -191,7 +191,9 @@ class AddPipeline:
         length = core.length + len(payload)
         fut: asyncio.Future[int] = self._loop.create_future()
         core.push(self.digest.frame(core.lap + 1, core.lac, length, payload), length, fut)
-        self._schedule()
+        if not self._flush_scheduled:  # (_schedule, inlined: once per entry)
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
         return fut
 
     def push_framed(self, entry_id: int, body: bytes, length: int) -> asyncio.Future[int]:

@@ -21,7 +21,9 @@ import logging
 import struct
 from collections.abc import Awaitable, Callable, Container, Sequence
 from itertools import accumulate
-from typing import Any
+from typing import Any, Final
+
+import crc32c
 
 from pybk.errors import (
     BadRequestError,
@@ -40,6 +42,9 @@ from pybk.storage.index import LedgerState
 from pybk.storage.journal import Journal
 from pybk.storage.reads import ReadsMixin
 from pybk.storage.records import (
+    RECORD_HEADER,
+    RECORD_HEADER_SIZE,
+    RecordType,
     encode_delete,
     encode_entry,
     encode_explicit_lac,
@@ -294,9 +299,8 @@ class WritesMixin(ReadsMixin):
                 if st.master_key is None:
                     self.journal.append_nowait(self._key_record(ledger_id, st, master_key),
                                                (ledger_id, -1, -1, 0, None, st))
-                records = batch.records
                 self.journal.append_nowait(
-                    records[0] if len(records) == 1 else b"".join(records),
+                    b"".join(batch.records),
                     _BatchTag(ledger_id, st, batch.ids, batch.sizes, batch.lac,
                               batch.ascending, batch.on_written()))
         except BaseException:
@@ -355,11 +359,13 @@ class WritesMixin(ReadsMixin):
             if eid <= prev:
                 batch.ascending = False
             prev = eid
-            rec = encode_entry(body)
-            records.append(rec)
+            # encode_entry's record, as two parts of the one join that makes the append
+            size = len(body)
+            records.append(_pack_record_header(size, _crc32c(body, _ENTRY_CRC), _ENTRY_TYPE))
+            records.append(body)
             ids.append(eid)
             where.append(i)
-            sizes.append(len(rec))
+            sizes.append(RECORD_HEADER_SIZE + size)
             if lac > max_lac:
                 max_lac = lac
             pending[eid] = body
@@ -477,6 +483,11 @@ _Tag = tuple[int, int, int, int, "AddCallback | None", LedgerState]
 _ENTRY_IDS_LAC = struct.Struct(">qqq8x")
 assert _ENTRY_IDS_LAC.size == ENTRY_HEADER_SIZE
 _unpack_entry_ids_lac = _ENTRY_IDS_LAC.unpack_from
+_pack_record_header = RECORD_HEADER.pack
+_crc32c = crc32c.crc32c
+#: an ENTRY record's CRC starts from its type byte's (see pybk.storage.records.encode_entry)
+_ENTRY_TYPE: Final = int(RecordType.ENTRY)
+_ENTRY_CRC: Final = crc32c.crc32c(bytes([_ENTRY_TYPE]))
 
 
 def _notify(on_done: Callable[[Any], None], error: Any, lid: int, eid: int) -> None:
