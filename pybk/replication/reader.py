@@ -13,9 +13,10 @@ it never fences, so the writer is not disturbed.
 from __future__ import annotations
 
 import asyncio
+import operator
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pybk.errors import (
     BKError,
@@ -69,6 +70,22 @@ class LedgerEntry:
 
 
 _ABSENT = (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER)
+_lac_of = operator.attrgetter("lac")
+_new = object.__new__
+_le_slots: Any = vars(LedgerEntry)  # (frozen: fields set through the slot descriptors)
+_set_le_ledger = _le_slots["ledger_id"].__set__
+_set_le_entry = _le_slots["entry_id"].__set__
+_set_le_data = _le_slots["data"].__set__
+
+
+def _ledger_entry(d: DecodedEntry) -> LedgerEntry:
+    """``LedgerEntry(d.ledger_id, d.entry_id, d.payload)`` without the dataclass's
+    ``__init__`` (once per entry read)."""
+    entry: LedgerEntry = _new(LedgerEntry)
+    _set_le_ledger(entry, d.ledger_id)
+    _set_le_entry(entry, d.entry_id)
+    _set_le_data(entry, d.payload)
+    return entry
 
 
 def consume(fut: asyncio.Future[Response]) -> None:
@@ -428,8 +445,8 @@ class ReadHandle:
                 raise
             decoded = await read_range(self._ctx, self._md, self._digest, first, last)
         if decoded:
-            self._raise_lac(max(d.lac for d in decoded))
-        return [LedgerEntry(d.ledger_id, d.entry_id, d.payload) for d in decoded]
+            self._raise_lac(max(map(_lac_of, decoded)))
+        return list(map(_ledger_entry, decoded))
 
     async def read_last_add_confirmed(self) -> int:
         """Ask the bookies for the LAC (covering every write set) and return it."""

@@ -23,7 +23,7 @@ from pybk.errors import (
 from pybk.storage.fs import FileSystem
 from pybk.storage.index import Index, LedgerState
 from pybk.storage.journal import segment_name
-from pybk.storage.records import decode_entry_at
+from pybk.storage.records import decode_entry_at, decode_entry_in
 
 __all__ = ["ReadsMixin"]
 
@@ -125,9 +125,8 @@ class ReadsMixin:
                 out.extend((e, err, None) for e, _o, _s in run)
             else:
                 for e, off, sz in run:
-                    p = off - start
                     try:
-                        body = decode_entry_at(data[p:p + sz], path, off, ledger_id, e)
+                        body = decode_entry_in(data, off - start, sz, path, off, ledger_id, e)
                     except CorruptRecordError as exc:
                         out.append((e, exc, None))
                         continue

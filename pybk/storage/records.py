@@ -237,6 +237,20 @@ def _parse_payload(rtype: RecordType, payload: bytes, where: int, size: int, pat
 _ENTRY_RECORD_IDS = struct.Struct(">IIBqq")  # record header, then the body's ledger, entry ids
 
 
+def decode_entry_in(data: bytes, pos: int, size: int, path: str, offset: int, ledger_id: int,
+                    entry_id: int) -> bytes:
+    """:func:`decode_entry_at` of the record at ``data[pos:pos + size]`` (read from file
+    offset ``offset``), without slicing it out first: the body is the one copy made."""
+    if size >= _ENTRY_RECORD_IDS.size and pos + size <= len(data):
+        length, crc, rtype, lid, eid = _ENTRY_RECORD_IDS.unpack_from(data, pos)
+        if (rtype == _ENTRY_TYPE and length == size - RECORD_HEADER_SIZE and lid == ledger_id
+                and eid == entry_id):
+            body = data[pos + RECORD_HEADER_SIZE:pos + size]
+            if _crc32c(body, _ENTRY_CRC) == crc:
+                return body
+    return decode_entry_at(data[pos:pos + size], path, offset, ledger_id, entry_id)
+
+
 def decode_entry_at(data: bytes | memoryview, path: str, offset: int, ledger_id: int,
                     entry_id: int) -> bytes:
     """Verify the ENTRY record read from ``offset`` and return its body.
