@@ -55,8 +55,12 @@ from pybk.protocol import (
     AddRequest,
     AddResponse,
     ReadBatchRequest,
+    ReadBatchResponse,
+    ReadRequest,
+    ReadResponse,
     Request,
     Response,
+    Status,
     add_outcome,
     add_response,
     outcome_of,
@@ -445,8 +449,10 @@ class SimNetwork:
             return
         if self._incarnation.get(bookie_id) != incarnation:
             return  # the process died while handling: nobody sends the reply
-        for observer in self.observers:
-            observer(bookie_id, client, request, response)
+        if self.observers:
+            for single, answer in _observed(request, response):
+                for observer in self.observers:
+                    observer(bookie_id, client, single, answer)
         self._transmit(bookie_id, client, conn, gen, forward=False, duplicable=False,
                        deliver=lambda: self._arrive_response(conn, seq, response))
 
@@ -455,6 +461,19 @@ class SimNetwork:
         if pending is not None:
             self._deadlines.discard(pending.token)
             pending.on_answer(answer)
+
+
+def _observed(request: Request, response: Response) -> list[tuple[Request, Response]]:
+    """What observers see of one answered request: a batched read entry by entry, as the
+    single reads it stands for (the checker's bookie-honesty invariants judge each)."""
+    if not isinstance(request, ReadBatchRequest):
+        return [(request, response)]
+    lid = request.ledger_id
+    if not isinstance(response, ReadBatchResponse) or response.status != Status.OK:
+        return [(ReadRequest(lid, e), ReadResponse(response.status, lid, e))
+                for e in request.entry_ids]
+    return [(ReadRequest(lid, e), ReadResponse(status, lid, e, body, response.lac))
+            for e, status, body in response.entries]
 
 
 def _is_fence(request: Request) -> bool:
