@@ -139,6 +139,7 @@ class AddPipeline:
         )
         self._loop = asyncio.get_running_loop()
         self._flush_scheduled = False
+        self._running = False
         self._change_task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._idle: asyncio.Future[None] | None = None
@@ -250,7 +251,20 @@ class AddPipeline:
     # -- carrying out the pipeline's actions -------------------------------------------------
 
     def _run(self) -> None:
-        """Carry out every action the pipeline has decided, until it has none left."""
+        """Carry out every action the pipeline has decided, until it has none left.
+
+        Not re-entered: a transport may answer while it is handed a batch (a refusal, an
+        entry already held), and that answer's actions must come after the ones being
+        carried out (confirmations stay in entry order); the loop below picks them up."""
+        if self._running:
+            return
+        self._running = True
+        try:
+            self._run_actions()
+        finally:
+            self._running = False
+
+    def _run_actions(self) -> None:
         core = self.core
         actions = core.actions()
         while actions:
