@@ -414,3 +414,35 @@ def test_every_wire_status_maps_to_its_error_class_and_back():
     classes = [c for c in vars(errors).values()
                if isinstance(c, type) and issubclass(c, errors.BKError)]  # fmt: skip
     assert {c.status for c in classes} <= {int(s) for s in Status}
+
+
+@FAST
+@given(u64, st.lists(st.tuples(i64, blob), min_size=1, max_size=6), i64, blob, st.booleans())
+def test_batch_fast_encoder_matches_generic(rid, entries, ledger, key, recovery):
+    req = AddBatchRequest(ledger, key, [e for e, _ in entries], [b for _, b in entries],
+                          recovery)
+    assert encode_request(rid, req) == _generic_request(rid, req)
+
+
+@FAST
+@given(st.binary(max_size=120), st.integers(0, 3))
+def test_batch_fast_decoder_agrees_with_generic_on_any_body(body, flags):
+    """Any ADD_BATCH body: the fast decoder and the generic one accept/refuse alike (and
+    decode alike)."""
+    fast = _outcome(messages._fast_batch_request, bytes(16) + body, flags & codec.FLAG_RECOVERY)
+    generic = _outcome(messages._decode_request, Op.ADD_BATCH, flags & codec.FLAG_RECOVERY,
+                       messages._Reader(memoryview(body)))
+    assert fast == generic
+
+
+def test_batch_fast_decoder_on_valid_prefixes():
+    req = AddBatchRequest(3, b"key", [4, 6, 7], [b"a", b"", b"ccc"], recovery=True)
+    body = _generic_request(1, req)[8 + 12 :]
+    for cut in range(len(body) + 1):
+        part = body[:cut]
+        fast = _outcome(messages._fast_batch_request, bytes(16) + part, codec.FLAG_RECOVERY)
+        generic = _outcome(messages._decode_request, Op.ADD_BATCH, codec.FLAG_RECOVERY,
+                           messages._Reader(memoryview(part)))
+        assert fast == generic
+    assert _outcome(messages._fast_batch_request, bytes(16) + body, codec.FLAG_RECOVERY) == (
+        "ok", req)
