@@ -25,7 +25,7 @@ import asyncio
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pybk.errors import (
     BKError,
@@ -291,8 +291,8 @@ class _ClientConnection(asyncio.Protocol):
     # -- asyncio callbacks -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a stream transport; not an asyncio.Transport subclass on every loop (uvloop's is not)
+        self.transport = cast(asyncio.Transport, transport)
         if self.out and not self.flush_scheduled:
             self.flush_scheduled = True
             self.loop.call_soon(self._flush)
@@ -343,6 +343,11 @@ class _ClientConnection(asyncio.Protocol):
             if event.request_id == self.versions_id:
                 self.versions_id = None
                 response = event.response
+                if response.status == Status.UNAUTHORIZED:
+                    # the bookie wants a token first: it refuses whatever comes before AUTH
+                    # and closes, so every request on this connection is refused the same way
+                    self._refuse_all(response.message or "authentication required")
+                    return
                 if isinstance(response, BookieInfoResponse) and response.protocol_version:
                     self.peer_version = min(response.protocol_version, codec.PROTOCOL_VERSION)
                 continue  # (an older bookie refuses the flag: it speaks version 1)

@@ -208,3 +208,29 @@ def test_a_version_one_frame_cannot_carry_a_batch() -> None:
         Connection("server").receive_data(bytes(frame))
     single = messages.encode_request(1, AddRequest(1, 0, KEY, body(1, 0)))
     assert single[8] == 1  # what every version-1 peer understands keeps version 1
+
+
+async def test_a_batch_without_the_token_is_refused_as_unauthorized() -> None:
+    """A token bookie answers the versions question UNAUTHORIZED (nothing before AUTH) and
+    closes: every add on the connection is refused UnauthorizedError, not "unreachable" (the
+    writer must fail, not replace the bookie)."""
+    from pybk.errors import UnauthorizedError
+
+    bookie = await _bookie()
+    async with BookieServer(bookie.handle, add=bookie.add_request,
+                            auth_token=b"s3cret") as server:
+        host, port = server.address
+
+        async def resolve(_: str) -> str:
+            return f"{host}:{port}"
+
+        t = TcpTransport(resolve)
+        ids = list(range(8))
+        outcome = await _add(t, AddBatchRequest(4, KEY, ids, [body(4, e) for e in ids]))
+        assert isinstance(outcome, list) and all(isinstance(o, UnauthorizedError)
+                                                 for o in outcome), outcome
+        await t.close()
+        good = TcpTransport(resolve, auth_token=b"s3cret")
+        assert await _add(good, AddBatchRequest(4, KEY, ids, [body(4, e) for e in ids])) is None
+        await good.close()
+    bookie.crash()
