@@ -33,7 +33,7 @@ from pybk.protocol import (
     password_hash,
 )
 from pybk.replication.context import ClientConfig, ClientContext
-from pybk.replication.placement import refresh_topology, writable_nodes
+from pybk.replication.placement import PlacementPolicy, refresh_topology, writable_nodes
 from pybk.replication.quorum import validate_quorums
 from pybk.replication.reader import LedgerEntry, ReadHandle, read_lac_covered
 from pybk.replication.recovery import recover
@@ -63,6 +63,7 @@ class Client:
         tls: ssl.SSLContext | None = None,
         auth_token: bytes | None = None,
         metrics: CollectorRegistry | None = None,
+        placement: PlacementPolicy | None = None,
     ) -> None:
         if not isinstance(metadata, str | MetadataStore):
             raise TypeError(
@@ -74,6 +75,7 @@ class Client:
         self._rng = rng if rng is not None else random.Random()
         self._tls = tls
         self._auth_token = auth_token
+        self._placement = placement
         self._ctx: ClientContext | None = None
         self._own_store = False
         self._own_transport = False
@@ -87,8 +89,7 @@ class Client:
             self.stats = ClientStats()
             metrics.register(ClientCollector(self.stats))
         if isinstance(metadata, MetadataStore) and transport is not None:
-            self._ctx = ClientContext(metadata, transport, self._config, self._rng,
-                                      stats=self.stats)
+            self._ctx = self._new_context(metadata, transport)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -114,8 +115,12 @@ class Client:
         if transport is None:
             transport = self._tcp_transport(store)
             self._own_transport = True
-        self._ctx = ClientContext(store, transport, self._config, self._rng, stats=self.stats)
+        self._ctx = self._new_context(store, transport)
         return self._ctx
+
+    def _new_context(self, store: MetadataStore, transport: Transport) -> ClientContext:
+        return ClientContext(store, transport, self._config, self._rng,
+                             placement=self._placement, stats=self.stats)
 
     def _tcp_transport(self, store: MetadataStore) -> Transport:
         try:
@@ -191,7 +196,7 @@ class Client:
                 )
         ctx = self._context()
         nodes = await writable_nodes(ctx)
-        ensemble = ctx.config.placement.new_ensemble(nodes, ensemble_size, write_quorum, ctx.rng)
+        ensemble = ctx.policy.new_ensemble(nodes, ensemble_size, write_quorum, ctx.rng)
         ledger_id = await ctx.store.allocate_ledger_id()
         md = LedgerMetadata(
             ledger_id=ledger_id,
@@ -226,7 +231,7 @@ class Client:
         if md.password_hash != password_hash(password):
             raise UnauthorizedError(f"ledger {ledger_id}: wrong password")
         digest = DigestManager(ledger_id, md.digest_type, password)
-        if ctx.config.placement.local_rack is not None:  # reads prefer the local rack
+        if ctx.policy.local_rack is not None:  # reads prefer the local rack
             await refresh_topology(ctx)
         if recovery:
             md = await self._recover(ctx, md, digest, master_key(password))

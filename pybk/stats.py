@@ -77,17 +77,13 @@ class Histogram:
 class BookieStats:
     """What a bookie records: requests by kind, their latency, the journal's batches.
 
-    Every add is counted; its latency, from its arrival at the bookie to its answer (the
-    journal's fsync included), is measured for one add in ``latency_sample`` on the
-    in-process fast path (the one the TCP server feeds: timing every add there costs about
-    a tenth of the bookie's CPU per add) and for every add answered through ``handle``.
-    Journal batches are recorded once per batch (records, bytes, how long the fsync took)."""
+    Every add request is timed once, from its arrival at the bookie to its answer (the
+    journal's fsync included); a batched add (``AddBatchRequest``, what writers send) counts
+    its entries and observes that latency with their weight, so the cost is per request,
+    not per entry. Journal batches are recorded once per batch (records, bytes, how long the
+    fsync took)."""
 
-    def __init__(self, latency_sample: int = 8) -> None:
-        if latency_sample < 1:
-            raise ValueError(f"latency_sample must be >= 1, got {latency_sample}")
-        self.latency_sample = latency_sample
-        self.sampled = 0
+    def __init__(self) -> None:
         self.adds = 0
         self.add_bytes = 0
         self.add_errors = 0

@@ -275,7 +275,7 @@ async def _repair_slot(ctx: ClientContext, md: LedgerMetadata, access: LedgerAcc
                     md.ledger_id, repair.bookie, damaged[:10], index, fragment.first)
     nodes = await writable_nodes(ctx, exclude=[repair.bookie])
     not_live = [b for b in fragment.ensemble if b not in live]
-    target = ctx.config.placement.replace_bookie(
+    target = ctx.policy.replace_bookie(
         nodes, fragment.ensemble, index, md.write_quorum, ctx.rng,
         exclude=[repair.bookie, *not_live])
     copier = _Copier(ctx, md, access, target, window)

@@ -373,7 +373,7 @@ async def writable_nodes(ctx: ClientContext, policy: PlacementPolicy | None = No
     """The candidates for placement: writable registered bookies with their racks, and
     their free disk when the policy weighs by it (asked with BookieInfo requests, cached
     for ``ctx.config.disk_usage_cache_ttl`` seconds of loop time)."""
-    policy = policy if policy is not None else ctx.config.placement
+    policy = policy if policy is not None else ctx.policy
     regs = await ctx.store.list_bookies()
     ctx.topology.update({r.bookie_id: r.rack or DEFAULT_RACK for r in regs})
     excluded = set(exclude)
