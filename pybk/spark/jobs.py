@@ -7,6 +7,10 @@ ledger ids it made::
     spark/jobs/<job>           {"log", "state": open | committed | aborted, "ctime_ms", "mtime_ms"}
     spark/tasks/<job>/<task>   {"ledgers": [ids]}    (task: p<partition>-a<attempt>)
 
+A batch write's job is a random id; a streaming sink's micro-batch ``N`` run by query run ``R``
+is ``<sink>.b<N>/<R>`` (``<sink>`` a hash of the sink id), so that every run's attempt at a
+batch can be listed (``list_jobs(store, "<sink>.b<N>")``).
+
 A task takes a ledger id from the store first, records it in its list, and only then creates
 the ledger under that id (``Client.create_ledger(ledger_id=...)``): so every ledger a task
 may have made is listed before it exists, even if the task's process is killed the next
@@ -51,7 +55,9 @@ __all__ = [
     "TaskLedgers",
     "begin_job",
     "finish_job",
+    "forget_jobs",
     "job_state",
+    "list_jobs",
     "sweep_job",
 ]
 
@@ -118,7 +124,7 @@ async def _expire(store: MetadataStore, now_ms: int) -> None:
             return
         try:
             value = await store.read_value(key)
-            info = JobInfo.from_bytes(key.rsplit("/", 1)[-1], value.value)
+            info = JobInfo.from_bytes(key[len(JOBS) + 1 :], value.value)
         except NoSuchKeyError:
             continue
         except (ValueError, KeyError) as exc:
@@ -130,6 +136,21 @@ async def _expire(store: MetadataStore, now_ms: int) -> None:
                 removed += 1
             except (NoSuchKeyError, BKError):
                 continue
+
+
+async def list_jobs(store: MetadataStore, group: str) -> list[str]:
+    """The jobs named ``<group>/<name>`` (a streaming sink's runs of one micro-batch)."""
+    prefix = f"{JOBS}/{group}/"
+    return [k[len(JOBS) + 1 :] for k in await store.list_keys(prefix)]
+
+
+async def forget_jobs(store: MetadataStore, group: str) -> None:
+    """Delete the records of the jobs named ``<group>/<name>`` (finished long ago)."""
+    for job in await list_jobs(store, group):
+        try:
+            await store.delete_value(job_key(job))
+        except NoSuchKeyError:
+            pass
 
 
 async def job_state(store: MetadataStore, job: str) -> str | None:

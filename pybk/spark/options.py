@@ -39,6 +39,7 @@ option                     default     meaning
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -215,7 +216,10 @@ def parse_options(options: Mapping[str, Any], *, mode: str) -> SourceOptions:
         except (ValueError, TypeError) as exc:
             raise OptionError("createLog", f"bad log settings: {exc}") from None
     if mode == "stream-write":
-        sink = _get(options, "sinkId") or _get(options, "checkpointLocation") or ""
+        sink = _get(options, "sinkId") or ""
+        checkpoint = _get(options, "checkpointLocation")
+        if not sink and checkpoint:
+            sink = checkpoint if "://" in checkpoint else os.path.abspath(checkpoint)
         if not sink:
             raise OptionError("sinkId", "required without a checkpointLocation: the name "
                                         "under which the sink's batch ids are kept")

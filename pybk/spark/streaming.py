@@ -12,16 +12,21 @@ batch it had not committed from the same offsets and reads the same records: non
 twice. ``trigger(availableNow=True)`` records the tail when the query starts and stops there.
 A checkpoint made for another log is refused.
 
-**Sink.** Each micro-batch is a job of its own (``<run>.b<batch id>``): tasks write ledgers as a
-batch write does, and the driver's commit publishes them with ``sink=(sinkId, batch id)`` in
-the same CAS that records the batch id in the log's metadata; a batch id at or below the last
-one recorded (Spark replays the last batch after a restart) publishes nothing and its ledgers
-are deleted. ``sinkId`` defaults to the query's checkpoint location.
+**Sink.** Each micro-batch is a job of its own per query run (``<sink>.b<batch id>/<run id>``):
+tasks write ledgers as a batch write does, and the driver's commit publishes them with
+``sink=(sinkId, batch id)``, in the same CAS that records the batch id in the log's metadata;
+a batch id at or below the last one recorded (Spark replays the last batch after a restart)
+publishes nothing and its ledgers are deleted. The commit then sweeps every run's attempt at
+that batch (a run that died mid-batch left its ledgers listed). ``sinkId`` defaults to the
+query's checkpoint location. Spark makes the stream writer anew for each commit, so nothing
+of a run lives in the writer object: ids come from the tasks (the batch id and the run id are
+local properties of every micro-batch task).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -38,15 +43,26 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from pybk.spark import runtime
+from pybk.spark import jobs, runtime
 from pybk.spark.options import OptionError, SourceOptions
 from pybk.spark.read import FIRST, SegmentRange, TailFinder, plan_ranges, read_range
 from pybk.spark.source import PybkCommitMessage, _results, _task_ids
-from pybk.spark.write import TaskResult, WritePlan, abort_job, commit_job, prepare_write, write_task
+from pybk.spark.write import (
+    TaskResult,
+    WritePlan,
+    collect_built,
+    finish_and_sweep,
+    prepare_write,
+    publish_and_sweep,
+    write_task,
+)
 from pybk.stream.meta import TRUNCATED, LogMetadata
 from pybk.stream.position import Position
 
 __all__ = ["PybkStreamReader", "PybkStreamWriter", "StreamWritePlan", "prepare_stream_write"]
+
+#: a micro-batch's job records are forgotten this many batches later
+_KEEP_BATCHES = 10
 
 
 class PybkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -174,22 +190,26 @@ class PybkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 @dataclasses.dataclass(frozen=True)
 class StreamWritePlan:
-    """The write plan of a streaming query run (``write.job`` is the run's id) and its sink."""
+    """A streaming write: the checks and settings of a batch write, and the sink's id."""
 
     write: WritePlan
     sink_id: str
 
-    def job(self, batch_id: int) -> str:
-        return f"{self.write.job}.b{batch_id}"
+    def batch(self, batch_id: int) -> str:
+        """The job group of micro-batch ``batch_id`` (each run's attempt is a job in it)."""
+        digest = hashlib.sha256(self.sink_id.encode()).hexdigest()[:20]
+        return f"{digest}.b{batch_id}"
 
 
 def prepare_stream_write(opts: SourceOptions, schema: Any) -> StreamWritePlan:
-    """On the driver when the query starts: the checks of a batch write, and a run id."""
-    plan = prepare_write(opts, schema, job=uuid.uuid4().hex, begin=False)
+    """On the driver (when the query starts, and again for each commit: Spark makes the
+    stream writer anew there): the checks of a batch write."""
+    plan = prepare_write(opts, schema, job="stream", begin=False)
     return StreamWritePlan(plan, opts.sink_id)
 
 
-def _batch_id() -> int:
+def _task_batch() -> tuple[int, str]:
+    """(the micro-batch id, the query run's id) of the running task."""
     from pyspark import TaskContext
 
     tc = TaskContext.get()
@@ -197,7 +217,8 @@ def _batch_id() -> int:
     if raw is None:
         raise RuntimeError("pybk streaming sink: the task does not know its micro-batch id "
                            "(no streaming.sql.batchId local property)")
-    return int(raw)
+    run = tc.getLocalProperty("spark.jobGroup.id") if tc is not None else None
+    return int(raw), run or uuid.uuid4().hex  # Spark's job group of a micro-batch: the run id
 
 
 class PybkStreamWriter(DataSourceStreamArrowWriter):
@@ -208,15 +229,45 @@ class PybkStreamWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Iterator[Any]) -> PybkCommitMessage:
         partition, attempt = _task_ids()
-        job = self.plan.job(_batch_id())
+        batch_id, run = _task_batch()
+        job = f"{self.plan.batch(batch_id)}/{run}"
         write = dataclasses.replace(self.plan.write, job=job)
         built = write_task(write, f"p{partition}-a{attempt}", iterator, partition)
         return PybkCommitMessage(TaskResult(job, partition, attempt,
                                             tuple(b.to_doc() for b in built)))
 
+    def _job_ids(self, batch_id: int, results: list[TaskResult | None]) -> Any:
+        opts = self.plan.write.options
+        group = self.plan.batch(batch_id)
+
+        async def ids() -> list[str]:
+            client = await runtime.aclient(opts.metadata)
+            listed = set(await jobs.list_jobs(client.store, group))
+            return sorted(listed | {r.job for r in results if r is not None})
+
+        return ids
+
     def commit(self, messages: Sequence[Any], batchId: int) -> None:
-        commit_job(self.plan.write, _results(messages), job=self.plan.job(batchId),
-                   sink=(self.plan.sink_id, batchId))
+        opts = self.plan.write.options
+        group = self.plan.batch(batchId)
+        results = _results(messages)
+        built = collect_built(results, lambda job: job.startswith(group + "/"))
+
+        async def go() -> None:
+            await publish_and_sweep(opts, built, origin=f"spark:{group}",
+                                    job_ids=self._job_ids(batchId, results),
+                                    sink=(self.plan.sink_id, batchId))
+            if batchId >= _KEEP_BATCHES:  # stragglers of old batches: long gone
+                client = await runtime.aclient(opts.metadata)
+                await jobs.forget_jobs(client.store, self.plan.batch(batchId - _KEEP_BATCHES))
+
+        runtime.run(go())
 
     def abort(self, messages: Sequence[Any], batchId: int) -> None:
-        abort_job(self.plan.write, self.plan.job(batchId))
+        opts = self.plan.write.options
+
+        async def go() -> None:
+            ids = await self._job_ids(batchId, _results(messages))()
+            await finish_and_sweep(opts, ids, jobs.ABORTED)
+
+        runtime.run(go())

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,53 +148,65 @@ async def _discard(builder: SegmentBuilder, tl: jobs.TaskLedgers) -> None:
         await tl.delete_all()
 
 
-def _collect(job: str, results: Iterable[TaskResult | None]) -> list[BuiltSegment]:
+def collect_built(results: Iterable[TaskResult | None],
+                  belongs: Callable[[str], bool]) -> list[BuiltSegment]:
+    """The ledgers of the tasks' results, in partition order (each partition once); a result
+    of a job that does not ``belong`` is refused."""
     chosen: dict[int, TaskResult] = {}
     for r in results:
         if r is None:
             continue
-        if r.job != job:
-            raise ValueError(f"a commit message of job {r.job} reached job {job}")
+        if not belongs(r.job):
+            raise ValueError(f"a commit message of job {r.job} reached another job")
         if r.partition in chosen:
-            raise ValueError(f"two results for partition {r.partition} of job {job}")
+            raise ValueError(f"two results for partition {r.partition} of job {r.job}")
         chosen[r.partition] = r
     return [b for p in sorted(chosen) for b in chosen[p].built]
 
 
-def commit_job(plan: WritePlan, results: Iterable[TaskResult | None], *,
-               sink: tuple[str, int] | None = None, job: str | None = None) -> PublishResult:
+async def publish_and_sweep(opts: SourceOptions, built: list[BuiltSegment], *, origin: str,
+                            job_ids: Callable[[], Awaitable[Iterable[str]]],
+                            sink: tuple[str, int] | None = None) -> PublishResult:
+    """Publish ``built`` in one CAS; then mark the jobs committed and delete every ledger
+    they listed that is not a segment of the log. If the publish fails, the jobs are
+    aborted (their ledgers deleted) and the error raised."""
+    client = await runtime.aclient(opts.metadata)
+    try:
+        lg = await client.namespace(opts.namespace).open_log(opts.log)
+        result = await lg.publish(built, origin=origin, sink=sink,
+                                  fence_writer=opts.fence_writer)
+    except BaseException:
+        await finish_and_sweep(opts, await job_ids(), jobs.ABORTED)
+        raise
+    await finish_and_sweep(opts, await job_ids(), jobs.COMMITTED)
+    return result
+
+
+async def finish_and_sweep(opts: SourceOptions, job_ids: Iterable[str], state: str) -> list[int]:
+    """Mark each job ``state`` (committed or aborted), then delete the ledgers its tasks
+    listed that are not segments of the log; the ids deleted."""
+    client = await runtime.aclient(opts.metadata)
+    deleted: list[int] = []
+    for job in job_ids:
+        await jobs.finish_job(client.store, job, opts.log_key, state, now_ms())
+        deleted += await jobs.sweep_job(client, job, opts.log_key)
+    return deleted
+
+
+def commit_job(plan: WritePlan, results: Iterable[TaskResult | None]) -> PublishResult:
     """On the driver: publish every task's ledgers in one CAS (partition order), mark the job
     committed and delete every other ledger its attempts listed. On failure the job is
     aborted (and the error raised)."""
-    job = job or plan.job
-    built = _collect(job, results)
-    opts = plan.options
+    built = collect_built(results, lambda job: job == plan.job)
 
-    async def go() -> PublishResult:
-        client = await runtime.aclient(opts.metadata)
-        log_ = client.namespace(opts.namespace)
-        try:
-            lg = await log_.open_log(opts.log)
-            result = await lg.publish(built, origin=f"spark:{job}", sink=sink,
-                                      fence_writer=opts.fence_writer)
-        except BaseException:
-            await _abort(plan, job)
-            raise
-        await jobs.finish_job(client.store, job, opts.log_key, jobs.COMMITTED, now_ms())
-        await jobs.sweep_job(client, job, opts.log_key)
-        return result
+    async def ids() -> list[str]:
+        return [plan.job]
 
-    return runtime.run(go())
+    return runtime.run(publish_and_sweep(plan.options, built, origin=f"spark:{plan.job}",
+                                         job_ids=ids))
 
 
-async def _abort(plan: WritePlan, job: str) -> list[int]:
-    opts = plan.options
-    client = await runtime.aclient(opts.metadata)
-    await jobs.finish_job(client.store, job, opts.log_key, jobs.ABORTED, now_ms())
-    return await jobs.sweep_job(client, job, opts.log_key)
-
-
-def abort_job(plan: WritePlan, job: str | None = None) -> list[int]:
+def abort_job(plan: WritePlan) -> list[int]:
     """On the driver: mark the job aborted and delete every ledger its tasks listed; the ids
     deleted."""
-    return runtime.run(_abort(plan, job or plan.job))
+    return runtime.run(finish_and_sweep(plan.options, [plan.job], jobs.ABORTED))
