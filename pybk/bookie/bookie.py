@@ -27,7 +27,7 @@ import errno
 import logging
 import random
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Final
 
 from pybk.bookie.config import BookieConfig
 from pybk.bookie.cookie import check_cookie
@@ -43,7 +43,6 @@ from pybk.errors import (
     ReadOnlyBookieError,
 )
 from pybk.metadata.base import MetadataStore
-from pybk.mutations import NO_SUCH_ENTRY_ON_IO_ERROR
 from pybk.protocol import (
     AddRequest,
     BookieInfoRequest,
@@ -73,6 +72,11 @@ from pybk.storage.store import (
 )
 
 log = logging.getLogger(__name__)
+
+#: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``):
+#: the bookie answers NoSuchEntry when reading an entry fails with an I/O or checksum error
+#: (BookKeeper #2908), which lets recovery call a stored entry absent
+NO_SUCH_ENTRY_ON_IO_ERROR: Final = "no_such_entry_on_io_error"
 
 def _status_of(exc: BKError) -> Status:
     try:
@@ -558,4 +562,4 @@ class _AddDone:
             self.reply(self.bookie._error_reply(request, exc))
 
 
-__all__ = ["Bookie"]
+__all__ = ["NO_SUCH_ENTRY_ON_IO_ERROR", "Bookie"]

@@ -10,8 +10,12 @@ import random
 from dataclasses import dataclass, field
 
 from pybk.metadata.base import MetadataStore
-from pybk.mutations import NO_MUTATIONS, Mutations
 from pybk.transport.base import Transport
+
+__all__ = [
+    "ClientConfig",
+    "ClientContext",
+]
 
 
 @dataclass
@@ -43,8 +47,9 @@ class ClientConfig:
     #: TCP connections per bookie (BookKeeper's ``numChannelsPerBookie``); a ledger's requests
     #: to one bookie always use the same connection. Only used by the TCP transport.
     connections_per_bookie: int = 1
-    #: deliberately broken behaviours for checker tests (pybk.mutations); none in production
-    mutations: Mutations = NO_MUTATIONS
+    #: names of deliberately broken behaviours (mutation switches) for checker tests, made
+    #: by the outermost layer (``pybk.testing.Mutations``); empty in production
+    mutations: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         for name in ("add_timeout", "read_timeout"):
@@ -58,6 +63,10 @@ class ClientConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.long_poll_timeout <= 0:
             raise ValueError(f"long_poll_timeout must be > 0, got {self.long_poll_timeout!r}")
+        if not (isinstance(self.mutations, frozenset)
+                and all(isinstance(m, str) for m in self.mutations)):
+            raise TypeError(f"mutations must be a frozenset of switch names, not "
+                            f"{self.mutations!r}")
 
 
 @dataclass

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from pybk.errors import (
     BKError,
@@ -36,7 +36,6 @@ from pybk.errors import (
     UnexpectedConditionError,
 )
 from pybk.metadata.base import CLOSED, IN_RECOVERY, OPEN, LedgerMetadata
-from pybk.mutations import RECOVERY_READS_DONT_FENCE
 from pybk.protocol import LAST_ENTRY, DecodedEntry, DigestManager, ReadRequest, ReadResponse, Status
 from pybk.replication.quorum import Answer, CoverageSet, EntryState, RecoveryReadDecision
 from pybk.replication.reader import _lac_answer, drop_pending, in_order, quorums_of, read_entry
@@ -45,7 +44,19 @@ from pybk.replication.writer import AddPipeline
 if TYPE_CHECKING:
     from pybk.replication.context import ClientContext
 
+__all__ = [
+    "RECOVERY_READS_DONT_FENCE",
+    "fence_and_read_lac",
+    "mark_in_recovery",
+    "recover",
+    "recovery_read",
+]
+
 log = logging.getLogger(__name__)
+
+#: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``):
+#: recovery's forward reads (after the LAC) do not fence (BookKeeper issue #2614)
+RECOVERY_READS_DONT_FENCE: Final = "recovery_reads_dont_fence"
 
 
 async def fence_and_read_lac(

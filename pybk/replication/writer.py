@@ -23,7 +23,7 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from pybk.errors import (
     BKError,
@@ -37,7 +37,6 @@ from pybk.errors import (
     fresh_copy,
 )
 from pybk.metadata.base import CLOSED, IN_RECOVERY, OPEN, LedgerMetadata
-from pybk.mutations import ACK_OUT_OF_ORDER
 from pybk.protocol import (
     AddRequest,
     AddResponse,
@@ -52,7 +51,17 @@ from pybk.replication.reader import LedgerEntry, read_range
 if TYPE_CHECKING:
     from pybk.replication.context import ClientContext
 
+__all__ = [
+    "ACK_OUT_OF_ORDER",
+    "AddPipeline",
+    "LedgerHandle",
+]
+
 log = logging.getLogger(__name__)
+
+#: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``):
+#: the writer acknowledges adds as soon as they reach Qa, not in entry-id order
+ACK_OUT_OF_ORDER: Final = "ack_out_of_order"
 
 _FATAL_STATUSES = {Status.FENCED: LedgerFencedError, Status.UNAUTHORIZED: UnauthorizedError}
 

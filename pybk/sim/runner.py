@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pybk.bookie.inspect import inspect_data_dir
-from pybk.mutations import NO_MUTATIONS, Mutations
 from pybk.protocol import (
     AddRequest,
     DigestManager,
@@ -43,6 +42,7 @@ from pybk.sim.history import History
 from pybk.sim.loop import SimDeadlock, SimLoop, SimTimeLimit
 from pybk.sim.net import NetConfig
 from pybk.sim.workload import PASSWORD, Deleter, Reader, Recoverer, Registry, Workload, Writer
+from pybk.testing.mutations import NO_MUTATIONS, Mutations
 
 TOPOLOGIES: tuple[tuple[int, int, int], ...] = ((3, 3, 2), (3, 2, 2), (5, 3, 2), (2, 2, 1),
                                                 (4, 3, 3))

@@ -48,12 +48,6 @@ from pybk.errors import (
     UnknownLedgerStateError,
     fresh_copy,
 )
-from pybk.mutations import (
-    ACK_BEFORE_FSYNC,
-    DELTA_SKIPS_LEDGER_STATE,
-    NO_MUTATIONS,
-    Mutations,
-)
 from pybk.protocol import ENTRY_HEADER_SIZE, parse_entry_header
 from pybk.storage.checkpoint import (
     CHECKPOINT_FILE,
@@ -92,6 +86,14 @@ INLINE_SYNC_ALWAYS: Final = sys.maxsize
 #: ledger's password; ``pybk.protocol.master_key`` gives 32 bytes). Checkpoints hold a key's
 #: length in 16 bits: a longer key taken from the network made every checkpoint fail
 MAX_MASTER_KEY_SIZE: Final = 1024
+
+# Mutation switches consulted here (names in ``StoreConfig.mutations``; the registry of every
+# switch is ``pybk.testing.mutations``). Each is a deliberately broken build for checker tests.
+#: the bookie acknowledges an add before the journal fsync that covers it
+ACK_BEFORE_FSYNC: Final = "ack_before_fsync"
+#: a delta index checkpoint leaves out the ledgers whose state changed without new entries
+#: (a fence, an explicit LAC): the chain then forgets them once the journal moves past
+DELTA_SKIPS_LEDGER_STATE: Final = "delta_skips_ledger_state"
 
 
 @dataclass
@@ -138,8 +140,9 @@ class StoreConfig:
     #: this fraction of the base's size or number ``checkpoint_max_deltas``; then a new base
     checkpoint_delta_ratio: float = 0.5
     checkpoint_max_deltas: int = 64
-    #: deliberately broken behaviours for checker tests (pybk.mutations); none in production
-    mutations: Mutations = NO_MUTATIONS
+    #: names of deliberately broken behaviours (mutation switches) for checker tests, made
+    #: by the outermost layer (``pybk.testing.Mutations``); empty in production
+    mutations: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         """Refuse a knob no store can run with, naming it (a caller's mistake should not
@@ -154,9 +157,10 @@ class StoreConfig:
         _at_least(self, "compaction_threshold", 0.0, 1.0)
         _at_least(self, "checkpoint_delta_ratio", 0.0)
         _at_least(self, "checkpoint_max_deltas", 0)
-        if not isinstance(self.mutations, Mutations):
-            raise TypeError(f"mutations must be a pybk.mutations.Mutations, not "
-                            f"{type(self.mutations).__name__}")
+        if not (isinstance(self.mutations, frozenset)
+                and all(isinstance(m, str) for m in self.mutations)):
+            raise TypeError(f"mutations must be a frozenset of switch names, not "
+                            f"{self.mutations!r}")
 
 
 def _at_least(config: object, name: str, low: float, high: float = math.inf) -> None:
@@ -957,6 +961,6 @@ class ResolveFuture:
 
 
 __all__ = [
-    "INLINE_SYNC_ALWAYS", "AddCallback", "BKError", "CompactionResult", "LedgerStore",
-    "ReplayReport", "ResolveFuture", "StoreConfig",
+    "ACK_BEFORE_FSYNC", "DELTA_SKIPS_LEDGER_STATE", "INLINE_SYNC_ALWAYS", "AddCallback",
+    "BKError", "CompactionResult", "LedgerStore", "ReplayReport", "ResolveFuture", "StoreConfig",
 ]

@@ -7,7 +7,8 @@
   time, faults; the ``sim_cluster`` pytest fixture);
 * conformance suites any implementation of a seam can run: :mod:`.metadata_conformance`
   (MetadataStore), :mod:`.fs_conformance` (FileSystem);
-* :mod:`.zookeeper`: a real ZooKeeper server on a free port for tests.
+* :mod:`.zookeeper`: a real ZooKeeper server on a free port for tests;
+* :class:`Mutations` (:mod:`.mutations`): deliberately broken builds for checker tests.
 
 Names load on first use (PEP 562), so importing the pytest plugin stays cheap.
 """
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
         is_normal_add,
         is_recovery_add,
     )
+    from pybk.testing.mutations import Mutations
     from pybk.testing.simulated import SimTestCluster
     from pybk.transport.local import LocalTransport
 
@@ -43,6 +45,7 @@ _WHERE = {
     "is_recovery_add": "pybk.testing.hooks",
     "LocalTransport": "pybk.transport.local",
     "MemFileSystem": "pybk.storage.memfs",
+    "Mutations": "pybk.testing.mutations",
     "SimCluster": "pybk.sim.cluster",
     "SimTestCluster": "pybk.testing.simulated",
     "check_filesystem": "pybk.testing.fs_conformance",
@@ -54,6 +57,7 @@ __all__ = [
     "Hooks",
     "LocalTransport",
     "MemFileSystem",
+    "Mutations",
     "Rule",
     "SimCluster",
     "SimTestCluster",

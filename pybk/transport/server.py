@@ -49,6 +49,14 @@ from pybk.protocol import (
 )
 from pybk.transport import codec
 
+__all__ = [
+    "AddNowait",
+    "BookieServer",
+    "Handler",
+    "ServerConfig",
+    "ServerStats",
+]
+
 log = logging.getLogger("pybk.bookie.process")
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -13,7 +13,6 @@ import pytest
 from pybk.bookie import READ_ONLY, WRITABLE, Bookie, BookieConfig
 from pybk.errors import BookieStateError, CorruptRecordError
 from pybk.metadata import open_store
-from pybk.mutations import ACK_BEFORE_FSYNC, NO_SUCH_ENTRY_ON_IO_ERROR, Mutations
 from pybk.protocol import (
     AddRequest,
     AuthRequest,
@@ -28,6 +27,7 @@ from pybk.protocol import (
     master_key,
 )
 from pybk.storage import MemFileSystem
+from pybk.testing.mutations import ACK_BEFORE_FSYNC, NO_SUCH_ENTRY_ON_IO_ERROR, Mutations
 
 # --------------------------------------------------------------------------- basics
 

@@ -21,7 +21,6 @@ from pybk.errors import (
     UnexpectedConditionError,
 )
 from pybk.metadata.base import CLOSED, IN_RECOVERY, OPEN
-from pybk.mutations import RECOVERY_READS_DONT_FENCE, Mutations
 from pybk.protocol import (
     LAST_ENTRY,
     AddRequest,
@@ -35,6 +34,7 @@ from pybk.protocol import (
 )
 from pybk.replication.context import ClientConfig
 from pybk.testing.hooks import is_fencing, is_recovery_add
+from pybk.testing.mutations import RECOVERY_READS_DONT_FENCE, Mutations
 
 from .conftest import mem_cluster, until
 

@@ -16,9 +16,9 @@ from pybk.errors import (
     UnauthorizedError,
 )
 from pybk.metadata.base import CLOSED, OPEN
-from pybk.mutations import ACK_OUT_OF_ORDER, Mutations
 from pybk.protocol import DigestManager, Op
 from pybk.replication.reader import ReadHandle
+from pybk.testing.mutations import ACK_OUT_OF_ORDER, Mutations
 
 from .conftest import FAST, mem_cluster, until
 

@@ -1,6 +1,6 @@
 """The checker can fail: each deliberately broken build is caught by the CI seed sweep.
 
-For every switch in :mod:`pybk.mutations` the CI sweep's seeds are run in order until one
+For every switch in :mod:`pybk.testing.mutations` the CI sweep's seeds are run in order until one
 shows a *safety* violation (I12 liveness failures do not count: a broken build must be caught
 by the invariant it breaks, not by a timeout), and the same seed without the switch must pass:
 the violation is the broken build's, not the seed's. With no mutation the sweep finds none:
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from pybk import mutations
 from pybk.sim.sweep import CI_DURATION, CI_FAULTS, CI_SEEDS, find_violation, run_seed
+from pybk.testing import mutations
 
 SAFETY = {"L1", "L2", "L3", "L4", "L5", "L6", "L7", "L8", "L9", "I1", "I3", "I5", "I7", "I9",
           "I10", "I11", "I14"}

@@ -1,0 +1,76 @@
+"""Mutation switches: deliberately broken behaviours, off unless a test hands them in.
+
+The simulator's checker and the protocol tests must be able to fail. Each switch re-introduces
+one real BookKeeper-class bug at one place in the protocol code, and a test turns it on to
+show that its checks catch the bug. The production code that consults a switch declares its
+name next to the code it breaks (``pybk.storage.store.ACK_BEFORE_FSYNC``, ...) and reads it
+once, when it is built, from the ``mutations`` frozenset of the config it already takes
+(``StoreConfig.mutations``, ``ClientConfig.mutations``): nothing reads them from the
+environment or from global state, so two clusters in one process can run with different
+switches, and production code never imports this module.
+
+This module is the registry, for the outermost layers that make configs (the simulator's
+runner, the command line, tests): :data:`KNOWN` lists every switch, and :class:`Mutations`
+is the frozenset a config takes, refusing names nobody consults (a typo would otherwise test
+nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Final
+
+from pybk.bookie.bookie import NO_SUCH_ENTRY_ON_IO_ERROR
+from pybk.replication.recovery import RECOVERY_READS_DONT_FENCE
+from pybk.replication.writer import ACK_OUT_OF_ORDER
+from pybk.storage.store import ACK_BEFORE_FSYNC, DELTA_SKIPS_LEDGER_STATE
+
+__all__ = [
+    "ACK_BEFORE_FSYNC",
+    "ACK_OUT_OF_ORDER",
+    "DELTA_SKIPS_LEDGER_STATE",
+    "KNOWN",
+    "NO_MUTATIONS",
+    "NO_SUCH_ENTRY_ON_IO_ERROR",
+    "RECOVERY_READS_DONT_FENCE",
+    "Mutations",
+]
+
+#: every switch some production code consults
+KNOWN: Final = frozenset(
+    {ACK_BEFORE_FSYNC, RECOVERY_READS_DONT_FENCE, NO_SUCH_ENTRY_ON_IO_ERROR, ACK_OUT_OF_ORDER,
+     DELTA_SKIPS_LEDGER_STATE}
+)
+
+
+class Mutations(frozenset[str]):
+    """A frozenset of switch names, each one of :data:`KNOWN`.
+
+    ``Mutations("ack_before_fsync")``, ``Mutations.parse("a,b")``; ``name in m`` asks. It is
+    what ``StoreConfig(mutations=...)`` and ``ClientConfig(mutations=...)`` take."""
+
+    __slots__ = ()
+
+    def __new__(cls, *names: str) -> Mutations:
+        unknown = sorted(set(names) - KNOWN)
+        if unknown:
+            raise ValueError(
+                f"unknown mutation {', '.join(map(repr, unknown))}; known: "
+                f"{', '.join(sorted(KNOWN))}")
+        return super().__new__(cls, names)
+
+    @classmethod
+    def parse(cls, text: str) -> Mutations:
+        """From a comma-separated list (a command line's ``--mutation a,b``)."""
+        return cls(*filter(None, (n.strip() for n in text.split(","))))
+
+    @classmethod
+    def of(cls, names: Iterable[str]) -> Mutations:
+        return cls(*names)
+
+    def __repr__(self) -> str:
+        return f"Mutations({', '.join(map(repr, sorted(self)))})"
+
+
+#: what every production configuration carries
+NO_MUTATIONS: Final = Mutations()
