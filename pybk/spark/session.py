@@ -36,26 +36,33 @@ def local_session(
     log_level: str = "ERROR",
 ) -> Any:
     """A SparkSession on ``master`` (``local[N]``, or ``local[N,F]`` to retry a failed task
-    up to F times) with the ``pybk`` data source registered."""
+    up to F times) with the ``pybk`` data source registered. With another master (a real
+    cluster) only the data source, the UI and the hash seed are set: executors need pybk
+    installed (``pip install pybk[spark]`` in their environment)."""
+    local = master.strip().startswith("local")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     from pybk.spark.source import PybkDataSource
 
-    cores = str(_cores(master))
     builder = (
         SparkSession.builder.master(master).appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", cores)
-        .config("spark.default.parallelism", cores)
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.extraJavaOptions", JVM_FLAGS)
         .config("spark.executorEnv.PYTHONHASHSEED", "0")
     )
+    if local:
+        cores = str(_cores(master))
+        builder = (
+            builder.config("spark.sql.shuffle.partitions", cores)
+            .config("spark.default.parallelism", cores)
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.driver.extraJavaOptions", JVM_FLAGS)
+        )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -61,9 +61,11 @@ def run_on_spark(
     Faults.parse(faults)  # a bad fault spec fails here, on the driver
     if not seed_list:
         return [], 0.0
-    n = partitions or len(seed_list)
-    n = max(1, min(n, len(seed_list)))
     sc = spark.sparkContext
+    # several seeds per task (a task costs a round trip to a worker), several tasks per
+    # core (seeds differ in length: small tasks even the cores out)
+    n = partitions or 8 * sc.defaultParallelism
+    n = max(1, min(n, len(seed_list)))
     group = f"pybk-simulate-{id(seed_list):x}"
     rdd = sc.parallelize(seed_list, n).mapPartitions(
         _run_seeds((faults, duration, bookies, tuple(mutations))))
