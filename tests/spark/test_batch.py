@@ -251,3 +251,20 @@ def test_bad_read_options_fail_naming_the_option(spark: Any, bookies: Any,
     name = options.pop("log", "readable")
     with pytest.raises(Exception, match=expect):
         _read(spark, bookies, name, **options).collect()
+
+
+def test_workers_reuse_one_client_per_process(spark: Any, bookies: Any) -> None:
+    uri = bookies.metadata
+
+    def probe(_rows: Any) -> Any:
+        import os as os_
+
+        from pybk.spark import runtime
+
+        yield (os_.getpid(), id(runtime.client(uri)))
+
+    seen = spark.sparkContext.parallelize(range(16), 16).mapPartitions(probe).collect()
+    seen += spark.sparkContext.parallelize(range(16), 16).mapPartitions(probe).collect()
+    pids = {pid for pid, _ in seen}
+    assert len(pids) < len(seen)  # workers were reused between tasks
+    assert len(set(seen)) == len(pids)  # and each process made one client

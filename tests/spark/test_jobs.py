@@ -1,0 +1,107 @@
+"""The job records behind exactly-once Spark writes, without Spark: whatever a task attempt
+made is found and deleted after a crash at any point, a straggler that outlives its job cleans
+up after itself, and published ledgers are never swept."""
+
+from __future__ import annotations
+
+import pytest
+from stream_kit import mem_cluster
+
+from pybk.errors import NoSuchLedgerError
+from pybk.spark import jobs
+from pybk.stream import BuiltSegment
+
+KEY = "logs/default/l"
+
+
+async def _exists(client, lid: int) -> bool:  # type: ignore[no-untyped-def]
+    try:
+        await client.ledger_metadata(lid)
+    except NoSuchLedgerError:
+        return False
+    return True
+
+
+async def test_a_crashed_attempts_ledgers_are_swept_wherever_it_stopped() -> None:
+    async with mem_cluster() as cluster:
+        client = cluster.client()
+        log = await client.namespace().create_log("l")
+        md = await log.metadata()
+        await jobs.begin_job(client.store, "job1", KEY, 1000)
+        # attempt 0 writes two ledgers, then its process dies (no cleanup at all)
+        dead = jobs.TaskLedgers(client, "job1", "p0-a0", KEY, md.config)
+        await dead.start(1000)
+        b = await log.segment_builder(create_ledger=dead.create, flush_records=2)
+        await b.append_many([b"a", b"b", b"c"])
+        made = list(dead.ledgers)
+        assert made and all([await _exists(client, lid) for lid in made])
+        # attempt 1 dies between listing an id and creating the ledger
+        half = jobs.TaskLedgers(client, "job1", "p1-a0", KEY, md.config)
+        await half.start(1000)
+        await half._list(await client.store.allocate_ledger_id())
+        # attempt 2 succeeds and is published
+        ok = jobs.TaskLedgers(client, "job1", "p0-a1", KEY, md.config)
+        await ok.start(1000)
+        b2 = await log.segment_builder(create_ledger=ok.create)
+        await b2.append_many([b"a", b"b", b"c"])
+        built = await b2.finish()
+        await log.publish(built, origin="spark:job1")
+        await jobs.finish_job(client.store, "job1", KEY, jobs.COMMITTED, 2000)
+        deleted = await jobs.sweep_job(client, "job1", KEY)
+        assert sorted(deleted) == sorted(made)
+        assert not any([await _exists(client, lid) for lid in made])
+        assert await _exists(client, built[0].ledger_id)  # the published one stays
+        assert await client.store.list_keys("spark/tasks/") == []
+        assert await jobs.job_state(client.store, "job1") == jobs.COMMITTED
+
+
+async def test_a_straggler_cleans_up_after_its_job_finished() -> None:
+    async with mem_cluster() as cluster:
+        client = cluster.client()
+        log = await client.namespace().create_log("l")
+        md = await log.metadata()
+        await jobs.begin_job(client.store, "job2", KEY, 1000)
+        slow = jobs.TaskLedgers(client, "job2", "p3-a1", KEY, md.config)
+        await slow.start(1000)
+        first = await slow.create({"pybk.log": KEY.encode()})
+        await first.append(b"x")
+        # meanwhile the job is committed without this attempt and swept
+        await jobs.finish_job(client.store, "job2", KEY, jobs.COMMITTED, 2000)
+        assert await jobs.sweep_job(client, "job2", KEY) == [first.id]
+        # the straggler's next ledger: listed, made, then it sees the job closed
+        with pytest.raises(jobs.JobClosedError, match="straggler"):
+            await slow.create({"pybk.log": KEY.encode()})
+        assert not any([await _exists(client, lid) for lid in slow.ledgers])
+        late = jobs.TaskLedgers(client, "job2", "p4-a0", KEY, md.config)
+        with pytest.raises(jobs.JobClosedError):
+            await late.start(3000)
+        # an aborted job: everything listed goes, the log's segments stay
+        await jobs.begin_job(client.store, "job3", KEY, 4000)
+        t = jobs.TaskLedgers(client, "job3", "p0-a0", KEY, md.config)
+        await t.start(4000)
+        b = await log.segment_builder(create_ledger=t.create)
+        await b.append_many([b"y"])
+        built = await b.finish()
+        await jobs.finish_job(client.store, "job3", KEY, jobs.ABORTED, 5000)
+        assert await jobs.sweep_job(client, "job3", KEY) == [built[0].ledger_id]
+        with pytest.raises(ValueError, match="does not exist"):
+            await log.publish([BuiltSegment.from_doc(built[0].to_doc())])
+
+
+async def test_finished_job_records_expire_and_stream_batches_are_grouped() -> None:
+    async with mem_cluster() as cluster:
+        store = cluster.client().store
+        await jobs.begin_job(store, "old", KEY, 0)
+        await jobs.finish_job(store, "old", KEY, jobs.COMMITTED, 1)
+        await jobs.begin_job(store, "running", KEY, 1)  # open: never expired
+        await jobs.begin_job(store, "new", KEY, jobs.FINISHED_TTL_MS + 10)
+        names = [k.split("/", 2)[2] for k in await store.list_keys("spark/jobs/")]
+        assert sorted(names) == ["new", "running"]
+        await jobs.finish_job(store, "sink.b4/run-a", KEY, jobs.ABORTED, 5)  # no record yet
+        await jobs.begin_job(store, "sink.b4/run-b", KEY, 6)
+        assert await jobs.list_jobs(store, "sink.b4") == ["sink.b4/run-a", "sink.b4/run-b"]
+        assert await jobs.job_state(store, "sink.b4/run-a") == jobs.ABORTED
+        await jobs.forget_jobs(store, "sink.b4")
+        assert await jobs.list_jobs(store, "sink.b4") == []
+        with pytest.raises(ValueError, match="committed or aborted"):
+            await jobs.finish_job(store, "new", KEY, jobs.OPEN, 7)
