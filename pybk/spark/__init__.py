@@ -13,6 +13,7 @@ DataFrame pipeline, and simulations fanned out over executors. See docs/spark.md
 """
 
 from pybk.spark.jobs import JobClosedError
+from pybk.spark.maintenance import sweep_jobs
 from pybk.spark.options import OptionError
 from pybk.spark.session import local_session
 from pybk.spark.simulate import simulate
@@ -25,5 +26,6 @@ __all__ = [
     "PybkDataSource",
     "local_session",
     "simulate",
+    "sweep_jobs",
     "write_partitions",
 ]

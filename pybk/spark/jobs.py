@@ -25,8 +25,8 @@ deleted, and the lists go. Abort marks the job aborted and sweeps the same way (
 order is enough: a task that read "open" after creating a ledger had listed it before the
 driver changed the state, so the sweep that follows the change sees it; a task that read
 anything else deletes its own. Finished job records stay an hour (stragglers read them), then
-the next job's start removes them; :func:`sweep_jobs` aborts and sweeps jobs whose driver
-died (still open after a given age).
+the next job's start removes them; :func:`sweep_stale_jobs` (``pybk.spark.sweep_jobs``) aborts and
+sweeps jobs whose driver died (still open after a given age).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ __all__ = [
     "job_state",
     "list_jobs",
     "sweep_job",
+    "sweep_stale_jobs",
 ]
 
 log = logging.getLogger(__name__)
@@ -214,6 +215,24 @@ async def sweep_job(client: Client, job: str, log_key: str) -> list[int]:
         except NoSuchKeyError:
             pass
     return deleted
+
+
+async def sweep_stale_jobs(client: Client, older_than_ms: int, now_ms: int) -> dict[str, list[int]]:
+    """Abort and sweep every job still open ``older_than_ms`` after it began (its driver
+    died before committing or aborting it); {job: ledger ids deleted}. A job that is still
+    running that long is aborted too: choose the age above your longest job."""
+    store = client.store
+    out: dict[str, list[int]] = {}
+    for key in await store.list_keys(JOBS + "/"):
+        job = key[len(JOBS) + 1 :]
+        try:
+            info = JobInfo.from_bytes(job, (await store.read_value(key)).value)
+        except NoSuchKeyError:
+            continue
+        if info.state == OPEN and now_ms - info.ctime_ms > older_than_ms:
+            await finish_job(store, job, info.log, ABORTED, now_ms)
+            out[job] = await sweep_job(client, job, info.log)
+    return out
 
 
 class TaskLedgers:

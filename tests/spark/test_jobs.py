@@ -105,3 +105,46 @@ async def test_finished_job_records_expire_and_stream_batches_are_grouped() -> N
         assert await jobs.list_jobs(store, "sink.b4") == []
         with pytest.raises(ValueError, match="committed or aborted"):
             await jobs.finish_job(store, "new", KEY, jobs.OPEN, 7)
+
+
+async def test_jobs_whose_driver_died_are_swept_by_age() -> None:
+    async with mem_cluster() as cluster:
+        client = cluster.client()
+        log = await client.namespace().create_log("l")
+        md = await log.metadata()
+        for job, began in (("dead", 1000), ("young", 9000)):
+            await jobs.begin_job(client.store, job, KEY, began)
+            t = jobs.TaskLedgers(client, job, "p0-a0", KEY, md.config)
+            await t.start(began)
+            b = await log.segment_builder(create_ledger=t.create)
+            await b.append_many([b"z"])
+            await b.finish()
+        dead_ledgers = set(await client.list_ledgers())
+        swept = await jobs.sweep_stale_jobs(client, older_than_ms=5000, now_ms=10_000)
+        assert list(swept) == ["dead"] and len(swept["dead"]) == 1
+        assert set(await client.list_ledgers()) == dead_ledgers - set(swept["dead"])
+        assert await jobs.job_state(client.store, "dead") == jobs.ABORTED
+        assert await jobs.job_state(client.store, "young") == jobs.OPEN
+
+
+def test_sweep_jobs_after_a_driver_died_mid_write(bookies) -> None:  # type: ignore[no-untyped-def]
+    import pyarrow as pa
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    import pybk.spark
+    from pybk.spark.options import parse_options
+    from pybk.spark.write import prepare_write, write_task
+
+    bookies.create_log("orphaned")
+    before = bookies.ledgers()
+    opts = parse_options({"metadata": bookies.metadata, "log": "orphaned"}, mode="write")
+    plan = prepare_write(opts, StructType([StructField("value", BinaryType())]))
+    batch = pa.RecordBatch.from_pydict({"value": [b"r%d" % i for i in range(1000)]})
+    built = write_task(plan, "p0-a0", [batch])  # a task finished; then the driver died
+    assert {b.ledger_id for b in built} <= bookies.ledgers() - before
+    swept = pybk.spark.sweep_jobs(bookies.metadata, older_than=0)
+    assert sorted(swept[plan.job]) == sorted(b.ledger_id for b in built)
+    assert bookies.ledgers() == before and bookies.segments("orphaned") == []
+    assert bookies.keys(f"spark/tasks/{plan.job}/") == []
+    with pytest.raises(ValueError, match="older_than"):
+        pybk.spark.sweep_jobs(bookies.metadata, older_than=-1)
