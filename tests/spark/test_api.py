@@ -18,4 +18,4 @@ def test_the_spark_names_and_shapes() -> None:
     assert list(sim)[:2] == ["spark", "seeds"] and {"faults", "duration"} <= set(sim)
     assert sim["faults"].default == "all" and sim["duration"].default == 30.0
     wp = inspect.signature(pybk.spark.write_partitions).parameters
-    assert list(wp)[0] == "df" and {"metadata", "log"} <= set(wp)
+    assert next(iter(wp)) == "df" and {"metadata", "log"} <= set(wp)
