@@ -268,3 +268,15 @@ def test_workers_reuse_one_client_per_process(spark: Any, bookies: Any) -> None:
     pids = {pid for pid, _ in seen}
     assert len(pids) < len(seen)  # workers were reused between tasks
     assert len(set(seen)) == len(pids)  # and each process made one client
+
+
+def test_a_null_value_fails_the_job_and_leaves_nothing(spark: Any, bookies: Any) -> None:
+    bookies.create_log("nulls")
+    before = bookies.ledgers()
+    df = spark.range(0, 30_000, numPartitions=3).select(
+        F.when(F.col("id") == 25_000, F.lit(None))
+        .otherwise(F.col("id").cast("string")).alias("value"))
+    with pytest.raises(Exception, match=r"column 'value' is null in row \d+ of partition 2"):
+        _write(df, bookies, "nulls")
+    assert bookies.ledgers() == before and bookies.segments("nulls") == []
+    assert bookies.keys("spark/tasks/") == []
