@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,18 @@ class Bookies:
 
     def keys(self, prefix: str) -> list[str]:
         return list(self.run(self._with_client(lambda c: c.store.list_keys(prefix))))
+
+    def wait_clean(self, before: set[int], timeout: float = 120.0) -> None:
+        """Wait (bounded) until no ledger beyond ``before`` and no task list is left: the
+        tasks Spark cancelled when a job failed may still be running when ``save()``
+        raises, and clean up after themselves when they notice (pybk.spark.jobs)."""
+        deadline = time.monotonic() + timeout
+        while self.ledgers() != before or self.keys("spark/tasks/"):
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"left behind after {timeout}s: ledgers {self.ledgers() - before}, "
+                    f"task lists {self.keys('spark/tasks/')}")
+            threading.Event().wait(0.1)  # between two looks at the cluster
 
     def create_log(self, name: str, **knobs: Any) -> None:
         async def go(client: pybk.Client) -> None:

@@ -107,18 +107,21 @@ def task_key(job: str, task: str) -> str:
     return f"{TASKS}/{job}/{task}"
 
 
-async def begin_job(store: MetadataStore, job: str, log_key: str, now_ms: int) -> None:
+async def begin_job(client: Client, job: str, log_key: str, now_ms: int) -> None:
     """Record a new job as open (the driver, before any task runs); expire old finished
     job records on the way."""
     info = JobInfo(job, log_key, OPEN, now_ms, now_ms)
     try:
-        await store.create_value(job_key(job), info.to_bytes())
+        await client.store.create_value(job_key(job), info.to_bytes())
     except KeyExistsError:
         pass  # a retried start of the same job
-    await _expire(store, now_ms)
+    await _expire(client, now_ms)
 
 
-async def _expire(store: MetadataStore, now_ms: int) -> None:
+async def _expire(client: Client, now_ms: int) -> None:
+    """Remove finished jobs' records an hour on, sweeping their task lists once more first
+    (a straggler killed before it cleaned up left its list, perhaps a ledger)."""
+    store = client.store
     removed = 0
     for key in await store.list_keys(JOBS + "/"):
         if removed >= _EXPIRE_BATCH:
@@ -132,6 +135,7 @@ async def _expire(store: MetadataStore, now_ms: int) -> None:
             log.warning("spark job record %s is unreadable (%s); left alone", key, exc)
             continue
         if info.state != OPEN and now_ms - info.mtime_ms > FINISHED_TTL_MS:
+            await sweep_job(client, info.job, info.log)
             try:
                 await store.delete_value(key, value.version)
                 removed += 1
@@ -145,9 +149,16 @@ async def list_jobs(store: MetadataStore, group: str) -> list[str]:
     return [k[len(JOBS) + 1 :] for k in await store.list_keys(prefix)]
 
 
-async def forget_jobs(store: MetadataStore, group: str) -> None:
-    """Delete the records of the jobs named ``<group>/<name>`` (finished long ago)."""
+async def forget_jobs(client: Client, group: str) -> None:
+    """Delete the records of the jobs named ``<group>/<name>`` (finished long ago), sweeping
+    their task lists once more first."""
+    store = client.store
     for job in await list_jobs(store, group):
+        try:
+            info = JobInfo.from_bytes(job, (await store.read_value(job_key(job))).value)
+        except NoSuchKeyError:
+            continue
+        await sweep_job(client, job, info.log)
         try:
             await store.delete_value(job_key(job))
         except NoSuchKeyError:
@@ -295,9 +306,14 @@ class TaskLedgers:
         return lh
 
     async def delete_all(self) -> None:
-        """Delete every ledger this attempt made (it failed, or the job closed)."""
+        """Delete every ledger this attempt made (it failed, or the job closed), then its
+        list (the ledgers first: a list outlives what it names, never the reverse)."""
         for lid in self.ledgers:
             try:
                 await self.client.delete_ledger(lid)
             except NoSuchLedgerError:
                 pass
+        try:
+            await self.client.store.delete_value(task_key(self.job, self.task))
+        except NoSuchKeyError:
+            pass

@@ -259,7 +259,7 @@ class PybkStreamWriter(DataSourceStreamArrowWriter):
                                     sink=(self.plan.sink_id, batchId))
             if batchId >= _KEEP_BATCHES:  # stragglers of old batches: long gone
                 client = await runtime.aclient(opts.metadata)
-                await jobs.forget_jobs(client.store, self.plan.batch(batchId - _KEEP_BATCHES))
+                await jobs.forget_jobs(client, self.plan.batch(batchId - _KEEP_BATCHES))
 
         runtime.run(go())
 

@@ -95,7 +95,7 @@ def prepare_write(opts: SourceOptions, schema: Any, *, job: str | None = None,
 
     async def start() -> None:
         client = await runtime.aclient(opts.metadata)
-        await jobs.begin_job(client.store, job, opts.log_key, now_ms())
+        await jobs.begin_job(client, job, opts.log_key, now_ms())
 
     if begin:
         runtime.run(start(), timeout=opts.metadata_timeout)

@@ -27,7 +27,7 @@ async def test_a_crashed_attempts_ledgers_are_swept_wherever_it_stopped() -> Non
         client = cluster.client()
         log = await client.namespace().create_log("l")
         md = await log.metadata()
-        await jobs.begin_job(client.store, "job1", KEY, 1000)
+        await jobs.begin_job(client, "job1", KEY, 1000)
         # attempt 0 writes two ledgers, then its process dies (no cleanup at all)
         dead = jobs.TaskLedgers(client, "job1", "p0-a0", KEY, md.config)
         await dead.start(1000)
@@ -60,7 +60,7 @@ async def test_a_straggler_cleans_up_after_its_job_finished() -> None:
         client = cluster.client()
         log = await client.namespace().create_log("l")
         md = await log.metadata()
-        await jobs.begin_job(client.store, "job2", KEY, 1000)
+        await jobs.begin_job(client, "job2", KEY, 1000)
         slow = jobs.TaskLedgers(client, "job2", "p3-a1", KEY, md.config)
         await slow.start(1000)
         first = await slow.create({"pybk.log": KEY.encode()})
@@ -72,11 +72,12 @@ async def test_a_straggler_cleans_up_after_its_job_finished() -> None:
         with pytest.raises(jobs.JobClosedError, match="straggler"):
             await slow.create({"pybk.log": KEY.encode()})
         assert not any([await _exists(client, lid) for lid in slow.ledgers])
+        assert await client.store.list_keys("spark/tasks/") == []  # its list went too
         late = jobs.TaskLedgers(client, "job2", "p4-a0", KEY, md.config)
         with pytest.raises(jobs.JobClosedError):
             await late.start(3000)
         # an aborted job: everything listed goes, the log's segments stay
-        await jobs.begin_job(client.store, "job3", KEY, 4000)
+        await jobs.begin_job(client, "job3", KEY, 4000)
         t = jobs.TaskLedgers(client, "job3", "p0-a0", KEY, md.config)
         await t.start(4000)
         b = await log.segment_builder(create_ledger=t.create)
@@ -90,18 +91,26 @@ async def test_a_straggler_cleans_up_after_its_job_finished() -> None:
 
 async def test_finished_job_records_expire_and_stream_batches_are_grouped() -> None:
     async with mem_cluster() as cluster:
-        store = cluster.client().store
-        await jobs.begin_job(store, "old", KEY, 0)
+        client = cluster.client()
+        store = client.store
+        log = await client.namespace().create_log("l")
+        await jobs.begin_job(client, "old", KEY, 0)
+        killed = jobs.TaskLedgers(client, "old", "p0-a0", KEY, (await log.metadata()).config)
+        await killed.start(0)
+        leftover = await killed.create({"pybk.log": KEY.encode()})  # then killed, no cleanup
         await jobs.finish_job(store, "old", KEY, jobs.COMMITTED, 1)
-        await jobs.begin_job(store, "running", KEY, 1)  # open: never expired
-        await jobs.begin_job(store, "new", KEY, jobs.FINISHED_TTL_MS + 10)
+        await jobs.begin_job(client, "running", KEY, 1)  # open: never expired
+        await jobs.begin_job(client, "new", KEY, jobs.FINISHED_TTL_MS + 10)
         names = [k.split("/", 2)[2] for k in await store.list_keys("spark/jobs/")]
         assert sorted(names) == ["new", "running"]
+        # expiring the finished job swept what its killed straggler left
+        assert not await _exists(client, leftover.id)
+        assert await store.list_keys("spark/tasks/") == []
         await jobs.finish_job(store, "sink.b4/run-a", KEY, jobs.ABORTED, 5)  # no record yet
-        await jobs.begin_job(store, "sink.b4/run-b", KEY, 6)
+        await jobs.begin_job(client, "sink.b4/run-b", KEY, 6)
         assert await jobs.list_jobs(store, "sink.b4") == ["sink.b4/run-a", "sink.b4/run-b"]
         assert await jobs.job_state(store, "sink.b4/run-a") == jobs.ABORTED
-        await jobs.forget_jobs(store, "sink.b4")
+        await jobs.forget_jobs(client, "sink.b4")
         assert await jobs.list_jobs(store, "sink.b4") == []
         with pytest.raises(ValueError, match="committed or aborted"):
             await jobs.finish_job(store, "new", KEY, jobs.OPEN, 7)
@@ -113,7 +122,7 @@ async def test_jobs_whose_driver_died_are_swept_by_age() -> None:
         log = await client.namespace().create_log("l")
         md = await log.metadata()
         for job, began in (("dead", 1000), ("young", 9000)):
-            await jobs.begin_job(client.store, job, KEY, began)
+            await jobs.begin_job(client, job, KEY, began)
             t = jobs.TaskLedgers(client, job, "p0-a0", KEY, md.config)
             await t.start(began)
             b = await log.segment_builder(create_ledger=t.create)
