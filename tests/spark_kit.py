@@ -43,16 +43,22 @@ class Bookies:
     def keys(self, prefix: str) -> list[str]:
         return list(self.run(self._with_client(lambda c: c.store.list_keys(prefix))))
 
-    def wait_clean(self, before: set[int], timeout: float = 120.0) -> None:
-        """Wait (bounded) until no ledger beyond ``before`` and no task list is left: the
-        tasks Spark cancelled when a job failed may still be running when ``save()``
-        raises, and clean up after themselves when they notice (pybk.spark.jobs)."""
+    def wait_clean(self, before: set[int], logs: tuple[str, ...] = (),
+                   timeout: float = 120.0) -> None:
+        """Wait (bounded) until every ledger made since ``before`` is a segment of ``logs``
+        and no task list is left: the tasks Spark cancelled when a job failed (or a query
+        stopped) may still be running when ``save()`` raises, and clean up after themselves
+        when they notice (pybk.spark.jobs)."""
         deadline = time.monotonic() + timeout
-        while self.ledgers() != before or self.keys("spark/tasks/"):
+
+        def left() -> tuple[set[int], list[str]]:
+            kept = {s.ledger_id for name in logs for s in self.segments(name)}
+            return self.ledgers() - before - kept, self.keys("spark/tasks/")
+
+        while any(left()):
             if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"left behind after {timeout}s: ledgers {self.ledgers() - before}, "
-                    f"task lists {self.keys('spark/tasks/')}")
+                raise AssertionError(f"left behind after {timeout}s (ledgers, task lists): "
+                                     f"{left()}")
             threading.Event().wait(0.1)  # between two looks at the cluster
 
     def create_log(self, name: str, **knobs: Any) -> None:

@@ -89,6 +89,7 @@ def test_a_query_restarted_from_its_checkpoint_while_a_writer_appends(
         spark: Any, bookies: Any, tmp_path: Path) -> None:
     bookies.create_log("events")
     bookies.create_log("copied")
+    before = bookies.ledgers()
     checkpoint = tmp_path / "checkpoint"
     appender = Appender(bookies, "events", "copied")
     appender.start()
@@ -123,6 +124,8 @@ def test_a_query_restarted_from_its_checkpoint_while_a_writer_appends(
     assert counts == collections.Counter(r.data for r in events)  # each record exactly once
     # the sink published every micro-batch it committed, in order, each once
     assert [r.data for r in copied] == [r.data for r in events]  # one partition per segment
+    # and the batch the first query was stopped in left nothing: its replay swept it
+    bookies.wait_clean(before, logs=("events", "copied"))
 
 
 def test_available_now_with_max_records_and_a_replayed_batch(spark: Any, bookies: Any,
