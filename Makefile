@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/tcp_append.py
 	$(PY) benchmarks/checkpoint.py
 	$(PY) benchmarks/wal_append.py
+	$(PY) benchmarks/spark_write.py
 	$(VENV)/bin/pybk bench
 
 clean:

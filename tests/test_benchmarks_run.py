@@ -34,6 +34,11 @@ CASES = {
                       [r"1/append \|\s+[\d,]+", r"lone writer"]),
     "checkpoint.py": (["--entries", "20000", "--ledgers", "20", "--changed", "1000",
                        "--active", "5", "--rounds", "1"], [r"delta vs base"]),
+    "spark_write.py": (["--rows", "2000", "--rounds", "1", "--warmup", "0", "--seeds", "4",
+                        "--duration", "1"],
+                       [r"ratio pybk data source / parquet: [\d.]+x",
+                        r"ratio pybk write_partitions / parquet: [\d.]+x",
+                        r"trace hashes equal for 4/4 seeds"]),
 }
 
 
