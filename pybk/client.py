@@ -180,8 +180,18 @@ class Client:
         digest_type: str = "CRC32C",
         password: bytes = b"",
         custom_metadata: Mapping[str, bytes] | None = None,
+        *,
+        ledger_id: int | None = None,
     ) -> LedgerHandle:
-        """Create a ledger on ``ensemble_size`` writable bookies and open it for writing."""
+        """Create a ledger on ``ensemble_size`` writable bookies and open it for writing.
+
+        ``ledger_id``: create it under an id the caller took from
+        ``client.store.allocate_ledger_id()`` (BookKeeper's ``createAdv`` with an id), so the
+        caller can record the id before the ledger exists (a bulk writer that must be able to
+        find and delete every ledger it may have made); LedgerExistsError if it is taken."""
+        if ledger_id is not None and (isinstance(ledger_id, bool) or not isinstance(ledger_id, int)
+                                      or ledger_id < 0):
+            raise ValueError(f"ledger_id must be an int >= 0, got {ledger_id!r}")
         validate_quorums(ensemble_size, write_quorum, ack_quorum)
         if digest_type not in DIGEST_TYPES:
             raise ValueError(
@@ -197,7 +207,8 @@ class Client:
         ctx = self._context()
         nodes = await writable_nodes(ctx)
         ensemble = ctx.policy.new_ensemble(nodes, ensemble_size, write_quorum, ctx.rng)
-        ledger_id = await ctx.store.allocate_ledger_id()
+        if ledger_id is None:
+            ledger_id = await ctx.store.allocate_ledger_id()
         md = LedgerMetadata(
             ledger_id=ledger_id,
             ensemble_size=ensemble_size,

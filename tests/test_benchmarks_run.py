@@ -38,6 +38,11 @@ CASES = {
                              "--window", "16"],
                             [r"no metrics\s+[\d,]+ entries/s", r"with metrics\s+[\d,]+",
                              r"CPU per entry [\d.]+"]),
+    "spark_write.py": (["--rows", "2000", "--rounds", "1", "--warmup", "0", "--seeds", "4",
+                        "--duration", "1"],
+                       [r"ratio pybk data source / parquet: [\d.]+x",
+                        r"ratio pybk write_partitions / parquet: [\d.]+x",
+                        r"trace hashes equal for 4/4 seeds"]),
 }
 
 

@@ -9,6 +9,7 @@ that reproduces it. Exit status 1 when any seed failed.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -29,8 +30,11 @@ __all__ = [
 @click.option("--mutation", "mutation", default="",
               help="Comma list of test-only mutations to enable (checker sanity checks).")
 @click.option("--verbose", is_flag=True, help="With --seed: print the whole trace.")
+@click.option("--spark", "spark_master", default=None, metavar="MASTER",
+              help="Run the seeds on Spark executors (e.g. local[2]; needs pybk[spark]).")
 def simulate(seeds: str | None, seed: int | None, faults_spec: str, duration: float,
-             bookies: int | None, workers: int | None, mutation: str, verbose: bool) -> None:
+             bookies: int | None, workers: int | None, mutation: str, verbose: bool,
+             spark_master: str | None) -> None:
     """Run deterministic simulations of whole clusters with injected faults."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
@@ -73,8 +77,12 @@ def simulate(seeds: str | None, seed: int | None, faults_spec: str, duration: fl
             progress.update(task, advance=1,
                             description=f"simulating ({len(failed)} failing)")
 
-        summary = sweep(seed_list, faults=faults_spec, duration=duration, bookies=bookies,
-                        mutations=mutations, workers=workers, on_result=on_result)
+        if spark_master is not None:
+            summary = _on_spark(spark_master, seed_list, faults_spec, duration, bookies,
+                                mutations, lambda done, _n: progress.update(task, completed=done))
+        else:
+            summary = sweep(seed_list, faults=faults_spec, duration=duration, bookies=bookies,
+                            mutations=mutations, workers=workers, on_result=on_result)
 
     table = Table(title="pybk simulate", show_header=False)
     table.add_row("seeds", str(len(summary.seeds)))
@@ -93,3 +101,25 @@ def simulate(seeds: str | None, seed: int | None, faults_spec: str, duration: fl
     for res in summary.failures:
         click.echo(res.report)
     sys.exit(1 if summary.failures else 0)
+
+
+def _on_spark(master: str, seeds: list[int], faults: str, duration: float, bookies: int | None,
+              mutations: tuple[str, ...], progress: Any) -> Any:
+    """The sweep on Spark (pybk.spark.simulate's runner), as the local sweep's summary."""
+    try:
+        from pyspark.sql import SparkSession
+
+        from pybk.spark.session import local_session
+        from pybk.spark.simulate import run_on_spark, summary_from_rows
+    except ImportError as exc:
+        raise click.UsageError(f"--spark needs pybk[spark] (pyspark): {exc}") from exc
+    mine = SparkSession.getActiveSession() is None  # stop only a session made here
+    spark = local_session(master, "pybk simulate")
+    try:
+        rows, wall = run_on_spark(spark, seeds, faults=faults, duration=duration,
+                                  bookies=bookies, mutations=mutations, on_progress=progress)
+        cores = spark.sparkContext.defaultParallelism
+    finally:
+        if mine:
+            spark.stop()
+    return summary_from_rows(rows, wall, cores)

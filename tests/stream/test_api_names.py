@@ -28,7 +28,7 @@ def test_log_and_wal_names() -> None:
 
 def test_shapes() -> None:
     assert {"segment", "entry", "slot"} <= set(dir(pybk.Position))
-    assert pybk.LogRecord._fields == ("position", "data", "txid")
+    assert pybk.LogRecord._fields == ("position", "data", "txid", "key")  # key: Spark writes
     create = inspect.signature(pybk.Namespace.create_log).parameters
     for param, default in (("ensemble_size", 3), ("write_quorum", 2), ("ack_quorum", 2),
                            ("compression", "none"), ("roll_bytes", 64 << 20),
