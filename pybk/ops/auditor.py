@@ -113,6 +113,8 @@ class Auditor:
                         if interval > 0:
                             next_ledger_check = loop.time() + interval
                     self._seen_requests = requests  # served only once both checks ran
+                    self.stats.audit_request_served = max(
+                        self.stats.audit_request_served, requests)
                 except BKError as exc:  # a store or network fault: try again soon
                     self.stats.last_error = f"audit: {type(exc).__name__}: {exc}"
                     log.warning("auditor: check failed: %s", exc)

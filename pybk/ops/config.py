@@ -84,6 +84,9 @@ class AutoRecoveryStats:
     ledger_checks: int = 0
     #: ledger checks that ran to the end (a failed one is retried)
     ledger_checks_completed: int = 0
+    #: the last audit request (``AutoRecoverySettings.request_audit``'s number) this auditor
+    #: served: both checks ran to the end after it was made
+    audit_request_served: int = 0
     ledgers_marked: int = 0
     #: ledgers found by the ledger check with an entry no replica holds readable
     ledgers_lost_entries: int = 0

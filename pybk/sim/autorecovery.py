@@ -285,11 +285,12 @@ class AutoRecoverySim:
         return self.rng.choice(sorted(up)) if up else None
 
     async def _converge(self, admin: Admin, deadline: float, when: str) -> bool:
-        """Trigger an audit, wait until it completed and re-replication is done."""
+        """Trigger an audit, wait until an auditor served it (both checks ran after the
+        request: a check already under way when it was made does not count) and
+        re-replication is done."""
         loop = asyncio.get_running_loop()
-        before = self._audits_done()
-        await admin.trigger_audit()
-        while self._audits_done() <= before:
+        request = await admin.trigger_audit()
+        while self._audit_served() < request:
             if loop.time() >= deadline:
                 self.run.history.liveness(f"re-replication {when}", False,
                                           "the triggered audit did not complete")
@@ -301,8 +302,8 @@ class AutoRecoverySim:
                                   f"{self._marked()} marks in all")
         return True
 
-    def _audits_done(self) -> int:
-        return sum(i.stats.ledger_checks_completed for i in self.instances.values())
+    def _audit_served(self) -> int:
+        return max((i.stats.audit_request_served for i in self.instances.values()), default=0)
 
     def _marked(self) -> int:
         return sum(i.stats.ledgers_marked for i in self.instances.values())
