@@ -112,6 +112,10 @@ class Bookie:
         self.instance_id = ""
         self.store: LedgerStore | None = None
         self.on_state_change: Callable[[str], None] | None = None
+        #: told when a journal operation failed for want of file descriptors (EMFILE,
+        #: ENFILE): the owner frees some (a bookie process closes connections); the journal
+        #: retries the operation, the bookie stays writable
+        self.on_descriptors_exhausted: Callable[[OSError], None] | None = None
         self._state = STOPPED
         self._reason = "not started"
         self._disk_full = False  # read-only because of the disk (recoverable)
@@ -266,6 +270,14 @@ class Bookie:
         if exc.errno == errno.ENOSPC:
             self._disk_full = True
             self._refresh_state(f"disk full (ENOSPC) writing the journal: {exc}")
+        elif exc.errno in (errno.EMFILE, errno.ENFILE):
+            log.warning("bookie %s: the journal is short of file descriptors (%s); "
+                        "it retries after the next batch", self.bookie_id, exc)
+            if self.on_descriptors_exhausted is not None:
+                try:
+                    self.on_descriptors_exhausted(exc)
+                except Exception:  # a listener's bug must not break the bookie
+                    log.exception("on_descriptors_exhausted listener failed")
         else:
             log.warning("bookie %s: journal write failed: %s", self.bookie_id, exc)
 
@@ -478,6 +490,31 @@ class Bookie:
         if st is not None and wanted in st.entries:
             body = self._read_entry(store, lid, wanted)
         return ReadResponse(Status.OK, lid, wanted, body, lac=lac)
+
+    def response_size_hint(self, request: Request) -> int | None:
+        """Bytes of entry data the answer to ``request`` will carry, from the index alone
+        (no disk access): the TCP server admits reads against its byte budgets with it.
+        0 for requests whose answer carries no entry (or one this bookie lacks); None when
+        the bookie cannot tell (stopped)."""
+        store = self.store
+        if store is None:
+            return None
+        if isinstance(request, ReadRequest):
+            entry_id = request.entry_id
+        elif isinstance(request, ReadLacRequest):
+            entry_id = -1
+        else:
+            return 0
+        st = store.index.get(request.ledger_id)
+        if st is None:
+            return 0
+        if entry_id == -1:
+            entry_id = st.entries.last
+        loc = st.entries.get(entry_id) if entry_id >= 0 else None
+        size = 0 if loc is None else loc[2]
+        if isinstance(request, ReadLacRequest) and st.explicit_lac_body:
+            size += len(st.explicit_lac_body)
+        return size
 
     def _read_lac(self, req: ReadLacRequest) -> ReadLacResponse:
         store = self._store()

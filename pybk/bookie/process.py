@@ -33,6 +33,7 @@ from typing import Any, Final
 
 from pybk.metadata.base import BookieRegistration, MetadataStore
 from pybk.storage.store import INLINE_SYNC_ALWAYS
+from pybk.transport.listener import raise_open_file_limit
 from pybk.transport.server import BookieServer, ServerConfig
 from pybk.transport.tls import server_context
 
@@ -78,6 +79,16 @@ class BookieProcessConfig:
         if self.host in ("", "0.0.0.0", "::"):
             return socket.getfqdn()
         return self.host
+
+    def warnings(self) -> list[str]:
+        """What an operator should hear about this configuration at start."""
+        found = []
+        if self.auth_token is not None and self.tls_cert is None:
+            found.append(
+                "token authentication without TLS: the token crosses the network in the "
+                "clear, so anyone who sees one connection can replay it; add --tls-cert "
+                "(and --tls-key), or use mutual TLS (--require-client-cert) instead")
+        return found
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.tls_cert is None:
@@ -126,6 +137,8 @@ class BookieProcess:
         from pybk.metadata import open_store
 
         cfg = self.config
+        for warning in cfg.warnings():
+            log.warning("%s", warning)
         self.store = self._store_arg or open_store(cfg.metadata)
         await asyncio.to_thread(Path(cfg.data_dir).mkdir, parents=True, exist_ok=True)
         bookie_config = cfg.bookie_config
@@ -146,6 +159,7 @@ class BookieProcess:
         self.server = BookieServer(
             self.bookie.handle,
             add_nowait=self.bookie.add_nowait,
+            response_size=self.bookie.response_size_hint,
             host=cfg.host,
             port=cfg.port,
             ssl_context=self._ssl,
@@ -153,6 +167,7 @@ class BookieProcess:
             config=server_cfg,
         )
         await self.server.start()
+        self.bookie.on_descriptors_exhausted = self._descriptors_exhausted
         _, port = self.server.address
         host = cfg.advertise()
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -185,6 +200,13 @@ class BookieProcess:
         await self.store.register_bookie(
             BookieRegistration(self.bookie_id, self.address, read_only=read_only)
         )
+
+    def _descriptors_exhausted(self, exc: OSError) -> None:
+        """The bookie's journal could not open a file (EMFILE/ENFILE): close connections so
+        its retry finds descriptors, and keep the connection cap lower for a while."""
+        if self.server is not None:
+            self.server.shed(max(8, self.server.config.fd_reserve // 4),
+                             f"the journal could not open a file ({exc.strerror or exc})")
 
     def _on_state_change(self, state: str) -> None:
         """The bookie flipped writable/read-only: mirror it in the registry (in order)."""
@@ -273,5 +295,8 @@ def run(config: BookieProcessConfig) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    before, after = raise_open_file_limit()
+    if after != before:
+        log.info("open-file limit raised from %d to %d", before, after)
     asyncio.run(serve(config))
     return 0

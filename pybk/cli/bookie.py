@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from pybk.cli.common import Conn, client_options, fail, read_token, run_async
+from pybk.cli.limits import server_config_from, server_limit_options
 from pybk.errors import BKError
 
 __all__ = ["bookie"]
@@ -34,9 +35,11 @@ __all__ = ["bookie"]
 @click.option("--preallocate/--no-preallocate", default=True, show_default=True,
               help="Make journal segments ahead of use and write them in place (faster "
                    "syncs; each segment takes its full size on disk from the start).")
+@server_limit_options
 @click.pass_context
 def bookie(
     ctx: click.Context,
+    /,
     data: str | None,
     port: int,
     host: str,
@@ -53,12 +56,14 @@ def bookie(
     metrics_port: int | None,
     segment_mb: int,
     preallocate: bool,
+    **limits: Any,
 ) -> None:
     """Run a bookie server (`pybk bookie --data DIR --metadata URI`), or `pybk bookie list`,
     or check a stopped bookie's data directory (`pybk bookie inspect DIR`).
 
     The server registers itself in the metadata store, prints one JSON line when ready, and
-    shuts down cleanly on SIGTERM.
+    shuts down cleanly on SIGTERM. Every bound on what a peer can make it hold (connections,
+    requests, bytes in flight, long polls, descriptors, deadlines) is an option below.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -83,6 +88,7 @@ def bookie(
         metrics_port=metrics_port,
         segment_size=segment_mb << 20,
         preallocate=preallocate,
+        server_config=server_config_from(limits, stop_grace=stop_grace),
     )
     try:
         config.resolved_bookie_id()
