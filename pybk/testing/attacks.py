@@ -67,6 +67,9 @@ class Attack:
     """Base of the attacks: connections from ``local_addresses`` in turn (e.g. 127.0.0.2,
     127.0.0.3 on loopback: the bookie sees several peers), all closed by :meth:`stop`."""
 
+    #: seconds a connect may take (the bookie's accept queue may be full)
+    connect_timeout = 5.0
+
     def __init__(self, host: str, port: int, *,
                  local_addresses: Sequence[str | None] = (None,)) -> None:
         self.host = host
@@ -82,11 +85,11 @@ class Attack:
         local = next(self._locals)
         loop = asyncio.get_running_loop()
         try:
-            _, proto = await loop.create_connection(
+            _, proto = await asyncio.wait_for(loop.create_connection(
                 lambda: _Held(read), self.host, self.port,
                 local_addr=(local, 0) if local else None,
-            )
-        except OSError:
+            ), self.connect_timeout)
+        except OSError:  # (TimeoutError included: a full accept queue drops SYNs)
             self.stats["refused"] += 1
             return None
         self.stats["opened"] += 1

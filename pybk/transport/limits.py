@@ -91,5 +91,7 @@ class ServerConfig:
                      "max_queued_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ServerConfig.{name} must be >= 1, not {getattr(self, name)!r}")
-        if self.max_frame < codec.MIN_FRAME or self.pre_auth_max_frame < codec.MIN_FRAME:
-            raise ValueError(f"frame caps must be at least {codec.MIN_FRAME} bytes")
+        for name in ("max_frame", "pre_auth_max_frame"):
+            if getattr(self, name) < codec.MIN_FRAME:
+                raise ValueError(f"ServerConfig.{name} must be at least {codec.MIN_FRAME} "
+                                 f"bytes, not {getattr(self, name)!r}")
