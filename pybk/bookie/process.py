@@ -1,15 +1,18 @@
 """A bookie process: one :class:`pybk.bookie.Bookie` behind a :class:`BookieServer`.
 
 This is the outermost layer (it reads signals, the wall clock and files), so it owns what the
-bookie itself never does: registering in the metadata store's bookie registry (the SQLite and
-ZooKeeper stores keep the registration alive by heartbeat / session), flipping the registry's
-read-only flag when the bookie's state changes, and a clean shutdown on SIGTERM:
+bookie itself never does: an exclusive lock on the data directory for the process's life
+(:class:`pybk.dirlock.DirectoryLock`: a second bookie on the same directory is refused before
+it reads a byte, whatever its id), registering in the metadata store's bookie registry (the
+SQLite and ZooKeeper stores keep the registration alive by heartbeat / session), flipping the
+registry's read-only flag when the bookie's state changes, and a clean shutdown on SIGTERM:
 
 1. stop accepting connections and reading requests;
 2. let in-flight requests finish (bounded by a grace period; the rest fail: their clients see
    the connection drop, which is an indeterminate outcome they already handle);
 3. ``bookie.stop()`` (drain, sync, checkpoint, close files);
-4. deregister, close the store.
+4. deregister (only if this process registered: a refused duplicate never takes the live
+   bookie off the list), close the store, release the directory lock.
 
 Readiness is announced once the bookie is registered: one JSON line on stdout
 (``{"event": "ready", "bookie_id": ..., "address": "host:port", "pid": ...}``) and, when asked,
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from pybk.dirlock import DirectoryLock
 from pybk.metadata.base import BookieRegistration, MetadataStore
 from pybk.storage.store import INLINE_SYNC_ALWAYS
 from pybk.transport.listener import raise_open_file_limit
@@ -128,6 +132,9 @@ class BookieProcess:
         self._registry_updates: list[asyncio.Task[None]] = []
         self._metrics_http: Any = None
         self.metrics_address = ""
+        self._lock = DirectoryLock(config.data_dir, "bookie data directory")
+        #: this process put the bookie in the registry (only then does it take it out)
+        self._registered = False
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -141,6 +148,9 @@ class BookieProcess:
             log.warning("%s", warning)
         self.store = self._store_arg or open_store(cfg.metadata)
         await asyncio.to_thread(Path(cfg.data_dir).mkdir, parents=True, exist_ok=True)
+        # before anything reads or writes the directory: a second bookie on it (even with
+        # another id) is refused here, and the lock lasts as long as this process
+        self._lock.acquire()
         bookie_config = cfg.bookie_config
         if bookie_config is None:
             # a bookie process hosts one bookie alone on its loop: a batch syncs inline when
@@ -200,6 +210,7 @@ class BookieProcess:
         await self.store.register_bookie(
             BookieRegistration(self.bookie_id, self.address, read_only=read_only)
         )
+        self._registered = True
 
     def _descriptors_exhausted(self, exc: OSError) -> None:
         """The bookie's journal could not open a file (EMFILE/ENFILE): close connections so
@@ -246,12 +257,14 @@ class BookieProcess:
             except Exception as exc:
                 log.error("bookie stop failed: %s", exc)
         if self.store is not None:
-            try:
-                await self.store.unregister_bookie(self.bookie_id)
-            except Exception as exc:
-                log.warning("could not deregister %s: %s", self.bookie_id, exc)
+            if self._registered:  # never the registration of another process (a refused
+                try:              # duplicate must not take the live bookie off the list)
+                    await self.store.unregister_bookie(self.bookie_id)
+                except Exception as exc:
+                    log.warning("could not deregister %s: %s", self.bookie_id, exc)
             if self._store_arg is None:
                 await self.store.close()
+        self._lock.release()
         log.info("bookie %s stopped", self.bookie_id)
 
 

@@ -145,7 +145,14 @@ def bookie_inspect(data_dir: str, as_json: bool) -> None:
     import dataclasses
 
     from pybk.bookie.inspect import inspect_data_dir
+    from pybk.dirlock import holder_of
     from pybk.storage import OsFileSystem
+
+    holder = holder_of(data_dir)
+    if holder is not None:
+        click.echo(f"pybk: warning: {data_dir} is in use by process {holder} (a running "
+                   "bookie): it changes while being read, so this report may show damage "
+                   "that is not there; stop the bookie first or inspect a copy", err=True)
 
     fs = OsFileSystem()
     try:
