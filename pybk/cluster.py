@@ -30,6 +30,7 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pybk.bookie.state import READ_ONLY, STOPPED
 from pybk.client import Client
 from pybk.errors import BookieStateError, ClientClosedError
 from pybk.metadata.base import BookieRegistration, MetadataStore
@@ -191,11 +192,11 @@ class LocalCluster:
         await self._register(bookie_id, bookie.state)
 
     async def _register(self, bookie_id: str, state: str) -> None:
-        if state == "stopped" or self._bookies.get(bookie_id) is None:
+        if state == STOPPED or self._bookies.get(bookie_id) is None:
             await self.store.unregister_bookie(bookie_id)
             return
         await self.store.register_bookie(
-            BookieRegistration(bookie_id, "", read_only=(state == "read-only"))
+            BookieRegistration(bookie_id, "", read_only=(state == READ_ONLY))
         )
 
     def _on_state_change(self, bookie_id: str, state: str) -> None:

@@ -31,6 +31,44 @@ import crc32c
 
 from pybk.errors import DigestMismatchError
 
+__all__ = [
+    "DIGEST_SIZES",
+    "DIGEST_TYPES",
+    "ENTRY_HEADER",
+    "ENTRY_HEADER_SIZE",
+    "LAC_HEADER",
+    "LAST_ENTRY",
+    "AddRequest",
+    "AddResponse",
+    "AuthRequest",
+    "AuthResponse",
+    "BookieInfoRequest",
+    "BookieInfoResponse",
+    "BookieState",
+    "DecodedEntry",
+    "DigestManager",
+    "FenceRequest",
+    "FenceResponse",
+    "ListEntriesRequest",
+    "ListEntriesResponse",
+    "Op",
+    "ReadLacRequest",
+    "ReadLacResponse",
+    "ReadRequest",
+    "ReadResponse",
+    "Request",
+    "Response",
+    "Status",
+    "WriteLacRequest",
+    "WriteLacResponse",
+    "add_ok",
+    "error_response",
+    "mac_key",
+    "master_key",
+    "parse_entry_header",
+    "password_hash",
+]
+
 # --------------------------------------------------------------------------- status codes
 
 
@@ -259,13 +297,26 @@ class ListEntriesResponse:
     op = Op.LIST_ENTRIES
 
 
+class BookieState(enum.StrEnum):
+    """What a bookie accepts: everything, reads and recovery adds only, or nothing.
+
+    A ``StrEnum`` so the value travels as the plain string it always was (the registry, the
+    wire's BookieInfo answer, logs) while code compares against named members. It lives
+    here, with the messages that carry it, so a transport can read a bookie's state without
+    importing the bookie package (``pybk.bookie`` re-exports it)."""
+
+    WRITABLE = "writable"
+    READ_ONLY = "read-only"
+    STOPPED = "stopped"
+
+
 @dataclass(frozen=True, slots=True)
 class BookieInfoResponse:
     status: Status
     bookie_id: str = ""
     free_bytes: int = 0
     total_bytes: int = 0
-    state: str = ""  # "writable" | "read-only" | "stopped"
+    state: str = ""  # a BookieState value, or "" in an error answer
     message: str = ""
     op = Op.BOOKIE_INFO
 

@@ -27,6 +27,13 @@ from pybk.storage.records import SEGMENT_HEADER_SIZE, Record, decode_segment_hea
 from pybk.storage.replay import apply_record, scan_segment
 from pybk.storage.store import JOURNAL_DIR
 
+__all__ = [
+    "CheckpointReport",
+    "DataDirReport",
+    "SegmentReport",
+    "inspect_data_dir",
+]
+
 
 @dataclass
 class SegmentReport:

@@ -34,12 +34,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE
 from pybk.dirlock import DirectoryLock
 from pybk.metadata.base import BookieRegistration, MetadataStore
 from pybk.storage.store import INLINE_SYNC_ALWAYS
 from pybk.transport.listener import raise_open_file_limit
 from pybk.transport.server import BookieServer, ServerConfig
 from pybk.transport.tls import server_context
+
+__all__ = [
+    "SERVER_GC_THRESHOLD",
+    "BookieProcess",
+    "BookieProcessConfig",
+    "run",
+    "serve",
+    "tune_gc_for_server",
+]
 
 log = logging.getLogger("pybk.bookie.process")
 
@@ -206,7 +216,7 @@ class BookieProcess:
 
     async def _register(self) -> None:
         assert self.store is not None
-        read_only = getattr(self.bookie, "state", "writable") == "read-only"
+        read_only = getattr(self.bookie, "state", WRITABLE) == READ_ONLY
         await self.store.register_bookie(
             BookieRegistration(self.bookie_id, self.address, read_only=read_only)
         )
@@ -221,7 +231,7 @@ class BookieProcess:
 
     def _on_state_change(self, state: str) -> None:
         """The bookie flipped writable/read-only: mirror it in the registry (in order)."""
-        if state == "stopped" or self._stop.is_set():
+        if state == STOPPED or self._stop.is_set():
             return
         previous = self._registry_updates[-1] if self._registry_updates else None
 

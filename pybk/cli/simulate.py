@@ -12,6 +12,10 @@ import sys
 
 import click
 
+__all__ = [
+    "simulate",
+]
+
 
 @click.command("simulate")
 @click.option("--seeds", default=None, help="Seed range, e.g. 0..499 or 1,5,9 (inclusive).")

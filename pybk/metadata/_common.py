@@ -18,6 +18,18 @@ from pybk.metadata.base import (
     Watch,
 )
 
+__all__ = [
+    "CallbackWatch",
+    "check_bookie_id",
+    "check_key",
+    "check_ledger_id",
+    "check_metadata",
+    "check_prefix",
+    "check_registration",
+    "check_value",
+    "merge_missing",
+]
+
 _KEY_SEGMENT = re.compile(r"[A-Za-z0-9._:-]+")
 
 

@@ -24,6 +24,23 @@ import crc32c
 
 from pybk.errors import CorruptRecordError, MetadataVersionError, NoSuchKeyError
 
+__all__ = [
+    "CLOSED",
+    "FORMAT_VERSION",
+    "IN_RECOVERY",
+    "MAX_KEY_LENGTH",
+    "MAX_VALUE_SIZE",
+    "OPEN",
+    "STATES",
+    "BookieRegistration",
+    "LedgerMetadata",
+    "MetadataStore",
+    "Transform",
+    "ValueTransform",
+    "VersionedValue",
+    "Watch",
+]
+
 OPEN: Final = "OPEN"
 IN_RECOVERY: Final = "IN_RECOVERY"
 CLOSED: Final = "CLOSED"

@@ -52,6 +52,11 @@ from pybk.metadata.base import (
     Watch,
 )
 
+__all__ = [
+    "BeforeOp",
+    "MemoryMetadataStore",
+]
+
 #: ``before_op(op_name, key)``: awaited before each operation (simulator fault injection).
 BeforeOp = Callable[[str, object], Awaitable[None]]
 

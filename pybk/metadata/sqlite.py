@@ -58,6 +58,11 @@ from pybk.metadata.base import (
     Watch,
 )
 
+__all__ = [
+    "SCHEMA_VERSION",
+    "SqliteMetadataStore",
+]
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 

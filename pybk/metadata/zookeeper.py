@@ -83,6 +83,11 @@ from pybk.metadata.base import (
     Watch,
 )
 
+__all__ = [
+    "ZooKeeperMetadataStore",
+    "ledger_subpath",
+]
+
 log = logging.getLogger(__name__)
 
 #: kazoo calls that are safe to repeat after a lost connection.

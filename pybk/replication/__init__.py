@@ -1,0 +1,9 @@
+"""The client side of the ledger protocol: quorum rules, the write pipeline, reads, recovery.
+
+Layer: above :mod:`pybk.transport` and :mod:`pybk.metadata`, below the public facades
+(:mod:`pybk.client`, :mod:`pybk.stream`). Nothing here touches sockets, threads, files or the
+wall clock: time is the running loop's, bookies are reached through a Transport, so the
+simulator drives this code unchanged.
+"""
+
+__all__: list[str] = []

@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 from pybk.metadata.base import MetadataStore
 from pybk.transport.base import Transport
 
+__all__ = [
+    "ClientConfig",
+    "ClientContext",
+]
+
 
 @dataclass
 class ClientConfig:

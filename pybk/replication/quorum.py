@@ -30,6 +30,19 @@ from dataclasses import dataclass
 
 from pybk.errors import NotEnoughBookiesError
 
+__all__ = [
+    "AckSet",
+    "Answer",
+    "CoverageSet",
+    "EnsembleChange",
+    "EntryState",
+    "Quorums",
+    "RecoveryReadDecision",
+    "choose_ensemble",
+    "plan_ensemble_change",
+    "validate_quorums",
+]
+
 
 def validate_quorums(ensemble_size: int, write_quorum: int, ack_quorum: int) -> None:
     """Raise ValueError naming the bad value unless ``E >= Qw >= Qa >= 1``."""

@@ -42,6 +42,19 @@ from pybk.replication.quorum import Answer, CoverageSet, Quorums
 if TYPE_CHECKING:
     from pybk.replication.context import ClientContext
 
+__all__ = [
+    "LedgerEntry",
+    "ReadHandle",
+    "consume",
+    "drop_pending",
+    "in_order",
+    "quorums_of",
+    "read_entry",
+    "read_lac_covered",
+    "read_range",
+    "summarize",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class LedgerEntry:

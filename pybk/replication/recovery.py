@@ -44,6 +44,14 @@ from pybk.replication.writer import AddPipeline
 if TYPE_CHECKING:
     from pybk.replication.context import ClientContext
 
+__all__ = [
+    "RECOVERY_READS_DONT_FENCE",
+    "fence_and_read_lac",
+    "mark_in_recovery",
+    "recover",
+    "recovery_read",
+]
+
 log = logging.getLogger(__name__)
 
 #: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``):

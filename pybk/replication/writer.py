@@ -51,6 +51,12 @@ from pybk.replication.reader import LedgerEntry, read_range
 if TYPE_CHECKING:
     from pybk.replication.context import ClientContext
 
+__all__ = [
+    "ACK_OUT_OF_ORDER",
+    "AddPipeline",
+    "LedgerHandle",
+]
+
 log = logging.getLogger(__name__)
 
 #: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``):

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE
 from pybk.metadata.base import BookieRegistration
 from pybk.metadata.memory import MemoryMetadataStore
 from pybk.sim.net import NetConfig, SimNetwork
@@ -23,6 +24,13 @@ from pybk.storage.memfs import MemFileSystem
 
 if TYPE_CHECKING:
     from pybk.bookie import Bookie
+
+__all__ = [
+    "DATA_DIR",
+    "SimBookie",
+    "SimCluster",
+    "derive_rng",
+]
 
 DATA_DIR = "/bookie"
 
@@ -141,7 +149,7 @@ class SimCluster:
             await hook(sb)
         bookie.on_state_change = lambda state, b=bookie_id: self._state_changed(b, state)
         self.network.set_bookie(bookie_id, bookie.handle)
-        read_only = getattr(bookie, "state", "writable") == "read-only"
+        read_only = getattr(bookie, "state", WRITABLE) == READ_ONLY
         await self.admin.register_bookie(BookieRegistration(bookie_id, "", read_only))
         self._log(f"{bookie_id} started (incarnation {sb.incarnation}, state {bookie.state})")
         return True
@@ -154,11 +162,11 @@ class SimCluster:
         sb = self.bookies[bookie_id]
         if sb.status != "up":
             return
-        if state == "stopped":
+        if state == STOPPED:
             task = self.admin.unregister_bookie(bookie_id)
         else:
             task = self.admin.register_bookie(
-                BookieRegistration(bookie_id, "", state == "read-only"))
+                BookieRegistration(bookie_id, "", state == READ_ONLY))
         asyncio.get_running_loop().create_task(task)
 
     async def crash_bookie(self, bookie_id: str, mode: str = "drop") -> None:

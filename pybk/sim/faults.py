@@ -11,6 +11,15 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field, fields
 
+__all__ = [
+    "ALL_KINDS",
+    "EVENT_KINDS",
+    "FOCUS_MIXES",
+    "NET_KINDS",
+    "FaultPlan",
+    "Faults",
+]
+
 #: Network message faults (rates per message).
 NET_KINDS = ("drop", "duplicate", "reorder", "corrupt", "reset")
 #: Scheduled faults (events drawn during the safety phase).

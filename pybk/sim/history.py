@@ -14,6 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+__all__ = [
+    "FAIL",
+    "INFO",
+    "OK",
+    "Event",
+    "History",
+]
+
 OK = "ok"
 FAIL = "fail"
 INFO = "info"

@@ -28,6 +28,14 @@ import heapq
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
+__all__ = [
+    "SimDeadlock",
+    "SimLoop",
+    "SimTimeLimit",
+    "next_timer",
+    "run",
+]
+
 T = TypeVar("T")
 
 

@@ -39,6 +39,14 @@ from pybk.errors import TimeoutError as BKTimeoutError
 from pybk.protocol import Request, Response
 from pybk.transport.base import Transport
 
+__all__ = [
+    "Handler",
+    "NetConfig",
+    "Observer",
+    "SimNetwork",
+    "SimTransport",
+]
+
 Handler = Callable[[Request], Awaitable[Response]]
 Observer = Callable[[str, str, Request, Response], None]
 

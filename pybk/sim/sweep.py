@@ -20,6 +20,19 @@ from dataclasses import dataclass, field
 from pybk.sim.faults import Faults
 from pybk.sim.runner import run
 
+__all__ = [
+    "CI_DURATION",
+    "CI_FAULTS",
+    "CI_SEEDS",
+    "SeedSummary",
+    "SweepSummary",
+    "default_workers",
+    "find_violation",
+    "parse_seeds",
+    "run_seed",
+    "sweep",
+]
+
 
 @dataclass
 class SeedSummary:

@@ -15,6 +15,17 @@ from typing import Any
 
 from pybk.sim.history import INFO, OK, History
 
+__all__ = [
+    "PASSWORD",
+    "Deleter",
+    "Process",
+    "Reader",
+    "Recoverer",
+    "Registry",
+    "Workload",
+    "Writer",
+]
+
 PASSWORD = b"sim"
 
 

@@ -20,6 +20,10 @@ import socket
 import struct
 import sys
 
+__all__ = [
+    "serve",
+]
+
 _KEY = struct.Struct(">I")
 _ANSWER = struct.Struct(">Ii")
 

@@ -67,6 +67,26 @@ from pybk.storage.index import (
     empty_columns,
 )
 
+__all__ = [
+    "BASE",
+    "CHECKPOINT_FILE",
+    "CHECKPOINT_MAGIC",
+    "CHECKPOINT_VERSION",
+    "DELTA",
+    "READABLE_VERSIONS",
+    "CheckpointChain",
+    "CheckpointEncoder",
+    "CheckpointFile",
+    "decode_checkpoint",
+    "delta_checkpoint_name",
+    "delta_checkpoints",
+    "encode_checkpoint",
+    "ledger_metas",
+    "load_checkpoint_chain",
+    "parse_delta_checkpoint_name",
+    "stale_checkpoint_files",
+]
+
 #: the base checkpoint's file name in a data directory; its deltas are
 #: ``index.ckpt.<generation>.<seq>`` (hex) beside it
 CHECKPOINT_FILE: Final = "index.ckpt"

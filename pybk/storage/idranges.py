@@ -18,6 +18,10 @@ from collections.abc import Iterable, Iterator
 
 from sortedcontainers import SortedDict
 
+__all__ = [
+    "IdRanges",
+]
+
 
 class IdRanges:
     """Integers as ranges ``first -> last`` (inclusive) in a sortedcontainers ``SortedDict``.
@@ -109,6 +113,19 @@ class IdRanges:
         return bool(self._ranges == other._ranges)
 
     __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def _check(self) -> None:
+        """Assert the invariants (stateful tests): ranges non-empty, ascending, disjoint and
+        never adjacent (adjacent ones are merged), and the count their sizes' sum."""
+        prev: int | None = None
+        total = 0
+        for first, last in self._ranges.items():
+            assert type(first) is int and type(last) is int, (first, last)
+            assert first <= last, (first, last)
+            assert prev is None or first > prev + 1, f"range from {first} touches {prev}"
+            total += last - first + 1
+            prev = last
+        assert total == self._count, (total, self._count)
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in self.ranges()[:8])

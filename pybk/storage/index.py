@@ -24,6 +24,18 @@ from sortedcontainers import SortedDict
 
 from pybk.storage.idranges import IdRanges
 
+__all__ = [
+    "MAX_GAP",
+    "EntryColumns",
+    "EntryIndex",
+    "Index",
+    "LedgerState",
+    "Loc",
+    "Location",
+    "Position",
+    "empty_columns",
+]
+
 
 class Location(NamedTuple):
     """Where a framed ENTRY record lives: segment seq, byte offset, record size.
@@ -438,3 +450,4 @@ class Index:
         live = self.live_from_entries()
         assert live == self.seg_live, (live, self.seg_live)
         assert all(lid in self.deleted for lid in self._deleted_since)
+        self.deleted._check()

@@ -84,6 +84,17 @@ from pybk.storage.records import (
     encode_segment_header,
 )
 
+__all__ = [
+    "PREP_CHUNK",
+    "PREP_SUFFIX",
+    "SEGMENT_SUFFIX",
+    "FailedCallback",
+    "Journal",
+    "SyncedCallback",
+    "parse_segment_name",
+    "segment_name",
+]
+
 #: ``on_synced(segment_seq, tags, offsets)`` once a batch is durable: ``tags[i]`` is the tag
 #: of the batch's i-th item (None: appended without one), ``offsets[i]`` where that item
 #: starts in the segment (``offsets`` has one more element: where the batch ends). Two flat

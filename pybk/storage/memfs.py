@@ -33,6 +33,11 @@ from dataclasses import dataclass, field
 
 from pybk.storage.fs import FileHandle, FileSystem
 
+__all__ = [
+    "CRASH_MODES",
+    "MemFileSystem",
+]
+
 CRASH_MODES = ("drop", "torn", "reorder")
 
 
@@ -408,6 +413,34 @@ class MemFileSystem(FileSystem):
                 start, end = inode.changed()
                 total += end - start
         return total
+
+    def _check(self) -> None:
+        """Assert the model's invariants (stateful tests, the simulator's audits): paths are
+        normalized and live in known directories; an inode's damage ranges are well formed;
+        a failed sync's losses never lie past the bytes written; pending directory changes
+        are links with an inode or unlinks without one, in known directories."""
+        assert "/" in self._dirs and "." in self._dirs
+        for d in self._dirs:
+            assert d == self._norm(d), d
+            parent = posixpath.dirname(d)
+            assert d in ("/", ".") or parent in self._dirs or parent == "", d
+        for namespace in (self._files, self._durable_files):
+            for path, inode in namespace.items():
+                assert path == self._norm(path), path
+                for start, end in inode.lost + inode.bad_reads:
+                    assert 0 <= start < end, (path, start, end)
+        for path in self._files:
+            assert posixpath.dirname(path) in self._dirs, path
+        for directory, ops in self._pending.items():
+            assert directory in self._dirs, directory
+            for op in ops:
+                assert op.op in ("link", "unlink"), op.op
+                assert (op.inode is not None) == (op.op == "link"), op
+                assert op.name and "/" not in op.name, op.name
+        for name, count in self.counters.items():
+            assert count >= 0, (name, count)
+        assert all(prefix is None or isinstance(prefix, str)
+                   for _err, prefix in self._fsync_failures)
 
     def clone(self) -> MemFileSystem:
         """A deep copy of the durable and unsynced state (open handles are not carried over)."""

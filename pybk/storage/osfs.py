@@ -29,6 +29,10 @@ import shutil
 from pybk.storage.fs import FileHandle, FileSystem
 from pybk.storage.syncer import SyncProcess, start_sync_process
 
+__all__ = [
+    "OsFileSystem",
+]
+
 
 class _OsFileHandle(FileHandle):
     def __init__(self, fs: OsFileSystem, path: str, offset: int | None = None,

@@ -36,6 +36,36 @@ import crc32c
 
 from pybk.errors import CorruptRecordError
 
+__all__ = [
+    "BATCH_HEADER",
+    "BATCH_HEADER_SIZE",
+    "BATCH_MAGIC",
+    "FORMAT_VERSION",
+    "MAX_RECORD_PAYLOAD",
+    "RECORD_HEADER",
+    "RECORD_HEADER_SIZE",
+    "SEGMENT_HEADER_SIZE",
+    "SEGMENT_MAGIC",
+    "Record",
+    "RecordType",
+    "SegmentHeader",
+    "batch_at",
+    "decode_entry_at",
+    "decode_record",
+    "decode_segment_header",
+    "encode_batch",
+    "encode_checkpoint_mark",
+    "encode_delete",
+    "encode_entry",
+    "encode_explicit_lac",
+    "encode_fence",
+    "encode_master_key",
+    "encode_record",
+    "encode_segment_header",
+    "find_valid_batch_after",
+    "iter_records",
+]
+
 SEGMENT_MAGIC: Final = b"PYBKSEG\x00"
 #: The segment format this code writes and the only one it reads. Version 2: an ENTRY record's
 #: payload is the framed entry body alone (its header already carries the ledger and entry ids).

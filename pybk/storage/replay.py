@@ -39,6 +39,13 @@ from pybk.storage.records import (
     iter_records,
 )
 
+__all__ = [
+    "SegmentScan",
+    "apply_record",
+    "piggyback_lac",
+    "scan_segment",
+]
+
 
 @dataclass
 class SegmentScan:

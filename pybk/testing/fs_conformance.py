@@ -12,6 +12,10 @@ import posixpath
 
 from pybk.storage.fs import FileSystem
 
+__all__ = [
+    "check_filesystem",
+]
+
 
 async def check_filesystem(fs: FileSystem, root: str) -> None:
     """Exercise every FileSystem operation under the empty directory ``root``."""

@@ -42,6 +42,40 @@ from pybk.metadata.base import (
     MetadataStore,
 )
 
+__all__ = [
+    "CHECKS",
+    "DEFAULT_BOUND",
+    "MemoryBackend",
+    "MetadataBackend",
+    "SqliteBackend",
+    "ZooKeeperBackend",
+    "check_bad_arguments_are_value_errors",
+    "check_cas_conflict",
+    "check_clean_close_unregisters",
+    "check_cookies",
+    "check_corrupt_metadata_is_an_error",
+    "check_create_read_round_trip",
+    "check_delete_and_list",
+    "check_id_allocation_unique_under_concurrency",
+    "check_read_only_flag",
+    "check_registration_vanishes_with_its_owner",
+    "check_under_replication_marks",
+    "check_update_loop_under_concurrent_updaters",
+    "check_values_bad_arguments",
+    "check_values_create_read_cas",
+    "check_values_list_by_prefix",
+    "check_values_update_loop_under_concurrent_updaters",
+    "check_values_watch",
+    "check_watch_bookies_fires_on_membership_change",
+    "check_watch_ledger_fires_on_change_and_delete",
+    "check_watches_fire_for_changes_made_through_the_same_store",
+    "conformance_test",
+    "run_all",
+    "run_check",
+    "sample_metadata",
+    "wait_until",
+]
+
 #: How long a check waits for something asynchronous (watch callbacks, lease expiry).
 DEFAULT_BOUND = 10.0
 

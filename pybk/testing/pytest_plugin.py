@@ -23,6 +23,14 @@ if TYPE_CHECKING:
 
     from pybk.testing.simulated import SimTestCluster
 
+__all__ = [
+    "local_cluster",
+    "pybk_seed",
+    "pytest_addoption",
+    "pytest_configure",
+    "sim_cluster",
+]
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("pybk", "pybk simulation")

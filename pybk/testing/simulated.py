@@ -26,6 +26,10 @@ from pybk.sim.cluster import SimCluster
 from pybk.sim.loop import SimLoop
 from pybk.sim.net import NetConfig
 
+__all__ = [
+    "SimTestCluster",
+]
+
 T = TypeVar("T")
 
 

@@ -26,6 +26,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+__all__ = [
+    "DEFAULT_JAR",
+    "ZooKeeperServer",
+    "ZooKeeperUnavailable",
+    "force_session_expiry",
+    "four_letter_word",
+    "free_port",
+]
+
 DEFAULT_JAR = "/usr/share/java/zookeeper.jar"
 _JVM_FLAGS = ["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-Xshare:auto"]
 

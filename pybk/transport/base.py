@@ -20,6 +20,10 @@ import asyncio
 
 from pybk.protocol import Request, Response
 
+__all__ = [
+    "Transport",
+]
+
 
 class Transport(abc.ABC):
     """Sends requests to bookies by bookie id."""

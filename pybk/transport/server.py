@@ -69,6 +69,14 @@ from pybk.transport.server_connection import AddNowait, ServerConnection, is_lon
 
 __all__ = ["AddNowait", "BookieServer", "Handler", "ResponseSize", "ServerConfig", "ServerStats"]
 
+__all__ = [
+    "AddNowait",
+    "BookieServer",
+    "Handler",
+    "ServerConfig",
+    "ServerStats",
+]
+
 log = logging.getLogger("pybk.bookie.process")
 
 Handler = Callable[[Request], Awaitable[Response]]

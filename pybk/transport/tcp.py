@@ -37,6 +37,13 @@ from pybk.transport.base import Transport
 if TYPE_CHECKING:
     from pybk.metadata.base import MetadataStore
 
+__all__ = [
+    "Resolver",
+    "TcpTransport",
+    "parse_address",
+    "registry_resolver",
+]
+
 log = logging.getLogger("pybk.tcp")
 
 Resolver = Callable[[str], Awaitable[str]]

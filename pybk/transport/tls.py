@@ -11,6 +11,11 @@ from __future__ import annotations
 import os
 import ssl
 
+__all__ = [
+    "client_context",
+    "server_context",
+]
+
 
 def server_context(
     certfile: str | os.PathLike[str],

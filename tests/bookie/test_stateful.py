@@ -266,6 +266,7 @@ class BookieMachine(RuleBasedStateMachine):
     @invariant()
     def internal_invariants(self) -> None:
         self.bookie._check()
+        self.fs._check()
 
     @invariant()
     def acknowledged_entries_readable(self) -> None:

@@ -3,10 +3,13 @@ models crashes, failed fsyncs, full disks, bit flips and read errors as document
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pybk.storage import FileSystem, MemFileSystem, OsFileSystem, SimulatedCrash
 from pybk.testing.fs_conformance import check_filesystem
@@ -235,3 +238,66 @@ async def test_clone_is_independent() -> None:
     other.crash()
     assert other.read_file("/d/a") == b"one"
     assert fs.read_file("/d/a") == b"onetwo"
+
+
+# ------------------------------------------------------------ the model's own invariants
+
+_OPS = st.lists(st.tuples(
+    st.sampled_from(["append", "rewrite", "sync", "rename", "delete", "truncate", "fsync_dir",
+                     "crash", "fail_fsync", "flip", "bad_read"]),
+    st.integers(0, 3), st.integers(0, 3), st.binary(max_size=40)), max_size=40)
+
+
+@settings(deadline=None, max_examples=150, derandomize=True)
+@given(_OPS)
+def test_any_sequence_of_operations_and_crashes_keeps_the_models_invariants(ops) -> None:  # type: ignore[no-untyped-def]
+    """MemFileSystem._check() holds after every operation, failed ones and crashes included
+    (what the stateful bookie machines and the simulator rely on)."""
+    fs = MemFileSystem(sector_size=8)
+    fs.makedirs("/d")
+    rng = random.Random(7)
+
+    async def step(op: str, a: int, b: int, data: bytes) -> None:
+        src, dst = f"/d/f{a}", f"/d/f{b}"
+        if op == "append":
+            fs.open_append(src).write(data)
+        elif op == "rewrite" and fs.exists(src):
+            fs.open_rewrite(src, min(b, fs.file_size(src))).write(data)
+        elif op == "sync" and fs.exists(src):
+            await fs.open_append(src).sync()
+        elif op == "rename" and fs.exists(src):
+            fs.rename(src, dst)
+        elif op == "delete" and fs.exists(src):
+            fs.delete(src)
+        elif op == "truncate" and fs.exists(src):
+            fs.truncate(src, min(b, fs.file_size(src)))
+        elif op == "fsync_dir":
+            await fs.fsync_dir("/d")
+        elif op == "crash":
+            fs.crash(("drop", "torn", "reorder")[b % 3], rng)
+        elif op == "fail_fsync":
+            fs.fail_next_fsync(path_prefix=src)
+        elif op == "flip" and fs.exists(src) and fs.file_size(src):
+            fs.flip_bit(src, b % fs.file_size(src), a % 8)
+        elif op == "bad_read" and fs.exists(src):
+            fs.fail_reads(src, b, 1 + a)
+
+    async def run() -> None:
+        for op in ops:
+            try:
+                await step(*op)
+            except OSError:
+                pass  # a failed fsync: the model's documented answer
+            fs._check()
+
+    asyncio.run(run())
+
+
+def test_check_catches_a_broken_model() -> None:
+    fs = MemFileSystem()
+    fs.makedirs("/d")
+    fs.open_append("/d/f").write(b"x")
+    fs._check()
+    fs._pending["/d"][0].inode = None  # a link that names no file
+    with pytest.raises(AssertionError):
+        fs._check()

@@ -21,6 +21,7 @@ def test_ranges_hold_exactly_what_was_added(added: list[int]) -> None:
     for x in added:
         assert r.add(x) == (x not in model)
         model.add(x)
+        r._check()
     assert len(r) == len(model)
     assert list(r) == sorted(model)
     for x in range(-7, 63):
@@ -48,3 +49,11 @@ def test_consecutive_deletions_cost_one_range() -> None:
 def test_from_ranges_refuses_what_ranges_never_gives(bad: list[tuple[int, int]]) -> None:
     with pytest.raises(ValueError, match="out of order"):
         IdRanges.from_ranges(bad)
+
+
+def test_check_catches_broken_ranges() -> None:
+    r = IdRanges([1, 2, 3, 7])
+    r._check()
+    r._ranges[4] = 5  # adjacent to 1-3: should have been merged
+    with pytest.raises(AssertionError):
+        r._check()
