@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pybk.errors import (
     BKError,
+    EntryNotConfirmedError,
     LedgerClosedError,
     LedgerFencedError,
     MetadataVersionError,
@@ -292,7 +293,9 @@ class AddPipeline:
     def _bookie_failed(self, index: int, bookie: str, exc: BaseException) -> None:
         if self.error is not None or self.ensemble[index] != bookie or index in self.dead_slots:
             return
-        log.info("ledger %s: bookie %s (slot %d) failed: %r", self.ledger_id, bookie, index, exc)
+        if self.failed.get(index) != bookie:  # once per failure, not once per pending add
+            log.info("ledger %s: bookie %s (slot %d) failed: %r", self.ledger_id, bookie,
+                     index, exc)
         self.failed[index] = bookie
         self._failure_causes[bookie] = f"{type(exc).__name__}: {exc}"
         if not self.changing:
@@ -513,9 +516,9 @@ class LedgerHandle:
         if first < 0 or last < first:
             raise ValueError(f"bad range {first}..{last}")
         if last > self.last_add_confirmed:
-            raise ValueError(
-                f"ledger {self.id}: entry {last} is beyond the last add confirmed "
-                f"({self.last_add_confirmed})"
+            raise EntryNotConfirmedError(
+                f"ledger {self.id} has no confirmed entry {last}: its last add confirmed is "
+                f"{self.last_add_confirmed}"
             )
         decoded = await read_range(self._ctx, self.metadata, self._digest, first, last)
         return [LedgerEntry(d.ledger_id, d.entry_id, d.payload) for d in decoded]
