@@ -297,18 +297,26 @@ def tune_gc_for_server() -> None:
     gc.set_threshold(*SERVER_GC_THRESHOLD)
 
 
-async def serve(config: BookieProcessConfig) -> None:
-    """Run a bookie until SIGTERM/SIGINT, then shut it down cleanly."""
+async def serve(config: BookieProcessConfig) -> int:
+    """Run a bookie until SIGTERM/SIGINT, then shut it down cleanly; the exit status: 0
+    after SIGTERM, 130 (128 + SIGINT, what a shell expects of Ctrl-C) after SIGINT."""
     process = BookieProcess(config)
     loop = asyncio.get_running_loop()
+    stopped_by: list[signal.Signals] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        stopped_by.append(sig)
+        process.request_stop()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, process.request_stop)
+        loop.add_signal_handler(sig, on_signal, sig)
     try:
         await process.start()
         tune_gc_for_server()
         await process.wait()
     finally:
         await process.stop()
+    return 128 + signal.SIGINT if stopped_by[:1] == [signal.SIGINT] else 0
 
 
 def run(config: BookieProcessConfig) -> int:
@@ -321,5 +329,4 @@ def run(config: BookieProcessConfig) -> int:
     before, after = raise_open_file_limit()
     if after != before:
         log.info("open-file limit raised from %d to %d", before, after)
-    asyncio.run(serve(config))
-    return 0
+    return asyncio.run(serve(config))

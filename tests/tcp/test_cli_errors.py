@@ -153,3 +153,17 @@ async def test_a_crashed_bookie_is_logged_once_not_per_pending_add(tmp_path, cap
         assert len(failed) == 1, failed
         assert victim in failed[0]
         await lh.close()
+
+
+def test_a_bookie_stopped_by_ctrl_c_exits_130_after_a_clean_stop(tmp_path):
+    from pybk.cli import spawn_bookie, wait_ready
+
+    proc = spawn_bookie(tmp_path, "b1", f"sqlite://{tmp_path / 'meta.db'}")
+    try:
+        wait_ready(tmp_path, "b1", proc, 60)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 130
+    finally:
+        proc.kill()
+        proc.wait(10)
+    assert "bookie b1 stopped" in (tmp_path / "logs" / "b1.log").read_text()
