@@ -9,10 +9,13 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck pytest venv system-deps bench clean
 
-$(STAMP): setup.cfg pyproject.toml
+# The editable install puts the checkout on sys.path through a plain .pth file (setuptools'
+# "compat" mode): type checkers (mypy, pyright) follow it, where the default mode's import
+# hook leaves them with "Cannot find implementation or library stub for module named pybk".
+$(STAMP): setup.cfg pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test]" --config-settings editable_mode=compat
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -1,6 +1,6 @@
 """pybk: Apache BookKeeper's replicated log, as a Python library.
 
-Public names only; see API.md for the contract.
+Public names only; docs/api.md is the reference (every name, argument and error).
 """
 
 from pybk import sync

@@ -364,7 +364,8 @@ class LocalCluster:
         return Client(_runner=runner, _client=cluster.client(**kwargs))
 
     def stop_bookie(self, bookie_id: str) -> None:
-        """Stop one bookie cleanly (its data stays; :meth:`start_bookie` brings it back)."""
+        """Crash-stop a bookie (unsynced data is lost as after ``kill -9``) and unregister it;
+        :meth:`start_bookie` brings it back on its data."""
         runner, cluster = self._parts()
         runner.run(cluster.stop_bookie(bookie_id))
 

@@ -45,7 +45,7 @@ OUTER = {"sim", "testing", "spark", "cli", "__main__"}
 #: imports that go up a floor on purpose: (from part, to part, why)
 UPWARD: set[tuple[str, str]] = {
     # Client.namespace() hands out the log layer's Namespace for the client it is called on
-    # (API.md: ``client.namespace("default")``); imported inside the method, no cycle
+    # (docs/api.md: ``client.namespace("default")``); imported inside the method, no cycle
     ("client", "stream"),
 }
 
