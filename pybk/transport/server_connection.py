@@ -225,7 +225,7 @@ class ServerConnection(asyncio.Protocol):
         if transport is not None and not transport.is_closing():
             buffered = transport.get_write_buffer_size()
         sent = self.written - buffered
-        if sent != self.sent_seen:
+        if sent != self.sent_seen or not buffered:  # (nothing waiting: nothing is late)
             self.sent_seen = sent
             self.progress_at = self.loop.time()
         self._set_unsent(self.out_bytes + buffered)
@@ -309,13 +309,15 @@ class ServerConnection(asyncio.Protocol):
                 self.fast_adds_idle.clear()
                 add_nowait(request, _FastAddReply(self, event.request_id, cost))
                 continue
-            long_poll = is_long_poll(request)
+            # a long poll's answer may carry an entry it was not charged for (see _serve)
+            entry_uncharged = long_poll = is_long_poll(request)
             if long_poll:
                 request = server._bound_long_poll(request)
                 long_poll = is_long_poll(request)
                 if long_poll:
                     server.long_polls += 1
-            task = self.loop.create_task(self._serve(event.request_id, request, long_poll))
+            task = self.loop.create_task(
+                self._serve(event.request_id, request, entry_uncharged))
             self.tasks[task] = request
             self._costs[task] = (cost, long_poll)
             task.add_done_callback(self._task_done)
@@ -356,7 +358,7 @@ class ServerConnection(asyncio.Protocol):
         if self._settle(task):  # cancelled before it ran (its finally never did)
             self._pump()
 
-    async def _serve(self, request_id: int, request: Request, long_poll: bool) -> None:
+    async def _serve(self, request_id: int, request: Request, entry_uncharged: bool) -> None:
         server = self.server
         try:
             response = await server.handler(request)
@@ -375,7 +377,7 @@ class ServerConnection(asyncio.Protocol):
             response = error_response(request, Status.GENERIC_ERROR, f"internal error: {exc!r}")
         finally:
             self._settle(asyncio.current_task())
-        if long_poll and isinstance(response, ReadResponse) and response.body is not None \
+        if entry_uncharged and isinstance(response, ReadResponse) and response.body is not None \
                 and self._admissible(len(response.body)) is not None:
             # the entry does not fit the budgets now: answer with the LAC alone, the
             # reader reads the entry itself
@@ -429,10 +431,13 @@ class ServerConnection(asyncio.Protocol):
                 request_id,
                 codec.error_response_for_op(response.op, Status.GENERIC_ERROR, str(exc)),
             )
+        now = self.loop.time()
+        if not self.unsent:  # the peer has this long to take it, counted from now
+            self.progress_at = now
         self.out.append(frame)
         self.out_bytes += len(frame)
         self._charge(unsent=len(frame))
-        self.last_activity = self.loop.time()
+        self.last_activity = now
         if not self.flush_scheduled:
             self.flush_scheduled = True
             self.loop.call_soon(self._flush)
