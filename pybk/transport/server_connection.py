@@ -185,7 +185,8 @@ class ServerConnection(asyncio.Protocol):
             self.last_activity = now
             self.partial_since = now if self.codec.buffered else None
             self.queue.extend(events)
-            self.queued_bytes += sum(map(_event_size, events))
+            # (what the decoded requests hold: about the bytes they came in, plus objects)
+            self.queued_bytes += len(data) + REQUEST_OVERHEAD * len(events)
             self._pump()
         elif self.codec.buffered and self.partial_since is None:
             self.partial_since = now
@@ -291,8 +292,16 @@ class ServerConnection(asyncio.Protocol):
                 self.blocked = "in_flight"
                 server.stats.incr("in_flight_full")
                 return
-            cost = server.request_cost(request)
-            blocked = self._admissible(cost)
+            if isinstance(request, AddRequest):  # (the hot path: request_cost inlined)
+                cost = REQUEST_OVERHEAD + len(request.body)
+            else:
+                cost = server.request_cost(request)
+            held = self.reserved + self.unsent
+            if (held + cost <= self.cfg.connection_budget
+                    and server.held + cost <= self.cfg.bookie_budget):
+                blocked = None  # within both budgets: the common case, decided here
+            else:
+                blocked = self._admissible(cost)
             if blocked is not None:
                 self.blocked = blocked
                 server.stats.incr(f"{blocked}_budget_full")
@@ -323,22 +332,26 @@ class ServerConnection(asyncio.Protocol):
             task.add_done_callback(self._task_done)
 
     def _dequeue(self, event: codec.Event) -> None:
-        self.queue.popleft()
-        self.queued_bytes -= _event_size(event)
+        """Take the head of the queue; its share of the read-ahead bytes goes with it (each
+        event's own size is counted once, on arrival, in bulk)."""
+        queue = self.queue
+        share = self.queued_bytes // len(queue)
+        queue.popleft()
+        self.queued_bytes = self.queued_bytes - share if queue else 0
 
     def _fast_add_done(self, request_id: int, response: Response, cost: int) -> None:
         self.in_flight -= 1
         self.fast_adds -= 1
         if not self.fast_adds:
             self.fast_adds_idle.set()
-        self._charge(reserved=-cost)
-        self._answered(request_id, response)
+        self._answered(request_id, response, cost)
 
-    def _answered(self, request_id: int, response: Response) -> None:
-        """A request finished: send its response, then start queued ones (or resume reading:
-        ``_pump`` always ends by re-arming the reader)."""
+    def _answered(self, request_id: int, response: Response, release: int = 0) -> None:
+        """A request finished: give back the ``release`` bytes it held, send its response,
+        then start queued ones (or resume reading: ``_pump`` always ends by re-arming the
+        reader)."""
         self.server.stats.incr("requests")
-        self._respond(request_id, response)
+        self._respond(request_id, response, release)
         self._pump()
 
     def _settle(self, task: asyncio.Task[Any] | None) -> bool:
@@ -420,8 +433,12 @@ class ServerConnection(asyncio.Protocol):
         self._respond(request_id, response)
         self.close_after_flush()
 
-    def _respond(self, request_id: int, response: Response) -> None:
+    def _respond(self, request_id: int, response: Response, release: int = 0) -> None:
+        """Queue ``response`` for the next flush; ``release``: bytes its request held, given
+        back in the same step as the answer's are charged."""
         if self.transport is None or self.transport.is_closing():
+            if release:
+                self._charge(reserved=-release)
             return
         try:
             frame = codec.encode_response(request_id, response)
@@ -436,7 +453,7 @@ class ServerConnection(asyncio.Protocol):
             self.progress_at = now
         self.out.append(frame)
         self.out_bytes += len(frame)
-        self._charge(unsent=len(frame))
+        self._charge(reserved=-release, unsent=len(frame))
         self.last_activity = now
         if not self.flush_scheduled:
             self.flush_scheduled = True
