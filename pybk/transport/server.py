@@ -86,6 +86,8 @@ ResponseSize = Callable[[Request], "int | None"]
 
 #: how long the global cap stays lowered after the bookie ran out of descriptors
 SHED_COOLDOWN: Final = 60.0
+#: past max_long_polls, a connection holding fewer long polls than this gets answers at once
+LONG_POLLS_ANSWERED_AT_ONCE: Final = 16
 
 
 class ServerStats:
@@ -377,6 +379,7 @@ class BookieServer:
             self.loop.call_soon(self._wake_budget_waiters)
 
     def _wait_for_budget(self, conn: ServerConnection) -> None:
+        """``conn`` waits for bytes or a long-poll slot to be given back."""
         self._budget_waiters[conn] = None
 
     def _wake_budget_waiters(self) -> None:
@@ -387,21 +390,33 @@ class BookieServer:
             if not conn.closing:
                 conn._pump()
 
-    def _bound_long_poll(self, request: Request) -> Request:
-        """A long poll waits at most ``long_poll_max_timeout``; beyond ``max_long_polls``
-        waiting at once it is answered at once with the current state."""
+    def _bound_long_poll(self, conn: ServerConnection, request: Request) -> Request | None:
+        """A long poll waits at most ``long_poll_max_timeout``. With ``max_long_polls``
+        waiting already, one from a connection holding few (a reader tailing a ledger or
+        two) is answered at once with the current state; one from a connection holding
+        many waits, unstarted, for a slot (None): a flood costs no work beyond decoding."""
         assert isinstance(request, ReadRequest)
         cfg = self.config
         if self.long_polls >= cfg.max_long_polls:
             self.stats.incr("long_poll_limit")
             if self.warnings is not None:
                 self.warnings.event("long polls at their limit",
-                                    f"{self.long_polls} waiting; answering new ones at once")
+                                    f"{self.long_polls} waiting; new ones wait or are "
+                                    "answered at once")
+            if conn.long_polls >= LONG_POLLS_ANSWERED_AT_ONCE:
+                self._wait_for_budget(conn)
+                return None
             return dataclasses.replace(request, timeout=0.0)
         if request.timeout > cfg.long_poll_max_timeout:
             self.stats.incr("long_poll_timeout_capped")
             return dataclasses.replace(request, timeout=cfg.long_poll_max_timeout)
         return request
+
+    def _long_poll_ended(self) -> None:
+        self.long_polls -= 1
+        if self._budget_waiters and not self._wake_scheduled:
+            self._wake_scheduled = True
+            self.loop.call_soon(self._wake_budget_waiters)
 
     # -- the sweeper -------------------------------------------------------------------------
 

@@ -45,6 +45,9 @@ log = logging.getLogger("pybk.bookie.process")
 #: keep flowing while hostile connections sit on the budget)
 SMALL: Final = 64 << 10
 SMALL_FLOOR: Final = 256 << 10
+#: a read bringing this many requests at once first asks the kernel whether the peer has
+#: already closed (one getsockopt): a flood that sends and hangs up costs no started request
+EOF_CHECK_EVENTS: Final = 64
 #: TCP_INFO's first byte is the socket's state; CLOSE-WAIT: the peer closed its side
 _TCP_CLOSE_WAIT: Final = 8
 _TCP_CLOSE: Final = 7
@@ -104,6 +107,7 @@ class ServerConnection(asyncio.Protocol):
         self.queue: collections.deque[codec.Event] = collections.deque()
         self.queued_bytes = 0
         self.in_flight = 0
+        self.long_polls = 0  # of those, long polls waiting
         self.tasks: dict[asyncio.Task[None], Request] = {}
         #: what each running task holds (bytes charged, long poll?) until settled
         self._costs: dict[asyncio.Task[None], tuple[int, bool]] = {}
@@ -181,6 +185,12 @@ class ServerConnection(asyncio.Protocol):
             self.abort()
             return
         now = self.loop.time()
+        if len(events) >= EOF_CHECK_EVENTS and self.peer_closed():
+            # a burst of requests and the close right behind it (a flood that hangs up):
+            # nobody will read the answers, so none is started
+            self.server.stats.incr("peer_closed")
+            self.abort()
+            return
         if events:
             self.last_activity = now
             self.partial_since = now if self.codec.buffered else None
@@ -308,6 +318,15 @@ class ServerConnection(asyncio.Protocol):
                 if blocked == "bookie":
                     server._wait_for_budget(self)
                 return
+            # a long poll's answer may carry an entry it was not charged for (see _serve)
+            entry_uncharged = long_poll = is_long_poll(request)
+            if long_poll:
+                bounded = server._bound_long_poll(self, request)
+                if bounded is None:  # no slot: it waits for one, unstarted
+                    self.blocked = "long_polls"
+                    return
+                request = bounded
+                long_poll = is_long_poll(request)
             self._dequeue(event)
             self.in_flight += 1
             self._charge(reserved=cost)
@@ -318,13 +337,9 @@ class ServerConnection(asyncio.Protocol):
                 self.fast_adds_idle.clear()
                 add_nowait(request, _FastAddReply(self, event.request_id, cost))
                 continue
-            # a long poll's answer may carry an entry it was not charged for (see _serve)
-            entry_uncharged = long_poll = is_long_poll(request)
             if long_poll:
-                request = server._bound_long_poll(request)
-                long_poll = is_long_poll(request)
-                if long_poll:
-                    server.long_polls += 1
+                server.long_polls += 1
+                self.long_polls += 1
             task = self.loop.create_task(
                 self._serve(event.request_id, request, entry_uncharged))
             self.tasks[task] = request
@@ -363,7 +378,8 @@ class ServerConnection(asyncio.Protocol):
         self.in_flight -= 1
         self._charge(reserved=-cost)
         if long_poll:
-            self.server.long_polls -= 1
+            self.long_polls -= 1
+            self.server._long_poll_ended()
         return True
 
     def _task_done(self, task: asyncio.Task[None]) -> None:

@@ -107,10 +107,11 @@ async def test_long_polls_of_a_closed_connection_are_cancelled_at_once(bookie_fa
 
 async def test_a_connection_holding_long_polls_sees_its_peer_close_past_the_read_ahead(
         bookie_factory):
-    """Past the read-ahead (here 4 KiB) the server stops reading; a peer that closes then is
-    found through the kernel's TCP state instead, within a second or so."""
-    bookie = await bookie_factory("--max-in-flight", "8", "--max-queued-bytes", "4KiB").astart()
-    attack = LongPollFlood(bookie.host, bookie.port, connections=2, polls=2000)
+    """Past the read-ahead (here 1 KiB) the server stops reading; a peer that closes then is
+    found through the kernel's TCP state instead, within a second or so. (60 polls: too few
+    for the check a large burst gets on arrival.)"""
+    bookie = await bookie_factory("--max-in-flight", "8", "--max-queued-bytes", "1KiB").astart()
+    attack = LongPollFlood(bookie.host, bookie.port, connections=2, polls=60)
     await attack.start()
     try:
         async def released() -> bool:
@@ -141,17 +142,54 @@ async def test_long_polls_wait_at_most_the_configured_maximum(bookie_factory):
         await transport.close()
 
 
-async def test_too_many_long_polls_are_answered_at_once(bookie_factory):
-    bookie = await bookie_factory("--max-long-polls", "10").astart()
+async def test_long_polls_beyond_the_limit_wait_unless_their_connection_holds_few(
+        bookie_factory):
+    """With --max-long-polls 20 reached by one connection's flood, its further polls wait
+    unstarted (no work for them); a reader's connection holding few still gets answers at
+    once."""
+    bookie = await bookie_factory("--max-long-polls", "20").astart()
     attack = LongPollFlood(bookie.host, bookie.port, connections=1, polls=50, close=False)
     await attack.start()
     try:
-        async def capped() -> bool:
+        async def full() -> bool:
             m = await bookie.ametrics()
-            return m.get("event:long_poll_limit", 0) >= 40
+            return m["pybk_server_long_polls"] == 20 and m.get("event:long_poll_limit", 0) >= 1
 
-        await wait_for(capped, 10, "polls beyond the limit answered at once")
-        assert (await bookie.ametrics())["pybk_server_long_polls"] == 10
+        await wait_for(full, 10, "the flood holds every long-poll slot")
+
+        async def resolve(_b: str) -> str:
+            return bookie.address
+
+        transport = TcpTransport(resolve)
+        try:
+            poll = ReadRequest(4242, 0, previous_lac=-1, timeout=30.0)
+            response = await asyncio.wait_for(transport.send("b1", poll, 30.0), 5)
+            assert response.status == Status.OK and response.lac == -1
+        finally:
+            await transport.close()
+        m = await bookie.ametrics()
+        assert m["pybk_server_long_polls"] == 20  # the flood's other 30 never started
+        assert m["event:requests"] <= 2  # (the reader's answer; nothing of the flood)
+    finally:
+        await attack.stop()
+
+
+async def test_a_flood_that_hangs_up_starts_nothing(bookie_factory):
+    """8 connections each send 1100 long polls and close: the close is behind the requests,
+    so the server asks the kernel before starting them and starts (almost) none."""
+    bookie = await bookie_factory().astart()
+    attack = LongPollFlood(bookie.host, bookie.port, connections=8, polls=1100)
+    await attack.start()
+    try:
+        async def released() -> bool:
+            m = await bookie.ametrics()
+            return m["event:accepted"] >= 8 and m["pybk_server_connections"] == 0
+
+        await wait_for(released, 10, "every connection released")
+        m = await bookie.ametrics()
+        assert m.get("event:peer_closed", 0) >= 1
+        started = m.get("event:long_poll_timeout_capped", 0)
+        assert started < 8 * 1024, started
     finally:
         await attack.stop()
 
