@@ -14,6 +14,11 @@ a separate attacker process runs the four attacks of the hardening issue at once
 3. descriptors: 1100 silent connections (2 more addresses);
 4. cap lockout: 1024 connections that reconnect as soon as they are closed (2 addresses).
 
+The attacker runs at ``--attacker-nice`` (10): on this small machine the attacker's own CPU
+(a thousand reconnecting sockets) would otherwise be taken from the bookie and the client,
+where a real attacker spends its own machine's; the kernel's work for its connections still
+lands on this one. ``--attacker-nice 0`` gives everything the same priority.
+
 Printed: the normal client's entries/s and p50/p99 append latency, quiet and under attack,
 and their ratio (goal: at least 0.5); the longest a *new* client took to be answered during
 the attack (probed every 2 s); the bookie's peak RSS (VmHWM, goal: under 512 MiB), its
@@ -51,8 +56,12 @@ KiB, MiB = 1 << 10, 1 << 20
 # ----------------------------------------------------------------------------- the attacker
 
 
-async def _attack(host: str, port: int, ledger_id: int, scale: float, seconds: float) -> None:
-    """The attacker process: all four attacks at once until ``seconds`` have passed."""
+ATTACKS = ("polls", "reads", "silent", "reconnect")
+
+
+async def _attack(host: str, port: int, ledger_id: int, scale: float, seconds: float,
+                  which: tuple[str, ...] = ATTACKS) -> None:
+    """The attacker process: the attacks named in ``which`` at once until ``seconds``."""
     from pybk.testing.attacks import (
         LongPollFlood,
         ReconnectFlood,
@@ -63,13 +72,16 @@ async def _attack(host: str, port: int, ledger_id: int, scale: float, seconds: f
     def n(x: int) -> int:
         return max(1, int(x * scale))
 
-    attacks: list[Any] = [
-        UnreadReads(host, port, ledger_id=ledger_id, entry_id=0, reads=1024,
-                    connections=n(8), local_addresses=("127.0.0.6",)),
-        SilentConnections(host, port, count=n(1100), local_addresses=("127.0.0.4", "127.0.0.5")),
-        ReconnectFlood(host, port, count=n(1024), pause=0.05,
-                       local_addresses=("127.0.0.2", "127.0.0.3")),
-    ]
+    attacks: list[Any] = []
+    if "reads" in which:
+        attacks.append(UnreadReads(host, port, ledger_id=ledger_id, entry_id=0, reads=1024,
+                                   connections=n(8), local_addresses=("127.0.0.6",)))
+    if "silent" in which:
+        attacks.append(SilentConnections(host, port, count=n(1100),
+                                         local_addresses=("127.0.0.4", "127.0.0.5")))
+    if "reconnect" in which:
+        attacks.append(ReconnectFlood(host, port, count=n(1024), pause=0.05,
+                                      local_addresses=("127.0.0.2", "127.0.0.3")))
     for attack in attacks:
         await attack.start()
     print(json.dumps({"event": "attacking"}), flush=True)
@@ -77,6 +89,9 @@ async def _attack(host: str, port: int, ledger_id: int, scale: float, seconds: f
     end = loop.time() + seconds
     polls: list[Any] = []
     while loop.time() < end:  # long polls: a round of closing connections per second
+        if "polls" not in which:
+            await asyncio.sleep(min(1.0, max(0.0, end - loop.time())))
+            continue
         flood = LongPollFlood(host, port, connections=n(32), polls=1100,
                               local_addresses=("127.0.0.7", "127.0.0.8"))
         await flood.start()
@@ -173,6 +188,7 @@ async def _run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
             attacker = await asyncio.create_subprocess_exec(
                 sys.executable, __file__, "--attacker", bookie.address, "--ledger", str(big.id),
                 "--scale", str(args.scale), "--seconds", str(args.seconds + 5),
+                "--attacks", ",".join(args.attacks), "--nice", str(args.attacker_nice),
                 cwd=root, stdout=asyncio.subprocess.PIPE,
             )
             assert attacker.stdout is not None
@@ -232,7 +248,8 @@ def _print(result: dict[str, Any], args: argparse.Namespace) -> None:
     q, a = result["quiet"], result["attacked"]
     print(f"pybk from {Path(pybk.__file__).parent}; bookie under RLIMIT_NOFILE "
           f"{args.open_files}; {args.seconds:g} s per run; 1 KiB appends, E1, "
-          f"{args.window} in flight; attack scale {args.scale:g}")
+          f"{args.window} in flight; attacks {','.join(args.attacks)} at scale {args.scale:g}, "
+          f"attacker at nice {args.attacker_nice}")
     print(f"{'run':>10} {'entries/s':>10} {'p50 ms':>8} {'p99 ms':>8}  errors")
     for name, r in (("quiet", q), ("attacked", a)):
         print(f"{name:>10} {r['rate']:>10.0f} {r['p50']:>8.2f} {r['p99']:>8.2f}  "
@@ -263,12 +280,24 @@ def main() -> None:
     ap.add_argument("--open-files", type=int, default=1024,
                     help="RLIMIT_NOFILE (soft and hard) of the bookie process")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies the attack sizes")
+    ap.add_argument("--attacks", default=",".join(ATTACKS),
+                    help=f"which attacks run (a comma-separated subset of {','.join(ATTACKS)})")
+    ap.add_argument("--attacker-nice", type=int, default=10,
+                    help="niceness of the attacker process (0: the same as the bookie's)")
+    ap.add_argument("--nice", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--attacker", metavar="HOST:PORT", help=argparse.SUPPRESS)
     ap.add_argument("--ledger", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.attacks = tuple(a for a in args.attacks.split(",") if a)
+    unknown = set(args.attacks) - set(ATTACKS)
+    if unknown:
+        ap.error(f"unknown attacks {sorted(unknown)}; choose from {','.join(ATTACKS)}")
     if args.attacker:
+        if args.nice:
+            os.nice(args.nice)
         host, _, port = args.attacker.rpartition(":")
-        asyncio.run(_attack(host, int(port), args.ledger, args.scale, args.seconds))
+        asyncio.run(_attack(host, int(port), args.ledger, args.scale, args.seconds,
+                            args.attacks))
         return
     with tempfile.TemporaryDirectory(prefix="pybk-abuse-") as tmp:
         result = asyncio.run(_run(Path(tmp), args))

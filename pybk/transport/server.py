@@ -164,6 +164,7 @@ class BookieServer:
         self.stats = ServerStats(self.registry)
         self.stats.gauges = self._gauges
         self._conns: dict[ServerConnection, None] = {}  # (ordered: oldest first)
+        self._by_ip: dict[str, dict[ServerConnection, None]] = {}  # the same, by address
         cfg = self.config
         self.admission = Admission(cfg.max_connections, cfg.max_connections_per_ip,
                                    cfg.max_unauthenticated)
@@ -236,6 +237,7 @@ class BookieServer:
             return
         conn = ServerConnection(self, peer_ip, unproven)
         self._conns[conn] = None
+        self._by_ip.setdefault(peer_ip, {})[conn] = None
         self.admission.add(peer_ip, unproven)
         self.stats.incr("accepted")
         self.stats.set_open(len(self._conns))
@@ -285,8 +287,8 @@ class BookieServer:
     def _displace(self, ip: str, unproven_only: bool) -> bool:
         """Close one of ``ip``'s connections to make room: an unproven one if any (the
         oldest), else the one quiet the longest, busy ones last."""
-        candidates = [c for c in self._conns
-                      if c.peer_ip == ip and not c.released and (c.unproven or not unproven_only)]
+        candidates = [c for c in self._by_ip.get(ip, ())
+                      if not c.released and (c.unproven or not unproven_only)]
         if not candidates:
             return False
         victim = min(candidates, key=lambda c: (not c.unproven, c.in_flight > 0,
@@ -310,6 +312,11 @@ class BookieServer:
 
     def _release(self, conn: ServerConnection) -> None:
         if self._conns.pop(conn, "absent") is None:
+            same_ip = self._by_ip.get(conn.peer_ip)
+            if same_ip is not None:
+                same_ip.pop(conn, None)
+                if not same_ip:
+                    del self._by_ip[conn.peer_ip]
             self.admission.remove(conn.peer_ip, conn.unproven)
             self.stats.set_open(len(self._conns))
         self._budget_waiters.pop(conn, None)

@@ -45,9 +45,13 @@ log = logging.getLogger("pybk.bookie.process")
 #: keep flowing while hostile connections sit on the budget)
 SMALL: Final = 64 << 10
 SMALL_FLOOR: Final = 256 << 10
-#: a read bringing this many requests at once first asks the kernel whether the peer has
-#: already closed (one getsockopt): a flood that sends and hangs up costs no started request
-EOF_CHECK_EVENTS: Final = 64
+#: a read bringing this many bytes at once first asks the kernel whether the peer has
+#: already closed (one getsockopt): a flood that sends and hangs up costs no decoding
+EOF_CHECK_BYTES: Final = 4096
+#: long polls one pump starts at once; more in the same burst start a moment later
+#: (LONG_POLL_START_DELAY): if the peer hangs up right behind its burst, they never start
+LONG_POLLS_AT_ONCE: Final = 16
+LONG_POLL_START_DELAY: Final = 0.005
 #: TCP_INFO's first byte is the socket's state; CLOSE-WAIT: the peer closed its side
 _TCP_CLOSE_WAIT: Final = 8
 _TCP_CLOSE: Final = 7
@@ -111,6 +115,10 @@ class ServerConnection(asyncio.Protocol):
         self.tasks: dict[asyncio.Task[None], Request] = {}
         #: what each running task holds (bytes charged, long poll?) until settled
         self._costs: dict[asyncio.Task[None], tuple[int, bool]] = {}
+        #: long polls of a burst admitted (counted, charged) but not started yet:
+        #: (request id, request, bytes charged)
+        self._deferred: list[tuple[int, Request, int]] = []
+        self._deferred_timer: asyncio.TimerHandle | None = None
         #: the task wrapping the socket in a transport (TLS handshake included), until done
         self.handshake: asyncio.Task[None] | None = None
         self.setup_started = False
@@ -173,9 +181,24 @@ class ServerConnection(asyncio.Protocol):
         for task, request in list(self.tasks.items()):
             if is_long_poll(request):
                 task.cancel()
+        deferred, self._deferred = self._deferred, []
+        if self._deferred_timer is not None:
+            self._deferred_timer.cancel()
+            self._deferred_timer = None
+        for request_id, request, cost in deferred:  # never started: nothing to interrupt
+            if self.server.stopping:
+                self._respond(request_id,
+                              error_response(request, Status.UNAVAILABLE, "bookie stopping"))
+            self._settle_long_poll(cost)
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
+            return
+        if len(data) >= EOF_CHECK_BYTES and self.peer_closed():
+            # a burst of requests with the close right behind it (a flood that hangs up):
+            # nobody will read the answers, so nothing is decoded, let alone started
+            self.server.stats.incr("peer_closed")
+            self.abort()
             return
         try:
             events = self.codec.receive_data(data)
@@ -185,12 +208,6 @@ class ServerConnection(asyncio.Protocol):
             self.abort()
             return
         now = self.loop.time()
-        if len(events) >= EOF_CHECK_EVENTS and self.peer_closed():
-            # a burst of requests and the close right behind it (a flood that hangs up):
-            # nobody will read the answers, so none is started
-            self.server.stats.incr("peer_closed")
-            self.abort()
-            return
         if events:
             self.last_activity = now
             self.partial_since = now if self.codec.buffered else None
@@ -275,6 +292,7 @@ class ServerConnection(asyncio.Protocol):
     def _pump_queue(self) -> None:
         server = self.server
         self.blocked = None
+        started_polls = 0
         while self.queue and not self.closing and not server.stopping:
             event = self.queue[0]
             if isinstance(event, codec.MessageRejected):
@@ -340,11 +358,43 @@ class ServerConnection(asyncio.Protocol):
             if long_poll:
                 server.long_polls += 1
                 self.long_polls += 1
+                started_polls += 1
+                if started_polls > LONG_POLLS_AT_ONCE:
+                    self._defer(event.request_id, request, cost)
+                    continue
+                server.stats.incr("long_polls_started")
             task = self.loop.create_task(
                 self._serve(event.request_id, request, entry_uncharged))
             self.tasks[task] = request
             self._costs[task] = (cost, long_poll)
             task.add_done_callback(self._task_done)
+
+    def _defer(self, request_id: int, request: Request, cost: int) -> None:
+        self._deferred.append((request_id, request, cost))
+        if self._deferred_timer is None:
+            self._deferred_timer = self.loop.call_later(LONG_POLL_START_DELAY,
+                                                        self._start_deferred)
+
+    def _start_deferred(self) -> None:
+        """Start the long polls of a burst, unless the peer went away meanwhile."""
+        self._deferred_timer = None
+        deferred, self._deferred = self._deferred, []
+        for request_id, request, cost in deferred:
+            if self.closing:
+                self._settle_long_poll(cost)
+                continue
+            self.server.stats.incr("long_polls_started")
+            task = self.loop.create_task(self._serve(request_id, request, True))
+            self.tasks[task] = request
+            self._costs[task] = (cost, True)
+            task.add_done_callback(self._task_done)
+
+    def _settle_long_poll(self, cost: int) -> None:
+        """Give back what a long poll that never started held."""
+        self.in_flight -= 1
+        self._charge(reserved=-cost)
+        self.long_polls -= 1
+        self.server._long_poll_ended()
 
     def _dequeue(self, event: codec.Event) -> None:
         """Take the head of the queue; its share of the read-ahead bytes goes with it (each
