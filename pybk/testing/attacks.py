@@ -149,13 +149,16 @@ class LongPollFlood(Attack):
 
     async def start(self) -> None:
         frames = _long_poll_frames(1, self.polls, self.ledger_id)
-        for _ in range(self.connections):
+
+        async def one() -> None:
             proto = await self._open()
             if proto is None or proto.transport is None:
-                continue
+                return
             proto.transport.write(frames)
             if self.close:
                 proto.transport.close()  # FIN once the polls are sent
+
+        await asyncio.gather(*(one() for _ in range(self.connections)))
 
 
 class UnreadReads(Attack):

@@ -89,7 +89,7 @@ async def test_long_polls_of_a_closed_connection_are_cancelled_at_once(bookie_fa
     attack = LongPollFlood(bookie.host, bookie.port, connections=4, polls=1100)
     await attack.start()
     try:
-        await wait_for(lambda: bookie.metrics()["event:accepted"] >= 4, 10, "accepted")
+        await wait_for(lambda: bookie.metrics().get("event:accepted", 0) >= 4, 10, "accepted")
 
         async def let_go() -> bool:
             m = await bookie.ametrics()
@@ -116,11 +116,11 @@ async def test_a_connection_holding_long_polls_sees_its_peer_close_past_the_read
     try:
         async def released() -> bool:
             m = await bookie.ametrics()
-            return m["event:accepted"] >= 2 and m["pybk_server_connections"] == 0
+            return m.get("event:accepted", 0) >= 2 and m["pybk_server_connections"] == 0
 
         await wait_for(released, 10, "both connections released")
         m = await bookie.ametrics()
-        assert m["event:read_paused"] >= 1 and m["event:peer_closed"] >= 1
+        assert m.get("event:read_paused", 0) >= 1 and m.get("event:peer_closed", 0) >= 1
         assert bookie.tcp_states().get("CLOSE_WAIT", 0) == 0
     finally:
         await attack.stop()
@@ -169,7 +169,7 @@ async def test_long_polls_beyond_the_limit_wait_unless_their_connection_holds_fe
             await transport.close()
         m = await bookie.ametrics()
         assert m["pybk_server_long_polls"] == 20  # the flood's other 30 never started
-        assert m["event:requests"] <= 2  # (the reader's answer; nothing of the flood)
+        assert m.get("event:requests", 0) <= 2  # (the reader's answer; nothing of the flood)
     finally:
         await attack.stop()
 
@@ -183,7 +183,7 @@ async def test_a_flood_that_hangs_up_starts_nothing(bookie_factory):
     try:
         async def released() -> bool:
             m = await bookie.ametrics()
-            return m["event:accepted"] >= 8 and m["pybk_server_connections"] == 0
+            return m.get("event:accepted", 0) >= 8 and m["pybk_server_connections"] == 0
 
         await wait_for(released, 10, "every connection released")
         m = await bookie.ametrics()
@@ -215,7 +215,8 @@ async def test_unread_reads_hold_at_most_the_byte_budget(bookie_factory):
     try:
         async def settled() -> bool:  # stopped at its budget (or, before, served them all)
             m = await bookie.ametrics()
-            return m.get("event:connection_budget_full", 0) >= 1 or m["event:requests"] >= 400
+            return (m.get("event:connection_budget_full", 0) >= 1
+                    or m.get("event:requests", 0) >= 400)
 
         await wait_for(settled, 30, "the attack settles")
         async with Client(bookie.metadata) as client:
@@ -225,7 +226,7 @@ async def test_unread_reads_hold_at_most_the_byte_budget(bookie_factory):
         grown = bookie.peak_rss() - baseline
         assert grown < 96 * MiB, f"peak RSS grew by {grown / MiB:.0f} MiB"
         m = await bookie.ametrics()
-        assert m["event:requests"] < 100, "reads kept starting though nobody takes the answers"
+        assert m.get("event:requests", 0) < 100, "reads kept starting, nobody taking answers"
         assert m["pybk_server_bytes_in_flight"] <= 16 * MiB + 2 * MiB
     finally:
         await attack.stop()
@@ -272,7 +273,7 @@ async def test_descriptor_flood_does_not_turn_the_bookie_read_only(bookie_factor
         try:
             async def saturated() -> bool:
                 m = await bookie.ametrics()
-                return m["event:accepted"] + m.get("event:refused_connection_cap", 0) >= 200
+                return m.get("event:accepted", 0) + m.get("event:refused_connection_cap", 0) >= 200
 
             await wait_for(saturated, 20, "the flood reaches the bookie")
             # 3 MiB through 1 MiB segments: at least two new segment files
@@ -302,7 +303,7 @@ async def test_journal_out_of_descriptors_sheds_connections_and_retries(bookie_f
         try:
             async def saturated() -> bool:
                 m = await bookie.ametrics()
-                return m["event:accepted"] + m.get("event:refused_connection_cap", 0) \
+                return m.get("event:accepted", 0) + m.get("event:refused_connection_cap", 0) \
                     + m.get("event:accept_errors", 0) >= 120
 
             await wait_for(saturated, 20, "the flood reaches the bookie")
@@ -357,7 +358,8 @@ async def test_two_addresses_cannot_lock_out_a_third(bookie_factory):
     attack = SilentConnections(bookie.host, bookie.port, count=1024, local_addresses=OTHERS)
     await attack.start()
     try:
-        await wait_for(lambda: bookie.metrics()["event:accepted"] >= 1024, 30, "all accepted")
+        await wait_for(lambda: bookie.metrics().get("event:accepted", 0) >= 1024, 30,
+                       "all accepted")
         assert await _served(bookie, 5) < 5
     finally:
         await attack.stop()
@@ -375,7 +377,7 @@ async def test_a_full_cap_displaces_the_biggest_holder(bookie_factory):
         await wait_for(lambda: bookie.metrics()["pybk_server_connections"] == 40, 10, "full")
         assert await _served(bookie, 5) < 5
         m = await bookie.ametrics()
-        assert m["event:displaced"] >= 1
+        assert m.get("event:displaced", 0) >= 1
         # the attackers' own new connections find no one holding more than they do
         more = SilentConnections(bookie.host, bookie.port, count=5, local_addresses=OTHERS)
         await more.start()
