@@ -63,6 +63,14 @@ async def _served(bookie: BookieUnderTest, within: float, **kw) -> float:
     return loop.time() - began
 
 
+@pytest.fixture(params=["asyncio", "uvloop"])
+def loop_kind(request) -> str:
+    """The bookie's event loop (``pybk bookie --loop``): both run the same server code."""
+    if request.param == "uvloop":
+        pytest.importorskip("uvloop")
+    return str(request.param)
+
+
 @pytest.fixture
 def bookie_factory(tmp_path):
     started: list[BookieUnderTest] = []
@@ -80,12 +88,12 @@ def bookie_factory(tmp_path):
 # ---------------------------------------------------------------- 1. long polls, CLOSE-WAIT
 
 
-async def test_long_polls_of_a_closed_connection_are_cancelled_at_once(bookie_factory):
+async def test_long_polls_of_a_closed_connection_are_cancelled_at_once(bookie_factory, loop_kind):
     """1100 long polls (24 h) on each of 4 connections, then close: more than the in-flight
     cap (1024), so the server is not taking new requests when the close arrives. It must
     still see it, cancel the polls and let go of the sockets (before: CLOSE-WAIT until the
     polls' timeout, memory held, everything refused once the caps filled)."""
-    bookie = await bookie_factory().astart()
+    bookie = await bookie_factory("--loop", loop_kind).astart()
     attack = LongPollFlood(bookie.host, bookie.port, connections=4, polls=1100)
     await attack.start()
     try:
@@ -199,11 +207,11 @@ async def test_a_flood_that_hangs_up_starts_nothing(bookie_factory):
 # ----------------------------------------------------------------- 2. reads never taken
 
 
-async def test_unread_reads_hold_at_most_the_byte_budget(bookie_factory):
+async def test_unread_reads_hold_at_most_the_byte_budget(bookie_factory, loop_kind):
     """400 pipelined reads of a 1 MiB entry whose answers are never read: the bookie used to
     read and hold all of them (400 MiB); now it starts reads only while their answers fit
     the connection's budget (16 MiB), and another client's read is answered meanwhile."""
-    bookie = await bookie_factory().astart()
+    bookie = await bookie_factory("--loop", loop_kind).astart()
     async with Client(bookie.metadata) as client:
         lh = await client.create_ledger(1, 1, 1)
         await lh.append_many([bytes(MiB), b"small"])
@@ -326,12 +334,13 @@ def tls_files(tmp_path_factory):
     return d
 
 
-async def test_tls_handshakes_count_against_the_caps(bookie_factory, tls_files):
+async def test_tls_handshakes_count_against_the_caps(bookie_factory, loop_kind, tls_files):
     """300 connections that never start their TLS handshake: they used to be invisible to
     the caps (each held a descriptor and memory until the handshake timeout). Now at most
     --max-unauthenticated (128) are held; the rest are refused at once, and a client from
     another address still gets through."""
-    bookie = await bookie_factory("--tls-cert", str(tls_files / "server.pem")).astart()
+    bookie = await bookie_factory("--tls-cert", str(tls_files / "server.pem"),
+                                  "--loop", loop_kind).astart()
     attack = SilentConnections(bookie.host, bookie.port, count=300, local_addresses=OTHERS)
     await attack.start()
     try:
@@ -365,12 +374,12 @@ async def test_two_addresses_cannot_lock_out_a_third(bookie_factory):
         await attack.stop()
 
 
-async def test_a_full_cap_displaces_the_biggest_holder(bookie_factory):
+async def test_a_full_cap_displaces_the_biggest_holder(bookie_factory, loop_kind):
     """With the caps full (here 40 in all, 25 per address, two attacking addresses at 20
     each), a newcomer from a third address displaces one of the biggest holder's
     connections instead of being refused; an attacking address is refused, not served."""
-    bookie = await bookie_factory("--max-connections", "40",
-                                  "--max-connections-per-ip", "25").astart()
+    bookie = await bookie_factory("--max-connections", "40", "--max-connections-per-ip", "25",
+                                  "--loop", loop_kind).astart()
     attack = SilentConnections(bookie.host, bookie.port, count=40, local_addresses=OTHERS)
     await attack.start()
     try:
