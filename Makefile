@@ -50,6 +50,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/tcp_append.py
 	$(PY) benchmarks/checkpoint.py
 	$(PY) benchmarks/wal_append.py
+	$(PY) benchmarks/abuse.py
 	$(VENV)/bin/pybk bench
 
 clean:

@@ -34,6 +34,9 @@ CASES = {
                       [r"1/append \|\s+[\d,]+", r"lone writer"]),
     "checkpoint.py": (["--entries", "20000", "--ledgers", "20", "--changed", "1000",
                        "--active", "5", "--rounds", "1"], [r"delta vs base"]),
+    "abuse.py": (["--seconds", "1", "--scale", "0.05"],
+                 [r"quiet\s+\d+", r"attacked\s+\d+", r"ratio\s+[\d.]+",
+                  r"bookie peak RSS \d+ MiB", r"new clients during the attack"]),
 }
 
 

@@ -80,8 +80,9 @@ class Attack:
         self._tasks: set[asyncio.Task[None]] = set()
         self.stopping = False
 
-    async def _open(self, read: bool = False) -> _Held | None:
-        """One connection (None if refused at connect)."""
+    async def open_one(self, read: bool = False) -> _Held | None:
+        """Open one more connection (None if refused at connect); ``read``: take what the
+        bookie sends (to see its close) instead of never reading."""
         local = next(self._locals)
         loop = asyncio.get_running_loop()
         try:
@@ -151,7 +152,7 @@ class LongPollFlood(Attack):
         frames = _long_poll_frames(1, self.polls, self.ledger_id)
 
         async def one() -> None:
-            proto = await self._open()
+            proto = await self.open_one()
             if proto is None or proto.transport is None:
                 return
             proto.transport.write(frames)
@@ -178,7 +179,7 @@ class UnreadReads(Attack):
         frames = b"".join(codec.encode_request(i + 1, ReadRequest(self.ledger_id, self.entry_id))
                           for i in range(self.reads))
         for _ in range(self.connections):
-            proto = await self._open()
+            proto = await self.open_one()
             if proto is not None and proto.transport is not None:
                 proto.transport.write(frames)
 
@@ -193,7 +194,7 @@ class SilentConnections(Attack):
 
     async def start(self) -> None:
         for _ in range(self.count):
-            await self._open(read=True)  # (reads only to see the bookie's close)
+            await self.open_one(read=True)  # (reads only to see the bookie's close)
 
 
 class ReconnectFlood(Attack):
@@ -212,7 +213,7 @@ class ReconnectFlood(Attack):
 
     async def _keep_one(self) -> None:
         while not self.stopping:
-            proto = await self._open(read=True)
+            proto = await self.open_one(read=True)
             if proto is None:
                 await asyncio.sleep(self.pause)
                 continue

@@ -186,11 +186,12 @@ def _nr_open() -> int:
         return 1 << 20
 
 
-def open_descriptors() -> int:
-    """How many descriptors this process has open (0 if the system cannot say)."""
+def open_descriptors() -> int | None:
+    """How many descriptors this process has open; None if it cannot tell now (no such
+    directory, or no descriptor left to list it with)."""
     for directory in ("/proc/self/fd", "/dev/fd"):
         try:
             return max(0, len(os.listdir(directory)) - 1)  # (listdir's own descriptor)
         except OSError:
             continue
-    return 0
+    return None

@@ -84,8 +84,14 @@ Handler = Callable[[Request], Awaitable[Response]]
 #: read is admitted against the byte budgets before it runs (``Bookie.response_size_hint``)
 ResponseSize = Callable[[Request], "int | None"]
 
-#: how long the global cap stays lowered after the bookie ran out of descriptors
-SHED_COOLDOWN: Final = 60.0
+#: descriptors left free beyond the reserve: one to accept a connection only to refuse it,
+#: one for a file the process opens for a moment (the metrics endpoint, a log)
+ACCEPT_SLACK: Final = 2
+#: how long a cap lowered by shedding holds: until the next count of open descriptors
+#: (the sweeper's, this often) sets it from what the process really uses
+SHED_COOLDOWN: Final = 5.0
+#: a connection quiet this long (and with nothing in flight) may be shed
+SHED_IDLE: Final = 1.0
 #: past max_long_polls, a connection holding fewer long polls than this gets answers at once
 LONG_POLLS_ANSWERED_AT_ONCE: Final = 16
 
@@ -328,39 +334,50 @@ class BookieServer:
         descriptors the process uses for other things and ``fd_reserve``)."""
         cfg = self.config
         in_use = open_descriptors()
-        if in_use:
-            others = max(0, in_use - len(self._conns))
-            cap = max(0, open_file_limit() - others - cfg.fd_reserve)
+        if in_use is None:
+            if not initial:  # (out of descriptors even to count them: keep the last cap)
+                return
+            cap = cfg.max_connections  # a system that cannot tell: only the configured cap
         else:
-            cap = cfg.max_connections
+            others = max(0, in_use - len(self._conns))
+            # (ACCEPT_SLACK: refusing a connection takes a descriptor for a moment too)
+            cap = max(0, open_file_limit() - others - cfg.fd_reserve - ACCEPT_SLACK)
         self.descriptor_cap = min(cfg.max_connections, cap)
         if self.loop.time() >= self._shed_until:
             if initial and self.descriptor_cap < cfg.max_connections:
-                log.info("connection cap %d lowered to %d by the open-file limit (%d, %d "
-                         "descriptors kept for the bookie's files)", cfg.max_connections,
-                         self.descriptor_cap, open_file_limit(), cfg.fd_reserve)
+                level = logging.WARNING if self.descriptor_cap < 64 else logging.INFO
+                log.log(level, "connection cap %d lowered to %d by the open-file limit (%d, "
+                        "%d descriptors kept for the bookie's files)%s", cfg.max_connections,
+                        self.descriptor_cap, open_file_limit(), cfg.fd_reserve,
+                        "; raise the limit (ulimit -n) or lower --fd-reserve"
+                        if self.descriptor_cap < 64 else "")
             self.admission.max_total = self.descriptor_cap
 
     def shed(self, count: int, why: str) -> int:
         """The process ran out of descriptors (``why``): close up to ``count`` connections
-        (unauthenticated ones first, then the quietest) and keep the cap that much lower for
-        a while, so the bookie's own files get descriptors again. Returns how many closed."""
+        that are doing nothing (unauthenticated ones first, then the quietest idle ones: a
+        connection with requests in flight is never shed) and keep the cap that much lower
+        for a while, so the bookie's own files get descriptors again. Returns how many
+        closed."""
+        now = self.loop.time()
         victims = sorted(
-            (c for c in self._conns if not c.released),
-            key=lambda c: (not c.unproven, c.in_flight > 0, c.last_activity),
+            (c for c in self._conns
+             if not c.released and (c.unproven or (not c.in_flight and not c.queue
+                                                   and now - c.last_activity >= SHED_IDLE))),
+            key=lambda c: (not c.unproven, c.last_activity),
         )[:count]
         for conn in victims:
             conn.abort()
             conn.release()
         self.stats.incr("shed", len(victims))
-        self.admission.max_total = max(0, min(self.admission.max_total,
-                                              len(self._conns)))
-        self._shed_until = self.loop.time() + SHED_COOLDOWN
+        if victims:  # the freed descriptors are for the bookie's files, not newcomers
+            self.admission.max_total = max(0, min(self.admission.max_total, len(self._conns)))
+            self._shed_until = now + SHED_COOLDOWN
         if self.warnings is not None:
             self.warnings.event(
                 "out of descriptors",
-                f"{why}: closed {len(victims)} connections, connection cap now "
-                f"{self.admission.max_total} for {SHED_COOLDOWN:.0f} s")
+                f"{why}: closed {len(victims)} idle connections; connection cap "
+                f"{self.admission.max_total} until the next count of descriptors")
         return len(victims)
 
     # -- budgets -----------------------------------------------------------------------------
