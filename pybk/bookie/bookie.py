@@ -494,8 +494,8 @@ class Bookie:
     def response_size_hint(self, request: Request) -> int | None:
         """Bytes of entry data the answer to ``request`` will carry, from the index alone
         (no disk access): the TCP server admits reads against its byte budgets with it.
-        0 for requests whose answer carries no entry (or one this bookie lacks); None when
-        the bookie cannot tell (stopped)."""
+        0 for an entry this bookie lacks; None when it cannot tell (stopped, or a request it
+        does not size)."""
         store = self.store
         if store is None:
             return None
@@ -504,7 +504,7 @@ class Bookie:
         elif isinstance(request, ReadLacRequest):
             entry_id = -1
         else:
-            return 0
+            return None
         st = store.index.get(request.ledger_id)
         if st is None:
             return 0

@@ -54,7 +54,7 @@ from typing import Any, Final
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from pybk.protocol import AddRequest, ReadLacRequest, ReadRequest, Request, Response
+from pybk.protocol import AddRequest, ReadRequest, Request, Response
 from pybk.transport.admission import Admission
 from pybk.transport.limits import REQUEST_OVERHEAD, ServerConfig
 from pybk.transport.listener import (
@@ -94,6 +94,19 @@ SHED_COOLDOWN: Final = 5.0
 SHED_IDLE: Final = 1.0
 #: past max_long_polls, a connection holding fewer long polls than this gets answers at once
 LONG_POLLS_ANSWERED_AT_ONCE: Final = 16
+
+
+def _payload_bytes(request: Request) -> int:
+    """Bytes a request carries: its bytes fields, and sequences of bytes (a batch's
+    bodies)."""
+    total = 0
+    for field in dataclasses.fields(request):
+        value = getattr(request, field.name)
+        if isinstance(value, bytes | bytearray | memoryview):
+            total += len(value)
+        elif isinstance(value, list | tuple) and value and isinstance(value[0], bytes):
+            total += sum(map(len, value))
+    return total
 
 
 class ServerStats:
@@ -383,14 +396,14 @@ class BookieServer:
     # -- budgets -----------------------------------------------------------------------------
 
     def request_cost(self, request: Request) -> int:
-        """Bytes a request holds while it runs: its body, and the answer it will produce."""
+        """Bytes a request holds while it runs: its payload, and the answer it will produce
+        (a read's: its entries' size as ``response_size`` tells, else a whole frame)."""
         if isinstance(request, AddRequest):
             return REQUEST_OVERHEAD + len(request.body)
-        if isinstance(request, ReadRequest | ReadLacRequest) and not is_long_poll(request):
+        if request.op.name.startswith("READ") and not is_long_poll(request):
             size = self.response_size(request) if self.response_size is not None else None
             return REQUEST_OVERHEAD + (self.config.max_frame if size is None else size)
-        body = getattr(request, "body", None)
-        return REQUEST_OVERHEAD + (len(body) if isinstance(body, bytes) else 0)
+        return REQUEST_OVERHEAD + _payload_bytes(request)
 
     def _held_changed(self, before: int, after: int) -> None:
         self.held += after - before

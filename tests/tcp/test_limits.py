@@ -139,3 +139,39 @@ def test_every_limit_is_a_bookie_option():
         if field.name in ("pre_auth_max_frame", "backlog"):
             continue
         assert "--" + field.name.replace("_", "-") in help_text, field.name
+
+
+def test_what_a_request_is_charged():
+    """Adds: their body; reads: the entry the bookie's index says the answer carries (a
+    whole frame when it cannot tell); long polls: nothing up front; anything else: the bytes
+    it carries, batches' bodies included."""
+    import dataclasses as dc
+
+    from pybk.protocol import (
+        AddRequest,
+        BookieInfoRequest,
+        Op,
+        ReadLacRequest,
+        ReadRequest,
+        WriteLacRequest,
+    )
+    from pybk.transport.limits import REQUEST_OVERHEAD as O
+    from pybk.transport.server import BookieServer
+
+    sizes = {ReadRequest: 1000, ReadLacRequest: None}
+    server = BookieServer(lambda r: None,  # type: ignore[arg-type, return-value]
+                          response_size=lambda r: sizes[type(r)])
+    assert server.request_cost(AddRequest(1, 0, b"k", bytes(700))) == O + 700
+    assert server.request_cost(ReadRequest(1, 0)) == O + 1000
+    assert server.request_cost(ReadLacRequest(1)) == O + server.config.max_frame
+    assert server.request_cost(ReadRequest(1, 0, previous_lac=-1, timeout=5.0)) == O
+    assert server.request_cost(WriteLacRequest(1, 0, b"kk", bytes(48))) == O + 50
+    assert server.request_cost(BookieInfoRequest()) == O
+
+    @dc.dataclass(frozen=True)
+    class SomeBatch:  # the shape of a batch of adds: a sequence of bodies
+        ledger_id: int
+        bodies: tuple[bytes, ...]
+        op = Op.ADD
+
+    assert server.request_cost(SomeBatch(1, (bytes(10), bytes(20)))) == O + 30  # type: ignore[arg-type]
