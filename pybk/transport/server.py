@@ -18,7 +18,13 @@ option); docs/protocol.md lists them.
 * **Noticing a closed peer**: the server keeps reading while it starts nothing (in-flight
   cap, budgets), up to ``max_queued_bytes`` read ahead, so a peer that closes is seen at
   once and its long polls cancelled; past that, a timer asks the kernel whether the peer
-  has closed (TCP state CLOSE-WAIT). TCP keepalive finds peers that vanished.
+  has closed (TCP state CLOSE-WAIT). A large read first asks the kernel the same (a burst
+  sent just before hanging up is not even decoded), and most long polls of one burst start
+  a few ms late, never if the close comes meanwhile. TCP keepalive finds peers that
+  vanished.
+* **Long polls** wait at most ``long_poll_max_timeout``; past ``max_long_polls`` waiting,
+  a connection holding many waits for a slot (its polls unstarted), one holding few is
+  answered at once.
 * **Connections** are judged at ``accept()`` (:mod:`pybk.transport.listener`), before any
   TLS handshake: global, per-address and unauthenticated caps with fair displacement
   (:mod:`pybk.transport.admission`); the global cap is lowered to what the open-file limit
