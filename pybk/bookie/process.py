@@ -187,7 +187,7 @@ class BookieProcess:
         server_cfg = cfg.server_config or ServerConfig(stop_grace=cfg.stop_grace)
         self.server = BookieServer(
             self.bookie.handle,
-            add_nowait=self.bookie.add_nowait,
+            add=self.bookie.add_request,
             response_size=self.bookie.response_size_hint,
             host=cfg.host,
             port=cfg.port,

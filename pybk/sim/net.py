@@ -23,8 +23,18 @@ Fault model (research/reliability.md 3.5), all drawn from one injected ``random.
 A crashed bookie resets its connections (the kernel answers RST for a dead process) and new
 requests fail fast with ``BookieUnavailableError`` (connection refused).
 
+Adds travel the way they do in production: a bookie registered with its add path
+(``set_bookie(id, bookie.handle, bookie.add_request)``, what :class:`pybk.sim.SimCluster`
+does) gets every :class:`~pybk.protocol.AddRequest` / :class:`~pybk.protocol.AddBatchRequest`
+through ``Bookie.add_request``, the entry point the in-process transport and the TCP server
+drive, and the client's ``Transport.add`` hears the outcome. A client endpoint is, per seed,
+either a current client (it sends a writer's batches as they are) or an old one that sends
+each entry as a single add (``NetConfig.single_add_clients``): both paths of the bookie run.
+Timeouts use the one deadline mechanism of every transport (:mod:`pybk.transport.deadlines`).
+
 Observers see every response a bookie *produced* (delivered or not): the checker uses them for
-bookie-honesty invariants (an OK add is a durability promise even if the reply is lost).
+bookie-honesty invariants (an OK add is a durability promise even if the reply is lost). A
+batch is observed entry by entry, as the single adds it is made of.
 """
 
 from __future__ import annotations
@@ -34,10 +44,37 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from pybk.errors import BookieUnavailableError
+from pybk.errors import BKError, BookieUnavailableError
 from pybk.errors import TimeoutError as BKTimeoutError
-from pybk.protocol import Request, Response
-from pybk.transport.base import Transport
+from pybk.protocol import (
+    AddBatchRequest,
+    AddBatchResponse,
+    AddCallback,
+    AddLike,
+    AddOutcome,
+    AddRequest,
+    AddResponse,
+    ReadBatchRequest,
+    ReadBatchResponse,
+    ReadRequest,
+    ReadResponse,
+    Request,
+    Response,
+    Status,
+    add_outcome,
+    add_response,
+    outcome_of,
+)
+from pybk.transport.base import (
+    Transport,
+    read_batch_by_singles,
+    settle_add,
+    split_batch,
+    split_callback,
+)
+from pybk.transport.deadlines import Deadlines
+
+__all__ = ["AddPath", "Handler", "NetConfig", "Observer", "SimNetwork", "SimTransport"]
 
 __all__ = [
     "Handler",
@@ -48,6 +85,8 @@ __all__ = [
 ]
 
 Handler = Callable[[Request], Awaitable[Response]]
+#: a bookie's add path (``Bookie.add_request``)
+AddPath = Callable[[AddLike, AddCallback], None]
 Observer = Callable[[str, str, Request, Response], None]
 
 
@@ -64,10 +103,49 @@ class NetConfig:
     reset: float = 0.0
     #: Used when a caller passes ``timeout=None``: a dropped message must still end somehow.
     default_timeout: float = 10.0
+    #: The chance that a client endpoint is an old client, which sends each entry of a
+    #: writer's batch as a single add (the bookie must serve both; drawn per endpoint).
+    single_add_clients: float = 0.25
 
     def quiet(self) -> NetConfig:
         """The same latencies without any message faults (the heal phase)."""
-        return NetConfig(self.latency_min, self.latency_mean, default_timeout=self.default_timeout)
+        return NetConfig(self.latency_min, self.latency_mean, default_timeout=self.default_timeout,
+                         single_add_clients=self.single_add_clients)
+
+
+class _Pending:
+    """A request on its way: settled once, by its answer, a reset or its deadline."""
+
+    __slots__ = ("on_answer", "on_fail", "token")
+
+    def __init__(self, on_answer: Callable[[object], None],
+                 on_fail: Callable[[BKError], None]) -> None:
+        self.on_answer = on_answer
+        self.on_fail = on_fail
+        self.token = 0
+
+
+def _future_pending(fut: asyncio.Future[Response]) -> _Pending:
+    def answer(response: object) -> None:
+        if not fut.done():
+            fut.set_result(response)  # type: ignore[arg-type]
+
+    def fail(exc: BKError) -> None:
+        if not fut.done():
+            fut.set_exception(exc)
+
+    return _Pending(answer, fail)
+
+
+def _add_pending(request: AddLike, on_done: AddCallback) -> _Pending:
+    count = len(request.bodies) if type(request) is AddBatchRequest else 1
+
+    def answer(outcome: object) -> None:
+        if isinstance(outcome, AddResponse | AddBatchResponse):  # a plain handler's answer
+            outcome = add_outcome(outcome, count)
+        settle_add(on_done, outcome)  # type: ignore[arg-type]
+
+    return _Pending(answer, lambda exc: settle_add(on_done, exc))
 
 
 class _Conn:
@@ -77,7 +155,7 @@ class _Conn:
 
     def __init__(self) -> None:
         self.gen = 0
-        self.pending: dict[int, asyncio.Future[Response]] = {}
+        self.pending: dict[int, _Pending] = {}
         self.last_arrival_fwd = 0.0
         self.last_arrival_back = 0.0
 
@@ -97,6 +175,8 @@ class SimNetwork:
         self._trace = trace or (lambda line: None)
         self._count = count or (lambda kind: None)
         self._bookies: dict[str, Handler | None] = {}
+        self._adders: dict[str, AddPath | None] = {}
+        self._deadlines = Deadlines()
         self._incarnation: dict[str, int] = {}
         self._conns: dict[tuple[str, str], _Conn] = {}
         self._blocked: dict[tuple[str, str], bool] = {}
@@ -112,13 +192,20 @@ class SimNetwork:
 
     # -- topology ----------------------------------------------------------------------------
 
-    def endpoint(self, client: str) -> SimTransport:
-        return SimTransport(self, client)
+    def endpoint(self, client: str, *, batch_adds: bool | None = None) -> SimTransport:
+        """A client's transport; ``batch_adds`` None: drawn (see ``single_add_clients``)."""
+        if batch_adds is None:
+            batch_adds = self.rng.random() >= self.config.single_add_clients
+        return SimTransport(self, client, batch_adds=batch_adds)
 
-    def set_bookie(self, bookie_id: str, handler: Handler | None) -> None:
-        """Install a bookie incarnation (or None: the bookie is down). Resets its connections."""
+    def set_bookie(self, bookie_id: str, handler: Handler | None,
+                   add: AddPath | None = None) -> None:
+        """Install a bookie incarnation (or None: the bookie is down). Resets its connections.
+        ``add`` is its add path (``Bookie.add_request``); without one, adds go to
+        ``handler`` like any request."""
         self._incarnation[bookie_id] = self._incarnation.get(bookie_id, 0) + 1
         self._bookies[bookie_id] = handler
+        self._adders[bookie_id] = add if handler is not None else None
         for (client, bid) in sorted(self._conns):
             if bid == bookie_id:
                 self._reset(client, bid, "bookie restarted" if handler else "bookie down")
@@ -177,13 +264,13 @@ class SimNetwork:
         if conn is None:
             return
         conn.gen += 1
-        pending = list(conn.pending.items())
+        pending = list(conn.pending.values())
         conn.pending.clear()
         if pending:
             self._trace(f"net reset {client}->{bookie_id} ({why}); {len(pending)} pending fail")
-        for _, fut in pending:
-            if not fut.done():
-                fut.set_exception(BookieUnavailableError(f"{bookie_id}: connection reset ({why})"))
+        for p in pending:
+            self._deadlines.discard(p.token)
+            p.on_fail(BookieUnavailableError(f"{bookie_id}: connection reset ({why})"))
 
     def _latency(self) -> float:
         cfg = self.config
@@ -194,40 +281,50 @@ class SimNetwork:
     ) -> asyncio.Future[Response]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Response] = loop.create_future()
+        if type(request) is AddRequest or type(request) is AddBatchRequest:
+            # an add asked for as a request: the add path, its outcome put in a response
+            self.add(client, bookie_id, request,
+                     lambda outcome: _answer(fut, request, outcome), timeout)
+            return fut
+        self._start(client, bookie_id, request, timeout, _future_pending(fut))
+        return fut
+
+    def add(self, client: str, bookie_id: str, request: AddLike, on_done: AddCallback,
+            timeout: float | None) -> None:
+        """Carry an add to the bookie's add path; ``on_done(outcome)`` once."""
+        self._start(client, bookie_id, request, timeout, _add_pending(request, on_done))
+
+    def _start(self, client: str, bookie_id: str, request: Request, timeout: float | None,
+               pending: _Pending) -> None:
         if self._dead_clients.get(client):
-            return fut  # a dead process sends nothing and hears nothing, ever
+            return  # a dead process sends nothing and hears nothing, ever
+        loop = asyncio.get_running_loop()
         self.messages += 1
         self._seq += 1
         seq = self._seq
         conn = self._conn(client, bookie_id)
         if self._bookies.get(bookie_id) is None:
             # Connection refused, after a round trip.
-            loop.call_later(2 * self._latency(), _fail, fut,
+            loop.call_later(2 * self._latency(), pending.on_fail,
                             BookieUnavailableError(f"{bookie_id}: connection refused"))
-            return fut
-        conn.pending[seq] = fut
+            return
+        conn.pending[seq] = pending
         limit = self.config.default_timeout if timeout is None else timeout
+        pending.token = self._deadlines.add(
+            limit, lambda: self._expire(conn, seq, bookie_id, request, limit))
         if self.lose_next_fence.get(bookie_id) and _is_fence(request):
             self.lose_next_fence[bookie_id] -= 1
             self._count("lost_fence")
             self._trace(f"net lost fencing {type(request).__name__} {client}->{bookie_id}")
-            loop.call_later(limit, self._expire, conn, seq, bookie_id, request, limit)
-            return fut
-        handle = loop.call_later(limit, self._expire, conn, seq, bookie_id, request, limit)
-        def _done(_f: asyncio.Future[Response]) -> None:
-            handle.cancel()
-            conn.pending.pop(seq, None)
-
-        fut.add_done_callback(_done)
+            return
         self._transmit(client, bookie_id, conn, conn.gen, forward=True,
                        deliver=lambda: self._arrive_request(client, bookie_id, conn, seq, request))
-        return fut
 
     def _expire(self, conn: _Conn, seq: int, bookie_id: str, request: Request,
                 limit: float) -> None:
-        fut = conn.pending.pop(seq, None)
-        if fut is not None and not fut.done():
-            fut.set_exception(
+        pending = conn.pending.pop(seq, None)
+        if pending is not None:
+            pending.on_fail(
                 BKTimeoutError(f"{bookie_id}: no answer to {type(request).__name__} in {limit}s")
             )
 
@@ -296,9 +393,49 @@ class SimNetwork:
             return
         incarnation = self._incarnation[bookie_id]
         gen = conn.gen
+        adder = self._adders.get(bookie_id)
+        if adder is not None and (type(request) is AddRequest
+                                  or type(request) is AddBatchRequest):
+            self._serve_add(adder, incarnation, client, bookie_id, conn, gen, seq, request)
+            return
         asyncio.get_running_loop().create_task(
             self._serve(handler, incarnation, client, bookie_id, conn, gen, seq, request)
         )
+
+    def _serve_add(self, adder: AddPath, incarnation: int, client: str, bookie_id: str,
+                   conn: _Conn, gen: int, seq: int, request: AddLike) -> None:
+        """The bookie's add path, as the TCP server drives it: no task, the outcome comes
+        from the journal's completion and goes back on the connection."""
+        answered = False
+
+        def reply(outcome: AddOutcome) -> None:
+            nonlocal answered
+            if answered:  # (a bookie answers once; a second answer would be a bug to see)
+                self._count("add_answered_twice")
+                return
+            answered = True
+            if self._incarnation.get(bookie_id) != incarnation:
+                return  # the process died while handling: nobody sends the reply
+            if self.observers:
+                self._observe_add(bookie_id, client, request, outcome)
+            self._transmit(bookie_id, client, conn, gen, forward=False, duplicable=False,
+                           deliver=lambda: self._arrive_response(conn, seq, outcome))
+
+        try:
+            adder(request, reply)
+        except Exception as exc:  # the add path must answer, never raise: count and reset
+            self._count("handler_exception")
+            self._trace(f"net {bookie_id} raised {type(exc).__name__} adding: {exc}")
+            if self._incarnation.get(bookie_id) == incarnation:
+                self._reset_if(client, bookie_id, conn, gen, "add path raised")
+
+    def _observe_add(self, bookie_id: str, client: str, request: AddLike,
+                     outcome: AddOutcome) -> None:
+        singles = [request] if type(request) is AddRequest else split_batch(request)  # type: ignore[arg-type]
+        for i, single in enumerate(singles):
+            response = add_response(single, outcome_of(outcome, i))
+            for observer in self.observers:
+                observer(bookie_id, client, single, response)
 
     async def _serve(self, handler: Handler, incarnation: int, client: str, bookie_id: str,
                      conn: _Conn, gen: int, seq: int, request: Request) -> None:
@@ -312,16 +449,31 @@ class SimNetwork:
             return
         if self._incarnation.get(bookie_id) != incarnation:
             return  # the process died while handling: nobody sends the reply
-        for observer in self.observers:
-            observer(bookie_id, client, request, response)
+        if self.observers:
+            for single, answer in _observed(request, response):
+                for observer in self.observers:
+                    observer(bookie_id, client, single, answer)
         self._transmit(bookie_id, client, conn, gen, forward=False, duplicable=False,
                        deliver=lambda: self._arrive_response(conn, seq, response))
 
-    @staticmethod
-    def _arrive_response(conn: _Conn, seq: int, response: Response) -> None:
-        fut = conn.pending.pop(seq, None)
-        if fut is not None and not fut.done():
-            fut.set_result(response)
+    def _arrive_response(self, conn: _Conn, seq: int, answer: object) -> None:
+        pending = conn.pending.pop(seq, None)
+        if pending is not None:
+            self._deadlines.discard(pending.token)
+            pending.on_answer(answer)
+
+
+def _observed(request: Request, response: Response) -> list[tuple[Request, Response]]:
+    """What observers see of one answered request: a batched read entry by entry, as the
+    single reads it stands for (the checker's bookie-honesty invariants judge each)."""
+    if not isinstance(request, ReadBatchRequest):
+        return [(request, response)]
+    lid = request.ledger_id
+    if not isinstance(response, ReadBatchResponse) or response.status != Status.OK:
+        return [(ReadRequest(lid, e), ReadResponse(response.status, lid, e))
+                for e in request.entry_ids]
+    return [(ReadRequest(lid, e), ReadResponse(status, lid, e, body, response.lac))
+            for e, status, body in response.entries]
 
 
 def _is_fence(request: Request) -> bool:
@@ -331,17 +483,26 @@ def _is_fence(request: Request) -> bool:
         isinstance(request, ReadRequest) and request.fence)
 
 
-def _fail(fut: asyncio.Future[Response], exc: BaseException) -> None:
-    if not fut.done():
-        fut.set_exception(exc)
+def _answer(fut: asyncio.Future[Response], request: AddLike, outcome: AddOutcome) -> None:
+    """Settle a ``send`` of an add: unreachable and timed out are exceptions, like for any
+    request; what the bookie said is its response."""
+    if fut.done():
+        return
+    if isinstance(outcome, BookieUnavailableError | BKTimeoutError):
+        fut.set_exception(outcome)
+    else:
+        fut.set_result(add_response(request, outcome))
 
 
 class SimTransport(Transport):
-    """One client's view of the simulated network."""
+    """One client's view of the simulated network. ``batch_adds=False``: an old client that
+    sends each entry of a batch as a single add, and reads one entry per request (protocol
+    version 1's requests only)."""
 
-    def __init__(self, network: SimNetwork, client: str) -> None:
+    def __init__(self, network: SimNetwork, client: str, *, batch_adds: bool = True) -> None:
         self.network = network
         self.client = client
+        self.batch_adds = batch_adds
         self.closed = False
 
     def send(
@@ -351,7 +512,24 @@ class SimTransport(Transport):
             fut: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
             fut.set_exception(BookieUnavailableError("transport closed"))
             return fut
+        if type(request) is ReadBatchRequest and not self.batch_adds:
+            return read_batch_by_singles(  # an old client: one entry per read
+                lambda read: self.network.send(self.client, bookie_id, read, timeout), request)
         return self.network.send(self.client, bookie_id, request, timeout)
+
+    def add(self, bookie_id: str, request: AddLike, on_done: AddCallback,
+            timeout: float | None = None) -> None:
+        if self.closed:
+            settle_add(on_done, BookieUnavailableError("transport closed"))
+            return
+        if self.batch_adds or type(request) is AddRequest:
+            self.network.add(self.client, bookie_id, request, on_done, timeout)
+            return
+        assert isinstance(request, AddBatchRequest)
+        singles = split_batch(request)
+        parts = split_callback(on_done, len(singles), [[i] for i in range(len(singles))])
+        for single, part in zip(singles, parts, strict=True):
+            self.network.add(self.client, bookie_id, single, part, timeout)
 
     async def close(self) -> None:
         self.closed = True

@@ -71,14 +71,19 @@ from pybk.transport.listener import (
     set_keepalive,
 )
 from pybk.transport.ratelog import RateLimitedLog
-from pybk.transport.server_connection import AddNowait, ServerConnection, is_long_poll
-
-__all__ = ["AddNowait", "BookieServer", "Handler", "ResponseSize", "ServerConfig", "ServerStats"]
+from pybk.transport.server_connection import (
+    AddNowait,
+    AddPath,
+    ServerConnection,
+    is_long_poll,
+)
 
 __all__ = [
     "AddNowait",
+    "AddPath",
     "BookieServer",
     "Handler",
+    "ResponseSize",
     "ServerConfig",
     "ServerStats",
 ]
@@ -171,12 +176,15 @@ class BookieServer:
         config: ServerConfig | None = None,
         registry: CollectorRegistry | None = None,
         add_nowait: AddNowait | None = None,
+        add: AddPath | None = None,
         response_size: ResponseSize | None = None,
     ) -> None:
         if auth_token is not None and not auth_token:
             raise ValueError("auth_token must be non-empty (or None for no authentication)")
         self.handler = handler
-        #: optional fast path for adds (``Bookie.add_nowait``): no task per request
+        #: the bookie's add path (``Bookie.add_request``): ADD and ADD_BATCH requests go
+        #: there, no task per request; without it, ``add_nowait`` (single adds) or the handler
+        self.add = add
         self.add_nowait = add_nowait
         #: optional size of a read's answer before it runs (``Bookie.response_size_hint``)
         self.response_size = response_size

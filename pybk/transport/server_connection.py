@@ -18,16 +18,23 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, cast
 
-from pybk.errors import BKError, ProtocolError
+from pybk.errors import BKError, ProtocolError, status_of
 from pybk.protocol import (
+    AddBatchRequest,
+    AddCallback,
+    AddLike,
+    AddOutcome,
     AddRequest,
     AuthRequest,
     AuthResponse,
+    BookieInfoRequest,
+    BookieInfoResponse,
     ReadRequest,
     ReadResponse,
     Request,
     Response,
     Status,
+    add_response,
     error_response,
 )
 from pybk.transport import codec
@@ -36,7 +43,7 @@ from pybk.transport.limits import REQUEST_OVERHEAD
 if TYPE_CHECKING:
     from pybk.transport.server import BookieServer
 
-__all__ = ["SMALL", "SMALL_FLOOR", "AddNowait", "ServerConnection", "is_long_poll"]
+__all__ = ["SMALL", "SMALL_FLOOR", "AddNowait", "AddPath", "ServerConnection", "is_long_poll"]
 
 log = logging.getLogger("pybk.bookie.process")
 
@@ -56,7 +63,10 @@ LONG_POLL_START_DELAY: Final = 0.005
 _TCP_CLOSE_WAIT: Final = 8
 _TCP_CLOSE: Final = 7
 
-#: ``add_nowait(request, reply)``: answer an add by calling ``reply(response)`` exactly once.
+#: ``add(request, on_done)``: the bookie's add path (``Bookie.add_request``)
+AddPath = Callable[[AddLike, AddCallback], None]
+#: ``add_nowait(request, reply)``: answer an add by calling ``reply(response)`` exactly once
+#: (the older form, kept for callers that have one)
 AddNowait = Callable[[AddRequest, Callable[[Response], None]], None]
 
 
@@ -348,13 +358,24 @@ class ServerConnection(asyncio.Protocol):
             self._dequeue(event)
             self.in_flight += 1
             self._charge(reserved=cost)
-            add_nowait = server.add_nowait
-            if add_nowait is not None and isinstance(request, AddRequest):
-                # the hot path: the bookie answers from its journal's batch completion
-                self.fast_adds += 1
-                self.fast_adds_idle.clear()
-                add_nowait(request, _FastAddReply(self, event.request_id, cost))
-                continue
+            kind = type(request)
+            if kind is AddRequest or kind is AddBatchRequest:
+                adder = server.add
+                if adder is not None:
+                    # the hot path: the bookie's add path (the one every transport drives)
+                    # answers from its journal's batch completion; no task per request
+                    self.fast_adds += 1
+                    self.fast_adds_idle.clear()
+                    adder(request,  # type: ignore[arg-type]
+                          _FastAddReply(self, event.request_id, request, cost))  # type: ignore[arg-type]
+                    continue
+                add_nowait = server.add_nowait
+                if add_nowait is not None and kind is AddRequest:
+                    self.fast_adds += 1
+                    self.fast_adds_idle.clear()
+                    add_nowait(request,  # type: ignore[arg-type]
+                               _NowaitReply(self, event.request_id, cost))
+                    continue
             if long_poll:
                 server.long_polls += 1
                 self.long_polls += 1
@@ -447,15 +468,18 @@ class ServerConnection(asyncio.Protocol):
                     request_id, error_response(request, Status.UNAVAILABLE, "bookie stopping")
                 )
             raise
-        except BKError as exc:
-            server.stats.incr("handler_error")
-            response = error_response(request, _status_of(exc), str(exc))
         except Exception as exc:
             server.stats.incr("handler_error")
-            log.exception("handler failed on %r", request)
-            response = error_response(request, Status.GENERIC_ERROR, f"internal error: {exc!r}")
+            if not isinstance(exc, BKError):
+                log.exception("handler failed on %r", request)
+            message = str(exc) if isinstance(exc, BKError) else f"internal error: {exc!r}"
+            response = error_response(request, status_of(exc), message)
         finally:
             self._settle(asyncio.current_task())
+        if (isinstance(request, BookieInfoRequest) and request.versions
+                and isinstance(response, BookieInfoResponse)):
+            # the client asks which protocol version it may use (docs/protocol.md)
+            response = dataclasses.replace(response, protocol_version=codec.PROTOCOL_VERSION)
         if entry_uncharged and isinstance(response, ReadResponse) and response.body is not None \
                 and self._admissible(len(response.body)) is not None:
             # the entry does not fit the budgets now: answer with the LAC alone, the
@@ -631,15 +655,26 @@ class ServerConnection(asyncio.Protocol):
             self.abort()
 
 
-def _status_of(exc: BKError) -> Status:
-    try:
-        return Status(exc.status)
-    except ValueError:
-        return Status.GENERIC_ERROR
-
-
 class _FastAddReply:
-    """The reply callback of one fast-path add (a slotted object, not a closure)."""
+    """The ``on_done`` of one add on the bookie's add path: the outcome becomes the answer
+    frame, and the bytes it held are given back (a slotted object, not a closure)."""
+
+    __slots__ = ("conn", "cost", "request", "request_id")
+
+    def __init__(self, conn: ServerConnection, request_id: int, request: AddLike,
+                 cost: int) -> None:
+        self.conn = conn
+        self.request_id = request_id
+        self.request = request
+        self.cost = cost
+
+    def __call__(self, outcome: AddOutcome) -> None:
+        self.conn._fast_add_done(self.request_id, add_response(self.request, outcome),
+                                 self.cost)
+
+
+class _NowaitReply:
+    """The reply callback of one add through an ``add_nowait`` (answers with a response)."""
 
     __slots__ = ("conn", "cost", "request_id")
 
