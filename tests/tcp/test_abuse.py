@@ -332,7 +332,8 @@ async def test_journal_out_of_descriptors_keeps_writing_and_rotates_later(bookie
         # the next batch rotates (right after its answers have gone out)
         await wait_for(lambda: segments() > before, 10, "a new segment")
         assert await _served(bookie, 15) < 15  # new connections again (the cap recounted)
-        assert await _info(bookie) == "writable"
+        info = await client.transport.send("b1", BookieInfoRequest(), 10.0)
+        assert info.status == Status.OK and info.state == "writable"
         await lh.close()
         rh = await client.open_ledger(lh.id, recovery=False)
         assert len(await rh.read(0, 104)) == 105
