@@ -206,6 +206,7 @@ class BookieServer:
         self._shed_until = 0.0
         self._listener: Listener | None = None
         self._sockets: list[socket.socket] = []
+        self._address: tuple[str, int] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self.stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -230,11 +231,10 @@ class BookieServer:
 
     @property
     def address(self) -> tuple[str, int]:
-        """(host, port) actually bound."""
-        if not self._sockets:
+        """(host, port) actually bound (also once stopped: where it was)."""
+        if self._address is None:
             raise RuntimeError("server is not started")
-        sockname = self._sockets[0].getsockname()
-        return str(sockname[0]), int(sockname[1])
+        return self._address
 
     def _gauges(self) -> dict[str, float]:
         return {
@@ -248,10 +248,18 @@ class BookieServer:
         self._loop = loop = asyncio.get_running_loop()
         self.warnings = RateLimitedLog(log, self.config.log_interval, loop.time)
         self._sockets = await bind_sockets(self.host, self.port, self.config.backlog)
+        sockname = self._sockets[0].getsockname()
+        self._address = (str(sockname[0]), int(sockname[1]))
         self._refresh_descriptor_cap(initial=True)
         self._listener = Listener(self._sockets, self._on_accept, self._on_accept_error)
         self._listener.start()
         self._sweeper = loop.create_task(self._sweep())
+
+    def stop_accepting(self) -> None:
+        """Close the listening sockets: new connections are refused (as by a dead process);
+        those already open go on."""
+        if self._listener is not None:
+            self._listener.close()
 
     # -- accepting -----------------------------------------------------------------------------
 
