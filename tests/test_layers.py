@@ -19,6 +19,7 @@ ROOT = pathlib.Path(pybk.__file__).parent
 #: floor of each part (a subpackage, or a module at the package root), ground first
 FLOORS: dict[str, int] = {
     "errors": 0,
+    "dirlock": 1,  # a process-life directory lock (bookie processes, the embedded WAL)
     "eventloop": 0,
     "protocol": 1,
     "storage": 2,
@@ -46,7 +47,7 @@ OUTER = {"sim", "testing", "spark", "bench", "cli", "__main__"}
 #: imports that go up a floor on purpose: (from part, to part, why)
 UPWARD: set[tuple[str, str]] = {
     # Client.namespace() hands out the log layer's Namespace for the client it is called on
-    # (API.md: ``client.namespace("default")``); imported inside the method, no cycle
+    # (docs/api.md: ``client.namespace("default")``); imported inside the method, no cycle
     ("client", "stream"),
 }
 

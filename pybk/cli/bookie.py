@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from pybk.cli.common import Conn, client_options, fail, read_token, run_async
+from pybk.cli.limits import server_config_from, server_limit_options
 from pybk.errors import BKError
 from pybk.eventloop import DEFAULT_LOOP, LOOPS, LoopUnavailableError, loop_factory
 
@@ -37,9 +38,11 @@ __all__ = ["bookie"]
                    "syncs; each segment takes its full size on disk from the start).")
 @click.option("--loop", type=click.Choice(LOOPS), default=DEFAULT_LOOP, show_default=True,
               help="Event loop; uvloop needs pip install 'pybk[speed]'.")
+@server_limit_options
 @click.pass_context
 def bookie(
     ctx: click.Context,
+    /,
     data: str | None,
     port: int,
     host: str,
@@ -57,12 +60,14 @@ def bookie(
     segment_mb: int,
     preallocate: bool,
     loop: str,
+    **limits: Any,
 ) -> None:
     """Run a bookie server (`pybk bookie --data DIR --metadata URI`), or `pybk bookie list`,
     or check a stopped bookie's data directory (`pybk bookie inspect DIR`).
 
     The server registers itself in the metadata store, prints one JSON line when ready, and
-    shuts down cleanly on SIGTERM.
+    shuts down cleanly on SIGTERM. Every bound on what a peer can make it hold (connections,
+    requests, bytes in flight, long polls, descriptors, deadlines) is an option below.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -87,6 +92,7 @@ def bookie(
         metrics_port=metrics_port,
         segment_size=segment_mb << 20,
         preallocate=preallocate,
+        server_config=server_config_from(limits, stop_grace=stop_grace),
     )
     try:
         config.resolved_bookie_id()
@@ -144,7 +150,14 @@ def bookie_inspect(data_dir: str, as_json: bool) -> None:
     import dataclasses
 
     from pybk.bookie.inspect import inspect_data_dir
+    from pybk.dirlock import holder_of
     from pybk.storage import OsFileSystem
+
+    holder = holder_of(data_dir)
+    if holder is not None:
+        click.echo(f"pybk: warning: {data_dir} is in use by process {holder} (a running "
+                   "bookie): it changes while being read, so this report may show damage "
+                   "that is not there; stop the bookie first or inspect a copy", err=True)
 
     fs = OsFileSystem()
     try:
