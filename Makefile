@@ -9,10 +9,13 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: demo test lint typecheck pytest venv system-deps bench clean
 
-$(STAMP): setup.cfg pyproject.toml
+# The editable install puts the checkout on sys.path through a plain .pth file (setuptools'
+# "compat" mode): type checkers (mypy, pyright) follow it, where the default mode's import
+# hook leaves them with "Cannot find implementation or library stub for module named pybk".
+$(STAMP): setup.cfg pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test,speed,spark]"
+	$(PY) -m pip install -q -e ".[test,speed,spark]" --config-settings editable_mode=compat
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -54,6 +57,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/wal_append.py
 	$(PY) benchmarks/metrics_overhead.py
 	$(PY) benchmarks/spark_write.py --rows 200000 --rounds 2 --seeds 20 --duration 5
+	$(PY) benchmarks/abuse.py
 	$(VENV)/bin/pybk bench
 
 clean:

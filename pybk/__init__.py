@@ -1,6 +1,6 @@
 """pybk: Apache BookKeeper's replicated log, as a Python library.
 
-Public names only; see API.md for the contract.
+Public names only; docs/api.md is the reference (every name, argument and error).
 """
 
 from pybk import sync
@@ -13,6 +13,7 @@ from pybk.errors import (
     CorruptRecordError,
     DigestMismatchError,
     EndOfStreamError,
+    EntryNotConfirmedError,
     EntryTooLargeError,
     LedgerClosedError,
     LedgerExistsError,
@@ -59,6 +60,7 @@ __all__ = [
     "DefaultPlacementPolicy",
     "DigestMismatchError",
     "EndOfStreamError",
+    "EntryNotConfirmedError",
     "EntryTooLargeError",
     "LedgerClosedError",
     "LedgerEntry",

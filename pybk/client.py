@@ -158,6 +158,12 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def __repr__(self) -> str:
+        metadata = self._metadata_arg
+        where = metadata if isinstance(metadata, str) else type(metadata).__name__
+        state = "closed" if self._closed else "open"
+        return f"<pybk.Client {where} {state}>"
+
     @property
     def store(self) -> MetadataStore:
         return self._context().store

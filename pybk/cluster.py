@@ -161,6 +161,10 @@ class LocalCluster:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    def __repr__(self) -> str:
+        return (f"<pybk.LocalCluster {self.root}: {len(self._bookies)} of "
+                f"{len(self._known)} bookies running>")
+
     # -- bookies -----------------------------------------------------------------------------
 
     @property

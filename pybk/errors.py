@@ -96,6 +96,12 @@ class NoSuchEntryError(BKError):
     status = Status.NO_SUCH_ENTRY
 
 
+class EntryNotConfirmedError(NoSuchEntryError, ValueError):
+    """A read asked for entries past the last add confirmed (they may not exist yet, or ever;
+    ``read_unconfirmed`` reads what the bookies hold). Also a ValueError, as it was before it
+    had a class of its own."""
+
+
 class LedgerExistsError(BKError):
     """A ledger with this id already exists."""
 
@@ -359,6 +365,7 @@ __all__ = [
     "DigestMismatchError",
     "EndOfStreamError",
     "EntryExistsError",
+    "EntryNotConfirmedError",
     "EntryTooLargeError",
     "IOBookieError",
     "JournalFailedError",

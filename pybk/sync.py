@@ -59,7 +59,8 @@ class _LoopThread:
 
 
 class LedgerHandle:
-    """Synchronous wrapper of :class:`pybk.LedgerHandle`."""
+    """Synchronous wrapper of :class:`pybk.LedgerHandle`: a ledger open for writing by this
+    client, its only writer (``Client.create_ledger`` makes one)."""
 
     def __init__(self, runner: _LoopThread, handle: _client.LedgerHandle) -> None:
         self._runner = runner
@@ -67,19 +68,33 @@ class LedgerHandle:
 
     @property
     def id(self) -> int:
+        """The ledger's id."""
         return self._h.id
 
     @property
     def metadata(self) -> LedgerMetadata:
+        """The ledger's metadata as this writer last saw it (ensembles, quorums, state)."""
         return self._h.metadata
 
     @property
     def last_add_pushed(self) -> int:
+        """The id of the last entry handed to the bookies (-1: none yet)."""
         return self._h.last_add_pushed
 
     @property
     def last_add_confirmed(self) -> int:
+        """The id of the last entry durable on Qa bookies, with every earlier one (-1: none)."""
         return self._h.last_add_confirmed
+
+    @property
+    def length(self) -> int:
+        """Bytes of the entries confirmed so far (payloads, without framing)."""
+        return self._h.length
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether :meth:`close` has sealed the ledger (no more appends)."""
+        return self._h.is_closed
 
     def append(self, data: bytes) -> int:
         """Add one entry; returns its id once it is durable on Qa bookies."""
@@ -93,9 +108,16 @@ class LedgerHandle:
         return await self._h.append(data)
 
     def append_many(self, items: Sequence[bytes]) -> list[int]:
+        """Add several entries (pipelined); returns their ids once all are durable."""
         return self._runner.run(self._h.append_many(items))
 
+    def read(self, first: int, last: int) -> list[LedgerEntry]:
+        """Read back confirmed entries ``first..last`` (inclusive; ``last`` at most
+        :attr:`last_add_confirmed`, else EntryNotConfirmedError)."""
+        return self._runner.run(self._h.read(first, last))
+
     def close(self) -> None:
+        """Wait for pending appends, then seal the ledger at the last confirmed entry."""
         self._runner.run(self._h.close())
 
     def __enter__(self) -> LedgerHandle:
@@ -104,9 +126,15 @@ class LedgerHandle:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def __repr__(self) -> str:
+        h = self._h
+        return (f"<pybk.sync.LedgerHandle {h.id} lac={h.last_add_confirmed} "
+                f"lap={h.last_add_pushed} {'closed' if h.is_closed else 'open'}>")
+
 
 class ReadHandle:
-    """Synchronous wrapper of :class:`pybk.ReadHandle`."""
+    """Synchronous wrapper of :class:`pybk.ReadHandle`: a ledger open for reading
+    (``Client.open_ledger`` makes one)."""
 
     def __init__(self, runner: _LoopThread, handle: _client.ReadHandle) -> None:
         self._runner = runner
@@ -114,32 +142,47 @@ class ReadHandle:
 
     @property
     def id(self) -> int:
+        """The ledger's id."""
         return self._h.id
 
     @property
     def metadata(self) -> LedgerMetadata:
+        """The ledger's metadata as last read."""
         return self._h.metadata
 
     @property
     def last_add_confirmed(self) -> int:
+        """The last entry known confirmed (the last entry, once the ledger is closed)."""
         return self._h.last_add_confirmed
 
     @property
+    def length(self) -> int:
+        """The ledger's length in bytes once it is closed (0 while it is open)."""
+        return self._h.metadata.length
+
+    @property
     def is_closed(self) -> bool:
+        """Whether the ledger is closed (sealed: its content is final)."""
         return self._h.is_closed
 
     def read(self, first: int, last: int) -> list[LedgerEntry]:
+        """Entries ``first..last`` inclusive; ``last`` at most :attr:`last_add_confirmed`
+        (else EntryNotConfirmedError)."""
         return self._runner.run(self._h.read(first, last))
 
     def read_unconfirmed(self, first: int, last: int) -> list[LedgerEntry]:
+        """Entries ``first..last`` without the LAC check (they may not be confirmed yet)."""
         return self._runner.run(self._h.read_unconfirmed(first, last))
 
     def read_last_add_confirmed(self) -> int:
+        """Ask the bookies for the LAC (it only grows) and return it."""
         return self._runner.run(self._h.read_last_add_confirmed())
 
     def read_last_add_confirmed_and_entry(
         self, entry_id: int, timeout: float = 1.0
     ) -> LedgerEntry | None:
+        """Long poll: wait up to ``timeout`` seconds for ``entry_id`` to be confirmed and
+        return it; None on timeout or when the ledger closes before it."""
         return self._runner.run(self._h.read_last_add_confirmed_and_entry(entry_id, timeout))
 
     def tail(self, start: int = 0) -> Iterator[LedgerEntry]:
@@ -155,6 +198,7 @@ class ReadHandle:
             self._runner.run(agen.aclose())
 
     def close(self) -> None:
+        """Release the handle (a reader never changes the ledger)."""
         self._runner.run(self._h.close())
 
     def __enter__(self) -> ReadHandle:
@@ -162,6 +206,11 @@ class ReadHandle:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def __repr__(self) -> str:
+        h = self._h
+        return (f"<pybk.sync.ReadHandle {h.id} lac={h.last_add_confirmed} "
+                f"{'closed' if h.is_closed else 'open'}>")
 
 
 class Client:
@@ -199,6 +248,8 @@ class Client:
         password: bytes = b"",
         custom_metadata: Mapping[str, bytes] | None = None,
     ) -> LedgerHandle:
+        """Create a ledger on ``ensemble_size`` writable bookies and open it for writing:
+        each entry goes to ``write_quorum`` bookies and is acknowledged by ``ack_quorum``."""
         handle = self._runner.run(
             self._c.create_ledger(
                 ensemble_size, write_quorum, ack_quorum, digest_type, password, custom_metadata
@@ -209,16 +260,21 @@ class Client:
     def open_ledger(
         self, ledger_id: int, password: bytes = b"", recovery: bool = True
     ) -> ReadHandle:
+        """Open a ledger for reading. ``recovery=True`` fences and seals it (its writer's
+        next append fails); ``recovery=False`` reads without disturbing the writer."""
         handle = self._runner.run(self._c.open_ledger(ledger_id, password, recovery))
         return ReadHandle(self._runner, handle)
 
     def delete_ledger(self, ledger_id: int) -> None:
+        """Delete a ledger (its entries are garbage-collected on the bookies)."""
         self._runner.run(self._c.delete_ledger(ledger_id))
 
     def list_ledgers(self) -> list[int]:
+        """Every ledger id, ascending."""
         return self._runner.run(self._c.list_ledgers())
 
     def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        """A ledger's metadata (NoSuchLedgerError if it does not exist)."""
         return self._runner.run(self._c.ledger_metadata(ledger_id))
 
     def namespace(self, name: str = "default", **kwargs: Any) -> Any:
@@ -228,6 +284,7 @@ class Client:
         return SyncNamespace(self._runner, self._c.namespace(name, **kwargs))
 
     def close(self) -> None:
+        """Release what the client opened (and its loop thread, if it has its own)."""
         self._runner.run(self._c.close())
         if self._own_runner:
             self._runner.stop()
@@ -237,6 +294,9 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def __repr__(self) -> str:
+        return f"<pybk.sync.Client {self._c!r}>"
 
 
 async def _anext(agen: AsyncGenerator[LedgerEntry, None]) -> LedgerEntry:
@@ -265,6 +325,7 @@ class LocalCluster:
         self._cluster: _cluster.LocalCluster | None = None
 
     def start(self) -> LocalCluster:
+        """Start the bookies (``with`` does it); returns the cluster."""
         self._runner = _LoopThread(self._loop)
         try:
             self._cluster = self._runner.run(self._astart())
@@ -283,6 +344,7 @@ class LocalCluster:
         return self._runner, self._cluster
 
     def close(self) -> None:
+        """Stop every bookie and the loop thread (``with`` does it). Idempotent."""
         if self._runner is None:
             return
         runner, cluster = self._parts()
@@ -301,26 +363,39 @@ class LocalCluster:
 
     @property
     def bookie_ids(self) -> list[str]:
+        """The cluster's bookies (running or stopped), by id."""
         return self._parts()[1].bookie_ids
 
     def bookie_dir(self, bookie_id: str) -> os.PathLike[str]:
+        """A bookie's data directory."""
         return self._parts()[1].bookie_dir(bookie_id)
 
     def client(self, **kwargs: Any) -> Client:
+        """A client of this cluster (keyword arguments: :class:`pybk.Client`'s); it shares
+        the cluster's loop thread and needs no close of its own."""
         runner, cluster = self._parts()
         return Client(_runner=runner, _client=cluster.client(**kwargs))
 
     def stop_bookie(self, bookie_id: str) -> None:
+        """Crash-stop a bookie (unsynced data is lost as after ``kill -9``) and unregister it;
+        :meth:`start_bookie` brings it back on its data."""
         runner, cluster = self._parts()
         runner.run(cluster.stop_bookie(bookie_id))
 
     def start_bookie(self, bookie_id: str) -> None:
+        """Start a stopped bookie again on its data."""
         runner, cluster = self._parts()
         runner.run(cluster.start_bookie(bookie_id))
 
     def add_bookie(self) -> str:
+        """Start one more bookie; returns its id."""
         runner, cluster = self._parts()
         return runner.run(cluster.add_bookie())
+
+    def __repr__(self) -> str:
+        if self._cluster is not None:
+            return f"<pybk.sync {self._cluster!r}>"
+        return f"<pybk.sync.LocalCluster {self._args[0]} (not started)>"
 
 
 __all__ = ["Client", "LedgerHandle", "LocalCluster", "ReadHandle"]

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import fcntl
 import os
 import pathlib
 import threading
@@ -36,16 +35,13 @@ from typing import Any
 
 from pybk.client import Client
 from pybk.cluster import LocalCluster
-from pybk.errors import LockedError, LogExistsError, LogNotFoundError
+from pybk.dirlock import DirectoryLock
+from pybk.errors import LogExistsError, LogNotFoundError
 from pybk.replication.context import ClientConfig
 from pybk.stream import Log, LogWriter, Position, ReaderOptions, WriterOptions
 from pybk.sync import _LoopThread
 
 __all__ = ["WAL", "AsyncWAL"]
-
-#: file under an embedded WAL's directory that holds its lock (and its holder's pid)
-LOCK_FILE = "LOCK"
-
 
 def embedded_bookie_config() -> Any:
     """The embedded WAL's bookies (a ``pybk.bookie.BookieConfig``): journal segments made
@@ -55,38 +51,6 @@ def embedded_bookie_config() -> Any:
     from pybk.bookie import BookieConfig
 
     return BookieConfig(journal_preallocate=True, segment_size=16 << 20)
-
-
-class DirectoryLock:
-    """An exclusive ``flock`` on ``<path>/LOCK`` holding the owner's pid: the kernel drops
-    it when the owner's process ends, so a crashed owner never leaves a stale lock."""
-
-    def __init__(self, path: pathlib.Path) -> None:
-        self.file = path / LOCK_FILE
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        fd = os.open(self.file, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise LockedError(
-                f"WAL directory {self.file.parent} is in use by process {holder} "
-                f"(it holds {self.file}); only one process may open it at a time"
-            ) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
-
-    def release(self) -> None:
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)  # closing the descriptor releases the lock
 
 
 class AsyncWAL:
@@ -153,7 +117,7 @@ class AsyncWAL:
         try:
             if self.path is not None:
                 self.path.mkdir(parents=True, exist_ok=True)
-                self._lock = DirectoryLock(self.path)
+                self._lock = DirectoryLock(self.path, "WAL directory")
                 self._lock.acquire()
                 options = dict(self._cluster_options)
                 options.setdefault("bookie_config", embedded_bookie_config())

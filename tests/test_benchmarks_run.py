@@ -43,6 +43,9 @@ CASES = {
                        [r"ratio pybk data source / parquet: [\d.]+x",
                         r"ratio pybk write_partitions / parquet: [\d.]+x",
                         r"trace hashes equal for 4/4 seeds"]),
+    "abuse.py": (["--seconds", "1", "--scale", "0.05"],
+                 [r"quiet\s+\d+", r"attacked\s+\d+", r"ratio\s+[\d.]+",
+                  r"bookie peak RSS \d+ MiB", r"new clients during the attack"]),
 }
 
 

@@ -20,6 +20,7 @@ ROOT = pathlib.Path(pybk.__file__).parent
 FLOORS: dict[str, int] = {
     "errors": 0,
     "stats": 0,
+    "dirlock": 1,  # a process-life directory lock (bookie processes, the embedded WAL)
     "eventloop": 0,
     "protocol": 1,
     "storage": 2,
@@ -47,7 +48,7 @@ OUTER = {"sim", "testing", "spark", "bench", "cli", "__main__"}
 #: imports that go up a floor on purpose: (from part, to part, why)
 UPWARD: set[tuple[str, str]] = {
     # Client.namespace() hands out the log layer's Namespace for the client it is called on
-    # (API.md: ``client.namespace("default")``); imported inside the method, no cycle
+    # (docs/api.md: ``client.namespace("default")``); imported inside the method, no cycle
     ("client", "stream"),
     # the bookie process (pybk/bookie/process.py, the ``pybk bookie`` server) runs the HTTP
     # admin endpoint, the Prometheus collectors and auto-recovery next to its bookie;

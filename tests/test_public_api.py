@@ -1,4 +1,4 @@
-"""The names API.md promises exist, with the shapes it promises (a rename breaks this test,
+"""The names docs/api.md promises exist, with the shapes it promises (a rename breaks this test,
 not users). Behaviour is tested elsewhere; this is the contract's table of contents."""
 
 from __future__ import annotations

@@ -120,6 +120,10 @@ class Bookie:
         self.instance_id = ""
         self.store: LedgerStore | None = None
         self.on_state_change: Callable[[str], None] | None = None
+        #: told when a journal operation failed for want of file descriptors (EMFILE,
+        #: ENFILE): the owner frees some (a bookie process closes connections); the journal
+        #: retries the operation, the bookie stays writable
+        self.on_descriptors_exhausted: Callable[[OSError], None] | None = None
         self._state = STOPPED
         self._reason = "not started"
         self._disk_full = False  # read-only because of the disk (recoverable)
@@ -278,6 +282,14 @@ class Bookie:
         if exc.errno == errno.ENOSPC:
             self._disk_full = True
             self._refresh_state(f"disk full (ENOSPC) writing the journal: {exc}")
+        elif exc.errno in (errno.EMFILE, errno.ENFILE):
+            log.warning("bookie %s: the journal is short of file descriptors (%s); "
+                        "it retries after the next batch", self.bookie_id, exc)
+            if self.on_descriptors_exhausted is not None:
+                try:
+                    self.on_descriptors_exhausted(exc)
+                except Exception:  # a listener's bug must not break the bookie
+                    log.exception("on_descriptors_exhausted listener failed")
         else:
             log.warning("bookie %s: journal write failed: %s", self.bookie_id, exc)
 
@@ -589,6 +601,42 @@ class Bookie:
         if st is not None and wanted in st.entries:
             body = self._read_entry(store, lid, wanted)
         return ReadResponse(Status.OK, lid, wanted, body, lac=lac)
+
+    def response_size_hint(self, request: Request) -> int | None:
+        """Bytes of entry data the answer to ``request`` will carry, from the index alone
+        (no disk access): the TCP server admits reads against its byte budgets with it.
+        0 for an entry this bookie lacks; None when it cannot tell (stopped, or a request it
+        does not size)."""
+        store = self.store
+        if store is None:
+            return None
+        if isinstance(request, ReadBatchRequest):  # its answer stops at READ_BATCH_MAX_BYTES
+            st = store.index.get(request.ledger_id)
+            if st is None:
+                return 0
+            total = 0
+            for eid in request.entry_ids:
+                loc = st.entries.get(eid)
+                total += 0 if loc is None else loc[2]
+                if total >= READ_BATCH_MAX_BYTES:
+                    return READ_BATCH_MAX_BYTES
+            return total
+        if isinstance(request, ReadRequest):
+            entry_id = request.entry_id
+        elif isinstance(request, ReadLacRequest):
+            entry_id = -1
+        else:
+            return None
+        st = store.index.get(request.ledger_id)
+        if st is None:
+            return 0
+        if entry_id == -1:
+            entry_id = st.entries.last
+        loc = st.entries.get(entry_id) if entry_id >= 0 else None
+        size = 0 if loc is None else loc[2]
+        if isinstance(request, ReadLacRequest) and st.explicit_lac_body:
+            size += len(st.explicit_lac_body)
+        return size
 
     def _read_lac(self, req: ReadLacRequest) -> ReadLacResponse:
         store = self._store()

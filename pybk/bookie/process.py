@@ -1,15 +1,18 @@
 """A bookie process: one :class:`pybk.bookie.Bookie` behind a :class:`BookieServer`.
 
 This is the outermost layer (it reads signals, the wall clock and files), so it owns what the
-bookie itself never does: registering in the metadata store's bookie registry (the SQLite and
-ZooKeeper stores keep the registration alive by heartbeat / session), flipping the registry's
-read-only flag when the bookie's state changes, and a clean shutdown on SIGTERM:
+bookie itself never does: an exclusive lock on the data directory for the process's life
+(:class:`pybk.dirlock.DirectoryLock`: a second bookie on the same directory is refused before
+it reads a byte, whatever its id), registering in the metadata store's bookie registry (the
+SQLite and ZooKeeper stores keep the registration alive by heartbeat / session), flipping the
+registry's read-only flag when the bookie's state changes, and a clean shutdown on SIGTERM:
 
 1. stop accepting connections and reading requests;
 2. let in-flight requests finish (bounded by a grace period; the rest fail: their clients see
    the connection drop, which is an indeterminate outcome they already handle);
 3. ``bookie.stop()`` (drain, sync, checkpoint, close files);
-4. deregister, close the store.
+4. deregister (only if this process registered: a refused duplicate never takes the live
+   bookie off the list), close the store, release the directory lock.
 
 Readiness is announced once the bookie is registered: one JSON line on stdout
 (``{"event": "ready", "bookie_id": ..., "address": "host:port", "pid": ...}``) and, when asked,
@@ -32,8 +35,10 @@ from pathlib import Path
 from typing import Any, Final
 
 from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE
+from pybk.dirlock import DirectoryLock
 from pybk.metadata.base import BookieRegistration, MetadataStore
 from pybk.storage.store import INLINE_SYNC_ALWAYS
+from pybk.transport.listener import raise_open_file_limit
 from pybk.transport.server import BookieServer, ServerConfig
 from pybk.transport.tls import server_context
 
@@ -104,6 +109,16 @@ class BookieProcessConfig:
             return socket.getfqdn()
         return self.host
 
+    def warnings(self) -> list[str]:
+        """What an operator should hear about this configuration at start."""
+        found = []
+        if self.auth_token is not None and self.tls_cert is None:
+            found.append(
+                "token authentication without TLS: the token crosses the network in the "
+                "clear, so anyone who sees one connection can replay it; add --tls-cert "
+                "(and --tls-key), or use mutual TLS (--require-client-cert) instead")
+        return found
+
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.tls_cert is None:
             if self.tls_key or self.tls_ca or self.require_client_cert:
@@ -161,6 +176,9 @@ class BookieProcess:
         self.autorecovery: Any = None  # pybk.ops.AutoRecovery when enabled
         self._client: Any = None  # the pybk.Client of the admin endpoint and auto-recovery
         self.registry: Any = None
+        self._lock = DirectoryLock(config.data_dir, "bookie data directory")
+        #: this process put the bookie in the registry (only then does it take it out)
+        self._registered = False
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -171,9 +189,14 @@ class BookieProcess:
         from pybk.metadata.uri import session_options
 
         cfg = self.config
+        for warning in cfg.warnings():
+            log.warning("%s", warning)
         self.store = self._store_arg or open_store(
             cfg.metadata, **session_options(cfg.metadata, cfg.session_timeout))
         await asyncio.to_thread(Path(cfg.data_dir).mkdir, parents=True, exist_ok=True)
+        # before anything reads or writes the directory: a second bookie on it (even with
+        # another id) is refused here, and the lock lasts as long as this process
+        self._lock.acquire()
         bookie_config = cfg.bookie_config
         if bookie_config is None:
             bookie_config = process_bookie_config(preallocate=cfg.preallocate,
@@ -192,6 +215,7 @@ class BookieProcess:
         self.server = BookieServer(
             self.bookie.handle,
             add=self.bookie.add_request,
+            response_size=self.bookie.response_size_hint,
             host=cfg.host,
             port=cfg.port,
             ssl_context=self._ssl,
@@ -199,6 +223,7 @@ class BookieProcess:
             config=server_cfg,
         )
         await self.server.start()
+        self.bookie.on_descriptors_exhausted = self._descriptors_exhausted
         _, port = self.server.address
         host = cfg.advertise()
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
@@ -302,6 +327,14 @@ class BookieProcess:
             BookieRegistration(self.bookie_id, self.address, read_only=read_only,
                                rack=self.config.rack)
         )
+        self._registered = True
+
+    def _descriptors_exhausted(self, exc: OSError) -> None:
+        """The bookie's journal could not open a file (EMFILE/ENFILE): close connections so
+        its retry finds descriptors, and keep the connection cap lower for a while."""
+        if self.server is not None:
+            self.server.shed(max(8, self.server.config.fd_reserve // 4),
+                             f"the journal could not open a file ({exc.strerror or exc})")
 
     def _on_state_change(self, state: str) -> None:
         """The bookie flipped writable/read-only: mirror it in the registry (in order)."""
@@ -345,12 +378,14 @@ class BookieProcess:
             except Exception as exc:
                 log.error("bookie stop failed: %s", exc)
         if self.store is not None:
-            try:
-                await self.store.unregister_bookie(self.bookie_id)
-            except Exception as exc:
-                log.warning("could not deregister %s: %s", self.bookie_id, exc)
+            if self._registered:  # never the registration of another process (a refused
+                try:              # duplicate must not take the live bookie off the list)
+                    await self.store.unregister_bookie(self.bookie_id)
+                except Exception as exc:
+                    log.warning("could not deregister %s: %s", self.bookie_id, exc)
             if self._store_arg is None:
                 await self.store.close()
+        self._lock.release()
         log.info("bookie %s stopped", self.bookie_id)
 
 
@@ -373,18 +408,26 @@ def tune_gc_for_server() -> None:
     gc.set_threshold(*SERVER_GC_THRESHOLD)
 
 
-async def serve(config: BookieProcessConfig) -> None:
-    """Run a bookie until SIGTERM/SIGINT, then shut it down cleanly."""
+async def serve(config: BookieProcessConfig) -> int:
+    """Run a bookie until SIGTERM/SIGINT, then shut it down cleanly; the exit status: 0
+    after SIGTERM, 130 (128 + SIGINT, what a shell expects of Ctrl-C) after SIGINT."""
     process = BookieProcess(config)
     loop = asyncio.get_running_loop()
+    stopped_by: list[signal.Signals] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        stopped_by.append(sig)
+        process.request_stop()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, process.request_stop)
+        loop.add_signal_handler(sig, on_signal, sig)
     try:
         await process.start()
         tune_gc_for_server()
         await process.wait()
     finally:
         await process.stop()
+    return 128 + signal.SIGINT if stopped_by[:1] == [signal.SIGINT] else 0
 
 
 def run(config: BookieProcessConfig, loop: str | None = None) -> int:
@@ -395,7 +438,9 @@ def run(config: BookieProcessConfig, loop: str | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    before, after = raise_open_file_limit()
+    if after != before:
+        log.info("open-file limit raised from %d to %d", before, after)
     from pybk.eventloop import run as run_on_loop
 
-    run_on_loop(serve(config), loop)
-    return 0
+    return run_on_loop(serve(config), loop)

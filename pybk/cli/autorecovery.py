@@ -143,6 +143,9 @@ def autorecovery(ctx: click.Context, metadata: str | None, name: str | None,
         return
     if not metadata:
         raise click.UsageError("pybk autorecovery needs --metadata URI (or a subcommand)")
+    from pybk.cli.common import require_existing_store
+
+    require_existing_store(metadata)
     from dataclasses import replace
     from pathlib import Path
 

@@ -10,6 +10,7 @@ import click
 
 from pybk.cli.autorecovery import autorecovery_options, placement_options
 from pybk.cli.common import Conn, client_options, fail, read_token, run_async
+from pybk.cli.limits import server_config_from, server_limit_options
 from pybk.errors import BKError
 from pybk.eventloop import DEFAULT_LOOP, LOOPS, LoopUnavailableError, loop_factory
 from pybk.metadata._common import check_rack
@@ -81,9 +82,11 @@ def http_options(fn: Any) -> Any:
 @placement_options
 @click.option("--loop", type=click.Choice(LOOPS), default=DEFAULT_LOOP, show_default=True,
               help="Event loop; uvloop needs pip install 'pybk[speed]'.")
+@server_limit_options
 @click.pass_context
 def bookie(
     ctx: click.Context,
+    /,
     data: str | None,
     port: int,
     host: str,
@@ -108,12 +111,14 @@ def bookie(
     autorecovery_config: Any,
     placement: Any,
     loop: str,
+    **limits: Any,
 ) -> None:
     """Run a bookie server (`pybk bookie --data DIR --metadata URI`), or `pybk bookie list`,
     or check a stopped bookie's data directory (`pybk bookie inspect DIR`).
 
     The server registers itself in the metadata store, prints one JSON line when ready, and
-    shuts down cleanly on SIGTERM.
+    shuts down cleanly on SIGTERM. Every bound on what a peer can make it hold (connections,
+    requests, bytes in flight, long polls, descriptors, deadlines) is an option below.
     """
     if ctx.invoked_subcommand is not None:
         return
@@ -145,6 +150,7 @@ def bookie(
         http_port=http_port,
         http_config=http_config,
         placement=placement,
+        server_config=server_config_from(limits, stop_grace=stop_grace),
     )
     try:
         config.resolved_bookie_id()
@@ -206,7 +212,14 @@ def bookie_inspect(data_dir: str, as_json: bool) -> None:
     import dataclasses
 
     from pybk.bookie.inspect import inspect_data_dir
+    from pybk.dirlock import holder_of
     from pybk.storage import OsFileSystem
+
+    holder = holder_of(data_dir)
+    if holder is not None:
+        click.echo(f"pybk: warning: {data_dir} is in use by process {holder} (a running "
+                   "bookie): it changes while being read, so this report may show damage "
+                   "that is not there; stop the bookie first or inspect a copy", err=True)
 
     fs = OsFileSystem()
     try:

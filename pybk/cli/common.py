@@ -2,17 +2,26 @@
 
 Conventions, so shell users can rely on them: data goes to stdout, progress and diagnostics to
 stderr; exit status 0 = done, 1 = the operation failed (one line on stderr naming the cause,
-e.g. ``pybk: error: NoSuchLedgerError: ledger 7 does not exist``), 2 = bad usage (click's).
-Every client-side command takes ``--metadata URI`` (or ``$PYBK_METADATA``) and the TLS / token
-options.
+e.g. ``pybk: error: NoSuchLedgerError: ledger 7 does not exist``), 2 = bad usage (click's),
+130 = interrupted (Ctrl-C: the command stops cleanly, its ``finally`` blocks run), 141 = the
+reader of stdout went away (``pybk ledger tail 7 | head``: quietly). Every client-side command
+takes ``--metadata URI`` (or ``$PYBK_METADATA``), the TLS / token options and ``--timeout``,
+which bounds the whole command, connecting to the metadata store included. A ``sqlite:///``
+store must exist (only ``pybk cluster up`` and ``pybk bookie`` create one), so a mistyped path
+is an error rather than a new, empty cluster.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import logging
+import os
+import signal
 import ssl
-from collections.abc import Awaitable, Callable, Coroutine
+import sys
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
@@ -23,13 +32,19 @@ from pybk.errors import BKError
 
 __all__ = [
     "Conn",
+    "StdoutClosed",
+    "bounded",
     "client_options",
+    "echo_data",
     "fail",
     "optional_client_options",
+    "printing",
     "read_token",
+    "require_existing_store",
     "run_async",
     "stderr_console",
     "with_client",
+    "write_data",
 ]
 
 T = TypeVar("T")
@@ -47,16 +62,123 @@ def fail(message: str) -> NoReturn:
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro``; turn the errors a user can act on into one line and exit status 1."""
+    """Run ``coro``; turn the errors a user can act on into one line and exit status 1,
+    Ctrl-C into a clean stop and status 130, a closed stdout into a quiet status 141."""
     try:
-        return asyncio.run(coro)
+        return asyncio.run(_interruptible(coro))
+    except _Interrupted:
+        click.echo("pybk: interrupted", err=True)
+        raise SystemExit(130) from None
+    except StdoutClosed:
+        _quit_on_closed_stdout()
     except BKError as exc:
         fail(f"{type(exc).__name__}: {exc or 'no detail'}")
     except (ValueError, OSError) as exc:
         fail(f"{type(exc).__name__}: {exc or 'no detail'}")
-    except KeyboardInterrupt:
-        fail("interrupted")
+    except KeyboardInterrupt:  # (before the loop ran, or a SIGINT handler could not be set)
+        click.echo("pybk: interrupted", err=True)
+        raise SystemExit(130) from None
     raise AssertionError("unreachable")
+
+
+class _Interrupted(BaseException):
+    """Ctrl-C reached a command: it stopped cleanly and exits 130."""
+
+
+async def _interruptible(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` so that SIGINT cancels it (its ``finally`` blocks and ``async with``
+    exits run: writers close, readers stop) and then raises :class:`_Interrupted`. A SIGINT
+    that the process inherited as ignored stays ignored."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    interrupted = False
+
+    def on_sigint() -> None:
+        nonlocal interrupted
+        interrupted = True
+        if task is not None:
+            task.cancel()
+
+    installed = False
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
+            loop.add_signal_handler(signal.SIGINT, on_sigint)  # main thread only
+            installed = True
+    try:
+        result = await coro
+    except asyncio.CancelledError:
+        if interrupted:
+            raise _Interrupted() from None
+        raise
+    finally:
+        if installed:
+            loop.remove_signal_handler(signal.SIGINT)
+    if interrupted:
+        raise _Interrupted()
+    return result
+
+
+class StdoutClosed(BaseException):
+    """Whoever reads our stdout went away (``pybk ledger tail 7 | head``)."""
+
+
+def echo_data(text: str) -> None:
+    """Print a line (or lines) of data on stdout (StdoutClosed if nobody reads it)."""
+    try:
+        click.echo(text)
+    except BrokenPipeError:
+        raise StdoutClosed() from None
+
+
+def write_data(data: bytes) -> None:
+    """Write raw data to stdout and flush it (StdoutClosed if nobody reads it)."""
+    try:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    except BrokenPipeError:
+        raise StdoutClosed() from None
+
+
+@contextlib.contextmanager
+def printing() -> Iterator[None]:
+    """Around printing done after ``run_async``: a closed stdout ends the command quietly."""
+    try:
+        yield
+    except StdoutClosed:
+        _quit_on_closed_stdout()
+
+
+def _quit_on_closed_stdout() -> NoReturn:
+    with contextlib.suppress(OSError, ValueError):  # what is still buffered goes nowhere
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    raise SystemExit(141) from None
+
+
+async def bounded(conn: Conn, aw: Awaitable[T], what: str = "not done") -> T:
+    """Wait for ``aw`` at most ``--timeout`` seconds (pybk.TimeoutError past it, saying
+    ``what`` did not happen)."""
+    if conn.timeout == float("inf"):
+        return await aw
+    try:
+        return await asyncio.wait_for(aw, conn.timeout)
+    except TimeoutError as exc:
+        if isinstance(exc, BKError):
+            raise
+        raise pybk.TimeoutError(
+            f"{what} within {conn.timeout:g} s (raise --timeout to wait longer)"
+        ) from None
+
+
+def require_existing_store(uri: str) -> None:
+    """A ``sqlite:///path`` URI whose file does not exist is refused (click.BadParameter):
+    client commands must not make a new, empty cluster out of a mistyped path."""
+    scheme, sep, rest = uri.partition("://")
+    if scheme == "sqlite" and sep and rest.startswith("/") and not Path(rest).exists():
+        raise click.BadParameter(
+            f"{rest} does not exist (a cluster made with `pybk cluster up --root DIR` keeps "
+            "its metadata in DIR/metadata.db)", param_hint="--metadata")
 
 
 class Conn:
@@ -79,6 +201,8 @@ class Conn:
         self.timeout = timeout
         #: the client's ClientConfig (None: defaults); a command may set it
         self.config: Any = None
+        #: --timeout came from the command line or the environment (not its default)
+        self.timeout_given = False
 
     def ssl_context(self) -> ssl.SSLContext | None:
         if not (self.tls_ca or self.tls_cert):
@@ -91,15 +215,35 @@ class Conn:
         return read_token(self.auth_token_file)
 
     def client(self) -> Any:
-        from pybk.client import Client
-
-        return Client(self.metadata, tls=self.ssl_context(), auth_token=self.token(),
-                      config=self.config)
+        """A :class:`pybk.Client` over :meth:`store` (closed with it)."""
+        return _client_owning(self.store(), self.ssl_context(), self.token(), self.config)
 
     def store(self) -> Any:
+        """The metadata store, its connection bounded by ``--timeout`` (ZooKeeper)."""
         from pybk.metadata import open_store
 
-        return open_store(self.metadata)
+        require_existing_store(self.metadata)
+        options: dict[str, Any] = {}
+        if self.metadata.startswith("zk://") and self.timeout != float("inf"):
+            options["connect_timeout"] = max(0.1, self.timeout)
+            options["op_timeout"] = max(0.1, self.timeout)
+        return open_store(self.metadata, **options)
+
+
+def _client_owning(store: Any, tls: ssl.SSLContext | None, token: bytes | None,
+                   config: Any = None) -> Any:
+    from pybk.client import Client
+
+    class _OwningClient(Client):
+        """A Client that also closes the store the command opened for it."""
+
+        async def close(self) -> None:
+            try:
+                await super().close()
+            finally:
+                await store.close()
+
+    return _OwningClient(store, tls=tls, auth_token=token, config=config)
 
 
 def read_token(path: str | None) -> bytes | None:
@@ -142,7 +286,7 @@ def _client_options(fn: Callable[..., Any], *, metadata_required: bool) -> Calla
     )
     @click.option(
         "--timeout", type=float, default=30.0, show_default=True,
-        help="Give up (exit 1) after this many seconds.",
+        help="Give up (exit 1) after this many seconds, connecting included (inf: never).",
     )  # fmt: skip
     @functools.wraps(fn)
     def wrapper(
@@ -154,21 +298,32 @@ def _client_options(fn: Callable[..., Any], *, metadata_required: bool) -> Calla
         timeout: float,
         **kwargs: Any,
     ) -> Any:
+        _quiet_libraries()
+        if timeout <= 0:
+            raise click.BadParameter(f"must be > 0 (inf: no limit), not {timeout:g}",
+                                     param_hint="--timeout")
         conn = Conn(metadata or "", tls_ca, tls_cert, tls_key, auth_token_file, timeout)
+        ctx = click.get_current_context(silent=True)
+        source = ctx.get_parameter_source("timeout") if ctx is not None else None
+        conn.timeout_given = source is not None and source.name != "DEFAULT"
         return fn(conn=conn, **kwargs)
 
     return wrapper
 
 
 async def with_client(conn: Conn, body: Callable[[Any], Awaitable[T]]) -> T:
-    async with conn.client() as client:
-        try:
-            return await asyncio.wait_for(body(client), conn.timeout)
-        except TimeoutError as exc:
-            if isinstance(exc, BKError):
-                raise
-            raise pybk.TimeoutError(
-                f"not done within {conn.timeout:g} s (raise --timeout to wait longer)"
-            ) from None
+    """``body(client)`` with a client of ``conn``, the whole of it (connecting to the metadata
+    store, the body, closing) within ``--timeout``."""
+
+    async def session() -> T:
+        async with conn.client() as client:
+            return await body(client)
+
+    return await bounded(conn, session())
 
 
+def _quiet_libraries() -> None:
+    """A command says what failed in one line of its own: the retries kazoo logs while
+    it cannot reach ZooKeeper are noise there (``PYBK_LOG_LEVEL`` brings them back)."""
+    if "PYBK_LOG_LEVEL" not in os.environ:
+        logging.getLogger("kazoo").setLevel(logging.CRITICAL)

@@ -10,7 +10,17 @@ from typing import Any
 
 import click
 
-from pybk.cli.common import Conn, client_options, run_async, stderr_console, with_client
+from pybk.cli.common import (
+    Conn,
+    bounded,
+    client_options,
+    echo_data,
+    run_async,
+    stderr_console,
+    with_client,
+    write_data,
+)
+from pybk.errors import NoSuchEntryError
 
 __all__ = ["ledger"]
 
@@ -123,7 +133,7 @@ def ledger_append(
 
 def _emit(entry: Any, fmt: str) -> None:
     if fmt == "json":
-        click.echo(
+        echo_data(
             json.dumps(
                 {
                     "ledger_id": entry.ledger_id,
@@ -133,10 +143,9 @@ def _emit(entry: Any, fmt: str) -> None:
             )
         )
     elif fmt == "raw":
-        sys.stdout.buffer.write(entry.data + b"\n")
-        sys.stdout.buffer.flush()
+        write_data(entry.data + b"\n")
     else:
-        click.echo(f"{entry.entry_id}\t{entry.data.decode('utf-8', 'backslashreplace')}")
+        echo_data(f"{entry.entry_id}\t{entry.data.decode('utf-8', 'backslashreplace')}")
 
 
 _FORMAT = click.option(
@@ -149,25 +158,35 @@ _FORMAT = click.option(
 @client_options
 @click.argument("ledger_id", type=click.IntRange(0))
 @click.option("--first", type=click.IntRange(0), default=0, show_default=True)
-@click.option("--last", type=int, default=None, help="Default: the last confirmed entry.")
+@click.option("--last", type=click.IntRange(0), default=None,
+              help="Default: the last confirmed entry.")
 @click.option("--password", default="")
 @_FORMAT
 def ledger_read(
     conn: Conn, ledger_id: int, first: int, last: int | None, password: str, fmt: str
 ) -> None:
-    """Print entries FIRST..LAST of LEDGER_ID (without disturbing a writer)."""
+    """Print entries FIRST..LAST of LEDGER_ID (without disturbing a writer).
 
-    async def go(client: Any) -> list[Any]:
+    Entries past the last confirmed one are an error (exit 1) naming where the ledger ends;
+    an empty ledger read from its start prints nothing."""
+    if last is not None and last < first:
+        raise click.BadParameter(f"--last {last} is before --first {first}",
+                                 param_hint="--last")
+
+    async def go(client: Any) -> None:
         rh = await client.open_ledger(ledger_id, password=password.encode(), recovery=False)
-        end = rh.last_add_confirmed if last is None else last
-        out: list[Any] = []
+        lac = rh.last_add_confirmed
+        if last is None and first > lac and not (first == 0 and lac == -1):
+            raise NoSuchEntryError(
+                f"ledger {ledger_id} has no confirmed entry {first}: "
+                + (f"its last add confirmed is {lac}" if lac >= 0 else "it holds none"))
+        end = lac if last is None else last
         step = 500
         for lo in range(first, end + 1, step):
-            out.extend(await rh.read(lo, min(end, lo + step - 1)))
-        return out
+            for entry in await rh.read(lo, min(end, lo + step - 1)):
+                _emit(entry, fmt)
 
-    for entry in run_async(with_client(conn, go)):
-        _emit(entry, fmt)
+    run_async(with_client(conn, go))
 
 
 @ledger.command("tail")
@@ -177,13 +196,30 @@ def ledger_read(
 @click.option("--password", default="")
 @_FORMAT
 def ledger_tail(conn: Conn, ledger_id: int, start: int, password: str, fmt: str) -> None:
-    """Follow LEDGER_ID as it is written, printing entries; ends when it is closed."""
+    """Follow LEDGER_ID as it is written, printing entries; ends when it is closed.
+
+    Without --timeout it follows for as long as the ledger stays open (opening it is
+    bounded by the default 30 s); with --timeout SECONDS it gives up (exit 1) when no new
+    entry arrives for that long. Ctrl-C stops it (exit 130)."""
 
     async def go() -> None:
         async with conn.client() as client:
-            rh = await client.open_ledger(ledger_id, password=password.encode(), recovery=False)
-            async for entry in rh.tail(start=start):
-                _emit(entry, fmt)
+            rh = await bounded(conn, client.open_ledger(ledger_id, password=password.encode(),
+                                                        recovery=False), "ledger not opened")
+            entries = rh.tail(start=start)
+            try:
+                while True:
+                    try:
+                        if conn.timeout_given:
+                            entry = await bounded(conn, anext(entries),
+                                                  f"no new entry in ledger {ledger_id}")
+                        else:
+                            entry = await anext(entries)
+                    except StopAsyncIteration:
+                        return
+                    _emit(entry, fmt)
+            finally:
+                await entries.aclose()
 
     run_async(go())
 

@@ -20,19 +20,28 @@ import functools
 import json
 import os
 import queue
-import signal
 import socket
 import sys
 import threading
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import UTC, datetime
-from typing import IO, Any, NoReturn, TypeVar
+from typing import IO, Any, TypeVar
 
 import click
 
 import pybk
-from pybk.cli.common import Conn, client_options, run_async, with_client
-from pybk.errors import AlreadyTruncatedError, BKError, EndOfStreamError, RecordTooLargeError
+from pybk.cli.common import (
+    Conn,
+    StdoutClosed,
+    bounded,
+    client_options,
+    echo_data,
+    printing,
+    run_async,
+    with_client,
+    write_data,
+)
+from pybk.errors import AlreadyTruncatedError, EndOfStreamError, RecordTooLargeError
 from pybk.stream.config import LogConfig, WriterOptions
 from pybk.stream.namespace import check_name
 from pybk.stream.position import LogRecord, Position
@@ -97,104 +106,19 @@ _FORMAT = click.option(
 # -- running ---------------------------------------------------------------------------------
 
 
-class _Interrupted(BaseException):
-    """Ctrl-C reached a command: it stopped cleanly and exits 130."""
-
-
-async def _interruptible(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` so that SIGINT cancels it (its ``finally`` blocks and ``async with``
-    exits run: writers close, readers stop) and then raises :class:`_Interrupted`. A SIGINT
-    that the process inherited as ignored stays ignored."""
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    interrupted = False
-
-    def on_sigint() -> None:
-        nonlocal interrupted
-        interrupted = True
-        if task is not None:
-            task.cancel()
-
-    installed = False
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
-            loop.add_signal_handler(signal.SIGINT, on_sigint)  # main thread only
-            installed = True
-    try:
-        result = await coro
-    except asyncio.CancelledError:
-        if interrupted:
-            raise _Interrupted() from None
-        raise
-    finally:
-        if installed:
-            loop.remove_signal_handler(signal.SIGINT)
-    if interrupted:
-        raise _Interrupted()
-    return result
-
-
-class _StdoutClosed(BaseException):
-    """Whoever reads our stdout went away (``pybk log tail NAME | head``)."""
-
-
-def _out(text: str) -> None:
-    """Print a line (or lines) of data on stdout."""
-    try:
-        click.echo(text)
-    except BrokenPipeError:
-        raise _StdoutClosed() from None
-
-
-def _out_bytes(data: bytes) -> None:
-    try:
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-    except BrokenPipeError:
-        raise _StdoutClosed() from None
-
-
-def _run(coro: Coroutine[Any, Any, T]) -> T:
-    """``run_async`` (errors as one line, exit 1) with Ctrl-C as exit status 130 and a
-    closed stdout as a quiet exit with status 141 (128 + SIGPIPE, what a shell reports for a
-    command the pipe's reader left), as ``head`` users expect."""
-    try:
-        return run_async(_interruptible(coro))
-    except _Interrupted:
-        click.echo("pybk: interrupted", err=True)
-        raise SystemExit(130) from None
-    except _StdoutClosed:
-        _quit_on_closed_stdout()
-
-
-@contextlib.contextmanager
-def _printing() -> Iterator[None]:
-    """Around printing done after ``_run``: a closed stdout ends the command quietly."""
-    try:
-        yield
-    except _StdoutClosed:
-        _quit_on_closed_stdout()
-
-
-def _quit_on_closed_stdout() -> NoReturn:
-    with contextlib.suppress(OSError, ValueError):  # what is still buffered goes nowhere
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-    raise SystemExit(141) from None
+# Ctrl-C (exit 130), a closed stdout (141) and --timeout work as in every pybk command
+# (pybk.cli.common); these names are this module's own for them.
+_StdoutClosed = StdoutClosed
+_out = echo_data
+_out_bytes = write_data
+_printing = printing
+_run = run_async
 
 
 async def _bounded(conn: Conn, aw: Awaitable[T]) -> T:
     """Wait for ``aw`` at most ``--timeout`` seconds (pybk.TimeoutError past it, the message
     of every client command)."""
-    try:
-        return await asyncio.wait_for(aw, conn.timeout)
-    except TimeoutError as exc:
-        if isinstance(exc, BKError):
-            raise
-        raise pybk.TimeoutError(
-            f"not done within {conn.timeout:g} s (raise --timeout to wait longer)"
-        ) from None
+    return await bounded(conn, aw)
 
 
 # -- the group -------------------------------------------------------------------------------

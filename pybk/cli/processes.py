@@ -50,8 +50,11 @@ def spawn_bookie(
     *,
     port: int = 0,
     extra_args: list[str] | None = None,
+    open_files: int | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start ``pybk bookie`` as a detached process with its log and ready file under root."""
+    """Start ``pybk bookie`` as a detached process with its log and ready file under root;
+    ``open_files``: run it under that RLIMIT_NOFILE, soft and hard (tests of descriptor
+    exhaustion)."""
     data = root / "bookies" / bookie_id
     logs = root / "logs"
     run_dir = root / "run"
@@ -75,7 +78,17 @@ def spawn_bookie(
             stdout=log,
             stderr=log,
             start_new_session=True,
+            preexec_fn=None if open_files is None else _limit_open_files(open_files),
         )
+
+
+def _limit_open_files(n: int) -> Any:
+    def limit() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+    return limit
 
 
 def wait_ready(

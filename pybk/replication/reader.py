@@ -22,6 +22,7 @@ from pybk.errors import (
     BKError,
     BookieUnavailableError,
     DigestMismatchError,
+    EntryNotConfirmedError,
     NoSuchEntryError,
     NoSuchLedgerError,
     TimeoutError,
@@ -456,9 +457,9 @@ class ReadHandle:
         """Entries ``first..last`` inclusive; ``last`` must be <= the last add confirmed."""
         self._check_range(first, last)
         if last > self._lac:
-            raise ValueError(
-                f"ledger {self.id}: cannot read up to entry {last}, beyond the last add "
-                f"confirmed ({self._lac}); use read_unconfirmed() or refresh the LAC"
+            raise EntryNotConfirmedError(
+                f"ledger {self.id} has no confirmed entry {last}: its last add confirmed is "
+                f"{self._lac}"
             )
         return await self._read(first, last)
 
@@ -466,7 +467,7 @@ class ReadHandle:
         """Entries ``first..last`` without the LAC check (they may not be confirmed yet)."""
         self._check_range(first, last)
         if self._md.is_closed and last > self._md.last_entry_id:
-            raise ValueError(
+            raise NoSuchEntryError(
                 f"ledger {self.id} is closed at entry {self._md.last_entry_id}; "
                 f"entry {last} does not exist"
             )

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pybk.errors import (
     BKError,
+    EntryNotConfirmedError,
     EntryTooLargeError,
     LedgerClosedError,
     LedgerFencedError,
@@ -599,9 +600,9 @@ class LedgerHandle:
         if first < 0 or last < first:
             raise ValueError(f"bad range {first}..{last}")
         if last > self.last_add_confirmed:
-            raise ValueError(
-                f"ledger {self.id}: entry {last} is beyond the last add confirmed "
-                f"({self.last_add_confirmed})"
+            raise EntryNotConfirmedError(
+                f"ledger {self.id} has no confirmed entry {last}: its last add confirmed is "
+                f"{self.last_add_confirmed}"
             )
         decoded = await read_range(self._ctx, self.metadata, self._digest, first, last)
         return [LedgerEntry(d.ledger_id, d.entry_id, d.payload) for d in decoded]

@@ -487,10 +487,11 @@ class Journal:
                 try:
                     await self._new_segment(old_seq + 1)
                 except OSError as exc:
-                    if (exc.errno == errno.ENOSPC
+                    if (_rotation_can_wait(exc)
                             and self._drop_partial(self.segment_path(old_seq + 1))):
-                        # no room for a new segment: keep appending to this one (rotation
-                        # is retried after the next batch); the owner turns read-only
+                        # no room (or no descriptor) for a new segment: keep appending to
+                        # this one (rotation is retried after the next batch); the owner
+                        # turns read-only (ENOSPC) or frees descriptors (EMFILE, ENFILE)
                         self._on_write_error(exc)
                         continue
                     self._fatal(exc, f"creating segment {old_seq + 1}")
@@ -732,6 +733,14 @@ class _Batch:
     @property
     def records(self) -> int:
         return len(self.tags)
+
+
+def _rotation_can_wait(exc: OSError) -> bool:
+    """Can a segment rotation that failed with ``exc`` be retried later, the active segment
+    taking the writes meanwhile? Yes for a full disk and for a process or system out of file
+    descriptors (both pass; nothing was written): a bookie must not turn read-only for good
+    because a flood of connections took every descriptor for a moment."""
+    return exc.errno in (errno.ENOSPC, errno.EMFILE, errno.ENFILE)
 
 
 def _no_loop() -> asyncio.Future[None]:

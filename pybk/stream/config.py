@@ -32,7 +32,7 @@ class LogConfig:
     """What a log is made of; stored in its metadata when the log is created.
 
     Segments are ledgers with this ensemble and these quorums (DistributedLog's defaults:
-    E=3, Qw=3, Qa=2; API.md's ``create_log`` defaults to E=3, Qw=2, Qa=2). A writer rolls to
+    E=3, Qw=3, Qa=2; ``Namespace.create_log`` defaults to E=3, Qw=2, Qa=2). A writer rolls to
     a new segment once the current one holds ``roll_bytes`` bytes, ``roll_entries`` entries or
     is ``roll_seconds`` old (checked when it writes); ``None`` turns a rule off. Retention
     (``retention_seconds``, ``retention_bytes``) drops the oldest completed segments when

@@ -1,19 +1,35 @@
 """pytest plugin (entry point ``pytest11``): fixtures for testing code that uses pybk.
 
 Kept cheap to import: it loads in every pytest run where pybk is installed, so heavy modules
-are imported inside the fixtures.
+are imported inside the fixtures. It needs no other plugin: every fixture here is a plain
+(synchronous) fixture, so it works whether or not pytest-asyncio is installed.
 
 * ``pybk_seed``: the seed for simulated runs (``--pybk-seed N``, default 0).
 * ``sim_cluster``: a deterministic simulated cluster (:class:`pybk.testing.SimTestCluster`):
-  ``sim_cluster.run(scenario)`` runs ``async def scenario(cluster)`` in virtual time.
-* ``local_cluster``: a factory of real :class:`pybk.LocalCluster` objects under ``tmp_path``:
-  ``async with local_cluster(bookies=3) as cluster: ...``.
+  ``sim_cluster.run(scenario)`` runs ``async def scenario(cluster)`` in virtual time, from a
+  plain test function.
+* ``sync_local_cluster``: for plain (synchronous) tests: ``sync_local_cluster(bookies=3,
+  **kwargs)`` returns a started :class:`pybk.sync.LocalCluster` under ``tmp_path``, closed
+  when the test ends::
 
-See docs/simulation.md.
+      def test_roundtrip(sync_local_cluster):
+          client = sync_local_cluster().client()
+          lh = client.create_ledger()
+          lh.append(b"x")
+          assert lh.read(0, 0)[0].data == b"x"
+
+* ``local_cluster``: for ``async def`` tests: ``local_cluster(bookies=3, **kwargs)`` returns
+  an unstarted :class:`pybk.LocalCluster` under ``tmp_path``, to use as ``async with``.
+  Running ``async def`` tests needs an async test runner: pytest-asyncio (``asyncio_mode =
+  "auto"``, or ``@pytest.mark.asyncio`` on each test in its strict mode) or anyio's plugin
+  (``@pytest.mark.anyio``). Without one, use ``sync_local_cluster``.
+
+See docs/api.md ("Testing your code") and docs/simulation.md.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -23,13 +39,7 @@ if TYPE_CHECKING:
 
     from pybk.testing.simulated import SimTestCluster
 
-__all__ = [
-    "local_cluster",
-    "pybk_seed",
-    "pytest_addoption",
-    "pytest_configure",
-    "sim_cluster",
-]
+__all__ = ["local_cluster", "pybk_seed", "sim_cluster", "sync_local_cluster"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -60,7 +70,7 @@ def sim_cluster(pybk_seed: int) -> SimTestCluster:
 @pytest.fixture
 def local_cluster(tmp_path: Path) -> Any:
     """``local_cluster(bookies=3, **kwargs)`` -> an unstarted ``pybk.LocalCluster`` under
-    ``tmp_path`` (use it as ``async with``)."""
+    ``tmp_path``, for ``async def`` tests (``async with local_cluster() as cluster:``)."""
     from pybk.cluster import LocalCluster
 
     counter = [0]
@@ -70,3 +80,26 @@ def local_cluster(tmp_path: Path) -> Any:
         return LocalCluster(tmp_path / f"pybk-cluster-{counter[0]}", bookies, **kwargs)
 
     return make
+
+
+@pytest.fixture
+def sync_local_cluster(tmp_path: Path) -> Iterator[Any]:
+    """``sync_local_cluster(bookies=3, **kwargs)`` -> a started ``pybk.sync.LocalCluster``
+    under ``tmp_path`` (keyword arguments: ``pybk.LocalCluster``'s), for plain tests; every
+    cluster it made is closed when the test ends."""
+    from pybk.sync import LocalCluster
+
+    made: list[LocalCluster] = []
+
+    def make(bookies: int = 3, **kwargs: Any) -> LocalCluster:
+        cluster = LocalCluster(tmp_path / f"pybk-sync-cluster-{len(made) + 1}", bookies,
+                               **kwargs)
+        cluster.start()
+        made.append(cluster)
+        return cluster
+
+    try:
+        yield make
+    finally:
+        for cluster in reversed(made):
+            cluster.close()

@@ -473,7 +473,7 @@ class TcpBackend(TransportBackend):
         server = self.servers[bookie_id]
         for conn in list(server.connections):
             conn.abort()
-        server._server.close()  # no new connections: refused, like a dead process
+        server.stop_accepting()  # no new connections: refused, like a dead process
         self.bookies[bookie_id].crash()
 
     async def silence(self, bookie_id: str) -> None:

@@ -1,19 +1,41 @@
-"""The TCP side of a bookie: connections, framing, auth, backpressure, deadlines.
+"""The TCP side of a bookie: connections, framing, auth, backpressure, bounds, deadlines.
 
 :class:`BookieServer` serves any ``handler(request) -> response`` coroutine (in practice
-``Bookie.handle``) over asyncio TCP, optionally TLS. Each connection runs the sans-IO
-:class:`pybk.transport.codec.Connection`; this module adds what needs a socket and a clock:
+``Bookie.handle``) over TCP, optionally TLS. Each connection runs the sans-IO
+:class:`pybk.transport.codec.Connection`; this module adds what needs a socket and a clock.
+Every bound is a field of :class:`pybk.transport.limits.ServerConfig` (and a ``pybk bookie``
+option); docs/protocol.md lists them.
 
-* **Pipelining**: every request runs as its own task; responses go out as they complete
-  (out of order, matched by request id), all responses ready in one loop iteration are
-  written with **one** ``write()`` (coalescing).
-* **Backpressure**: at most ``max_in_flight`` requests per connection; beyond that, and while
-  the socket's send buffer is above its high-water mark, the server stops reading.
+* **Pipelining**: every request runs as its own task (adds through the bookie's fast path,
+  without one); responses go out as they complete (out of order, matched by request id),
+  all responses ready in one loop iteration are written with **one** ``write()``.
+* **Bytes in flight**: a request starts only when its bytes (an add's body, a read's
+  expected answer, as the bookie's index tells) fit the connection's budget and the
+  bookie's; answers the peer has not taken yet count until they leave our buffers. So a peer
+  pipelining reads it never takes holds at most one budget, not one answer per request.
+  A long poll's piggybacked entry is dropped from its answer (the reader then reads it)
+  when it does not fit.
+* **Noticing a closed peer**: the server keeps reading while it starts nothing (in-flight
+  cap, budgets), up to ``max_queued_bytes`` read ahead, so a peer that closes is seen at
+  once and its long polls cancelled; past that, a timer asks the kernel whether the peer
+  has closed (TCP state CLOSE-WAIT). A large read first asks the kernel the same (a burst
+  sent just before hanging up is not even decoded), and most long polls of one burst start
+  a few ms late, never if the close comes meanwhile. TCP keepalive finds peers that
+  vanished.
+* **Long polls** wait at most ``long_poll_max_timeout``; past ``max_long_polls`` waiting,
+  a connection holding many waits for a slot (its polls unstarted), one holding few is
+  answered at once.
+* **Connections** are judged at ``accept()`` (:mod:`pybk.transport.listener`), before any
+  TLS handshake: global, per-address and unauthenticated caps with fair displacement
+  (:mod:`pybk.transport.admission`); the global cap is lowered to what the open-file limit
+  allows after a reserve for the bookie's own files. :meth:`BookieServer.shed` closes
+  connections when the bookie itself runs out of descriptors.
 * **Hostile peers**: a frame over the cap, a bad CRC or any framing damage closes *that*
   connection (and is counted); a well-framed but malformed body gets a PROTOCOL_ERROR response.
-  A frame must complete within ``frame_timeout`` of its first byte (slowloris), a quiet
-  connection is closed after ``idle_timeout``, connections beyond the global / per-IP caps are
-  refused at accept.
+  A frame must complete within ``frame_timeout`` of its first byte (slowloris), a peer must
+  take some of our answers within ``write_timeout``, a quiet connection is closed after
+  ``idle_timeout``. Refusals and accept failures are logged at most once per
+  ``log_interval`` (:class:`pybk.transport.ratelog.RateLimitedLog`).
 * **Authentication**: with a token configured, a connection may only send AUTH (frames capped
   at 4 KiB) until it authenticates; anything else is answered UNAUTHORIZED and the connection
   closed, without reaching the handler. Tokens are compared with ``hmac.compare_digest``.
@@ -27,40 +49,41 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import hmac
+import errno
+import functools
 import logging
+import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Final
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from pybk.errors import BKError, ProtocolError, status_of
-from pybk.protocol import (
-    AddBatchRequest,
-    AddCallback,
-    AddLike,
-    AddOutcome,
-    AddRequest,
-    AuthRequest,
-    AuthResponse,
-    BookieInfoRequest,
-    BookieInfoResponse,
-    ReadRequest,
-    Request,
-    Response,
-    Status,
-    add_response,
-    error_response,
+from pybk.protocol import AddRequest, ReadRequest, Request, Response
+from pybk.transport.admission import Admission
+from pybk.transport.limits import REQUEST_OVERHEAD, ServerConfig
+from pybk.transport.listener import (
+    Listener,
+    bind_sockets,
+    open_descriptors,
+    open_file_limit,
+    set_keepalive,
 )
-from pybk.transport import codec
+from pybk.transport.ratelog import RateLimitedLog
+from pybk.transport.server_connection import (
+    AddNowait,
+    AddPath,
+    ServerConnection,
+    is_long_poll,
+)
 
 __all__ = [
     "AddNowait",
+    "AddPath",
     "BookieServer",
     "Handler",
+    "ResponseSize",
     "ServerConfig",
     "ServerStats",
 ]
@@ -68,23 +91,33 @@ __all__ = [
 log = logging.getLogger("pybk.bookie.process")
 
 Handler = Callable[[Request], Awaitable[Response]]
+#: ``response_size(request) -> bytes`` of the answer's entry data (None: not known), so a
+#: read is admitted against the byte budgets before it runs (``Bookie.response_size_hint``)
+ResponseSize = Callable[[Request], "int | None"]
+
+#: descriptors left free beyond the reserve: one to accept a connection only to refuse it,
+#: one for a file the process opens for a moment (the metrics endpoint, a log)
+ACCEPT_SLACK: Final = 2
+#: how long a cap lowered by shedding holds: until the next count of open descriptors
+#: (the sweeper's, this often) sets it from what the process really uses
+SHED_COOLDOWN: Final = 5.0
+#: a connection quiet this long (and with nothing in flight) may be shed
+SHED_IDLE: Final = 1.0
+#: past max_long_polls, a connection holding fewer long polls than this gets answers at once
+LONG_POLLS_ANSWERED_AT_ONCE: Final = 16
 
 
-@dataclass
-class ServerConfig:
-    """Limits and deadlines of a :class:`BookieServer` (seconds, bytes, counts)."""
-
-    max_frame: int = codec.DEFAULT_MAX_FRAME
-    pre_auth_max_frame: int = codec.PRE_AUTH_MAX_FRAME
-    max_in_flight: int = 1024  # per connection
-    max_connections: int = 1024
-    max_connections_per_ip: int = 512
-    idle_timeout: float = 300.0
-    frame_timeout: float = 10.0  # a frame must arrive whole within this of its first byte
-    write_timeout: float = 30.0  # a peer must drain our responses within this
-    auth_timeout: float = 10.0  # an unauthenticated connection must authenticate within this
-    tls_handshake_timeout: float = 10.0
-    stop_grace: float = 10.0  # on stop, in-flight requests get this long to finish
+def _payload_bytes(request: Request) -> int:
+    """Bytes a request carries: its bytes fields, and sequences of bytes (a batch's
+    bodies)."""
+    total = 0
+    for field in dataclasses.fields(request):
+        value = getattr(request, field.name)
+        if isinstance(value, bytes | bytearray | memoryview):
+            total += len(value)
+        elif isinstance(value, list | tuple) and value and isinstance(value[0], bytes):
+            total += sum(map(len, value))
+    return total
 
 
 class ServerStats:
@@ -92,12 +125,15 @@ class ServerStats:
 
     Counting is a dict increment (it happens per request on the hot path); the prometheus
     view is a collector registered in the server's registry that reads the dict when scraped:
-    ``pybk_server_events_total{event=...}`` and ``pybk_server_connections``.
+    ``pybk_server_events_total{event=...}``, ``pybk_server_connections``,
+    ``pybk_server_unauthenticated_connections``, ``pybk_server_bytes_in_flight`` and
+    ``pybk_server_long_polls``.
     """
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.counts: collections.Counter[str] = collections.Counter()
         self.open_connections = 0
+        self.gauges: Callable[[], dict[str, float]] = dict
         registry.register(self)
 
     def incr(self, event: str, n: int = 1) -> None:
@@ -122,368 +158,8 @@ class ServerStats:
         yield GaugeMetricFamily(
             "pybk_server_connections", "Open connections", value=self.open_connections
         )
-
-
-def _classify(exc: ProtocolError) -> str:
-    """A counter name for a fatal framing error."""
-    text = str(exc)
-    if "cap" in text:
-        return "frame_too_large"
-    if "CRC" in text:
-        return "bad_crc"
-    if "version" in text:
-        return "bad_version"
-    if "operation" in text:
-        return "bad_operation"
-    return "bad_frame"
-
-
-class _ServerConnection(asyncio.Protocol):
-    """One accepted connection (a protocol object: asyncio calls it back on the loop)."""
-
-    def __init__(self, server: BookieServer) -> None:
-        self.server = server
-        self.cfg = server.config
-        self.loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
-        self.peer_ip = "?"
-        self.authenticated = server.auth_token is None
-        self.codec = codec.Connection(
-            "server",
-            max_frame=self.cfg.max_frame if self.authenticated else self.cfg.pre_auth_max_frame,
-        )
-        self.codec.hold_after_auth = not self.authenticated
-        self.queue: collections.deque[codec.Event] = collections.deque()
-        self.in_flight = 0
-        self.tasks: dict[asyncio.Task[None], Request] = {}
-        #: adds answered through the handler's fast path (no task): counted so that stop()
-        #: can wait for them like for tasks
-        self.fast_adds = 0
-        self.fast_adds_idle = asyncio.Event()
-        self.fast_adds_idle.set()
-        self._pumping = False
-        self.out: list[bytes] = []
-        self.flush_scheduled = False
-        self.read_paused = False
-        self.write_paused_since: float | None = None
-        self.closing = False
-        now = self.loop.time()
-        self.connected_at = now
-        self.last_activity = now
-        self.partial_since: float | None = None
-
-    # -- asyncio callbacks -------------------------------------------------------------------
-
-    def connection_made(self, base: asyncio.BaseTransport) -> None:
-        # a stream transport; not an asyncio.Transport subclass on every loop (uvloop's is not)
-        self.transport = transport = cast(asyncio.Transport, base)
-        peer = transport.get_extra_info("peername")
-        self.peer_ip = str(peer[0]) if peer else "?"
-        if not self.server._admit(self):
-            self.closing = True
-            transport.abort()
-            return
-        transport.set_write_buffer_limits(high=1 << 20)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closing = True
-        self.server._forget(self)
-        self.cancel_long_polls()
-
-    def cancel_long_polls(self) -> None:
-        """Long polls only wait, so they are cancelled when nobody will read the answer.
-        Other requests are left to finish: cancelling a handler could interrupt the bookie
-        half way (its outcome is indeterminate for the client either way)."""
-        for task, request in list(self.tasks.items()):
-            if isinstance(request, ReadRequest) and request.previous_lac is not None:
-                task.cancel()
-
-    def data_received(self, data: bytes) -> None:
-        if self.closing:
-            return
-        try:
-            events = self.codec.receive_data(data)
-        except ProtocolError as exc:
-            self.server.stats.incr(_classify(exc))
-            log.info("closing connection from %s: %s", self.peer_ip, exc)
-            self.abort()
-            return
-        now = self.loop.time()
-        if events:
-            self.last_activity = now
-            self.partial_since = now if self.codec.buffered else None
-            self.queue.extend(events)
-            self._pump()
-        elif self.codec.buffered and self.partial_since is None:
-            self.partial_since = now
-
-    def eof_received(self) -> bool | None:
-        return None  # close our side too
-
-    def pause_writing(self) -> None:
-        self.server.stats.incr("write_paused")
-        self.write_paused_since = self.loop.time()
-        self._set_reading()
-
-    def resume_writing(self) -> None:
-        self.write_paused_since = None
-        self._pump()
-
-    # -- request flow ------------------------------------------------------------------------
-
-    def _pump(self) -> None:
-        """Start queued requests while under the in-flight cap; then pause/resume reading."""
-        if self._pumping:  # a fast add answered synchronously while we were starting it
-            return
-        self._pumping = True
-        try:
-            self._pump_queue()
-        finally:
-            self._pumping = False
-        self._set_reading()
-
-    def _pump_queue(self) -> None:
-        while (
-            self.queue
-            and self.in_flight < self.cfg.max_in_flight
-            and not self.closing
-            and not self.server.stopping  # stopping: queued, unstarted requests are dropped
-            and self.write_paused_since is None  # the peer is not reading our answers
-        ):
-            event = self.queue.popleft()
-            if isinstance(event, codec.MessageRejected):
-                self.server.stats.incr("bad_message")
-                if not self.authenticated:
-                    self._refuse_unauthenticated(event.request_id, event.op)
-                    return
-                self._respond(
-                    event.request_id,
-                    codec.error_response_for_op(event.op, Status.PROTOCOL_ERROR, str(event.error)),
-                )
-                continue
-            assert isinstance(event, codec.RequestReceived)
-            request = event.request
-            if isinstance(request, AuthRequest):
-                self._authenticate(event.request_id, request)
-                continue
-            if not self.authenticated:
-                self._refuse_unauthenticated(event.request_id, request.op)
-                return
-            self.in_flight += 1
-            kind = type(request)
-            if kind is AddRequest or kind is AddBatchRequest:
-                adder = self.server.add
-                if adder is not None:
-                    # the hot path: the bookie's add path (the one every transport drives)
-                    # answers from its journal's batch completion; no task per request
-                    self.fast_adds += 1
-                    self.fast_adds_idle.clear()
-                    adder(request, _FastAddReply(self, event.request_id, request))  # type: ignore[arg-type]
-                    continue
-                add_nowait = self.server.add_nowait
-                if add_nowait is not None and kind is AddRequest:
-                    self.fast_adds += 1
-                    self.fast_adds_idle.clear()
-                    add_nowait(request, _NowaitReply(self, event.request_id))  # type: ignore[arg-type]
-                    continue
-            task = self.loop.create_task(self._serve(event.request_id, request))
-            self.tasks[task] = request
-            task.add_done_callback(self._task_done)
-
-    def _fast_add_done(self, request_id: int, response: Response) -> None:
-        self.in_flight -= 1
-        self.fast_adds -= 1
-        if not self.fast_adds:
-            self.fast_adds_idle.set()
-        self._answered(request_id, response)
-
-    def _answered(self, request_id: int, response: Response) -> None:
-        """A request finished: send its response, then start queued ones (or resume reading:
-        ``_pump`` always ends by re-arming the reader)."""
-        self.server.stats.incr("requests")
-        self._respond(request_id, response)
-        self._pump()
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self.tasks.pop(task, None)
-
-    async def _serve(self, request_id: int, request: Request) -> None:
-        try:
-            response = await self.server.handler(request)
-        except asyncio.CancelledError:
-            if self.server.stopping:  # tell the client now rather than at the close
-                self._respond(
-                    request_id, error_response(request, Status.UNAVAILABLE, "bookie stopping")
-                )
-            raise
-        except BKError as exc:
-            self.server.stats.incr("handler_error")
-            response = error_response(request, status_of(exc), str(exc))
-        except Exception as exc:
-            self.server.stats.incr("handler_error")
-            log.exception("handler failed on %r", request)
-            response = error_response(request, status_of(exc), f"internal error: {exc!r}")
-        finally:
-            self.in_flight -= 1
-        if (isinstance(request, BookieInfoRequest) and request.versions
-                and isinstance(response, BookieInfoResponse)):
-            # the client asks which protocol version it may use (docs/protocol.md)
-            response = dataclasses.replace(response, protocol_version=codec.PROTOCOL_VERSION)
-        self._answered(request_id, response)
-
-    def _authenticate(self, request_id: int, request: AuthRequest) -> None:
-        expected = self.server.auth_token
-        if expected is None or hmac.compare_digest(request.token, expected):
-            self._respond(request_id, AuthResponse(Status.OK))
-            if not self.authenticated:
-                self.authenticated = True
-                self.codec.max_frame = self.cfg.max_frame
-                self.codec.hold_after_auth = False
-                try:  # frames pipelined behind AUTH, now judged against the full cap
-                    self.queue.extend(self.codec.receive_data(b""))
-                except ProtocolError as exc:
-                    self.server.stats.incr(_classify(exc))
-                    self.close_after_flush()
-            return
-        self.server.stats.incr("auth_failed")
-        log.info("authentication failed from %s", self.peer_ip)
-        self._respond(request_id, AuthResponse(Status.UNAUTHORIZED, "authentication failed"))
-        self.close_after_flush()
-
-    def _refuse_unauthenticated(self, request_id: int, op: Any) -> None:
-        self.server.stats.incr("unauthenticated_request")
-        response = codec.error_response_for_op(
-            op, Status.UNAUTHORIZED, "authenticate first (send AUTH with the bookie's token)"
-        )
-        self._respond(request_id, response)
-        self.close_after_flush()
-
-    def _respond(self, request_id: int, response: Response) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return
-        try:
-            frame = codec.encode_response(request_id, response)
-        except (ValueError, TypeError) as exc:  # a handler bug; tell the client, keep serving
-            log.error("cannot encode response %r: %s", response, exc)
-            frame = codec.encode_response(
-                request_id,
-                codec.error_response_for_op(response.op, Status.GENERIC_ERROR, str(exc)),
-            )
-        self.out.append(frame)
-        self.last_activity = self.loop.time()
-        if not self.flush_scheduled:
-            self.flush_scheduled = True
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self.flush_scheduled = False
-        if self.out and self.transport is not None and not self.transport.is_closing():
-            data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
-            self.transport.write(data)
-            self.server.stats.incr("writes")
-        self.out.clear()
-
-    def _set_reading(self) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return
-        want_pause = (
-            self.closing
-            or self.server.stopping
-            or bool(self.queue)
-            or self.in_flight >= self.cfg.max_in_flight
-            or self.write_paused_since is not None
-        )
-        if want_pause and not self.read_paused:
-            self.read_paused = True
-            self.transport.pause_reading()
-            self.server.stats.incr("read_paused")
-        elif not want_pause and self.read_paused:
-            self.read_paused = False
-            if self.partial_since is not None:  # the peer's clock restarts: we were not reading
-                self.partial_since = self.loop.time()
-            self.transport.resume_reading()
-
-    # -- closing -----------------------------------------------------------------------------
-
-    def close_after_flush(self) -> None:
-        """Send what is queued, then close (used after refusing a peer)."""
-        self.closing = True
-        self.queue.clear()
-        self._flush()
-        if self.transport is not None:
-            self.transport.close()
-
-    def abort(self) -> None:
-        self.closing = True
-        self.queue.clear()
-        if self.transport is not None:
-            self.transport.abort()
-
-    def check_deadlines(self, now: float) -> None:
-        """Called by the server's sweeper: enforce auth, frame, write and idle deadlines."""
-        if self.closing:
-            return
-        cfg = self.cfg
-        reason = None
-        if not self.authenticated and now - self.connected_at > cfg.auth_timeout:
-            reason = "auth_timeout"
-        elif (
-            self.partial_since is not None
-            and not self.read_paused  # our backpressure, not a slow peer
-            and now - self.partial_since > cfg.frame_timeout
-        ):
-            reason = "frame_timeout"
-        elif (
-            self.write_paused_since is not None
-            and now - self.write_paused_since > cfg.write_timeout
-        ):
-            reason = "write_timeout"
-        elif (
-            self.in_flight == 0
-            and not self.queue
-            and self.partial_since is None
-            and now - self.last_activity > cfg.idle_timeout
-        ):
-            reason = "idle_timeout"
-        if reason is not None:
-            self.server.stats.incr(reason)
-            log.info("closing connection from %s: %s", self.peer_ip, reason)
-            self.abort()
-
-
-class _FastAddReply:
-    """The ``on_done`` of one add on the bookie's add path: the outcome becomes the answer
-    frame (a slotted object, not a closure)."""
-
-    __slots__ = ("conn", "request", "request_id")
-
-    def __init__(self, conn: _ServerConnection, request_id: int, request: AddLike) -> None:
-        self.conn = conn
-        self.request_id = request_id
-        self.request = request
-
-    def __call__(self, outcome: AddOutcome) -> None:
-        self.conn._fast_add_done(self.request_id, add_response(self.request, outcome))
-
-
-class _NowaitReply:
-    """The reply callback of one add through an ``add_nowait`` (answers with a response)."""
-
-    __slots__ = ("conn", "request_id")
-
-    def __init__(self, conn: _ServerConnection, request_id: int) -> None:
-        self.conn = conn
-        self.request_id = request_id
-
-    def __call__(self, response: Response) -> None:
-        self.conn._fast_add_done(self.request_id, response)
-
-
-#: ``add(request, on_done)``: the bookie's add path (``Bookie.add_request``)
-AddPath = Callable[[AddLike, AddCallback], None]
-#: ``add_nowait(request, reply)``: answer an add by calling ``reply(response)`` exactly once
-#: (the older form, kept for callers that have one)
-AddNowait = Callable[[AddRequest, Callable[[Response], None]], None]
+        for name, value in sorted(self.gauges().items()):
+            yield GaugeMetricFamily(f"pybk_server_{name}", name.replace("_", " "), value=value)
 
 
 class BookieServer:
@@ -501,6 +177,7 @@ class BookieServer:
         registry: CollectorRegistry | None = None,
         add_nowait: AddNowait | None = None,
         add: AddPath | None = None,
+        response_size: ResponseSize | None = None,
     ) -> None:
         if auth_token is not None and not auth_token:
             raise ValueError("auth_token must be non-empty (or None for no authentication)")
@@ -509,6 +186,8 @@ class BookieServer:
         #: there, no task per request; without it, ``add_nowait`` (single adds) or the handler
         self.add = add
         self.add_nowait = add_nowait
+        #: optional size of a read's answer before it runs (``Bookie.response_size_hint``)
+        self.response_size = response_size
         self.host = host
         self.port = port
         self.ssl_context = ssl_context
@@ -516,95 +195,336 @@ class BookieServer:
         self.config = config or ServerConfig()
         self.registry = registry or CollectorRegistry()
         self.stats = ServerStats(self.registry)
-        self.connections: list[_ServerConnection] = []
-        self._per_ip: collections.Counter[str] = collections.Counter()
-        self._server: asyncio.Server | None = None
+        self.stats.gauges = self._gauges
+        self._conns: dict[ServerConnection, None] = {}  # (ordered: oldest first)
+        self._by_ip: dict[str, dict[ServerConnection, None]] = {}  # the same, by address
+        cfg = self.config
+        self.admission = Admission(cfg.max_connections, cfg.max_connections_per_ip,
+                                   cfg.max_unauthenticated)
+        #: the global cap the open-file limit allows (refreshed by the sweeper)
+        self.descriptor_cap = cfg.max_connections
+        self._shed_until = 0.0
+        self._listener: Listener | None = None
+        self._sockets: list[socket.socket] = []
+        self._address: tuple[str, int] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self.stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: bytes charged to the budgets by every connection, and how many hold some
+        self.held = 0
+        self.holders = 0
+        self._budget_waiters: dict[ServerConnection, None] = {}
+        self._wake_scheduled = False
+        self.long_polls = 0
+        self.warnings: RateLimitedLog | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise RuntimeError("server is not started")
+        return self._loop
+
+    @property
+    def connections(self) -> list[ServerConnection]:
+        """The connections held now (oldest first), those still in a handshake included."""
+        return list(self._conns)
 
     @property
     def address(self) -> tuple[str, int]:
-        """(host, port) actually bound."""
-        if self._server is None or not self._server.sockets:
+        """(host, port) actually bound (also once stopped: where it was)."""
+        if self._address is None:
             raise RuntimeError("server is not started")
-        sockname = self._server.sockets[0].getsockname()
-        return str(sockname[0]), int(sockname[1])
+        return self._address
+
+    def _gauges(self) -> dict[str, float]:
+        return {
+            "unauthenticated_connections": self.admission.unproven,
+            "bytes_in_flight": self.held,
+            "long_polls": self.long_polls,
+            "connection_cap": self.admission.max_total,
+        }
 
     async def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _ServerConnection(self),
-            self.host,
-            self.port,
-            ssl=self.ssl_context,
-            ssl_handshake_timeout=(
-                self.config.tls_handshake_timeout if self.ssl_context is not None else None
-            ),
-            backlog=1024,
-            reuse_address=True,
-        )
+        self._loop = loop = asyncio.get_running_loop()
+        self.warnings = RateLimitedLog(log, self.config.log_interval, loop.time)
+        self._sockets = await bind_sockets(self.host, self.port, self.config.backlog)
+        sockname = self._sockets[0].getsockname()
+        self._address = (str(sockname[0]), int(sockname[1]))
+        self._refresh_descriptor_cap(initial=True)
+        self._listener = Listener(self._sockets, self._on_accept, self._on_accept_error)
+        self._listener.start()
         self._sweeper = loop.create_task(self._sweep())
+
+    def stop_accepting(self) -> None:
+        """Close the listening sockets: new connections are refused (as by a dead process);
+        those already open go on."""
+        if self._listener is not None:
+            self._listener.close()
+
+    # -- accepting -----------------------------------------------------------------------------
+
+    def _on_accept(self, sock: socket.socket, peer_ip: str) -> None:
+        """A socket just accepted: admit it (maybe displacing another) or close it now."""
+        if self.stopping:
+            self._refuse(sock, "refused_stopping", peer_ip)
+            return
+        unproven = self.ssl_context is not None or self.auth_token is not None
+        decision = self.admission.decide(peer_ip, unproven)
+        if decision.displace_ip is not None and self._displace(decision.displace_ip,
+                                                                decision.unproven_only):
+            decision = self.admission.decide(peer_ip, unproven)
+        if decision.refused is not None or decision.displace_ip is not None:
+            self._refuse(sock, decision.refused or "refused_connection_cap", peer_ip)
+            return
+        conn = ServerConnection(self, peer_ip, unproven)
+        self._conns[conn] = None
+        self._by_ip.setdefault(peer_ip, {})[conn] = None
+        self.admission.add(peer_ip, unproven)
+        self.stats.incr("accepted")
+        self.stats.set_open(len(self._conns))
+        set_keepalive(sock, self.config.keepalive)
+        conn.handshake = task = self.loop.create_task(self._connect(conn, sock))
+        task.add_done_callback(functools.partial(self._connect_done, conn, sock))
+
+    async def _connect(self, conn: ServerConnection, sock: socket.socket) -> None:
+        """Wrap the accepted socket in a transport (and its TLS handshake, bounded); from
+        here on the transport owns the socket and closes it on every path."""
+        conn.setup_started = True
+        try:
+            await self.loop.connect_accepted_socket(
+                lambda: conn, sock, ssl=self.ssl_context,
+                ssl_handshake_timeout=(
+                    self.config.tls_handshake_timeout if self.ssl_context is not None else None
+                ),
+            )
+        except (OSError, EOFError) as exc:  # (TimeoutError is an OSError)
+            self.stats.incr("handshake_failed")
+            log.debug("handshake with %s failed: %r", conn.peer_ip, exc)
+            conn.release()
+        except Exception:  # news: say so, and never keep the place
+            log.exception("setting up a connection from %s failed", conn.peer_ip)
+            conn.release()
+
+    def _connect_done(self, conn: ServerConnection, sock: socket.socket,
+                      task: asyncio.Task[None]) -> None:
+        conn.handshake = None
+        if task.cancelled():  # displaced, shed or stopping during its setup
+            if not conn.setup_started:  # cancelled before it ran: the socket is still ours
+                sock.close()
+            conn.release()
+
+    def _refuse(self, sock: socket.socket, reason: str, peer_ip: str) -> None:
+        sock.close()
+        self.stats.incr(reason)
+        if reason != "refused_stopping" and self.warnings is not None:
+            a = self.admission
+            self.warnings.event(
+                "refused connections",
+                f"{reason.removeprefix('refused_')} from {peer_ip} "
+                f"({a.total} open of {a.max_total}, {a.per_ip[peer_ip]} from that address "
+                f"of {a.max_per_ip}, {a.unproven} unauthenticated of {a.max_unproven})",
+            )
+
+    def _displace(self, ip: str, unproven_only: bool) -> bool:
+        """Close one of ``ip``'s connections to make room: an unproven one if any (the
+        oldest), else the one quiet the longest, busy ones last."""
+        candidates = [c for c in self._by_ip.get(ip, ())
+                      if not c.released and (c.unproven or not unproven_only)]
+        if not candidates:
+            return False
+        victim = min(candidates, key=lambda c: (not c.unproven, c.in_flight > 0,
+                                                c.last_activity))
+        self.stats.incr("displaced")
+        if self.warnings is not None:
+            self.warnings.event("displaced connections",
+                                f"closed one of {ip}'s to make room for another address")
+        victim.abort()
+        victim.release()  # its place is free now (its transport closes on the next loop turn)
+        return True
+
+    def _on_accept_error(self, exc: OSError) -> None:
+        self.stats.incr("accept_errors")
+        if self.warnings is not None:
+            self.warnings.event("accept() failing",
+                                f"{exc.strerror or exc} ({len(self._conns)} connections "
+                                "open); pausing accepts briefly")
+        if exc.errno in (errno.EMFILE, errno.ENFILE):  # we hold too many: make room
+            self.shed(max(1, self.config.fd_reserve // 4), f"accept(): {exc.strerror}")
+
+    def _release(self, conn: ServerConnection) -> None:
+        if self._conns.pop(conn, "absent") is None:
+            same_ip = self._by_ip.get(conn.peer_ip)
+            if same_ip is not None:
+                same_ip.pop(conn, None)
+                if not same_ip:
+                    del self._by_ip[conn.peer_ip]
+            self.admission.remove(conn.peer_ip, conn.unproven)
+            self.stats.set_open(len(self._conns))
+        self._budget_waiters.pop(conn, None)
+
+    # -- descriptors -------------------------------------------------------------------------
+
+    def _refresh_descriptor_cap(self, initial: bool = False) -> None:
+        """The global cap = min(max_connections, what the open-file limit leaves after the
+        descriptors the process uses for other things and ``fd_reserve``)."""
+        cfg = self.config
+        in_use = open_descriptors()
+        if in_use is None:
+            if not initial:  # (out of descriptors even to count them: keep the last cap)
+                return
+            cap = cfg.max_connections  # a system that cannot tell: only the configured cap
+        else:
+            others = max(0, in_use - len(self._conns))
+            # (ACCEPT_SLACK: refusing a connection takes a descriptor for a moment too)
+            cap = max(0, open_file_limit() - others - cfg.fd_reserve - ACCEPT_SLACK)
+        self.descriptor_cap = min(cfg.max_connections, cap)
+        if self.loop.time() >= self._shed_until:
+            if initial and self.descriptor_cap < cfg.max_connections:
+                level = logging.WARNING if self.descriptor_cap < 64 else logging.INFO
+                log.log(level, "connection cap %d lowered to %d by the open-file limit (%d, "
+                        "%d descriptors kept for the bookie's files)%s", cfg.max_connections,
+                        self.descriptor_cap, open_file_limit(), cfg.fd_reserve,
+                        "; raise the limit (ulimit -n) or lower --fd-reserve"
+                        if self.descriptor_cap < 64 else "")
+            self.admission.max_total = self.descriptor_cap
+
+    def shed(self, count: int, why: str) -> int:
+        """The process ran out of descriptors (``why``): close up to ``count`` connections
+        that are doing nothing (unauthenticated ones first, then the quietest idle ones: a
+        connection with requests in flight is never shed) and keep the cap that much lower
+        for a while, so the bookie's own files get descriptors again. Returns how many
+        closed."""
+        now = self.loop.time()
+        victims = sorted(
+            (c for c in self._conns
+             if not c.released and (c.unproven or (not c.in_flight and not c.queue
+                                                   and now - c.last_activity >= SHED_IDLE))),
+            key=lambda c: (not c.unproven, c.last_activity),
+        )[:count]
+        for conn in victims:
+            conn.abort()
+            conn.release()
+        self.stats.incr("shed", len(victims))
+        if victims:  # the freed descriptors are for the bookie's files, not newcomers
+            self.admission.max_total = max(0, min(self.admission.max_total, len(self._conns)))
+            self._shed_until = now + SHED_COOLDOWN
+        if self.warnings is not None:
+            self.warnings.event(
+                "out of descriptors",
+                f"{why}: closed {len(victims)} idle connections; connection cap "
+                f"{self.admission.max_total} until the next count of descriptors")
+        return len(victims)
+
+    # -- budgets -----------------------------------------------------------------------------
+
+    def request_cost(self, request: Request) -> int:
+        """Bytes a request holds while it runs: its payload, and the answer it will produce
+        (a read's: its entries' size as ``response_size`` tells, else a whole frame)."""
+        if isinstance(request, AddRequest):
+            return REQUEST_OVERHEAD + len(request.body)
+        if request.op.name.startswith("READ") and not is_long_poll(request):
+            size = self.response_size(request) if self.response_size is not None else None
+            return REQUEST_OVERHEAD + (self.config.max_frame if size is None else size)
+        return REQUEST_OVERHEAD + _payload_bytes(request)
+
+    def _held_changed(self, before: int, after: int) -> None:
+        self.held += after - before
+        if before == 0 and after:
+            self.holders += 1
+        elif before and after == 0:
+            self.holders -= 1
+        if after < before and self._budget_waiters and not self._wake_scheduled:
+            self._wake_scheduled = True
+            self.loop.call_soon(self._wake_budget_waiters)
+
+    def _wait_for_budget(self, conn: ServerConnection) -> None:
+        """``conn`` waits for bytes or a long-poll slot to be given back."""
+        self._budget_waiters[conn] = None
+
+    def _wake_budget_waiters(self) -> None:
+        """Bytes were given back: let waiting connections try again, oldest waiter first."""
+        self._wake_scheduled = False
+        waiters, self._budget_waiters = self._budget_waiters, {}
+        for conn in waiters:
+            if not conn.closing:
+                conn._pump()
+
+    def _bound_long_poll(self, conn: ServerConnection, request: Request) -> Request | None:
+        """A long poll waits at most ``long_poll_max_timeout``. With ``max_long_polls``
+        waiting already, one from a connection holding few (a reader tailing a ledger or
+        two) is answered at once with the current state; one from a connection holding
+        many waits, unstarted, for a slot (None): a flood costs no work beyond decoding."""
+        assert isinstance(request, ReadRequest)
+        cfg = self.config
+        if self.long_polls >= cfg.max_long_polls:
+            self.stats.incr("long_poll_limit")
+            if self.warnings is not None:
+                self.warnings.event("long polls at their limit",
+                                    f"{self.long_polls} waiting; new ones wait or are "
+                                    "answered at once")
+            if conn.long_polls >= LONG_POLLS_ANSWERED_AT_ONCE:
+                self._wait_for_budget(conn)
+                return None
+            return dataclasses.replace(request, timeout=0.0)
+        if request.timeout > cfg.long_poll_max_timeout:
+            self.stats.incr("long_poll_timeout_capped")
+            return dataclasses.replace(request, timeout=cfg.long_poll_max_timeout)
+        return request
+
+    def _long_poll_ended(self) -> None:
+        self.long_polls -= 1
+        if self._budget_waiters and not self._wake_scheduled:
+            self._wake_scheduled = True
+            self.loop.call_soon(self._wake_budget_waiters)
+
+    # -- the sweeper -------------------------------------------------------------------------
 
     async def _sweep(self) -> None:
         cfg = self.config
         shortest = min(cfg.idle_timeout, cfg.frame_timeout, cfg.auth_timeout, cfg.write_timeout)
         interval = max(0.01, min(1.0, shortest / 4))
-        loop = asyncio.get_running_loop()
+        loop = self.loop
+        next_fd_check = loop.time() + 5.0
         while True:
             await asyncio.sleep(interval)
             now = loop.time()
-            for conn in list(self.connections):
+            for conn in list(self._conns):
                 conn.check_deadlines(now)
+            if now >= next_fd_check:
+                next_fd_check = now + 5.0
+                self._refresh_descriptor_cap()
+            if self.warnings is not None:
+                self.warnings.flush()
 
-    def _admit(self, conn: _ServerConnection) -> bool:
-        cfg = self.config
-        if self.stopping:
-            self.stats.incr("refused_stopping")
-            return False
-        if len(self.connections) >= cfg.max_connections:
-            self.stats.incr("refused_connection_cap")
-            return False
-        if self._per_ip[conn.peer_ip] >= cfg.max_connections_per_ip:
-            self.stats.incr("refused_per_ip_cap")
-            return False
-        self.connections.append(conn)
-        self._per_ip[conn.peer_ip] += 1
-        self.stats.incr("accepted")
-        self.stats.set_open(len(self.connections))
-        return True
-
-    def _forget(self, conn: _ServerConnection) -> None:
-        if conn in self.connections:
-            self.connections.remove(conn)
-            self._per_ip[conn.peer_ip] -= 1
-            if self._per_ip[conn.peer_ip] <= 0:
-                del self._per_ip[conn.peer_ip]
-            self.stats.set_open(len(self.connections))
+    # -- stopping ------------------------------------------------------------------------------
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop accepting, stop reading, let in-flight requests finish (up to ``grace``
         seconds), send their responses, then close every connection."""
         self.stopping = True
-        if self._server is not None:
-            self._server.close()
-        for conn in list(self.connections):
-            conn._set_reading()
+        if self._listener is not None:
+            self._listener.close()
+        for conn in list(self._conns):
+            if conn.transport is None:
+                conn.abort()  # still in its handshake
+            else:
+                conn._set_reading()
         grace = self.config.stop_grace if grace is None else grace
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
-        for conn in list(self.connections):
+        for conn in list(self._conns):
             conn.cancel_long_polls()  # answered UNAVAILABLE now; the reader retries elsewhere
-        tasks: list[asyncio.Future[Any]] = [t for c in self.connections for t in c.tasks]
+        tasks: list[asyncio.Future[Any]] = [t for c in self._conns for t in c.tasks]
         idle_waiters: list[asyncio.Future[Any]] = [
             asyncio.ensure_future(c.fast_adds_idle.wait())
-            for c in self.connections
+            for c in self._conns
             if not c.fast_adds_idle.is_set()
         ]
         if tasks or idle_waiters:
             await asyncio.wait(tasks + idle_waiters, timeout=max(0.0, deadline - loop.time()))
         for waiter in idle_waiters:  # only our own waiters: handlers are never interrupted
             waiter.cancel()
-        for conn in list(self.connections):
+        for conn in list(self._conns):
             # Still running after the grace: the client sees the connection drop (outcome
             # indeterminate); the handler itself is left to finish or be failed by the
             # bookie's own stop, never interrupted half way.
@@ -613,18 +533,19 @@ class BookieServer:
                 conn.transport.close()
         # close() waits for the send buffer to drain; a peer that does not read gets aborted.
         close_deadline = loop.time() + 1.0
-        while self.connections and loop.time() < close_deadline:
+        while self._conns and loop.time() < close_deadline:
             await asyncio.sleep(0.01)
-        for conn in list(self.connections):
+        for conn in list(self._conns):
             conn.abort()
+            conn.release()
         if self._sweeper is not None:
             self._sweeper.cancel()
             try:
                 await self._sweeper
             except asyncio.CancelledError:
                 pass
-        if self._server is not None:
-            await self._server.wait_closed()
+        if self.warnings is not None:
+            self.warnings.flush()
 
     async def __aenter__(self) -> BookieServer:
         await self.start()

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import pybk
 from pybk.errors import BookieUnavailableError, DigestMismatchError, NoSuchEntryError
 from pybk.protocol import AddRequest, DigestManager, Op, Status, master_key
 from pybk.replication.context import ClientConfig
@@ -105,10 +106,12 @@ async def test_read_arguments_are_checked() -> None:
             await rh.read(-1, 0)
         with pytest.raises(ValueError, match=r"last \(0\) must be >= first \(1\)"):
             await rh.read(1, 0)
-        with pytest.raises(ValueError, match="beyond the last add confirmed"):
+        # past the LAC: a pybk error (still a ValueError, as before it had a class)
+        with pytest.raises(pybk.EntryNotConfirmedError, match="last add confirmed is 1"):
             await rh.read(0, 2)
-        with pytest.raises(ValueError, match="closed at entry 1"):
+        with pytest.raises(pybk.NoSuchEntryError, match="closed at entry 1"):
             await rh.read_unconfirmed(0, 2)
+        assert issubclass(pybk.EntryNotConfirmedError, ValueError)
         with pytest.raises(TypeError, match="first"):
             await rh.read("0", 1)  # type: ignore[arg-type]
 

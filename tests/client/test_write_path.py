@@ -9,6 +9,7 @@ import pytest
 
 from pybk.errors import (
     DigestMismatchError,
+    EntryNotConfirmedError,
     LedgerClosedError,
     MetadataVersionError,
     NoSuchLedgerError,
@@ -234,7 +235,7 @@ async def test_writer_reads_back_confirmed_entries() -> None:
         lh = await cluster.client().create_ledger(3, 2, 2)
         await lh.append_many([b"a", b"b", b"c"])
         assert [e.data for e in await lh.read(0, 2)] == [b"a", b"b", b"c"]
-        with pytest.raises(ValueError, match="beyond the last add confirmed"):
+        with pytest.raises(EntryNotConfirmedError, match="last add confirmed is 2"):
             await lh.read(0, 3)
         await lh.close()
 

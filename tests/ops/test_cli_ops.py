@@ -144,6 +144,10 @@ async def test_bookie_info_recover_decommission_and_marks(procs: Procs) -> None:
 async def test_autorecovery_switches_and_bad_input(tmp_path: Path) -> None:
     m = f"sqlite://{tmp_path / 'metadata.db'}"
     code, out = await asyncio.to_thread(cli, "autorecovery", "status", "--metadata", m)
+    assert code == 2 and "does not exist" in out  # a mistyped path makes no new cluster
+    async with Client(m) as client:  # (a cluster's store: made by its first bookie)
+        await client.list_ledgers()
+    code, out = await asyncio.to_thread(cli, "autorecovery", "status", "--metadata", m)
     assert code == 0 and "enabled: yes" in out and "auditor: none elected" in out
     assert (await asyncio.to_thread(cli, "autorecovery", "disable", "--metadata", m))[0] == 0
     code, out = await asyncio.to_thread(cli, "autorecovery", "status", "--metadata", m,

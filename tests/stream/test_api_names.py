@@ -24,6 +24,8 @@ def test_log_and_wal_names() -> None:
                 and not any(b.status == c.status for b in c.__mro__[1:]
                             if issubclass(b, errors.BKError) and b is not errors.BKError)]
     assert len(statuses) == len(set(statuses)), "two error classes share a wire status"
+    assert errors.error_for_status(errors.NoSuchEntryError.status).__class__ \
+        is errors.NoSuchEntryError
 
 
 def test_shapes() -> None:

@@ -19,7 +19,20 @@ COMMANDS = ["create", "list", "show", "append", "read", "tail", "truncate", "del
 
 @pytest.fixture
 def uri(tmp_path) -> str:
-    return f"sqlite://{tmp_path / 'meta.db'}"
+    """A cluster's metadata store without bookies (client commands need it to exist)."""
+    import asyncio
+
+    from pybk.metadata import open_store
+
+    uri = f"sqlite://{tmp_path / 'meta.db'}"
+
+    async def make() -> None:
+        store = open_store(uri)
+        await store.list_bookies()
+        await store.close()
+
+    asyncio.run(make())
+    return uri
 
 
 def run(uri: str, *args: str, input: str | bytes | None = None) -> Result:

@@ -52,6 +52,11 @@ def test_usage_errors_exit_2():
 def test_operation_failure_is_one_line_and_exit_1(tmp_path):
     runner = CliRunner()
     uri = f"sqlite://{tmp_path / 'meta.db'}"
+    # a client command never makes an empty cluster out of a mistyped path
+    result = runner.invoke(main, ["ledger", "list", "--metadata", uri])
+    assert result.exit_code == 2 and "meta.db does not exist" in result.output
+    assert not (tmp_path / "meta.db").exists()
+    _make_store(uri)
     result = runner.invoke(main, ["ledger", "show", "42", "--metadata", uri])
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [
@@ -64,6 +69,20 @@ def test_operation_failure_is_one_line_and_exit_1(tmp_path):
     result = runner.invoke(main, ["ledger", "list", "--metadata", uri, "--timeout", "0.000001"])
     assert result.exit_code == 1
     assert result.output.startswith("pybk: error: TimeoutError: not done within 1e-06 s")
+
+
+def _make_store(uri: str) -> None:
+    """A cluster's metadata store without bookies."""
+    import asyncio
+
+    from pybk.metadata import open_store
+
+    async def make() -> None:
+        store = open_store(uri)
+        await store.list_bookies()
+        await store.close()
+
+    asyncio.run(make())
 
 
 def test_python_dash_m_pybk():

@@ -1,0 +1,687 @@
+"""One accepted connection of a bookie's TCP server: framing, authentication, the request
+flow under the in-flight cap and the byte budgets, and the connection's deadlines.
+
+:class:`ServerConnection` is the asyncio protocol object; :class:`pybk.transport.server.
+BookieServer` makes one per accepted socket (before any TLS handshake), owns the caps and the
+bookie-wide budget, and calls :meth:`ServerConnection.check_deadlines` from its sweeper.
+The module doc of :mod:`pybk.transport.server` says what each bound defends against.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import hmac
+import logging
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from pybk.errors import BKError, ProtocolError, status_of
+from pybk.protocol import (
+    AddBatchRequest,
+    AddCallback,
+    AddLike,
+    AddOutcome,
+    AddRequest,
+    AuthRequest,
+    AuthResponse,
+    BookieInfoRequest,
+    BookieInfoResponse,
+    ReadRequest,
+    ReadResponse,
+    Request,
+    Response,
+    Status,
+    add_response,
+    error_response,
+)
+from pybk.transport import codec
+from pybk.transport.limits import REQUEST_OVERHEAD
+
+if TYPE_CHECKING:
+    from pybk.transport.server import BookieServer
+
+__all__ = ["SMALL", "SMALL_FLOOR", "AddNowait", "AddPath", "ServerConnection", "is_long_poll"]
+
+log = logging.getLogger("pybk.bookie.process")
+
+#: a request whose bytes are at most this is "small": it still starts when the bookie's
+#: budget is spent, as long as its connection holds at most SMALL_FLOOR (adds of a writer
+#: keep flowing while hostile connections sit on the budget)
+SMALL: Final = 64 << 10
+SMALL_FLOOR: Final = 256 << 10
+#: a read bringing this many bytes at once first asks the kernel whether the peer has
+#: already closed (one getsockopt): a flood that sends and hangs up costs no decoding
+EOF_CHECK_BYTES: Final = 4096
+#: long polls one pump starts at once; more in the same burst start a moment later
+#: (LONG_POLL_START_DELAY): if the peer hangs up right behind its burst, they never start
+LONG_POLLS_AT_ONCE: Final = 16
+LONG_POLL_START_DELAY: Final = 0.005
+#: TCP_INFO's first byte is the socket's state; CLOSE-WAIT: the peer closed its side
+_TCP_CLOSE_WAIT: Final = 8
+_TCP_CLOSE: Final = 7
+
+#: ``add(request, on_done)``: the bookie's add path (``Bookie.add_request``)
+AddPath = Callable[[AddLike, AddCallback], None]
+#: ``add_nowait(request, reply)``: answer an add by calling ``reply(response)`` exactly once
+#: (the older form, kept for callers that have one)
+AddNowait = Callable[[AddRequest, Callable[[Response], None]], None]
+
+
+def _classify(exc: ProtocolError) -> str:
+    """A counter name for a fatal framing error."""
+    text = str(exc)
+    if "cap" in text:
+        return "frame_too_large"
+    if "CRC" in text:
+        return "bad_crc"
+    if "version" in text:
+        return "bad_version"
+    if "operation" in text:
+        return "bad_operation"
+    return "bad_frame"
+
+
+def _event_size(event: codec.Event) -> int:
+    """Memory a decoded, queued request holds (for the read-ahead bound)."""
+    if isinstance(event, codec.RequestReceived):
+        body = getattr(event.request, "body", None)
+        return REQUEST_OVERHEAD + (len(body) if isinstance(body, bytes) else 0)
+    return REQUEST_OVERHEAD
+
+
+def is_long_poll(request: Request) -> bool:
+    """A READ that waits for the LAC to move (previous_lac set, timeout > 0)."""
+    return isinstance(request, ReadRequest) and request.previous_lac is not None \
+        and request.timeout > 0
+
+
+class ServerConnection(asyncio.Protocol):
+    """One accepted connection (a protocol object: asyncio calls it back on the loop).
+
+    Registered with the server from ``accept()`` on; :meth:`release` (exactly once) gives
+    its place back, whether its handshake failed or it closed later."""
+
+    def __init__(self, server: BookieServer, peer_ip: str, unproven: bool) -> None:
+        self.server = server
+        self.cfg = server.config
+        self.loop = server.loop
+        self.transport: asyncio.Transport | None = None
+        self.peer_ip = peer_ip
+        #: counted against the unauthenticated budget (TLS handshake or AUTH still to come)
+        self.unproven = unproven
+        self.authenticated = server.auth_token is None
+        self.codec = codec.Connection(
+            "server",
+            max_frame=self.cfg.max_frame if self.authenticated else self.cfg.pre_auth_max_frame,
+        )
+        self.codec.hold_after_auth = not self.authenticated
+        self.queue: collections.deque[codec.Event] = collections.deque()
+        self.queued_bytes = 0
+        self.in_flight = 0
+        self.long_polls = 0  # of those, long polls waiting
+        self.tasks: dict[asyncio.Task[None], Request] = {}
+        #: what each running task holds (bytes charged, long poll?) until settled
+        self._costs: dict[asyncio.Task[None], tuple[int, bool]] = {}
+        #: long polls of a burst admitted (counted, charged) but not started yet:
+        #: (request id, request, bytes charged)
+        self._deferred: list[tuple[int, Request, int]] = []
+        self._deferred_timer: asyncio.TimerHandle | None = None
+        #: the task wrapping the socket in a transport (TLS handshake included), until done
+        self.handshake: asyncio.Task[None] | None = None
+        self.setup_started = False
+        #: adds answered through the handler's fast path (no task): counted so that stop()
+        #: can wait for them like for tasks
+        self.fast_adds = 0
+        self.fast_adds_idle = asyncio.Event()
+        self.fast_adds_idle.set()
+        self._pumping = False
+        self.out: list[bytes] = []
+        self.out_bytes = 0
+        self.flush_scheduled = False
+        self.read_paused = False
+        #: why the last pump stopped short ("connection"/"bookie" budget, "in_flight"), or None
+        self.blocked: str | None = None
+        #: bytes charged to the budgets: started requests' reservations, and answers not
+        #: yet taken by the peer (in ``out`` or in the transport's buffer)
+        self.reserved = 0
+        self.unsent = 0
+        self.written = 0  # bytes handed to the transport, ever
+        self.sent_seen = 0  # of those, how many had left its buffer at the last look
+        self.closing = False
+        self.released = False
+        now = self.loop.time()
+        self.connected_at = now
+        self.last_activity = now
+        self.progress_at = now
+        self.partial_since: float | None = None
+
+    # -- asyncio callbacks -------------------------------------------------------------------
+
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        # a stream transport; not an asyncio.Transport subclass on every loop (uvloop's is not)
+        self.transport = transport = cast(asyncio.Transport, base)
+        if self.closing or self.released:
+            transport.abort()
+            return
+        # pause_writing above a quarter of the budget, resume_writing once down to an
+        # eighth: a drained buffer gives its bytes back to the budgets (and wakes the pump)
+        budget = self.cfg.connection_budget
+        transport.set_write_buffer_limits(high=max(budget // 4, 1), low=budget // 8)
+        now = self.loop.time()
+        self.last_activity = self.progress_at = now
+        if self.unproven and self.authenticated:  # a TLS handshake was all it had to do
+            self._prove()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.queue.clear()
+        self.queued_bytes = 0
+        self.out.clear()
+        self._set_unsent(0)
+        self.release()
+        self.cancel_long_polls()
+
+    def cancel_long_polls(self) -> None:
+        """Long polls only wait, so they are cancelled when nobody will read the answer.
+        Other requests are left to finish: cancelling a handler could interrupt the bookie
+        half way (its outcome is indeterminate for the client either way)."""
+        for task, request in list(self.tasks.items()):
+            if is_long_poll(request):
+                task.cancel()
+        deferred, self._deferred = self._deferred, []
+        if self._deferred_timer is not None:
+            self._deferred_timer.cancel()
+            self._deferred_timer = None
+        for request_id, request, cost in deferred:  # never started: nothing to interrupt
+            if self.server.stopping:
+                self._respond(request_id,
+                              error_response(request, Status.UNAVAILABLE, "bookie stopping"))
+            self._settle_long_poll(cost)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        if len(data) >= EOF_CHECK_BYTES and self.peer_closed():
+            # a burst of requests with the close right behind it (a flood that hangs up):
+            # nobody will read the answers, so nothing is decoded, let alone started
+            self.server.stats.incr("peer_closed")
+            self.abort()
+            return
+        try:
+            events = self.codec.receive_data(data)
+        except ProtocolError as exc:
+            self.server.stats.incr(_classify(exc))
+            log.info("closing connection from %s: %s", self.peer_ip, exc)
+            self.abort()
+            return
+        now = self.loop.time()
+        if events:
+            self.last_activity = now
+            self.partial_since = now if self.codec.buffered else None
+            self.queue.extend(events)
+            # (what the decoded requests hold: about the bytes they came in, plus objects)
+            self.queued_bytes += len(data) + REQUEST_OVERHEAD * len(events)
+            self._pump()
+        elif self.codec.buffered and self.partial_since is None:
+            self.partial_since = now
+
+    def eof_received(self) -> bool | None:
+        return None  # close our side too: connection_lost follows, long polls are cancelled
+
+    def pause_writing(self) -> None:
+        self.server.stats.incr("write_paused")
+        self._refresh_unsent()
+
+    def resume_writing(self) -> None:
+        self._refresh_unsent()
+        self._pump()
+
+    # -- budgets -------------------------------------------------------------------------------
+
+    @property
+    def held(self) -> int:
+        """Bytes this connection holds against the budgets."""
+        return self.reserved + self.unsent
+
+    def _charge(self, reserved: int = 0, unsent: int = 0) -> None:
+        before = self.reserved + self.unsent
+        self.reserved += reserved
+        self.unsent += unsent
+        self.server._held_changed(before, self.reserved + self.unsent)
+
+    def _set_unsent(self, n: int) -> None:
+        if n != self.unsent:
+            self._charge(unsent=n - self.unsent)
+
+    def _refresh_unsent(self) -> None:
+        """Answers still waiting = those in ``out`` + the transport's buffer; note progress."""
+        transport = self.transport
+        buffered = 0
+        if transport is not None and not transport.is_closing():
+            buffered = transport.get_write_buffer_size()
+        sent = self.written - buffered
+        if sent != self.sent_seen or not buffered:  # (nothing waiting: nothing is late)
+            self.sent_seen = sent
+            self.progress_at = self.loop.time()
+        self._set_unsent(self.out_bytes + buffered)
+
+    def _admissible(self, cost: int) -> str | None:
+        """None if a request of ``cost`` bytes may start now, else whose budget is spent."""
+        held = self.reserved + self.unsent
+        if held and held + cost > self.cfg.connection_budget:
+            return "connection"
+        server = self.server
+        total = server.held
+        if total and total + cost > self.cfg.bookie_budget:
+            if cost <= SMALL and held <= SMALL_FLOOR:
+                return None
+            # over the budget: still a fair share for a connection holding little, up to
+            # twice the budget in all (so one holder cannot keep every other one waiting)
+            if (total + cost <= 2 * self.cfg.bookie_budget
+                    and held + cost <= self.cfg.bookie_budget // max(1, server.holders)):
+                return None
+            return "bookie"
+        return None
+
+    # -- request flow ------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Start queued requests while the caps and budgets allow; then pause/resume reading."""
+        if self._pumping:  # a fast add answered synchronously while we were starting it
+            return
+        self._pumping = True
+        try:
+            self._pump_queue()
+        finally:
+            self._pumping = False
+        self._set_reading()
+
+    def _pump_queue(self) -> None:
+        server = self.server
+        self.blocked = None
+        started_polls = 0
+        while self.queue and not self.closing and not server.stopping:
+            event = self.queue[0]
+            if isinstance(event, codec.MessageRejected):
+                self._dequeue(event)
+                server.stats.incr("bad_message")
+                if not self.authenticated:
+                    self._refuse_unauthenticated(event.request_id, event.op)
+                    return
+                self._respond(
+                    event.request_id,
+                    codec.error_response_for_op(event.op, Status.PROTOCOL_ERROR, str(event.error)),
+                )
+                continue
+            assert isinstance(event, codec.RequestReceived)
+            request = event.request
+            if isinstance(request, AuthRequest):
+                self._dequeue(event)
+                self._authenticate(event.request_id, request)
+                continue
+            if not self.authenticated:
+                self._dequeue(event)
+                self._refuse_unauthenticated(event.request_id, request.op)
+                return
+            if self.in_flight >= self.cfg.max_in_flight:
+                self.blocked = "in_flight"
+                server.stats.incr("in_flight_full")
+                return
+            if isinstance(request, AddRequest):  # (the hot path: request_cost inlined)
+                cost = REQUEST_OVERHEAD + len(request.body)
+            else:
+                cost = server.request_cost(request)
+            held = self.reserved + self.unsent
+            if (held + cost <= self.cfg.connection_budget
+                    and server.held + cost <= self.cfg.bookie_budget):
+                blocked = None  # within both budgets: the common case, decided here
+            else:
+                blocked = self._admissible(cost)
+            if blocked is not None:
+                self.blocked = blocked
+                server.stats.incr(f"{blocked}_budget_full")
+                if blocked == "bookie":
+                    server._wait_for_budget(self)
+                return
+            # a long poll's answer may carry an entry it was not charged for (see _serve)
+            entry_uncharged = long_poll = is_long_poll(request)
+            if long_poll:
+                bounded = server._bound_long_poll(self, request)
+                if bounded is None:  # no slot: it waits for one, unstarted
+                    self.blocked = "long_polls"
+                    return
+                request = bounded
+                long_poll = is_long_poll(request)
+            self._dequeue(event)
+            self.in_flight += 1
+            self._charge(reserved=cost)
+            kind = type(request)
+            if kind is AddRequest or kind is AddBatchRequest:
+                adder = server.add
+                if adder is not None:
+                    # the hot path: the bookie's add path (the one every transport drives)
+                    # answers from its journal's batch completion; no task per request
+                    self.fast_adds += 1
+                    self.fast_adds_idle.clear()
+                    adder(request,  # type: ignore[arg-type]
+                          _FastAddReply(self, event.request_id, request, cost))  # type: ignore[arg-type]
+                    continue
+                add_nowait = server.add_nowait
+                if add_nowait is not None and kind is AddRequest:
+                    self.fast_adds += 1
+                    self.fast_adds_idle.clear()
+                    add_nowait(request,  # type: ignore[arg-type]
+                               _NowaitReply(self, event.request_id, cost))
+                    continue
+            if long_poll:
+                server.long_polls += 1
+                self.long_polls += 1
+                started_polls += 1
+                if started_polls > LONG_POLLS_AT_ONCE:
+                    self._defer(event.request_id, request, cost)
+                    continue
+                server.stats.incr("long_polls_started")
+            task = self.loop.create_task(
+                self._serve(event.request_id, request, entry_uncharged))
+            self.tasks[task] = request
+            self._costs[task] = (cost, long_poll)
+            task.add_done_callback(self._task_done)
+
+    def _defer(self, request_id: int, request: Request, cost: int) -> None:
+        self._deferred.append((request_id, request, cost))
+        if self._deferred_timer is None:
+            self._deferred_timer = self.loop.call_later(LONG_POLL_START_DELAY,
+                                                        self._start_deferred)
+
+    def _start_deferred(self) -> None:
+        """Start the long polls of a burst, unless the peer went away meanwhile."""
+        self._deferred_timer = None
+        deferred, self._deferred = self._deferred, []
+        for request_id, request, cost in deferred:
+            if self.closing:
+                self._settle_long_poll(cost)
+                continue
+            self.server.stats.incr("long_polls_started")
+            task = self.loop.create_task(self._serve(request_id, request, True))
+            self.tasks[task] = request
+            self._costs[task] = (cost, True)
+            task.add_done_callback(self._task_done)
+
+    def _settle_long_poll(self, cost: int) -> None:
+        """Give back what a long poll that never started held."""
+        self.in_flight -= 1
+        self._charge(reserved=-cost)
+        self.long_polls -= 1
+        self.server._long_poll_ended()
+
+    def _dequeue(self, event: codec.Event) -> None:
+        """Take the head of the queue; its share of the read-ahead bytes goes with it (each
+        event's own size is counted once, on arrival, in bulk)."""
+        queue = self.queue
+        share = self.queued_bytes // len(queue)
+        queue.popleft()
+        self.queued_bytes = self.queued_bytes - share if queue else 0
+
+    def _fast_add_done(self, request_id: int, response: Response, cost: int) -> None:
+        self.in_flight -= 1
+        self.fast_adds -= 1
+        if not self.fast_adds:
+            self.fast_adds_idle.set()
+        self._answered(request_id, response, cost)
+
+    def _answered(self, request_id: int, response: Response, release: int = 0) -> None:
+        """A request finished: give back the ``release`` bytes it held, send its response,
+        then start queued ones (or resume reading: ``_pump`` always ends by re-arming the
+        reader)."""
+        self.server.stats.incr("requests")
+        self._respond(request_id, response, release)
+        self._pump()
+
+    def _settle(self, task: asyncio.Task[Any] | None) -> bool:
+        """Give back what a task held (once: when it answers, or when it ends unstarted)."""
+        entry = self._costs.pop(task, None) if task is not None else None
+        if entry is None:
+            return False
+        cost, long_poll = entry
+        self.in_flight -= 1
+        self._charge(reserved=-cost)
+        if long_poll:
+            self.long_polls -= 1
+            self.server._long_poll_ended()
+        return True
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.pop(task, None)
+        if self._settle(task):  # cancelled before it ran (its finally never did)
+            self._pump()
+
+    async def _serve(self, request_id: int, request: Request, entry_uncharged: bool) -> None:
+        server = self.server
+        try:
+            response = await server.handler(request)
+        except asyncio.CancelledError:
+            if server.stopping:  # tell the client now rather than at the close
+                self._respond(
+                    request_id, error_response(request, Status.UNAVAILABLE, "bookie stopping")
+                )
+            raise
+        except Exception as exc:
+            server.stats.incr("handler_error")
+            if not isinstance(exc, BKError):
+                log.exception("handler failed on %r", request)
+            message = str(exc) if isinstance(exc, BKError) else f"internal error: {exc!r}"
+            response = error_response(request, status_of(exc), message)
+        finally:
+            self._settle(asyncio.current_task())
+        if (isinstance(request, BookieInfoRequest) and request.versions
+                and isinstance(response, BookieInfoResponse)):
+            # the client asks which protocol version it may use (docs/protocol.md)
+            response = dataclasses.replace(response, protocol_version=codec.PROTOCOL_VERSION)
+        if entry_uncharged and isinstance(response, ReadResponse) and response.body is not None \
+                and self._admissible(len(response.body)) is not None:
+            # the entry does not fit the budgets now: answer with the LAC alone, the
+            # reader reads the entry itself
+            server.stats.incr("long_poll_entry_dropped")
+            response = dataclasses.replace(response, body=None)
+        self._answered(request_id, response)
+
+    def _authenticate(self, request_id: int, request: AuthRequest) -> None:
+        expected = self.server.auth_token
+        if expected is None or hmac.compare_digest(request.token, expected):
+            self._respond(request_id, AuthResponse(Status.OK))
+            if not self.authenticated:
+                self.authenticated = True
+                self._prove()
+                self.codec.max_frame = self.cfg.max_frame
+                self.codec.hold_after_auth = False
+                try:  # frames pipelined behind AUTH, now judged against the full cap
+                    events = self.codec.receive_data(b"")
+                    self.queue.extend(events)
+                    self.queued_bytes += sum(map(_event_size, events))
+                except ProtocolError as exc:
+                    self.server.stats.incr(_classify(exc))
+                    self.close_after_flush()
+            return
+        self.server.stats.incr("auth_failed")
+        log.info("authentication failed from %s", self.peer_ip)
+        self._respond(request_id, AuthResponse(Status.UNAUTHORIZED, "authentication failed"))
+        self.close_after_flush()
+
+    def _prove(self) -> None:
+        if self.unproven and not self.released:
+            self.unproven = False
+            self.server.admission.proven(self.peer_ip)
+
+    def _refuse_unauthenticated(self, request_id: int, op: Any) -> None:
+        self.server.stats.incr("unauthenticated_request")
+        response = codec.error_response_for_op(
+            op, Status.UNAUTHORIZED, "authenticate first (send AUTH with the bookie's token)"
+        )
+        self._respond(request_id, response)
+        self.close_after_flush()
+
+    def _respond(self, request_id: int, response: Response, release: int = 0) -> None:
+        """Queue ``response`` for the next flush; ``release``: bytes its request held, given
+        back in the same step as the answer's are charged."""
+        if self.transport is None or self.transport.is_closing():
+            if release:
+                self._charge(reserved=-release)
+            return
+        try:
+            frame = codec.encode_response(request_id, response)
+        except (ValueError, TypeError) as exc:  # a handler bug; tell the client, keep serving
+            log.error("cannot encode response %r: %s", response, exc)
+            frame = codec.encode_response(
+                request_id,
+                codec.error_response_for_op(response.op, Status.GENERIC_ERROR, str(exc)),
+            )
+        now = self.loop.time()
+        if not self.unsent:  # the peer has this long to take it, counted from now
+            self.progress_at = now
+        self.out.append(frame)
+        self.out_bytes += len(frame)
+        self._charge(reserved=-release, unsent=len(frame))
+        self.last_activity = now
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self.flush_scheduled = False
+        if self.out and self.transport is not None and not self.transport.is_closing():
+            data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
+            self.transport.write(data)
+            self.written += len(data)
+            self.server.stats.incr("writes")
+        self.out.clear()
+        self.out_bytes = 0
+        self._refresh_unsent()
+
+    def _set_reading(self) -> None:
+        """Read while the read-ahead has room, even when nothing can start (so a close is
+        seen at once); pause when it is full, when closing, or when the server stops."""
+        if self.transport is None or self.transport.is_closing():
+            return
+        want_pause = (
+            self.closing
+            or self.server.stopping
+            or self.queued_bytes >= self.cfg.max_queued_bytes
+        )
+        if want_pause and not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
+            self.server.stats.incr("read_paused")
+        elif not want_pause and self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
+        if (self.partial_since is not None
+                and (self.read_paused or self.blocked is not None or self.queue)):
+            # our own backpressure, not a slow peer: the frame clock starts when it ends
+            self.partial_since = self.loop.time()
+
+    # -- closing -----------------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Give this connection's place back (exactly once)."""
+        if not self.released:
+            self.released = True
+            self.server._release(self)
+
+    def close_after_flush(self) -> None:
+        """Send what is queued, then close (used after refusing a peer)."""
+        self.closing = True
+        self.queue.clear()
+        self.queued_bytes = 0
+        self._flush()
+        if self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        self.closing = True
+        self.queue.clear()
+        self.queued_bytes = 0
+        if self.transport is not None:
+            self.transport.abort()
+        elif self.handshake is not None:  # still in its TLS handshake
+            self.handshake.cancel()
+
+    def peer_closed(self) -> bool:
+        """Has the peer closed its side, though we are not reading (the kernel knows)?"""
+        transport = self.transport
+        if transport is None:
+            return False
+        sock = transport.get_extra_info("socket")
+        if sock is None or not hasattr(socket, "TCP_INFO"):
+            return False
+        try:
+            state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+        except (OSError, IndexError, TypeError):
+            return False
+        return state in (_TCP_CLOSE_WAIT, _TCP_CLOSE)
+
+    def check_deadlines(self, now: float) -> None:
+        """Called by the server's sweeper: auth, frame, write and idle deadlines; a peer
+        that closed while we were not reading."""
+        if self.closing or self.transport is None:
+            return
+        cfg = self.cfg
+        if self.unsent:
+            self._refresh_unsent()
+        if self.partial_since is not None and (self.read_paused or self.blocked or self.queue):
+            self.partial_since = now  # our own backpressure: the frame clock waits
+        reason = None
+        if not self.authenticated and now - self.connected_at > cfg.auth_timeout:
+            reason = "auth_timeout"
+        elif self.partial_since is not None and now - self.partial_since > cfg.frame_timeout:
+            reason = "frame_timeout"
+        elif self.unsent and now - self.progress_at > cfg.write_timeout:
+            reason = "write_timeout"
+        elif (
+            self.in_flight == 0
+            and not self.queue
+            and self.partial_since is None
+            and not self.unsent
+            and now - self.last_activity > cfg.idle_timeout
+        ):
+            reason = "idle_timeout"
+        elif self.read_paused and self.peer_closed():
+            reason = "peer_closed"
+        if reason is not None:
+            self.server.stats.incr(reason)
+            log.info("closing connection from %s: %s", self.peer_ip, reason)
+            self.abort()
+
+
+class _FastAddReply:
+    """The ``on_done`` of one add on the bookie's add path: the outcome becomes the answer
+    frame, and the bytes it held are given back (a slotted object, not a closure)."""
+
+    __slots__ = ("conn", "cost", "request", "request_id")
+
+    def __init__(self, conn: ServerConnection, request_id: int, request: AddLike,
+                 cost: int) -> None:
+        self.conn = conn
+        self.request_id = request_id
+        self.request = request
+        self.cost = cost
+
+    def __call__(self, outcome: AddOutcome) -> None:
+        self.conn._fast_add_done(self.request_id, add_response(self.request, outcome),
+                                 self.cost)
+
+
+class _NowaitReply:
+    """The reply callback of one add through an ``add_nowait`` (answers with a response)."""
+
+    __slots__ = ("conn", "cost", "request_id")
+
+    def __init__(self, conn: ServerConnection, request_id: int, cost: int) -> None:
+        self.conn = conn
+        self.request_id = request_id
+        self.cost = cost
+
+    def __call__(self, response: Response) -> None:
+        self.conn._fast_add_done(self.request_id, response, self.cost)
