@@ -34,6 +34,12 @@ from pybk.errors import (
     WriterConflictError,
 )
 from pybk.metadata.base import LedgerMetadata
+from pybk.ops import AutoRecoveryConfig
+from pybk.replication.placement import (
+    DefaultPlacementPolicy,
+    PlacementPolicy,
+    RackAwarePlacementPolicy,
+)
 from pybk.replication.reader import LedgerEntry, ReadHandle
 from pybk.replication.writer import LedgerHandle
 from pybk.stream import Log, LogReader, LogRecord, LogWriter, Namespace, Position
@@ -45,11 +51,13 @@ __all__ = [
     "WAL",
     "AlreadyTruncatedError",
     "AsyncWAL",
+    "AutoRecoveryConfig",
     "BKError",
     "BookieUnavailableError",
     "Client",
     "ClientConfig",
     "CorruptRecordError",
+    "DefaultPlacementPolicy",
     "DigestMismatchError",
     "EndOfStreamError",
     "EntryNotConfirmedError",
@@ -75,7 +83,9 @@ __all__ = [
     "NoSuchEntryError",
     "NoSuchLedgerError",
     "NotEnoughBookiesError",
+    "PlacementPolicy",
     "Position",
+    "RackAwarePlacementPolicy",
     "ReadHandle",
     "ReadOnlyBookieError",
     "RecordTooLargeError",

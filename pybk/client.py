@@ -12,27 +12,39 @@ unchanged.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import ssl
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pybk.errors import (
+    BKError,
     ClientClosedError,
     NoSuchLedgerError,
     UnauthorizedError,
 )
 from pybk.metadata.base import LedgerMetadata, MetadataStore
-from pybk.protocol import DIGEST_TYPES, DigestManager, master_key, password_hash
+from pybk.protocol import (
+    DIGEST_TYPES,
+    DigestManager,
+    mac_key,
+    master_key,
+    password_hash,
+)
 from pybk.replication.context import ClientConfig, ClientContext
-from pybk.replication.placement import PlacementPolicy
+from pybk.replication.placement import PlacementPolicy, refresh_topology, writable_nodes
 from pybk.replication.quorum import validate_quorums
 from pybk.replication.reader import LedgerEntry, ReadHandle, read_lac_covered
 from pybk.replication.recovery import recover
 from pybk.replication.writer import LedgerHandle
+from pybk.stats import ClientStats
 from pybk.transport.base import Transport
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from pybk.ops.admin import Admin
     from pybk.stream.namespace import Namespace
 
 __all__ = ["Client", "ClientConfig", "LedgerEntry", "LedgerHandle", "ReadHandle"]
@@ -50,6 +62,7 @@ class Client:
         rng: random.Random | None = None,
         tls: ssl.SSLContext | None = None,
         auth_token: bytes | None = None,
+        metrics: CollectorRegistry | None = None,
         placement: PlacementPolicy | None = None,
     ) -> None:
         if not isinstance(metadata, str | MetadataStore):
@@ -67,6 +80,14 @@ class Client:
         self._own_store = False
         self._own_transport = False
         self._closed = False
+        #: what this client records when given a Prometheus registry (``metrics=``): add and
+        #: read latency, ensemble changes, recoveries, speculative reads (pybk.ops.metrics)
+        self.stats: ClientStats | None = None
+        if metrics is not None:
+            from pybk.ops.metrics import ClientCollector
+
+            self.stats = ClientStats()
+            metrics.register(ClientCollector(self.stats))
         if isinstance(metadata, MetadataStore) and transport is not None:
             self._ctx = self._new_context(metadata, transport)
 
@@ -98,10 +119,8 @@ class Client:
         return self._ctx
 
     def _new_context(self, store: MetadataStore, transport: Transport) -> ClientContext:
-        ctx = ClientContext(store, transport, self._config, self._rng)
-        if self._placement is not None:
-            ctx.placement = self._placement
-        return ctx
+        return ClientContext(store, transport, self._config, self._rng,
+                             placement=self._placement, stats=self.stats)
 
     def _tcp_transport(self, store: MetadataStore) -> Transport:
         try:
@@ -192,8 +211,8 @@ class Client:
                     f"custom_metadata maps str to bytes; got {key!r}: {type(value).__name__}"
                 )
         ctx = self._context()
-        writable = await ctx.store.writable_bookies()
-        ensemble = ctx.placement.new_ensemble(ensemble_size, writable, ctx.rng)
+        nodes = await writable_nodes(ctx)
+        ensemble = ctx.policy.new_ensemble(nodes, ensemble_size, write_quorum, ctx.rng)
         if ledger_id is None:
             ledger_id = await ctx.store.allocate_ledger_id()
         md = LedgerMetadata(
@@ -206,7 +225,11 @@ class Client:
             password_hash=password_hash(password),
             custom_metadata=custom,
         )
+        if ctx.config.recovery_keys_in_metadata:
+            md = md.with_changes(**recovery_keys(digest_type, password))
         md = await ctx.store.create_ledger(md)
+        if ctx.stats is not None:
+            ctx.stats.ledgers_created += 1
         digest = DigestManager(ledger_id, digest_type, password)
         return LedgerHandle(ctx, md, digest, master_key(password), password)
 
@@ -225,13 +248,32 @@ class Client:
         if md.password_hash != password_hash(password):
             raise UnauthorizedError(f"ledger {ledger_id}: wrong password")
         digest = DigestManager(ledger_id, md.digest_type, password)
+        if ctx.policy.local_rack is not None:  # reads prefer the local rack
+            await refresh_topology(ctx)
         if recovery:
-            md = await recover(ctx, md, digest, master_key(password))
+            md = await self._recover(ctx, md, digest, master_key(password))
             return ReadHandle(ctx, md, digest, md.last_entry_id)
         if md.is_closed:
             return ReadHandle(ctx, md, digest, md.last_entry_id)
         lac = await read_lac_covered(ctx, md, digest)
         return ReadHandle(ctx, md, digest, lac)
+
+    @staticmethod
+    async def _recover(ctx: ClientContext, md: LedgerMetadata, digest: DigestManager,
+                       key: bytes) -> LedgerMetadata:
+        stats = ctx.stats
+        if stats is None or md.is_closed:
+            return await recover(ctx, md, digest, key)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        try:
+            closed = await recover(ctx, md, digest, key)
+        except BKError:
+            stats.recovery_errors += 1
+            raise
+        stats.recoveries += 1
+        stats.recovery_latency.observe(loop.time() - started)
+        return closed
 
     async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
         """The ledger's current metadata."""
@@ -249,6 +291,16 @@ class Client:
         return await self._context().store.list_ledgers()
 
 
+    # -- operations ----------------------------------------------------------------------------
+
+    def admin(self, *, passwords: Sequence[bytes] = (b"",)) -> Admin:
+        """Cluster administration through this client (pybk.ops.admin): bookies,
+        under-replicated ledgers, recover / decommission a bookie, auto-recovery switches.
+        ``passwords``: tried for ledgers whose metadata carries no recovery keys."""
+        from pybk.ops.admin import Admin
+
+        return Admin(self, passwords=passwords)
+
     # -- logs ----------------------------------------------------------------------------------
 
     def namespace(
@@ -260,6 +312,12 @@ class Client:
         from pybk.stream.namespace import Namespace
 
         return Namespace(self, name, clock=clock, rng=random.Random(self._rng.getrandbits(64)))
+
+
+def recovery_keys(digest_type: str, password: bytes) -> dict[str, bytes]:
+    """The keys a ledger's metadata carries for auto-recovery (see LedgerMetadata)."""
+    return {"master_key": master_key(password),
+            "mac_key": mac_key(password) if digest_type == "MAC" else b""}
 
 
 def _check_password(password: object) -> None:

@@ -27,7 +27,7 @@ import logging
 import os
 import pathlib
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pybk.bookie.state import READ_ONLY, STOPPED
@@ -58,6 +58,10 @@ class LocalCluster:
         client_config: ClientConfig | None = None,
         rng: random.Random | None = None,
         transport_wrapper: Callable[[Transport], Transport] | None = None,
+        racks: Mapping[str, str] | None = None,
+        autorecovery: bool = False,
+        autorecovery_config: Any = None,
+        metrics: Any = None,
     ) -> None:
         if isinstance(bookies, int):
             if bookies < 0:
@@ -81,6 +85,22 @@ class LocalCluster:
         self._store: MetadataStore | None = None
         self._own_store = False
         self._wrap = transport_wrapper
+        #: bookie id -> network location ``/region/rack`` it registers with
+        self.racks: dict[str, str] = dict(racks or {})
+        #: run auto-recovery (an auditor candidate and a replication worker) next to each
+        #: running bookie; a pybk.ops.AutoRecoveryConfig tunes it
+        self.autorecovery = autorecovery
+        self._autorecovery_config = autorecovery_config
+        self._recoveries: dict[str, Any] = {}  # bookie id -> its pybk.ops.AutoRecovery
+        #: a prometheus_client CollectorRegistry: the bookies (and auto-recovery) record
+        #: metrics and are exported in it
+        self.metrics = metrics
+        if metrics is not None:
+            from pybk.ops.metrics import AutoRecoveryCollector, BookieCollector
+
+            metrics.register(BookieCollector(lambda: list(self._bookies.values())))
+            metrics.register(AutoRecoveryCollector(
+                lambda: [(b, r.stats) for b, r in self._recoveries.items()]))
         self.transport = self.local_transport()
         self._started = False
 
@@ -118,6 +138,8 @@ class LocalCluster:
         if not self._started:
             return
         self._started = False
+        for bookie_id in list(self._recoveries):
+            await self._stop_autorecovery(bookie_id)
         for client in self._clients:
             await client.close()
         self._clients.clear()
@@ -187,6 +209,10 @@ class LocalCluster:
             kwargs["fs"] = self._fs
         if self._bookie_config is not None:
             kwargs["config"] = self._bookie_config
+        if self.metrics is not None:
+            from pybk.stats import BookieStats
+
+            kwargs["stats"] = BookieStats()
         bookie = Bookie(bookie_id, data_dir, **kwargs)
         await bookie.start()
         if bookie_id not in self._known:
@@ -194,13 +220,53 @@ class LocalCluster:
         self._bookies[bookie_id] = bookie
         bookie.on_state_change = lambda state, b=bookie_id: self._on_state_change(b, state)
         await self._register(bookie_id, bookie.state)
+        if self.autorecovery:
+            await self._start_autorecovery(bookie_id)
+
+    async def _start_autorecovery(self, bookie_id: str) -> None:
+        """Auto-recovery next to ``bookie_id``, on a metadata session of its own (so the
+        auditor election and the ledger locks see one candidate per bookie), reaching the
+        bookies through the cluster's transport (its test hooks apply)."""
+        from pybk.metadata.memory import MemoryMetadataStore
+        from pybk.ops.autorecovery import AutoRecovery
+
+        store = self.store
+        own = False
+        if isinstance(store, MemoryMetadataStore):
+            store, own = store.session(), True
+        elif isinstance(self._metadata_arg, str) or self._metadata_arg is None:
+            from pybk.metadata import open_store
+
+            uri = self._metadata_arg or f"sqlite:///{self.root}/metadata.db"
+            if not uri.startswith("memory://"):
+                store, own = open_store(uri), True
+        recovery = AutoRecovery(
+            store, self.transport, name=bookie_id, config=self._autorecovery_config,
+            client_config=self._client_config, rng=random.Random(self._rng.random()))
+        recovery.owns_store = own
+        await recovery.start()
+        self._recoveries[bookie_id] = recovery
+
+    async def _stop_autorecovery(self, bookie_id: str) -> None:
+        recovery = self._recoveries.pop(bookie_id, None)
+        if recovery is None:
+            return
+        await recovery.stop()
+        if recovery.owns_store:
+            await recovery.ctx.store.close()
+
+    @property
+    def recoveries(self) -> dict[str, Any]:
+        """The running auto-recovery instances (pybk.ops.AutoRecovery) by bookie id."""
+        return dict(self._recoveries)
 
     async def _register(self, bookie_id: str, state: str) -> None:
         if state == STOPPED or self._bookies.get(bookie_id) is None:
             await self.store.unregister_bookie(bookie_id)
             return
         await self.store.register_bookie(
-            BookieRegistration(bookie_id, "", read_only=(state == READ_ONLY))
+            BookieRegistration(bookie_id, "", read_only=(state == READ_ONLY),
+                               rack=self.racks.get(bookie_id, ""))
         )
 
     def _on_state_change(self, bookie_id: str, state: str) -> None:
@@ -217,6 +283,7 @@ class LocalCluster:
             raise BookieStateError(f"bookie {bookie_id!r} is not running")
         bookie.on_state_change = None
         bookie.crash()
+        await self._stop_autorecovery(bookie_id)  # it dies with its bookie
         await self.store.unregister_bookie(bookie_id)
 
     async def start_bookie(self, bookie_id: str) -> None:
@@ -227,8 +294,8 @@ class LocalCluster:
             raise BookieStateError(f"bookie {bookie_id!r} is already running")
         await self._start(bookie_id)
 
-    async def add_bookie(self, bookie_id: str | None = None) -> str:
-        """Start one more bookie; returns its id."""
+    async def add_bookie(self, bookie_id: str | None = None, *, rack: str | None = None) -> str:
+        """Start one more bookie (in ``rack`` when given); returns its id."""
         if bookie_id is None:
             n = len(self._known)
             while f"bookie-{n}" in self._known:
@@ -236,6 +303,8 @@ class LocalCluster:
             bookie_id = f"bookie-{n}"
         elif bookie_id in self._known:
             raise ValueError(f"bookie {bookie_id!r} already exists")
+        if rack is not None:
+            self.racks[bookie_id] = rack
         await self._start(bookie_id)
         return bookie_id
 

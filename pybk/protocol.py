@@ -506,6 +506,17 @@ class DigestManager:
         self._crc = self.digest_type == "CRC32C"
         self._key = mac_key(self.password) if self.digest_type == "MAC" else b""
 
+    @classmethod
+    def from_mac_key(cls, ledger_id: int, digest_type: str, key: bytes) -> DigestManager:
+        """A digest manager for one who holds the ledger's MAC key but not its password
+        (auto-recovery, with the key from the ledger's metadata)."""
+        dm = cls(ledger_id, digest_type)
+        if digest_type == "MAC":
+            if len(key) != 32:
+                raise ValueError(f"ledger {ledger_id}: a MAC key has 32 bytes, not {len(key)}")
+            dm._key = key
+        return dm
+
     def _digest(self, header: bytes, payload: bytes | memoryview) -> bytes:
         if self.digest_type == "CRC32C":
             return _CRC.pack(crc32c.crc32c(payload, crc32c.crc32c(header)))

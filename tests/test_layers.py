@@ -19,6 +19,7 @@ ROOT = pathlib.Path(pybk.__file__).parent
 #: floor of each part (a subpackage, or a module at the package root), ground first
 FLOORS: dict[str, int] = {
     "errors": 0,
+    "stats": 0,
     "dirlock": 1,  # a process-life directory lock (bookie processes, the embedded WAL)
     "eventloop": 0,
     "protocol": 1,
@@ -32,7 +33,7 @@ FLOORS: dict[str, int] = {
     "stream": 6,
     "sync": 7,
     "wal": 8,
-    "ops": 8,
+    "ops": 5,
     "__init__": 9,
     # the outer floor: may import anything; nothing below imports them
     "sim": 10,
@@ -49,6 +50,12 @@ UPWARD: set[tuple[str, str]] = {
     # Client.namespace() hands out the log layer's Namespace for the client it is called on
     # (docs/api.md: ``client.namespace("default")``); imported inside the method, no cycle
     ("client", "stream"),
+    # the bookie process (pybk/bookie/process.py, the ``pybk bookie`` server) runs the HTTP
+    # admin endpoint, the Prometheus collectors and auto-recovery next to its bookie;
+    # imported inside its start-up only (request handling never reaches pybk.ops), with the
+    # client those use to reach the other bookies
+    ("bookie", "ops"),
+    ("bookie", "client"),
 }
 
 

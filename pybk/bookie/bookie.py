@@ -71,6 +71,7 @@ from pybk.protocol import (
     add_response,
     error_response,
 )
+from pybk.stats import BookieStats
 from pybk.storage.fs import FileSystem
 from pybk.storage.store import AddCallback as EntryCallback
 from pybk.storage.store import (
@@ -103,6 +104,7 @@ class Bookie:
         config: BookieConfig | None = None,
         cookie_store: MetadataStore | None = None,
         rng: random.Random | None = None,
+        stats: BookieStats | None = None,
     ) -> None:
         #: a file system we created ourselves is ours to close on stop (its sync thread)
         self._own_fs = fs is None
@@ -129,6 +131,9 @@ class Bookie:
         self._journal_reason = ""
         self._polls = LongPollWaiters()
         self._no_such_entry_on_io_error = NO_SUCH_ENTRY_ON_IO_ERROR in config.mutations
+        #: requests, their latency and the journal's batches, recorded when given
+        #: (pybk.ops.metrics exports them); None: nothing is timed
+        self.stats = stats
         self._timers: list[asyncio.TimerHandle] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._last_cp_pos: object = None
@@ -190,6 +195,7 @@ class Bookie:
             self.fs, self.data_dir, self.instance_id, self.config,
             on_fatal=self._on_journal_fatal, on_write_error=self._on_write_error,
             on_ledger_change=self._polls.wake, watched=self._polls.by_ledger,
+            stats=self.stats,
         )
         try:
             await store.open()
@@ -342,6 +348,42 @@ class Bookie:
 
     async def handle(self, request: Request) -> Response:
         """Answer one request (never raises for request-level errors)."""
+        if self.stats is not None and not isinstance(request, AddRequest | AddBatchRequest):
+            return await self._handle_timed(request, self.stats)  # (adds: add_request times)
+        return await self._handle(request)
+
+    async def _handle_timed(self, request: Request, stats: BookieStats) -> Response:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        response = await self._handle(request)
+        elapsed = loop.time() - started
+        ok = response.status == Status.OK
+        if isinstance(request, ReadRequest):
+            if request.previous_lac is not None and request.timeout > 0:
+                stats.long_polls += 1  # its latency is how long it waited: not a read's
+            else:
+                body = getattr(response, "body", None)
+                stats.reads += 1
+                if ok:
+                    stats.read_bytes += len(body) if body is not None else 0
+                    stats.read_latency.observe(elapsed)
+                else:
+                    stats.read_errors += 1
+            if request.fence:
+                stats.fences += 1
+        elif isinstance(request, ReadBatchRequest):
+            entries = getattr(response, "entries", ())
+            good = [body for _, status, body in entries if status == Status.OK and body]
+            stats.reads += len(entries) or 1
+            stats.read_bytes += sum(len(b) for b in good)
+            stats.read_errors += (len(entries) - len(good)) if ok else 1
+            if ok:
+                stats.read_latency.observe(elapsed, max(1, len(entries)))
+        elif isinstance(request, FenceRequest):
+            stats.fences += 1
+        return response
+
+    async def _handle(self, request: Request) -> Response:
         if self._state == STOPPED or self.store is None:
             return error_response(request, Status.UNAVAILABLE,
                                   f"bookie {self.bookie_id} is stopped")
@@ -417,6 +459,9 @@ class Bookie:
         stored; a BKError; for a batch, possibly one outcome per entry), possibly before this
         returns, from the journal's batch completion. No response object is made: a server
         builds one only to put it on the wire."""
+        stats = self.stats
+        if stats is not None:  # one timing per request: a batch's entries share it
+            on_done = _CountedAdd(stats, request, on_done, asyncio.get_running_loop().time)
         if type(request) is AddBatchRequest:
             self.add_batch(request.ledger_id, request.entry_ids, request.bodies,
                            request.master_key, on_done, request.recovery)
@@ -668,6 +713,50 @@ class _Respond:
 
     def __call__(self, outcome: AddOutcome) -> None:
         self.reply(add_response(self.request, outcome))
+
+
+class _CountedAdd:
+    """``on_done`` of an add request on a bookie that keeps stats: counts its entries and
+    bytes (a batch's outcome may be one per entry), observes its latency once (with the
+    batch's weight), then hands the outcome on."""
+
+    __slots__ = ("clock", "on_done", "request", "started", "stats")
+
+    def __init__(self, stats: BookieStats, request: AddRequest | AddBatchRequest,
+                 on_done: AddCallback, clock: Callable[[], float]) -> None:
+        self.stats = stats
+        self.request = request
+        self.on_done = on_done
+        self.clock = clock
+        self.started = clock()
+
+    def __call__(self, outcome: AddOutcome) -> None:
+        stats = self.stats
+        request = self.request
+        if type(request) is AddBatchRequest:
+            bodies: Sequence[bytes] = request.bodies
+        else:
+            assert isinstance(request, AddRequest)
+            bodies = (request.body,)
+        if outcome is None:
+            n = len(bodies)
+            stats.adds += n
+            stats.add_bytes += sum(map(len, bodies))
+            if request.recovery:
+                stats.recovery_adds += n
+            stats.add_latency.observe(self.clock() - self.started, n)
+        elif isinstance(outcome, BKError):
+            stats.add_errors += len(bodies)
+        else:  # one outcome per entry
+            good = [b for b, o in zip(bodies, outcome, strict=False) if o is None]
+            stats.adds += len(good)
+            stats.add_bytes += sum(map(len, good))
+            stats.add_errors += len(outcome) - len(good)
+            if request.recovery:
+                stats.recovery_adds += len(good)
+            if good:
+                stats.add_latency.observe(self.clock() - self.started, len(good))
+        self.on_done(outcome)
 
 
 __all__ = ["NO_SUCH_ENTRY_ON_IO_ERROR", "Bookie"]

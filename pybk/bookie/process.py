@@ -73,7 +73,22 @@ class BookieProcessConfig:
     stop_grace: float = 10.0
     server_config: ServerConfig | None = None
     bookie_config: Any = None  # pybk.bookie.BookieConfig
-    metrics_port: int | None = None  # serve prometheus metrics over HTTP on host:port
+    metrics_port: int | None = None  # serve /metrics (and /heartbeat) only, on host:port
+    #: the HTTP admin endpoint (pybk.ops.http) on this port; None: none
+    http_port: int | None = None
+    #: its bounds and token (a pybk.ops.http.HttpConfig; host/port are filled in)
+    http_config: Any = None
+    #: run auto-recovery (an auditor candidate and a replication worker) in this process
+    autorecovery: bool = False
+    autorecovery_config: Any = None  # pybk.ops.AutoRecoveryConfig
+    #: the registration vanishes this long after the process dies (SQLite lease, ZooKeeper
+    #: session); None: the store's default
+    session_timeout: float | None = None
+    #: network location ``/region/rack`` for rack-aware placement
+    rack: str = ""
+    #: how auto-recovery and the admin endpoint choose target bookies (a pybk
+    #: PlacementPolicy; None: random among writable bookies)
+    placement: Any = None
     #: journal segment size and preallocation (used when ``bookie_config`` is None)
     segment_size: int = 64 << 20
     preallocate: bool = True
@@ -155,8 +170,12 @@ class BookieProcess:
         self.address = ""
         self._stop = asyncio.Event()
         self._registry_updates: list[asyncio.Task[None]] = []
-        self._metrics_http: Any = None
+        self._http: list[Any] = []  # pybk.ops.http.AdminHttpServer objects
         self.metrics_address = ""
+        self.http_address = ""
+        self.autorecovery: Any = None  # pybk.ops.AutoRecovery when enabled
+        self._client: Any = None  # the pybk.Client of the admin endpoint and auto-recovery
+        self.registry: Any = None
         self._lock = DirectoryLock(config.data_dir, "bookie data directory")
         #: this process put the bookie in the registry (only then does it take it out)
         self._registered = False
@@ -167,11 +186,13 @@ class BookieProcess:
     async def start(self) -> None:
         from pybk.bookie import Bookie
         from pybk.metadata import open_store
+        from pybk.metadata.uri import session_options
 
         cfg = self.config
         for warning in cfg.warnings():
             log.warning("%s", warning)
-        self.store = self._store_arg or open_store(cfg.metadata)
+        self.store = self._store_arg or open_store(
+            cfg.metadata, **session_options(cfg.metadata, cfg.session_timeout))
         await asyncio.to_thread(Path(cfg.data_dir).mkdir, parents=True, exist_ok=True)
         # before anything reads or writes the directory: a second bookie on it (even with
         # another id) is refused here, and the lock lasts as long as this process
@@ -180,8 +201,14 @@ class BookieProcess:
         if bookie_config is None:
             bookie_config = process_bookie_config(preallocate=cfg.preallocate,
                                                   segment_size=cfg.segment_size)
+        stats = None
+        if cfg.http_port is not None or cfg.metrics_port is not None:
+            from pybk.stats import BookieStats
+
+            stats = BookieStats()
         self.bookie = Bookie(
-            self.bookie_id, cfg.data_dir, cookie_store=self.store, config=bookie_config
+            self.bookie_id, cfg.data_dir, cookie_store=self.store, config=bookie_config,
+            stats=stats,
         )
         await self.bookie.start()
         server_cfg = cfg.server_config or ServerConfig(stop_grace=cfg.stop_grace)
@@ -200,15 +227,21 @@ class BookieProcess:
         _, port = self.server.address
         host = cfg.advertise()
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        if cfg.metrics_port is not None:
-            from prometheus_client import start_http_server
+        self.registry = self.server.registry
+        if stats is not None:
+            from pybk.ops.metrics import BookieCollector
 
-            self._metrics_http, _thread = start_http_server(
-                cfg.metrics_port, addr=cfg.host, registry=self.server.registry
-            )
-            self.metrics_address = f"{cfg.host}:{self._metrics_http.server_port}"
+            self.registry.register(BookieCollector(lambda: [self.bookie]))
+        if cfg.autorecovery or cfg.http_port is not None:
+            await self._start_operations()
+        if cfg.metrics_port is not None:
+            self.metrics_address = await self._start_http(cfg.metrics_port, admin_paths=False)
+        if cfg.http_port is not None:
+            self.http_address = await self._start_http(cfg.http_port, admin_paths=True)
         self.bookie.on_state_change = self._on_state_change
         await self._register()
+        if self.autorecovery is not None:
+            await self.autorecovery.start()
         info = {
             "event": "ready",
             "bookie_id": self.bookie_id,
@@ -216,6 +249,8 @@ class BookieProcess:
             "pid": os.getpid(),
             "tls": self._ssl is not None,
             "metrics": self.metrics_address,
+            "http": self.http_address,
+            "autorecovery": self.autorecovery is not None,
         }
         line = json.dumps(info, sort_keys=True)
         print(line, flush=True)
@@ -223,11 +258,74 @@ class BookieProcess:
             _write_atomically(cfg.ready_file, line + "\n")
         log.info("bookie %s serving on %s", self.bookie_id, self.address)
 
+    async def _start_operations(self) -> None:
+        """The client that reaches the other bookies (as a client of the cluster: the same
+        TLS and token), the bookie's collectors, and auto-recovery when asked for."""
+        from pybk.client import Client, ClientConfig
+        from pybk.ops import AutoRecovery
+        from pybk.ops.metrics import AutoRecoveryCollector
+        from pybk.transport.tcp import TcpTransport
+        from pybk.transport.tls import client_context
+
+        cfg = self.config
+        assert self.store is not None
+        tls = None
+        if cfg.tls_cert is not None:
+            tls = client_context(cfg.tls_ca, certfile=cfg.tls_cert, keyfile=cfg.tls_key)
+        kwargs: dict[str, Any] = {}
+        if tls is not None:
+            kwargs["ssl_context"] = tls
+        if cfg.auth_token is not None:
+            kwargs["auth_token"] = cfg.auth_token
+        transport = TcpTransport.from_store(self.store, **kwargs)
+        client_config = ClientConfig() if cfg.placement is None else ClientConfig(
+            placement=cfg.placement)
+        self._client = Client(self.store, transport=transport, config=client_config)
+        if cfg.autorecovery:
+            self.autorecovery = AutoRecovery(
+                self.store, transport, name=self.bookie_id, config=cfg.autorecovery_config,
+                client_config=client_config)
+            recovery = self.autorecovery
+            self.registry.register(AutoRecoveryCollector(
+                lambda: [(self.bookie_id, recovery.stats)]))
+
+    async def _start_http(self, port: int, *, admin_paths: bool) -> str:
+        from dataclasses import replace
+
+        from pybk.ops.http import AdminHttpServer, HttpConfig
+
+        cfg = self.config
+        http_cfg = replace(cfg.http_config or HttpConfig(), host=cfg.host, port=port)
+        server = AdminHttpServer(
+            http_cfg, registry=self.registry,
+            admin=self._client.admin() if admin_paths and self._client is not None else None,
+            info=self._info)
+        await server.start()
+        self._http.append(server)
+        host, bound = server.address
+        return f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
+
+    async def _info(self) -> dict[str, Any]:
+        bookie = self.bookie
+        try:
+            free, total = bookie.disk_usage()
+        except OSError:
+            free = total = -1
+        store = bookie.store
+        return {
+            "bookie_id": self.bookie_id, "address": self.address, "state": bookie.state,
+            "reason": bookie.state_reason, "rack": self.config.rack,
+            "free_bytes": free, "total_bytes": total,
+            "ledgers": len(store.ledger_ids()) if store is not None else 0,
+            "autorecovery": None if self.autorecovery is None else self.autorecovery.status(),
+        }
+
     async def _register(self) -> None:
         assert self.store is not None
         read_only = getattr(self.bookie, "state", WRITABLE) == READ_ONLY
         await self.store.register_bookie(
-            BookieRegistration(self.bookie_id, self.address, read_only=read_only)
+            BookieRegistration(self.bookie_id, self.address, read_only=read_only,
+                               rack=self.config.rack)
         )
         self._registered = True
 
@@ -262,12 +360,16 @@ class BookieProcess:
     async def stop(self) -> None:
         """Clean shutdown (see the module doc for the order)."""
         self._stop.set()
+        if self.autorecovery is not None:
+            await self.autorecovery.stop()
+        for http in self._http:
+            await http.stop()
+        self._http.clear()
         if self.server is not None:
             await self.server.stop(self.config.stop_grace)
-        if self._metrics_http is not None:
-            self._metrics_http.shutdown()
-            self._metrics_http.server_close()
-            self._metrics_http = None
+        if self._client is not None:
+            await self._client.transport.close()
+            await self._client.close()
         for task in self._registry_updates:
             task.cancel()
         if self.bookie is not None:

@@ -1,8 +1,9 @@
 """The ``pybk`` command (also ``python -m pybk``), one module per command group.
 
 ``common`` holds what the commands share (connection options, exit conventions), ``processes``
-starting and stopping bookie processes; ``bench``, ``bookie``, ``cluster``, ``ledger``, ``log``
-and ``simulate`` are the command groups. This is the outermost layer: it reads the environment,
+starting and stopping bookie processes; ``bench``, ``bookie``, ``cluster``, ``ledger``,
+``log``, ``autorecovery`` and ``simulate`` are the command groups (``admin`` adds the operator
+commands to ``bookie`` and ``ledger``). This is the outermost layer: it reads the environment,
 signals and files.
 """
 
@@ -11,6 +12,13 @@ from __future__ import annotations
 import click
 
 import pybk
+from pybk.cli.admin import (
+    bookie_decommission,
+    bookie_info,
+    bookie_recover,
+    ledger_under_replicated,
+)
+from pybk.cli.autorecovery import autorecovery
 from pybk.cli.bench import bench
 from pybk.cli.bookie import bookie
 from pybk.cli.cluster import cluster
@@ -43,6 +51,11 @@ def main() -> None:
 
 main.add_command(bench)
 main.add_command(bookie)
+bookie.add_command(bookie_info)
+bookie.add_command(bookie_decommission)
+bookie.add_command(bookie_recover)
+ledger.add_command(ledger_under_replicated)
+main.add_command(autorecovery)
 main.add_command(cluster)
 main.add_command(ledger)
 main.add_command(log)

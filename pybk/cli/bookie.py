@@ -8,12 +8,47 @@ from typing import Any
 
 import click
 
+from pybk.cli.autorecovery import autorecovery_options, placement_options
 from pybk.cli.common import Conn, client_options, fail, read_token, run_async
 from pybk.cli.limits import server_config_from, server_limit_options
 from pybk.errors import BKError
 from pybk.eventloop import DEFAULT_LOOP, LOOPS, LoopUnavailableError, loop_factory
+from pybk.metadata._common import check_rack
 
 __all__ = ["bookie"]
+
+
+def http_options(fn: Any) -> Any:
+    """``--http-port`` and the HTTP admin endpoint's bounds; passes ``http_port`` and
+    ``http_config`` (a pybk.ops.http.HttpConfig)."""
+    import functools
+
+    @click.option("--http-port", type=click.IntRange(0, 65535), default=None,
+                  help="Serve the HTTP admin endpoint (/heartbeat, /metrics, /api/v1/...) "
+                       "on this port (0: any free one).")
+    @click.option("--http-token-file", type=click.Path(exists=True, dir_okay=False),
+                  help="Token the endpoint's mutating (PUT) requests must bear.")
+    @click.option("--http-max-connections", type=click.IntRange(1), default=64,
+                  show_default=True)
+    @click.option("--http-max-requests", type=click.IntRange(1), default=32,
+                  show_default=True, help="Requests in flight at once.")
+    @click.option("--http-max-body", type=click.IntRange(1), default=64 << 10,
+                  show_default=True, help="Largest request body, bytes.")
+    @click.option("--http-keepalive", type=click.FloatRange(0, min_open=True), default=15.0,
+                  show_default=True, help="Seconds an idle connection is kept open.")
+    @functools.wraps(fn)
+    def wrapper(*args: Any, http_port: int | None, http_token_file: str | None,
+                http_max_connections: int, http_max_requests: int, http_max_body: int,
+                http_keepalive: float, **kwargs: Any) -> Any:
+        from pybk.ops.http import HttpConfig
+
+        config = HttpConfig(token=read_token(http_token_file),
+                            max_connections=http_max_connections,
+                            max_requests_in_flight=http_max_requests,
+                            max_body_bytes=http_max_body, keepalive_timeout=http_keepalive)
+        return fn(*args, http_port=http_port, http_config=config, **kwargs)
+
+    return wrapper
 
 
 @click.group(invoke_without_command=True)
@@ -36,6 +71,15 @@ __all__ = ["bookie"]
 @click.option("--preallocate/--no-preallocate", default=True, show_default=True,
               help="Make journal segments ahead of use and write them in place (faster "
                    "syncs; each segment takes its full size on disk from the start).")
+@click.option("--rack", default="", help="Network location /region/rack (rack-aware placement).")
+@click.option("--session-timeout", type=click.FloatRange(0, min_open=True), default=None,
+              help="Seconds after which a dead bookie leaves the bookie list (SQLite lease, "
+                   "ZooKeeper session; default 10).")
+@click.option("--autorecovery", "run_autorecovery", is_flag=True,
+              help="Also run auto-recovery here (an auditor candidate and a worker).")
+@http_options
+@autorecovery_options
+@placement_options
 @click.option("--loop", type=click.Choice(LOOPS), default=DEFAULT_LOOP, show_default=True,
               help="Event loop; uvloop needs pip install 'pybk[speed]'.")
 @server_limit_options
@@ -59,6 +103,13 @@ def bookie(
     metrics_port: int | None,
     segment_mb: int,
     preallocate: bool,
+    rack: str,
+    session_timeout: float | None,
+    run_autorecovery: bool,
+    http_port: int | None,
+    http_config: Any,
+    autorecovery_config: Any,
+    placement: Any,
     loop: str,
     **limits: Any,
 ) -> None:
@@ -92,11 +143,19 @@ def bookie(
         metrics_port=metrics_port,
         segment_size=segment_mb << 20,
         preallocate=preallocate,
+        rack=rack,
+        session_timeout=session_timeout,
+        autorecovery=run_autorecovery,
+        autorecovery_config=autorecovery_config,
+        http_port=http_port,
+        http_config=http_config,
+        placement=placement,
         server_config=server_config_from(limits, stop_grace=stop_grace),
     )
     try:
         config.resolved_bookie_id()
         config.ssl_context()
+        check_rack(rack)
         loop_factory(loop)
     except (ValueError, ssl.SSLError, OSError, LoopUnavailableError) as exc:
         raise click.UsageError(str(exc)) from exc
@@ -113,7 +172,8 @@ def bookie(
 @client_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def bookie_list(conn: Conn, as_json: bool) -> None:
-    """List live bookies (id, address, writable/read-only)."""
+    """List live bookies (id, address, writable/read-only, rack). A bookie that died
+    without a clean stop leaves the list when its session/lease times out."""
 
     async def go() -> list[Any]:
         store = conn.store()
@@ -128,12 +188,14 @@ def bookie_list(conn: Conn, as_json: bool) -> None:
         for r in regs:
             click.echo(
                 json.dumps(
-                    {"bookie_id": r.bookie_id, "address": r.address, "read_only": r.read_only}
+                    {"bookie_id": r.bookie_id, "address": r.address, "read_only": r.read_only,
+                     "state": "read-only" if r.read_only else "writable", "rack": r.rack}
                 )
             )
         return
     for r in regs:
-        click.echo(f"{r.bookie_id}\t{r.address}\t{'read-only' if r.read_only else 'writable'}")
+        state = "read-only" if r.read_only else "writable"
+        click.echo(f"{r.bookie_id}\t{r.address}\t{state}\t{r.rack or '-'}")
     if not regs:
         click.echo("no live bookies", err=True)
 

@@ -199,6 +199,8 @@ class Conn:
         self.tls_key = tls_key
         self.auth_token_file = auth_token_file
         self.timeout = timeout
+        #: the client's ClientConfig (None: defaults); a command may set it
+        self.config: Any = None
         #: --timeout came from the command line or the environment (not its default)
         self.timeout_given = False
 
@@ -214,7 +216,7 @@ class Conn:
 
     def client(self) -> Any:
         """A :class:`pybk.Client` over :meth:`store` (closed with it)."""
-        return _client_owning(self.store(), self.ssl_context(), self.token())
+        return _client_owning(self.store(), self.ssl_context(), self.token(), self.config)
 
     def store(self) -> Any:
         """The metadata store, its connection bounded by ``--timeout`` (ZooKeeper)."""
@@ -228,7 +230,8 @@ class Conn:
         return open_store(self.metadata, **options)
 
 
-def _client_owning(store: Any, tls: ssl.SSLContext | None, token: bytes | None) -> Any:
+def _client_owning(store: Any, tls: ssl.SSLContext | None, token: bytes | None,
+                   config: Any = None) -> Any:
     from pybk.client import Client
 
     class _OwningClient(Client):
@@ -240,7 +243,7 @@ def _client_owning(store: Any, tls: ssl.SSLContext | None, token: bytes | None) 
             finally:
                 await store.close()
 
-    return _OwningClient(store, tls=tls, auth_token=token)
+    return _OwningClient(store, tls=tls, auth_token=token, config=config)
 
 
 def read_token(path: str | None) -> bytes | None:

@@ -6,29 +6,48 @@ Kept apart from ``base.py`` so the interface module stays a pure contract.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
+from pybk.errors import BKError, ClientClosedError
 from pybk.metadata.base import (
     MAX_KEY_LENGTH,
     MAX_VALUE_SIZE,
     STATES,
     BookieRegistration,
+    Election,
     LedgerMetadata,
     Watch,
 )
 
+if TYPE_CHECKING:
+    from pybk.metadata.base import MetadataStore
+
 __all__ = [
+    "MAX_OWNER_LENGTH",
     "CallbackWatch",
+    "LockElection",
     "check_bookie_id",
+    "check_expected_marks",
     "check_key",
     "check_ledger_id",
     "check_metadata",
+    "check_owner",
     "check_prefix",
+    "check_rack",
     "check_registration",
     "check_value",
+    "election_lock",
     "merge_missing",
 ]
+
+log = logging.getLogger(__name__)
+
+#: Longest owner label of a lock or candidate label of an election.
+MAX_OWNER_LENGTH = 256
 
 _KEY_SEGMENT = re.compile(r"[A-Za-z0-9._:-]+")
 
@@ -100,7 +119,44 @@ def check_registration(registration: object) -> BookieRegistration:
     if not isinstance(registration, BookieRegistration):
         raise TypeError(f"expected BookieRegistration, got {type(registration).__name__}")
     check_bookie_id(registration.bookie_id)
+    check_rack(registration.rack)
     return registration
+
+
+def check_rack(rack: object) -> str:
+    """A network location: "" (unknown) or ``/seg[/seg...]`` with no empty segment."""
+    if not isinstance(rack, str):
+        raise TypeError(f"rack must be a str, not {type(rack).__name__}")
+    if rack and (not rack.startswith("/") or any(not s for s in rack[1:].split("/"))
+                 or len(rack) > MAX_OWNER_LENGTH):
+        raise ValueError(f"bad rack {rack!r}: expected '' or a location like /region/rack")
+    return rack
+
+
+def check_owner(owner: object) -> str:
+    """Owner labels of locks and candidate labels of elections: non-empty text."""
+    if not isinstance(owner, str):
+        raise TypeError(f"lock owner must be a str, not {type(owner).__name__}")
+    if not owner or len(owner) > MAX_OWNER_LENGTH:
+        raise ValueError(f"lock owner must have 1 to {MAX_OWNER_LENGTH} characters, "
+                         f"got {owner[:80]!r}")
+    return owner
+
+
+def check_expected_marks(expected: Sequence[str] | None) -> list[str] | None:
+    """The ``expected`` argument of ``clear_under_replicated``, canonical (sorted, unique)."""
+    if expected is None:
+        return None
+    if isinstance(expected, str):
+        raise TypeError("expected must be a sequence of bookie ids, not a str")
+    for b in expected:
+        check_bookie_id(b)
+    return merge_missing([], expected)
+
+
+def election_lock(name: str) -> str:
+    """The lock a lock-based election of ``name`` is won by."""
+    return f"elections/{check_key(name)}"
 
 
 def merge_missing(existing: Iterable[str], added: Iterable[str]) -> list[str]:
@@ -148,3 +204,68 @@ class CallbackWatch(Watch):
         self.cancelled = True
         if self._on_cancel is not None:
             self._on_cancel(self)
+
+
+class LockElection(Election):
+    """An election won by taking an ephemeral lock (``elections/<name>``): the memory and
+    SQLite backends' election (ZooKeeper uses ephemeral-sequential nodes instead).
+
+    The candidate tries the lock, then waits for the lock's watch (the holder released it
+    or lost it) or ``retry_interval`` (a watch missed because of a store fault), and tries
+    again. The leader stops leading as soon as its store says it no longer holds the lock
+    (lease lapsed, session expired, store closed).
+    """
+
+    def __init__(
+        self, store: MetadataStore, name: str, candidate: str, *, retry_interval: float
+    ) -> None:
+        check_key(name)
+        check_owner(candidate)
+        super().__init__(name, candidate)
+        self._store = store
+        self._lock = election_lock(name)
+        self._retry = retry_interval
+        self._wake = asyncio.Event()
+        self._watch: Watch | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._resigned = False
+
+    async def join(self) -> None:
+        if self._task is not None or self._resigned:
+            return
+        self._watch = self._store.watch_lock(self._lock, lambda _name: self._wake.set())
+        self._task = asyncio.get_running_loop().create_task(
+            self._campaign(), name=f"pybk-election-{self.name}")
+
+    async def _campaign(self) -> None:
+        store = self._store
+        while not self._resigned:
+            self._wake.clear()
+            try:
+                held = store.holds_lock(self._lock) or await store.try_lock(
+                    self._lock, self.candidate)
+                self._set_leader(held and store.holds_lock(self._lock) and not self._resigned)
+            except ClientClosedError:
+                self._set_leader(False)
+                return
+            except BKError as exc:  # a store fault: not leading until the lock is confirmed
+                log.info("election %s: candidate %s could not campaign: %s",
+                         self.name, self.candidate, exc)
+                self._set_leader(False)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._retry)
+
+    async def resign(self) -> None:
+        if self._resigned:
+            return
+        self._resigned = True
+        self._set_leader(False)
+        if self._watch is not None:
+            self._watch.cancel()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        with contextlib.suppress(BKError):
+            await self._store.unlock(self._lock)

@@ -13,10 +13,11 @@ one read-check-transform-CAS retry loop (BookKeeper's ``MetadataUpdateLoop``).
 from __future__ import annotations
 
 import abc
+import asyncio
 import base64
 import json
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -68,6 +69,13 @@ class LedgerMetadata:
     password_hash: bytes = b""
     custom_metadata: Mapping[str, bytes] = field(default_factory=dict)
     ctime_ms: int = 0
+    #: the keys auto-recovery needs to copy this ledger's entries without its password:
+    #: the bookies' master key (recovery adds, fencing) and, for the MAC digest, the MAC
+    #: key (verifying what it copies). One-way hashes of the password, never the password
+    #: itself; b"" when the creator chose not to store them (recovery then needs the
+    #: password from its configuration).
+    master_key: bytes = field(default=b"", repr=False)
+    mac_key: bytes = field(default=b"", repr=False)
     version: int = -1
 
     # -- derived views ---------------------------------------------------------------------
@@ -96,7 +104,7 @@ class LedgerMetadata:
     # -- serialization (versioned, checksummed) ---------------------------------------------
 
     def to_bytes(self) -> bytes:
-        doc = {
+        doc: dict[str, Any] = {
             "ledger_id": self.ledger_id,
             "ensemble_size": self.ensemble_size,
             "write_quorum": self.write_quorum,
@@ -112,6 +120,10 @@ class LedgerMetadata:
             },
             "ctime_ms": self.ctime_ms,
         }
+        if self.master_key:
+            doc["master_key"] = base64.b64encode(self.master_key).decode()
+        if self.mac_key:
+            doc["mac_key"] = base64.b64encode(self.mac_key).decode()
         payload = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
         return _MAGIC + _HDR.pack(FORMAT_VERSION, crc32c.crc32c(payload), len(payload)) + payload
 
@@ -143,6 +155,8 @@ class LedgerMetadata:
                     str(k): base64.b64decode(v) for k, v in doc["custom_metadata"].items()
                 },
                 ctime_ms=int(doc.get("ctime_ms", 0)),
+                master_key=base64.b64decode(doc.get("master_key", "")),
+                mac_key=base64.b64decode(doc.get("mac_key", "")),
                 version=version,
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -161,6 +175,8 @@ class BookieRegistration:
     bookie_id: str
     address: str  # "host:port" for TCP bookies, "" for in-process ones
     read_only: bool = False
+    #: network location ``/region/rack`` for rack-aware placement; "" when not configured
+    rack: str = ""
 
 
 @dataclass(frozen=True)
@@ -197,6 +213,54 @@ Transform = Callable[[LedgerMetadata], "LedgerMetadata | None"]
 #: A transform for :meth:`MetadataStore.update_value`: the new bytes, or ``None`` when no
 #: update is needed.
 ValueTransform = Callable[[VersionedValue], "bytes | None"]
+
+
+class Election(abc.ABC):
+    """One candidacy in a leader election (auto-recovery elects its auditor with it).
+
+    ``await join()`` enters the candidate; from then on it campaigns by itself: when it
+    becomes the leader ``is_leader`` turns True and ``on_change`` is called; when it stops
+    leading (it resigned, or its session or lease was lost) ``is_leader`` turns False and
+    ``on_change`` is called again, and it campaigns anew unless it resigned. A leader must
+    stop acting as one as soon as ``is_leader`` is False.
+    """
+
+    def __init__(self, name: str, candidate: str) -> None:
+        self.name = name
+        self.candidate = candidate
+        self.on_change: Callable[[bool], None] | None = None
+        self._leader = False
+        self._changed: asyncio.Event | None = None
+
+    @property
+    def is_leader(self) -> bool:
+        return self._leader
+
+    def _set_leader(self, leader: bool) -> None:
+        """Implementations call this whenever leadership is won or lost."""
+        if leader == self._leader:
+            return
+        self._leader = leader
+        if self._changed is not None:
+            self._changed.set()
+        if self.on_change is not None:
+            self.on_change(leader)
+
+    async def wait_leader(self) -> None:
+        """Return once this candidate leads (at once if it does)."""
+        while not self._leader:
+            if self._changed is None:
+                self._changed = asyncio.Event()
+            self._changed.clear()
+            await self._changed.wait()
+
+    @abc.abstractmethod
+    async def join(self) -> None:
+        """Enter the election (returns once the candidacy is recorded, not once elected)."""
+
+    @abc.abstractmethod
+    async def resign(self) -> None:
+        """Leave the election (stop leading at once if leading). Idempotent."""
 
 
 class MetadataStore(abc.ABC):
@@ -303,8 +367,12 @@ class MetadataStore(abc.ABC):
         """Ledger id -> missing bookies, for every marked ledger."""
 
     @abc.abstractmethod
-    async def clear_under_replicated(self, ledger_id: int) -> None:
-        """Remove the mark (the ledger was re-replicated or deleted)."""
+    async def clear_under_replicated(
+        self, ledger_id: int, expected: Sequence[str] | None = None
+    ) -> bool:
+        """Remove the mark (the ledger was re-replicated or deleted). With ``expected``,
+        only if the mark still lists exactly those bookies: a replication worker clears what
+        it repaired, never a mark an auditor widened meanwhile. True when a mark was removed."""
 
     # -- bookie cookies (identity of a bookie's data directory, rule R4) ----------------------
 
@@ -379,6 +447,53 @@ class MetadataStore(abc.ABC):
         raise MetadataVersionError(
             f"key {key!r}: gave up after {max_attempts} conflicting updates"
         ) from last_error
+
+    # -- ephemeral locks (auto-recovery: replication workers, the auditor) ----------------------
+    #
+    # A lock is held by one store object (one session) at a time and carries an owner label
+    # (who holds it, for operators). It vanishes when the holder unlocks it, closes, or dies
+    # (its session expires / its lease is not renewed), exactly like a bookie registration.
+    # Lock names follow the key syntax of the key/value namespace (a separate namespace).
+
+    @abc.abstractmethod
+    async def try_lock(self, name: str, owner: str) -> bool:
+        """Take lock ``name`` for this store if nobody holds it. True when this store holds
+        it now (also when it already did), False when someone else does."""
+
+    @abc.abstractmethod
+    async def unlock(self, name: str) -> None:
+        """Release ``name`` if this store holds it (nothing happens otherwise)."""
+
+    @abc.abstractmethod
+    async def lock_owner(self, name: str) -> str | None:
+        """The owner label of whoever holds ``name``, or None when it is free."""
+
+    @abc.abstractmethod
+    async def list_locks(self, prefix: str = "") -> dict[str, str]:
+        """Held locks whose name starts with ``prefix`` (``""`` or a path ending in ``/``):
+        name -> owner label."""
+
+    @abc.abstractmethod
+    def holds_lock(self, name: str) -> bool:
+        """Whether this store still holds ``name`` as far as it knows (no I/O): False once
+        released, or once its session or lease was lost (then another may hold it)."""
+
+    @abc.abstractmethod
+    def watch_lock(self, name: str, callback: Callable[[str], None]) -> Watch:
+        """Call ``callback(name)`` (on the event loop) after lock ``name`` is taken,
+        released, or lost by its holder. Several changes may produce one call."""
+
+    # -- leader election ---------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def election(self, name: str, candidate: str) -> Election:
+        """A candidacy of ``candidate`` (a label, e.g. a bookie id) in election ``name``; see
+        :class:`Election`. One leader at a time per election; when it dies, resigns or loses
+        its session, another candidate takes over."""
+
+    @abc.abstractmethod
+    async def election_leader(self, name: str) -> str | None:
+        """The label of the current leader of election ``name`` (None when nobody leads)."""
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from pybk.errors import (
@@ -35,17 +35,22 @@ from pybk.errors import (
 )
 from pybk.metadata._common import (
     CallbackWatch,
+    LockElection,
     check_bookie_id,
+    check_expected_marks,
     check_key,
     check_ledger_id,
     check_metadata,
+    check_owner,
     check_prefix,
     check_registration,
     check_value,
+    election_lock,
     merge_missing,
 )
 from pybk.metadata.base import (
     BookieRegistration,
+    Election,
     LedgerMetadata,
     MetadataStore,
     VersionedValue,
@@ -75,6 +80,8 @@ class _State:
     value_watches: dict[str, list[CallbackWatch]] = field(default_factory=dict)
     ledger_watches: dict[int, list[CallbackWatch]] = field(default_factory=dict)
     bookie_watches: list[CallbackWatch] = field(default_factory=list)
+    locks: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (owner, session)
+    lock_watches: dict[str, list[CallbackWatch]] = field(default_factory=dict)
     session_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def bump_version(self) -> int:
@@ -91,6 +98,10 @@ class _State:
 
     def bookies_changed(self) -> None:
         for w in list(self.bookie_watches):
+            w.fire()
+
+    def lock_changed(self, name: str) -> None:
+        for w in list(self.lock_watches.get(name, ())):
             w.fire()
 
 
@@ -110,6 +121,8 @@ class MemoryMetadataStore(MetadataStore):
         self._my_watches: list[CallbackWatch] = []
         self.before_op: BeforeOp | None = before_op
         self.after_op: BeforeOp | None = after_op
+        #: seconds between a candidate's retries when a lock watch was missed (store faults)
+        self.election_retry = 1.0
 
     # -- sessions ----------------------------------------------------------------------------
 
@@ -140,6 +153,9 @@ class MemoryMetadataStore(MetadataStore):
             del st.bookies[b]
         if dropped:
             st.bookies_changed()
+        for name in [n for n, (_, owner) in st.locks.items() if owner == self._session_id]:
+            del st.locks[name]
+            st.lock_changed(name)
         return sorted(dropped)
 
     # -- test hooks --------------------------------------------------------------------------
@@ -162,6 +178,8 @@ class MemoryMetadataStore(MetadataStore):
             assert reg.bookie_id == b
         for marks in st.under_replicated.values():
             assert marks == sorted(set(marks))
+        for name in st.locks:
+            assert check_key(name) == name
         for key, (_, version) in st.values.items():
             assert check_key(key) == key and 0 < version <= st.next_version
 
@@ -322,10 +340,79 @@ class MemoryMetadataStore(MetadataStore):
         await self._enter("list_under_replicated")
         return {k: list(v) for k, v in sorted(self._state.under_replicated.items())}
 
-    async def clear_under_replicated(self, ledger_id: int) -> None:
+    async def clear_under_replicated(
+        self, ledger_id: int, expected: Sequence[str] | None = None
+    ) -> bool:
         check_ledger_id(ledger_id)
+        want = check_expected_marks(expected)
         await self._enter("clear_under_replicated", ledger_id)
-        self._state.under_replicated.pop(ledger_id, None)
+        marks = self._state.under_replicated
+        if ledger_id not in marks or (want is not None and marks[ledger_id] != want):
+            return False
+        del marks[ledger_id]
+        return True
+
+    # -- locks and elections -------------------------------------------------------------------
+
+    async def try_lock(self, name: str, owner: str) -> bool:
+        check_key(name)
+        check_owner(owner)
+        await self._enter("try_lock", name)
+        st = self._state
+        held = st.locks.get(name)
+        if held is not None:
+            return held[1] == self._session_id
+        st.locks[name] = (owner, self._session_id)
+        st.lock_changed(name)
+        return True
+
+    async def unlock(self, name: str) -> None:
+        check_key(name)
+        await self._enter("unlock", name)
+        st = self._state
+        held = st.locks.get(name)
+        if held is not None and held[1] == self._session_id:
+            del st.locks[name]
+            st.lock_changed(name)
+
+    async def lock_owner(self, name: str) -> str | None:
+        check_key(name)
+        await self._enter("lock_owner", name)
+        held = self._state.locks.get(name)
+        return None if held is None else held[0]
+
+    async def list_locks(self, prefix: str = "") -> dict[str, str]:
+        check_prefix(prefix)
+        await self._enter("list_locks", prefix)
+        return {n: o for n, (o, _) in sorted(self._state.locks.items()) if n.startswith(prefix)}
+
+    def holds_lock(self, name: str) -> bool:
+        held = self._state.locks.get(name)
+        return not self._closed and held is not None and held[1] == self._session_id
+
+    def watch_lock(self, name: str, callback: Callable[[str], None]) -> Watch:
+        check_key(name)
+        watches = self._state.lock_watches
+
+        def forget(w: CallbackWatch) -> None:
+            lst = watches.get(name, [])
+            if w in lst:
+                lst.remove(w)
+            if not lst:
+                watches.pop(name, None)
+            if w in self._my_watches:
+                self._my_watches.remove(w)
+
+        w = CallbackWatch(asyncio.get_running_loop(), lambda: callback(name), forget)
+        watches.setdefault(name, []).append(w)
+        self._my_watches.append(w)
+        return w
+
+    def election(self, name: str, candidate: str) -> Election:
+        return LockElection(self, name, candidate, retry_interval=self.election_retry)
+
+    async def election_leader(self, name: str) -> str | None:
+        return await self.lock_owner(election_lock(name))
 
     # -- cookies -------------------------------------------------------------------------------
 

@@ -26,7 +26,7 @@ import logging
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
 from pybk.errors import (
@@ -41,17 +41,22 @@ from pybk.errors import (
 )
 from pybk.metadata._common import (
     CallbackWatch,
+    LockElection,
     check_bookie_id,
+    check_expected_marks,
     check_key,
     check_ledger_id,
     check_metadata,
+    check_owner,
     check_prefix,
     check_registration,
     check_value,
+    election_lock,
     merge_missing,
 )
 from pybk.metadata.base import (
     BookieRegistration,
+    Election,
     LedgerMetadata,
     MetadataStore,
     VersionedValue,
@@ -66,7 +71,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: bookies.rack, locks
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS ledgers (
     id INTEGER PRIMARY KEY, data BLOB NOT NULL, version INTEGER NOT NULL);
@@ -78,13 +83,17 @@ CREATE TABLE IF NOT EXISTS cookies (bookie_id TEXT PRIMARY KEY, cookie BLOB NOT 
 CREATE TABLE IF NOT EXISTS under_replicated (ledger_id INTEGER PRIMARY KEY, missing TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS kv (
     key TEXT PRIMARY KEY, value BLOB NOT NULL, version INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS locks (
+    name TEXT PRIMARY KEY, owner TEXT NOT NULL, holder TEXT NOT NULL, expires_at REAL NOT NULL);
 INSERT OR IGNORE INTO counters VALUES ('next_ledger_id', 0), ('version', 0), ('changes', 0);
 """
 
 _UPSERT_BOOKIE = """
-INSERT INTO bookies (bookie_id, address, read_only, owner, expires_at) VALUES (?, ?, ?, ?, ?)
+INSERT INTO bookies (bookie_id, address, read_only, owner, expires_at, rack)
+VALUES (?, ?, ?, ?, ?, ?)
 ON CONFLICT (bookie_id) DO UPDATE SET address = excluded.address,
-    read_only = excluded.read_only, owner = excluded.owner, expires_at = excluded.expires_at
+    read_only = excluded.read_only, owner = excluded.owner, expires_at = excluded.expires_at,
+    rack = excluded.rack
 """
 
 
@@ -134,6 +143,10 @@ class SqliteMetadataStore(MetadataStore):
         self._id_pool: list[int] = []  # claimed ids, next one last
         self._id_lock = asyncio.Lock()  # one block claim at a time per store
         self._own: dict[str, BookieRegistration] = {}
+        #: locks this store holds: name -> (owner label, wall-clock expiry it last wrote)
+        self._held: dict[str, tuple[str, float]] = {}
+        self._lock_watches: dict[str, list[CallbackWatch]] = {}
+        self._seen_locks: dict[str, str | None] = {}  # lock name -> holder last seen
         self._heartbeat: asyncio.Task[None] | None = None
         self._poller: asyncio.Task[None] | None = None
         self._ledger_watches: dict[int, list[CallbackWatch]] = {}
@@ -191,6 +204,9 @@ class SqliteMetadataStore(MetadataStore):
                 for statement in _SCHEMA.split(";"):
                     if statement.strip():
                         conn.execute(statement)
+                columns = {row[1] for row in conn.execute("PRAGMA table_info(bookies)")}
+                if "rack" not in columns:  # a version 1 file: registrations gain a location
+                    conn.execute("ALTER TABLE bookies ADD COLUMN rack TEXT NOT NULL DEFAULT ''")
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except BaseException:
             conn.close()
@@ -430,11 +446,14 @@ class SqliteMetadataStore(MetadataStore):
             with _immediate(conn):
                 conn.execute(
                     _UPSERT_BOOKIE,
-                    (r.bookie_id, r.address, int(r.read_only), owner, time.time() + ttl),
+                    (r.bookie_id, r.address, int(r.read_only), owner, time.time() + ttl, r.rack),
                 )
 
         await self._run("register_bookie", upsert)
         self._own[r.bookie_id] = r
+        self._ensure_heartbeat()
+
+    def _ensure_heartbeat(self) -> None:
         if self._heartbeat is None or self._heartbeat.done():
             self._heartbeat = asyncio.get_running_loop().create_task(
                 self._heartbeat_loop(), name=f"pybk-sqlite-heartbeat-{self.owner[:8]}"
@@ -457,17 +476,37 @@ class SqliteMetadataStore(MetadataStore):
         """Refresh our registrations' expiry; re-create any that lapsed (e.g. after a pause),
         but never take over a bookie id that another live owner registered since."""
         owner = self.owner
-        while self._own:
+        while self._own or self._held:
             await asyncio.sleep(self.heartbeat_interval)
+            self._expire_held_locks()
             refresh = functools.partial(
-                _refresh_registrations, regs=list(self._own.values()), owner=owner, ttl=self.ttl
+                _refresh_registrations, regs=list(self._own.values()), owner=owner, ttl=self.ttl,
+                locks=sorted(self._held),
             )
             try:
-                await self._run("heartbeat", refresh)
+                kept, expiry = await self._run("heartbeat", refresh)
             except (MetadataStoreError, CorruptRecordError) as exc:
                 log.warning("bookie registration heartbeat failed: %s", exc)
+                continue
             except ClientClosedError:
                 return
+            for name in list(self._held):
+                if name in kept:
+                    self._held[name] = (self._held[name][0], expiry)
+                else:  # taken over after our lease lapsed, or removed by hand
+                    self._lost_lock(name)
+
+    def _expire_held_locks(self) -> None:
+        """Stop claiming locks whose lease ran out without a successful renewal."""
+        now = time.time()
+        for name, (_, expiry) in list(self._held.items()):
+            if expiry <= now:
+                self._lost_lock(name)
+
+    def _lost_lock(self, name: str) -> None:
+        if self._held.pop(name, None) is not None:
+            log.warning("SQLite metadata %s: lost lock %s (lease not renewed)", self.path, name)
+            self._lock_changed_here(name, None)
 
     # -- watches -----------------------------------------------------------------------------
 
@@ -528,9 +567,11 @@ class SqliteMetadataStore(MetadataStore):
         last_bookies: list[BookieRegistration] | None = None
         while not self._closed and (
             self._ledger_watches or self._bookie_watches or self._value_watches
+            or self._lock_watches
         ):
             watched = sorted(self._ledger_watches)
             keys = sorted(self._value_watches)
+            lock_names = sorted(self._lock_watches)
             want_bookies = bool(self._bookie_watches)
             force = any(lid not in self._seen for lid in watched) or any(
                 k not in self._seen_values for k in keys
@@ -542,9 +583,11 @@ class SqliteMetadataStore(MetadataStore):
                 force=force,
                 last_changes=last_changes,
                 want_bookies=want_bookies,
+                lock_names=lock_names,
             )
             try:
-                changes, versions, key_versions, bookies = await self._run("watch poll", poll)
+                changes, versions, key_versions, bookies, holders = await self._run(
+                    "watch poll", poll)
             except ClientClosedError:
                 return
             except (MetadataStoreError, CorruptRecordError) as exc:
@@ -569,6 +612,14 @@ class SqliteMetadataStore(MetadataStore):
                         self._seen_values[key] = now_v
                         for w in list(self._value_watches.get(key, ())):
                             w.fire()
+            for name in lock_names:  # every poll: a lease lapses without any write
+                now_h = holders.get(name)
+                if name not in self._seen_locks:
+                    self._seen_locks[name] = now_h
+                elif self._seen_locks[name] != now_h:
+                    self._seen_locks[name] = now_h
+                    for w in list(self._lock_watches.get(name, ())):
+                        w.fire()
             last_changes = changes
             self.polls += 1
             if bookies is not None:
@@ -606,14 +657,121 @@ class SqliteMetadataStore(MetadataStore):
 
         return await self._run("list_under_replicated", marks)
 
-    async def clear_under_replicated(self, ledger_id: int) -> None:
+    async def clear_under_replicated(
+        self, ledger_id: int, expected: Sequence[str] | None = None
+    ) -> bool:
         check_ledger_id(ledger_id)
+        want = check_expected_marks(expected)
 
-        def clear(conn: sqlite3.Connection) -> None:
+        def clear(conn: sqlite3.Connection) -> bool:
             with _immediate(conn):
+                row = conn.execute(
+                    "SELECT missing FROM under_replicated WHERE ledger_id = ?", (ledger_id,)
+                ).fetchone()
+                if row is None or (want is not None and _parse_missing(row[0], ledger_id) != want):
+                    return False
                 conn.execute("DELETE FROM under_replicated WHERE ledger_id = ?", (ledger_id,))
+                return True
 
-        await self._run("clear_under_replicated", clear)
+        return await self._run("clear_under_replicated", clear)
+
+    # -- locks and elections -------------------------------------------------------------------
+
+    async def try_lock(self, name: str, owner: str) -> bool:
+        check_key(name)
+        check_owner(owner)
+        holder, ttl = self.owner, self.ttl
+
+        def take(conn: sqlite3.Connection) -> float | None:
+            now = time.time()
+            with _immediate(conn):
+                row = conn.execute(
+                    "SELECT holder, expires_at FROM locks WHERE name = ?", (name,)
+                ).fetchone()
+                if row is not None and row[0] != holder and row[1] > now:
+                    return None
+                conn.execute(
+                    "INSERT OR REPLACE INTO locks VALUES (?, ?, ?, ?)",
+                    (name, owner, holder, now + ttl),
+                )
+                _bump_changes(conn)
+                return now + ttl
+
+        expiry = await self._run("try_lock", take)
+        if expiry is None:
+            return False
+        fresh = name not in self._held
+        self._held[name] = (owner, expiry)
+        self._ensure_heartbeat()
+        if fresh:
+            self._lock_changed_here(name, holder)
+        return True
+
+    async def unlock(self, name: str) -> None:
+        check_key(name)
+        holder = self.owner
+        if self._held.pop(name, None) is None:
+            return
+
+        def release(conn: sqlite3.Connection) -> None:
+            with _immediate(conn):
+                conn.execute("DELETE FROM locks WHERE name = ? AND holder = ?", (name, holder))
+                _bump_changes(conn)
+
+        self._lock_changed_here(name, None)
+        await self._run("unlock", release)
+
+    async def lock_owner(self, name: str) -> str | None:
+        check_key(name)
+
+        def owner(conn: sqlite3.Connection) -> str | None:
+            row = conn.execute(
+                "SELECT owner FROM locks WHERE name = ? AND expires_at > ?", (name, time.time())
+            ).fetchone()
+            return None if row is None else str(row[0])
+
+        return await self._run("lock_owner", owner)
+
+    async def list_locks(self, prefix: str = "") -> dict[str, str]:
+        check_prefix(prefix)
+
+        def held(conn: sqlite3.Connection) -> dict[str, str]:
+            rows = conn.execute(
+                "SELECT name, owner FROM locks WHERE expires_at > ? ORDER BY name", (time.time(),)
+            )
+            return {str(n): str(o) for n, o in rows if str(n).startswith(prefix)}
+
+        return await self._run("list_locks", held)
+
+    def holds_lock(self, name: str) -> bool:
+        held = self._held.get(name)
+        return not self._closed and held is not None and held[1] > time.time()
+
+    def watch_lock(self, name: str, callback: Callable[[str], None]) -> Watch:
+        check_key(name)
+
+        def forget(w: CallbackWatch) -> None:
+            lst = self._lock_watches.get(name, [])
+            if w in lst:
+                lst.remove(w)
+            if not lst:
+                self._lock_watches.pop(name, None)
+
+        w = CallbackWatch(asyncio.get_running_loop(), lambda: callback(name), forget)
+        self._lock_watches.setdefault(name, []).append(w)
+        self._ensure_poller()
+        return w
+
+    def _lock_changed_here(self, name: str, holder: str | None) -> None:
+        self._seen_locks[name] = holder
+        for w in list(self._lock_watches.get(name, ())):
+            w.fire()
+
+    def election(self, name: str, candidate: str) -> Election:
+        return LockElection(self, name, candidate, retry_interval=self.heartbeat_interval)
+
+    async def election_leader(self, name: str) -> str | None:
+        return await self.lock_owner(election_lock(name))
 
     # -- cookies -------------------------------------------------------------------------------
 
@@ -688,8 +846,9 @@ class SqliteMetadataStore(MetadataStore):
 
     async def crash(self) -> None:
         """Stop at once without unregistering (an in-process kill -9 of the owner): the
-        registrations stay in the file until their lease expires."""
+        registrations and locks stay in the file until their lease expires."""
         self._own.clear()
+        self._held.clear()
         await self._shutdown()
 
     async def close(self) -> None:
@@ -698,7 +857,9 @@ class SqliteMetadataStore(MetadataStore):
             return
         own = sorted(self._own)
         self._own.clear()
-        if own:
+        held = sorted(self._held)
+        self._held.clear()
+        if own or held:
             owner = self.owner
 
             def delete(conn: sqlite3.Connection) -> None:
@@ -707,6 +868,10 @@ class SqliteMetadataStore(MetadataStore):
                         conn.execute(
                             "DELETE FROM bookies WHERE bookie_id = ? AND owner = ?", (b, owner)
                         )
+                    for name in held:
+                        conn.execute(
+                            "DELETE FROM locks WHERE name = ? AND holder = ?", (name, owner))
+                    _bump_changes(conn)
 
             try:
                 await self._run("close", delete)
@@ -730,6 +895,9 @@ class SqliteMetadataStore(MetadataStore):
             bw.cancel()
         for vl in list(self._value_watches.values()):
             for w in list(vl):
+                w.cancel()
+        for ll in list(self._lock_watches.values()):
+            for w in list(ll):
                 w.cancel()
 
         def close_conn() -> None:
@@ -794,24 +962,40 @@ def _value_version(conn: sqlite3.Connection, key: str) -> int:
 
 def _live_bookies(conn: sqlite3.Connection) -> list[BookieRegistration]:
     rows = conn.execute(
-        "SELECT bookie_id, address, read_only FROM bookies WHERE expires_at > ?"
+        "SELECT bookie_id, address, read_only, rack FROM bookies WHERE expires_at > ?"
         " ORDER BY bookie_id",
         (time.time(),),
     )
-    return [BookieRegistration(b, a, bool(ro)) for b, a, ro in rows]
+    return [BookieRegistration(b, a, bool(ro), str(rack)) for b, a, ro, rack in rows]
 
 
 def _refresh_registrations(
-    conn: sqlite3.Connection, *, regs: list[BookieRegistration], owner: str, ttl: float
-) -> None:
+    conn: sqlite3.Connection, *, regs: list[BookieRegistration], owner: str, ttl: float,
+    locks: list[str],
+) -> tuple[set[str], float]:
+    """Renew our registrations and the leases of our locks; returns the locks still ours
+    and their new expiry."""
     now = time.time()
+    kept: set[str] = set()
     with _immediate(conn):
         for r in regs:
             conn.execute(
                 _UPSERT_BOOKIE
                 + " WHERE bookies.owner = excluded.owner OR bookies.expires_at <= ?",
-                (r.bookie_id, r.address, int(r.read_only), owner, now + ttl, now),
+                (r.bookie_id, r.address, int(r.read_only), owner, now + ttl, r.rack, now),
             )
+        for name in locks:
+            cur = conn.execute(
+                "UPDATE locks SET expires_at = ? WHERE name = ? AND holder = ? AND expires_at > ?",
+                (now + ttl, name, owner, now),
+            )
+            if cur.rowcount:
+                kept.add(name)
+    return kept, now + ttl
+
+
+def _bump_changes(conn: sqlite3.Connection) -> None:
+    conn.execute("UPDATE counters SET value = value + 1 WHERE name = 'changes'")
 
 
 def _poll_changes(
@@ -822,8 +1006,10 @@ def _poll_changes(
     force: bool,
     last_changes: int,
     want_bookies: bool,
+    lock_names: list[str],
 ) -> tuple[
-    int, dict[int, int] | None, dict[str, int] | None, list[BookieRegistration] | None
+    int, dict[int, int] | None, dict[str, int] | None, list[BookieRegistration] | None,
+    dict[str, str],
 ]:
     """One watch poll: the change counter; versions of watched ledgers and keys only if
     something changed (or a new watch needs a baseline); the live bookies if anyone watches
@@ -843,7 +1029,15 @@ def _poll_changes(
                 conn.execute(f"SELECT key, version FROM kv WHERE key IN ({marks})", keys)
             )
     bookies = _live_bookies(conn) if want_bookies else None
-    return changes, versions, key_versions, bookies
+    holders: dict[str, str] = {}
+    if lock_names:
+        marks = ",".join("?" * len(lock_names))
+        holders = {
+            str(n): str(h) for n, h in conn.execute(
+                f"SELECT name, holder FROM locks WHERE name IN ({marks}) AND expires_at > ?",
+                [*lock_names, time.time()])
+        }
+    return changes, versions, key_versions, bookies, holders
 
 
 def _parse_missing(text: str, ledger_id: int) -> list[str]:

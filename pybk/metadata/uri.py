@@ -7,7 +7,7 @@ from typing import Any
 from pybk.metadata.base import MetadataStore
 from pybk.metadata.memory import MemoryMetadataStore, _State
 
-__all__ = ["MemoryDirectory", "open_store"]
+__all__ = ["MemoryDirectory", "open_store", "session_options"]
 
 
 class MemoryDirectory:
@@ -26,6 +26,21 @@ class MemoryDirectory:
     def forget(self, name: str) -> None:
         """Drop the data behind ``memory://name``."""
         self._states.pop(name, None)
+
+
+def session_options(uri: str, timeout: float | None) -> dict[str, Any]:
+    """The :func:`open_store` options that make a registration (and a lock) vanish about
+    ``timeout`` seconds after its process dies: the SQLite lease (renewed every fifth of it)
+    or the ZooKeeper session timeout. ``{}`` for None and for memory stores."""
+    if timeout is None or uri.startswith("memory://"):
+        return {}
+    if not timeout > 0:
+        raise ValueError(f"session timeout must be > 0, got {timeout!r}")
+    if uri.startswith("sqlite://"):
+        return {"ttl": timeout, "heartbeat_interval": timeout / 5}
+    if uri.startswith("zk://"):
+        return {"session_timeout": timeout}
+    return {}
 
 
 def open_store(uri: str, *, memory: MemoryDirectory | None = None,

@@ -10,7 +10,8 @@ import random
 from dataclasses import dataclass, field
 
 from pybk.metadata.base import MetadataStore
-from pybk.replication.placement import PlacementPolicy, RandomPlacement
+from pybk.replication.placement import DefaultPlacementPolicy, PlacementPolicy
+from pybk.stats import ClientStats
 from pybk.transport.base import Transport
 from pybk.transport.messages import DEFAULT_MAX_FRAME, MAX_BATCH_ENTRIES
 
@@ -61,6 +62,15 @@ class ClientConfig:
     #: names of deliberately broken behaviours (mutation switches) for checker tests, made
     #: by the outermost layer (``pybk.testing.Mutations``); empty in production
     mutations: frozenset[str] = frozenset()
+    #: chooses the bookies of new ensembles, ensemble changes and re-replication, and the
+    #: order reads try replicas in (pybk.replication.placement)
+    placement: PlacementPolicy = field(default_factory=DefaultPlacementPolicy)
+    #: how long a bookie's free-disk report is reused by disk-weighted placement (seconds)
+    disk_usage_cache_ttl: float = 30.0
+    #: store the keys auto-recovery needs (one-way hashes of the password) in each new
+    #: ledger's metadata, so it can re-replicate the ledger without knowing its password;
+    #: off: only ledgers whose password the auto-recovery process is given get copied
+    recovery_keys_in_metadata: bool = True
 
     def __post_init__(self) -> None:
         for name in ("add_timeout", "read_timeout"):
@@ -86,6 +96,11 @@ class ClientConfig:
                 and all(isinstance(m, str) for m in self.mutations)):
             raise TypeError(f"mutations must be a frozenset of switch names, not "
                             f"{self.mutations!r}")
+        if not isinstance(self.placement, PlacementPolicy):
+            raise TypeError(f"placement must be a PlacementPolicy, not {self.placement!r}")
+        if self.disk_usage_cache_ttl < 0:
+            raise ValueError(
+                f"disk_usage_cache_ttl must be >= 0, got {self.disk_usage_cache_ttl!r}")
 
 
 @dataclass
@@ -94,5 +109,22 @@ class ClientContext:
     transport: Transport
     config: ClientConfig = field(default_factory=ClientConfig)
     rng: random.Random = field(default_factory=lambda: random.Random(0))
-    #: who picks new ensembles and replacements (pybk.replication.placement)
-    placement: PlacementPolicy = field(default_factory=RandomPlacement)
+    #: bookie id -> rack, as last seen in the registry (placement, local-rack reads)
+    topology: dict[str, str] = field(default_factory=dict)
+    #: bookie id -> (free bytes, loop time the report expires): disk-weighted placement
+    disk_usage: dict[str, tuple[int, float]] = field(default_factory=dict)
+    #: what the client records for metrics (None: nothing is timed or counted)
+    stats: ClientStats | None = None
+    #: who picks new ensembles and replacements (pybk.replication.placement): the
+    #: client's own (``Client(placement=...)``) or, by default, ``config.placement``
+    placement: PlacementPolicy | None = None
+
+    def __post_init__(self) -> None:
+        if self.placement is None:
+            self.placement = self.config.placement
+
+    @property
+    def policy(self) -> PlacementPolicy:
+        """The placement policy in force (typed: never None once made)."""
+        assert self.placement is not None
+        return self.placement

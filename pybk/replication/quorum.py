@@ -27,12 +27,9 @@ import enum
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from pybk.errors import NotEnoughBookiesError
-
-if TYPE_CHECKING:
-    from pybk.replication.placement import PlacementPolicy
+from pybk.replication.placement import BookieNode, PlacementPolicy
 
 __all__ = [
     "AckSet",
@@ -254,19 +251,22 @@ def plan_ensemble_change(
     ensembles: Mapping[int, Sequence[str]],
     lac: int,
     failed: Mapping[int, str],
-    writable: Sequence[str],
+    writable: Sequence[str] | Sequence[BookieNode],
     rng: random.Random,
-    placement: PlacementPolicy | None = None,
+    policy: PlacementPolicy | None = None,
+    write_quorum: int | None = None,
 ) -> EnsembleChange | None:
     """What an ensemble change writes (``EnsembleUtils.replaceBookiesInEnsemble``).
 
     ``failed`` maps ensemble indices of the *last* ensemble to the bookie that failed
     there. Slots that no longer hold that bookie are ignored (someone already replaced
     it); if none are left, returns None (nothing to do). Replacements come from
-    ``writable``, never from the current ensemble or the failed bookies. The new fragment
-    starts at ``lac + 1``; if the last fragment already starts there (nothing confirmed
-    since it began) it is replaced in place. Raises NotEnoughBookiesError when there are too
-    few replacements. ``placement`` picks them (default: uniformly at random).
+    ``writable``, never from the current ensemble or the failed bookies, chosen by
+    ``policy`` (one slot at a time, so a rack-aware policy sees the slots already refilled;
+    ``write_quorum`` is then required) or at random without one. The new fragment starts
+    at ``lac + 1``; if the last fragment already starts there (nothing confirmed since it
+    began) it is replaced in place. Raises NotEnoughBookiesError when there are too few
+    replacements.
     """
     last_start = max(ensembles)
     last = list(ensembles[last_start])
@@ -275,15 +275,23 @@ def plan_ensemble_change(
     todo = {i: b for i, b in sorted(failed.items()) if 0 <= i < len(last) and last[i] == b}
     if not todo:
         return None
-    if placement is None:
-        new_bookies = choose_ensemble(writable, len(todo), rng,
-                                      exclude=[*last, *failed.values()])
-    else:
-        new_bookies = placement.replace(last, list(todo), writable, rng, list(failed.values()))
     replaced: dict[int, str] = {}
-    for (index, _), bookie in zip(todo.items(), new_bookies, strict=True):
-        last[index] = bookie
-        replaced[index] = bookie
+    if policy is None:
+        ids = [w.bookie_id if isinstance(w, BookieNode) else w for w in writable]
+        exclude = list(last) + list(failed.values())
+        new_bookies = choose_ensemble(ids, len(todo), rng, exclude=exclude)
+        for (index, _), bookie in zip(todo.items(), new_bookies, strict=True):
+            last[index] = bookie
+            replaced[index] = bookie
+    else:
+        if write_quorum is None:
+            raise ValueError("plan_ensemble_change with a policy needs write_quorum")
+        nodes = [w if isinstance(w, BookieNode) else BookieNode(w) for w in writable]
+        for index in todo:
+            bookie = policy.replace_bookie(nodes, last, index, write_quorum, rng,
+                                           exclude=list(failed.values()))
+            last[index] = bookie
+            replaced[index] = bookie
     new = {k: tuple(v) for k, v in ensembles.items()}
     new[lac + 1] = tuple(last)
     return EnsembleChange(new, lac + 1, replaced)

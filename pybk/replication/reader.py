@@ -46,6 +46,7 @@ from pybk.replication.quorum import Answer, CoverageSet, Quorums
 
 if TYPE_CHECKING:
     from pybk.replication.context import ClientContext
+    from pybk.stats import ClientStats
 
 __all__ = [
     "LedgerEntry",
@@ -132,9 +133,15 @@ def summarize(ledger_id: int, entry_id: int, errors: list[BKError]) -> BKError:
     return DigestMismatchError(f"{where}: no replica returned a valid copy ({detail})")
 
 
-def _replicas(md: LedgerMetadata, entry_id: int) -> list[str]:
+def _replicas(ctx: ClientContext, md: LedgerMetadata, entry_id: int) -> list[str]:
+    """The replicas of an entry in the order a read tries them: the write set's, or the
+    placement policy's when it prefers a local rack."""
     ensemble = md.ensemble_for(entry_id)
-    return [ensemble[i] for i in quorums_of(md).write_set(entry_id)]
+    replicas = [ensemble[i] for i in quorums_of(md).write_set(entry_id)]
+    policy = ctx.policy
+    if policy.local_rack is not None:
+        return policy.read_order(replicas, ctx.topology)
+    return replicas
 
 
 async def read_entry(
@@ -152,7 +159,7 @@ async def read_entry(
     ``first_request``: a read already sent to the first replica. ``start``: the replica to
     ask first (the batched fast path already heard from the ones before it: their
     ``errors``)."""
-    order = _replicas(md, entry_id)
+    order = _replicas(ctx, md, entry_id)
     cfg = ctx.config
     request = ReadRequest(md.ledger_id, entry_id)
     pending: dict[asyncio.Future[Response], str] = {}
@@ -179,6 +186,8 @@ async def read_entry(
             )
             if not done:
                 ask_next()  # speculative: the current replica is slow
+                if ctx.stats is not None:
+                    ctx.stats.speculative_reads += 1
                 continue
             for fut in in_order(done, pending):
                 bookie = pending.pop(fut)
@@ -212,11 +221,37 @@ async def read_range(
     ctx: ClientContext, md: LedgerMetadata, digest: DigestManager, first: int, last: int
 ) -> list[DecodedEntry]:
     """Read entries ``first..last`` (inclusive), a batch at a time, in order."""
+    stats = ctx.stats
+    if stats is not None:
+        return await _timed_read_range(ctx, stats, md, digest, first, last)
+    return await _read_range(ctx, md, digest, first, last)
+
+
+async def _read_range(
+    ctx: ClientContext, md: LedgerMetadata, digest: DigestManager, first: int, last: int
+) -> list[DecodedEntry]:
     out: list[DecodedEntry] = []
     step = ctx.config.read_batch_size
     for start in range(first, last + 1, step):
         stop = min(last, start + step - 1)
         out.extend(await _read_batch(ctx, md, digest, start, stop))
+    return out
+
+
+async def _timed_read_range(
+    ctx: ClientContext, stats: ClientStats, md: LedgerMetadata, digest: DigestManager,
+    first: int, last: int,
+) -> list[DecodedEntry]:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        out = await _read_range(ctx, md, digest, first, last)
+    except BKError:
+        stats.read_errors += 1
+        raise
+    stats.reads += 1
+    stats.read_entries += len(out)
+    stats.read_latency.observe(loop.time() - started)
     return out
 
 
@@ -232,12 +267,14 @@ async def _read_batch(
     wanted: dict[str, list[int]] = {}
     starts = sorted(md.ensembles)
     e_size = md.ensemble_size
+    local = ctx.policy.local_rack is not None  # (then each entry's preferred replica first)
     for k, fragment_start in enumerate(starts):
         lo = max(first, fragment_start)
         hi = min(last, starts[k + 1] - 1) if k + 1 < len(starts) else last
         ensemble = md.ensembles[fragment_start]
         for e in range(lo, hi + 1):
-            wanted.setdefault(ensemble[e % e_size], []).append(e)
+            first_replica = _replicas(ctx, md, e)[0] if local else ensemble[e % e_size]
+            wanted.setdefault(first_replica, []).append(e)
     sent: dict[asyncio.Future[Response], tuple[str, list[int]]] = {}
     for bookie, ids in wanted.items():
         fut = ctx.transport.send(bookie, ReadBatchRequest(ledger_id, ids), cfg.read_timeout)

@@ -230,12 +230,18 @@ async def recover(
             raise UnexpectedConditionError(
                 f"ledger {ledger_id} is {current.state} while being recovered"
             )
-        if dict(current.ensembles) != dict(start.ensembles):
+        tail = start.last_ensemble_start
+        if sorted(current.ensembles) != sorted(start.ensembles) or \
+                current.ensembles[tail] != start.ensembles[tail]:
             raise UnexpectedConditionError(
                 f"ledger {ledger_id}: an ensemble was added while it was being recovered"
             )
+        # earlier fragments may have been re-replicated meanwhile (auto-recovery swaps a
+        # lost bookie there): keep those, take the recovered tail from the write-back
+        merged = {k: v for k, v in current.ensembles.items() if k < tail}
+        merged.update({k: v for k, v in ensembles.items() if k >= tail})
         return current.with_changes(
-            state=CLOSED, last_entry_id=last, length=length, ensembles=ensembles
+            state=CLOSED, last_entry_id=last, length=length, ensembles=merged
         )
 
     closed = await ctx.store.update_ledger(ledger_id, close)

@@ -58,11 +58,13 @@ from pybk.replication.pipeline import (
     SendLac,
     WritePipeline,
 )
+from pybk.replication.placement import BookieNode, writable_nodes
 from pybk.replication.quorum import Quorums, plan_ensemble_change
 from pybk.replication.reader import LedgerEntry, read_range
 
 if TYPE_CHECKING:
     from pybk.replication.context import ClientContext
+    from pybk.stats import ClientStats
 
 __all__ = ["ACK_OUT_OF_ORDER", "AddPipeline", "LedgerHandle"]
 
@@ -145,6 +147,10 @@ class AddPipeline:
         self._timer: asyncio.TimerHandle | None = None
         self._idle: asyncio.Future[None] | None = None
         self._timeout = cfg.add_timeout
+        self._write_quorum = metadata.write_quorum
+        #: the writer's add latency, errors and ensemble changes, when the client keeps
+        #: metrics (never a recovery's write-back)
+        self._stats: ClientStats | None = None if recovery else ctx.stats
         if explicit_lac_interval > 0:
             self.core.on_timer(self._loop.time())
             self._arm_timer()
@@ -193,6 +199,8 @@ class AddPipeline:
         length = core.length + len(payload)
         fut: asyncio.Future[int] = self._loop.create_future()
         core.push(self.digest.frame(core.lap + 1, core.lac, length, payload), length, fut)
+        if self._stats is not None:
+            fut.add_done_callback(_AddTimer(self._stats, self._loop.time()))
         if not self._flush_scheduled:  # (_schedule, inlined: once per entry)
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
@@ -221,6 +229,8 @@ class AddPipeline:
         if not payloads:
             fut.set_result([])
             return fut
+        if self._stats is not None:
+            fut.add_done_callback(_AddTimer(self._stats, self._loop.time()))
         first = core.lap + 1
         frame = self.digest.frame
         push = core.push
@@ -348,12 +358,12 @@ class AddPipeline:
                 for index, bookie in failed.items():
                     log.info("ledger %s: bookie %s (slot %d) failed: %s", self.ledger_id,
                              bookie, index, core.failure_causes.get(bookie, "?"))
-                writable = await self.ctx.store.writable_bookies()
+                writable = await writable_nodes(self.ctx)
                 if self.recovery:
                     try:
                         change = plan_ensemble_change(core.ensembles, core.lac, failed,
                                                       writable, self.ctx.rng,
-                                                      self.ctx.placement)
+                                                      self.ctx.policy, self._write_quorum)
                     except NotEnoughBookiesError:
                         core.write_around(failed)  # raises if Qa is out of reach
                         log.info("ledger %s: writing around failed bookies %s (no spare)",
@@ -382,19 +392,23 @@ class AddPipeline:
 
     def _log_change(self, ensembles: dict[int, tuple[str, ...]]) -> None:
         new = list(ensembles[max(ensembles)])
+        if new != self.core.ensemble and self._stats is not None:
+            self._stats.ensemble_changes += 1
         if new != self.core.ensemble:
             log.info("ledger %s: ensemble %s -> %s from entry %d", self.ledger_id,
                      self.core.ensemble, new, max(ensembles))
 
     async def _commit_change(self, failed: dict[int, str],
-                             writable: Sequence[str]) -> dict[int, tuple[str, ...]]:
+                             writable: Sequence[BookieNode]) -> dict[int, tuple[str, ...]]:
         """CAS the new ensemble into the metadata (the one place a writer changes it)."""
-        lac, rng, placement = self.core.lac, self.ctx.rng, self.ctx.placement
+        lac, rng, placement = self.core.lac, self.ctx.rng, self.ctx.policy
+        write_quorum = self._write_quorum
 
         def transform(md: LedgerMetadata) -> LedgerMetadata | None:
             if md.state != OPEN:
                 return None
-            change = plan_ensemble_change(md.ensembles, lac, failed, writable, rng, placement)
+            change = plan_ensemble_change(md.ensembles, lac, failed, writable, rng, placement,
+                                          write_quorum)
             if change is None:
                 return None
             return md.with_changes(ensembles=change.ensembles)
@@ -430,6 +444,25 @@ class AddPipeline:
     def _check(self) -> None:
         """Assert the pipeline's invariants (tests call this)."""
         self.core._check()
+
+
+class _AddTimer:
+    """Done-callback of an append (or a batch of them) when the client keeps metrics (the
+    waiters' exceptions are retrieved by the driver anyway: looking costs nothing here)."""
+
+    __slots__ = ("started", "stats")
+
+    def __init__(self, stats: ClientStats, started: float) -> None:
+        self.stats = stats
+        self.started = started
+
+    def __call__(self, fut: asyncio.Future[Any]) -> None:
+        stats = self.stats
+        if fut.cancelled() or fut.exception() is not None:
+            stats.add_errors += 1
+            return
+        stats.adds += 1
+        stats.add_latency.observe(fut.get_loop().time() - self.started)
 
 
 def _resolve(action: Resolve) -> None:

@@ -35,6 +35,7 @@ from pybk.protocol import (
     Status,
 )
 from pybk.replication.context import ClientConfig
+from pybk.sim.autorecovery import AutoRecoverySim
 from pybk.sim.checker import Checker, Violation
 from pybk.sim.cluster import DATA_DIR, SimBookie, SimCluster, derive_rng
 from pybk.sim.faults import FaultPlan, Faults
@@ -150,6 +151,10 @@ class _Run:
                                   bookie_config=self._bookie_config())
         self.cluster.on_bookie_started.append(self._audit_restart)
         self.cluster.network.observers.append(self._observe)
+        #: parts of the run with processes, a liveness condition and invariants of their own
+        #: (start with the bookies, settle in the liveness phase, checked with the history)
+        self.extensions: list[Any] = [
+            ext for ext in (AutoRecoverySim.for_run(self),) if ext is not None]
 
     # -- trace -------------------------------------------------------------------------------
 
@@ -592,6 +597,8 @@ class _Run:
             self._start(Recoverer, f"rc{i + 1}")
         if self.workload.deletes:
             self._start(Deleter, "d1")
+        for ext in self.extensions:
+            await ext.start()
         safety_end = loop.time() + self.duration
         await self.inject(safety_end)
         await asyncio.sleep(max(0.0, safety_end - loop.time()))
@@ -705,6 +712,8 @@ class _Run:
         if ok:
             self.history.liveness("new ledger accepts writes", True,
                                   f"{loop.time() - start:.3f}s after heal")
+        for ext in self.extensions:
+            await ext.settle()
         for sb in c.bookies.values():
             if sb.status == "up":
                 await self._audit(sb, "final")
@@ -753,6 +762,12 @@ def run(
         error = f"{type(exc).__name__}: {exc}"
         r.log(f"RUN ERROR {error}")
     finally:
+        for ext in r.extensions:
+            ending = ext.close()
+            try:
+                loop.run_until_complete(ending)
+            except Exception:
+                ending.close()
         closing = r.cluster.close()
         try:
             loop.run_until_complete(closing)
@@ -761,6 +776,8 @@ def run(
         loop.shutdown()
     checker = Checker(r.history, beyond_tolerance=r.plan.beyond_tolerance)
     violations = checker.run()
+    for ext in r.extensions:
+        violations.extend(ext.check())
     if error is not None and not r.plan.beyond_tolerance:
         violations.append(Violation("I12", -1, -1, f"the run did not finish: {error}",
                                     (len(r.trace) - 1,)))

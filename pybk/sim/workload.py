@@ -42,6 +42,8 @@ class Workload:
     window: int = 8  # appends in flight per writer
     payload_size: tuple[int, int] = (0, 48)
     mean_recovery_interval: float = 6.0
+    #: run auto-recovery (auditor and workers) and its liveness step and invariants
+    autorecovery: bool = True
 
     @classmethod
     def small(cls) -> Workload:

@@ -75,6 +75,7 @@ from itertools import accumulate
 from typing import Any
 
 from pybk.errors import IOBookieError, JournalFailedError, ReadOnlyBookieError, fresh_copy
+from pybk.stats import BookieStats
 from pybk.storage.fs import FileHandle, FileSystem
 from pybk.storage.index import Position
 from pybk.storage.records import (
@@ -149,8 +150,11 @@ class Journal:
         preallocate: bool = False,
         zero_fill_below: float = 96e6,
         ack_before_fsync: bool = False,
+        stats: BookieStats | None = None,
     ) -> None:
         self.fs = fs
+        #: batch sizes and fsync latency, recorded once per batch (None: not recorded)
+        self._stats = stats
         #: mutation switch ACK_BEFORE_FSYNC: a broken build that answers before the sync
         self._ack_before_fsync = ack_before_fsync
         self.directory = directory
@@ -409,6 +413,11 @@ class Journal:
         self._futs.append(None)
         self._bytes += len(data)
 
+    @property
+    def backlog(self) -> tuple[int, int]:
+        """Records and bytes waiting for the next batch (a queue depth for operators)."""
+        return len(self._data), self._bytes
+
     def _refusal(self) -> BaseException:
         return fresh_copy(self.failed or JournalFailedError("journal is closed"))
 
@@ -542,6 +551,8 @@ class Journal:
         batch = self._write(fh, len(self._data) // 2 if split else 0)
         if batch is None:
             return
+        stats = self._stats
+        sync_started = asyncio.get_running_loop().time() if stats is not None else 0.0
         acked_early = self._ack_before_fsync
         if acked_early:  # deliberately broken build: acknowledge before the data is durable
             self._complete_done()
@@ -572,6 +583,9 @@ class Journal:
         self.stats["batches"] += 1
         self.stats["records"] += batch.records
         self.stats["bytes"] += batch.bytes
+        if stats is not None:
+            stats.journal_batch(batch.records, batch.bytes,
+                                asyncio.get_running_loop().time() - sync_started)
         if batch.completed:
             return
         if self.overlap_syncs:

@@ -27,6 +27,7 @@ from typing import Final
 
 from pybk.errors import BKError, ReadOnlyBookieError
 from pybk.protocol import parse_entry_header
+from pybk.stats import BookieStats
 from pybk.storage import compaction
 from pybk.storage.checkpoint import CHECKPOINT_FILE
 from pybk.storage.checkpointer import DELTA_SKIPS_LEDGER_STATE, Checkpointer
@@ -72,6 +73,7 @@ class LedgerStore(WritesMixin):
         on_write_error: Callable[[OSError], None] | None = None,
         on_ledger_change: Callable[[int], None] | None = None,
         watched: Container[int] | None = None,
+        stats: BookieStats | None = None,
     ) -> None:
         self.fs = fs
         self.data_dir = data_dir
@@ -115,6 +117,7 @@ class LedgerStore(WritesMixin):
             preallocate=self.config.journal_preallocate,
             zero_fill_below=self.config.journal_zero_fill_below,
             ack_before_fsync=ACK_BEFORE_FSYNC in self.config.mutations,
+            stats=stats,
         )
 
     # ================================================================== start-up / shut-down

@@ -133,6 +133,7 @@ class MemoryBackend(MetadataBackend):
 
         assert isinstance(store, MemoryMetadataStore)
         store.expire_session()
+        await store.close()  # the owner is gone for good: nothing campaigns for it again
 
     async def corrupt_ledger(self, store: MetadataStore, ledger_id: int, data: bytes) -> None:
         self._root.corrupt_ledger(ledger_id, data)
@@ -207,6 +208,8 @@ def sample_metadata(ledger_id: int, **changes: object) -> LedgerMetadata:
         password_hash=b"\x00\xffsecret-hash",
         custom_metadata={"app": b"\x01\x02", "name": b"ledger"},
         ctime_ms=1_700_000_000_123,
+        master_key=bytes(range(32)),
+        mac_key=bytes(range(32, 64)),
     )
     return md.with_changes(**changes) if changes else md
 
@@ -483,6 +486,137 @@ async def check_under_replication_marks(backend: MetadataBackend) -> None:
     assert await other.list_under_replicated() == {5: ["bk-2"]}
 
 
+async def check_under_replication_marks_clear_only_what_was_repaired(
+    backend: MetadataBackend,
+) -> None:
+    """A worker clears the mark it repaired; a mark widened meanwhile stays."""
+    worker, auditor = await backend.open(), await backend.open()
+    await auditor.mark_under_replicated(7, ["bk-1"])
+    seen = (await worker.list_under_replicated())[7]
+    await auditor.mark_under_replicated(7, ["bk-2"])  # widened after the worker looked
+    assert await worker.clear_under_replicated(7, expected=seen) is False
+    assert await auditor.list_under_replicated() == {7: ["bk-1", "bk-2"]}
+    assert await worker.clear_under_replicated(7, expected=["bk-2", "bk-1"]) is True
+    assert await auditor.list_under_replicated() == {}
+    assert await worker.clear_under_replicated(7, expected=["bk-1"]) is False
+    assert await worker.clear_under_replicated(7) is False
+    await auditor.mark_under_replicated(8, ["bk-3"])
+    assert await worker.clear_under_replicated(8) is True
+
+
+async def check_registration_carries_its_rack(backend: MetadataBackend) -> None:
+    store, reader = await backend.open(), await backend.open()
+    await store.register_bookie(BookieRegistration("bk-1", "h:1", rack="/eu/rack-1"))
+    await store.register_bookie(BookieRegistration("bk-2", "h:2"))
+    assert await reader.list_bookies() == [
+        BookieRegistration("bk-1", "h:1", rack="/eu/rack-1"),
+        BookieRegistration("bk-2", "h:2", rack=""),
+    ]
+    await store.register_bookie(BookieRegistration("bk-1", "h:1", True, "/eu/rack-2"))
+    assert (await reader.list_bookies())[0] == BookieRegistration("bk-1", "h:1", True,
+                                                                  "/eu/rack-2")
+    for bad in ("rack-1", "/eu//r", "/eu/"):
+        await _raises(ValueError, lambda bad=bad: store.register_bookie(  # type: ignore[misc]
+            BookieRegistration("bk-3", "h:3", rack=bad)), f"rack {bad!r}")
+
+
+# -- locks and elections -----------------------------------------------------------------------
+
+
+async def check_locks_are_exclusive_and_released(backend: MetadataBackend) -> None:
+    a, b = await backend.open(), await backend.open()
+    fired = asyncio.Event()
+    watch = b.watch_lock("replication/ledger-1", lambda _n: fired.set())
+    assert await b.lock_owner("replication/ledger-1") is None
+    assert await a.try_lock("replication/ledger-1", "worker-a")
+    assert a.holds_lock("replication/ledger-1") and not b.holds_lock("replication/ledger-1")
+    assert await a.try_lock("replication/ledger-1", "worker-a")  # again: still ours
+    await _wait_event(fired, backend.bound, "lock watch after the lock was taken")
+    assert not await b.try_lock("replication/ledger-1", "worker-b")
+    assert not b.holds_lock("replication/ledger-1")
+    assert await b.lock_owner("replication/ledger-1") == "worker-a"
+    assert await b.try_lock("replication/ledger-2", "worker-b")
+    assert await a.list_locks("replication/") == {
+        "replication/ledger-1": "worker-a", "replication/ledger-2": "worker-b"}
+    assert await a.list_locks("other/") == {}
+    fired.clear()
+    await b.unlock("replication/ledger-1")  # not b's: nothing happens
+    assert await a.lock_owner("replication/ledger-1") == "worker-a"
+    await a.unlock("replication/ledger-1")
+    assert not a.holds_lock("replication/ledger-1")
+    await _wait_event(fired, backend.bound, "lock watch after the lock was released")
+    assert await b.lock_owner("replication/ledger-1") is None
+    assert await b.try_lock("replication/ledger-1", "worker-b")
+    assert await a.list_locks() == {
+        "replication/ledger-1": "worker-b", "replication/ledger-2": "worker-b"}
+    watch.cancel()
+    await _raises(ValueError, lambda: a.try_lock("bad//name", "x"), "a bad lock name")
+    await _raises(ValueError, lambda: a.try_lock("ok", ""), "an empty owner")
+
+
+async def check_lock_vanishes_with_its_owner(backend: MetadataBackend) -> None:
+    doomed, other = await backend.open(), await backend.open()
+    closing = await backend.open()
+    assert await doomed.try_lock("auditor-lock", "doomed")
+    assert await closing.try_lock("closing-lock", "closing")
+    await closing.close()  # a clean close releases at once
+    assert await other.lock_owner("closing-lock") is None
+    await backend.kill_owner(doomed)
+
+    async def taken() -> bool:
+        return await other.try_lock("auditor-lock", "other")
+
+    await wait_until(taken, backend.bound, "a dead holder's lock to become free")
+    assert other.holds_lock("auditor-lock")
+    assert await other.lock_owner("auditor-lock") == "other"
+
+
+async def check_election_has_one_leader_and_fails_over(backend: MetadataBackend) -> None:
+    stores = [await backend.open() for _ in range(3)]
+    observer = await backend.open()
+    elections = [s.election("auditor", f"candidate-{i}") for i, s in enumerate(stores)]
+    changes: list[tuple[str, bool]] = []
+    for e in elections:
+        e.on_change = lambda leading, e=e: changes.append((e.candidate, leading))
+        await e.join()
+
+    async def one_leader() -> bool:
+        return sum(e.is_leader for e in elections) == 1
+
+    await wait_until(one_leader, backend.bound, "one leader among three candidates")
+    first = next(e for e in elections if e.is_leader)
+    await asyncio.wait_for(first.wait_leader(), backend.bound)  # returns at once
+    assert await observer.election_leader("auditor") == first.candidate
+    assert (first.candidate, True) in changes
+    # the leader resigns: another one takes over
+    await first.resign()
+    assert not first.is_leader
+    rest = [e for e in elections if e is not first]
+
+    async def another() -> bool:
+        return sum(e.is_leader for e in rest) == 1
+
+    await wait_until(another, backend.bound, "a new leader after the first resigned")
+    second = next(e for e in rest if e.is_leader)
+    assert await observer.election_leader("auditor") == second.candidate
+    assert not first.is_leader
+    # the second leader's process dies: the last candidate takes over
+    await backend.kill_owner(stores[elections.index(second)])
+    last = next(e for e in rest if e is not second)
+    await asyncio.wait_for(last.wait_leader(), backend.bound)
+
+    async def reported() -> bool:
+        return await observer.election_leader("auditor") == last.candidate
+
+    await wait_until(reported, backend.bound, "the observer to see the last candidate lead")
+    await last.resign()
+
+    async def nobody() -> bool:
+        return await observer.election_leader("auditor") is None
+
+    await wait_until(nobody, backend.bound, "no leader once every candidate left")
+
+
 async def check_corrupt_metadata_is_an_error(backend: MetadataBackend) -> None:
     store = await backend.open()
     lid = await store.allocate_ledger_id()
@@ -728,6 +862,11 @@ CHECKS: list[Callable[[MetadataBackend], Awaitable[None]]] = [
     check_clean_close_unregisters,
     check_cookies,
     check_under_replication_marks,
+    check_under_replication_marks_clear_only_what_was_repaired,
+    check_registration_carries_its_rack,
+    check_locks_are_exclusive_and_released,
+    check_lock_vanishes_with_its_owner,
+    check_election_has_one_leader_and_fails_over,
     check_corrupt_metadata_is_an_error,
     check_bad_arguments_are_value_errors,
     check_values_create_read_cas,

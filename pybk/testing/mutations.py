@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from typing import Final
 
 from pybk.bookie.bookie import NO_SUCH_ENTRY_ON_IO_ERROR
+from pybk.ops.replicator import ENSEMBLE_BEFORE_COPY_DURABLE
 from pybk.replication.recovery import RECOVERY_READS_DONT_FENCE
 from pybk.replication.writer import ACK_OUT_OF_ORDER
 from pybk.storage.store import ACK_BEFORE_FSYNC, DELTA_SKIPS_LEDGER_STATE
@@ -29,6 +30,7 @@ __all__ = [
     "ACK_BEFORE_FSYNC",
     "ACK_OUT_OF_ORDER",
     "DELTA_SKIPS_LEDGER_STATE",
+    "ENSEMBLE_BEFORE_COPY_DURABLE",
     "KNOWN",
     "NO_MUTATIONS",
     "NO_SUCH_ENTRY_ON_IO_ERROR",
@@ -39,7 +41,7 @@ __all__ = [
 #: every switch some production code consults
 KNOWN: Final = frozenset(
     {ACK_BEFORE_FSYNC, RECOVERY_READS_DONT_FENCE, NO_SUCH_ENTRY_ON_IO_ERROR, ACK_OUT_OF_ORDER,
-     DELTA_SKIPS_LEDGER_STATE}
+     DELTA_SKIPS_LEDGER_STATE, ENSEMBLE_BEFORE_COPY_DURABLE}
 )
 
 

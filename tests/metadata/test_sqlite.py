@@ -14,13 +14,13 @@ import pytest
 from pybk.errors import ClientClosedError, CorruptRecordError
 from pybk.metadata import open_store
 from pybk.metadata.base import BookieRegistration
-from pybk.metadata.sqlite import SqliteMetadataStore
+from pybk.metadata.sqlite import SCHEMA_VERSION, SqliteMetadataStore
 from pybk.testing.metadata_conformance import sample_metadata, wait_until
 
 WORKER = textwrap.dedent(
     """
     import asyncio, json, sys
-    from pybk.metadata.sqlite import SqliteMetadataStore
+    from pybk.metadata.sqlite import SCHEMA_VERSION, SqliteMetadataStore
 
     async def main(path, ledger, n):
         store = SqliteMetadataStore(path, id_block=int(sys.argv[4]))
@@ -70,8 +70,29 @@ async def test_file_is_in_wal_mode_with_a_schema_version(tmp_path: Path) -> None
     await store.close()
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
     conn.close()
+
+
+async def test_a_version_1_file_is_upgraded_in_place(tmp_path: Path) -> None:
+    """Files written before registrations had a rack and before locks existed open as they
+    are: the bookie table gains its column, the live registration stays listed."""
+    path = tmp_path / "meta.db"
+    conn = sqlite3.connect(path)
+    conn.executescript("""
+        CREATE TABLE bookies (bookie_id TEXT PRIMARY KEY, address TEXT NOT NULL,
+            read_only INTEGER NOT NULL, owner TEXT NOT NULL, expires_at REAL NOT NULL);
+        INSERT INTO bookies VALUES ('bk-old', 'h:1', 0, 'someone', 1e12);
+        PRAGMA user_version=1;
+    """)
+    conn.close()
+    store = SqliteMetadataStore(str(path))
+    assert await store.list_bookies() == [BookieRegistration("bk-old", "h:1", False, "")]
+    await store.register_bookie(BookieRegistration("bk-new", "h:2", rack="/r1/a"))
+    assert {r.bookie_id: r.rack for r in await store.list_bookies()} == {
+        "bk-new": "/r1/a", "bk-old": ""}
+    assert await store.try_lock("x", "me")
+    await store.close()
 
 
 async def test_heartbeat_keeps_a_registration_past_its_ttl_and_crash_lets_it_lapse(
@@ -213,7 +234,7 @@ REGISTRANT = textwrap.dedent(
     """
     import asyncio, sys
     from pybk.metadata.base import BookieRegistration
-    from pybk.metadata.sqlite import SqliteMetadataStore
+    from pybk.metadata.sqlite import SCHEMA_VERSION, SqliteMetadataStore
 
     async def main(path):
         store = SqliteMetadataStore(path, ttl=0.6, heartbeat_interval=0.1)

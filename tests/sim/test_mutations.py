@@ -15,7 +15,7 @@ from pybk.sim.sweep import CI_DURATION, CI_FAULTS, CI_SEEDS, find_violation, run
 from pybk.testing import mutations
 
 SAFETY = {"L1", "L2", "L3", "L4", "L5", "L6", "L7", "L8", "L9", "I1", "I3", "I5", "I7", "I9",
-          "I10", "I11", "I14"}
+          "I10", "I11", "I14", "R1", "R2"}
 
 
 #: Where each broken build must show up.
@@ -25,6 +25,7 @@ EXPECTED = {
     mutations.NO_SUCH_ENTRY_ON_IO_ERROR: {"I9", "L1"},
     mutations.ACK_OUT_OF_ORDER: {"L6"},
     mutations.DELTA_SKIPS_LEDGER_STATE: {"I14"},
+    mutations.ENSEMBLE_BEFORE_COPY_DURABLE: {"R1", "R2"},
 }
 
 

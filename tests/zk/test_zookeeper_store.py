@@ -286,13 +286,13 @@ async def test_watches_on_one_ledger_share_a_recipe_and_survive_cancel_all(
     a_fired, b_fired = asyncio.Event(), asyncio.Event()
     a = store.watch_ledger(lid, lambda _l: a_fired.set())
     b = store.watch_ledger(lid, lambda _l: b_fired.set())
-    assert len(store._ledger_recipes) == 1
+    assert len(store._ledger_watchers.recipes) == 1
     a.cancel()
     md = await writer.write_ledger(md.with_changes(length=1), md.version)
     await asyncio.wait_for(b_fired.wait(), BOUND)
     assert not a_fired.is_set()
     b.cancel()
-    assert store._ledger_recipes == {}
+    assert store._ledger_watchers.recipes == {}
     # a new watch after every old one was cancelled gets its own recipe and works
     await store.read_ledger(lid)
     c_fired = asyncio.Event()

@@ -1,0 +1,793 @@
+"""ZooKeeper metadata store (``zk://host:port[,host:port]/root``) with kazoo: the API.
+
+The layout below the root is in :mod:`.paths` (and docs/zookeeper.md), the bridge from
+kazoo's threads to the event loop in :mod:`.bridge`, watches and the election recipe in
+:mod:`.recipes`; this module maps the :class:`~pybk.metadata.base.MetadataStore` contract onto
+them.
+
+Ledger metadata versions are znode versions (CAS = ``set(..., version=v)``). Ids are never
+reused by the allocator, so a re-created ledger's restarted znode version cannot be confused
+with an old one. Key/value versions are the znode's ``mzxid`` (the zxid of its last change,
+unique across the ensemble): a znode's own version restarts at 0 when a key is deleted and
+created again, and a stale compare-and-set must never succeed on the new key. A CAS reads the
+node, compares its mzxid and writes with the node's own version (a change in between fails it).
+
+Sessions: a registration and a lock are ephemeral znodes. When the session expires ZooKeeper
+deletes them; when kazoo establishes a new session this store re-creates its registrations
+(locks are *not* re-taken: their holders learn through :meth:`holds_lock` and the lock's watch
+that they lost them) and tells every watcher to re-read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
+
+from pybk.errors import (
+    ClientClosedError,
+    CorruptRecordError,
+    KeyExistsError,
+    LedgerExistsError,
+    MetadataStoreError,
+    MetadataVersionError,
+    NoSuchKeyError,
+    NoSuchLedgerError,
+)
+from pybk.metadata._common import (
+    check_bookie_id,
+    check_expected_marks,
+    check_key,
+    check_ledger_id,
+    check_metadata,
+    check_owner,
+    check_prefix,
+    check_registration,
+    check_value,
+    merge_missing,
+)
+from pybk.metadata.base import (
+    BookieRegistration,
+    Election,
+    LedgerMetadata,
+    MetadataStore,
+    VersionedValue,
+    Watch,
+)
+from pybk.metadata.zookeeper.bridge import KazooBridge
+from pybk.metadata.zookeeper.paths import BASE_DIRS, Layout, ledger_id_from
+from pybk.metadata.zookeeper.recipes import (
+    ChildrenWatches,
+    DataWatches,
+    ZkElection,
+    election_leader,
+)
+
+__all__ = ["ZooKeeperMetadataStore"]
+
+log = logging.getLogger("pybk.metadata.zookeeper")
+
+#: First byte of a key's znode data (parents made by ``makepath`` hold b"").
+_KEY_MARK = b"\x01"
+
+
+def _ledger_version(data: bytes | None, stat: Any) -> int | None:
+    return None if stat is None else int(stat.version)
+
+
+def _key_version(data: bytes | None, stat: Any) -> int | None:
+    """A parent-only node counts as absent."""
+    if stat is None or not bytes(data or b"").startswith(_KEY_MARK):
+        return None
+    return int(stat.mzxid)
+
+
+def _lock_version(data: bytes | None, stat: Any) -> int | None:
+    """A lock changes hands when its node is made again (a new czxid)."""
+    return None if stat is None else int(stat.czxid)
+
+
+class ZooKeeperMetadataStore(MetadataStore):
+    """A :class:`MetadataStore` on a ZooKeeper ensemble.
+
+    ``session_timeout``: requested ZooKeeper session timeout in seconds (the server clamps it
+    to 2..20 ticks); a registration or a lock vanishes this long after its process dies.
+    ``op_timeout``: bound on one operation. ``id_block``: ledger ids claimed per CAS on the
+    ``idgen`` node.
+    """
+
+    def __init__(
+        self,
+        hosts: str,
+        root: str = "/pybk",
+        *,
+        session_timeout: float = 10.0,
+        connect_timeout: float = 15.0,
+        op_timeout: float = 10.0,
+        id_block: int = 100,
+    ) -> None:
+        if id_block < 1:
+            raise ValueError(f"id_block must be >= 1, got {id_block}")
+        self._layout = Layout(root)
+        self.hosts = hosts
+        self.root = self._layout.root
+        self.session_timeout = session_timeout
+        self.connect_timeout = connect_timeout
+        self.op_timeout = op_timeout
+        self._id_block = id_block
+        self._bridge = KazooBridge(
+            hosts, self._layout, session_timeout=session_timeout,
+            connect_timeout=connect_timeout, op_timeout=op_timeout, base_dirs=BASE_DIRS,
+        )
+        self._bridge.on_new_session.append(self._on_new_session)
+        self._id_pool: list[int] = []  # claimed ids, next one last
+        self._id_lock = asyncio.Lock()  # one block claim at a time per store
+        self._own: dict[str, BookieRegistration] = {}
+        self._held: dict[str, int] = {}  # lock name -> session id it was taken in
+        self._ledger_watchers: DataWatches[int] = DataWatches(
+            self._bridge, self._layout.ledger, _ledger_version)
+        self._value_watchers: DataWatches[str] = DataWatches(
+            self._bridge, self._layout.kv, _key_version)
+        self._lock_watchers: DataWatches[str] = DataWatches(
+            self._bridge, self._layout.lock, _lock_version)
+        self._bookie_watchers = ChildrenWatches(
+            self._bridge, [self._layout.bookies(False), self._layout.bookies(True)])
+        self._elections: list[ZkElection] = []
+        #: Test hook: awaited before registrations are re-created on a new session.
+        self.before_reregister: Callable[[], Awaitable[None]] | None = None
+
+    # -- connection and session ----------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        """True while the ZooKeeper connection is up: an operation now is attempted at once
+        (otherwise it waits up to ``op_timeout`` for kazoo to reconnect)."""
+        return self._bridge.connected
+
+    @property
+    def client_id(self) -> tuple[int, bytes] | None:
+        """``(session id, password)`` of the current session (tests force expiry with it)."""
+        return self._bridge.client_id
+
+    @property
+    def sessions_lost(self) -> int:
+        """Number of sessions this store lost (expired); tests and operators look at it."""
+        return self._bridge.sessions_lost
+
+    def _on_new_session(self) -> None:
+        """Ephemerals of the old session are gone and watches may have missed events:
+        re-register, drop the locks, make every watcher re-read."""
+        if self._own:
+            self._bridge.spawn(self._reregister())
+        lost, self._held = self._held, {}
+        for name in lost:
+            log.warning("ZooKeeper %s: lock %s lost with the session", self.hosts, name)
+            self._lock_watchers.fire(name)
+        self._ledger_watchers.fire_all()
+        self._value_watchers.fire_all()
+        self._lock_watchers.fire_all()
+        self._bookie_watchers.fire()
+
+    async def _reregister(self) -> None:
+        if self.before_reregister is not None:
+            await self.before_reregister()
+        attempt = 0
+        while self._own and not self._bridge.closed:  # until it worked or nobody wants it
+            try:
+                for reg in list(self._own.values()):
+                    await self._create_registration(reg, steal=False)
+                log.info("re-registered %s after a new ZooKeeper session", sorted(self._own))
+                return
+            except MetadataStoreError as exc:
+                attempt += 1
+                log.warning("re-registration attempt %d failed: %s", attempt, exc)
+                await asyncio.sleep(min(0.05 * 2**attempt, 1.0))
+            except ClientClosedError:
+                return
+
+    # -- ledgers -------------------------------------------------------------------------------
+
+    async def allocate_ledger_id(self) -> int:
+        async with self._id_lock:
+            return await self._allocate_locked()
+
+    async def _allocate_locked(self) -> int:
+        while not self._id_pool:
+            path = self._layout.idgen
+            data, stat = await self._bridge.call("allocate_ledger_id", "get", path)
+            try:
+                first = int(data.decode())
+            except ValueError:
+                raise CorruptRecordError(f"ZooKeeper {path}: not an integer: {data[:32]!r}") \
+                    from None
+            try:
+                await self._bridge.call(
+                    "allocate_ledger_id", "set", path,
+                    str(first + self._id_block).encode(), version=stat.version,
+                    expect=(BadVersionError,),
+                )
+            except BadVersionError:
+                continue  # another client claimed this block first
+            self._id_pool = list(range(first + self._id_block - 1, first - 1, -1))
+        return self._id_pool.pop()
+
+    async def create_ledger(self, metadata: LedgerMetadata) -> LedgerMetadata:
+        check_metadata(metadata)
+        lid = metadata.ledger_id
+        try:
+            await self._bridge.call(
+                "create_ledger", "create", self._layout.ledger(lid), metadata.to_bytes(),
+                makepath=True, expect=(NodeExistsError,),
+            )
+        except NodeExistsError:
+            raise LedgerExistsError(f"ledger {lid} already exists") from None
+        self._ledger_watchers.seen[lid] = 0
+        return metadata.with_changes(version=0)
+
+    async def read_ledger(self, ledger_id: int) -> LedgerMetadata:
+        check_ledger_id(ledger_id)
+        try:
+            data, stat = await self._bridge.call(
+                "read_ledger", "get", self._layout.ledger(ledger_id), expect=(NoNodeError,)
+            )
+        except NoNodeError:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+        md = LedgerMetadata.from_bytes(data, stat.version)
+        self._ledger_watchers.seen[ledger_id] = stat.version
+        return md
+
+    async def write_ledger(self, metadata: LedgerMetadata, expected_version: int) -> LedgerMetadata:
+        check_metadata(metadata)
+        lid = metadata.ledger_id
+        if expected_version < 0:  # ZooKeeper reads version -1 as "any version": never a CAS
+            await self.read_ledger(lid)  # NoSuchLedgerError when absent, like the others
+            raise MetadataVersionError(f"ledger {lid}: version {expected_version} is stale")
+        try:
+            stat = await self._bridge.call(
+                "write_ledger", "set", self._layout.ledger(lid), metadata.to_bytes(),
+                version=expected_version, expect=(BadVersionError, NoNodeError),
+            )
+        except BadVersionError:
+            raise MetadataVersionError(
+                f"ledger {lid}: version {expected_version} is stale"
+            ) from None
+        except NoNodeError:
+            raise NoSuchLedgerError(f"ledger {lid} does not exist") from None
+        self._ledger_watchers.seen[lid] = stat.version
+        return metadata.with_changes(version=stat.version)
+
+    async def delete_ledger(self, ledger_id: int, expected_version: int | None = None) -> None:
+        check_ledger_id(ledger_id)
+        if expected_version is not None and expected_version < 0:
+            await self.read_ledger(ledger_id)
+            raise MetadataVersionError(
+                f"ledger {ledger_id}: version {expected_version} is stale"
+            )
+        try:
+            await self._bridge.call(
+                "delete_ledger", "delete", self._layout.ledger(ledger_id),
+                version=-1 if expected_version is None else expected_version,
+                expect=(BadVersionError, NoNodeError),
+            )
+        except BadVersionError:
+            raise MetadataVersionError(
+                f"ledger {ledger_id}: version {expected_version} is stale"
+            ) from None
+        except NoNodeError:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+        self._ledger_watchers.seen[ledger_id] = None
+
+    async def list_ledgers(self) -> list[int]:
+        return [lid for lid, _ in await self._walk("list_ledgers", self._layout.p("ledgers"), "L")]
+
+    # -- key/value namespace ---------------------------------------------------------------------
+
+    async def _get_key(self, op: str, key: str) -> tuple[bytes, Any]:
+        """(value, stat) of a key; NoSuchKeyError when absent or only a parent node."""
+        try:
+            data, stat = await self._bridge.call(
+                op, "get", self._layout.kv(key), expect=(NoNodeError,))
+        except NoNodeError:
+            raise NoSuchKeyError(f"key {key!r} does not exist") from None
+        data = bytes(data or b"")
+        if not data.startswith(_KEY_MARK):
+            raise NoSuchKeyError(f"key {key!r} does not exist")
+        return data[len(_KEY_MARK):], stat
+
+    async def create_value(self, key: str, value: bytes) -> VersionedValue:
+        check_key(key)
+        data = check_value(key, value)
+        path = self._layout.kv(key)
+        for _ in range(20):
+            try:
+                _, stat = await self._bridge.call(
+                    "create_value", "create", path, _KEY_MARK + data, makepath=True,
+                    include_data=True, expect=(NodeExistsError,),
+                )
+            except NodeExistsError:
+                # a parent node of deeper keys: it becomes this key, by CAS
+                try:
+                    old, stat = await self._bridge.call(
+                        "create_value", "get", path, expect=(NoNodeError,)
+                    )
+                except NoNodeError:
+                    continue
+                if bytes(old or b"").startswith(_KEY_MARK):
+                    raise KeyExistsError(f"key {key!r} already exists") from None
+                try:
+                    stat = await self._bridge.call(
+                        "create_value", "set", path, _KEY_MARK + data, version=stat.version,
+                        expect=(BadVersionError, NoNodeError),
+                    )
+                except (BadVersionError, NoNodeError):
+                    continue
+            self._value_watchers.seen[key] = stat.mzxid
+            return VersionedValue(key, data, stat.mzxid)
+        raise MetadataStoreError(f"could not create key {key!r}: contention")
+
+    async def read_value(self, key: str) -> VersionedValue:
+        check_key(key)
+        data, stat = await self._get_key("read_value", key)
+        self._value_watchers.seen[key] = stat.mzxid
+        return VersionedValue(key, data, stat.mzxid)
+
+    async def write_value(
+        self, key: str, value: bytes, expected_version: int
+    ) -> VersionedValue:
+        check_key(key)
+        data = check_value(key, value)
+        _, stat = await self._get_key("write_value", key)
+        if stat.mzxid != expected_version:
+            raise MetadataVersionError(
+                f"key {key!r}: version {expected_version} is stale (store has {stat.mzxid})"
+            )
+        try:
+            new = await self._bridge.call(
+                "write_value", "set", self._layout.kv(key), _KEY_MARK + data,
+                version=stat.version, expect=(BadVersionError, NoNodeError),
+            )
+        except BadVersionError:
+            raise MetadataVersionError(
+                f"key {key!r}: version {expected_version} is stale (changed meanwhile)"
+            ) from None
+        except NoNodeError:
+            raise NoSuchKeyError(f"key {key!r} does not exist") from None
+        self._value_watchers.seen[key] = new.mzxid
+        return VersionedValue(key, data, new.mzxid)
+
+    async def delete_value(self, key: str, expected_version: int | None = None) -> None:
+        check_key(key)
+        path = self._layout.kv(key)
+        for _ in range(20):
+            _, stat = await self._get_key("delete_value", key)
+            if expected_version is not None and stat.mzxid != expected_version:
+                raise MetadataVersionError(
+                    f"key {key!r}: version {expected_version} is stale (store has {stat.mzxid})"
+                )
+            try:
+                if stat.numChildren:  # keys below it stay: it becomes a bare parent node
+                    await self._bridge.call(
+                        "delete_value", "set", path, b"", version=stat.version,
+                        expect=(BadVersionError, NoNodeError),
+                    )
+                else:
+                    await self._bridge.call(
+                        "delete_value", "delete", path, version=stat.version,
+                        expect=(BadVersionError, NoNodeError, NotEmptyError),
+                    )
+            except (BadVersionError, NoNodeError, NotEmptyError):
+                continue  # changed meanwhile: look again (a CAS then fails on the mzxid)
+            self._value_watchers.seen[key] = None
+            return
+        raise MetadataStoreError(f"could not delete key {key!r}: contention")
+
+    async def list_keys(self, prefix: str = "") -> list[str]:
+        check_prefix(prefix)
+        found: list[str] = []
+
+        async def walk(rel: str) -> None:
+            base = self._layout.p("kv", rel) if rel else self._layout.p("kv")
+            names = await self._bridge.children("list_keys", base)
+
+            async def visit(name: str) -> None:
+                child = f"{rel}/{name}" if rel else name
+                try:
+                    data, _ = await self._bridge.call(
+                        "list_keys", "get", f"{base}/{name}", expect=(NoNodeError,)
+                    )
+                except NoNodeError:
+                    return
+                if bytes(data or b"").startswith(_KEY_MARK):
+                    found.append(child)
+                await walk(child)
+
+            await asyncio.gather(*map(visit, names))
+
+        await walk(prefix[:-1])
+        return sorted(found)
+
+    def watch_value(self, key: str, callback: Callable[[str], None]) -> Watch:
+        """One kazoo DataWatch per watched key and store (as for ledgers)."""
+        check_key(key)
+        return self._value_watchers.watch(key, lambda: callback(key))
+
+    # -- bookies -------------------------------------------------------------------------------
+
+    async def _create_registration(self, reg: BookieRegistration, *, steal: bool = True) -> None:
+        """Create ``reg``'s ephemeral, then remove its node in the other (writable/read-only)
+        list. A node held by another session is replaced when ``steal`` (an explicit
+        registration: the newest registrant wins, e.g. a restarted bookie whose old session
+        has not expired yet); on re-registration after our own session expired it is left
+        alone (a newer incarnation of the bookie owns it now)."""
+        path = self._layout.bookie(reg.bookie_id, reg.read_only)
+        data = json.dumps({"address": reg.address, "rack": reg.rack}).encode()
+        for _ in range(5):
+            try:
+                await self._bridge.call(
+                    "register_bookie", "create", path, data, ephemeral=True,
+                    expect=(NodeExistsError,),
+                )
+                break
+            except NodeExistsError:
+                try:
+                    old, stat = await self._bridge.call(
+                        "register_bookie", "get", path, expect=(NoNodeError,)
+                    )
+                except NoNodeError:
+                    continue
+                if stat.ephemeralOwner == self._bridge.session_id and old == data:
+                    break
+                if not steal and stat.ephemeralOwner != self._bridge.session_id:
+                    log.warning(
+                        "bookie %s is registered by another session; not re-registering",
+                        reg.bookie_id,
+                    )
+                    self._own.pop(reg.bookie_id, None)
+                    return
+                # someone else's (a previous incarnation of this bookie) or stale: replace
+                with contextlib.suppress(NoNodeError, BadVersionError):
+                    await self._bridge.call(
+                        "register_bookie", "delete", path, version=stat.version,
+                        expect=(NoNodeError, BadVersionError),
+                    )
+        else:
+            raise MetadataStoreError(f"could not register bookie {reg.bookie_id}: contention")
+        with contextlib.suppress(NoNodeError):
+            await self._bridge.call(
+                "register_bookie", "delete", self._layout.bookie(reg.bookie_id, not reg.read_only),
+                expect=(NoNodeError,),
+            )
+
+    async def register_bookie(self, registration: BookieRegistration) -> None:
+        check_registration(registration)
+        self._own[registration.bookie_id] = registration
+        await self._create_registration(registration)
+
+    async def unregister_bookie(self, bookie_id: str) -> None:
+        check_bookie_id(bookie_id)
+        self._own.pop(bookie_id, None)
+        for ro in (False, True):
+            with contextlib.suppress(NoNodeError):
+                await self._bridge.call(
+                    "unregister_bookie", "delete", self._layout.bookie(bookie_id, ro),
+                    expect=(NoNodeError,),
+                )
+
+    async def list_bookies(self) -> list[BookieRegistration]:
+        found: dict[str, BookieRegistration] = {}
+        for ro in (False, True):  # read-only wins while a flip is half done
+            base = self._layout.bookies(ro)
+            names = await self._bridge.children("list_bookies", base)
+
+            async def get(name: str, base: str = base) -> bytes | None:
+                try:
+                    data, _ = await self._bridge.call(
+                        "list_bookies", "get", f"{base}/{name}", expect=(NoNodeError,)
+                    )
+                    return bytes(data)
+                except NoNodeError:
+                    return None
+
+            for name, data in zip(names, await asyncio.gather(*map(get, names)), strict=True):
+                if data is None:
+                    continue
+                try:
+                    doc = json.loads(data)
+                    address, rack = str(doc["address"]), str(doc.get("rack", ""))
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    raise CorruptRecordError(
+                        f"ZooKeeper registration of bookie {name}: {exc}"
+                    ) from exc
+                found[name] = BookieRegistration(name, address, ro, rack)
+        return [found[b] for b in sorted(found)]
+
+    # -- watches -------------------------------------------------------------------------------
+
+    def watch_ledger(self, ledger_id: int, callback: Callable[[int], None]) -> Watch:
+        """One kazoo DataWatch per watched ledger and store, shared by all its watches (and
+        stopped at the next event once the last one is cancelled)."""
+        check_ledger_id(ledger_id)
+        return self._ledger_watchers.watch(ledger_id, lambda: callback(ledger_id))
+
+    def watch_bookies(self, callback: Callable[[], None]) -> Watch:
+        """Two kazoo ChildrenWatches per store (writable, read-only), shared by all watches."""
+        return self._bookie_watchers.watch(callback)
+
+    # -- locks and elections -------------------------------------------------------------------
+
+    async def try_lock(self, name: str, owner: str) -> bool:
+        check_key(name)
+        check_owner(owner)
+        path = self._layout.lock(name)
+        await self._bridge.ensure_started()
+        for _ in range(20):
+            session = self._bridge.session_id
+            try:
+                await self._bridge.call(
+                    "try_lock", "create", path, owner.encode(), ephemeral=True, makepath=True,
+                    expect=(NodeExistsError,),
+                )
+                self._took_lock(name, session)
+                return True
+            except NodeExistsError:
+                pass
+            try:
+                _, stat = await self._bridge.call("try_lock", "get", path, expect=(NoNodeError,))
+            except NoNodeError:
+                continue  # released meanwhile: try again
+            if stat.ephemeralOwner == self._bridge.session_id:
+                self._took_lock(name, self._bridge.session_id)
+                return True
+            if stat.ephemeralOwner == 0:  # a persistent node: a parent of deeper locks
+                raise MetadataStoreError(
+                    f"ZooKeeper {self.hosts}: lock {name!r} is a parent of other locks")
+            return False
+        raise MetadataStoreError(f"could not take lock {name!r}: contention")
+
+    def _took_lock(self, name: str, session: int | None) -> None:
+        if session is None or session != self._bridge.session_id:
+            return  # the session changed under us: the node went with the old one
+        fresh = name not in self._held
+        self._held[name] = session
+        if fresh:
+            self._lock_watchers.fire(name)
+
+    async def unlock(self, name: str) -> None:
+        check_key(name)
+        session = self._held.pop(name, None)
+        if session is None:
+            return
+        self._lock_watchers.fire(name)
+        path = self._layout.lock(name)
+        try:
+            _, stat = await self._bridge.call("unlock", "get", path, expect=(NoNodeError,))
+        except NoNodeError:
+            return
+        if stat.ephemeralOwner != session:
+            return  # not ours any more
+        with contextlib.suppress(NoNodeError, BadVersionError, NotEmptyError):
+            await self._bridge.call(
+                "unlock", "delete", path, version=stat.version,
+                expect=(NoNodeError, BadVersionError, NotEmptyError),
+            )
+
+    async def lock_owner(self, name: str) -> str | None:
+        check_key(name)
+        try:
+            data, stat = await self._bridge.call(
+                "lock_owner", "get", self._layout.lock(name), expect=(NoNodeError,))
+        except NoNodeError:
+            return None
+        if stat.ephemeralOwner == 0:
+            return None  # a parent node of deeper locks
+        return bytes(data).decode(errors="replace")
+
+    async def list_locks(self, prefix: str = "") -> dict[str, str]:
+        check_prefix(prefix)
+        found: dict[str, str] = {}
+
+        async def walk(rel: str) -> None:
+            names = await self._bridge.children("list_locks", self._layout.lock(rel))
+
+            async def visit(name: str) -> None:
+                child = f"{rel}/{name}" if rel else name
+                try:
+                    data, stat = await self._bridge.call(
+                        "list_locks", "get", self._layout.lock(child), expect=(NoNodeError,))
+                except NoNodeError:
+                    return
+                if stat.ephemeralOwner:
+                    found[child] = bytes(data).decode(errors="replace")
+                elif stat.numChildren:
+                    await walk(child)
+
+            await asyncio.gather(*map(visit, names))
+
+        await walk(prefix[:-1])
+        return dict(sorted(found.items()))
+
+    def holds_lock(self, name: str) -> bool:
+        session = self._held.get(name)
+        return (session is not None and session == self._bridge.session_id
+                and self._bridge.connected and not self._bridge.closed)
+
+    def watch_lock(self, name: str, callback: Callable[[str], None]) -> Watch:
+        check_key(name)
+        return self._lock_watchers.watch(name, lambda: callback(name))
+
+    def election(self, name: str, candidate: str) -> Election:
+        check_key(name)
+        check_owner(candidate)
+        election = ZkElection(self._bridge, self._layout.election(name), name, candidate)
+        self._elections.append(election)
+        return election
+
+    async def election_leader(self, name: str) -> str | None:
+        check_key(name)
+        return await election_leader(self._bridge, self._layout.election(name))
+
+    # -- under-replication marks ---------------------------------------------------------------
+
+    async def mark_under_replicated(self, ledger_id: int, missing_bookies: list[str]) -> None:
+        check_ledger_id(ledger_id)
+        for b in missing_bookies:
+            check_bookie_id(b)
+        path = self._layout.under_replicated(ledger_id)
+        for _ in range(100):
+            try:
+                data, stat = await self._bridge.call(
+                    "mark_under_replicated", "get", path, expect=(NoNodeError,)
+                )
+            except NoNodeError:
+                value = json.dumps(merge_missing([], missing_bookies)).encode()
+                try:
+                    await self._bridge.call(
+                        "mark_under_replicated", "create", path, value, makepath=True,
+                        expect=(NodeExistsError, NoNodeError),
+                    )
+                    return
+                except (NodeExistsError, NoNodeError):
+                    continue
+            merged = merge_missing(_parse_missing(data, ledger_id), missing_bookies)
+            try:
+                await self._bridge.call(
+                    "mark_under_replicated", "set", path, json.dumps(merged).encode(),
+                    version=stat.version, expect=(BadVersionError, NoNodeError),
+                )
+                return
+            except (BadVersionError, NoNodeError):
+                continue
+        raise MetadataVersionError(f"under-replication mark of ledger {ledger_id}: too contended")
+
+    async def list_under_replicated(self) -> dict[int, list[str]]:
+        base = self._layout.p("underreplication", "ledgers")
+        out: dict[int, list[str]] = {}
+        for lid, path in await self._walk("list_under_replicated", base, "urL"):
+            try:
+                data, _ = await self._bridge.call(
+                    "list_under_replicated", "get", path, expect=(NoNodeError,)
+                )
+            except NoNodeError:
+                continue
+            out[lid] = _parse_missing(data, lid)
+        return out
+
+    async def clear_under_replicated(
+        self, ledger_id: int, expected: Sequence[str] | None = None
+    ) -> bool:
+        check_ledger_id(ledger_id)
+        want = check_expected_marks(expected)
+        path = self._layout.under_replicated(ledger_id)
+        for _ in range(100):
+            try:
+                data, stat = await self._bridge.call(
+                    "clear_under_replicated", "get", path, expect=(NoNodeError,))
+            except NoNodeError:
+                return False
+            if want is not None and _parse_missing(data, ledger_id) != want:
+                return False
+            try:
+                await self._bridge.call(
+                    "clear_under_replicated", "delete", path, version=stat.version,
+                    expect=(NoNodeError, BadVersionError),
+                )
+                return True
+            except NoNodeError:
+                return False
+            except BadVersionError:
+                continue  # widened meanwhile: compare again
+        raise MetadataVersionError(f"under-replication mark of ledger {ledger_id}: too contended")
+
+    # -- cookies -------------------------------------------------------------------------------
+
+    async def read_cookie(self, bookie_id: str) -> bytes | None:
+        check_bookie_id(bookie_id)
+        try:
+            data, _ = await self._bridge.call(
+                "read_cookie", "get", self._layout.cookie(bookie_id), expect=(NoNodeError,)
+            )
+        except NoNodeError:
+            return None
+        return bytes(data)
+
+    async def write_cookie(self, bookie_id: str, cookie: bytes) -> None:
+        check_bookie_id(bookie_id)
+        if not isinstance(cookie, bytes | bytearray):
+            raise TypeError(f"cookie must be bytes, got {type(cookie).__name__}")
+        path = self._layout.cookie(bookie_id)
+        for _ in range(10):
+            try:
+                await self._bridge.call(
+                    "write_cookie", "set", path, bytes(cookie), expect=(NoNodeError,))
+                return
+            except NoNodeError:
+                try:
+                    await self._bridge.call(
+                        "write_cookie", "create", path, bytes(cookie), expect=(NodeExistsError,)
+                    )
+                    return
+                except NodeExistsError:
+                    continue
+        raise MetadataStoreError(f"could not write the cookie of {bookie_id}: contention")
+
+    async def delete_cookie(self, bookie_id: str) -> None:
+        check_bookie_id(bookie_id)
+        with contextlib.suppress(NoNodeError):
+            await self._bridge.call(
+                "delete_cookie", "delete", self._layout.cookie(bookie_id), expect=(NoNodeError,)
+            )
+
+    # -- test hooks / lifecycle ----------------------------------------------------------------
+
+    async def corrupt_ledger(self, ledger_id: int, data: bytes) -> None:
+        """Overwrite a ledger's znode data (tests: readers must raise CorruptRecordError)."""
+        await self._bridge.call("corrupt_ledger", "set", self._layout.ledger(ledger_id), data)
+
+    def forget_registrations(self) -> None:
+        """Stop owning this store's registrations (they will not be re-created); used to
+        simulate the owning process dying."""
+        self._own.clear()
+
+    async def close(self) -> None:
+        """Close the session: its ephemeral registrations and locks go at once. Idempotent."""
+        if self._bridge.closed:
+            return
+        for election in list(self._elections):
+            with contextlib.suppress(Exception):
+                await election.resign()
+        self._own.clear()
+        self._held.clear()
+        self._ledger_watchers.cancel_all()
+        self._value_watchers.cancel_all()
+        self._lock_watchers.cancel_all()
+        self._bookie_watchers.cancel_all()
+        await self._bridge.close()
+
+    async def _walk(self, op: str, base: str, prefix: str) -> list[tuple[int, str]]:
+        """(ledger id, path) of every leaf under a two-level hierarchical tree."""
+        out: list[tuple[int, str]] = []
+        for top in await self._bridge.children(op, base):
+            mids = await self._bridge.children(op, f"{base}/{top}")
+            leaves = await asyncio.gather(
+                *(self._bridge.children(op, f"{base}/{top}/{m}") for m in mids))
+            for mid, names in zip(mids, leaves, strict=True):
+                for leaf in names:
+                    lid = ledger_id_from(top, mid, leaf, prefix)
+                    if lid is not None:
+                        out.append((lid, f"{base}/{top}/{mid}/{leaf}"))
+        return sorted(out)
+
+
+def _parse_missing(data: bytes, ledger_id: int) -> list[str]:
+    try:
+        value = json.loads(data)
+    except ValueError as exc:
+        raise CorruptRecordError(f"under-replication mark of ledger {ledger_id}: {exc}") from exc
+    if not isinstance(value, list) or not all(isinstance(b, str) for b in value):
+        raise CorruptRecordError(f"under-replication mark of ledger {ledger_id}: not a list")
+    return value

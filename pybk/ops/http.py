@@ -1,0 +1,404 @@
+"""The bookie's HTTP admin endpoint (``pybk bookie --http-port N``), on aiohttp, served by
+the bookie's own event loop.
+
+===========================================================  =====  ===========================
+path                                                         verb   answer (JSON unless noted)
+===========================================================  =====  ===========================
+``/heartbeat``                                               GET    ``OK`` (text)
+``/metrics``                                                 GET    Prometheus text format
+``/api/v1/bookie/info``                                      GET    this bookie: id, address,
+                                                                    state, reason, rack, disk,
+                                                                    ledgers
+``/api/v1/bookie/list_bookies?type=rw|ro``                   GET    live bookies
+``/api/v1/ledger/list?print_metadata=true&bookie=ID``        GET    ledger ids (or metadata)
+``/api/v1/ledger/metadata?ledger_id=N``                      GET    one ledger's metadata
+``/api/v1/autorecovery/list_under_replicated_ledger``        GET    marked ledger -> missing
+  ``?missingreplica=ID&excludingmissingreplica=ID``                 bookies
+``/api/v1/autorecovery/status``                              GET    enabled, auditor, delay,
+                                                                    marks, repairs in progress
+``/api/v1/autorecovery/status?enabled=true|false``           PUT    switch replication
+``/api/v1/autorecovery/who_is_auditor``                      GET    the elected auditor
+``/api/v1/autorecovery/trigger_audit``                       PUT    ask for an audit now
+``/api/v1/autorecovery/lost_bookie_recovery_delay``          GET    the delay
+``/api/v1/autorecovery/lost_bookie_recovery_delay``          PUT    ``{"delay_seconds": 30}``
+``/api/v1/autorecovery/decommission``                        PUT    ``{"bookie_src": ID}``:
+                                                                    starts it (202)
+``/api/v1/autorecovery/decommission?bookie_src=ID``          GET    its progress
+===========================================================  =====  ===========================
+
+Mutating requests (PUT) need ``Authorization: Bearer <token>`` when a token is configured.
+Errors are JSON ``{"error": ..., "type": ...}`` with 400 (bad input), 401, 404 (unknown path
+or ledger), 405, 409 (the bookie to decommission still runs), 413 (body too large), 429 (too
+many jobs), 503 (too many requests in flight). Every resource a peer can make the endpoint
+hold is bounded (:class:`HttpConfig`): connections, requests in flight, request body size,
+header sizes, idle keep-alive time, decommission jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import ssl
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from pybk.errors import BKError, BookieStateError, NoSuchLedgerError
+from pybk.metadata.base import LedgerMetadata
+from pybk.ops.admin import Admin
+
+__all__ = ["AdminHttpServer", "HttpConfig", "metadata_json"]
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class HttpConfig:
+    """Where the endpoint listens and its bounds (every one settable from the command line)."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    #: required (as a Bearer token) by mutating requests; None: no authentication
+    token: bytes | None = None
+    max_connections: int = 64
+    max_requests_in_flight: int = 32
+    max_body_bytes: int = 64 << 10
+    #: longest request line / header field
+    max_header_bytes: int = 8190
+    keepalive_timeout: float = 15.0
+    #: decommissions running at once through this endpoint
+    max_jobs: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("max_connections", "max_requests_in_flight", "max_body_bytes",
+                     "max_header_bytes", "max_jobs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.keepalive_timeout <= 0:
+            raise ValueError(f"keepalive_timeout must be > 0, got {self.keepalive_timeout!r}")
+        if self.token is not None and not self.token:
+            raise ValueError("the HTTP token must be non-empty (or None)")
+
+
+def metadata_json(md: LedgerMetadata) -> dict[str, Any]:
+    """A ledger's metadata as JSON (keys and password hash left out)."""
+    return {
+        "ledger_id": md.ledger_id,
+        "state": md.state,
+        "ensemble_size": md.ensemble_size,
+        "write_quorum": md.write_quorum,
+        "ack_quorum": md.ack_quorum,
+        "last_entry_id": md.last_entry_id,
+        "length": md.length,
+        "digest_type": md.digest_type,
+        "ensembles": {str(k): list(v) for k, v in sorted(md.ensembles.items())},
+        "custom_metadata": sorted(md.custom_metadata),
+        "ctime_ms": md.ctime_ms,
+        "version": md.version,
+    }
+
+
+def _error(status: int, message: str, kind: str = "") -> web.Response:
+    return web.json_response({"error": message, "type": kind or web.HTTPException.__name__},
+                             status=status)
+
+
+class _Refused(asyncio.Protocol):
+    """Stands in for a request handler when the connection cap is reached: closes at once."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
+class AdminHttpServer:
+    """The endpoint (see the module doc). ``info()`` returns the ``bookie/info`` document;
+    ``admin`` serves every cluster-wide path (None: only ``/heartbeat`` and ``/metrics``
+    are served, e.g. ``--metrics-port``); ``registry`` is what ``/metrics`` exports."""
+
+    def __init__(self, config: HttpConfig, *, registry: CollectorRegistry, admin: Admin | None,
+                 info: Callable[[], Awaitable[dict[str, Any]]],
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        self.config = config
+        self.registry = registry
+        self._admin = admin
+        self._info = info
+        self._ssl = ssl_context
+        self._in_flight = 0
+        self._jobs: dict[str, asyncio.Task[dict[str, Any]]] = {}
+        self._runner: web.AppRunner | None = None
+        self._server: asyncio.Server | None = None
+        #: connections refused at the cap, requests refused for load (tests, operators)
+        self.refused = {"connections": 0, "requests": 0}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        cfg = self.config
+        app = web.Application(client_max_size=cfg.max_body_bytes,
+                              middlewares=[self._guard])
+        get, put = "GET", "PUT"
+        app.router.add_route(get, "/heartbeat", self._heartbeat)
+        app.router.add_route(get, "/metrics", self._metrics)
+        for verb, path, handler in () if self._admin is None else (
+            (get, "/api/v1/bookie/info", self._bookie_info),
+            (get, "/api/v1/bookie/list_bookies", self._list_bookies),
+            (get, "/api/v1/ledger/list", self._ledger_list),
+            (get, "/api/v1/ledger/metadata", self._ledger_metadata),
+            (get, "/api/v1/autorecovery/list_under_replicated_ledger", self._under_replicated),
+            (get, "/api/v1/autorecovery/status", self._status),
+            (put, "/api/v1/autorecovery/status", self._set_status),
+            (get, "/api/v1/autorecovery/who_is_auditor", self._who_is_auditor),
+            (put, "/api/v1/autorecovery/trigger_audit", self._trigger_audit),
+            (get, "/api/v1/autorecovery/lost_bookie_recovery_delay", self._get_delay),
+            (put, "/api/v1/autorecovery/lost_bookie_recovery_delay", self._set_delay),
+            (put, "/api/v1/autorecovery/decommission", self._decommission),
+            (get, "/api/v1/autorecovery/decommission", self._decommission_status),
+        ):
+            app.router.add_route(verb, path, handler)
+        runner = web.AppRunner(
+            app, access_log=None, keepalive_timeout=cfg.keepalive_timeout,
+            max_line_size=cfg.max_header_bytes, max_field_size=cfg.max_header_bytes,
+            handler_cancellation=True)
+        await runner.setup()
+        self._runner = runner
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._protocol, cfg.host, cfg.port, ssl=self._ssl, backlog=128,
+            reuse_address=True)
+
+    def _protocol(self) -> asyncio.BaseProtocol:
+        assert self._runner is not None and self._runner.server is not None
+        server = self._runner.server
+        if len(server.connections) >= self.config.max_connections:
+            self.refused["connections"] += 1
+            return _Refused()
+        return server()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        if self._server is None or not self._server.sockets:
+            raise RuntimeError("the HTTP endpoint is not started")
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return str(host), int(port)
+
+    async def stop(self) -> None:
+        for task in list(self._jobs.values()):
+            task.cancel()
+        await asyncio.gather(*self._jobs.values(), return_exceptions=True)
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # -- middleware ----------------------------------------------------------------------------
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self._in_flight >= self.config.max_requests_in_flight:
+            self.refused["requests"] += 1
+            return _error(503, "too many requests in flight", "TooManyRequests")
+        if request.method == "PUT" and self.config.token is not None:
+            given = request.headers.get("Authorization", "")
+            expected = b"Bearer " + self.config.token
+            if not hmac.compare_digest(given.encode(), expected):
+                return _error(401, "a mutating request needs 'Authorization: Bearer <token>'",
+                              "Unauthorized")
+        self._in_flight += 1
+        try:
+            return await handler(request)
+        except web.HTTPRequestEntityTooLarge:
+            return _error(413, f"request body above {self.config.max_body_bytes} bytes",
+                          "RequestEntityTooLarge")
+        except web.HTTPException as exc:
+            if exc.status >= 400:
+                return _error(exc.status, exc.reason, type(exc).__name__)
+            raise
+        except ValueError as exc:
+            return _error(400, str(exc), type(exc).__name__)
+        except NoSuchLedgerError as exc:
+            return _error(404, str(exc), type(exc).__name__)
+        except BookieStateError as exc:
+            return _error(409, str(exc), type(exc).__name__)
+        except BKError as exc:
+            return _error(500, str(exc), type(exc).__name__)
+        finally:
+            self._in_flight -= 1
+
+    # -- handlers ------------------------------------------------------------------------------
+
+    @property
+    def admin(self) -> Admin:
+        assert self._admin is not None  # (only the admin paths use it)
+        return self._admin
+
+    async def _heartbeat(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(text="OK\n")
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        body = generate_latest(self.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _bookie_info(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(await self._info())
+
+    async def _list_bookies(self, request: web.Request) -> web.StreamResponse:
+        kind = request.query.get("type", "")
+        if kind not in ("", "rw", "ro"):
+            raise ValueError(f"type must be rw or ro, not {kind!r}")
+        bookies = [b.as_dict() for b in await self.admin.list_bookies()
+                   if not kind or (b.state == "writable") == (kind == "rw")]
+        return web.json_response({"bookies": bookies})
+
+    async def _ledger_list(self, request: web.Request) -> web.StreamResponse:
+        bookie = request.query.get("bookie")
+        ids = (await self.admin.ledgers_of(bookie) if bookie
+               else await self.admin.list_ledgers())
+        if _flag(request, "print_metadata"):
+            out: dict[str, Any] = {}
+            for lid in ids:
+                try:
+                    out[str(lid)] = metadata_json(await self.admin.ledger_metadata(lid))
+                except NoSuchLedgerError:
+                    continue  # deleted meanwhile
+            return web.json_response({"ledgers": out})
+        return web.json_response({"ledgers": ids})
+
+    async def _ledger_metadata(self, request: web.Request) -> web.StreamResponse:
+        lid = _int_param(request, "ledger_id")
+        return web.json_response(metadata_json(await self.admin.ledger_metadata(lid)))
+
+    async def _under_replicated(self, request: web.Request) -> web.StreamResponse:
+        only = request.query.get("missingreplica")
+        without = request.query.get("excludingmissingreplica")
+        marks = {str(lid): missing
+                 for lid, missing in (await self.admin.under_replicated_details()).items()
+                 if (only is None or only in missing)
+                 and (without is None or without not in missing)}
+        return web.json_response({"ledgers": marks})
+
+    async def _status(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(await self.admin.autorecovery_status())
+
+    async def _set_status(self, request: web.Request) -> web.StreamResponse:
+        value = request.query.get("enabled")
+        if value not in ("true", "false"):
+            raise ValueError("PUT /api/v1/autorecovery/status needs ?enabled=true|false")
+        if value == "true":
+            await self.admin.enable_autorecovery()
+        else:
+            await self.admin.disable_autorecovery()
+        return web.json_response(await self.admin.autorecovery_status())
+
+    async def _who_is_auditor(self, request: web.Request) -> web.StreamResponse:
+        status = await self.admin.autorecovery_status()
+        return web.json_response({"auditor": status["auditor"]})
+
+    async def _trigger_audit(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"audit_request": await self.admin.trigger_audit()})
+
+    async def _get_delay(self, request: web.Request) -> web.StreamResponse:
+        delay = await self.admin.settings.lost_bookie_recovery_delay()
+        return web.json_response({"delay_seconds": delay})
+
+    async def _set_delay(self, request: web.Request) -> web.StreamResponse:
+        body = await _json_body(request)
+        delay = body.get("delay_seconds")
+        if delay is not None and (isinstance(delay, bool) or not isinstance(delay, int | float)):
+            raise ValueError(f"delay_seconds must be a number or null, not {delay!r}")
+        await self.admin.set_lost_bookie_recovery_delay(delay)
+        return web.json_response({"delay_seconds": delay})
+
+    async def _decommission(self, request: web.Request) -> web.StreamResponse:
+        body = await _json_body(request)
+        bookie = body.get("bookie_src")
+        if not isinstance(bookie, str) or not bookie:
+            raise ValueError('the body must be {"bookie_src": "<bookie id>"}')
+        job = self._jobs.get(bookie)
+        if job is not None and not job.done():
+            return web.json_response({"bookie_src": bookie, "status": "running"}, status=202)
+        if sum(not t.done() for t in self._jobs.values()) >= self.config.max_jobs:
+            return _error(429, f"{self.config.max_jobs} decommissions already running",
+                          "TooManyRequests")
+        if any(b.id == bookie for b in await self.admin.list_bookies()):
+            raise BookieStateError(
+                f"bookie {bookie} is still running (registered): stop it before "
+                "decommissioning it")
+        delete_cookie = bool(body.get("delete_cookie", False))
+
+        async def run() -> dict[str, Any]:
+            report = await self.admin.decommission_bookie(bookie, delete_cookie=delete_cookie)
+            return report.as_dict()
+
+        self._jobs[bookie] = asyncio.get_running_loop().create_task(run())
+        self._jobs[bookie].add_done_callback(_log_job(bookie))
+        return web.json_response({"bookie_src": bookie, "status": "started"}, status=202)
+
+    async def _decommission_status(self, request: web.Request) -> web.StreamResponse:
+        bookie = request.query.get("bookie_src", "")
+        job = self._jobs.get(bookie)
+        if job is None:
+            raise web.HTTPNotFound(reason=f"no decommission of {bookie!r} was started here")
+        if not job.done():
+            return web.json_response({"bookie_src": bookie, "status": "running"})
+        if job.cancelled():
+            return web.json_response({"bookie_src": bookie, "status": "cancelled"})
+        exc = job.exception()
+        if exc is not None:
+            return web.json_response({"bookie_src": bookie, "status": "failed",
+                                      "error": f"{type(exc).__name__}: {exc}"})
+        return web.json_response({"bookie_src": bookie, "status": "done",
+                                  "report": job.result()})
+
+
+def _log_job(bookie: str) -> Callable[[asyncio.Task[dict[str, Any]]], None]:
+    def done(task: asyncio.Task[dict[str, Any]]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()  # kept for the status request; logged here as well
+        if exc is not None:
+            log.warning("decommission of %s failed: %s", bookie, exc)
+        else:
+            log.info("decommission of %s done", bookie)
+
+    return done
+
+
+def _flag(request: web.Request, name: str) -> bool:
+    value = request.query.get(name, "false").lower()
+    if value not in ("true", "false", "1", "0", ""):
+        raise ValueError(f"{name} must be true or false, not {value!r}")
+    return value in ("true", "1")
+
+
+def _int_param(request: web.Request, name: str) -> int:
+    text = request.query.get(name)
+    if text is None:
+        raise ValueError(f"missing query parameter {name}")
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, not {text[:40]!r}") from None
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, not {value}")
+    return value
+
+
+async def _json_body(request: web.Request) -> dict[str, Any]:
+    raw = await request.read()
+    try:
+        body = json.loads(raw or b"{}")
+    except ValueError as exc:
+        raise ValueError(f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ValueError("the body must be a JSON object")
+    return body
