@@ -44,6 +44,7 @@ __all__ = [
     "AuthResponse",
     "BookieInfoRequest",
     "BookieInfoResponse",
+    "BookieState",
     "DecodedEntry",
     "DigestManager",
     "FenceRequest",
@@ -296,13 +297,26 @@ class ListEntriesResponse:
     op = Op.LIST_ENTRIES
 
 
+class BookieState(enum.StrEnum):
+    """What a bookie accepts: everything, reads and recovery adds only, or nothing.
+
+    A ``StrEnum`` so the value travels as the plain string it always was (the registry, the
+    wire's BookieInfo answer, logs) while code compares against named members. It lives
+    here, with the messages that carry it, so a transport can read a bookie's state without
+    importing the bookie package (``pybk.bookie`` re-exports it)."""
+
+    WRITABLE = "writable"
+    READ_ONLY = "read-only"
+    STOPPED = "stopped"
+
+
 @dataclass(frozen=True, slots=True)
 class BookieInfoResponse:
     status: Status
     bookie_id: str = ""
     free_bytes: int = 0
     total_bytes: int = 0
-    state: str = ""  # "writable" | "read-only" | "stopped"
+    state: str = ""  # a BookieState value, or "" in an error answer
     message: str = ""
     op = Op.BOOKIE_INFO
 

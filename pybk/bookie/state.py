@@ -1,23 +1,14 @@
-"""A bookie's state: writable, read-only or stopped.
+"""A bookie's state: writable, read-only or stopped (:class:`pybk.protocol.BookieState`).
 
-A ``StrEnum`` so the value travels as the plain string it always was (the registry, the
-wire's BookieInfo answer, logs) while code compares against named members.
+Named here for the bookie's own code and its users (``pybk.bookie.WRITABLE``); the enum
+itself lives in :mod:`pybk.protocol` because the wire's BookieInfo answer carries it.
 """
 
 from __future__ import annotations
 
-import enum
+from pybk.protocol import BookieState
 
 __all__ = ["READ_ONLY", "STOPPED", "WRITABLE", "BookieState"]
-
-
-class BookieState(enum.StrEnum):
-    """What a bookie accepts: everything, reads and recovery adds only, or nothing."""
-
-    WRITABLE = "writable"
-    READ_ONLY = "read-only"
-    STOPPED = "stopped"
-
 
 WRITABLE = BookieState.WRITABLE
 READ_ONLY = BookieState.READ_ONLY

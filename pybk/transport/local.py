@@ -21,9 +21,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from pybk.bookie.state import STOPPED
 from pybk.errors import BookieUnavailableError, ClientClosedError, TimeoutError
-from pybk.protocol import AddRequest, Request, Response, Status
+from pybk.protocol import AddRequest, BookieState, Request, Response, Status
 from pybk.transport.base import Transport
 
 __all__ = ["LocalTransport"]
@@ -88,7 +87,7 @@ class LocalTransport(Transport):
         if fut.done():
             return
         bookie = self.bookies.get(bookie_id)
-        if bookie is None or bookie.state == STOPPED:
+        if bookie is None or bookie.state == BookieState.STOPPED:
             fut.set_exception(BookieUnavailableError(f"bookie {bookie_id} is not running"))
             return
         if type(request) is AddRequest:
