@@ -86,7 +86,8 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
         self._timers: list[tuple[float, int, Any]] = []
         self._timer_seq = count()
         self._timers_cancelled = 0
-        self.unhandled: list[str] = []
+        #: what reached the exception handler: (message, exception or None)
+        self.unhandled: list[tuple[str, BaseException | None]] = []
         self.set_task_factory(self._task_factory_impl)
         self.set_exception_handler(self._on_exception)
 
@@ -251,7 +252,8 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
         # Recorded, not logged: "exception never retrieved" reports fire from finalizers, whose
         # timing is the garbage collector's business, so they stay out of the trace.
         message = str(context.get("message", ""))
-        self.unhandled.append(message + ": " + repr(context.get("exception")))
+        exc = context.get("exception")
+        self.unhandled.append((message, exc if isinstance(exc, BaseException) else None))
 
     # -- running -----------------------------------------------------------------------------
 
@@ -290,6 +292,12 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
                 self.run_until_complete(gathered)
             except (SimDeadlock, SimTimeLimit):
                 pass
+
+    def _asyncgen_finalizer_hook(self, agen: Any) -> None:
+        """An async generator collected unfinished: close it on the loop (the stdlib goes
+        through ``call_soon_threadsafe``, which this loop refuses)."""
+        if not self.is_closed():
+            self.call_soon(self.create_task, agen.aclose())
 
     # -- what a simulated process may not do -------------------------------------------------
 

@@ -107,7 +107,15 @@ class SimNetwork:
         self.slow: dict[tuple[str, str], float] = {}
         #: Bookies whose next fencing request is lost (a targeted fault, BUGGIFY-style).
         self.lose_next_fence: dict[str, int] = {}
+        #: Bookies whose recovery reads (fencing reads of an entry) are lost until a time.
+        self.lose_recovery_reads: dict[str, float] = {}
         self.observers: list[Observer] = []
+        #: Called with every request a client sends (before any fault): (client, bookie,
+        #: request). The runner learns which adds ever left a client.
+        self.send_observers: list[Callable[[str, str, Request], None]] = []
+        #: Called when a bookie's request handler raises (it must answer, never raise):
+        #: (bookie, request, exception). None: counted and traced only.
+        self.on_handler_error: Callable[[str, Request, BaseException], None] | None = None
         self.messages = 0
 
     # -- topology ----------------------------------------------------------------------------
@@ -138,6 +146,7 @@ class SimNetwork:
         self._blocked.clear()
         self.slow.clear()
         self.lose_next_fence.clear()
+        self.lose_recovery_reads.clear()
         for node in sorted(self._paused):
             self.resume(node)
 
@@ -199,6 +208,8 @@ class SimNetwork:
         self.messages += 1
         self._seq += 1
         seq = self._seq
+        for watch in self.send_observers:
+            watch(client, bookie_id, request)
         conn = self._conn(client, bookie_id)
         if self._bookies.get(bookie_id) is None:
             # Connection refused, after a round trip.
@@ -211,6 +222,12 @@ class SimNetwork:
             self.lose_next_fence[bookie_id] -= 1
             self._count("lost_fence")
             self._trace(f"net lost fencing {type(request).__name__} {client}->{bookie_id}")
+            loop.call_later(limit, self._expire, conn, seq, bookie_id, request, limit)
+            return fut
+        if (self.lose_recovery_reads.get(bookie_id, -1.0) > loop.time()
+                and _is_recovery_read(request)):
+            self._count("lost_recovery_read")
+            self._trace(f"net lost recovery read {client}->{bookie_id}")
             loop.call_later(limit, self._expire, conn, seq, bookie_id, request, limit)
             return fut
         handle = loop.call_later(limit, self._expire, conn, seq, bookie_id, request, limit)
@@ -304,9 +321,11 @@ class SimNetwork:
                      conn: _Conn, gen: int, seq: int, request: Request) -> None:
         try:
             response = await handler(request)
-        except Exception as exc:  # a bookie must never raise from handle(); count and reset
+        except Exception as exc:  # a bookie must never raise from handle(): a finding
             self._count("handler_exception")
             self._trace(f"net {bookie_id} raised {type(exc).__name__}: {exc}")
+            if self.on_handler_error is not None:
+                self.on_handler_error(bookie_id, request, exc)
             if self._incarnation.get(bookie_id) == incarnation:
                 self._reset_if(client, bookie_id, conn, gen, "handler raised")
             return
@@ -329,6 +348,13 @@ def _is_fence(request: Request) -> bool:
 
     return isinstance(request, FenceRequest) or (
         isinstance(request, ReadRequest) and request.fence)
+
+
+def _is_recovery_read(request: Request) -> bool:
+    from pybk.protocol import LAST_ENTRY, ReadRequest
+
+    return (isinstance(request, ReadRequest) and request.fence
+            and request.entry_id != LAST_ENTRY)
 
 
 def _fail(fut: asyncio.Future[Response], exc: BaseException) -> None:

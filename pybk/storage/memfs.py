@@ -50,6 +50,9 @@ class _Inode:
     lost: list[tuple[int, int]] = field(default_factory=list)
     #: Latent sector errors: ranges whose reads fail with EIO.
     bad_reads: list[tuple[int, int]] = field(default_factory=list)
+    #: Misdirected reads: (start, end, shift): bytes of [start, end) are read from
+    #: [start + shift, end + shift) instead (zeros past the file's end).
+    misreads: list[tuple[int, int, int]] = field(default_factory=list)
     #: cut below its durable length since the last sync (see the module docstring)
     truncated: bool = False
 
@@ -131,13 +134,17 @@ class _MemFileHandle(FileHandle):
         self._finish_sync()
 
     def sync_inline(self) -> bool:
-        """The same sync without the yield, but only while syncs take no (virtual) time:
-        a blocking sync that lasts ``sync_delay`` cannot be modelled on a virtual clock, so
-        with a delay set (the simulator's disks) this declines and callers ``await sync()``."""
-        if self._fs.sync_delay > 0:
+        """The same sync without the yield: the caller's thread blocks for ``sync_delay``.
+        A sync that takes time is modelled only when the file system was given a way to
+        block (``stall``: the simulator's loop lets virtual time pass with nothing else
+        running); otherwise, with a delay set, this declines and callers ``await sync()``."""
+        fs = self._fs
+        if fs.sync_delay > 0 and fs.stall is None:
             return False
         self._check_open()
-        self._fs._hook("sync", self.path)
+        fs._hook("sync", self.path)
+        if fs.sync_delay > 0 and fs.stall is not None:
+            fs.stall(fs.sync_delay)
         self._finish_sync()
         return True
 
@@ -181,6 +188,10 @@ class MemFileSystem(FileSystem):
         self.capacity = capacity
         self.sector_size = sector_size
         self.sync_delay = 0.0
+        #: How a sync made inline (``FileHandle.sync_inline``) blocks its caller for
+        #: ``sync_delay``: ``stall(seconds)`` (the simulator passes its loop's ``stall``).
+        #: None: inline syncs are declined while ``sync_delay`` is set.
+        self.stall: Callable[[float], None] | None = None
         #: Called as ``fault_hook(op, path)`` before every mutating operation.
         self.fault_hook: Callable[[str, str], None] | None = None
         self.counters: dict[str, int] = {
@@ -231,7 +242,16 @@ class MemFileSystem(FileSystem):
         for start, stop in inode.bad_reads:
             if start < end and offset < stop:
                 raise OSError(errno.EIO, f"{path}: read error at offset {offset}")
-        return bytes(inode.current[offset:end])
+        data = bytes(inode.current[offset:end])
+        if not inode.misreads:
+            return data
+        out = bytearray(data)
+        for start, stop, shift in inode.misreads:
+            lo, hi = max(start, offset), min(stop, offset + len(out))
+            if lo < hi:  # (the block layer read another place: zeros past the file's end)
+                wrong = bytes(inode.current[max(0, lo + shift) : max(0, hi + shift)])
+                out[lo - offset : hi - offset] = wrong.ljust(hi - lo, b"\0")
+        return bytes(out)
 
     def read_file(self, path: str) -> bytes:
         return self.pread(path, 0, len(self._inode(path).current))
@@ -403,6 +423,32 @@ class MemFileSystem(FileSystem):
         """A latent sector error: preads overlapping [offset, offset+length) raise EIO."""
         self._inode(path).bad_reads.append((offset, offset + length))
 
+    def misdirect_reads(self, path: str, offset: int, length: int, shift: int) -> None:
+        """Misdirected reads: bytes of [offset, offset+length) read back from ``shift``
+        bytes away (the block layer reads another place; no error is raised)."""
+        if length <= 0 or shift == 0:
+            raise ValueError(f"a misdirected read needs a length > 0 and a shift, got "
+                             f"{length} and {shift}")
+        self._inode(path).misreads.append((offset, offset + length, shift))
+
+    def misdirect_write(self, path: str, offset: int, length: int, landed: int) -> None:
+        """A write of [offset, offset+length) that landed at ``landed`` instead, after the
+        fact: the bytes meant for ``offset`` overwrite those at ``landed`` (extending the
+        file with zeros if need be) and ``offset``'s range holds zeros (never written), in
+        the current and the durable bytes alike (the write was synced)."""
+        inode = self._inode(path)
+        if not 0 <= offset < offset + length <= len(inode.current) or landed < 0:
+            raise ValueError(f"{path}: cannot misdirect [{offset}, {offset + length}) to "
+                             f"{landed} ({len(inode.current)} bytes)")
+        meant = bytes(inode.current[offset : offset + length])
+        for buf in (inode.current, inode.durable):
+            if offset + length > len(buf):
+                continue  # (not synced yet: only the current bytes hold it)
+            if landed + length > len(buf):
+                buf.extend(bytes(landed + length - len(buf)))
+            buf[offset : offset + length] = bytes(length)
+            buf[landed : landed + length] = meant
+
     def unsynced_bytes(self) -> int:
         """How many bytes a crash in ``drop`` mode would lose right now (tests, stats)."""
         total = 0
@@ -429,6 +475,8 @@ class MemFileSystem(FileSystem):
                 assert path == self._norm(path), path
                 for start, end in inode.lost + inode.bad_reads:
                     assert 0 <= start < end, (path, start, end)
+                for start, end, shift in inode.misreads:
+                    assert 0 <= start < end and shift != 0, (path, start, end, shift)
         for path in self._files:
             assert posixpath.dirname(path) in self._dirs, path
         for directory, ops in self._pending.items():
@@ -451,4 +499,5 @@ class MemFileSystem(FileSystem):
         other._pending = copy.deepcopy(self._pending, memo)
         other._dirs = set(self._dirs)
         other.sync_delay = self.sync_delay
+        other.stall = self.stall
         return other

@@ -94,6 +94,15 @@ ACK_BEFORE_FSYNC: Final = "ack_before_fsync"
 #: a delta index checkpoint leaves out the ledgers whose state changed without new entries
 #: (a fence, an explicit LAC): the chain then forgets them once the journal moves past
 DELTA_SKIPS_LEDGER_STATE: Final = "delta_skips_ledger_state"
+#: a batch small enough to be synced inline (``journal_inline_sync_max``, as ``pybk bookie``
+#: runs) is acknowledged without any fsync
+INLINE_SYNC_SKIPS_FSYNC: Final = "inline_sync_skips_fsync"
+#: an overlapped journal (``journal_overlap_syncs``) acknowledges a batch as soon as its sync
+#: has started, not once it returned
+OVERLAP_ACK_BEFORE_SYNC: Final = "overlap_ack_before_sync"
+#: replay takes damage in the middle of a segment (followed by valid batches) for a torn
+#: tail and cuts the segment there, dropping the synced records after it
+REPLAY_DAMAGE_AS_TORN_TAIL: Final = "replay_damage_as_torn_tail"
 
 
 @dataclass
@@ -270,6 +279,8 @@ class LedgerStore:
             preallocate=self.config.journal_preallocate,
             zero_fill_below=self.config.journal_zero_fill_below,
             ack_before_fsync=ACK_BEFORE_FSYNC in self.config.mutations,
+            inline_sync_skips_fsync=INLINE_SYNC_SKIPS_FSYNC in self.config.mutations,
+            overlap_ack_before_sync=OVERLAP_ACK_BEFORE_SYNC in self.config.mutations,
         )
 
     # ================================================================== start-up / shut-down
@@ -395,6 +406,7 @@ class LedgerStore:
             self.fs, self.journal_path(seq), seq, self.instance_id,
             start=start, batch_seq=batch_seq, is_last=is_last,
             allow_suspect=self.config.allow_suspect_segments, apply=apply,
+            damage_as_torn_tail=REPLAY_DAMAGE_AS_TORN_TAIL in self.config.mutations,
         )
 
     def _load_checkpoint(self) -> tuple[Index, Position, list[int]]:
@@ -961,6 +973,8 @@ class ResolveFuture:
 
 
 __all__ = [
-    "ACK_BEFORE_FSYNC", "DELTA_SKIPS_LEDGER_STATE", "INLINE_SYNC_ALWAYS", "AddCallback",
+    "ACK_BEFORE_FSYNC", "DELTA_SKIPS_LEDGER_STATE", "INLINE_SYNC_ALWAYS",
+    "INLINE_SYNC_SKIPS_FSYNC", "OVERLAP_ACK_BEFORE_SYNC", "REPLAY_DAMAGE_AS_TORN_TAIL",
+    "AddCallback",
     "BKError", "CompactionResult", "LedgerStore", "ReplayReport", "ResolveFuture", "StoreConfig",
 ]

@@ -21,25 +21,41 @@ from collections.abc import Iterable
 from typing import Final
 
 from pybk.bookie.bookie import NO_SUCH_ENTRY_ON_IO_ERROR
-from pybk.replication.recovery import RECOVERY_READS_DONT_FENCE
+from pybk.replication.recovery import RECOVERY_READS_DONT_FENCE, RECOVERY_TIMEOUT_AS_ABSENT
 from pybk.replication.writer import ACK_OUT_OF_ORDER
-from pybk.storage.store import ACK_BEFORE_FSYNC, DELTA_SKIPS_LEDGER_STATE
+from pybk.storage.store import (
+    ACK_BEFORE_FSYNC,
+    DELTA_SKIPS_LEDGER_STATE,
+    INLINE_SYNC_SKIPS_FSYNC,
+    OVERLAP_ACK_BEFORE_SYNC,
+    REPLAY_DAMAGE_AS_TORN_TAIL,
+)
+from pybk.stream.reader import TAIL_READER_SKIPS_ON_ERROR
+from pybk.stream.writer import SEGMENT_COMPLETED_AT_STALE_LAC
 
 __all__ = [
     "ACK_BEFORE_FSYNC",
     "ACK_OUT_OF_ORDER",
     "DELTA_SKIPS_LEDGER_STATE",
+    "INLINE_SYNC_SKIPS_FSYNC",
     "KNOWN",
     "NO_MUTATIONS",
     "NO_SUCH_ENTRY_ON_IO_ERROR",
+    "OVERLAP_ACK_BEFORE_SYNC",
     "RECOVERY_READS_DONT_FENCE",
+    "RECOVERY_TIMEOUT_AS_ABSENT",
+    "REPLAY_DAMAGE_AS_TORN_TAIL",
+    "SEGMENT_COMPLETED_AT_STALE_LAC",
+    "TAIL_READER_SKIPS_ON_ERROR",
     "Mutations",
 ]
 
 #: every switch some production code consults
 KNOWN: Final = frozenset(
     {ACK_BEFORE_FSYNC, RECOVERY_READS_DONT_FENCE, NO_SUCH_ENTRY_ON_IO_ERROR, ACK_OUT_OF_ORDER,
-     DELTA_SKIPS_LEDGER_STATE}
+     DELTA_SKIPS_LEDGER_STATE, INLINE_SYNC_SKIPS_FSYNC, OVERLAP_ACK_BEFORE_SYNC,
+     RECOVERY_TIMEOUT_AS_ABSENT, REPLAY_DAMAGE_AS_TORN_TAIL, TAIL_READER_SKIPS_ON_ERROR,
+     SEGMENT_COMPLETED_AT_STALE_LAC}
 )
 
 
