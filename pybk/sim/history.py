@@ -36,9 +36,12 @@ def _show(payload: bytes) -> str:
     return payload.decode(errors="replace")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Event:
-    """One history event. ``kind`` decides which fields mean something (see History methods)."""
+    """One history event. ``kind`` decides which fields mean something (see History methods).
+
+    Never changed once recorded (not a frozen dataclass only because those are several times
+    slower to make, and a run records tens of thousands); compared by identity."""
 
     index: int
     t: float

@@ -217,10 +217,19 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
                 self._timers_cancelled -= 1
             else:
                 ready.append(handle)
+        popleft = ready.popleft
         for _ in range(len(ready)):
-            handle = ready.popleft()
-            if not handle._cancelled:
-                handle._run()
+            handle = popleft()
+            if handle._cancelled:
+                continue
+            try:  # (Handle._run inlined: one Python frame less per callback)
+                handle._context.run(handle._callback, *handle._args)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self.call_exception_handler({
+                    "message": f"Exception in callback {handle._callback!r}",
+                    "exception": exc, "handle": handle})
 
     def close(self) -> None:
         super().close()

@@ -64,6 +64,15 @@ class Workload:
     def small(cls) -> Workload:
         return cls(entries_per_ledger=(4, 20), add_rate=10.0)
 
+    @classmethod
+    def draw(cls, rng: random.Random) -> Workload:
+        """A seed's load when the caller gives none (swarm testing: light and heavy loads
+        find different bugs): the writers' add rate and the log's append rate vary, and two
+        seeds in three also run the log workload (pybk.sim.logs)."""
+        logs = 1 if rng.random() < 2 / 3 else 0
+        return cls(add_rate=rng.choice((6.0, 12.0, 25.0)), log_rate=rng.choice((3.0, 8.0)),
+                   log_writers=logs, log_readers=logs)
+
 
 @dataclass
 class Registry:
@@ -298,6 +307,8 @@ class Writer(Process):
 class Reader(Process):
     """Tails ledgers without recovery: LAC reads, long polls, reads up to the LAC."""
 
+    winds_down = False  # (stopped at once when faults stop: it has nothing to finish)
+
     async def run(self) -> None:
         await asyncio.sleep(self.rng.uniform(0.5, 2.0))
         while not self.stopping:
@@ -325,10 +336,13 @@ class Reader(Process):
         nxt = 0
         polls = 0
         seen = -2
+        ask = True  # ask the bookies for the LAC (else wait for the next entry: a long poll)
         while not self.stopping and polls < 200:
             polls += 1
             self.ops += 1
-            await asyncio.wait_for(rh.read_last_add_confirmed(), 10.0)
+            if ask:
+                await asyncio.wait_for(rh.read_last_add_confirmed(), 10.0)
+            ask = False  # (asked again only after a long poll that brought nothing)
             lac = rh.last_add_confirmed
             if lac != seen:  # (an unchanged LAC tells the checker nothing new)
                 self.h.lac(self.name, lid, lac, handle)
@@ -352,6 +366,8 @@ class Reader(Process):
                 self.cover("long_poll_hit")
                 self.h.read(self.name, lid, ent.entry_id, ent.data, lac, recovery=False)
                 nxt = ent.entry_id + 1
+            else:
+                ask = True
 
 
 class Recoverer(Process):
