@@ -182,6 +182,15 @@ async def crash(run: SimRun, ev: FaultEvent) -> None:
     incarnation = sb.incarnation
     loop = asyncio.get_running_loop()
     state: dict[str, Any] = {"armed": True}
+    # An overlapped journal's rare moment: a batch written while the one before it is
+    # answered (or a buffer split in two). Wait for one of those, not any write.
+    journal = sb.bookie.store.journal if sb.bookie is not None else None
+    overlapped = journal is not None and journal.overlap_syncs
+
+    def overlaps() -> int:
+        return journal.stats["overlapped"] + journal.stats["splits"] if journal else 0
+
+    before = overlaps()
 
     def fire(how: str) -> None:
         if not state["armed"]:
@@ -198,10 +207,19 @@ async def crash(run: SimRun, ev: FaultEvent) -> None:
 
     def hook(op: str, path: str) -> None:
         if op == "write" and "/journal/" in path and not path.endswith(".prep"):
+            if overlapped:
+                loop.call_soon(check)  # (the journal counts an overlap after its write)
+                return
             fs.fault_hook = None
             loop.call_later(fs.sync_delay * where, fire, "in_sync_window")
 
-    fallback = loop.call_later(2.0, fire, "untimed")  # (no write came: crash anyway)
+    def check() -> None:
+        if state["armed"] and fs.fault_hook is hook and overlaps() > before:
+            fs.fault_hook = None
+            loop.call_later(fs.sync_delay * where, fire, "in_overlapped_sync_window")
+
+    # (no such write came: crash anyway)
+    fallback = loop.call_later(5.0 if overlapped else 2.0, fire, "untimed")
     fs.fault_hook = hook
 
 

@@ -8,9 +8,9 @@ edited by hand, or cut down by the shrinker (:mod:`pybk.sim.shrink`) without the
 events changing their minds.
 
 A :class:`Scenario` is everything a run is made of: seed, topology, bookies, duration, the
-configuration (:class:`~pybk.sim.configs.SimConfig`), the workload, the network's fault rates
-and the schedule, plus the mutation switches and, for a shrunk failure, the invariant it
-violates. ``Scenario.save(path)`` writes it as JSON; ``pybk simulate --replay FILE`` runs it.
+configuration (:class:`~pybk.sim.configs.SimConfig`), the workload, the fault plan (the
+network's fault rates, the kinds the seed allowed and their weights) and the schedule, plus
+the mutation switches and, for a shrunk failure, the invariant it violates. ``Scenario.save(path)`` writes it as JSON; ``pybk simulate --replay FILE`` runs it.
 """
 
 from __future__ import annotations
@@ -124,13 +124,11 @@ class Scenario:
 
     def to_doc(self) -> dict[str, Any]:
         plan = asdict(self.plan)
-        plan.pop("events", None)
-        plan.pop("weights", None)
         return {
             "format": FORMAT, "version": _VERSION, "seed": self.seed,
             "duration": self.duration, "topology": list(self.topology),
             "bookies": self.bookies, "config": self.config.to_doc(),
-            "workload": asdict(self.workload), "net": plan,
+            "workload": asdict(self.workload), "plan": plan,
             "events": [e.to_doc() for e in self.events], "faults": self.faults_spec,
             "mutations": list(self.mutations), "expect": self.expect, "note": self.note,
         }
@@ -147,8 +145,7 @@ class Scenario:
         wl: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v
                               for k, v in doc["workload"].items() if k in wl_fields}
         events = [FaultEvent.from_doc(e) for e in doc["events"]]
-        kinds = list(dict.fromkeys(e.kind for e in events))
-        plan = FaultPlan(**doc["net"], events=kinds, weights={k: 1 for k in kinds})
+        plan = FaultPlan(**doc["plan"])
         return cls(
             seed=int(doc["seed"]), duration=float(doc["duration"]),
             topology=(int(doc["topology"][0]), int(doc["topology"][1]),
