@@ -184,7 +184,8 @@ async def crash(run: SimRun, ev: FaultEvent) -> None:
     state: dict[str, Any] = {"armed": True}
     # An overlapped journal's rare moment: a batch written while the one before it is
     # answered (or a buffer split in two). Wait for one of those, not any write.
-    journal = sb.bookie.store.journal if sb.bookie is not None else None
+    store = sb.bookie.store if sb.bookie is not None else None
+    journal = store.journal if store is not None else None
     overlapped = journal is not None and journal.overlap_syncs
 
     def overlaps() -> int:

@@ -10,7 +10,8 @@ events changing their minds.
 A :class:`Scenario` is everything a run is made of: seed, topology, bookies, duration, the
 configuration (:class:`~pybk.sim.configs.SimConfig`), the workload, the fault plan (the
 network's fault rates, the kinds the seed allowed and their weights) and the schedule, plus
-the mutation switches and, for a shrunk failure, the invariant it violates. ``Scenario.save(path)`` writes it as JSON; ``pybk simulate --replay FILE`` runs it.
+the mutation switches and, for a shrunk failure, the invariant it violates.
+``Scenario.save(path)`` writes it as JSON; ``pybk simulate --replay FILE`` runs it.
 """
 
 from __future__ import annotations
