@@ -203,7 +203,7 @@ def parse_seeds(spec: str) -> list[int]:
 
 
 #: The CI sweep (tests/sim/test_ci_sweep.py): seeds, faults and virtual seconds per seed.
-CI_SEEDS = range(0, 300)
+CI_SEEDS = range(0, 500)
 CI_FAULTS = "all"
 CI_DURATION = 30.0
 
