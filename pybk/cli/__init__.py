@@ -1,8 +1,9 @@
 """The ``pybk`` command (also ``python -m pybk``), one module per command group.
 
 ``common`` holds what the commands share (connection options, exit conventions), ``processes``
-starting and stopping bookie processes; ``bookie``, ``cluster``, ``ledger`` and ``simulate`` are
-the command groups. This is the outermost layer: it reads the environment, signals and files.
+starting and stopping bookie processes; ``bookie``, ``cluster``, ``ledger``, ``log`` and
+``simulate`` are the command groups. This is the outermost layer: it reads the environment,
+signals and files.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pybk
 from pybk.cli.bookie import bookie
 from pybk.cli.cluster import cluster
 from pybk.cli.ledger import ledger
+from pybk.cli.log import log
 from pybk.cli.processes import spawn_bookie, stop_pid, wait_ready
 from pybk.cli.simulate import simulate
 
@@ -41,4 +43,5 @@ def main() -> None:
 main.add_command(bookie)
 main.add_command(cluster)
 main.add_command(ledger)
+main.add_command(log)
 main.add_command(simulate)
