@@ -219,9 +219,16 @@ async def crash(run: SimRun, ev: FaultEvent) -> None:
             fs.fault_hook = None
             loop.call_later(fs.sync_delay * where, fire, "in_overlapped_sync_window")
 
+    def disarm() -> None:  # (faults stop: a crash not fired yet never fires)
+        state["armed"] = False
+        fallback.cancel()
+        if fs.fault_hook is hook:
+            fs.fault_hook = None
+
     # (no such write came: crash anyway)
     fallback = loop.call_later(5.0 if overlapped else 2.0, fire, "untimed")
     fs.fault_hook = hook
+    run.on_liveness.append(disarm)
 
 
 @handles("wipe")

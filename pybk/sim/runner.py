@@ -219,6 +219,8 @@ class SimRun:
         self.processes: list[Process] = []
         self.tasks: dict[str, asyncio.Task[Any]] = {}
         self.heal_tasks: list[asyncio.Task[Any]] = []
+        #: called when faults stop (a fault armed for later disarms itself here)
+        self.on_liveness: list[Callable[[], None]] = []
         self.spawned: Counter[str] = Counter()
         #: ledger entries some client sent an AddRequest for (ever)
         self.sent_adds: set[tuple[int, int]] = set()
@@ -587,6 +589,8 @@ class SimRun:
         c = self.cluster
         for t in self.heal_tasks:
             t.cancel()
+        for disarm in self.on_liveness:
+            disarm()
         net = c.network
         net.config = net.config.quiet()
         net.heal()
