@@ -24,6 +24,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 _CHILD = textwrap.dedent("""
@@ -50,8 +51,11 @@ def measure(seeds: list[int], path: str | None) -> dict[str, float]:
     env = dict(os.environ, PYTHONHASHSEED="0")
     if path is not None:
         env["PYTHONPATH"] = path
+    # (run from the checkout compared, or from elsewhere: ``python -c`` puts the working
+    # directory first on the path, ahead of PYTHONPATH and this install)
     out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(seeds)], env=env,
-                         check=True, capture_output=True, text=True)
+                         cwd=path or tempfile.gettempdir(), check=True, capture_output=True,
+                         text=True)
     if out.stderr.strip():
         print(out.stderr.strip(), file=sys.stderr)
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])

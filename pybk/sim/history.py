@@ -66,10 +66,18 @@ class History:
     #: Called with a line to append to the run's trace; returns its line number.
     log: Callable[[str], int] | None = None
     now: Callable[[], float] = lambda: 0.0
+    #: the trace's lines, when lines go straight to it ("<time> <text>", as ``log`` writes)
+    trace: list[str] | None = None
 
     def _add(self, kind: str, process: str, text: str, **fields: object) -> Event:
-        line = self.log(text) if self.log is not None else -1
-        ev = Event(index=len(self.events), t=self.now(), kind=kind, process=process, line=line,
+        t = self.now()
+        trace = self.trace
+        if trace is not None:  # (the run's trace itself: one call less per event)
+            trace.append(f"{t:11.6f} {text}")
+            line = len(trace) - 1
+        else:
+            line = self.log(text) if self.log is not None else -1
+        ev = Event(len(self.events), t, kind, process, line=line,
                    **fields)  # type: ignore[arg-type]
         self.events.append(ev)
         return ev

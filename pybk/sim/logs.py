@@ -317,7 +317,7 @@ class LogReaderProc(Process):
                     return
                 if type(exc).__name__ == "AlreadyTruncatedError":
                     nxt = None
-            if self.rng.random() < 0.2:
+            if self.rng.random() < 0.1:
                 nxt = None  # a new reader from the oldest record
             await asyncio.sleep(self.rng.uniform(0.1, 0.5))
 

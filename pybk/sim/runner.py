@@ -213,7 +213,7 @@ class SimRun:
         self.fault_counts: Counter[str] = Counter()
         self.coverage: Counter[str] = Counter(scenario.config.coverage())
         self.loop: SimLoop | None = None
-        self.history = History(log=self.log, now=self.now)
+        self.history = History(log=self.log, now=self.now, trace=self.trace)
         self.registry = Registry()
         self.faulty: list[str] = []  # fault atlas: bookies whose data was damaged
         self.processes: list[Process] = []

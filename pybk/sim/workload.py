@@ -152,6 +152,19 @@ def _err(exc: BaseException) -> str:
     return type(exc).__name__
 
 
+class _Broken:
+    """Did any of a ledger's adds fail? (a done-callback, not a scan of every future)"""
+
+    __slots__ = ("failed",)
+
+    def __init__(self) -> None:
+        self.failed = False
+
+    def note(self, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            self.failed = True
+
+
 class Writer(Process):
     """Creates ledgers, appends unique payloads (pipelined), closes and rolls to a new ledger."""
 
@@ -240,6 +253,7 @@ class Writer(Process):
     async def _fill(self, lh: Any, lid: int) -> None:
         target = self.rng.randint(*self.w.entries_per_ledger)
         futs: list[asyncio.Future[Any]] = []
+        broken = _Broken()
         ensembles = len(lh.metadata.ensembles)
         pushed = 0
         while pushed < target:
@@ -249,17 +263,20 @@ class Writer(Process):
             if new is None:
                 return
             pushed += 1
+            for fut in new:
+                fut.add_done_callback(broken.note)
             futs.extend(new)
             now_ensembles = len(lh.metadata.ensembles)
             if now_ensembles != ensembles:
                 ensembles = now_ensembles
                 if self.reg.pending.get(lid, 0) > 1:
                     self.cover("ensemble_change_during_pending_adds")
-            inflight = [f for f in futs if not f.done()]
-            if len(inflight) >= self.w.window:
-                await asyncio.wait(inflight[:1] + inflight[-1:], timeout=5.0,
-                                   return_when=asyncio.FIRST_COMPLETED)
-            if any(f.done() and (f.cancelled() or f.exception() is not None) for f in futs):
+            if len(futs) >= self.w.window:
+                futs = [f for f in futs if not f.done()]
+                if len(futs) >= self.w.window:
+                    await asyncio.wait(futs[:1] + futs[-1:], timeout=5.0,
+                                       return_when=asyncio.FIRST_COMPLETED)
+            if broken.failed:
                 break  # the handle is broken (fenced, closed, out of bookies): roll over
             await asyncio.sleep(self.rng.expovariate(self.w.add_rate))
         inflight = [f for f in futs if not f.done()]

@@ -55,17 +55,47 @@ class _Inode:
     misreads: list[tuple[int, int, int]] = field(default_factory=list)
     #: cut below its durable length since the last sync (see the module docstring)
     truncated: bool = False
+    #: [dirty_lo, dirty_hi): where the current bytes were written since the last sync
+    #: (-1: nowhere). Every difference from the durable bytes lies in it or past the durable
+    #: length, so a sync copies that range, not the file, and ``changed`` compares it alone
+    #: (a journal segment grows to megabytes and is synced after every batch).
+    dirty_lo: int = -1
+    dirty_hi: int = -1
+
+    def mark(self, lo: int, hi: int) -> None:
+        """Bytes [lo, hi) of the current content were written."""
+        if lo >= hi:
+            return
+        if self.dirty_lo < 0:
+            self.dirty_lo, self.dirty_hi = lo, hi
+        else:
+            self.dirty_lo = min(self.dirty_lo, lo)
+            self.dirty_hi = max(self.dirty_hi, hi)
 
     def changed(self) -> tuple[int, int]:
         """[start, end) of the current bytes that differ from the durable ones (start == end:
         none): an append starts at the durable length, an in-place write earlier."""
         cur, dur = memoryview(self.current), memoryview(self.durable)
         n = min(len(cur), len(dur))
-        if cur[:n] == dur[:n]:
+        lo, hi = self.dirty_lo, min(self.dirty_hi, n)
+        if lo < 0 or lo >= hi or cur[lo:hi] == dur[lo:hi]:
             return n, max(n, len(cur))
-        start = _first_difference(cur, dur, n)
-        end = len(cur) if len(cur) > len(dur) else _last_difference(cur, dur, n) + 1
+        start = lo + _first_difference(cur[lo:hi], dur[lo:hi], hi - lo)
+        end = (len(cur) if len(cur) > len(dur)
+               else lo + _last_difference(cur[lo:hi], dur[lo:hi], hi - lo) + 1)
         return start, end
+
+    def synced(self) -> None:
+        """The current bytes are durable now (a sync returned, or a crash happened)."""
+        cur, dur = self.current, self.durable
+        if len(dur) > len(cur):
+            del dur[len(cur):]
+        lo, hi = self.dirty_lo, min(self.dirty_hi, len(dur))
+        if 0 <= lo < hi:
+            dur[lo:hi] = memoryview(cur)[lo:hi]
+        if len(dur) < len(cur):
+            dur += memoryview(cur)[len(dur):]
+        self.dirty_lo = self.dirty_hi = -1
 
 
 def _first_difference(a: memoryview, b: memoryview, n: int, step: int = 4096) -> int:
@@ -122,9 +152,11 @@ class _MemFileHandle(FileHandle):
             current += data
         else:
             if pos > len(current):  # the file was cut below this handle's offset: a hole
+                self._inode.mark(len(current), pos)
                 current.extend(bytes(pos - len(current)))
             current[pos : pos + size] = data
             self._pos = pos + size
+        self._inode.mark(pos, pos + size)
         self._fs.counters["write"] += 1
 
     async def sync(self) -> None:
@@ -159,7 +191,7 @@ class _MemFileHandle(FileHandle):
                 inode.lost.append((start, end))
             raise OSError(failure, f"{self.path}: fsync failed")
         inode.truncated = False
-        inode.durable = bytearray(inode.current)
+        inode.synced()
         for start, end in inode.lost:
             end = min(end, len(inode.durable))
             if start < end:
@@ -171,6 +203,7 @@ class _MemFileHandle(FileHandle):
         current = self._inode.current
         if size > len(current):
             self._check_room(size - len(current))
+            self._inode.mark(len(current), size)
             current.extend(bytes(size - len(current)))
         self._fs.counters["write"] += 1
 
@@ -327,6 +360,9 @@ class MemFileSystem(FileSystem):
         self._hook("truncate", p)
         inode = self._inode(p)
         del inode.current[size:]
+        inode.dirty_hi = min(inode.dirty_hi, size)
+        if inode.dirty_lo >= inode.dirty_hi:
+            inode.dirty_lo = inode.dirty_hi = -1
         if size < len(inode.durable):
             inode.truncated = True
         self.counters["truncate"] += 1
@@ -400,6 +436,7 @@ class MemFileSystem(FileSystem):
                 out[base + s : base + e] = change[s:e]
             inode.current = out
         inode.durable = bytearray(inode.current)
+        inode.dirty_lo = inode.dirty_hi = -1
         inode.lost = []
         inode.truncated = False
 
@@ -441,6 +478,8 @@ class MemFileSystem(FileSystem):
             raise ValueError(f"{path}: cannot misdirect [{offset}, {offset + length}) to "
                              f"{landed} ({len(inode.current)} bytes)")
         meant = bytes(inode.current[offset : offset + length])
+        inode.mark(offset, offset + length)  # (harmless where the durable bytes change too)
+        inode.mark(landed, landed + length)
         for buf in (inode.current, inode.durable):
             if offset + length > len(buf):
                 continue  # (not synced yet: only the current bytes hold it)
@@ -477,6 +516,11 @@ class MemFileSystem(FileSystem):
                     assert 0 <= start < end, (path, start, end)
                 for start, end, shift in inode.misreads:
                     assert 0 <= start < end and shift != 0, (path, start, end, shift)
+                if inode.dirty_lo < 0 and not inode.lost:  # nothing written since the sync
+                    n = min(len(inode.current), len(inode.durable))
+                    assert inode.current[:n] == inode.durable[:n], path
+                else:
+                    assert 0 <= inode.dirty_lo < inode.dirty_hi <= len(inode.current), path
         for path in self._files:
             assert posixpath.dirname(path) in self._dirs, path
         for directory, ops in self._pending.items():
