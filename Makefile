@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,speed]"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -38,12 +38,16 @@ pytest: $(STAMP) system-deps
 
 test: lint typecheck pytest
 
+# every benchmark, each quick by default (see its --help for longer runs)
 bench: $(STAMP)
+	$(PY) benchmarks/targets.py
+	$(PY) benchmarks/add_profile.py
 	$(PY) benchmarks/bookie_append.py
 	$(PY) benchmarks/ledger_append.py
 	$(PY) benchmarks/tcp_append.py
 	$(PY) benchmarks/checkpoint.py
 	$(PY) benchmarks/wal_append.py
+	$(VENV)/bin/pybk bench
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -6,11 +6,16 @@ for durability before sending the next one, for a fixed duration; twice: callbac
 BookKeeper's ``asyncAddEntry`` and of the TCP server's requests) and task writers (one asyncio
 task each, ``await Bookie.add``). Then, in the same run and on the same disk:
 
-* ceiling: a plain Python loop appending CRC-framed records to a file, one ``write`` and one
-  ``fdatasync`` per group, the group size being the bookie's measured records per fsync (the
-  issue's ceiling). Under load the bookie splits its writers into two cohorts whose batches
-  take turns (one syncs while the other is answered), so its groups hold about half the
-  writers; ``ceil@N`` is the stricter reference with every writer in each group;
+* ceiling: a plain Python loop writing CRC-framed records to one file, one ``write`` and one
+  ``fdatasync`` per group, the group size being the bookie's measured records per fsync. The
+  file gets the bookie's file treatment: with preallocated journal segments (the default, as
+  ``pybk bookie`` runs) it is a 64 MiB file of synced zeros written in place with ``pwrite``
+  (``pybk.bench.RecordFile``), so each fdatasync flushes data only, as the bookie's do; with
+  ``--append-segments`` both the bookie and the loop append to growing files. (Before, the
+  loop always appended while the bookie wrote in place, so the bookie could beat its own
+  ceiling.) Under load the bookie splits its writers into two cohorts whose batches take
+  turns (one syncs while the other is answered), so its groups hold about half the writers;
+  ``ceil@N`` is the stricter reference with every writer in each group;
 * SQLite (stdlib ``sqlite3``), WAL mode, ``synchronous=FULL``, twice: ``sql1`` commits each
   append (what N concurrent writers that each await durability get from SQLite, which has no
   group commit across connections), ``sqlite`` is handed the bookie's whole group as one
@@ -19,13 +24,14 @@ task each, ``await Bookie.add``). Then, in the same run and on the same disk:
 The bookie runs as in a ``pybk bookie`` process: overlapped journal syncs through a sync
 process (``journal_overlap_syncs``, ``OsFileSystem(sync_process=True)``), a batch with nothing
 to overlap synced on the loop's thread (``INLINE_SYNC_ALWAYS``), journal segments preallocated
-and written in place (``journal_preallocate``; ``--append-segments`` turns it off for an A/B
-comparison: the ceiling loop always appends, as the issue defines it), and the server's
-garbage-collector settings (``pybk.bookie.process.tune_gc_for_server``, applied once each bookie has
-started, after collecting what the previous configurations left).
+and written in place (``journal_preallocate``; ``--append-segments`` turns it off, and the
+ceiling's file with it), and the server's garbage-collector settings
+(``pybk.bookie.process.tune_gc_for_server``, applied once each bookie has started, after
+collecting what the previous configurations left).
 
 Targets (issue 2): with 256 writers >= 50% of the ceiling and >= 3x SQLite; a lone writer's
-p50 <= 1.5 fsync latencies (the fsync latency is the plain loop's p50 with groups of one).
+p50 <= 1.5 fsync latencies (the fsync latency: one 100 B record written and fdatasync'ed,
+p50, on a file with the bookie's treatment).
 
     python benchmarks/bookie_append.py [--duration 2] [--dir /tmp] [--writers 1,16,256]
 """
@@ -38,13 +44,12 @@ import gc
 import os
 import random
 import shutil
-import sqlite3
-import struct
 import tempfile
 import time
 
-import crc32c
+from _common import cpu_probe, fsync_latencies, median, pct, plain_group_commit, run_sqlite
 
+from pybk.bench import RecordFile
 from pybk.bookie import Bookie, BookieConfig
 from pybk.bookie.process import tune_gc_for_server
 from pybk.protocol import DigestManager, master_key
@@ -52,13 +57,6 @@ from pybk.storage import OsFileSystem
 from pybk.storage.store import INLINE_SYNC_ALWAYS
 
 KEY = master_key(b"bench")
-
-
-def pct(samples: list[float], q: float) -> float:
-    if not samples:
-        return float("nan")
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 async def run_bookie(root: str, writers: int, size: int, duration: float, run: int = 0,
@@ -160,83 +158,11 @@ async def run_bookie(root: str, writers: int, size: int, duration: float, run: i
     return count / elapsed, lat, per_sync
 
 
-_RECORD_HEADER = struct.Struct(">II")  # length, crc32c
-
-
-def frame_records(payload: bytes, count: int) -> list[bytes]:
-    """The ceiling's framing: ``count`` CRC-framed records of ``payload``, as parts to join."""
-    parts: list[bytes] = []
-    pack, crc = _RECORD_HEADER.pack, crc32c.crc32c
-    for _ in range(count):
-        parts.append(pack(len(payload), crc(payload)))
-        parts.append(payload)
-    return parts
-
-
-def run_plain(root: str, size: int, group: int, duration: float) -> tuple[float, list[float]]:
-    """The ceiling: framed records, one write + fdatasync per group. entries/s, group lat."""
-    path = os.path.join(root, f"plain-{size}-{group}.log")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    payload = os.urandom(size)
-    lat: list[float] = []
-    count = 0
-    start = time.perf_counter()
-    try:
-        while time.perf_counter() - start < duration:
-            t0 = time.perf_counter()
-            os.write(fd, b"".join(frame_records(payload, group)))
-            os.fdatasync(fd)
-            lat.append(time.perf_counter() - t0)
-            count += group
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    return count / (time.perf_counter() - start), lat
-
-
-def cpu_probe(records: int = 100_000) -> float:
-    """ns per record of the ceiling's framing loop with no I/O (pack a header, crc32c 100 B,
-    two list appends): a fixed amount of Python work, timed in each round.
-
-    Why: the bookie is CPU-bound (Python work per entry) and the ceiling mostly fsync-bound,
-    so when the VM's CPU slows down the bookie loses more than the ceiling and the ratio
-    falls with the host, not the code. This column says how fast the CPU was."""
-    payload = bytes(100)
-    best = float("inf")
-    for _ in range(3):
-        t0 = time.perf_counter()
-        frame_records(payload, records)
-        best = min(best, time.perf_counter() - t0)
-    return best / records * 1e9
-
-
-def run_sqlite(root: str, size: int, group: int, duration: float) -> float:
-    """SQLite, one transaction (one durable commit) per ``group`` appends. entries/s."""
-    path = os.path.join(root, f"sqlite-{size}-{group}.db")
-    db = sqlite3.connect(path, isolation_level=None)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=FULL")
-    db.execute("CREATE TABLE log(id INTEGER PRIMARY KEY, payload BLOB)")
-    payload = os.urandom(size)
-    rows = [(payload,)] * group
-    count = 0
-    start = time.perf_counter()
-    try:
-        while time.perf_counter() - start < duration:
-            db.execute("BEGIN")
-            db.executemany("INSERT INTO log(payload) VALUES (?)", rows)
-            db.execute("COMMIT")
-            count += group
-    finally:
-        db.close()
-        for suffix in ("", "-wal", "-shm"):
-            if os.path.exists(path + suffix):
-                os.unlink(path + suffix)
-    return count / (time.perf_counter() - start)
-
-
-def median(xs: list[float]) -> float:
-    return sorted(xs)[len(xs) // 2]
+def ceiling(file: RecordFile, size: int, group: int, secs: float) -> float:
+    """The plain loop's records/s with groups of ``group``, on ``file``: treated as the
+    bookie's segments are (preallocated and written in place, or appended), made once per
+    run (making a preallocated file loads the disk for a while after)."""
+    return plain_group_commit(file, size, group, secs)[0]
 
 
 def main() -> None:
@@ -259,12 +185,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pybk-bench-", dir=args.dir) as root:
         print(f"disk under test: {root}; {args.rounds} alternating rounds of {slice_:.2f} s, "
               "medians")
+        if prealloc:
+            print("file treatment, both sides: bookie journal segments preallocated (64 MiB, "
+                  "written in place); ceiling file 64 MiB of synced zeros written in place "
+                  "with pwrite: every fdatasync flushes data only")
+        else:
+            print("file treatment, both sides (--append-segments): the bookie's journal "
+                  "segments and the ceiling's file are appended to and grow")
         header = (f"{'writers':>7} {'size':>5} | {'bookie/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
                   f"{'per sync':>8} {'tasks/s':>8} | {'ceiling/s':>9} {'ceil@N/s':>9} "
                   f"{'sqlite/s':>9} {'sql1/s':>7} | {'vs ceil':>7} {'vs ceil@N':>9} "
                   f"{'vs sqlite':>9} {'vs sql1':>8} {'tasks/ceil':>10} | {'cpu ns':>6}")
         print(header)
         print("-" * len(header))
+        ceiling_file = RecordFile(os.path.join(root, "ceiling.log"), preallocate=prealloc)
         run = 0
         for size in sizes:
             for writers in writers_list:
@@ -283,13 +217,14 @@ def main() -> None:
                         run_bookie(root, writers, size, slice_, run, style="task",
                                    preallocate=prealloc))[0])
                     group = max(1, round(per_sync))
-                    ceils.append(run_plain(root, size, group, slice_)[0])
+                    ceils.append(ceiling(ceiling_file, size, group, slice_))
                     fulls.append(ceils[-1] if group >= writers
-                                 else run_plain(root, size, writers, slice_)[0])
+                                 else ceiling(ceiling_file, size, writers, slice_))
                     sqls.append(run_sqlite(root, size, group, slice_))
                     sql1s.append(run_sqlite(root, size, 1, min(slice_, 0.5)))
                     if writers == 1:
-                        fsyncs.append(pct(run_plain(root, size, 1, min(slice_, 0.5))[1], 0.5))
+                        fsyncs.append(pct(fsync_latencies(
+                            ceiling_file, size, min(slice_, 0.5)), 0.5))
                 rate, ceil, sql, sql1 = median(rates), median(ceils), median(sqls), median(sql1s)
                 task, full = median(tasks), median(fulls)
                 print(f"{writers:>7} {size:>5} | {rate:>9,.0f} {median(p50s) * 1e3:>7.3f} "
@@ -303,10 +238,12 @@ def main() -> None:
                     print(f"{'':>15}lone writer: p50 {median(p50s) * 1e3:.3f} ms vs one "
                           f"write+fdatasync p50 {median(fsyncs) * 1e3:.3f} ms = "
                           f"{median(ratios):.2f} fsync latencies (median of per-round ratios)")
+        ceiling_file.close()
         print("bookie: callback writers (Bookie.add_entry, next add from the durability "
               "callback); tasks: one asyncio task per writer awaiting Bookie.add. ceiling: "
               "plain loop, CRC-framed records, one write+fdatasync per group of the bookie's "
-              "measured records per sync; ceil@N: the same with groups of all N writers; "
+              "measured records per sync, on a file treated as the bookie's segments are "
+              "(above); ceil@N: the same with groups of all N writers; "
               "sqlite: WAL, synchronous=FULL, one transaction per group of the bookie's size; "
               "sql1: one transaction per append. cpu ns: the ceiling's framing loop without "
               "I/O, ns per record (a fixed amount of Python work: higher = a slower host "

@@ -5,9 +5,10 @@ appends in flight (1, 64, 1024): a LocalCluster of 3 in-process bookies (real fi
 takes pipelined ``LedgerHandle.append`` calls for ``--duration`` seconds; we report
 entries/s and the p50/p99 latency from append to acknowledgement. In the same run:
 
-* one bookie driven directly (``Bookie.add_nowait(AddRequest)``, the in-process transport's
-  own path) with the same number in flight: the ceiling the client's replication overhead is
-  measured against;
+* one bookie driven directly (``Bookie.add_entry``, the callback path the transports call,
+  entries framed as the client frames them) with the same number in flight: the ceiling the
+  client's replication overhead is measured against (``benchmarks/targets.py`` drives the very
+  bookie a ledger of the cluster uses);
 * SQLite (stdlib ``sqlite3``), WAL mode, ``synchronous=FULL``, one transaction per group of
   ``in flight`` rows: what a user would otherwise pick.
 
@@ -21,60 +22,13 @@ import asyncio
 import os
 import random
 import shutil
-import sqlite3
 import tempfile
-import time
-from collections.abc import Callable
+
+from _common import bookie_appender, closed_loop, pct, run_sqlite
 
 from pybk import LocalCluster
 from pybk.bookie import Bookie, BookieConfig
-from pybk.protocol import AddRequest, DigestManager, Response, Status, master_key
 from pybk.storage import OsFileSystem
-
-
-def pct(samples: list[float], q: float) -> float:
-    if not samples:
-        return float("nan")
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
-async def drive(
-    append: Callable[[], asyncio.Future[object]], inflight: int, duration: float
-) -> tuple[float, list[float]]:
-    """Keep ``inflight`` appends outstanding for ``duration`` s: (entries/s, latencies)."""
-    loop = asyncio.get_running_loop()
-    lat: list[float] = []
-    finished: asyncio.Future[None] = loop.create_future()
-    outstanding = 0
-    stop = loop.time() + duration
-
-    def issue() -> None:
-        nonlocal outstanding
-        t0 = time.perf_counter()
-        fut = append()
-        outstanding += 1
-        fut.add_done_callback(lambda f: done(f, t0))
-
-    def done(f: asyncio.Future[object], t0: float) -> None:
-        nonlocal outstanding
-        outstanding -= 1
-        exc = f.exception()
-        if exc is not None:
-            if not finished.done():
-                finished.set_exception(exc)
-            return
-        lat.append(time.perf_counter() - t0)
-        if loop.time() < stop:
-            issue()
-        elif outstanding == 0 and not finished.done():
-            finished.set_result(None)
-
-    start = time.perf_counter()
-    for _ in range(inflight):
-        issue()
-    await finished
-    return len(lat) / (time.perf_counter() - start), lat
 
 
 async def run_ledger(
@@ -83,9 +37,9 @@ async def run_ledger(
 ) -> tuple[float, list[float]]:
     lh = await cluster.client().create_ledger(*quorum)
     payload = os.urandom(size)
-    rate, lat = await drive(lambda: lh.append(payload), inflight, duration)  # type: ignore[arg-type,return-value]
+    run = await closed_loop(lambda: lh.append(payload), inflight, duration)
     await lh.close()
-    return rate, lat
+    return run.rate, run.latencies
 
 
 async def run_bookie(root: str, size: int, inflight: int, duration: float
@@ -94,50 +48,12 @@ async def run_bookie(root: str, size: int, inflight: int, duration: float
                     config=BookieConfig(disk_check_interval=0, checkpoint_interval=0),
                     rng=random.Random(1))
     await bookie.start()
-    dm = DigestManager(1)
-    key = master_key(b"")
-    payload = os.urandom(size)
-    next_id = 0
-
-    def checked() -> asyncio.Future[object]:
-        """One add through ``add_nowait`` (the path LocalTransport uses: no task per add)."""
-        nonlocal next_id
-        out: asyncio.Future[object] = asyncio.get_running_loop().create_future()
-
-        def fin(r: Response) -> None:
-            if r.status != Status.OK:
-                out.set_exception(RuntimeError(f"bookie add failed: {r}"))
-            else:
-                out.set_result(r)
-
-        body = dm.frame(next_id, next_id - 1, 0, payload)
-        bookie.add_nowait(AddRequest(1, next_id, key, body), fin)
-        next_id += 1
-        return out
-
+    append = bookie_appender(bookie, 1, size)
     try:
-        return await drive(checked, inflight, duration)
+        run = await closed_loop(append, inflight, duration)
+        return run.rate, run.latencies
     finally:
         await bookie.stop()
-
-
-def run_sqlite(root: str, size: int, group: int, duration: float) -> float:
-    path = os.path.join(root, f"sqlite-{size}-{group}.db")
-    db = sqlite3.connect(path, isolation_level=None)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=FULL")
-    db.execute("CREATE TABLE log (id INTEGER PRIMARY KEY, data BLOB)")
-    payload = os.urandom(size)
-    rows = 0
-    start = time.perf_counter()
-    while time.perf_counter() - start < duration:
-        db.execute("BEGIN")
-        db.executemany("INSERT INTO log (data) VALUES (?)", [(payload,)] * group)
-        db.execute("COMMIT")
-        rows += group
-    rate = rows / (time.perf_counter() - start)
-    db.close()
-    return rate
 
 
 async def main_async(args: argparse.Namespace) -> None:

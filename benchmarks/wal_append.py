@@ -14,11 +14,15 @@ In the same run, alternating with pybk round by round (a shared VM's disk drifts
   frames records: each record CRC32C-framed as it is appended (length, crc, payload), the task
   writes whatever accumulated while it last synced with one ``write`` and one ``fdatasync``,
   then resolves the callers (group commit; the fsync runs on the loop, as a one-task
-  writer does). ``plain``: the same framing and group size in a plain loop, no asyncio;
+  writer does). ``plain``: the same framing and group size in a plain loop, no asyncio.
+  Both write a preallocated file in place (``pybk.bench.RecordFile``), as the embedded WAL's
+  bookies write their preallocated journal segments (before, they appended to a growing
+  file: a ceiling pybk got a better deal from the disk than);
 * SQLite (stdlib ``sqlite3``), WAL mode, ``synchronous=FULL``, a commit per record.
 
 Then: the same with zstd on JSON-like records (and the compression ratio); a lone writer
-awaiting each append, its p50 in fsync latencies (a 100-byte write + fdatasync, p50); and the
+awaiting each append, its p50 in fsync latencies (a 100-byte write + fdatasync on a
+preallocated file, p50); and the
 memory of a reader tailing a long log while it is written (``--tail-records``, RSS sampled).
 
 Targets (issue 16): >= 1.5x the ceiling, >= 20x SQLite's per-record commits, a lone writer's
@@ -32,73 +36,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import itertools
 import json
 import os
 import random
 import shutil
-import sqlite3
-import struct
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-import crc32c
+from _common import (
+    GroupCommitFile,
+    closed_loop,
+    fsync_latencies,
+    median,
+    pct,
+    plain_group_commit,
+    run_sqlite,
+)
 
 import pybk
+from pybk.bench import RecordFile
 from pybk.stream import envelope
-
-_HEADER = struct.Struct(">II")  # length, crc32c: the ceiling's framing
-
-
-def pct(samples: list[float], q: float) -> float:
-    if not samples:
-        return float("nan")
-    s = sorted(samples)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
-def median(xs: Sequence[float]) -> float:
-    return sorted(xs)[len(xs) // 2]
-
-
-async def drive(append: Callable[[], asyncio.Future[Any]], per_call: int, inflight: int,
-                duration: float) -> float:
-    """Keep ``inflight`` records outstanding (``per_call`` per future) for ``duration`` s;
-    records/s."""
-    loop = asyncio.get_running_loop()
-    finished: asyncio.Future[None] = loop.create_future()
-    done_calls = 0
-    outstanding = 0
-    stop = loop.time() + duration
-
-    def issue() -> None:
-        nonlocal outstanding
-        outstanding += 1
-        append().add_done_callback(done)
-
-    def done(f: asyncio.Future[Any]) -> None:
-        nonlocal outstanding, done_calls
-        outstanding -= 1
-        exc = f.exception()
-        if exc is not None:
-            if not finished.done():
-                finished.set_exception(exc)
-            return
-        done_calls += 1
-        if loop.time() < stop:
-            issue()
-        elif not outstanding and not finished.done():
-            finished.set_result(None)
-
-    start = time.perf_counter()
-    for _ in range(max(1, inflight // per_call)):
-        issue()
-    await finished
-    return done_calls * per_call / (time.perf_counter() - start)
-
 
 # -- pybk ---------------------------------------------------------------------------------------
 
@@ -171,65 +133,19 @@ async def run_nothing(per_call: int, inflight: int, duration: float) -> float:
 # -- the ceiling ----------------------------------------------------------------------------------
 
 
-class GroupCommitFile:
-    """One writer task over one file: records are CRC-framed as they are appended; the task
-    writes what accumulated with one write and one fdatasync, then resolves the callers."""
-
-    def __init__(self, path: str) -> None:
-        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self.parts: list[bytes] = []
-        self.waiters: list[asyncio.Future[int]] = []
-        self.wake = asyncio.Event()
-        self.offset = 0
-        self.syncs = 0
-        self.records = 0
-        self.task = asyncio.ensure_future(self._run())
-
-    def append(self, payload: bytes) -> asyncio.Future[int]:
-        fut = asyncio.get_running_loop().create_future()
-        self.parts.append(_HEADER.pack(len(payload), crc32c.crc32c(payload)))
-        self.parts.append(payload)
-        self.waiters.append(fut)
-        self.wake.set()
-        return fut
-
-    def append_many(self, payloads: list[bytes]) -> asyncio.Future[int]:
-        fut = asyncio.get_running_loop().create_future()
-        pack, crc, parts = _HEADER.pack, crc32c.crc32c, self.parts
-        for payload in payloads:
-            parts.append(pack(len(payload), crc(payload)))
-            parts.append(payload)
-        self.waiters.append(fut)
-        self.wake.set()
-        return fut
-
-    async def _run(self) -> None:
-        while True:
-            await self.wake.wait()
-            self.wake.clear()
-            parts, waiters = self.parts, self.waiters
-            self.parts, self.waiters = [], []
-            data = b"".join(parts)
-            os.write(self.fd, data)
-            os.fdatasync(self.fd)
-            self.syncs += 1
-            self.records += len(parts) // 2
-            offset = self.offset
-            self.offset += len(data)
-            for fut in waiters:
-                fut.set_result(offset)
-
-    async def close(self) -> None:
-        self.task.cancel()
-        await asyncio.gather(self.task, return_exceptions=True)
-        os.close(self.fd)
+async def drive(append: Callable[[], asyncio.Future[Any]], per_call: int, inflight: int,
+                duration: float) -> float:
+    """Keep ``inflight`` records outstanding (``per_call`` per future) for ``duration`` s;
+    records/s."""
+    run = await closed_loop(append, max(1, inflight // per_call), duration)
+    return run.rate * per_call
 
 
-async def run_ceiling(root: str, size: int, per_call: int, inflight: int, duration: float
-                      ) -> tuple[float, float]:
-    """records/s, records per fsync."""
-    path = os.path.join(root, "ceiling.log")
-    log = GroupCommitFile(path)
+async def run_ceiling(file: RecordFile, size: int, per_call: int, inflight: int,
+                      duration: float) -> tuple[float, float]:
+    """records/s, records per fsync. ``file`` is preallocated and written in place, as the
+    embedded WAL's journal segments are (``pybk.wal.embedded_bookie_config``)."""
+    log = GroupCommitFile(file)
     payload = os.urandom(size)
     batch = [payload] * per_call
     try:
@@ -240,55 +156,13 @@ async def run_ceiling(root: str, size: int, per_call: int, inflight: int, durati
         return rate, log.records / max(1, log.syncs)
     finally:
         await log.close()
-        os.unlink(path)
 
 
-def run_plain(root: str, size: int, group: int, duration: float) -> tuple[float, list[float]]:
-    """The ceiling's framing and group size in a plain loop: records/s, sync latencies."""
-    path = os.path.join(root, f"plain-{group}.log")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    payload = os.urandom(size)
-    lat: list[float] = []
-    count = 0
-    pack, crc = _HEADER.pack, crc32c.crc32c
-    start = time.perf_counter()
-    try:
-        while time.perf_counter() - start < duration:
-            t0 = time.perf_counter()
-            parts: list[bytes] = []
-            for _ in range(group):
-                parts.append(pack(len(payload), crc(payload)))
-                parts.append(payload)
-            os.write(fd, b"".join(parts))
-            os.fdatasync(fd)
-            lat.append(time.perf_counter() - t0)
-            count += group
-    finally:
-        os.close(fd)
-        os.unlink(path)
-    return count / (time.perf_counter() - start), lat
-
-
-def run_sqlite(root: str, size: int, duration: float) -> float:
-    """SQLite, WAL mode, synchronous=FULL, one commit per record: records/s."""
-    path = os.path.join(root, "sqlite.db")
-    db = sqlite3.connect(path, isolation_level=None)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=FULL")
-    db.execute("CREATE TABLE log (id INTEGER PRIMARY KEY, data BLOB)")
-    payload = os.urandom(size)
-    count = 0
-    start = time.perf_counter()
-    try:
-        while time.perf_counter() - start < duration:
-            db.execute("INSERT INTO log (data) VALUES (?)", (payload,))
-            count += 1
-    finally:
-        db.close()
-        for suffix in ("", "-wal", "-shm"):
-            if os.path.exists(path + suffix):
-                os.unlink(path + suffix)
-    return count / (time.perf_counter() - start)
+def run_plain(file: RecordFile, size: int, group: int, duration: float
+              ) -> tuple[float, list[float]]:
+    """The ceiling's framing and group size in a plain loop (no asyncio), on a preallocated
+    file written in place: records/s, sync latencies."""
+    return plain_group_commit(file, size, group, duration)
 
 
 # -- JSON-like records ----------------------------------------------------------------------------
@@ -411,7 +285,9 @@ def main() -> None:
     args = ap.parse_args()
     slice_ = args.duration / args.rounds
     size, inflight = args.size, args.inflight
-    with tempfile.TemporaryDirectory(prefix="pybk-wal-bench-", dir=args.dir) as root:
+    with tempfile.TemporaryDirectory(prefix="pybk-wal-bench-", dir=args.dir) as root, \
+            contextlib.closing(RecordFile(os.path.join(root, "ceiling.log"),
+                                          preallocate=True)) as ceiling_file:
         print(f"disk under test: {root}; {size}-byte records, {inflight} outstanding, "
               f"{args.rounds} alternating rounds of {slice_:.2f} s, medians")
         print("pybk: pybk.AsyncWAL(path), embedded, 3 bookies, E=3 Qw=3 Qa=2")
@@ -427,11 +303,12 @@ def main() -> None:
                 rate, pe, _, _ = asyncio.run(run_pybk(root, size, per_call, inflight, slice_))
                 rates.append(rate)
                 per_entry.append(pe)
-                ceil, group = asyncio.run(run_ceiling(root, size, per_call, inflight, slice_))
+                ceil, group = asyncio.run(run_ceiling(ceiling_file, size, per_call, inflight,
+                                                      slice_))
                 ceils.append(ceil)
                 groups.append(group)
-                plains.append(run_plain(root, size, max(1, round(group)), slice_)[0])
-                sqls.append(run_sqlite(root, size, min(slice_, 0.5)))
+                plains.append(run_plain(ceiling_file, size, max(1, round(group)), slice_)[0])
+                sqls.append(run_sqlite(root, size, 1, min(slice_, 0.5)))
             rate, ceil, plain, sql = median(rates), median(ceils), median(plains), median(sqls)
             name = "1/append" if per_call == 1 else f"{per_call}/call"
             print(f"{name:>9} | {rate:>9,.0f} {median(per_entry):>9.0f} | {ceil:>9,.0f} "
@@ -462,7 +339,7 @@ def main() -> None:
 
         lone = asyncio.run(lone_writer(root, size, min(args.duration, 2.0)))
         sync_lone = lone_sync_writer(root, size, 500)
-        fsync = pct(run_plain(root, size, 1, 0.5)[1], 0.5)
+        fsync = pct(fsync_latencies(ceiling_file, size, 0.5), 0.5)
         p50, p99 = pct(lone, 0.5), pct(lone, 0.99)
         print(f"\nlone writer (await each append): p50 {p50 * 1e3:.3f} ms, p99 "
               f"{p99 * 1e3:.3f} ms = {p50 / fsync:.2f} fsync latencies "
@@ -483,7 +360,8 @@ def main() -> None:
             print(f"  growth from the first tenth to the end: {growth:+.0f} MB")
     print("\nshapes: 1/append = one future per record, 64/call = append_many of 64 (one "
           "future per call). ceiling: one asyncio writer task, each record CRC-framed, one "
-          "write + fdatasync per accumulated group (rec/sync). plain: the same framing and "
+          "write + fdatasync per accumulated group (rec/sync), on a preallocated file "
+          "written in place (as the WAL's bookies' segments). plain: the same framing and "
           "group size in a loop without asyncio. sqlite1: WAL mode, synchronous=FULL, a "
           "commit per record. floor: the driver with no I/O at all (futures resolved at the "
           "next pass of the loop): no system with this driver can go faster.")

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from pybk import client as _client
 from pybk import cluster as _cluster
+from pybk.eventloop import new_event_loop
 from pybk.metadata.base import LedgerMetadata, MetadataStore
 from pybk.replication.reader import LedgerEntry
 
@@ -31,10 +32,11 @@ T = TypeVar("T")
 
 
 class _LoopThread:
-    """One event loop running forever in a daemon thread."""
+    """One event loop running forever in a daemon thread; ``loop`` names its kind
+    (:mod:`pybk.eventloop`: ``"asyncio"``, the default, or ``"uvloop"``)."""
 
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
+    def __init__(self, loop: str | None = None) -> None:
+        self.loop = new_event_loop(loop)
         self._thread = threading.Thread(target=self.loop.run_forever, name="pybk-sync", daemon=True)
         self._thread.start()
 
@@ -166,19 +168,22 @@ class Client:
     """Synchronous wrapper of :class:`pybk.Client`.
 
     Built by :meth:`LocalCluster.client`, or on its own (``pybk.sync.Client(metadata=...)``)
-    with a private loop thread.
+    with a private loop thread (``loop="uvloop"`` runs it on uvloop: :mod:`pybk.eventloop`).
     """
 
     def __init__(
         self,
         metadata: str | MetadataStore | None = None,
         *,
+        loop: str | None = None,
         _runner: _LoopThread | None = None,
         _client: _client.Client | None = None,
         **kwargs: Any,
     ) -> None:
+        if _runner is not None and loop is not None:
+            raise TypeError("loop= is for a client with its own loop thread")
         self._own_runner = _runner is None
-        self._runner = _runner if _runner is not None else _LoopThread()
+        self._runner = _runner if _runner is not None else _LoopThread(loop)
         if _client is None:
             if metadata is None:
                 raise TypeError("Client() needs a metadata URI or store")
@@ -243,16 +248,24 @@ async def _make_client(metadata: str | MetadataStore, kwargs: dict[str, Any]) ->
 
 
 class LocalCluster:
-    """Synchronous :class:`pybk.LocalCluster`: ``with pybk.sync.LocalCluster(root) as c:``."""
+    """Synchronous :class:`pybk.LocalCluster`: ``with pybk.sync.LocalCluster(root) as c:``.
 
-    def __init__(self, root: str | os.PathLike[str], bookies: int = 3, **kwargs: Any) -> None:
+    ``loop`` names the kind of the background loop (:mod:`pybk.eventloop`; ``"uvloop"`` needs
+    ``pybk[speed]``); the other keyword arguments are :class:`pybk.LocalCluster`'s."""
+
+    def __init__(self, root: str | os.PathLike[str], bookies: int = 3, *,
+                 loop: str | None = None, **kwargs: Any) -> None:
+        from pybk.eventloop import loop_factory
+
+        loop_factory(loop)  # an unknown or missing loop is refused here, not at start()
         self._args = (root, bookies)
+        self._loop = loop
         self._kwargs = kwargs
         self._runner: _LoopThread | None = None
         self._cluster: _cluster.LocalCluster | None = None
 
     def start(self) -> LocalCluster:
-        self._runner = _LoopThread()
+        self._runner = _LoopThread(self._loop)
         try:
             self._cluster = self._runner.run(self._astart())
         except BaseException:

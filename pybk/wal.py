@@ -275,10 +275,12 @@ async def _pairs(
 
 class WAL:
     """The WAL for synchronous code (``with pybk.WAL(path) as wal:``); same arguments as
-    :class:`AsyncWAL`. Calls hop to an event loop in a background thread."""
+    :class:`AsyncWAL`, plus ``loop``: the kind of that loop (:mod:`pybk.eventloop`;
+    ``"uvloop"`` needs ``pybk[speed]``). Calls hop to an event loop in a background thread."""
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, **options: Any) -> None:
-        self._runner = _LoopThread()
+    def __init__(self, path: str | os.PathLike[str] | None = None, *,
+                 loop: str | None = None, **options: Any) -> None:
+        self._runner = _LoopThread(loop)
         try:
             self._wal = self._runner.run(_open(AsyncWAL(path, **options)))
         except BaseException:

@@ -19,6 +19,7 @@ ROOT = pathlib.Path(pybk.__file__).parent
 #: floor of each part (a subpackage, or a module at the package root), ground first
 FLOORS: dict[str, int] = {
     "errors": 0,
+    "eventloop": 0,
     "protocol": 1,
     "storage": 2,
     "metadata": 2,
@@ -36,10 +37,11 @@ FLOORS: dict[str, int] = {
     "sim": 10,
     "testing": 10,
     "spark": 10,
+    "bench": 10,
     "cli": 11,
     "__main__": 11,
 }
-OUTER = {"sim", "testing", "spark", "cli", "__main__"}
+OUTER = {"sim", "testing", "spark", "bench", "cli", "__main__"}
 
 #: imports that go up a floor on purpose: (from part, to part, why)
 UPWARD: set[tuple[str, str]] = {

@@ -102,6 +102,21 @@ class BookieProcessConfig:
         )
 
 
+def process_bookie_config(*, preallocate: bool = True, segment_size: int = 64 << 20) -> Any:
+    """The ``BookieConfig`` a ``pybk bookie`` process runs with (benchmarks give an
+    in-process cluster the same one, to compare like with like).
+
+    A bookie process hosts one bookie alone on its loop: a batch syncs inline when the loop
+    has nothing else to do, else through the sync process while the loop completes the batch
+    before it; its segments are preallocated (syncs that flush data only)."""
+    from pybk.bookie import BookieConfig
+
+    return BookieConfig(journal_inline_sync_max=INLINE_SYNC_ALWAYS,
+                        journal_overlap_syncs=True,
+                        journal_preallocate=preallocate,
+                        segment_size=segment_size)
+
+
 def _write_atomically(path: str, text: str) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w") as f:
@@ -132,7 +147,7 @@ class BookieProcess:
         self._stop.set()
 
     async def start(self) -> None:
-        from pybk.bookie import Bookie, BookieConfig
+        from pybk.bookie import Bookie
         from pybk.metadata import open_store
 
         cfg = self.config
@@ -140,14 +155,8 @@ class BookieProcess:
         await asyncio.to_thread(Path(cfg.data_dir).mkdir, parents=True, exist_ok=True)
         bookie_config = cfg.bookie_config
         if bookie_config is None:
-            # a bookie process hosts one bookie alone on its loop: a batch syncs inline when
-            # the loop has nothing else to do, else through the sync process while the loop
-            # completes the batch before it; its segments are preallocated (syncs that flush
-            # data only)
-            bookie_config = BookieConfig(journal_inline_sync_max=INLINE_SYNC_ALWAYS,
-                                         journal_overlap_syncs=True,
-                                         journal_preallocate=cfg.preallocate,
-                                         segment_size=cfg.segment_size)
+            bookie_config = process_bookie_config(preallocate=cfg.preallocate,
+                                                  segment_size=cfg.segment_size)
         self.bookie = Bookie(
             self.bookie_id, cfg.data_dir, cookie_store=self.store, config=bookie_config
         )
@@ -276,12 +285,15 @@ async def serve(config: BookieProcessConfig) -> None:
         await process.stop()
 
 
-def run(config: BookieProcessConfig) -> int:
-    """Blocking entry point for ``pybk bookie``; returns the process exit code."""
+def run(config: BookieProcessConfig, loop: str | None = None) -> int:
+    """Blocking entry point for ``pybk bookie``; returns the process exit code. ``loop``
+    names the event loop (:mod:`pybk.eventloop`; ``"uvloop"`` needs ``pybk[speed]``)."""
     logging.basicConfig(
         level=os.environ.get("PYBK_LOG_LEVEL", "INFO"),
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    asyncio.run(serve(config))
+    from pybk.eventloop import run as run_on_loop
+
+    run_on_loop(serve(config), loop)
     return 0

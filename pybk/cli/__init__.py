@@ -1,8 +1,8 @@
 """The ``pybk`` command (also ``python -m pybk``), one module per command group.
 
 ``common`` holds what the commands share (connection options, exit conventions), ``processes``
-starting and stopping bookie processes; ``bookie``, ``cluster``, ``ledger``, ``log`` and
-``simulate`` are the command groups. This is the outermost layer: it reads the environment,
+starting and stopping bookie processes; ``bench``, ``bookie``, ``cluster``, ``ledger``, ``log``
+and ``simulate`` are the command groups. This is the outermost layer: it reads the environment,
 signals and files.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import click
 
 import pybk
+from pybk.cli.bench import bench
 from pybk.cli.bookie import bookie
 from pybk.cli.cluster import cluster
 from pybk.cli.ledger import ledger
@@ -40,6 +41,7 @@ def main() -> None:
 
 
 
+main.add_command(bench)
 main.add_command(bookie)
 main.add_command(cluster)
 main.add_command(ledger)

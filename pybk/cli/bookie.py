@@ -10,6 +10,7 @@ import click
 
 from pybk.cli.common import Conn, client_options, fail, read_token, run_async
 from pybk.errors import BKError
+from pybk.eventloop import DEFAULT_LOOP, LOOPS, LoopUnavailableError, loop_factory
 
 __all__ = ["bookie"]
 
@@ -34,6 +35,8 @@ __all__ = ["bookie"]
 @click.option("--preallocate/--no-preallocate", default=True, show_default=True,
               help="Make journal segments ahead of use and write them in place (faster "
                    "syncs; each segment takes its full size on disk from the start).")
+@click.option("--loop", type=click.Choice(LOOPS), default=DEFAULT_LOOP, show_default=True,
+              help="Event loop; uvloop needs pip install 'pybk[speed]'.")
 @click.pass_context
 def bookie(
     ctx: click.Context,
@@ -53,6 +56,7 @@ def bookie(
     metrics_port: int | None,
     segment_mb: int,
     preallocate: bool,
+    loop: str,
 ) -> None:
     """Run a bookie server (`pybk bookie --data DIR --metadata URI`), or `pybk bookie list`,
     or check a stopped bookie's data directory (`pybk bookie inspect DIR`).
@@ -87,10 +91,11 @@ def bookie(
     try:
         config.resolved_bookie_id()
         config.ssl_context()
-    except (ValueError, ssl.SSLError, OSError) as exc:
+        loop_factory(loop)
+    except (ValueError, ssl.SSLError, OSError, LoopUnavailableError) as exc:
         raise click.UsageError(str(exc)) from exc
     try:
-        code = run(config)
+        code = run(config, loop)
     except BKError as exc:
         fail(f"{type(exc).__name__}: {exc}")
     except OSError as exc:

@@ -25,6 +25,7 @@ __all__ = [
     "Conn",
     "client_options",
     "fail",
+    "optional_client_options",
     "read_token",
     "run_async",
     "stderr_console",
@@ -109,11 +110,22 @@ def read_token(path: str | None) -> bytes | None:
 
 def client_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """--metadata, TLS and token options; passes a ``conn: Conn``."""
+    return _client_options(fn, metadata_required=True)
+
+
+def optional_client_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """:func:`client_options` with --metadata optional: ``conn.metadata`` is empty when it is
+    left out (a command that can run without a cluster of its own, e.g. ``pybk bench``
+    starting an embedded one)."""
+    return _client_options(fn, metadata_required=False)
+
+
+def _client_options(fn: Callable[..., Any], *, metadata_required: bool) -> Callable[..., Any]:
 
     @click.option(
         "--metadata",
         envvar="PYBK_METADATA",
-        required=True,
+        required=metadata_required,
         help="Metadata store URI (sqlite:///abs/path.db, zk://host:port/root); env PYBK_METADATA.",
     )
     @click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), help="CA bundle.")
@@ -131,7 +143,7 @@ def client_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     )  # fmt: skip
     @functools.wraps(fn)
     def wrapper(
-        metadata: str,
+        metadata: str | None,
         tls_ca: str | None,
         tls_cert: str | None,
         tls_key: str | None,
@@ -139,7 +151,7 @@ def client_options(fn: Callable[..., Any]) -> Callable[..., Any]:
         timeout: float,
         **kwargs: Any,
     ) -> Any:
-        conn = Conn(metadata, tls_ca, tls_cert, tls_key, auth_token_file, timeout)
+        conn = Conn(metadata or "", tls_ca, tls_cert, tls_key, auth_token_file, timeout)
         return fn(conn=conn, **kwargs)
 
     return wrapper

@@ -31,7 +31,7 @@ import logging
 import ssl
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -166,9 +166,9 @@ class _ServerConnection(asyncio.Protocol):
 
     # -- asyncio callbacks -------------------------------------------------------------------
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        # a stream transport; not an asyncio.Transport subclass on every loop (uvloop's is not)
+        self.transport = transport = cast(asyncio.Transport, base)
         peer = transport.get_extra_info("peername")
         self.peer_ip = str(peer[0]) if peer else "?"
         if not self.server._admit(self):

@@ -27,7 +27,7 @@ import logging
 import math
 import ssl
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pybk.errors import BookieUnavailableError, ProtocolError, TimeoutError
 from pybk.protocol import AuthRequest, Request, Response, Status, error_response
@@ -193,8 +193,8 @@ class _ClientConnection(asyncio.Protocol):
     # -- asyncio callbacks -------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # a stream transport; not an asyncio.Transport subclass on every loop (uvloop's is not)
+        self.transport = cast(asyncio.Transport, transport)
         if self.out and not self.flush_scheduled:
             self.flush_scheduled = True
             self.loop.call_soon(self._flush)

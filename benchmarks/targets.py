@@ -1,0 +1,466 @@
+"""The write path's targets (issue 19), each beside its peer measured in the same run.
+
+    python benchmarks/targets.py [--duration 1] [--rounds 1] [--loop both]
+                                 [--read-entries 100000] [--settings defaults|server]
+                                 [--dir /tmp] [--skip tcp,read]
+
+Every row is pybk through its public API (``LedgerHandle.append``, ``ReadHandle.read``) and a
+peer on the same disk in the same run; the ratio and the target it measures are printed:
+
+1. ``ceiling``: in process, E3/Qw2/Qa2, 100 B, 1024 in flight, against the single-file
+   group-commit ceiling (``pybk.bench.GroupCommitFile``: one CRC-framed record per entry, one
+   asyncio writer task, one write + fdatasync per accumulated batch), same in-flight count.
+   Target >= 0.6x.
+2. ``client``: E=Qw=Qa=1 through the client, 1024 in flight, against the same bookie (the
+   one the ledger's ensemble names, in the same cluster) driven directly through
+   ``Bookie.add_entry`` with entries framed as the client frames them, and, when the bookie
+   has ``add_batch``, also with the adds of one loop pass sent as one batch (as a batching
+   client sends them); the faster of the two is the peer. Target >= 0.8x.
+3. ``tcp``: three ``pybk bookie`` processes on loopback, E3/Qw2/Qa2, 1024 in flight, against an
+   in-process cluster given the same ``BookieConfig`` (``process_bookie_config()``) and GC
+   settings. Target >= 0.5x.
+4. ``lone``: one writer awaiting each append (1 in flight), in process and over TCP; its p50
+   in fsync latencies: one 100 B record written and fdatasync'ed on a file with the bookies'
+   treatment (and, stricter, on a preallocated file when the bookies append), measured between
+   slices of the lone writer (the disk's latency drifts by 10x within seconds here), on the
+   loop's thread and on a worker thread (which one is faster varies), the smaller kept.
+   Targets: within 2 (in process) and 3 (TCP).
+5. ``p99@half``: an open-loop driver (``pybk.bench.open_loop``: appends issued at a fixed
+   rate, latency counted from when each was due) at half the rate row 1 (in process) and row
+   3 (TCP) reached. Target p99 < 5 ms.
+6. ``read``: sequential read of a closed ledger of ``--read-entries`` 100 B entries
+   (E3/Qw2/Qa2, in process; the target is defined at 1,000,000: ``--read-entries
+   1000000``), ``ReadHandle.read`` 1000 entries a call, against a plain loop reading the same
+   number of CRC-framed records from one file (read, parse, verify the CRC). Target >= 200k
+   entries/s.
+
+In-process clusters use ``--settings``: ``defaults`` (``pybk.LocalCluster(root)`` as a user
+gets it: journal segments appended, syncs on a thread) or ``server`` (what a ``pybk bookie``
+process runs: preallocated segments written in place, overlapped syncs through a sync helper
+process, inline syncs when nothing overlaps); the ceiling's file gets the same treatment as
+the bookies' segments. Row 3 always uses ``server`` on both sides. ``--loop both`` (the
+default when uvloop is installed) runs every row on asyncio and on uvloop (TCP bookie
+processes included) and prints them side by side. ``--rounds`` repeats everything, rounds
+alternating, and prints medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import crc32c
+from _common import (
+    GroupCommitFile,
+    Run,
+    bookie_appender,
+    closed_loop,
+    frame_records,
+    fsync_latencies,
+    loops_to_run,
+    median,
+    open_loop,
+    percentile,
+    run_on,
+    server_settings,
+    tcp_bookies,
+)
+
+from pybk import Client, LocalCluster
+from pybk.bench import RecordFile
+from pybk.bench.ceiling import RECORD_HEADER
+from pybk.bookie.process import tune_gc_for_server
+from pybk.eventloop import available_loops
+
+SIZE = 100
+E3 = (3, 2, 2)
+E1 = (1, 1, 1)
+
+
+@dataclass
+class Row:
+    """One target: pybk's figure, the peer's, and how they compare."""
+
+    key: str
+    what: str
+    pybk: float
+    peer: float
+    unit: str
+    #: pybk / peer (throughput rows) or pybk in peer units (latency rows)
+    ratio: float
+    target: str
+    met: bool
+    detail: str = ""
+
+
+# -- pieces ------------------------------------------------------------------------------------
+
+
+async def ledger_closed_loop(client: Any, quorum: tuple[int, int, int], inflight: int,
+                             duration: float) -> tuple[Run, Any]:
+    """Appends to a new ledger (warm-up, then ``duration`` s); (run, the open handle)."""
+    lh = await client.create_ledger(*quorum)
+    payload = os.urandom(SIZE)
+    append = lh.append
+    await closed_loop(lambda: append(payload), inflight, min(duration, 0.3))
+    return await closed_loop(lambda: append(payload), inflight, duration), lh
+
+
+async def ledger_open_loop(client: Any, rate: float, duration: float) -> Run:
+    lh = await client.create_ledger(*E3)
+    payload = os.urandom(SIZE)
+    append = lh.append
+    try:
+        await closed_loop(lambda: append(payload), 1, 0.1)
+        return await open_loop(lambda: append(payload), rate, duration)
+    finally:
+        await lh.close()
+
+
+async def ceiling_run(target: str | RecordFile, inflight: int, duration: float
+                      ) -> tuple[Run, float]:
+    """The single-file group-commit ceiling at ``inflight``: (run, records per fsync).
+    ``target``: a path (a growing file) or the round's preallocated file."""
+    log = GroupCommitFile(target, preallocate=False if isinstance(target, str) else None)
+    payload = os.urandom(SIZE)
+    try:
+        await closed_loop(lambda: log.append(payload), inflight, min(duration, 0.3))
+        syncs, records = log.syncs, log.records
+        run = await closed_loop(lambda: log.append(payload), inflight, duration)
+        return run, (log.records - records) / max(1, log.syncs - syncs)
+    finally:
+        await log.close()
+
+
+def read_ceiling(root: str, entries: int) -> float:
+    """Records/s of a plain loop reading ``entries`` CRC-framed 100 B records from one file
+    (1 MiB reads, each record's header parsed and CRC verified, payloads kept)."""
+    path = os.path.join(root, "read-ceiling.log")
+    payload = os.urandom(SIZE)
+    with open(path, "wb") as f:
+        for i in range(0, entries, 10_000):
+            f.write(b"".join(frame_records(payload, min(10_000, entries - i))))
+    unpack, crc, hsize = RECORD_HEADER.unpack_from, crc32c.crc32c, RECORD_HEADER.size
+    got: list[bytes] = []
+    t0 = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        rest = b""
+        while chunk := f.read(1 << 20):
+            buf = rest + chunk
+            pos = 0
+            while pos + hsize <= len(buf):
+                length, checksum = unpack(buf, pos)
+                end = pos + hsize + length
+                if end > len(buf):
+                    break
+                data = buf[pos + hsize:end]
+                if crc(data) != checksum:
+                    raise RuntimeError(f"corrupt record at {pos}")
+                got.append(data)
+                pos = end
+            rest = buf[pos:]
+    elapsed = time.perf_counter() - t0
+    os.unlink(path)
+    if len(got) != entries:
+        raise RuntimeError(f"read {len(got)} records, wrote {entries}")
+    return entries / elapsed
+
+
+async def read_run(client: Any, entries: int) -> float:
+    """Entries/s reading a closed ledger of ``entries`` entries from start to end."""
+    lh = await client.create_ledger(*E3)
+    payload = os.urandom(SIZE)
+    await closed_loop(lambda: lh.append(payload), 1024, count=entries)
+    await lh.close()
+    rh = await client.open_ledger(lh.id)
+    last = rh.last_add_confirmed
+    if last != entries - 1:
+        raise RuntimeError(f"ledger ends at {last}, wrote {entries}")
+    t0 = time.perf_counter()
+    n = 0
+    for first in range(0, last + 1, 1000):
+        batch = await rh.read(first, min(first + 999, last))
+        n += len(batch)
+    elapsed = time.perf_counter() - t0
+    await rh.close()
+    await client.delete_ledger(lh.id)
+    if n != entries:
+        raise RuntimeError(f"read {n} entries of {entries}")
+    return n / elapsed
+
+
+async def fsync_samples(target: str | RecordFile, duration: float) -> list[float]:
+    """One 100 B write + fdatasync, repeated for ``duration`` s on a growing file (a path) or
+    the round's preallocated file, half on this thread and half on a worker thread (as a
+    bookie's sync thread does it): on this VM either can be several times the other."""
+    pre = False if isinstance(target, str) else None
+    here = fsync_latencies(target, SIZE, duration / 2, preallocate=pre)
+    there = await asyncio.to_thread(fsync_latencies, target, SIZE, duration / 2,
+                                    preallocate=pre)
+    return min(here, there, key=lambda xs: percentile(xs, 0.5))
+
+
+async def lone_writer(client: Any, duration: float, units: dict[str, str | RecordFile],
+                      slices: int = 4) -> tuple[Run, dict[str, float]]:
+    """A lone writer (1 in flight, E3/Qw2/Qa2) in ``slices`` slices of ``duration`` s in
+    all, each followed by the fsync latency on each of ``units``' files, so both are
+    measured in the same moments of a drifting disk. (run, {unit: p50 of its samples})."""
+    lh = await client.create_ledger(*E3)
+    payload = os.urandom(SIZE)
+    append = lh.append
+    lat: list[float] = []
+    samples: dict[str, list[float]] = {name: [] for name in units}
+    count, elapsed = 0, 0.0
+    try:
+        await closed_loop(lambda: append(payload), 1, 0.1)
+        for _ in range(slices):
+            run = await closed_loop(lambda: append(payload), 1, duration / slices)
+            lat += run.latencies
+            count += run.count
+            elapsed += run.elapsed
+            for name, target in units.items():
+                samples[name] += await fsync_samples(target, min(0.2, duration / slices))
+    finally:
+        await lh.close()
+    return Run(count, elapsed, lat), {k: percentile(v, 0.5) for k, v in samples.items()}
+
+
+# -- one round on one loop ---------------------------------------------------------------------
+
+
+async def one_round(root: Path, args: argparse.Namespace, loop: str) -> dict[str, Any]:
+    """Every measurement once, on the running loop. Raw figures by name."""
+    out: dict[str, Any] = {}
+    prealloc = args.settings == "server"
+    config = server_settings() if prealloc else None
+    skip = set(args.skip.split(",")) if args.skip else set()
+    gc.collect()
+    # made once per round, before the cluster starts: making a preallocated file loads the
+    # disk for a while after, and the cluster's first rows give it that while
+    with contextlib.closing(RecordFile(str(root / "prealloc.log"), preallocate=True)) as pre:
+        return await _one_round(root, args, loop, out, prealloc, config, skip, pre)
+
+
+async def _one_round(root: Path, args: argparse.Namespace, loop: str, out: dict[str, Any],
+                     prealloc: bool, config: Any, skip: set[str], pre: RecordFile
+                     ) -> dict[str, Any]:
+    grow = str(root / "grow.log")
+    async with LocalCluster(root / "inproc", 3, bookie_config=config) as cluster:
+        client = cluster.client()
+        # 1. E3/Qw2/Qa2 at 1024 against the single-file ceiling
+        run, lh = await ledger_closed_loop(client, E3, 1024, args.duration)
+        await lh.close()
+        out["e3"] = run
+        out["ceiling"], out["ceiling_group"] = await ceiling_run(
+            pre if prealloc else grow, 1024, args.duration)
+        # 2. E1 through the client against the same bookie directly
+        run, lh = await ledger_closed_loop(client, E1, 1024, args.duration)
+        out["e1"] = run
+        bookie = cluster.bookie(lh.metadata.last_ensemble[0])
+        await lh.close()
+        direct = bookie_appender(bookie, 1 << 40, SIZE)  # an id the client never assigns
+        await closed_loop(direct, 1024, min(args.duration, 0.3))
+        out["direct"] = await closed_loop(direct, 1024, args.duration)
+        if hasattr(bookie, "add_batch"):  # a bookie that takes batches: drive it so too
+            direct = bookie_appender(bookie, (1 << 40) + 1, SIZE, batched=True)
+            await closed_loop(direct, 1024, min(args.duration, 0.3))
+            out["direct_batch"] = await closed_loop(direct, 1024, args.duration)
+        # 4./5. lone writer and p99 at half the peak, in process
+        out["lone"], units = await lone_writer(
+            client, args.duration, {"same": pre if prealloc else grow, "prealloc": pre})
+        out["fsync_same"], out["fsync_prealloc"] = units["same"], units["prealloc"]
+        out["half"] = await ledger_open_loop(client, out["e3"].rate / 2, args.duration)
+        # 6. sequential read
+        if "read" not in skip:
+            out["read"] = await read_run(client, args.read_entries)
+            out["read_ceiling"] = read_ceiling(str(root), args.read_entries)
+    if "tcp" in skip:
+        return out
+    # 3. TCP bookie processes against in process, same settings; 4./5. over TCP
+    async with tcp_bookies(root / "tcp", 3, loop=loop) as metadata, \
+            LocalCluster(root / "same", 3, bookie_config=server_settings()) as same, \
+            Client(metadata) as tcp_client:
+        gc.unfreeze()
+        gc.collect()
+        tune_gc_for_server()  # as each bookie process does; this process is both clients
+        try:
+            run, lh = await ledger_closed_loop(same.client(), E3, 1024, args.duration)
+            await lh.close()
+            out["same"] = run
+            run, lh = await ledger_closed_loop(tcp_client, E3, 1024, args.duration)
+            await lh.close()
+            out["tcp"] = run
+            out["tcp_lone"], units = await lone_writer(tcp_client, args.duration,
+                                                       {"prealloc": pre})
+            out["tcp_fsync"] = units["prealloc"]
+            out["tcp_half"] = await ledger_open_loop(tcp_client, out["tcp"].rate / 2,
+                                                     args.duration)
+        finally:
+            gc.unfreeze()
+            gc.set_threshold(700, 10, 10)
+    return out
+
+
+# -- summary -----------------------------------------------------------------------------------
+
+
+def rows_of(rounds: list[dict[str, Any]], settings: str) -> list[Row]:
+    """Medians over rounds (ratios: the median of per-round ratios)."""
+
+    def med(key: str, f: Callable[[Any], float] = lambda r: r.rate) -> float:
+        return median([f(r[key]) for r in rounds])
+
+    def ratio(a: str, b: str, fa: Callable[[Any], float] = lambda r: r.rate,
+              fb: Callable[[Any], float] = lambda r: r.rate) -> float:
+        return median([fa(r[a]) / fb(r[b]) for r in rounds])
+
+    def p50(r: Run) -> float:
+        return percentile(r.latencies, 0.5)
+
+    def p99(r: Run) -> float:
+        return percentile(r.latencies, 0.99)
+
+    def strict_fsync(r: dict[str, Any]) -> float:
+        return float(min(r["fsync_same"], r["fsync_prealloc"]))
+
+    rows = []
+    r = ratio("e3", "ceiling")
+    rows.append(Row("ceiling", f"E3/Qw2/Qa2 1024 in flight, in process ({settings}) vs the "
+                    "single-file group-commit ceiling", med("e3"), med("ceiling"), "entries/s",
+                    r, ">= 0.6x", r >= 0.6,
+                    f"pybk p50 {med('e3', p50) * 1e3:.2f} ms p99 {med('e3', p99) * 1e3:.2f} "
+                    f"ms; ceiling p50 {med('ceiling', p50) * 1e3:.2f} ms, "
+                    f"{median([x['ceiling_group'] for x in rounds]):.0f} records per fsync"))
+    def direct(x: dict[str, Any]) -> float:
+        """The faster way of driving the bookie directly: single adds, or batches."""
+        return float(max(x["direct"].rate, x["direct_batch"].rate if "direct_batch" in x
+                         else 0.0))
+
+    r = median([x["e1"].rate / direct(x) for x in rounds])
+    batch_note = ""
+    if "direct_batch" in rounds[0]:
+        batch_note = (f"direct single adds {med('direct'):,.0f}/s, direct batches (the adds "
+                      f"of one loop pass as one add_batch) {med('direct_batch'):,.0f}/s; "
+                      "the faster is the peer")
+    rows.append(Row("client", "E1/Qw1/Qa1 1024 in flight through the client vs the same "
+                    "bookie driven directly", med("e1"),
+                    median([direct(x) for x in rounds]), "entries/s", r, ">= 0.8x",
+                    r >= 0.8, batch_note))
+    if "tcp" in rounds[0]:
+        r = ratio("tcp", "same")
+        rows.append(Row("tcp", "E3/Qw2/Qa2 1024 in flight, 3 pybk bookie processes over TCP "
+                        "vs in process, same bookie settings", med("tcp"), med("same"),
+                        "entries/s", r, ">= 0.5x", r >= 0.5,
+                        f"tcp p50 {med('tcp', p50) * 1e3:.2f} ms; in process p50 "
+                        f"{med('same', p50) * 1e3:.2f} ms"))
+    fs_same = median([x["fsync_same"] for x in rounds])
+    fs_pre = median([x["fsync_prealloc"] for x in rounds])
+    r = median([p50(x["lone"]) / strict_fsync(x) for x in rounds])
+    rows.append(Row("lone", "lone writer p50, in process, in fsync latencies",
+                    med("lone", p50) * 1e3, min(fs_same, fs_pre) * 1e3, "ms", r,
+                    "<= 2 fsyncs", r <= 2,
+                    f"fsync p50: {fs_same * 1e3:.3f} ms on the bookies' file treatment, "
+                    f"{fs_pre * 1e3:.3f} ms preallocated (the smaller is the unit; each "
+                    "measured between slices of the lone writer, on this thread and on a "
+                    "worker thread, the smaller p50 kept); "
+                    f"{med('lone'):,.0f} appends/s"))
+    if "tcp" in rounds[0]:
+        r = median([p50(x["tcp_lone"]) / x["tcp_fsync"] for x in rounds])
+        rows.append(Row("lone tcp", "lone writer p50, over TCP, in fsync latencies",
+                        med("tcp_lone", p50) * 1e3,
+                        median([x["tcp_fsync"] for x in rounds]) * 1e3, "ms", r,
+                        "<= 3 fsyncs", r <= 3,
+                        f"{med('tcp_lone'):,.0f} appends/s; fsync p50 on a preallocated "
+                        "file, the bookies' treatment"))
+    half = med("half", p99) * 1e3
+    rows.append(Row("p99@half", "p99 at half the peak rate (open loop), in process",
+                    half, 5.0, "ms", half / 5.0, "< 5 ms", half < 5.0,
+                    f"rate {median([x['half'].target_rate for x in rounds]):,.0f}/s, "
+                    f"p50 {med('half', p50) * 1e3:.2f} ms, most behind "
+                    f"{max(x['half'].behind for x in rounds)}"))
+    if "tcp" in rounds[0]:
+        half = med("tcp_half", p99) * 1e3
+        rows.append(Row("p99@half tcp", "p99 at half the peak rate (open loop), over TCP",
+                        half, 5.0, "ms", half / 5.0, "< 5 ms", half < 5.0,
+                        f"rate {median([x['tcp_half'].target_rate for x in rounds]):,.0f}/s, "
+                        f"p50 {med('tcp_half', p50) * 1e3:.2f} ms, most behind "
+                        f"{max(x['tcp_half'].behind for x in rounds)}"))
+    if "read" in rounds[0]:
+        rd = median([x["read"] for x in rounds])
+        rc = median([x["read_ceiling"] for x in rounds])
+        rows.append(Row("read", "sequential read of a closed ledger, in process, against a "
+                        "plain loop reading the same CRC-framed records from one file (ratio "
+                        "to it printed, the target is absolute)",
+                        rd, rc, "entries/s", rd / rc, ">= 200k/s", rd >= 200_000))
+    return rows
+
+
+def row_line(r: Row, loop: str) -> str:
+    number = "{:>12,.3f}" if r.unit == "ms" else "{:>12,.0f}"
+    return (f"{r.key:<13} {loop:<8} {number.format(r.pybk)} {number.format(r.peer)} "
+            f"{r.unit:<10} {r.ratio:>7.2f} {r.target:>12}  {'met' if r.met else 'NOT MET'}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=1.0, help="seconds per measurement")
+    ap.add_argument("--rounds", type=int, default=1, help="alternating rounds; medians")
+    ap.add_argument("--loop", choices=("asyncio", "uvloop", "both"),
+                    default="both" if "uvloop" in available_loops() else "asyncio")
+    ap.add_argument("--read-entries", type=int, default=100_000,
+                    help="entries of the read row's ledger (the target is at 1000000)")
+    ap.add_argument("--settings", choices=("defaults", "server"), default="defaults",
+                    help="in-process bookie settings (row 3 always uses server settings)")
+    ap.add_argument("--dir", default=None, help="where the temp directory goes (the disk)")
+    ap.add_argument("--skip", default="", help="comma-separated: tcp, read")
+    args = ap.parse_args()
+    loops = loops_to_run(args.loop)
+    results: dict[str, list[dict[str, Any]]] = {loop: [] for loop in loops}
+    with tempfile.TemporaryDirectory(prefix="pybk-targets-", dir=args.dir) as tmp:
+        print(f"disk under test: {tmp}; {SIZE} B entries, {args.duration:g} s per "
+              f"measurement, {args.rounds} round(s) alternating {' / '.join(loops)}; "
+              f"in-process settings: {args.settings}")
+        for i in range(args.rounds):
+            for loop in loops:
+                root = Path(tmp) / f"{loop}-{i}"
+                root.mkdir()
+                results[loop].append(run_on(loop, one_round(root, args, loop)))
+    by_loop = {loop: rows_of(rs, args.settings) for loop, rs in results.items()}
+    first = by_loop[loops[0]]
+    print()
+    head = f"{'target':<13} {'loop':<8} {'pybk':>12} {'peer':>12} {'unit':<10} " \
+           f"{'ratio':>7} {'target':>12}  verdict"
+    print(head)
+    print("-" * len(head))
+    for i in range(len(first)):
+        for loop in loops:
+            print(row_line(by_loop[loop][i], loop))
+    if len(loops) > 1:
+        print()
+        for i, row in enumerate(first):
+            if row.unit != "ms":
+                a, b = by_loop[loops[0]][i], by_loop[loops[1]][i]
+                print(f"{row.key:<13} {loops[1]} / {loops[0]}: {b.pybk / a.pybk:.2f}x pybk, "
+                      f"{b.peer / a.peer:.2f}x peer")
+    print()
+    for i, row in enumerate(first):
+        print(f"{row.key:<13} {row.what}")
+        for loop in loops:
+            detail = by_loop[loop][i].detail
+            if detail:
+                print(f"{'':<13}   {loop}: {detail}")
+    print("\nratio: pybk / peer (throughput rows, same run), pybk p50 / fsync p50 (lone rows), "
+          "p99 / 5 ms (p99@half rows)")
+
+
+if __name__ == "__main__":
+    main()

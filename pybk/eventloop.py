@@ -1,0 +1,91 @@
+"""Which event loop pybk runs on where pybk itself makes the loop: an opt-in seam for uvloop.
+
+pybk's async API runs on whatever loop the caller runs it on: pick uvloop for your own
+program with ``asyncio.Runner(loop_factory=uvloop.new_event_loop)`` (or ``uvloop.run``),
+nothing here is needed for that. pybk makes a loop of its own in four places, and each takes
+a ``loop`` option naming one of :data:`LOOPS` (default ``"asyncio"``: never forced):
+
+* ``pybk.sync.LocalCluster(root, loop="uvloop")`` and ``pybk.sync.Client(..., loop=...)``
+  (the background loop thread of the synchronous API);
+* ``pybk.WAL(path, loop="uvloop")`` (the synchronous WAL's loop thread);
+* the command line: ``pybk bookie --loop uvloop`` (a bookie process) and
+  ``pybk bench --loop uvloop``.
+
+uvloop is an optional dependency: ``pip install pybk[speed]``. Asking for it without it
+installed is a clear error (:class:`LoopUnavailableError`), never a silent fallback, so a
+measurement never reports asyncio's numbers under uvloop's name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any, Final, TypeVar
+
+__all__ = [
+    "DEFAULT_LOOP",
+    "LOOPS",
+    "LoopUnavailableError",
+    "available_loops",
+    "loop_factory",
+    "new_event_loop",
+    "run",
+]
+
+T = TypeVar("T")
+
+#: the event loops pybk knows how to make, by name
+LOOPS: Final = ("asyncio", "uvloop")
+DEFAULT_LOOP: Final = "asyncio"
+
+
+class LoopUnavailableError(RuntimeError):
+    """The named event loop cannot be made here (unknown name, or its package is missing)."""
+
+
+def loop_factory(name: str | None = None) -> Callable[[], asyncio.AbstractEventLoop]:
+    """A function making a new event loop of kind ``name`` (None: the default, asyncio's).
+
+    Checked at once: an unknown name or a missing uvloop raises :class:`LoopUnavailableError`
+    here, before anything was started."""
+    name = DEFAULT_LOOP if name is None else name
+    if name == "asyncio":
+        return asyncio.new_event_loop
+    if name == "uvloop":
+        try:
+            import uvloop
+        except ImportError as exc:
+            raise LoopUnavailableError(
+                "loop 'uvloop' needs the uvloop package: pip install 'pybk[speed]'"
+            ) from exc
+        factory: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop
+        return factory
+    raise LoopUnavailableError(f"unknown event loop {name!r}; known: {', '.join(LOOPS)}")
+
+
+def new_event_loop(name: str | None = None) -> asyncio.AbstractEventLoop:
+    """A new event loop of kind ``name`` (see :func:`loop_factory`)."""
+    return loop_factory(name)()
+
+
+def available_loops() -> list[str]:
+    """The names in :data:`LOOPS` that can be made in this environment."""
+    out = []
+    for name in LOOPS:
+        try:
+            loop_factory(name)
+        except LoopUnavailableError:
+            continue
+        out.append(name)
+    return out
+
+
+def run(coro: Coroutine[Any, Any, T], loop: str | None = None) -> T:
+    """``asyncio.run(coro)`` on a new loop of kind ``loop``."""
+    try:
+        factory = loop_factory(loop)
+    except BaseException:
+        coro.close()  # never awaited: say nothing about it
+        raise
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)

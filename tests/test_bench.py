@@ -1,0 +1,223 @@
+"""``pybk bench`` (embedded and remote, table and JSON, usage errors) and the measuring kit
+under it (pybk.bench: drivers, the ceiling's file, percentiles). Runs are tiny: these check
+that the figures are there and mean what they say, never how fast anything is."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from pybk.bench import (
+    GroupCommitFile,
+    LatencySummary,
+    RecordFile,
+    closed_loop,
+    open_loop,
+    percentile,
+    plain_group_commit,
+)
+from pybk.cli import main
+from pybk.cli.processes import spawn_bookie, stop_pid, wait_ready
+
+pytestmark = pytest.mark.timeout(180)
+
+TINY = ["--duration", "0.2", "--warmup", "0.05"]
+
+
+def _number(text: str, pattern: str) -> float:
+    m = re.search(pattern, text)
+    assert m, f"{pattern!r} not in:\n{text}"
+    return float(m.group(1).replace(",", ""))
+
+
+def test_bench_embedded_prints_throughput_percentiles_and_ceiling(tmp_path: Path) -> None:
+    r = CliRunner().invoke(main, ["bench", *TINY, "--dir", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert "local cluster of 3 in-process bookies" in out and "E3/Qw2/Qa2" in out
+    for header in ("entries/s", "p50 ms", "p90 ms", "p99 ms", "p99.9 ms", "max ms"):
+        assert header in out
+    rows = {line.split("│")[1].strip(): line for line in out.splitlines()
+            if line.startswith("│")}
+    assert set(rows) == {"pybk", "ceiling"}, out
+    for row in rows.values():
+        cells = [c.strip() for c in row.split("│")[2:-1]]
+        assert float(cells[0].replace(",", "")) > 0 and all(float(c.replace(",", "")) >= 0
+                                                            for c in cells)
+    assert _number(out, r"pybk / ceiling: ([\d.]+)x") > 0
+    assert _number(out, r"write \+ fdatasync on that disk: p50 ([\d.]+) ms") > 0
+    assert "file appended (the file grows)" in out  # LocalCluster's defaults: appended segments
+    assert os.listdir(tmp_path) == []  # the embedded cluster and the ceiling's files are gone
+
+
+def test_bench_json_open_loop_and_server_settings(tmp_path: Path) -> None:
+    r = CliRunner().invoke(main, ["bench", *TINY, "--dir", str(tmp_path), "--json", "--rate",
+                                  "500", "--server-settings", "-e", "1", "-w", "1", "-a", "1",
+                                  "--bookies", "1", "--size", "64"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.output.strip().splitlines()[-1])
+    assert report["entry_size"] == 64 and "E1/Qw1/Qa1" in report["setup"]
+    assert "open loop at 500 appends/s" in report["setup"]
+    for side in ("pybk", "ceiling"):
+        run = report[side]
+        assert run["entries"] == 100 and run["target_rate"] == 500  # rate x duration, all done
+        assert set(run["latency_ms"]) == {"p50", "p90", "p99", "p99.9", "max"}
+        assert 0 < run["latency_ms"]["p50"] <= run["latency_ms"]["max"]
+    assert "preallocated" in report["ceiling_setup"]  # the bookies' file treatment
+    assert report["fsync_p50_ms"] > 0 and report["pybk_over_ceiling"] > 0
+
+
+@pytest.mark.integration
+def test_bench_remote_cluster_with_a_token(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    metadata = f"sqlite://{tmp_path / 'metadata.db'}"
+    proc = spawn_bookie(tmp_path, "b1", metadata,
+                        extra_args=["--auth-token-file", str(token)])
+    try:
+        wait_ready(tmp_path, "b1", proc, 60.0)
+        args = ["bench", *TINY, "--metadata", metadata, "-e", "1", "-w", "1", "-a", "1",
+                "--inflight", "8"]
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 1 and "UnauthorizedError" in r.output, r.output
+        ceiling_dir = tmp_path / "here"
+        ceiling_dir.mkdir()
+        r = CliRunner().invoke(main, [*args, "--auth-token-file", str(token), "--json",
+                                      "--ceiling-dir", str(ceiling_dir)])
+        assert r.exit_code == 0, r.output
+        report = json.loads(r.output.strip().splitlines()[-1])
+        assert report["setup"].startswith("remote cluster")
+        assert report["pybk"]["entries_per_s"] > 0 and report["ceiling"]["entries"] > 0
+        assert any("not on the bookies' disks" in n for n in report["notes"])
+        r = CliRunner().invoke(main, [*args, "--auth-token-file", str(token)])
+        assert r.exit_code == 0 and "no ceiling" in r.output and "pybk" in r.output
+    finally:
+        assert stop_pid(proc.pid, 30.0) in ("stopped", "already gone")
+        proc.wait(10)
+
+
+def test_bench_usage_errors(tmp_path: Path) -> None:
+    runner = CliRunner()
+    for args, says in (
+        (["--ceiling-dir", str(tmp_path)], "--ceiling-dir is for a remote cluster"),
+        (["-e", "4"], "needs at least that many --bookies"),
+        (["-w", "2", "-a", "3"], "ack quorum <= write quorum"),
+        (["--metadata", "memory://", "--bookies", "5"], "for the embedded cluster"),
+        (["--duration", "0"], "--duration"),
+        (["--loop", "tokio"], "tokio"),
+    ):
+        r = runner.invoke(main, ["bench", *args])
+        assert r.exit_code == 2 and says in r.output, (args, r.output)
+
+
+# -- the kit -------------------------------------------------------------------------------------
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    xs = [float(i) for i in range(1, 101)]
+    assert percentile(xs, 0.5) == 50 and percentile(xs, 0.99) == 99
+    assert percentile(xs, 0) == 1 and percentile(xs, 1) == 100
+    assert percentile([3.0], 0.999) == 3.0
+    s = LatencySummary.of([0.002, 0.001, 0.003])
+    assert (s.count, s.p50, s.max) == (3, 0.002, 0.003)
+    assert s.ms()["p50"] == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        percentile(xs, 1.5)
+
+
+def test_record_file_preallocated_is_written_in_place(tmp_path: Path) -> None:
+    path = str(tmp_path / "f")
+    f = RecordFile(path, preallocate=True, prealloc_size=2 << 20)
+    assert os.path.getsize(path) == 2 << 20
+    block = b"x" * (700 << 10)
+    for _ in range(4):  # 2.8 MiB into 2 MiB: the third batch goes back to the start
+        f.write(block)
+        f.sync()
+    assert os.path.getsize(path) == 2 << 20 and f.written == 4 * len(block)
+    with open(path, "rb") as r:
+        data = r.read()
+    assert data[:2 * len(block)] == block * 2 and data[-10:] == bytes(10)
+    f.close()
+    assert not os.path.exists(path)
+    g = RecordFile(path, preallocate=False)
+    g.write(b"abc")
+    g.write(b"def")
+    assert os.path.getsize(path) == 6
+    g.close()
+    rate, lat = plain_group_commit(path, 100, 4, 0.05, preallocate=True)
+    assert rate > 0 and lat and not os.path.exists(path)
+
+
+async def test_closed_loop_keeps_its_depth_and_count() -> None:
+    loop = asyncio.get_running_loop()
+    outstanding = peak = 0
+
+    def append() -> asyncio.Future[None]:
+        nonlocal outstanding, peak
+        fut: asyncio.Future[None] = loop.create_future()
+        outstanding += 1
+        peak = max(peak, outstanding)
+
+        def finish() -> None:
+            nonlocal outstanding
+            outstanding -= 1
+            fut.set_result(None)
+        loop.call_soon(finish)
+        return fut
+
+    run = await closed_loop(append, 7, count=100)
+    assert run.count == 100 and peak == 7 and len(run.latencies) == 100
+    with pytest.raises(ValueError):
+        await closed_loop(append, 0, 1.0)
+    with pytest.raises(ValueError):
+        await closed_loop(append, 1)  # neither a duration nor a count
+
+
+async def test_drivers_raise_the_first_failure() -> None:
+    loop = asyncio.get_running_loop()
+
+    def failing() -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = loop.create_future()
+        loop.call_soon(fut.set_exception, OSError("disk gone"))
+        return fut
+
+    with pytest.raises(OSError, match="disk gone"):
+        await closed_loop(failing, 4, 5.0)
+    with pytest.raises(OSError, match="disk gone"):
+        await open_loop(failing, 1000, 5.0)
+
+
+async def test_open_loop_charges_a_stall_to_the_appends_it_delayed() -> None:
+    """A system that answers nothing until 20 appends are waiting: the first one waited for
+    the 19 after it to become due, and its latency (from when it was due) says so."""
+    loop = asyncio.get_running_loop()
+    held: list[asyncio.Future[None]] = []
+
+    def append() -> asyncio.Future[None]:
+        fut: asyncio.Future[None] = loop.create_future()
+        held.append(fut)
+        if len(held) == 20:
+            for f in held:
+                f.set_result(None)
+        return fut
+
+    run = await open_loop(append, 2000, 0.01)  # 20 appends, one due every 0.5 ms
+    assert run.count == 20 and run.target_rate == 2000
+    assert max(run.latencies) >= 19 * 0.0005 * 0.99
+
+
+async def test_group_commit_file_fails_its_waiters_when_the_disk_does(tmp_path: Path) -> None:
+    log = GroupCommitFile(str(tmp_path / "c"), preallocate=False)
+    offsets = await asyncio.gather(*(log.append(b"r%d" % i) for i in range(10)))
+    assert log.records == 10 and offsets[0] == 0 and log.syncs >= 1
+    os.close(log.file.fd)  # the next write fails: EBADF
+    log.file.fd = os.open(os.devnull, os.O_RDONLY)
+    with pytest.raises(OSError):
+        await log.append(b"lost")
+    await log.close()

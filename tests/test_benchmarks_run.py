@@ -1,0 +1,57 @@
+"""Every script in benchmarks/ runs to the end with tiny settings and prints its figures, so a
+change to the code they drive (a bookie's add path, the client, the CLI) cannot leave them
+broken unnoticed. Nothing here is timed: the figures are only checked to be there."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+CASES = {
+    "targets.py": (["--duration", "0.1", "--read-entries", "2000", "--loop", "both"],
+                   [r"ceiling\s+asyncio\s+[\d,]+\s+[\d,]+ entries/s", r"client\s+uvloop",
+                    r"tcp\s+asyncio\s+[\d,]+", r"lone tcp\s+asyncio", r"p99@half\s+asyncio",
+                    r"read\s+uvloop\s+[\d,]+", r"uvloop / asyncio"]),
+    "add_profile.py": (["--adds", "300", "--top", "3"],
+                       [r"E3/Qw2/Qa2: [\d.]+ calls/add", r"E1/Qw1/Qa1: [\d.]+ calls/add",
+                        r"[\d.]+ allocations/add"]),
+    "bookie_append.py": (["--duration", "0.15", "--rounds", "1", "--writers", "1",
+                          "--sizes", "100"],
+                         [r"file treatment, both sides", r"lone writer: p50 [\d.]+ ms"]),
+    "ledger_append.py": (["--duration", "0.1", "--inflight", "8"], [r"3/2/2\s+100\s+8\s+\d+"]),
+    "tcp_append.py": (["--duration", "0.1", "--rounds", "1", "--sizes", "100", "--window",
+                       "16", "--defaults"],
+                      [r"tcp / in-process\s+[\d.]+", r"in-process defaults differ"]),
+    "wal_append.py": (["--duration", "0.1", "--rounds", "1", "--tail-records", "0"],
+                      [r"1/append \|\s+[\d,]+", r"lone writer"]),
+    "checkpoint.py": (["--entries", "20000", "--ledgers", "20", "--changed", "1000",
+                       "--active", "5", "--rounds", "1"], [r"delta vs base"]),
+}
+
+
+@pytest.mark.parametrize("script", sorted(CASES))
+def test_benchmark_runs(script: str, tmp_path: Path) -> None:
+    args, expected = CASES[script]
+    proc = subprocess.run([sys.executable, str(BENCH / script), *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
+    for pattern in expected:
+        assert re.search(pattern, proc.stdout), (pattern, proc.stdout[-3000:])
+
+
+def test_every_benchmark_is_covered_here_and_by_make_bench() -> None:
+    scripts = {p.name for p in BENCH.glob("*.py") if not p.name.startswith("_")}
+    assert scripts == set(CASES)
+    makefile = (BENCH.parent / "Makefile").read_text()
+    target = makefile[makefile.index("\nbench:"):].split("\n\n")[0]
+    assert {s for s in scripts if f"benchmarks/{s}" in target} == scripts
+    assert "pybk bench" in target
