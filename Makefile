@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/tcp_append.py
 	$(PY) benchmarks/checkpoint.py
 	$(PY) benchmarks/wal_append.py
+	$(PY) benchmarks/sim_seeds.py
 	$(VENV)/bin/pybk bench
 
 clean:

@@ -34,6 +34,8 @@ CASES = {
                       [r"1/append \|\s+[\d,]+", r"lone writer"]),
     "checkpoint.py": (["--entries", "20000", "--ledgers", "20", "--changed", "1000",
                        "--active", "5", "--rounds", "1"], [r"delta vs base"]),
+    "sim_seeds.py": (["--seeds", "0..1", "--rounds", "1"],
+                     [r"[\d.]+ CPU s/seed", r"10,000 seeds in [\d.]+ min"]),
 }
 
 
