@@ -27,7 +27,6 @@ is an :class:`Extension`, registered in :data:`EXTENSIONS` by name.
 from __future__ import annotations
 
 import asyncio
-import gc
 import hashlib
 import time
 from collections import Counter
@@ -783,13 +782,6 @@ def run(
     findings.install()
     wall = time.perf_counter()
     error: str | None = None
-    # What exists before the run (modules, the caller's objects) is set aside from the
-    # collector for the run's length: the collections the run makes, and the one at its end
-    # that finalizes its coroutines while the loop can still run them, walk the run's own
-    # objects only (a cost per run of the whole heap otherwise).
-    frozen = gc.get_freeze_count() == 0  # (a sweep worker froze its own already)
-    if frozen:
-        gc.freeze()
     try:
         loop.run_main(r.main())
     except (SimDeadlock, SimTimeLimit) as exc:
@@ -803,8 +795,6 @@ def run(
             closing.close()
         loop.shutdown()
         findings.remove()
-        if frozen:
-            gc.unfreeze()
     r.unhandled_findings(loop)
     checker = Checker(r.history, beyond_tolerance=r.plan.beyond_tolerance)
     violations = checker.run()

@@ -127,7 +127,10 @@ def run_seed(seed: int, faults_spec: str, duration: float, bookies: int | None,
 def _worker_start() -> None:
     """A sweep worker, once: load everything a seed uses, then move it all to the
     collector's permanent generation, so the collections a run makes (and the one at its
-    end) walk the run's own objects only."""
+    end, which finalizes the run's coroutines while its loop can still run them) walk the
+    run's own objects only, not every module of the process each time. (Not done by
+    ``sim.run`` itself: a run's objects become garbage only after it returns, and frozen at
+    the next run's start they would never be collected in a process that runs many.)"""
     import gc
 
     import pybk.sim.runner  # noqa: F401  (imported for its side effect: loaded)
