@@ -1,7 +1,7 @@
 # Two entry points, both self-contained on a fresh machine:
 #   make demo  - runs the quickstart on an embedded in-process cluster
-#   make test  - installs everything (venv, Python packages, Debian's zookeeper) and runs
-#                ruff, mypy and the whole test suite
+#   make test  - installs everything (venv, Python packages with the spark extra, Debian's
+#                zookeeper and Java 17) and runs ruff, mypy and the whole test suite
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -12,23 +12,28 @@ STAMP  := $(VENV)/.installed
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test,speed]"
+	$(PY) -m pip install -q -e ".[test,speed,spark]"
 	touch $(STAMP)
 
 venv: $(STAMP)
 
 # ZooKeeper (Java) from Debian, for the tests that run a real ZooKeeper server.
+# Java 17 from Debian, for the Spark tests (PySpark runs a JVM).
 system-deps:
 	@if [ ! -f /usr/share/java/zookeeper.jar ]; then \
 	  echo "installing Debian's zookeeper package"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends zookeeper >/dev/null; \
+	fi
+	@if ! command -v java >/dev/null 2>&1; then \
+	  echo "installing Debian's openjdk-17-jre-headless (Java for Spark)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless >/dev/null; \
 	fi
 
 demo: $(STAMP)
 	$(PY) examples/quickstart.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check pybk tests $(wildcard benchmarks examples)
+	$(VENV)/bin/ruff check pybk tests $(wildcard benchmarks examples spark_examples)
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy pybk
@@ -47,6 +52,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/tcp_append.py
 	$(PY) benchmarks/checkpoint.py
 	$(PY) benchmarks/wal_append.py
+	$(PY) benchmarks/spark_write.py --rows 200000 --rounds 2 --seeds 20 --duration 5
 	$(PY) benchmarks/sim_seeds.py
 	$(VENV)/bin/pybk bench
 

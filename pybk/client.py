@@ -25,7 +25,8 @@ from pybk.errors import (
 from pybk.metadata.base import LedgerMetadata, MetadataStore
 from pybk.protocol import DIGEST_TYPES, DigestManager, master_key, password_hash
 from pybk.replication.context import ClientConfig, ClientContext
-from pybk.replication.quorum import choose_ensemble, validate_quorums
+from pybk.replication.placement import PlacementPolicy
+from pybk.replication.quorum import validate_quorums
 from pybk.replication.reader import LedgerEntry, ReadHandle, read_lac_covered
 from pybk.replication.recovery import recover
 from pybk.replication.writer import LedgerHandle
@@ -49,6 +50,7 @@ class Client:
         rng: random.Random | None = None,
         tls: ssl.SSLContext | None = None,
         auth_token: bytes | None = None,
+        placement: PlacementPolicy | None = None,
     ) -> None:
         if not isinstance(metadata, str | MetadataStore):
             raise TypeError(
@@ -60,12 +62,13 @@ class Client:
         self._rng = rng if rng is not None else random.Random()
         self._tls = tls
         self._auth_token = auth_token
+        self._placement = placement
         self._ctx: ClientContext | None = None
         self._own_store = False
         self._own_transport = False
         self._closed = False
         if isinstance(metadata, MetadataStore) and transport is not None:
-            self._ctx = ClientContext(metadata, transport, self._config, self._rng)
+            self._ctx = self._new_context(metadata, transport)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -91,8 +94,14 @@ class Client:
         if transport is None:
             transport = self._tcp_transport(store)
             self._own_transport = True
-        self._ctx = ClientContext(store, transport, self._config, self._rng)
+        self._ctx = self._new_context(store, transport)
         return self._ctx
+
+    def _new_context(self, store: MetadataStore, transport: Transport) -> ClientContext:
+        ctx = ClientContext(store, transport, self._config, self._rng)
+        if self._placement is not None:
+            ctx.placement = self._placement
+        return ctx
 
     def _tcp_transport(self, store: MetadataStore) -> Transport:
         try:
@@ -152,8 +161,18 @@ class Client:
         digest_type: str = "CRC32C",
         password: bytes = b"",
         custom_metadata: Mapping[str, bytes] | None = None,
+        *,
+        ledger_id: int | None = None,
     ) -> LedgerHandle:
-        """Create a ledger on ``ensemble_size`` writable bookies and open it for writing."""
+        """Create a ledger on ``ensemble_size`` writable bookies and open it for writing.
+
+        ``ledger_id``: create it under an id the caller took from
+        ``client.store.allocate_ledger_id()`` (BookKeeper's ``createAdv`` with an id), so the
+        caller can record the id before the ledger exists (a bulk writer that must be able to
+        find and delete every ledger it may have made); LedgerExistsError if it is taken."""
+        if ledger_id is not None and (isinstance(ledger_id, bool) or not isinstance(ledger_id, int)
+                                      or ledger_id < 0):
+            raise ValueError(f"ledger_id must be an int >= 0, got {ledger_id!r}")
         validate_quorums(ensemble_size, write_quorum, ack_quorum)
         if digest_type not in DIGEST_TYPES:
             raise ValueError(
@@ -168,8 +187,9 @@ class Client:
                 )
         ctx = self._context()
         writable = await ctx.store.writable_bookies()
-        ensemble = choose_ensemble(writable, ensemble_size, ctx.rng)
-        ledger_id = await ctx.store.allocate_ledger_id()
+        ensemble = ctx.placement.new_ensemble(ensemble_size, writable, ctx.rng)
+        if ledger_id is None:
+            ledger_id = await ctx.store.allocate_ledger_id()
         md = LedgerMetadata(
             ledger_id=ledger_id,
             ensemble_size=ensemble_size,

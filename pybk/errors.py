@@ -13,13 +13,59 @@ bookie can travel over the wire and be raised again, as the same class, on the c
 from __future__ import annotations
 
 import builtins
+import enum
+
+
+class Status(enum.IntEnum):
+    """Wire status codes: the one status table. Each non-OK code is one class below
+    (``BKError.status``); :func:`error_for_status` and :func:`status_of` map between them.
+    ``pybk.protocol.Status`` is this same enum."""
+
+    OK = 0
+    NO_SUCH_LEDGER = 1
+    NO_SUCH_ENTRY = 2
+    BAD_REQUEST = 3
+    IO_ERROR = 4
+    UNAUTHORIZED = 5
+    FENCED = 6
+    READ_ONLY = 7
+    TOO_MANY_REQUESTS = 8
+    CORRUPT = 9
+    ENTRY_EXISTS = 10
+    UNKNOWN_LEDGER_STATE = 11
+    TIMEOUT = 12
+    UNAVAILABLE = 13
+    LEDGER_CLOSED = 14
+    LEDGER_EXISTS = 15
+    NOT_ENOUGH_BOOKIES = 16
+    DIGEST_MISMATCH = 17
+    METADATA_VERSION = 18
+    METADATA_STORE_ERROR = 19
+    LEDGER_RECOVERY_ERROR = 20
+    UNEXPECTED_CONDITION = 21
+    BOOKIE_STATE = 22
+    PROTOCOL_ERROR = 23
+    CLIENT_CLOSED = 24
+    # not sent by bookies: the metadata key/value namespace and the log layer (pybk.stream)
+    NO_SUCH_KEY = 25
+    KEY_EXISTS = 26
+    LOG_NOT_FOUND = 27
+    LOG_EXISTS = 28
+    ALREADY_TRUNCATED = 29
+    END_OF_STREAM = 30
+    WRITER_CONFLICT = 31
+    RECORD_TOO_LARGE = 32
+    LOCKED = 33
+    # refused by the client before an entry id is taken (never sent by bookies)
+    ENTRY_TOO_LARGE = 34
+    GENERIC_ERROR = 100  # BKError itself (no more specific class)
 
 
 class BKError(Exception):
     """Base class of every error pybk raises on purpose."""
 
-    #: The wire status code for this error (``pybk.protocol.Status`` value).
-    status: int = 100
+    #: The wire status code for this error.
+    status: Status = Status.GENERIC_ERROR
 
 
 class LedgerFencedError(BKError):
@@ -29,55 +75,55 @@ class LedgerFencedError(BKError):
     ledger once it is closed (like a timeout).
     """
 
-    status = 6
+    status = Status.FENCED
 
 
 class LedgerClosedError(BKError):
     """The ledger is closed (or this handle was closed); it accepts no more adds."""
 
-    status = 14
+    status = Status.LEDGER_CLOSED
 
 
 class NoSuchLedgerError(BKError):
     """The ledger does not exist (in the metadata store, or on this bookie)."""
 
-    status = 1
+    status = Status.NO_SUCH_LEDGER
 
 
 class NoSuchEntryError(BKError):
     """The entry does not exist. A bookie says so only when its index proves absence."""
 
-    status = 2
+    status = Status.NO_SUCH_ENTRY
 
 
 class LedgerExistsError(BKError):
     """A ledger with this id already exists."""
 
-    status = 15
+    status = Status.LEDGER_EXISTS
 
 
 class NotEnoughBookiesError(BKError):
     """Too few writable bookies to form (or repair) an ensemble."""
 
-    status = 16
+    status = Status.NOT_ENOUGH_BOOKIES
 
 
 class DigestMismatchError(BKError):
     """An entry failed its digest check, or its embedded ledger/entry ids did not match."""
 
-    status = 17
+    status = Status.DIGEST_MISMATCH
 
 
 class BookieUnavailableError(BKError):
     """A bookie could not be reached, or it is stopped."""
 
-    status = 13
+    status = Status.UNAVAILABLE
 
 
 class UnauthorizedError(BKError):
     """Wrong password / master key, or an unauthenticated connection."""
 
-    status = 5
+    status = Status.UNAUTHORIZED
 
 
 class CorruptRecordError(BKError):
@@ -86,7 +132,7 @@ class CorruptRecordError(BKError):
     Never turned into "absent": corruption is an error (BookKeeper issue #2908).
     """
 
-    status = 9
+    status = Status.CORRUPT
 
     def __init__(self, message: str, *, path: str | None = None, offset: int | None = None):
         super().__init__(message)
@@ -97,55 +143,55 @@ class CorruptRecordError(BKError):
 class MetadataVersionError(BKError):
     """A compare-and-set on ledger metadata lost: someone else updated it first."""
 
-    status = 18
+    status = Status.METADATA_VERSION
 
 
 class MetadataStoreError(BKError):
     """The metadata store failed or its session was lost; the operation's outcome is unknown."""
 
-    status = 19
+    status = Status.METADATA_STORE_ERROR
 
 
 class TimeoutError(BKError, builtins.TimeoutError):  # the name is the contract
     """An operation did not complete in time. Also a built-in ``TimeoutError``."""
 
-    status = 12
+    status = Status.TIMEOUT
 
 
 class ReadOnlyBookieError(BKError):
     """The bookie is read-only (disk above its watermark, or a journal failure)."""
 
-    status = 7
+    status = Status.READ_ONLY
 
 
 class TooManyRequestsError(BKError):
     """The bookie is applying backpressure; retry later."""
 
-    status = 8
+    status = Status.TOO_MANY_REQUESTS
 
 
 class EntryExistsError(BKError):
     """An add of an existing (ledger, entry) with *different* bytes (replicas must agree)."""
 
-    status = 10
+    status = Status.ENTRY_EXISTS
 
 
 class UnknownLedgerStateError(BKError):
     """The bookie may have lost data for this ledger and cannot answer truthfully (limbo)."""
 
-    status = 11
+    status = Status.UNKNOWN_LEDGER_STATE
 
 
 class BadRequestError(BKError):
     """A request was malformed or not allowed in the current state."""
 
-    status = 3
+    status = Status.BAD_REQUEST
 
 
 class IOBookieError(BKError):
     """An I/O error on the bookie's disk."""
 
-    status = 4
+    status = Status.IO_ERROR
 
 
 class JournalFailedError(IOBookieError):
@@ -162,69 +208,69 @@ class LedgerRecoveryError(BKError):
     Raised instead of closing the ledger short when the replies do not prove where it ends.
     """
 
-    status = 20
+    status = Status.LEDGER_RECOVERY_ERROR
 
 
 class UnexpectedConditionError(BKError):
     """Something that the protocol says cannot happen did (e.g. metadata changed under recovery)."""
 
-    status = 21
+    status = Status.UNEXPECTED_CONDITION
 
 
 class BookieStateError(BKError):
     """A bookie refuses to start or serve: its data directory does not match its identity,
     or it is stopped."""
 
-    status = 22
+    status = Status.BOOKIE_STATE
 
 
 class ProtocolError(BKError):
     """A malformed frame or message on the wire (bad length, CRC, version, operation...)."""
 
-    status = 23
+    status = Status.PROTOCOL_ERROR
 
 
 class ClientClosedError(BKError):
     """The client (or the cluster) was closed."""
 
-    status = 24
+    status = Status.CLIENT_CLOSED
 
 
 class NoSuchKeyError(BKError):
     """A key of the metadata store's key/value namespace does not exist."""
 
-    status = 25
+    status = Status.NO_SUCH_KEY
 
 
 class KeyExistsError(BKError):
     """A key of the metadata store's key/value namespace already exists."""
 
-    status = 26
+    status = Status.KEY_EXISTS
 
 
 class LogNotFoundError(BKError):
     """The named log does not exist in this namespace (never created, or deleted)."""
 
-    status = 27
+    status = Status.LOG_NOT_FOUND
 
 
 class LogExistsError(BKError):
     """A log with this name already exists in the namespace."""
 
-    status = 28
+    status = Status.LOG_EXISTS
 
 
 class AlreadyTruncatedError(BKError):
     """A reader asked for a position before the log's truncation point: those records are
     gone (DistributedLog's AlreadyTruncatedTransactionException)."""
 
-    status = 29
+    status = Status.ALREADY_TRUNCATED
 
 
 class EndOfStreamError(BKError):
     """The log was marked ended (``mark_end_of_stream``): it takes no more records."""
 
-    status = 30
+    status = Status.END_OF_STREAM
 
 
 class WriterConflictError(BKError):
@@ -232,36 +278,61 @@ class WriterConflictError(BKError):
     lock; this one never wrote anything. (A writer that opens *later* fences the earlier one
     instead, whose appends then fail with LedgerFencedError.)"""
 
-    status = 31
+    status = Status.WRITER_CONFLICT
 
 
 class RecordTooLargeError(BKError, ValueError):
     """A record (or a batch of records) is larger than the log's size limits. Raised before
     anything is sent; also a ValueError, since the caller passed it."""
 
-    status = 32
+    status = Status.RECORD_TOO_LARGE
+
+
+class EntryTooLargeError(BKError, ValueError):
+    """An entry is larger than the client's ``max_entry_size`` (``ClientConfig``): refused
+    before an entry id is taken, so nothing is left half done. Also a ValueError, since the
+    caller passed it. The same limit holds in process and over TCP (it fits one frame)."""
+
+    status = Status.ENTRY_TOO_LARGE
+
+
+class BookieStoppedError(BookieStateError, BookieUnavailableError):
+    """A request reached a bookie that is stopped (or crashed): the bookie is unavailable,
+    and it is in no state to serve (so both classes)."""
+
+    status = Status.UNAVAILABLE
 
 
 class LockedError(BKError):
     """A resource is held by someone else: e.g. an embedded WAL directory opened by another
     process (the message names the holder)."""
 
-    status = 33
+    status = Status.LOCKED
 
 
 _BY_STATUS: dict[int, type[BKError]] = {}
 for _cls in list(globals().values()):
     if isinstance(_cls, type) and issubclass(_cls, BKError) and _cls is not BKError:
         _BY_STATUS.setdefault(_cls.status, _cls)
-_BY_STATUS[JournalFailedError.status] = IOBookieError
+_BY_STATUS[Status.IO_ERROR] = IOBookieError
+_BY_STATUS[Status.UNAVAILABLE] = BookieUnavailableError
 
 
 def error_for_status(status: int, message: str = "") -> BKError:
-    """Build the exception that corresponds to a non-OK wire status."""
+    """Build the exception that corresponds to a non-OK wire status (unknown ones: BKError)."""
     cls = _BY_STATUS.get(status, BKError)
     if cls is CorruptRecordError:
         return CorruptRecordError(message or "corrupt record")
     return cls(message or cls.__name__)
+
+
+def status_of(exc: BaseException) -> Status:
+    """The wire status that reports ``exc`` (the one mapping, used by the bookie, the server
+    and every transport): a BKError's own status; anything else, a bug the bookie logs with
+    its traceback, IO_ERROR (the bookie failed the request: the client replaces it)."""
+    if isinstance(exc, BKError):
+        return exc.status
+    return Status.IO_ERROR
 
 
 def fresh_copy(exc: BaseException) -> BaseException:
@@ -281,12 +352,14 @@ __all__ = [
     "BKError",
     "BadRequestError",
     "BookieStateError",
+    "BookieStoppedError",
     "BookieUnavailableError",
     "ClientClosedError",
     "CorruptRecordError",
     "DigestMismatchError",
     "EndOfStreamError",
     "EntryExistsError",
+    "EntryTooLargeError",
     "IOBookieError",
     "JournalFailedError",
     "KeyExistsError",
@@ -306,6 +379,7 @@ __all__ = [
     "ProtocolError",
     "ReadOnlyBookieError",
     "RecordTooLargeError",
+    "Status",
     "TimeoutError",
     "TooManyRequestsError",
     "UnauthorizedError",
@@ -314,4 +388,5 @@ __all__ = [
     "WriterConflictError",
     "error_for_status",
     "fresh_copy",
+    "status_of",
 ]

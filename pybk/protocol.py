@@ -24,93 +24,18 @@ import enum
 import hashlib
 import hmac
 import struct
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
 import crc32c
 
-from pybk.errors import DigestMismatchError
+from pybk.errors import BKError, DigestMismatchError, Status, error_for_status, status_of
 
-__all__ = [
-    "DIGEST_SIZES",
-    "DIGEST_TYPES",
-    "ENTRY_HEADER",
-    "ENTRY_HEADER_SIZE",
-    "LAC_HEADER",
-    "LAST_ENTRY",
-    "AddRequest",
-    "AddResponse",
-    "AuthRequest",
-    "AuthResponse",
-    "BookieInfoRequest",
-    "BookieInfoResponse",
-    "BookieState",
-    "DecodedEntry",
-    "DigestManager",
-    "FenceRequest",
-    "FenceResponse",
-    "ListEntriesRequest",
-    "ListEntriesResponse",
-    "Op",
-    "ReadLacRequest",
-    "ReadLacResponse",
-    "ReadRequest",
-    "ReadResponse",
-    "Request",
-    "Response",
-    "Status",
-    "WriteLacRequest",
-    "WriteLacResponse",
-    "add_ok",
-    "error_response",
-    "mac_key",
-    "master_key",
-    "parse_entry_header",
-    "password_hash",
-]
+# --------------------------------------------------------------------------- operations
 
-# --------------------------------------------------------------------------- status codes
-
-
-class Status(enum.IntEnum):
-    """Wire status codes. Each non-OK code maps to one class in :mod:`pybk.errors`."""
-
-    OK = 0
-    NO_SUCH_LEDGER = 1
-    NO_SUCH_ENTRY = 2
-    BAD_REQUEST = 3
-    IO_ERROR = 4
-    UNAUTHORIZED = 5
-    FENCED = 6
-    READ_ONLY = 7
-    TOO_MANY_REQUESTS = 8
-    CORRUPT = 9
-    ENTRY_EXISTS = 10
-    UNKNOWN_LEDGER_STATE = 11
-    TIMEOUT = 12
-    UNAVAILABLE = 13
-    LEDGER_CLOSED = 14
-    LEDGER_EXISTS = 15
-    NOT_ENOUGH_BOOKIES = 16
-    DIGEST_MISMATCH = 17
-    METADATA_VERSION = 18
-    METADATA_STORE_ERROR = 19
-    LEDGER_RECOVERY_ERROR = 20
-    UNEXPECTED_CONDITION = 21
-    BOOKIE_STATE = 22
-    PROTOCOL_ERROR = 23
-    CLIENT_CLOSED = 24
-    # not sent by bookies: the metadata key/value namespace and the log layer (pybk.stream)
-    NO_SUCH_KEY = 25
-    KEY_EXISTS = 26
-    LOG_NOT_FOUND = 27
-    LOG_EXISTS = 28
-    ALREADY_TRUNCATED = 29
-    END_OF_STREAM = 30
-    WRITER_CONFLICT = 31
-    RECORD_TOO_LARGE = 32
-    LOCKED = 33
-    GENERIC_ERROR = 100  # BKError itself (no more specific class)
+#: ``Status`` (the wire status codes) lives in :mod:`pybk.errors` with the error classes it
+#: maps to (the one status table); it is importable from here too.
 
 
 class Op(enum.IntEnum):
@@ -124,6 +49,10 @@ class Op(enum.IntEnum):
     LIST_ENTRIES = 6
     BOOKIE_INFO = 7
     AUTH = 8
+    #: several entries of one ledger in one request (protocol version 2)
+    ADD_BATCH = 9
+    #: read several entries of one ledger in one request (protocol version 2)
+    READ_BATCH = 10
 
 
 # --------------------------------------------------------------------------- requests
@@ -207,8 +136,11 @@ class ListEntriesRequest:
 
 @dataclass(frozen=True, slots=True)
 class BookieInfoRequest:
-    """Free space, total space and state of the bookie."""
+    """Free space, total space and state of the bookie. ``versions=True`` also asks for the
+    newest protocol version the bookie speaks (how a TCP client learns it may send
+    :class:`AddBatchRequest`; an older bookie refuses the flag, see docs/protocol.md)."""
 
+    versions: bool = False
     op = Op.BOOKIE_INFO
 
 
@@ -220,8 +152,44 @@ class AuthRequest:
     op = Op.AUTH
 
 
+@dataclass(frozen=True, slots=True)
+class AddBatchRequest:
+    """Store several framed entries of one ledger: ``bodies[i]`` is entry ``entry_ids[i]``
+    (ascending; not necessarily consecutive: with striping a bookie holds only some ids).
+
+    What a writer sends one bookie for the entries of one ledger it pushed together: one
+    request, one journal append, one index update and one answer for the lot, instead of one
+    each per entry. The bookie checks each body's embedded ids like a single add's and answers
+    each entry on its own (:class:`AddBatchResponse`). The bodies are the very bytes framed
+    once by the writer and handed to every replica (never copied per replica)."""
+
+    ledger_id: int
+    master_key: bytes
+    entry_ids: Sequence[int]
+    bodies: Sequence[bytes]
+    recovery: bool = False
+    op = Op.ADD_BATCH
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBatchRequest:
+    """Read the entries ``entry_ids`` of one ledger from one bookie (protocol version 2).
+
+    What a reader sends each bookie for the entries of a range it reads there first (a
+    sequential read of a closed ledger): one request and one answer for many entries,
+    instead of one each. The bookie answers each entry on its own
+    (:class:`ReadBatchResponse`), in order, and may stop early to keep its answer within a
+    frame: the entries it did not get to are simply not in the answer."""
+
+    ledger_id: int
+    entry_ids: Sequence[int]
+    op = Op.READ_BATCH
+
+
 Request = (
     AddRequest
+    | AddBatchRequest
+    | ReadBatchRequest
     | ReadRequest
     | ReadLacRequest
     | WriteLacRequest
@@ -318,6 +286,8 @@ class BookieInfoResponse:
     total_bytes: int = 0
     state: str = ""  # a BookieState value, or "" in an error answer
     message: str = ""
+    #: the newest protocol version the bookie speaks, when the request asked (else 0)
+    protocol_version: int = 0
     op = Op.BOOKIE_INFO
 
 
@@ -328,8 +298,39 @@ class AuthResponse:
     op = Op.AUTH
 
 
+@dataclass(frozen=True, slots=True)
+class AddBatchResponse:
+    """The answer to an :class:`AddBatchRequest` of ``count`` entries. ``statuses`` is empty
+    when every entry has ``status`` (OK: all stored), else one status per entry in request
+    order; ``status`` is then the first non-OK one and ``message`` says why."""
+
+    status: Status
+    ledger_id: int
+    count: int
+    statuses: tuple[Status, ...] = ()
+    message: str = ""
+    op = Op.ADD_BATCH
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBatchResponse:
+    """The answer to a :class:`ReadBatchRequest`: ``entries`` holds ``(entry_id, status,
+    body)`` for a prefix of the requested ids, in their order (body None unless OK).
+    ``status`` is not OK only when the whole request failed (no such ledger, bookie stopped):
+    ``entries`` is then empty. ``lac`` is the bookie's LAC for the ledger."""
+
+    status: Status
+    ledger_id: int
+    lac: int = -1
+    entries: tuple[tuple[int, Status, bytes | None], ...] = ()
+    message: str = ""
+    op = Op.READ_BATCH
+
+
 Response = (
     AddResponse
+    | AddBatchResponse
+    | ReadBatchResponse
     | ReadResponse
     | ReadLacResponse
     | WriteLacResponse
@@ -363,6 +364,10 @@ def error_response(request: Request, status: Status, message: str = "") -> Respo
     """A response of the right type for ``request`` carrying a non-OK ``status``."""
     if isinstance(request, AddRequest):
         return AddResponse(status, request.ledger_id, request.entry_id, message)
+    if isinstance(request, AddBatchRequest):
+        return AddBatchResponse(status, request.ledger_id, len(request.bodies), (), message)
+    if isinstance(request, ReadBatchRequest):
+        return ReadBatchResponse(status, request.ledger_id, message=message)
     if isinstance(request, ReadRequest):
         return ReadResponse(status, request.ledger_id, request.entry_id, message=message)
     if isinstance(request, ReadLacRequest):
@@ -376,6 +381,61 @@ def error_response(request: Request, status: Status, message: str = "") -> Respo
     if isinstance(request, BookieInfoRequest):
         return BookieInfoResponse(status, message=message)
     return AuthResponse(status, message)
+
+
+# --------------------------------------------------------------------------- add outcomes
+
+#: What a bookie did with an add, in process (``Transport.add``, ``Bookie.add_request``):
+#: None, every entry is durable there; a BKError, no entry was stored (the bookie refused,
+#: or could not be reached: BookieUnavailableError, TimeoutError); a list, one outcome per
+#: entry of an :class:`AddBatchRequest`, in its order (some stored, some not)
+AddOutcome = BKError | None | list[BKError | None]
+#: ``on_done(outcome)``: called exactly once per add request, quick, never raising
+AddCallback = Callable[[AddOutcome], None]
+AddLike = AddRequest | AddBatchRequest
+
+
+def add_response(request: AddLike, outcome: AddOutcome) -> AddResponse | AddBatchResponse:
+    """The response reporting ``outcome`` (what the TCP server sends; the simulator's
+    observers see it too). Unexpected exceptions are mapped like any other (status_of)."""
+    if type(request) is AddRequest:
+        if outcome is None:
+            return add_ok(request.ledger_id, request.entry_id)
+        if isinstance(outcome, BaseException):
+            return AddResponse(status_of(outcome), request.ledger_id, request.entry_id,
+                               str(outcome))
+        return add_response(request, outcome[0])
+    assert isinstance(request, AddBatchRequest)
+    n = len(request.bodies)
+    if outcome is None:
+        return AddBatchResponse(Status.OK, request.ledger_id, n)
+    if isinstance(outcome, BaseException):
+        return AddBatchResponse(status_of(outcome), request.ledger_id, n, (), str(outcome))
+    first = next((e for e in outcome if e is not None), None)
+    if first is None:
+        return AddBatchResponse(Status.OK, request.ledger_id, n)
+    statuses = tuple(Status.OK if e is None else status_of(e) for e in outcome)
+    return AddBatchResponse(status_of(first), request.ledger_id, n, statuses, str(first))
+
+
+def add_outcome(response: Response, count: int = 1) -> AddOutcome:
+    """The outcome a response to an add of ``count`` entries reports (the inverse of
+    :func:`add_response`; error classes from :func:`pybk.errors.error_for_status`)."""
+    status = response.status
+    if status == Status.OK:
+        return None
+    if isinstance(response, AddBatchResponse) and response.statuses:
+        message = response.message
+        return [None if s == Status.OK else error_for_status(s, message)
+                for s in response.statuses]
+    return error_for_status(status, response.message)
+
+
+def outcome_of(outcome: AddOutcome, index: int) -> BKError | None:
+    """Entry ``index``'s part of a batch's ``outcome``."""
+    if outcome is None or isinstance(outcome, BaseException):
+        return outcome
+    return outcome[index]
 
 
 # --------------------------------------------------------------------------- keys & digests
@@ -393,6 +453,11 @@ _crc32c = crc32c.crc32c
 #: up to this payload size, ``frame`` checksums one ``header + payload`` copy: a crc32c call
 #: costs about as much as copying half a KiB, so one call on a copy beats two calls
 _CONCAT_CRC_MAX: Final = 512
+
+
+#: the CRC32C-digested entry's header and digest, and its smallest size
+_ENTRY_CRC_HEADER = struct.Struct(">qqqqI")
+_CRC_ENTRY_MIN: Final = _ENTRY_CRC_HEADER.size
 
 
 def master_key(password: bytes) -> bytes:
@@ -464,6 +529,22 @@ class DigestManager:
 
         ``expected_entry_id=None`` skips the entry-id check (LAC reads of "the last entry").
         """
+        if self._crc and len(body) >= _CRC_ENTRY_MIN:
+            # the default digest, inlined (once per entry on the read path): one unpack, one
+            # CRC over header + payload, no views; a mismatch takes the general path for
+            # its error
+            ledger_id, entry_id, lac, length, digest = _ENTRY_CRC_HEADER.unpack_from(body)
+            if (ledger_id == self.ledger_id
+                    and (expected_entry_id is None or entry_id == expected_entry_id)):
+                data = body[_CRC_ENTRY_MIN:]
+                if _crc32c(data, _crc32c(body[:ENTRY_HEADER_SIZE])) == digest:
+                    entry: DecodedEntry = _new(DecodedEntry)
+                    _set_d_ledger(entry, ledger_id)
+                    _set_d_entry(entry, entry_id)
+                    _set_d_lac(entry, lac)
+                    _set_d_length(entry, length)
+                    _set_d_payload(entry, data)
+                    return entry
         hsize = ENTRY_HEADER_SIZE
         if len(body) < hsize + self._size:
             raise DigestMismatchError(
@@ -506,6 +587,14 @@ class DigestManager:
         return int(lac)
 
 
+_d_slots: Any = vars(DecodedEntry)  # (frozen: its fields are set through the slots)
+_set_d_ledger = _d_slots["ledger_id"].__set__
+_set_d_entry = _d_slots["entry_id"].__set__
+_set_d_lac = _d_slots["lac"].__set__
+_set_d_length = _d_slots["length"].__set__
+_set_d_payload = _d_slots["payload"].__set__
+
+
 def parse_entry_header(body: bytes) -> tuple[int, int, int, int]:
     """(ledger_id, entry_id, lac, length) of a framed entry, without verifying the digest.
 
@@ -516,3 +605,52 @@ def parse_entry_header(body: bytes) -> tuple[int, int, int, int]:
         raise ValueError(f"entry body of {len(body)} bytes is shorter than the 32-byte header")
     ledger_id, entry_id, lac, length = ENTRY_HEADER.unpack_from(body)
     return int(ledger_id), int(entry_id), int(lac), int(length)
+
+
+__all__ = [
+    "DIGEST_SIZES",
+    "DIGEST_TYPES",
+    "ENTRY_HEADER",
+    "ENTRY_HEADER_SIZE",
+    "LAC_HEADER",
+    "LAST_ENTRY",
+    "AddBatchRequest",
+    "AddBatchResponse",
+    "AddCallback",
+    "AddLike",
+    "AddOutcome",
+    "AddRequest",
+    "AddResponse",
+    "AuthRequest",
+    "AuthResponse",
+    "BookieInfoRequest",
+    "BookieInfoResponse",
+    "BookieState",
+    "DecodedEntry",
+    "DigestManager",
+    "FenceRequest",
+    "FenceResponse",
+    "ListEntriesRequest",
+    "ListEntriesResponse",
+    "Op",
+    "ReadBatchRequest",
+    "ReadBatchResponse",
+    "ReadLacRequest",
+    "ReadLacResponse",
+    "ReadRequest",
+    "ReadResponse",
+    "Request",
+    "Response",
+    "Status",
+    "WriteLacRequest",
+    "WriteLacResponse",
+    "add_ok",
+    "add_outcome",
+    "add_response",
+    "error_response",
+    "mac_key",
+    "master_key",
+    "outcome_of",
+    "parse_entry_header",
+    "password_hash",
+]

@@ -36,6 +36,11 @@ CASES = {
                        "--active", "5", "--rounds", "1"], [r"delta vs base"]),
     "sim_seeds.py": (["--seeds", "0..1", "--rounds", "1"],
                      [r"[\d.]+ CPU s/seed", r"10,000 seeds in [\d.]+ min"]),
+    "spark_write.py": (["--rows", "2000", "--rounds", "1", "--warmup", "0", "--seeds", "4",
+                        "--duration", "1"],
+                       [r"ratio pybk data source / parquet: [\d.]+x",
+                        r"ratio pybk write_partitions / parquet: [\d.]+x",
+                        r"trace hashes equal for 4/4 seeds"]),
 }
 
 

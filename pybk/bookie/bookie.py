@@ -26,7 +26,7 @@ import asyncio
 import errno
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Final
 
 from pybk.bookie.config import BookieConfig
@@ -36,14 +36,19 @@ from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE, BookieState
 from pybk.errors import (
     BKError,
     BookieStateError,
+    BookieStoppedError,
     CorruptRecordError,
     IOBookieError,
     NoSuchEntryError,
     NoSuchLedgerError,
     ReadOnlyBookieError,
+    status_of,
 )
 from pybk.metadata.base import MetadataStore
 from pybk.protocol import (
+    AddBatchRequest,
+    AddCallback,
+    AddOutcome,
     AddRequest,
     BookieInfoRequest,
     BookieInfoResponse,
@@ -51,6 +56,8 @@ from pybk.protocol import (
     FenceResponse,
     ListEntriesRequest,
     ListEntriesResponse,
+    ReadBatchRequest,
+    ReadBatchResponse,
     ReadLacRequest,
     ReadLacResponse,
     ReadRequest,
@@ -61,11 +68,12 @@ from pybk.protocol import (
     WriteLacRequest,
     WriteLacResponse,
     add_ok,
+    add_response,
     error_response,
 )
 from pybk.storage.fs import FileSystem
+from pybk.storage.store import AddCallback as EntryCallback
 from pybk.storage.store import (
-    AddCallback,
     CompactionResult,
     LedgerStore,
     ResolveFuture,
@@ -73,16 +81,14 @@ from pybk.storage.store import (
 
 log = logging.getLogger(__name__)
 
+#: a batched read's answer stops once its entries add up to this many bytes (it must fit one
+#: frame: 5 MiB by default, answers get 64 KiB of slack; at least one entry is answered)
+READ_BATCH_MAX_BYTES: Final = 4 << 20
+
 #: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``):
 #: the bookie answers NoSuchEntry when reading an entry fails with an I/O or checksum error
 #: (BookKeeper #2908), which lets recovery call a stored entry absent
 NO_SUCH_ENTRY_ON_IO_ERROR: Final = "no_such_entry_on_io_error"
-
-def _status_of(exc: BKError) -> Status:
-    try:
-        return Status(exc.status)
-    except ValueError:
-        return Status.IO_ERROR
 
 
 class Bookie:
@@ -319,7 +325,7 @@ class Bookie:
 
     def _store(self) -> LedgerStore:
         if self.store is None or self._state == STOPPED:
-            raise BookieStateError(f"bookie {self.bookie_id} is stopped")
+            raise BookieStoppedError(f"bookie {self.bookie_id} is stopped")
         return self.store
 
     async def handle(self, request: Request) -> Response:
@@ -332,8 +338,15 @@ class Bookie:
                 await self.add(request.ledger_id, request.entry_id, request.master_key,
                                request.body, request.recovery)
                 return add_ok(request.ledger_id, request.entry_id)
+            if isinstance(request, AddBatchRequest):
+                outcome: asyncio.Future[AddOutcome] = (
+                    asyncio.get_running_loop().create_future())
+                self.add_request(request, outcome.set_result)
+                return add_response(request, await outcome)
             if isinstance(request, ReadRequest):
                 return await self._read(request)
+            if isinstance(request, ReadBatchRequest):
+                return self._read_batch(request)
             if isinstance(request, ReadLacRequest):
                 return self._read_lac(request)
             if isinstance(request, WriteLacRequest):
@@ -354,19 +367,17 @@ class Bookie:
             return self._error_reply(request, exc)
 
     def _error_reply(self, request: Request, exc: BaseException) -> Response:
-        """The response for a request that failed with ``exc`` (one mapping for every path)."""
-        if isinstance(exc, BookieStateError):
-            return error_response(request, Status.UNAVAILABLE, str(exc))
+        """The response for a request that failed with ``exc`` (:func:`pybk.errors.status_of`,
+        the one mapping for every path)."""
         if isinstance(exc, BKError):
-            return error_response(request, _status_of(exc), str(exc))
-        # never crash the bookie on one request
+            return error_response(request, status_of(exc), str(exc))
+        # never crash the bookie on one request; an exception nobody expected is a finding
         log.error("bookie %s: unexpected error handling %r", self.bookie_id, request,
                   exc_info=exc)
-        return error_response(request, Status.IO_ERROR,
-                              f"unexpected {type(exc).__name__}: {exc}")
+        return error_response(request, status_of(exc), f"unexpected {type(exc).__name__}: {exc}")
 
     def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes, body: bytes,
-                  on_done: AddCallback, recovery: bool = False) -> None:
+                  on_done: EntryCallback, recovery: bool = False) -> None:
         """Store one framed entry and tell the outcome through ``on_done(error)``: ``None``
         once the entry is durable and readable here, else the error (a :class:`BKError`:
         ReadOnlyBookieError, LedgerFencedError, UnauthorizedError, EntryExistsError, ...).
@@ -378,7 +389,7 @@ class Bookie:
         form, :meth:`handle` the request/response one."""
         store = self.store
         if self._state == STOPPED or store is None:
-            on_done(BookieStateError(f"bookie {self.bookie_id} is stopped"))
+            on_done(BookieStoppedError(f"bookie {self.bookie_id} is stopped"))
             return
         if self._journal_failed or (self._disk_full and not recovery):
             on_done(ReadOnlyBookieError(f"bookie {self.bookie_id} is read-only: {self._reason}"))
@@ -386,7 +397,49 @@ class Bookie:
         try:
             store.add_entry(ledger_id, entry_id, body, master_key, recovery, on_done)
         except Exception as exc:
-            on_done(exc)
+            on_done(self._add_error(exc, ledger_id, entry_id))
+
+    def add_request(self, request: AddRequest | AddBatchRequest, on_done: AddCallback) -> None:
+        """The add path every transport drives (the in-process transport, the TCP server, the
+        simulated network): ``on_done(outcome)`` exactly once, a :data:`AddOutcome` (None:
+        stored; a BKError; for a batch, possibly one outcome per entry), possibly before this
+        returns, from the journal's batch completion. No response object is made: a server
+        builds one only to put it on the wire."""
+        if type(request) is AddBatchRequest:
+            self.add_batch(request.ledger_id, request.entry_ids, request.bodies,
+                           request.master_key, on_done, request.recovery)
+        else:
+            assert isinstance(request, AddRequest)
+            self.add_entry(request.ledger_id, request.entry_id, request.master_key,
+                           request.body, on_done, request.recovery)
+
+    def add_batch(self, ledger_id: int, entry_ids: Sequence[int], bodies: Sequence[bytes],
+                  master_key: bytes, on_done: AddCallback, recovery: bool = False) -> None:
+        """Store several framed entries of one ledger (``bodies[i]`` is entry
+        ``entry_ids[i]``) with one journal append, one index update and one answer:
+        ``on_done(outcome)`` once, like :meth:`add_request`. The bookie's state and the
+        ledger's checks apply to the whole batch; each entry's own checks to it alone."""
+        store = self.store
+        if self._state == STOPPED or store is None:
+            on_done(BookieStoppedError(f"bookie {self.bookie_id} is stopped"))
+            return
+        if self._journal_failed or (self._disk_full and not recovery):
+            on_done(ReadOnlyBookieError(f"bookie {self.bookie_id} is read-only: {self._reason}"))
+            return
+        try:
+            store.add_batch(ledger_id, entry_ids, bodies, master_key, recovery, on_done)
+        except Exception as exc:
+            on_done(self._add_error(exc, ledger_id, entry_ids[0] if entry_ids else -1))
+
+    def _add_error(self, exc: Exception, ledger_id: int, entry_id: int) -> BKError:
+        """What an add reports for ``exc`` raised while admitting it: a BKError as is;
+        anything else is a bug, logged with its traceback and reported as this bookie's I/O
+        error (the writer replaces the bookie)."""
+        if isinstance(exc, BKError):
+            return exc
+        log.error("bookie %s: unexpected error adding (%s, %s)", self.bookie_id, ledger_id,
+                  entry_id, exc_info=exc)
+        return IOBookieError(f"unexpected {type(exc).__name__}: {exc}")
 
     def add(self, ledger_id: int, entry_id: int, master_key: bytes, body: bytes,
             recovery: bool = False) -> asyncio.Future[None]:
@@ -398,15 +451,9 @@ class Bookie:
 
     def add_nowait(self, request: AddRequest, reply: Callable[[Response], None]) -> None:
         """Answer an add through ``reply(response)``, called exactly once (possibly before
-        this returns): the same answers as ``await handle(request)``.
-
-        Why: an in-process caller otherwise pays a task, two coroutine steps and a future
-        hop per replica per entry. Here the checks run now and the answer is built inside
-        the journal's batch completion, right after the fsync that covers the entry and its
-        index update. ``reply`` must be quick and must not raise (the transport's is a
-        ``Future.set_result``)."""
-        self.add_entry(request.ledger_id, request.entry_id, request.master_key, request.body,
-                       _AddDone(self, request, reply), request.recovery)
+        this returns): the same answers as ``await handle(request)``. :meth:`add_request`
+        with the outcome put in a response (for callers that want one)."""
+        self.add_request(request, _Respond(request, reply))
 
     async def _fence(self, req: FenceRequest) -> FenceResponse:
         store = self._store()
@@ -428,6 +475,25 @@ class Bookie:
                 raise NoSuchEntryError(str(exc)) from None
             log.error("bookie %s: %s", self.bookie_id, exc)
             raise
+
+    def _read_batch(self, req: ReadBatchRequest) -> ReadBatchResponse:
+        """Several entries at once (``LedgerStore.read_many``: one pread for neighbouring
+        records, an answer kept within :data:`READ_BATCH_MAX_BYTES`); each entry answered on
+        its own, like :meth:`_read` would."""
+        store = self._store()
+        lid = req.ledger_id
+        out: list[tuple[int, Status, bytes | None]] = []
+        for eid, err, body in store.read_many(lid, req.entry_ids, READ_BATCH_MAX_BYTES):
+            if err is None:
+                out.append((eid, Status.OK, body))
+                continue
+            if isinstance(err, CorruptRecordError | IOBookieError):
+                if self._no_such_entry_on_io_error:  # a broken build (mutation switch)
+                    err = NoSuchEntryError(str(err))
+                else:
+                    log.error("bookie %s: %s", self.bookie_id, err)
+            out.append((eid, status_of(err), None))
+        return ReadBatchResponse(Status.OK, lid, store.lac(lid), tuple(out))
 
     async def _read(self, req: ReadRequest) -> ReadResponse:
         store = self._store()
@@ -463,7 +529,7 @@ class Bookie:
                 break
             await self._polls.wait(lid, remaining)
             if self.store is not store:
-                raise BookieStateError(f"bookie {self.bookie_id} stopped during a long poll")
+                raise BookieStoppedError(f"bookie {self.bookie_id} stopped during a long poll")
         return self._poll_answer(store, req, previous_lac)
 
     def _poll_answer(self, store: LedgerStore, req: ReadRequest,
@@ -542,24 +608,18 @@ class Bookie:
             assert not self._journal_failed and not self._disk_full
 
 
-class _AddDone:
-    """``on_done`` of one :meth:`Bookie.add_nowait`: turns the store's outcome into the
-    response (a small object rather than a closure and its cells: less for the GC)."""
+class _Respond:
+    """``on_done`` of :meth:`Bookie.add_nowait`: the outcome as a response (a small object
+    rather than a closure and its cells: less for the GC)."""
 
-    __slots__ = ("bookie", "reply", "request")
+    __slots__ = ("reply", "request")
 
-    def __init__(self, bookie: Bookie, request: AddRequest,
-                 reply: Callable[[Response], None]) -> None:
-        self.bookie = bookie
+    def __init__(self, request: AddRequest, reply: Callable[[Response], None]) -> None:
         self.request = request
         self.reply = reply
 
-    def __call__(self, exc: BaseException | None) -> None:
-        request = self.request
-        if exc is None:
-            self.reply(add_ok(request.ledger_id, request.entry_id))
-        else:
-            self.reply(self.bookie._error_reply(request, exc))
+    def __call__(self, outcome: AddOutcome) -> None:
+        self.reply(add_response(self.request, outcome))
 
 
 __all__ = ["NO_SUCH_ENTRY_ON_IO_ERROR", "Bookie"]

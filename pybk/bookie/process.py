@@ -164,7 +164,7 @@ class BookieProcess:
         server_cfg = cfg.server_config or ServerConfig(stop_grace=cfg.stop_grace)
         self.server = BookieServer(
             self.bookie.handle,
-            add_nowait=self.bookie.add_nowait,
+            add=self.bookie.add_request,
             host=cfg.host,
             port=cfg.port,
             ssl_context=self._ssl,

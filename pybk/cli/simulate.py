@@ -7,6 +7,7 @@ coverage markers, violations, seeds per minute, CPU seconds per seed, virtual-to
 and, for each failing seed, its report and the exact command that reproduces it. Exit status
 1 when any seed failed.
 
+``--spark MASTER`` runs the sweep's seeds on Spark executors (``pybk.spark.simulate``).
 ``--seed N --shrink`` reduces a failing seed's fault schedule, workload and configuration to
 a minimal scenario that still violates the same invariant and writes it (``--out``);
 ``--replay FILE`` runs such a file (or one written by ``--seed N --save FILE``).
@@ -15,6 +16,7 @@ a minimal scenario that still violates the same invariant and writes it (``--out
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -45,10 +47,12 @@ __all__ = ["simulate"]
               help="With --seed: write the run's scenario (its resolved faults) to this file.")
 @click.option("--replay", "replay", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Run a scenario file (written by --shrink or --save).")
+@click.option("--spark", "spark_master", default=None, metavar="MASTER",
+              help="Run the seeds on Spark executors (e.g. local[2]; needs pybk[spark]).")
 def simulate(seeds: str | None, seed: int | None, faults_spec: str, duration: float,
              bookies: int | None, workers: int | None, mutation: str, verbose: bool,
              shrink: bool, invariant: str | None, max_runs: int, out: str | None,
-             save: str | None, replay: str | None) -> None:
+             save: str | None, replay: str | None, spark_master: str | None) -> None:
     """Run deterministic simulations of whole clusters with injected faults."""
     from pybk.sim.faults import Faults
 
@@ -64,7 +68,7 @@ def simulate(seeds: str | None, seed: int | None, faults_spec: str, duration: fl
                   max_runs, out, save)
     if shrink or save:
         raise click.UsageError("--shrink and --save go with --seed")
-    _sweep(seeds, faults_spec, duration, bookies, mutations, workers)
+    _sweep(seeds, faults_spec, duration, bookies, mutations, workers, spark_master)
 
 
 def _print_run(r: object, verbose: bool) -> None:
@@ -139,7 +143,7 @@ def _shrink(r: object, invariant: str | None, max_runs: int, out: str) -> None:
 
 
 def _sweep(seeds: str | None, faults_spec: str, duration: float, bookies: int | None,
-           mutations: tuple[str, ...], workers: int | None) -> None:
+           mutations: tuple[str, ...], workers: int | None, spark_master: str | None) -> None:
     from collections import Counter
 
     from rich.console import Console
@@ -165,8 +169,12 @@ def _sweep(seeds: str | None, faults_spec: str, duration: float, bookies: int | 
             progress.update(task, advance=1,
                             description=f"simulating ({len(failed)} failing)")
 
-        summary = sweep(seed_list, faults=faults_spec, duration=duration, bookies=bookies,
-                        mutations=mutations, workers=workers, on_result=on_result)
+        if spark_master is not None:
+            summary = _on_spark(spark_master, seed_list, faults_spec, duration, bookies,
+                                mutations, lambda done, _n: progress.update(task, completed=done))
+        else:
+            summary = sweep(seed_list, faults=faults_spec, duration=duration, bookies=bookies,
+                            mutations=mutations, workers=workers, on_result=on_result)
 
     configs: Counter[str] = Counter()
     for s in summary.seeds:
@@ -191,3 +199,25 @@ def _sweep(seeds: str | None, faults_spec: str, duration: float, bookies: int | 
     for res in summary.failures:
         click.echo(res.report)
     sys.exit(1 if summary.failures else 0)
+
+
+def _on_spark(master: str, seeds: list[int], faults: str, duration: float, bookies: int | None,
+              mutations: tuple[str, ...], progress: Any) -> Any:
+    """The sweep on Spark (pybk.spark.simulate's runner), as the local sweep's summary."""
+    try:
+        from pyspark.sql import SparkSession
+
+        from pybk.spark.session import local_session
+        from pybk.spark.simulate import run_on_spark, summary_from_rows
+    except ImportError as exc:
+        raise click.UsageError(f"--spark needs pybk[spark] (pyspark): {exc}") from exc
+    mine = SparkSession.getActiveSession() is None  # stop only a session made here
+    spark = local_session(master, "pybk simulate")
+    try:
+        rows, wall = run_on_spark(spark, seeds, faults=faults, duration=duration,
+                                  bookies=bookies, mutations=mutations, on_progress=progress)
+        cores = spark.sparkContext.defaultParallelism
+    finally:
+        if mine:
+            spark.stop()
+    return summary_from_rows(rows, wall, cores)

@@ -10,12 +10,15 @@ import random
 from dataclasses import dataclass, field
 
 from pybk.metadata.base import MetadataStore
+from pybk.replication.placement import PlacementPolicy, RandomPlacement
 from pybk.transport.base import Transport
+from pybk.transport.messages import DEFAULT_MAX_FRAME, MAX_BATCH_ENTRIES
 
-__all__ = [
-    "ClientConfig",
-    "ClientContext",
-]
+__all__ = ["DEFAULT_MAX_ENTRY_SIZE", "ClientConfig", "ClientContext"]
+
+#: ``ClientConfig.max_entry_size`` by default: a default-sized TCP frame (5 MiB) less room
+#: for the request's framing (ids, master key, entry header and digest: under 200 bytes)
+DEFAULT_MAX_ENTRY_SIZE = DEFAULT_MAX_FRAME - 1024
 
 
 @dataclass
@@ -47,6 +50,14 @@ class ClientConfig:
     #: TCP connections per bookie (BookKeeper's ``numChannelsPerBookie``); a ledger's requests
     #: to one bookie always use the same connection. Only used by the TCP transport.
     connections_per_bookie: int = 1
+    #: The largest entry (payload bytes) ``append`` accepts; a bigger one is refused with
+    #: :class:`pybk.EntryTooLargeError` before an entry id is taken. One limit in process and
+    #: over TCP: the default leaves room for the framing in one default-sized frame (5 MiB).
+    max_entry_size: int = DEFAULT_MAX_ENTRY_SIZE
+    #: A writer sends the entries it pushed in one loop iteration to each bookie as one
+    #: request of at most this many entries / body bytes (larger runs are split).
+    add_batch_max_entries: int = 4096
+    add_batch_max_bytes: int = 1 << 20
     #: names of deliberately broken behaviours (mutation switches) for checker tests, made
     #: by the outermost layer (``pybk.testing.Mutations``); empty in production
     mutations: frozenset[str] = frozenset()
@@ -63,6 +74,14 @@ class ClientConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.long_poll_timeout <= 0:
             raise ValueError(f"long_poll_timeout must be > 0, got {self.long_poll_timeout!r}")
+        for name in ("max_entry_size", "add_batch_max_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        n = self.add_batch_max_entries
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_BATCH_ENTRIES:
+            raise ValueError(f"add_batch_max_entries must be an int in 1..{MAX_BATCH_ENTRIES}, "
+                             f"got {n!r}")
         if not (isinstance(self.mutations, frozenset)
                 and all(isinstance(m, str) for m in self.mutations)):
             raise TypeError(f"mutations must be a frozenset of switch names, not "
@@ -75,3 +94,5 @@ class ClientContext:
     transport: Transport
     config: ClientConfig = field(default_factory=ClientConfig)
     rng: random.Random = field(default_factory=lambda: random.Random(0))
+    #: who picks new ensembles and replacements (pybk.replication.placement)
+    placement: PlacementPolicy = field(default_factory=RandomPlacement)

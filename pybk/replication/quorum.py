@@ -27,8 +27,12 @@ import enum
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pybk.errors import NotEnoughBookiesError
+
+if TYPE_CHECKING:
+    from pybk.replication.placement import PlacementPolicy
 
 __all__ = [
     "AckSet",
@@ -252,6 +256,7 @@ def plan_ensemble_change(
     failed: Mapping[int, str],
     writable: Sequence[str],
     rng: random.Random,
+    placement: PlacementPolicy | None = None,
 ) -> EnsembleChange | None:
     """What an ensemble change writes (``EnsembleUtils.replaceBookiesInEnsemble``).
 
@@ -261,7 +266,7 @@ def plan_ensemble_change(
     ``writable``, never from the current ensemble or the failed bookies. The new fragment
     starts at ``lac + 1``; if the last fragment already starts there (nothing confirmed
     since it began) it is replaced in place. Raises NotEnoughBookiesError when there are too
-    few replacements.
+    few replacements. ``placement`` picks them (default: uniformly at random).
     """
     last_start = max(ensembles)
     last = list(ensembles[last_start])
@@ -270,8 +275,11 @@ def plan_ensemble_change(
     todo = {i: b for i, b in sorted(failed.items()) if 0 <= i < len(last) and last[i] == b}
     if not todo:
         return None
-    exclude = list(last) + list(failed.values())
-    new_bookies = choose_ensemble(writable, len(todo), rng, exclude=exclude)
+    if placement is None:
+        new_bookies = choose_ensemble(writable, len(todo), rng,
+                                      exclude=[*last, *failed.values()])
+    else:
+        new_bookies = placement.replace(last, list(todo), writable, rng, list(failed.values()))
     replaced: dict[int, str] = {}
     for (index, _), bookie in zip(todo.items(), new_bookies, strict=True):
         last[index] = bookie

@@ -13,9 +13,10 @@ it never fences, so the writer is not disturbed.
 from __future__ import annotations
 
 import asyncio
+import operator
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pybk.errors import (
     BKError,
@@ -23,6 +24,7 @@ from pybk.errors import (
     DigestMismatchError,
     NoSuchEntryError,
     NoSuchLedgerError,
+    TimeoutError,
     error_for_status,
 )
 from pybk.metadata.base import LedgerMetadata
@@ -30,6 +32,8 @@ from pybk.protocol import (
     LAST_ENTRY,
     DecodedEntry,
     DigestManager,
+    ReadBatchRequest,
+    ReadBatchResponse,
     ReadLacRequest,
     ReadLacResponse,
     ReadRequest,
@@ -66,6 +70,22 @@ class LedgerEntry:
 
 
 _ABSENT = (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER)
+_lac_of = operator.attrgetter("lac")
+_new = object.__new__
+_le_slots: Any = vars(LedgerEntry)  # (frozen: fields set through the slot descriptors)
+_set_le_ledger = _le_slots["ledger_id"].__set__
+_set_le_entry = _le_slots["entry_id"].__set__
+_set_le_data = _le_slots["data"].__set__
+
+
+def _ledger_entry(d: DecodedEntry) -> LedgerEntry:
+    """``LedgerEntry(d.ledger_id, d.entry_id, d.payload)`` without the dataclass's
+    ``__init__`` (once per entry read)."""
+    entry: LedgerEntry = _new(LedgerEntry)
+    _set_le_ledger(entry, d.ledger_id)
+    _set_le_entry(entry, d.entry_id)
+    _set_le_data(entry, d.payload)
+    return entry
 
 
 def consume(fut: asyncio.Future[Response]) -> None:
@@ -122,17 +142,21 @@ async def read_entry(
     digest: DigestManager,
     entry_id: int,
     first_request: asyncio.Future[Response] | None = None,
+    *,
+    start: int = 0,
+    errors: list[BKError] | None = None,
 ) -> DecodedEntry:
     """Read one entry from its write set with failover and speculative reads.
 
-    ``first_request``: a read already sent to the first replica (the batch fast path).
-    """
+    ``first_request``: a read already sent to the first replica. ``start``: the replica to
+    ask first (the batched fast path already heard from the ones before it: their
+    ``errors``)."""
     order = _replicas(md, entry_id)
     cfg = ctx.config
     request = ReadRequest(md.ledger_id, entry_id)
     pending: dict[asyncio.Future[Response], str] = {}
-    errors: list[BKError] = []
-    next_index = 0
+    errors = [] if errors is None else errors
+    next_index = min(start, len(order) - 1)
     if first_request is not None:
         pending[first_request] = order[0]
         next_index = 1
@@ -198,47 +222,80 @@ async def read_range(
 async def _read_batch(
     ctx: ClientContext, md: LedgerMetadata, digest: DigestManager, first: int, last: int
 ) -> list[DecodedEntry]:
-    """Fast path: ask each entry's first replica at once (futures only, no task per
-    entry); an entry whose first answer is missing, late or bad goes through
-    :func:`read_entry` (failover, speculative reads) with that request still in flight."""
+    """Fast path: each entry's first replica is asked for all its entries of the range in one
+    :class:`~pybk.protocol.ReadBatchRequest` (one request and one answer per bookie, not per
+    entry); an entry whose answer is missing, late or bad goes through :func:`read_entry`
+    (failover to the next replica, speculative reads)."""
     cfg = ctx.config
-    sent = [
-        ctx.transport.send(
-            _replicas(md, e)[0], ReadRequest(md.ledger_id, e), cfg.read_timeout
-        )
-        for e in range(first, last + 1)
-    ]
+    ledger_id = md.ledger_id
+    wanted: dict[str, list[int]] = {}
+    starts = sorted(md.ensembles)
+    e_size = md.ensemble_size
+    for k, fragment_start in enumerate(starts):
+        lo = max(first, fragment_start)
+        hi = min(last, starts[k + 1] - 1) if k + 1 < len(starts) else last
+        ensemble = md.ensembles[fragment_start]
+        for e in range(lo, hi + 1):
+            wanted.setdefault(ensemble[e % e_size], []).append(e)
+    sent: dict[asyncio.Future[Response], tuple[str, list[int]]] = {}
+    for bookie, ids in wanted.items():
+        fut = ctx.transport.send(bookie, ReadBatchRequest(ledger_id, ids), cfg.read_timeout)
+        sent[fut] = (bookie, ids)
     spec = cfg.speculative_read_delay
     try:
-        await asyncio.wait(sent, timeout=spec if spec > 0 else None)
+        await asyncio.wait(list(sent), timeout=spec if spec > 0 else None)
     except BaseException:  # cancelled: nobody will look at these answers
         drop_pending(sent)
         raise
-    results: list[DecodedEntry | None] = []
-    slow: list[int] = []
-    for i, fut in enumerate(sent):
-        decoded = None
-        if fut.done() and not fut.cancelled() and fut.exception() is None:
-            response = fut.result()
-            ok = response.status == Status.OK and isinstance(response, ReadResponse)
-            if ok and isinstance(response, ReadResponse) and response.body is not None:
+    found: dict[int, DecodedEntry] = {}
+    retry: dict[int, tuple[int, list[BKError]]] = {}  # entry -> (replica to start at, errors)
+    verify = digest.verify
+    for fut, (bookie, ids) in sent.items():
+        problem = _batch_problem(fut, bookie)
+        if problem is not None:  # late, unreachable, or refused as a whole: next replica
+            for e in ids:
+                retry[e] = (1, [problem])
+            continue
+        response = fut.result()
+        assert isinstance(response, ReadBatchResponse)
+        answered = 0
+        for eid, status, body in response.entries:
+            answered += 1
+            if status == Status.OK and body is not None:
                 try:
-                    decoded = digest.verify(response.body, first + i)
-                except DigestMismatchError:
-                    decoded = None
-        if decoded is None:
-            slow.append(i)
-        results.append(decoded)
-    if slow:
-        retried = await asyncio.gather(
-            *(
-                read_entry(ctx, md, digest, first + i, sent[i])  # done or not: it continues
-                for i in slow
-            )
-        )
-        for i, decoded in zip(slow, retried, strict=True):
-            results[i] = decoded
-    return [d for d in results if d is not None]
+                    found[eid] = verify(body, eid)
+                    continue
+                except DigestMismatchError as exc:
+                    retry[eid] = (1, [DigestMismatchError(f"{bookie}: {exc}")])
+                    continue
+            retry[eid] = (1, [error_for_status(status, f"{bookie}: no entry {eid}")])
+        for e in ids[answered:]:  # the bookie stopped early (its answer was full): ask again
+            retry[e] = (0, [])
+    drop_pending(sent)
+    if retry:
+        ordered = sorted(retry)
+        again = await asyncio.gather(*(
+            read_entry(ctx, md, digest, e, start=retry[e][0], errors=retry[e][1])
+            for e in ordered))
+        found.update(zip(ordered, again, strict=True))
+    return [found[e] for e in range(first, last + 1)]
+
+
+def _batch_problem(fut: asyncio.Future[Response], bookie: str) -> BKError | None:
+    """Why a batched read's answer cannot be used as a whole (None: it can)."""
+    if not fut.done():
+        return TimeoutError(f"{bookie}: no answer within the speculative read delay")
+    if fut.cancelled():
+        return BookieUnavailableError(f"{bookie}: read cancelled")
+    exc = fut.exception()
+    if exc is not None:
+        return exc if isinstance(exc, BKError) else BookieUnavailableError(repr(exc))
+    response = fut.result()
+    if not isinstance(response, ReadBatchResponse):
+        return BookieUnavailableError(f"{bookie}: answered a batched read with {response.op}")
+    if response.status != Status.OK:
+        return error_for_status(response.status, f"{bookie}: {response.message}".strip())
+    return None
 
 
 def _lac_answer(
@@ -388,8 +445,8 @@ class ReadHandle:
                 raise
             decoded = await read_range(self._ctx, self._md, self._digest, first, last)
         if decoded:
-            self._raise_lac(max(d.lac for d in decoded))
-        return [LedgerEntry(d.ledger_id, d.entry_id, d.payload) for d in decoded]
+            self._raise_lac(max(map(_lac_of, decoded)))
+        return list(map(_ledger_entry, decoded))
 
     async def read_last_add_confirmed(self) -> int:
         """Ask the bookies for the LAC (covering every write set) and return it."""

@@ -1,61 +1,69 @@
-"""The write path: pipelined adds, in-order acks, ensemble changes, close.
+"""The write path's driver: pipelined adds, in-order acks, ensemble changes, close.
 
-:class:`AddPipeline` is BookKeeper's ``LedgerHandle`` add machinery (``PendingAddOp``,
-``sendAddSuccessCallbacks``, ``ensembleChangeLoop``). It serves two users:
+The rules live in :class:`pybk.replication.pipeline.WritePipeline`, a sans-IO object (events
+in, actions out). :class:`AddPipeline` only carries out what it asks: it frames payloads
+(one digest per entry: the same body goes to every replica), hands the pipeline's
+:class:`~pybk.replication.pipeline.Send` actions to the transport's typed add path (one
+request per bookie for the entries pushed in one loop iteration), feeds the bookies'
+outcomes back, settles the callers' futures, and runs the ensemble change (the metadata
+store's CAS, or recovery's local plan) when asked. It serves two users:
 
 * the writer (:class:`LedgerHandle`): ensemble changes are CAS-written to the metadata
   store *before* any add that depends on them is acknowledged (rule R3);
 * recovery's write-back (``recovery=True``): adds carry the recovery flag (accepted on a
   fenced ledger), and ensemble changes are kept locally until recovery closes the ledger.
 
-Per entry the cost is one future for the caller, one transport send per replica and a
-done-callback: no task per entry, no metadata write per entry.
+Per entry the cost is the framing and, for :meth:`AddPipeline.push`, the caller's future; a
+batch from :meth:`AddPipeline.push_many` has one future for all its entries. No task, no
+request object and no transport callback per entry.
 
-Invariants (``_check``): pending adds are consecutive from ``lac + 1``; the last fragment
-starts at or before ``lac + 1``, so every pending add belongs to the last ensemble; no add
-callback fires while an ensemble change is in progress.
+Nothing a bookie or the store does can leave a caller waiting: every way out (a transport
+that raises, a bug in a reply, a failed ensemble change) fails the pipeline, and failing it
+settles every pending future (tests/client/test_add_failures.py injects a failure at each
+point).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Sequence
-from functools import partial
 from typing import TYPE_CHECKING, Any, Final
 
 from pybk.errors import (
     BKError,
+    EntryTooLargeError,
     LedgerClosedError,
     LedgerFencedError,
     MetadataVersionError,
     NotEnoughBookiesError,
     UnauthorizedError,
     UnexpectedConditionError,
-    error_for_status,
     fresh_copy,
 )
 from pybk.metadata.base import CLOSED, IN_RECOVERY, OPEN, LedgerMetadata
 from pybk.protocol import (
-    AddRequest,
-    AddResponse,
+    AddBatchRequest,
+    AddOutcome,
     DigestManager,
     Response,
-    Status,
     WriteLacRequest,
 )
-from pybk.replication.quorum import AckSet, Quorums, plan_ensemble_change
+from pybk.replication.pipeline import (
+    ChangeEnsemble,
+    Fail,
+    Resolve,
+    Send,
+    SendLac,
+    WritePipeline,
+)
+from pybk.replication.quorum import Quorums, plan_ensemble_change
 from pybk.replication.reader import LedgerEntry, read_range
 
 if TYPE_CHECKING:
     from pybk.replication.context import ClientContext
 
-__all__ = [
-    "ACK_OUT_OF_ORDER",
-    "AddPipeline",
-    "LedgerHandle",
-]
+__all__ = ["ACK_OUT_OF_ORDER", "AddPipeline", "LedgerHandle"]
 
 log = logging.getLogger(__name__)
 
@@ -63,29 +71,43 @@ log = logging.getLogger(__name__)
 #: the writer acknowledges adds as soon as they reach Qa, not in entry-id order
 ACK_OUT_OF_ORDER: Final = "ack_out_of_order"
 
-_FATAL_STATUSES = {Status.FENCED: LedgerFencedError, Status.UNAUTHORIZED: UnauthorizedError}
 
+class _Batch:
+    """The waiter of the last entry of a :meth:`AddPipeline.push_many`: one future for the
+    whole batch, resolved with its entry ids once the last one is confirmed."""
 
-class _PendingAdd:
-    __slots__ = ("acks", "batch_first", "body", "entry_id", "future", "length", "request", "sent")
+    __slots__ = ("first", "future")
 
-    def __init__(
-        self, entry_id: int, body: bytes, length: int, future: asyncio.Future[Any] | None,
-        q: Quorums,
-    ) -> None:
-        self.entry_id = entry_id
-        #: the first id of the batch this add ends (its future gets the list of ids), or -1
-        self.batch_first = -1
-        self.body = body
-        self.length = length
+    def __init__(self, first: int, future: asyncio.Future[list[int]]) -> None:
+        self.first = first
         self.future = future
-        self.acks = AckSet(q)
-        self.sent = False
-        self.request: AddRequest | None = None  # one request object for every replica
+
+
+class _Reply:
+    """The transport's ``on_done`` for one :class:`Send` (one per batch, not per entry)."""
+
+    __slots__ = ("pipeline", "send")
+
+    def __init__(self, pipeline: AddPipeline, send: Send) -> None:
+        self.pipeline = pipeline
+        self.send = send
+
+    def __call__(self, outcome: AddOutcome) -> None:
+        self.pipeline._on_reply(self.send, outcome)
+
+    def part(self, indices: list[int]) -> _Reply:
+        """The reply for the entries ``indices`` of this batch alone (a transport that splits
+        the batch lets each part answer as soon as it is done; see
+        ``pybk.transport.base.split_callback``)."""
+        send = self.send
+        return _Reply(self.pipeline, send._replace(
+            entry_ids=[send.entry_ids[i] for i in indices],
+            bodies=[send.bodies[i] for i in indices]))
 
 
 class AddPipeline:
-    """Pipelined adds to one ledger, acknowledged at Qa in entry-id order."""
+    """Pipelined adds to one ledger, acknowledged at Qa in entry-id order (the driver of
+    :class:`~pybk.replication.pipeline.WritePipeline`; see the module docstring)."""
 
     def __init__(
         self,
@@ -97,269 +119,281 @@ class AddPipeline:
         recovery: bool = False,
         lac: int = -1,
         length: int = 0,
+        explicit_lac_interval: float = 0.0,
     ) -> None:
         self.ctx = ctx
         self.ledger_id = metadata.ledger_id
         self.metadata = metadata
-        self.quorums = Quorums(metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum)
         self.digest = digest
         self.master_key = master_key
         self.recovery = recovery
-        self.ensembles: dict[int, tuple[str, ...]] = dict(metadata.ensembles)
-        self.ensemble: list[str] = list(self.ensembles[max(self.ensembles)])
-        self.lac = lac
-        self.lap = lac
-        self.length = length  # length including every entry pushed
-        self.lac_length = length  # length including every entry confirmed
-        self.pending: deque[_PendingAdd] = deque()
-        self.changing = False
-        self.failed: dict[int, str] = {}
-        self._failure_causes: dict[str, str] = {}  # bookie -> why it was replaced (messages)
-        self.error: BaseException | None = None
-        self.ensemble_changes = 0
-        # Replies are matched to slots by epoch: a reply sent before its slot was last
-        # given to another bookie is stale (even if the same bookie comes back later).
-        self._epoch = 0
-        self._slot_epoch = [0] * metadata.ensemble_size
-        #: recovery only: slots written around because no replacement bookie exists
-        self.dead_slots: set[int] = set()
-        self._change_task: asyncio.Task[None] | None = None
+        cfg = ctx.config
+        self.core = WritePipeline(
+            metadata.ledger_id,
+            Quorums(metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum),
+            metadata.ensembles, lac=lac, length=length, recovery=recovery,
+            max_batch_entries=cfg.add_batch_max_entries,
+            max_batch_bytes=cfg.add_batch_max_bytes,
+            explicit_lac_interval=explicit_lac_interval,
+            ack_out_of_order=ACK_OUT_OF_ORDER in cfg.mutations,
+        )
         self._loop = asyncio.get_running_loop()
-        #: mutation switch ACK_OUT_OF_ORDER: a broken build that ignores entry order
-        self._ack_out_of_order = ACK_OUT_OF_ORDER in ctx.config.mutations
+        self._flush_scheduled = False
+        self._running = False
+        self._change_task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._idle: asyncio.Future[None] | None = None
+        self._timeout = cfg.add_timeout
+        if explicit_lac_interval > 0:
+            self.core.on_timer(self._loop.time())
+            self._arm_timer()
+
+    # -- what callers read -------------------------------------------------------------------
+
+    @property
+    def lac(self) -> int:
+        return self.core.lac
+
+    @property
+    def lap(self) -> int:
+        return self.core.lap
+
+    @property
+    def lac_length(self) -> int:
+        return self.core.lac_length
+
+    @property
+    def ensembles(self) -> dict[int, tuple[str, ...]]:
+        return self.core.ensembles
+
+    @property
+    def ensemble(self) -> list[str]:
+        return self.core.ensemble
+
+    @property
+    def ensemble_changes(self) -> int:
+        return self.core.ensemble_changes
+
+    @property
+    def error(self) -> BaseException | None:
+        return self.core.error
+
+    @property
+    def changing(self) -> bool:
+        return self.core.changing
 
     # -- adding ------------------------------------------------------------------------------
 
     def push(self, payload: bytes) -> asyncio.Future[int]:
-        """Frame ``payload`` as the next entry and send it; the future holds its entry id."""
-        if self.error is not None:
-            raise fresh_copy(self.error)
-        entry_id = self.lap + 1
-        self.length += len(payload)
-        body = self.digest.frame(entry_id, self.lac, self.length, payload)
-        return self._push(entry_id, body, self.length)
-
-    def push_framed(self, entry_id: int, body: bytes, length: int) -> asyncio.Future[int]:
-        """Send an already framed entry (recovery write-back: the exact bytes read)."""
-        if self.error is not None:
-            raise fresh_copy(self.error)
-        if entry_id != self.lap + 1:
-            raise UnexpectedConditionError(
-                f"ledger {self.ledger_id}: write-back of entry {entry_id}, expected {self.lap + 1}"
-            )
-        self.length = length
-        return self._push(entry_id, body, length)
-
-    def _push(self, entry_id: int, body: bytes, length: int) -> asyncio.Future[int]:
+        """Frame ``payload`` as the next entry and queue it; the future holds its entry id."""
+        core = self.core
+        if core.error is not None:
+            raise fresh_copy(core.error)
+        length = core.length + len(payload)
         fut: asyncio.Future[int] = self._loop.create_future()
-        self._enqueue(entry_id, body, length, fut)
+        core.push(self.digest.frame(core.lap + 1, core.lac, length, payload), length, fut)
+        if not self._flush_scheduled:  # (_schedule, inlined: once per entry)
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
         return fut
 
-    def _enqueue(
-        self, entry_id: int, body: bytes, length: int, fut: asyncio.Future[Any] | None
-    ) -> _PendingAdd:
-        self.lap = entry_id
-        op = _PendingAdd(entry_id, body, length, fut, self.quorums)
-        self.pending.append(op)
-        if not self.changing:
-            self._send(op)
-        return op
+    def push_framed(self, entry_id: int, body: bytes, length: int) -> asyncio.Future[int]:
+        """Queue an already framed entry (recovery write-back: the exact bytes read)."""
+        core = self.core
+        if core.error is not None:
+            raise fresh_copy(core.error)
+        if entry_id != core.lap + 1:
+            raise UnexpectedConditionError(
+                f"ledger {self.ledger_id}: write-back of entry {entry_id}, expected "
+                f"{core.lap + 1}")
+        fut: asyncio.Future[int] = self._loop.create_future()
+        core.push(body, length, fut)
+        self._schedule()
+        return fut
 
-    def push_many(self, payloads: list[bytes]) -> asyncio.Future[list[int]]:
-        """Add several entries; one future (for the whole batch) holds their ids, so a
-        batch costs one loop future, not one per entry."""
-        if self.error is not None:
-            raise fresh_copy(self.error)
+    def push_many(self, payloads: Sequence[bytes]) -> asyncio.Future[list[int]]:
+        """Add several entries; one future (for the whole batch) holds their ids."""
+        core = self.core
+        if core.error is not None:
+            raise fresh_copy(core.error)
         fut: asyncio.Future[list[int]] = self._loop.create_future()
         if not payloads:
             fut.set_result([])
             return fut
-        first = self.lap + 1
+        first = core.lap + 1
         frame = self.digest.frame
-        op = None
-        for i, payload in enumerate(payloads):
-            entry_id = first + i
-            self.length += len(payload)
-            body = frame(entry_id, self.lac, self.length, payload)
-            last = i == len(payloads) - 1
-            op = self._enqueue(entry_id, body, self.length, fut if last else None)
-        assert op is not None
-        op.batch_first = first
-        error = self._current_error()  # a method call: the queueing above may have failed
-        if error is not None and not fut.done():
-            fut.set_exception(fresh_copy(error))
+        push = core.push
+        length = core.length
+        last = len(payloads) - 1
+        waiter = _Batch(first, fut)
+        try:
+            for i, payload in enumerate(payloads):
+                length += len(payload)
+                push(frame(first + i, core.lac, length, payload), length,
+                     waiter if i == last else None)
+        except BKError as exc:  # the pipeline failed part way (no bookie left for an entry)
+            if not fut.done():
+                fut.set_exception(exc)
+        self._schedule()
         return fut
 
-    def _current_error(self) -> BaseException | None:
-        return self.error
+    def _schedule(self) -> None:
+        """Send what was pushed at the end of this loop iteration: the entries pushed until
+        then leave together, one request per bookie."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
 
-    def _send(self, op: _PendingAdd) -> None:
-        if self.error is not None:
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        self._run()
+
+    # -- carrying out the pipeline's actions -------------------------------------------------
+
+    def _run(self) -> None:
+        """Carry out every action the pipeline has decided, until it has none left.
+
+        Not re-entered: a transport may answer while it is handed a batch (a refusal, an
+        entry already held), and that answer's actions must come after the ones being
+        carried out (confirmations stay in entry order); the loop below picks them up."""
+        if self._running:
             return
-        op.sent = True
-        for index in self.quorums.write_set(op.entry_id):
-            if index in self.dead_slots:
-                if op.acks.fail(index):
-                    self.fail(NotEnoughBookiesError(
-                        f"ledger {self.ledger_id}: entry {op.entry_id} cannot reach "
-                        f"{self.quorums.ack_quorum} live bookies of its write set"
-                    ))
-                    return
-                continue
-            self._send_to(op, index)
-
-    def _send_to(self, op: _PendingAdd, index: int) -> None:
-        request = op.request
-        if request is None:
-            request = op.request = AddRequest(
-                self.ledger_id, op.entry_id, self.master_key, op.body, recovery=self.recovery
-            )
-        bookie = self.ensemble[index]
-        fut = self.ctx.transport.send(bookie, request, self.ctx.config.add_timeout)
-        fut.add_done_callback(partial(self._on_reply, op, index, self._epoch, bookie))
-
-    # -- replies -----------------------------------------------------------------------------
-
-    def _on_reply(
-        self, op: _PendingAdd, index: int, epoch: int, bookie: str, fut: asyncio.Future[Response]
-    ) -> None:
-        stale = epoch < self._slot_epoch[index]
+        self._running = True
         try:
-            response = fut.result()
-        except (BKError, asyncio.CancelledError) as exc:
-            if not stale:
-                self._bookie_failed(index, bookie, exc)
-            return
-        if stale:
-            return  # a reply from a bookie whose slot was given to another one: ignored
-        if response.status == Status.OK:
-            assert isinstance(response, AddResponse)
-            if op.acks.ack(index):
-                if self._ack_out_of_order:
-                    self._resolve(op)  # deliberately broken build: no ordering
-                self._complete_in_order()
-            return
-        self._on_error_status(index, bookie, response)
+            self._run_actions()
+        finally:
+            self._running = False
 
-    def _on_error_status(self, index: int, bookie: str, response: Response) -> None:
-        fatal = _FATAL_STATUSES.get(Status(response.status))
-        if fatal is not None:
-            self.fail(
-                fatal(
-                    f"ledger {self.ledger_id}: bookie {bookie} refused the add "
-                    f"({Status(response.status).name}: {response.message})"
-                )
-            )
-            return
-        self._bookie_failed(index, bookie, error_for_status(response.status, response.message))
+    def _run_actions(self) -> None:
+        core = self.core
+        actions = core.actions()
+        while actions:
+            for action in actions:
+                kind = type(action)
+                if kind is Resolve:
+                    _resolve(action)  # type: ignore[arg-type]
+                elif kind is Send:
+                    self._send(action)  # type: ignore[arg-type]
+                elif kind is Fail:
+                    _fail_waiters(action)  # type: ignore[arg-type]
+                elif kind is ChangeEnsemble:
+                    self._change_task = self._loop.create_task(self._change_loop())
+                elif kind is SendLac:
+                    self._send_lac(action)  # type: ignore[arg-type]
+            actions = core.actions()
+        if self._idle is not None and core.idle and not self._idle.done():
+            self._idle.set_result(None)
 
-    def _complete_in_order(self) -> None:
-        if self.changing:
-            return
-        pending = self.pending
-        while pending:
-            op = pending[0]
-            if not op.acks.complete or op.entry_id != self.lac + 1:
-                break
-            pending.popleft()
-            self.lac = op.entry_id
-            self.lac_length = op.length
-            if op.future is not None:
-                self._resolve(op)
+    def _send(self, send: Send) -> None:
+        request = AddBatchRequest(self.ledger_id, self.master_key, send.entry_ids, send.bodies,
+                                  self.recovery)
+        try:
+            self.ctx.transport.add(send.bookie, request, _Reply(self, send), self._timeout)
+        except BKError as exc:  # a transport should answer through on_done; be safe anyway
+            self._on_reply(send, exc)
+        except Exception as exc:  # an exception nobody expected: a finding, and no hang
+            log.exception("ledger %s: the transport raised sending to %s", self.ledger_id,
+                          send.bookie)
+            self.core.fail(exc)
 
-    @staticmethod
-    def _resolve(op: _PendingAdd) -> None:
-        fut = op.future
-        if fut is None or fut.done():
-            return
-        if op.batch_first >= 0:
-            fut.set_result(list(range(op.batch_first, op.entry_id + 1)))
-        else:
-            fut.set_result(op.entry_id)
+    def _on_reply(self, send: Send, outcome: AddOutcome) -> None:
+        try:
+            self.core.on_reply(send, outcome)
+        except Exception as exc:  # a bug: fail loudly, never hang
+            log.exception("ledger %s: handling a reply from %s failed", self.ledger_id,
+                          send.bookie)
+            self.core.fail(exc)
+        self._run()
+
+    def _send_lac(self, action: SendLac) -> None:
+        body = self.digest.frame_lac(action.lac)
+        request = WriteLacRequest(self.ledger_id, action.lac, self.master_key, body)
+        for bookie in action.bookies:
+            fut = self.ctx.transport.send(bookie, request, self._timeout)
+            fut.add_done_callback(_ignore_result)
 
     def fail(self, exc: BaseException) -> None:
         """Put the pipeline in error: every pending and future add fails with ``exc``."""
-        if self.error is None:
-            self.error = exc
+        if self.core.error is None:
             log.info("ledger %s: adds fail from now on: %s", self.ledger_id, exc)
-        pending, self.pending = self.pending, deque()
-        for op in pending:
-            if op.future is not None and not op.future.done():
-                op.future.set_exception(fresh_copy(exc))
+        self.core.fail(exc)
+        self._run()
+
+    # -- explicit LAC ------------------------------------------------------------------------
+
+    def _arm_timer(self) -> None:
+        at = self.core.next_timer
+        if at is not None:
+            self._timer = self._loop.call_at(at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.core.on_timer(self._loop.time())
+        self._run()
+        self._arm_timer()
+
+    def stop_timer(self) -> None:
+        self.core.stop_timer()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     # -- ensemble change ---------------------------------------------------------------------
 
-    def _bookie_failed(self, index: int, bookie: str, exc: BaseException) -> None:
-        if self.error is not None or self.ensemble[index] != bookie or index in self.dead_slots:
-            return
-        log.info("ledger %s: bookie %s (slot %d) failed: %r", self.ledger_id, bookie, index, exc)
-        self.failed[index] = bookie
-        self._failure_causes[bookie] = f"{type(exc).__name__}: {exc}"
-        if not self.changing:
-            self.changing = True
-            self._change_task = self._loop.create_task(self._change_loop())
-
     async def _change_loop(self) -> None:
+        core = self.core
         try:
-            while self.failed and self.error is None:
-                failed, self.failed = self.failed, {}
-                failed = {i: b for i, b in failed.items() if self.ensemble[i] == b}
-                if not failed:
-                    continue
+            while failed := core.take_failed():
+                for index, bookie in failed.items():
+                    log.info("ledger %s: bookie %s (slot %d) failed: %s", self.ledger_id,
+                             bookie, index, core.failure_causes.get(bookie, "?"))
                 writable = await self.ctx.store.writable_bookies()
                 if self.recovery:
                     try:
-                        change = plan_ensemble_change(
-                            self.ensembles, self.lac, failed, writable, self.ctx.rng
-                        )
+                        change = plan_ensemble_change(core.ensembles, core.lac, failed,
+                                                      writable, self.ctx.rng,
+                                                      self.ctx.placement)
                     except NotEnoughBookiesError:
-                        self._write_around(failed)  # raises if Qa is out of reach
-                        change = None
+                        core.write_around(failed)  # raises if Qa is out of reach
+                        log.info("ledger %s: writing around failed bookies %s (no spare)",
+                                 self.ledger_id, sorted(failed.values()))
+                        continue
                     if change is not None:
-                        self.ensembles = change.ensembles
+                        self._log_change(change.ensembles)
+                        core.ensemble_changed(change.ensembles)
                 else:
-                    await self._commit_change(failed, writable)
-                self._apply_new_ensemble()
+                    ensembles = await self._commit_change(failed, writable)
+                    self._log_change(ensembles)
+                    core.ensemble_changed(ensembles)
         except NotEnoughBookiesError as exc:
             # name what made the change necessary: "no spare bookie" alone hides the cause
             # (a TLS or auth problem, a crashed bookie...)
-            causes = "; ".join(f"{b}: {c}" for b, c in sorted(self._failure_causes.items()))
-            self.fail(NotEnoughBookiesError(f"{exc} (replacing failed bookies: {causes})"))
+            causes = "; ".join(f"{b}: {c}" for b, c in sorted(core.failure_causes.items()))
+            core.fail(NotEnoughBookiesError(f"{exc} (replacing failed bookies: {causes})"))
         except BKError as exc:
-            self.fail(exc)
+            core.fail(exc)
         except Exception as exc:  # a bug or a store failure: fail loudly, never hang
             log.exception("ledger %s: ensemble change failed", self.ledger_id)
-            self.fail(exc)
+            core.fail(exc)
         finally:
-            self.changing = False
-            self._complete_in_order()
+            core.change_done()
+            self._run()
 
-    def _write_around(self, failed: dict[int, str]) -> None:
-        """Recovery without a spare bookie: keep the failed slots out of the write sets as
-        long as every pending write-back can still reach Qa on the others (BookKeeper's
-        delayed ensemble change). The entries end up with fewer than Qw replicas but at
-        least Qa, on bookies already in the ensemble (nothing rests on an unrecorded one)."""
-        for index in failed:
-            self.dead_slots.add(index)
-        for op in self.pending:
-            for index in failed:
-                if self.quorums.has_entry(op.entry_id, index) and op.acks.fail(index):
-                    raise NotEnoughBookiesError(
-                        f"ledger {self.ledger_id}: entry {op.entry_id} cannot reach "
-                        f"{self.quorums.ack_quorum} bookies and no replacement is available "
-                        f"for {sorted(failed.values())}"
-                    )
-        log.info("ledger %s: writing around failed bookies %s (no spare)",
-                 self.ledger_id, sorted(failed.values()))
+    def _log_change(self, ensembles: dict[int, tuple[str, ...]]) -> None:
+        new = list(ensembles[max(ensembles)])
+        if new != self.core.ensemble:
+            log.info("ledger %s: ensemble %s -> %s from entry %d", self.ledger_id,
+                     self.core.ensemble, new, max(ensembles))
 
-    async def _commit_change(self, failed: dict[int, str], writable: Sequence[str]) -> None:
+    async def _commit_change(self, failed: dict[int, str],
+                             writable: Sequence[str]) -> dict[int, tuple[str, ...]]:
         """CAS the new ensemble into the metadata (the one place a writer changes it)."""
-        lac, rng = self.lac, self.ctx.rng
+        lac, rng, placement = self.core.lac, self.ctx.rng, self.ctx.placement
 
         def transform(md: LedgerMetadata) -> LedgerMetadata | None:
             if md.state != OPEN:
                 return None
-            change = plan_ensemble_change(md.ensembles, lac, failed, writable, rng)
+            change = plan_ensemble_change(md.ensembles, lac, failed, writable, rng, placement)
             if change is None:
                 return None
             return md.with_changes(ensembles=change.ensembles)
@@ -375,53 +409,47 @@ class AddPipeline:
                 f"ledger {self.ledger_id} is being recovered by another client"
             )
         self.metadata = md
-        self.ensembles = dict(md.ensembles)
-
-    def _apply_new_ensemble(self) -> None:
-        """Adopt the last ensemble of ``self.ensembles``: resend the in-flight adds of every
-        replaced slot (dropping that slot's earlier ack), and send adds queued meanwhile."""
-        new = list(self.ensembles[max(self.ensembles)])
-        replaced = [i for i in range(len(new)) if new[i] != self.ensemble[i]]
-        if replaced:
-            log.info(
-                "ledger %s: ensemble %s -> %s from entry %d",
-                self.ledger_id, self.ensemble, new, max(self.ensembles),
-            )
-            self.ensemble = new
-            self.ensemble_changes += 1
-            self._epoch += 1
-            for index in replaced:
-                self._slot_epoch[index] = self._epoch
-            self.dead_slots.difference_update(replaced)
-        has_entry = self.quorums.has_entry
-        for op in list(self.pending):
-            if not op.sent:
-                self._send(op)
-                continue
-            for index in replaced:
-                if has_entry(op.entry_id, index):
-                    op.acks.unset(index)
-                    self._send_to(op, index)
+        return {k: tuple(v) for k, v in md.ensembles.items()}
 
     # -- draining ----------------------------------------------------------------------------
 
     async def drain(self) -> None:
-        """Wait until no add is pending (each acknowledged or failed)."""
-        while self.pending:
-            futures = [op.future for op in self.pending if op.future is not None]
-            await asyncio.gather(*futures, return_exceptions=True)
+        """Wait until no add is pending (each acknowledged or failed) and no ensemble change
+        runs."""
+        while not self.core.idle or self._flush_scheduled:
+            if self._flush_scheduled:
+                await asyncio.sleep(0)  # (the pushes of this iteration leave first)
+                continue
+            self._idle = self._loop.create_future()
+            await self._idle
+            self._idle = None
         if self._change_task is not None and not self._change_task.done():
             await self._change_task
 
     def _check(self) -> None:
         """Assert the pipeline's invariants (tests call this)."""
-        expected = self.lac + 1
-        for op in self.pending:
-            assert op.entry_id == expected, (op.entry_id, expected)
-            expected += 1
-        assert expected == self.lap + 1 or not self.pending
-        assert max(self.ensembles) <= self.lac + 1
-        assert list(self.ensembles[max(self.ensembles)]) == self.ensemble
+        self.core._check()
+
+
+def _resolve(action: Resolve) -> None:
+    eid = action.first
+    for waiter in action.waiters:
+        if waiter is not None:
+            if type(waiter) is _Batch:
+                fut = waiter.future
+                if not fut.done():
+                    fut.set_result(list(range(waiter.first, eid + 1)))
+            elif not waiter.done():
+                waiter.set_result(eid)
+        eid += 1
+
+
+def _fail_waiters(action: Fail) -> None:
+    for waiter in action.waiters:
+        fut: Any = waiter.future if type(waiter) is _Batch else waiter
+        if not fut.done():
+            fut.set_exception(fresh_copy(action.error))
+            fut.exception()  # the caller may never look; do not warn
 
 
 class LedgerHandle:
@@ -442,16 +470,13 @@ class LedgerHandle:
         password: bytes,
     ) -> None:
         self._ctx = ctx
-        self._pipeline = AddPipeline(ctx, metadata, digest, master_key)
+        self._pipeline = AddPipeline(ctx, metadata, digest, master_key,
+                                     explicit_lac_interval=ctx.config.explicit_lac_interval)
         self._digest = digest
         self._password = password
         self._closing = False
         self._closed = False
-        self._lac_timer: asyncio.TimerHandle | None = None
-        self._explicit_lac = -1
-        interval = ctx.config.explicit_lac_interval
-        if interval > 0:
-            self._lac_timer = asyncio.get_running_loop().call_later(interval, self._flush_lac)
+        self._max_entry = ctx.config.max_entry_size
 
     # -- properties --------------------------------------------------------------------------
 
@@ -487,23 +512,51 @@ class LedgerHandle:
     # -- adds --------------------------------------------------------------------------------
 
     def append(self, data: bytes | bytearray | memoryview) -> asyncio.Future[int]:
-        """Add one entry; returns a future of its entry id (assigned now)."""
-        if not isinstance(data, bytes | bytearray | memoryview):
-            raise TypeError(f"append() takes bytes, not {type(data).__name__}")
+        """Add one entry; returns a future of its entry id (assigned now).
+
+        Refused before an id is taken (nothing half done): a non-bytes payload (TypeError),
+        one over ``ClientConfig.max_entry_size`` (:class:`pybk.EntryTooLargeError`), a closed
+        handle (LedgerClosedError), a failed one (its error)."""
+        if type(data) is not bytes:
+            if not isinstance(data, bytes | bytearray | memoryview):
+                raise TypeError(f"append() takes bytes, not {type(data).__name__}")
+            data = bytes(data)
+        if len(data) > self._max_entry:
+            raise self._too_large(len(data))
         if self._closing:
             raise LedgerClosedError(f"ledger {self.id}: this handle is closed")
-        return self._pipeline.push(bytes(data))
+        return self._pipeline.push(data)
 
     async def append_many(self, items: Sequence[bytes | bytearray | memoryview]) -> list[int]:
-        """Add several entries (pipelined); returns their entry ids once all are durable."""
+        """Add several entries (pipelined, one request per bookie); returns their entry ids
+        once all are durable. Every item is checked (like :meth:`append`) before any id is
+        taken."""
+        return await self.append_many_nowait(items)
+
+    def append_many_nowait(
+        self, items: Sequence[bytes | bytearray | memoryview]
+    ) -> asyncio.Future[list[int]]:
+        """:meth:`append_many` without the coroutine: the ids are taken now and the future
+        (one for the whole batch) resolves to them once all are durable."""
         payloads = []
+        limit = self._max_entry
         for item in items:
-            if not isinstance(item, bytes | bytearray | memoryview):
-                raise TypeError(f"append_many() takes bytes items, not {type(item).__name__}")
-            payloads.append(bytes(item))
+            if type(item) is not bytes:
+                if not isinstance(item, bytes | bytearray | memoryview):
+                    raise TypeError(
+                        f"append_many() takes bytes items, not {type(item).__name__}")
+                item = bytes(item)
+            if len(item) > limit:
+                raise self._too_large(len(item))
+            payloads.append(item)
         if self._closing:
             raise LedgerClosedError(f"ledger {self.id}: this handle is closed")
-        return await self._pipeline.push_many(payloads)
+        return self._pipeline.push_many(payloads)
+
+    def _too_large(self, size: int) -> EntryTooLargeError:
+        return EntryTooLargeError(
+            f"ledger {self.id}: an entry of {size} bytes is over max_entry_size "
+            f"({self._max_entry} bytes, ClientConfig.max_entry_size); nothing was added")
 
     async def read(self, first: int, last: int) -> list[LedgerEntry]:
         """Read back confirmed entries ``first..last`` (``last <= last_add_confirmed``)."""
@@ -520,23 +573,6 @@ class LedgerHandle:
         decoded = await read_range(self._ctx, self.metadata, self._digest, first, last)
         return [LedgerEntry(d.ledger_id, d.entry_id, d.payload) for d in decoded]
 
-    # -- explicit LAC ------------------------------------------------------------------------
-
-    def _flush_lac(self) -> None:
-        if self._closing:
-            return
-        p = self._pipeline
-        if p.lac > self._explicit_lac and p.error is None and not p.pending:
-            self._explicit_lac = p.lac
-            body = self._digest.frame_lac(p.lac)
-            request = WriteLacRequest(self.id, p.lac, p.master_key, body)
-            for bookie in p.ensemble:
-                fut = self._ctx.transport.send(bookie, request, self._ctx.config.add_timeout)
-                fut.add_done_callback(_ignore_result)
-        self._lac_timer = asyncio.get_running_loop().call_later(
-            self._ctx.config.explicit_lac_interval, self._flush_lac
-        )
-
     # -- close -------------------------------------------------------------------------------
 
     async def close(self) -> None:
@@ -549,9 +585,8 @@ class LedgerHandle:
         if self._closed:
             return
         self._closing = True
-        if self._lac_timer is not None:
-            self._lac_timer.cancel()
         p = self._pipeline
+        p.stop_timer()
         await p.drain()
         self._closed = True
         if isinstance(p.error, LedgerFencedError | LedgerClosedError | UnauthorizedError):
@@ -572,7 +607,7 @@ class LedgerHandle:
 
         p.metadata = await self._ctx.store.update_ledger(ledger_id, transform)
         if p.error is None:
-            p.error = LedgerClosedError(f"ledger {ledger_id} is closed")
+            p.fail(LedgerClosedError(f"ledger {ledger_id} is closed"))
 
     async def __aenter__(self) -> LedgerHandle:
         return self

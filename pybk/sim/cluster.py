@@ -173,7 +173,7 @@ class SimCluster:
         for hook in self.on_bookie_started:
             await hook(sb)
         bookie.on_state_change = lambda state, b=bookie_id: self._state_changed(b, state)
-        self.network.set_bookie(bookie_id, bookie.handle)
+        self.network.set_bookie(bookie_id, bookie.handle, bookie.add_request)
         read_only = getattr(bookie, "state", WRITABLE) == READ_ONLY
         await self.admin.register_bookie(BookieRegistration(bookie_id, "", read_only))
         self._log(f"{bookie_id} started (incarnation {sb.incarnation}, state {bookie.state})")

@@ -23,14 +23,29 @@ Fault model (research/reliability.md 3.5), all drawn from one injected ``random.
 A crashed bookie resets its connections (the kernel answers RST for a dead process) and new
 requests fail fast with ``BookieUnavailableError`` (connection refused).
 
+Adds travel the way they do in production: a bookie registered with its add path
+(``set_bookie(id, bookie.handle, bookie.add_request)``, what :class:`pybk.sim.SimCluster`
+does) gets every :class:`~pybk.protocol.AddRequest` / :class:`~pybk.protocol.AddBatchRequest`
+through ``Bookie.add_request``, the entry point the in-process transport and the TCP server
+drive, and the client's ``Transport.add`` hears the outcome. A client endpoint is, per seed,
+either a current client (it sends a writer's batches as they are) or an old one that sends
+each entry as a single add (``NetConfig.single_add_clients``): both paths of the bookie run.
+Timeouts use the one deadline mechanism of every transport (:mod:`pybk.transport.deadlines`).
+
 Observers see every response a bookie *produced* (delivered or not): the checker uses them for
-bookie-honesty invariants (an OK add is a durability promise even if the reply is lost).
+bookie-honesty invariants (an OK add is a durability promise even if the reply is lost). A
+batch is observed entry by entry, as the single adds it is made of. Send observers see every
+request a client sends, before any fault (the runner learns which adds ever left a client).
+
+Cost: a run moves thousands of messages, so a message is moved without a closure (the timer
+carries its arguments), and a request other than an add is answered without a task: the
+bookie's handler coroutine is stepped by hand (``_Serving``), resumed when the future it
+waits on is done; most requests are answered without ever waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
 import random
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -38,20 +53,41 @@ from functools import partial
 from math import log as _log
 from typing import Any
 
-from pybk.errors import BookieUnavailableError
+from pybk.errors import BKError, BookieUnavailableError
 from pybk.errors import TimeoutError as BKTimeoutError
-from pybk.protocol import Request, Response
-from pybk.transport.base import Transport
+from pybk.protocol import (
+    AddBatchRequest,
+    AddBatchResponse,
+    AddCallback,
+    AddLike,
+    AddOutcome,
+    AddRequest,
+    AddResponse,
+    ReadBatchRequest,
+    ReadBatchResponse,
+    ReadRequest,
+    ReadResponse,
+    Request,
+    Response,
+    Status,
+    add_outcome,
+    add_response,
+    outcome_of,
+)
+from pybk.transport.base import (
+    Transport,
+    read_batch_by_singles,
+    settle_add,
+    split_batch,
+    split_callback,
+)
+from pybk.transport.deadlines import Deadlines
 
-__all__ = [
-    "Handler",
-    "NetConfig",
-    "Observer",
-    "SimNetwork",
-    "SimTransport",
-]
+__all__ = ["AddPath", "Handler", "NetConfig", "Observer", "SimNetwork", "SimTransport"]
 
 Handler = Callable[[Request], Awaitable[Response]]
+#: a bookie's add path (``Bookie.add_request``)
+AddPath = Callable[[AddLike, AddCallback], None]
 Observer = Callable[[str, str, Request, Response], None]
 
 
@@ -68,10 +104,49 @@ class NetConfig:
     reset: float = 0.0
     #: Used when a caller passes ``timeout=None``: a dropped message must still end somehow.
     default_timeout: float = 10.0
+    #: The chance that a client endpoint is an old client, which sends each entry of a
+    #: writer's batch as a single add (the bookie must serve both; drawn per endpoint).
+    single_add_clients: float = 0.25
 
     def quiet(self) -> NetConfig:
         """The same latencies without any message faults (the heal phase)."""
-        return NetConfig(self.latency_min, self.latency_mean, default_timeout=self.default_timeout)
+        return NetConfig(self.latency_min, self.latency_mean, default_timeout=self.default_timeout,
+                         single_add_clients=self.single_add_clients)
+
+
+class _Pending:
+    """A request on its way: settled once, by its answer, a reset or its deadline."""
+
+    __slots__ = ("on_answer", "on_fail", "token")
+
+    def __init__(self, on_answer: Callable[[object], None],
+                 on_fail: Callable[[BKError], None]) -> None:
+        self.on_answer = on_answer
+        self.on_fail = on_fail
+        self.token = 0
+
+
+def _future_pending(fut: asyncio.Future[Response]) -> _Pending:
+    def answer(response: object) -> None:
+        if not fut.done():
+            fut.set_result(response)  # type: ignore[arg-type]
+
+    def fail(exc: BKError) -> None:
+        if not fut.done():
+            fut.set_exception(exc)
+
+    return _Pending(answer, fail)
+
+
+def _add_pending(request: AddLike, on_done: AddCallback) -> _Pending:
+    count = len(request.bodies) if type(request) is AddBatchRequest else 1
+
+    def answer(outcome: object) -> None:
+        if isinstance(outcome, AddResponse | AddBatchResponse):  # a plain handler's answer
+            outcome = add_outcome(outcome, count)
+        settle_add(on_done, outcome)  # type: ignore[arg-type]
+
+    return _Pending(answer, lambda exc: settle_add(on_done, exc))
 
 
 class _Conn:
@@ -81,7 +156,7 @@ class _Conn:
 
     def __init__(self) -> None:
         self.gen = 0
-        self.pending: dict[int, asyncio.Future[Response]] = {}
+        self.pending: dict[int, _Pending] = {}
         self.last_arrival_fwd = 0.0
         self.last_arrival_back = 0.0
 
@@ -101,6 +176,8 @@ class SimNetwork:
         self._trace = trace or (lambda line: None)
         self._count = count or (lambda kind: None)
         self._bookies: dict[str, Handler | None] = {}
+        self._adders: dict[str, AddPath | None] = {}
+        self._deadlines = Deadlines()
         self._incarnation: dict[str, int] = {}
         self._conns: dict[tuple[str, str], _Conn] = {}
         self._blocked: dict[tuple[str, str], bool] = {}
@@ -117,23 +194,27 @@ class SimNetwork:
         #: Called with every request a client sends (before any fault): (client, bookie,
         #: request). The runner learns which adds ever left a client.
         self.send_observers: list[Callable[[str, str, Request], None]] = []
-        #: Called when a bookie's request handler raises (it must answer, never raise):
-        #: (bookie, request, exception). None: counted and traced only.
+        #: Called when a bookie's request handler or add path raises (it must answer, never
+        #: raise): (bookie, request, exception). None: counted and traced only.
         self.on_handler_error: Callable[[str, Request, BaseException], None] | None = None
         self.messages = 0
-        #: pending requests' deadlines: (when, seq, conn, bookie, request, limit), a heap
-        self._deadlines: list[tuple[float, int, _Conn, str, Request, float]] = []
-        self._deadline_timer: asyncio.TimerHandle | None = None
 
     # -- topology ----------------------------------------------------------------------------
 
-    def endpoint(self, client: str) -> SimTransport:
-        return SimTransport(self, client)
+    def endpoint(self, client: str, *, batch_adds: bool | None = None) -> SimTransport:
+        """A client's transport; ``batch_adds`` None: drawn (see ``single_add_clients``)."""
+        if batch_adds is None:
+            batch_adds = self.rng.random() >= self.config.single_add_clients
+        return SimTransport(self, client, batch_adds=batch_adds)
 
-    def set_bookie(self, bookie_id: str, handler: Handler | None) -> None:
-        """Install a bookie incarnation (or None: the bookie is down). Resets its connections."""
+    def set_bookie(self, bookie_id: str, handler: Handler | None,
+                   add: AddPath | None = None) -> None:
+        """Install a bookie incarnation (or None: the bookie is down). Resets its connections.
+        ``add`` is its add path (``Bookie.add_request``); without one, adds go to
+        ``handler`` like any request."""
         self._incarnation[bookie_id] = self._incarnation.get(bookie_id, 0) + 1
         self._bookies[bookie_id] = handler
+        self._adders[bookie_id] = add if handler is not None else None
         for (client, bid) in sorted(self._conns):
             if bid == bookie_id:
                 self._reset(client, bid, "bookie restarted" if handler else "bookie down")
@@ -193,13 +274,13 @@ class SimNetwork:
         if conn is None:
             return
         conn.gen += 1
-        pending = list(conn.pending.items())
+        pending = list(conn.pending.values())
         conn.pending.clear()
         if pending:
             self._trace(f"net reset {client}->{bookie_id} ({why}); {len(pending)} pending fail")
-        for _, fut in pending:
-            if not fut.done():
-                fut.set_exception(BookieUnavailableError(f"{bookie_id}: connection reset ({why})"))
+        for p in pending:
+            self._deadlines.discard(p.token)
+            p.on_fail(BookieUnavailableError(f"{bookie_id}: connection reset ({why})"))
 
     def _latency(self) -> float:
         cfg = self.config
@@ -210,8 +291,24 @@ class SimNetwork:
     ) -> asyncio.Future[Response]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Response] = loop.create_future()
+        if type(request) is AddRequest or type(request) is AddBatchRequest:
+            # an add asked for as a request: the add path, its outcome put in a response
+            self.add(client, bookie_id, request,
+                     lambda outcome: _answer(fut, request, outcome), timeout)
+            return fut
+        self._start(client, bookie_id, request, timeout, _future_pending(fut))
+        return fut
+
+    def add(self, client: str, bookie_id: str, request: AddLike, on_done: AddCallback,
+            timeout: float | None) -> None:
+        """Carry an add to the bookie's add path; ``on_done(outcome)`` once."""
+        self._start(client, bookie_id, request, timeout, _add_pending(request, on_done))
+
+    def _start(self, client: str, bookie_id: str, request: Request, timeout: float | None,
+               pending: _Pending) -> None:
         if self._dead_clients and self._dead_clients.get(client):
-            return fut  # a dead process sends nothing and hears nothing, ever
+            return  # a dead process sends nothing and hears nothing, ever
+        loop = asyncio.get_running_loop()
         self.messages += 1
         self._seq += 1
         seq = self._seq
@@ -222,63 +319,40 @@ class SimNetwork:
             conn = self._conns[(client, bookie_id)] = _Conn()
         if self._bookies.get(bookie_id) is None:
             # Connection refused, after a round trip.
-            loop.call_later(2 * self._latency(), _fail, fut,
+            loop.call_later(2 * self._latency(), pending.on_fail,
                             BookieUnavailableError(f"{bookie_id}: connection refused"))
-            return fut
-        conn.pending[seq] = fut
+            return
+        conn.pending[seq] = pending
         limit = self.config.default_timeout if timeout is None else timeout
-        self._deadline(loop, loop.time() + limit, seq, conn, bookie_id, request, limit)
+        pending.token = self._deadlines.add(
+            limit, lambda: self._expire(conn, seq, bookie_id, request, limit))
         if self.lose_next_fence and self.lose_next_fence.get(bookie_id) and _is_fence(request):
             self.lose_next_fence[bookie_id] -= 1
             self._count("lost_fence")
             self._trace(f"net lost fencing {type(request).__name__} {client}->{bookie_id}")
-            return fut
+            return
         if (self.lose_recovery_reads
                 and self.lose_recovery_reads.get(bookie_id, -1.0) > loop.time()
                 and _is_recovery_read(request)):
             self._count("lost_recovery_read")
             self._trace(f"net lost recovery read {client}->{bookie_id}")
-            return fut
+            return
         self._transmit(client, bookie_id, conn, conn.gen, True, seq, request)
-        return fut
 
-    # -- timeouts: one heap of deadlines and one timer for the earliest (no timer per request)
-
-    def _deadline(self, loop: asyncio.AbstractEventLoop, when: float, seq: int, conn: _Conn,
-                  bookie_id: str, request: Request, limit: float) -> None:
-        heapq.heappush(self._deadlines, (when, seq, conn, bookie_id, request, limit))
-        timer = self._deadline_timer
-        if timer is None or when < timer.when():
-            if timer is not None:
-                timer.cancel()
-            self._deadline_timer = loop.call_at(when, self._expire_due)
-
-    def _expire_due(self) -> None:
-        """Fail the requests whose time is up (those still pending), then wait for the next
-        deadline."""
-        self._deadline_timer = None
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        heap = self._deadlines
-        while heap and heap[0][0] <= now:
-            _when, seq, conn, bookie_id, request, limit = heapq.heappop(heap)
-            fut = conn.pending.pop(seq, None)
-            if fut is not None and not fut.done():
-                fut.set_exception(BKTimeoutError(
-                    f"{bookie_id}: no answer to {type(request).__name__} in {limit}s"))
-        while heap and heap[0][2].pending.get(heap[0][1]) is None:
-            heapq.heappop(heap)  # (answered long ago: nothing to wait for)
-        if heap:
-            self._deadline_timer = loop.call_at(heap[0][0], self._expire_due)
-
-    # -- moving messages ---------------------------------------------------------------------
+    def _expire(self, conn: _Conn, seq: int, bookie_id: str, request: Request,
+                limit: float) -> None:
+        pending = conn.pending.pop(seq, None)
+        if pending is not None:
+            pending.on_fail(
+                BKTimeoutError(f"{bookie_id}: no answer to {type(request).__name__} in {limit}s")
+            )
 
     def _transmit(self, client: str, bookie_id: str, conn: _Conn, gen: int, forward: bool,
                   seq: int, msg: Any) -> None:
-        """Move one message (a request if ``forward``, else a response) through the fault
+        """Move one message (a request if ``forward``, else an answer) through the fault
         model: held while either end is paused, dropped on a blocked link, then the
         configured faults, then a sampled latency (in order on its connection unless
-        reordered)."""
+        reordered); requests only may be duplicated."""
         src, dst = (client, bookie_id) if forward else (bookie_id, client)
         paused = self._paused
         if paused:
@@ -293,8 +367,7 @@ class SimNetwork:
         loop = asyncio.get_running_loop()
         cfg = self.config
         rng = self.rng
-        faulty = cfg.drop or cfg.corrupt or cfg.reset
-        if faulty:
+        if cfg.drop or cfg.corrupt or cfg.reset:
             if cfg.drop and rng.random() < cfg.drop:
                 self._count("drop")
                 self._trace(f"net drop {src}->{dst}")
@@ -344,19 +417,61 @@ class SimNetwork:
         if handler is None:
             self._reset(client, bookie_id, "bookie down")
             return
-        # The bookie's handler runs as a coroutine driven by hand (no task per request):
-        # most requests are answered without ever waiting.
+        incarnation = self._incarnation[bookie_id]
+        adder = self._adders.get(bookie_id)
+        if adder is not None and (type(request) is AddRequest
+                                  or type(request) is AddBatchRequest):
+            self._serve_add(adder, incarnation, client, bookie_id, conn, gen, seq, request)
+            return
+        # Any other request: the handler's coroutine stepped by hand, no task per request.
         answer = handler(request)
         coro = answer if isinstance(answer, Coroutine) else _await(answer)
-        _Serving(self, coro, self._incarnation[bookie_id], client, bookie_id, conn, gen, seq,
-                 request).step()
+        _Serving(self, coro, incarnation, client, bookie_id, conn, gen, seq, request).step()
+
+    def _serve_add(self, adder: AddPath, incarnation: int, client: str, bookie_id: str,
+                   conn: _Conn, gen: int, seq: int, request: AddLike) -> None:
+        """The bookie's add path, as the TCP server drives it: no task, the outcome comes
+        from the journal's completion and goes back on the connection."""
+        answered = False
+
+        def reply(outcome: AddOutcome) -> None:
+            nonlocal answered
+            if answered:  # (a bookie answers once; a second answer would be a bug to see)
+                self._count("add_answered_twice")
+                return
+            answered = True
+            if self._incarnation.get(bookie_id) != incarnation:
+                return  # the process died while handling: nobody sends the reply
+            if self.observers:
+                self._observe_add(bookie_id, client, request, outcome)
+            self._transmit(client, bookie_id, conn, gen, False, seq, outcome)
+
+        try:
+            adder(request, reply)
+        except Exception as exc:  # the add path must answer, never raise: a finding
+            self._count("handler_exception")
+            self._trace(f"net {bookie_id} raised {type(exc).__name__} adding: {exc}")
+            if self.on_handler_error is not None:
+                self.on_handler_error(bookie_id, request, exc)
+            if self._incarnation.get(bookie_id) == incarnation:
+                self._reset_if(client, bookie_id, conn, gen, "add path raised")
+
+    def _observe_add(self, bookie_id: str, client: str, request: AddLike,
+                     outcome: AddOutcome) -> None:
+        singles = [request] if type(request) is AddRequest else split_batch(request)  # type: ignore[arg-type]
+        for i, single in enumerate(singles):
+            response = add_response(single, outcome_of(outcome, i))
+            for observer in self.observers:
+                observer(bookie_id, client, single, response)
 
     def _answer(self, job: _Serving, response: Response) -> None:
         bookie_id = job.bookie_id
         if self._incarnation.get(bookie_id) != job.incarnation:
             return  # the process died while handling: nobody sends the reply
-        for observer in self.observers:
-            observer(bookie_id, job.client, job.request, response)
+        if self.observers:
+            for single, answer in _observed(job.request, response):
+                for observer in self.observers:
+                    observer(bookie_id, job.client, single, answer)
         self._transmit(job.client, bookie_id, job.conn, job.gen, False, job.seq, response)
 
     def _raised(self, job: _Serving, exc: Exception) -> None:
@@ -370,13 +485,13 @@ class SimNetwork:
         if self._incarnation.get(bookie_id) == job.incarnation:
             self._reset_if(job.client, bookie_id, job.conn, job.gen, "handler raised")
 
-    @staticmethod
-    def _arrive_response(conn: _Conn, gen: int, seq: int, response: Response) -> None:
+    def _arrive_response(self, conn: _Conn, gen: int, seq: int, answer: object) -> None:
         if conn.gen != gen:
             return
-        fut = conn.pending.pop(seq, None)
-        if fut is not None and not fut.done():
-            fut.set_result(response)
+        pending = conn.pending.pop(seq, None)
+        if pending is not None:
+            self._deadlines.discard(pending.token)
+            pending.on_answer(answer)
 
 
 async def _await(answer: Awaitable[Response]) -> Response:
@@ -421,6 +536,19 @@ class _Serving:
             waiting.add_done_callback(self.step)
 
 
+def _observed(request: Request, response: Response) -> list[tuple[Request, Response]]:
+    """What observers see of one answered request: a batched read entry by entry, as the
+    single reads it stands for (the checker's bookie-honesty invariants judge each)."""
+    if not isinstance(request, ReadBatchRequest):
+        return [(request, response)]
+    lid = request.ledger_id
+    if not isinstance(response, ReadBatchResponse) or response.status != Status.OK:
+        return [(ReadRequest(lid, e), ReadResponse(response.status, lid, e))
+                for e in request.entry_ids]
+    return [(ReadRequest(lid, e), ReadResponse(status, lid, e, body, response.lac))
+            for e, status, body in response.entries]
+
+
 def _is_fence(request: Request) -> bool:
     from pybk.protocol import FenceRequest, ReadRequest
 
@@ -429,23 +557,32 @@ def _is_fence(request: Request) -> bool:
 
 
 def _is_recovery_read(request: Request) -> bool:
-    from pybk.protocol import LAST_ENTRY, ReadRequest
+    from pybk.protocol import LAST_ENTRY
 
     return (isinstance(request, ReadRequest) and request.fence
             and request.entry_id != LAST_ENTRY)
 
 
-def _fail(fut: asyncio.Future[Response], exc: BaseException) -> None:
-    if not fut.done():
-        fut.set_exception(exc)
+def _answer(fut: asyncio.Future[Response], request: AddLike, outcome: AddOutcome) -> None:
+    """Settle a ``send`` of an add: unreachable and timed out are exceptions, like for any
+    request; what the bookie said is its response."""
+    if fut.done():
+        return
+    if isinstance(outcome, BookieUnavailableError | BKTimeoutError):
+        fut.set_exception(outcome)
+    else:
+        fut.set_result(add_response(request, outcome))
 
 
 class SimTransport(Transport):
-    """One client's view of the simulated network."""
+    """One client's view of the simulated network. ``batch_adds=False``: an old client that
+    sends each entry of a batch as a single add, and reads one entry per request (protocol
+    version 1's requests only)."""
 
-    def __init__(self, network: SimNetwork, client: str) -> None:
+    def __init__(self, network: SimNetwork, client: str, *, batch_adds: bool = True) -> None:
         self.network = network
         self.client = client
+        self.batch_adds = batch_adds
         self.closed = False
 
     def send(
@@ -455,7 +592,24 @@ class SimTransport(Transport):
             fut: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
             fut.set_exception(BookieUnavailableError("transport closed"))
             return fut
+        if type(request) is ReadBatchRequest and not self.batch_adds:
+            return read_batch_by_singles(  # an old client: one entry per read
+                lambda read: self.network.send(self.client, bookie_id, read, timeout), request)
         return self.network.send(self.client, bookie_id, request, timeout)
+
+    def add(self, bookie_id: str, request: AddLike, on_done: AddCallback,
+            timeout: float | None = None) -> None:
+        if self.closed:
+            settle_add(on_done, BookieUnavailableError("transport closed"))
+            return
+        if self.batch_adds or type(request) is AddRequest:
+            self.network.add(self.client, bookie_id, request, on_done, timeout)
+            return
+        assert isinstance(request, AddBatchRequest)
+        singles = split_batch(request)
+        parts = split_callback(on_done, len(singles), [[i] for i in range(len(singles))])
+        for single, part in zip(singles, parts, strict=True):
+            self.network.add(self.client, bookie_id, single, part, timeout)
 
     async def close(self) -> None:
         self.closed = True

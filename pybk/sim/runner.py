@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from pybk.bookie.inspect import inspect_data_dir
 from pybk.protocol import (
+    AddBatchRequest,
     AddRequest,
     DigestManager,
     ListEntriesRequest,
@@ -294,6 +295,9 @@ class SimRun:
     def _sent(self, client: str, bookie: str, req: Request) -> None:
         if isinstance(req, AddRequest):
             self.sent_adds.add((req.ledger_id, req.entry_id))
+        elif isinstance(req, AddBatchRequest):  # (a writer's batch: one request, its entries)
+            lid = req.ledger_id
+            self.sent_adds.update((lid, e) for e in req.entry_ids)
 
     def _meta_applied(self, op: str, key: object) -> None:
         if op == "delete_ledger" and isinstance(key, int) and key not in self.deleted:

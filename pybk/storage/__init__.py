@@ -6,8 +6,10 @@
 * ``journal``  the write side: segment files, serial group commit, rotation
 * ``replay``   the read side at start-up: verify segments, torn tail vs corruption
 * ``index``    entry locations and per-ledger state, checkpoint file format
-* ``store``    LedgerStore: the engine the bookie drives (adds, reads, fencing, LAC,
-               deletion, checkpoints, compaction)
+* ``store``    LedgerStore: the engine the bookie drives, put together from ``config``
+               (its knobs), ``startup`` (checkpoint chain + replay), ``writes`` (adds,
+               fences, LAC writes, deletions, the journal callbacks), ``reads``,
+               ``checkpointer`` (bases and deltas) and ``compaction``
 
 The journal *is* the entry store: entries are read back from the segment files through the
 index, so there is no second copy to keep consistent.

@@ -234,11 +234,39 @@ def _parse_payload(rtype: RecordType, payload: bytes, where: int, size: int, pat
                                  path=path, offset=where) from None
 
 
-def decode_entry_at(data: bytes, path: str, offset: int, ledger_id: int, entry_id: int) -> bytes:
+_ENTRY_RECORD_IDS = struct.Struct(">IIBqq")  # record header, then the body's ledger, entry ids
+
+
+def decode_entry_in(data: bytes, pos: int, size: int, path: str, offset: int, ledger_id: int,
+                    entry_id: int) -> bytes:
+    """:func:`decode_entry_at` of the record at ``data[pos:pos + size]`` (read from file
+    offset ``offset``), without slicing it out first: the body is the one copy made."""
+    if size >= _ENTRY_RECORD_IDS.size and pos + size <= len(data):
+        length, crc, rtype, lid, eid = _ENTRY_RECORD_IDS.unpack_from(data, pos)
+        if (rtype == _ENTRY_TYPE and length == size - RECORD_HEADER_SIZE and lid == ledger_id
+                and eid == entry_id):
+            body = data[pos + RECORD_HEADER_SIZE:pos + size]
+            if _crc32c(body, _ENTRY_CRC) == crc:
+                return body
+    return decode_entry_at(data[pos:pos + size], path, offset, ledger_id, entry_id)
+
+
+def decode_entry_at(data: bytes | memoryview, path: str, offset: int, ledger_id: int,
+                    entry_id: int) -> bytes:
     """Verify the ENTRY record read from ``offset`` and return its body.
 
     Any mismatch (length, CRC, type, ids) raises CorruptRecordError: the index said the entry is
-    there, so a bad record is corruption, never absence (rule R2)."""
+    there, so a bad record is corruption, never absence (rule R2). The read path: the common
+    case (a well-formed ENTRY record of the right ids) is checked with one unpack and one
+    CRC, no record object; anything else goes through :func:`decode_record` for its error."""
+    n = len(data)
+    if n >= _ENTRY_RECORD_IDS.size:
+        length, crc, rtype, lid, eid = _ENTRY_RECORD_IDS.unpack_from(data)
+        if (rtype == _ENTRY_TYPE and length == n - RECORD_HEADER_SIZE and lid == ledger_id
+                and eid == entry_id):
+            body = bytes(data[RECORD_HEADER_SIZE:])
+            if _crc32c(body, _ENTRY_CRC) == crc:
+                return body
     if len(data) < RECORD_HEADER_SIZE:
         raise CorruptRecordError(f"{path}: short read of entry at offset {offset}",
                                  path=path, offset=offset)

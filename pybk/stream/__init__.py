@@ -7,11 +7,13 @@ docs/logs.md.
 ``log.reader(start)`` a :class:`LogReader` of :class:`LogRecord` s at :class:`Position` s.
 """
 
+from pybk.stream.builder import BuiltSegment, SegmentBuilder
 from pybk.stream.config import LogConfig, ReaderOptions, WriterOptions
 from pybk.stream.log import Log
 from pybk.stream.meta import COMPLETED, IN_PROGRESS, TRUNCATED, LogMetadata, SegmentInfo
 from pybk.stream.namespace import Namespace
 from pybk.stream.position import LogRecord, Position
+from pybk.stream.publish import PublishResult
 from pybk.stream.reader import LogReader
 from pybk.stream.writer import LogWriter
 
@@ -19,6 +21,7 @@ __all__ = [
     "COMPLETED",
     "IN_PROGRESS",
     "TRUNCATED",
+    "BuiltSegment",
     "Log",
     "LogConfig",
     "LogMetadata",
@@ -27,7 +30,9 @@ __all__ = [
     "LogWriter",
     "Namespace",
     "Position",
+    "PublishResult",
     "ReaderOptions",
+    "SegmentBuilder",
     "SegmentInfo",
     "WriterOptions",
 ]

@@ -7,13 +7,16 @@ open until a writer or a reader is made.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from pybk.errors import NoSuchLedgerError
 from pybk.stream import envelope
+from pybk.stream.builder import BuiltSegment, LedgerFactory, SegmentBuilder
 from pybk.stream.config import ReaderOptions, WriterOptions
 from pybk.stream.meta import LogMetadata, SegmentInfo
 from pybk.stream.position import Position, make_position
+from pybk.stream.publish import PublishResult, publish_segments
 from pybk.stream.reader import LogReader
 from pybk.stream.truncation import plan_truncation
 from pybk.stream.writer import LogWriter
@@ -129,6 +132,39 @@ class Log:
             )
         md = await self._cat.update(lambda cur: plan_truncation(cur, before))
         await self._cat.purge_truncated(md)
+
+    async def segment_builder(
+        self,
+        *,
+        custom_metadata: Mapping[str, bytes] | None = None,
+        create_ledger: LedgerFactory | None = None,
+        **knobs: int,
+    ) -> SegmentBuilder:
+        """A :class:`~pybk.stream.builder.SegmentBuilder` for this log: records written into
+        ledgers of their own with the log's quorums and codec, invisible to readers until
+        :meth:`publish` adds them (bulk loads; a Spark job's tasks). ``knobs``:
+        ``flush_bytes``, ``flush_records``, ``max_envelope_bytes``, ``max_pending_bytes``."""
+        md = await self._cat.read()
+        return SegmentBuilder(self._cat.client, self._cat.key, md.config,
+                              custom_metadata=custom_metadata, create_ledger=create_ledger,
+                              **knobs)
+
+    async def publish(
+        self,
+        segments: Sequence[BuiltSegment],
+        *,
+        origin: str = "",
+        sink: tuple[str, int] | None = None,
+        fence_writer: bool = False,
+    ) -> PublishResult:
+        """Add built segments at the end of the log, all in one compare-and-set (see
+        :mod:`pybk.stream.publish`): only while no writer has an in-progress segment
+        (WriterConflictError) unless ``fence_writer``; idempotent for the same ledgers, the
+        same ``origin`` or a ``sink`` batch id already published."""
+        return await publish_segments(
+            self._cat, segments, origin=origin, sink=sink, fence_writer=fence_writer,
+            label=f"publisher-{self._rng.getrandbits(32):08x}",
+        )
 
     def __repr__(self) -> str:
         return f"<Log {self.namespace}/{self.name}>"

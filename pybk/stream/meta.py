@@ -12,11 +12,16 @@ format or a bad checksum is CorruptRecordError). The JSON document::
      "epoch": writer lock epoch (each writer that opens the log takes epoch + 1),
      "writer": who holds it (a label), "next_seq": the next segment's sequence number,
      "segments": [{"seq", "ledger", "state", "last_entry", "last_slot", "records", "bytes",
-                   "max_txid", "ctime_ms", "mtime_ms"}, ...]   (ascending seq),
+                   "max_txid", "ctime_ms", "mtime_ms", "origin"?}, ...]   (ascending seq),
      "allocated": [ledger ids created ahead by the writer of this epoch, not yet segments],
      "truncated_before": [segment, entry, slot] or null,
      "end_of_stream": bool,
-     "deleting": bool (delete_log started: the log is gone for readers and writers)}
+     "deleting": bool (delete_log started: the log is gone for readers and writers),
+     "sinks"?: {sink id: [last batch id, ms]} (publishers that commit numbered batches)}
+
+``origin`` (a segment published whole by :mod:`pybk.stream.publish`: who published it, e.g.
+a Spark job) and ``sinks`` are stored only when set, so a record without them is byte for
+byte what format 1 always was, and readers that predate them ignore them.
 
 Segment states: ``in-progress`` (its writer may still add; readers stop at the LAC),
 ``completed`` (sealed: the ledger is closed at ``last_entry``), ``truncated`` (every record is
@@ -75,6 +80,7 @@ class SegmentInfo:
     max_txid: int = -1
     ctime_ms: int = 0
     mtime_ms: int = 0
+    origin: str = ""  # who published it whole (pybk.stream.publish); "" for a writer's
 
     @property
     def is_completed(self) -> bool:
@@ -95,12 +101,15 @@ class SegmentInfo:
         return replace(self, **changes)
 
     def to_doc(self) -> dict[str, Any]:
-        return {
+        doc = {
             "seq": self.seq, "ledger": self.ledger_id, "state": self.state,
             "last_entry": self.last_entry, "last_slot": self.last_slot,
             "records": self.records, "bytes": self.bytes, "max_txid": self.max_txid,
             "ctime_ms": self.ctime_ms, "mtime_ms": self.mtime_ms,
         }  # fmt: skip
+        if self.origin:
+            doc["origin"] = self.origin
+        return doc
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> SegmentInfo:
@@ -109,7 +118,7 @@ class SegmentInfo:
             last_entry=int(doc["last_entry"]), last_slot=int(doc["last_slot"]),
             records=int(doc["records"]), bytes=int(doc["bytes"]),
             max_txid=int(doc["max_txid"]), ctime_ms=int(doc["ctime_ms"]),
-            mtime_ms=int(doc["mtime_ms"]),
+            mtime_ms=int(doc["mtime_ms"]), origin=str(doc.get("origin", "")),
         )  # fmt: skip
         if info.state not in SEGMENT_STATES or info.seq < 1 or info.ledger_id < 0:
             raise ValueError(f"bad segment {doc}")
@@ -132,6 +141,9 @@ class LogMetadata:
     truncated_before: Position | None = None
     end_of_stream: bool = False
     deleting: bool = False
+    #: publishers of numbered batches (a Spark streaming sink): sink id -> (the last batch
+    #: id it published, when, ms); a batch at or below it is a replay and is not published
+    sinks: dict[str, tuple[int, int]] = field(default_factory=dict)
     version: int = -1  # the store's version of this record (not serialized)
 
     # -- views -------------------------------------------------------------------------------
@@ -198,6 +210,8 @@ class LogMetadata:
             "end_of_stream": self.end_of_stream,
             "deleting": self.deleting,
         }
+        if self.sinks:
+            doc["sinks"] = {k: [b, ms] for k, (b, ms) in sorted(self.sinks.items())}
         payload = json.dumps(doc, separators=(",", ":"), sort_keys=True).encode()
         return _MAGIC + _HDR.pack(FORMAT_VERSION, crc32c.crc32c(payload), len(payload)) + payload
 
@@ -228,6 +242,8 @@ class LogMetadata:
                 truncated_before=None if tb is None else Position(*(int(x) for x in tb)),
                 end_of_stream=bool(doc["end_of_stream"]),
                 deleting=bool(doc["deleting"]),
+                sinks={str(k): (int(v[0]), int(v[1]))
+                       for k, v in doc.get("sinks", {}).items()},
                 version=version,
             )
         except (KeyError, TypeError, ValueError) as exc:

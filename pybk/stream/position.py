@@ -108,8 +108,10 @@ def make_position(segment: int, entry: int, slot: int) -> Position:
 
 
 class LogRecord(NamedTuple):
-    """One record read from a log."""
+    """One record read from a log (``key``: the record's key when its writer gave one, e.g.
+    a Spark write with a ``key`` column; None otherwise)."""
 
     position: Position
     data: bytes
     txid: int | None
+    key: bytes | None = None

@@ -376,6 +376,7 @@ class LogReader:
             env = envelope.decode(e.data)
             eid = e.entry_id
             txids = env.txids
+            keys = env.keys
             for slot, data in enumerate(env.records):
                 pos = make_position(seq, eid, slot)
                 if pos < start:
@@ -390,7 +391,8 @@ class LogReader:
                     floor = self._txid_floor = None
                 if tb is not None and not out and pos < tb:
                     self._check_truncation(pos)
-                out.append(LogRecord(pos, data, txid))
+                key = keys[slot] if keys is not None else None
+                out.append(LogRecord(pos, data, txid, key))
         if out:
             self._from = out[-1].position.next_slot()
         if stop is not None and out and out[-1].position >= stop:

@@ -6,7 +6,8 @@
 * :class:`SimTestCluster` / :class:`SimCluster`: a deterministic simulated cluster (virtual
   time, faults; the ``sim_cluster`` pytest fixture);
 * conformance suites any implementation of a seam can run: :mod:`.metadata_conformance`
-  (MetadataStore), :mod:`.fs_conformance` (FileSystem);
+  (MetadataStore), :mod:`.fs_conformance` (FileSystem), :mod:`.transport_conformance`
+  (Transport: ``run_transport_check(MyBackend, check)`` for each of ``TRANSPORT_CHECKS``);
 * :mod:`.zookeeper`: a real ZooKeeper server on a free port for tests;
 * :class:`Mutations` (:mod:`.mutations`): deliberately broken builds for checker tests.
 
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
     )
     from pybk.testing.mutations import Mutations
     from pybk.testing.simulated import SimTestCluster
+    from pybk.testing.transport_conformance import CHECKS as TRANSPORT_CHECKS
+    from pybk.testing.transport_conformance import TransportBackend
+    from pybk.testing.transport_conformance import run_check as run_transport_check
     from pybk.transport.local import LocalTransport
 
 _WHERE = {
@@ -49,9 +53,15 @@ _WHERE = {
     "SimCluster": "pybk.sim.cluster",
     "SimTestCluster": "pybk.testing.simulated",
     "check_filesystem": "pybk.testing.fs_conformance",
+    "TransportBackend": "pybk.testing.transport_conformance",
+}
+_RENAMED = {
+    "TRANSPORT_CHECKS": ("pybk.testing.transport_conformance", "CHECKS"),
+    "run_transport_check": ("pybk.testing.transport_conformance", "run_check"),
 }
 
 __all__ = [
+    "TRANSPORT_CHECKS",
     "HeldRequest",
     "HookedTransport",
     "Hooks",
@@ -61,18 +71,20 @@ __all__ = [
     "Rule",
     "SimCluster",
     "SimTestCluster",
+    "TransportBackend",
     "check_filesystem",
     "is_fencing",
     "is_normal_add",
     "is_recovery_add",
+    "run_transport_check",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
+    module, attr = _RENAMED.get(name, (_WHERE.get(name), name))
     if module is None:
         raise AttributeError(f"module 'pybk.testing' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), attr)
     globals()[name] = value
     return value
 

@@ -29,17 +29,30 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pybk.errors import BookieUnavailableError, TimeoutError
+from pybk.errors import BKError, BookieUnavailableError, TimeoutError, error_for_status
 from pybk.protocol import (
+    AddBatchRequest,
+    AddCallback,
+    AddLike,
+    AddOutcome,
     AddRequest,
     Op,
+    ReadBatchRequest,
+    ReadBatchResponse,
     ReadRequest,
+    ReadResponse,
     Request,
     Response,
     Status,
     error_response,
 )
-from pybk.transport.base import Transport
+from pybk.transport.base import (
+    Transport,
+    read_batch_by_singles,
+    split_batch,
+    split_callback,
+)
+from pybk.transport.deadlines import Deadlines
 
 Action = Literal["hold", "fail", "drop", "before"]
 BeforeCallback = Callable[[str, Request], Awaitable[None]]
@@ -269,43 +282,149 @@ class HookedTransport(Transport):
     A request no rule matches goes straight to ``inner`` with its timeout. A held or
     dropped request keeps its caller's deadline here (it never reached ``inner``): it fails
     with :class:`pybk.errors.TimeoutError` when the deadline passes first, and a held request
-    released later goes to ``inner`` with what is left of it."""
+    released later goes to ``inner`` with what is left of it.
+
+    Adds are matched entry by entry, as if each entry of a batch were a single
+    :class:`~pybk.protocol.AddRequest` (that is what rules and predicates see, and what a
+    hold parks): the entries no rule matches still travel together as one batch, each
+    matched entry is acted on alone, and the batch's caller gets one outcome for the lot."""
 
     def __init__(self, inner: Transport, hooks: Hooks | None = None) -> None:
         self.inner = inner
         self.hooks = hooks if hooks is not None else Hooks()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._deadlines = Deadlines()
 
     def send(
         self, bookie_id: str, request: Request, timeout: float | None = None
     ) -> asyncio.Future[Response]:
+        if type(request) is ReadBatchRequest and self.hooks.rules:
+            return self._send_read_batch(bookie_id, request, timeout)
         rule = self.hooks.match(bookie_id, request) if self.hooks.rules else None
         if rule is None:
             return self.inner.send(bookie_id, request, timeout)
+        return self._send_hooked(rule, bookie_id, request, timeout)
+
+    def _send_read_batch(self, bookie_id: str, request: ReadBatchRequest,
+                         timeout: float | None) -> asyncio.Future[Response]:
+        """Match each entry of a batched read as a single read: the entries no rule matches
+        are read together, each matched one is acted on alone; one answer for the lot."""
+        rules = {e: self.hooks.match(bookie_id, ReadRequest(request.ledger_id, e))
+                 for e in request.entry_ids}
+        free = [e for e in request.entry_ids if rules[e] is None]
+        if len(free) == len(request.entry_ids):
+            return self.inner.send(bookie_id, request, timeout)
+        loop = asyncio.get_running_loop()
+        batch: asyncio.Future[Response] | None = None
+        if free:
+            batch = self.inner.send(bookie_id, ReadBatchRequest(request.ledger_id, free),
+                                    timeout)
+
+        def single(read: ReadRequest) -> asyncio.Future[Response]:
+            rule = rules[read.entry_id]
+            if rule is None:  # answered by the batch of the free entries
+                fut: asyncio.Future[Response] = loop.create_future()
+                assert batch is not None
+                batch.add_done_callback(lambda b: _pick(b, read, fut))
+                return fut
+            return self._send_hooked(rule, bookie_id, read, timeout)
+
+        return read_batch_by_singles(single, request)
+
+    def _send_hooked(self, rule: Rule, bookie_id: str, request: Request,
+                     timeout: float | None) -> asyncio.Future[Response]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Response] = loop.create_future()
-        deadline = None if timeout is None else loop.time() + timeout
-        timer = None
-        if deadline is not None and rule.action in ("hold", "drop", "before"):
-            timer = loop.call_at(deadline, _expire, fut, bookie_id, request, timeout)
 
-        def deliver() -> None:
-            if timer is not None:
-                timer.cancel()
-            if fut.done():
-                return
-            left = None if deadline is None else max(0.0, deadline - loop.time())
+        def deliver(left: float | None) -> None:
             _chain(self.inner.send(bookie_id, request, left), fut)
 
+        def settle(outcome: BKError | None) -> None:
+            if outcome is None or fut.done():
+                return
+            if isinstance(outcome, BookieUnavailableError | TimeoutError):
+                fut.set_exception(outcome)
+            else:
+                fut.set_result(error_response(request, outcome.status, str(outcome)))
+
+        self._apply(rule, bookie_id, request, timeout, deliver, settle, lambda: fut.done())
+        return fut
+
+    def add(self, bookie_id: str, request: AddLike, on_done: AddCallback,
+            timeout: float | None = None) -> None:
+        if not self.hooks.rules:
+            self.inner.add(bookie_id, request, on_done, timeout)
+            return
+        if type(request) is AddRequest:
+            rule = self.hooks.match(bookie_id, request)
+            if rule is None:
+                self.inner.add(bookie_id, request, on_done, timeout)
+            else:
+                self._hook_add(rule, bookie_id, request, on_done, timeout)
+            return
+        assert isinstance(request, AddBatchRequest)
+        singles = split_batch(request)
+        rules = [self.hooks.match(bookie_id, single) for single in singles]
+        free = [i for i, rule in enumerate(rules) if rule is None]
+        hooked = [i for i, rule in enumerate(rules) if rule is not None]
+        groups = ([free] if free else []) + [[i] for i in hooked]
+        parts = split_callback(on_done, len(singles), groups)
+        if free:
+            rest = AddBatchRequest(request.ledger_id, request.master_key,
+                                   [request.entry_ids[i] for i in free],
+                                   [request.bodies[i] for i in free], request.recovery)
+            self.inner.add(bookie_id, rest, parts.pop(0), timeout)
+        for i, part in zip(hooked, parts, strict=True):
+            rule = rules[i]
+            assert rule is not None
+            self._hook_add(rule, bookie_id, singles[i], part, timeout)
+
+    def _hook_add(self, rule: Rule, bookie_id: str, request: AddRequest,
+                  on_done: Callable[[AddOutcome], None], timeout: float | None) -> None:
+        settled = False
+
+        def settle(outcome: AddOutcome) -> None:
+            nonlocal settled
+            if not settled:
+                settled = True
+                on_done(outcome)
+
+        def deliver(left: float | None) -> None:
+            self.inner.add(bookie_id, request, settle, left)
+
+        self._apply(rule, bookie_id, request, timeout, deliver, settle, lambda: settled)
+
+    def _apply(self, rule: Rule, bookie_id: str, request: Request, timeout: float | None,
+               deliver: Callable[[float | None], None],
+               settle: Callable[[BKError | None], None], done: Callable[[], bool]) -> None:
+        """Act on ``request`` as ``rule`` says; ``deliver(time left)`` hands it to the inner
+        transport, ``settle(error)`` answers it here."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        token = None
+        if timeout is not None and rule.action in ("hold", "drop", "before"):
+            token = self._deadlines.add(timeout, lambda: settle(TimeoutError(
+                f"bookie {bookie_id}: no answer to {request.op.name} within {timeout}s")))
+
+        def deliver_now() -> None:
+            if token is not None:
+                self._deadlines.discard(token)
+            if done():
+                return
+            deliver(None if deadline is None else max(0.0, deadline - loop.time()))
+
+        def fail(status: Status | None) -> None:
+            if token is not None:
+                self._deadlines.discard(token)
+            settle(_injected(bookie_id, status))
+
         if rule.action == "fail":
-            _fail(fut, bookie_id, request, rule.status)
+            settle(_injected(bookie_id, rule.status))
         elif rule.action == "drop":
             pass
         elif rule.action == "hold":
-            rule.held.append(HeldRequest(
-                bookie_id, request, deliver=deliver,
-                fail=lambda status: _fail(fut, bookie_id, request, status),
-                drop=lambda: None))
+            rule.held.append(HeldRequest(bookie_id, request, deliver=deliver_now, fail=fail,
+                                         drop=lambda: None))
             rule._notify()
         else:  # before
             assert rule.callback is not None
@@ -315,22 +434,43 @@ class HookedTransport(Transport):
                 try:
                     await callback(bookie_id, request)
                 except Exception as exc:  # a failing hook fails the request, visibly
-                    if not fut.done():
-                        fut.set_exception(
-                            BookieUnavailableError(f"{bookie_id}: hook failed: {exc!r}"))
+                    if token is not None:
+                        self._deadlines.discard(token)
+                    settle(BookieUnavailableError(f"{bookie_id}: hook failed: {exc!r}"))
                     return
-                deliver()
+                deliver_now()
 
             task = loop.create_task(run_then_deliver())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        return fut
 
     async def close(self) -> None:
         self.hooks.clear(release=False)
+        self._deadlines.close()
         for task in list(self._tasks):
             task.cancel()
         await self.inner.close()
+
+
+def _pick(batch: asyncio.Future[Response], read: ReadRequest,
+          fut: asyncio.Future[Response]) -> None:
+    """Settle ``fut`` (one entry's read) from the answer of the batched read holding it."""
+    if fut.done():
+        return
+    exc = None if batch.cancelled() else batch.exception()
+    if batch.cancelled() or exc is not None:
+        fut.set_exception(exc or BookieUnavailableError("read cancelled"))
+        return
+    response = batch.result()
+    if isinstance(response, ReadBatchResponse) and response.status == Status.OK:
+        for eid, status, body in response.entries:
+            if eid == read.entry_id:
+                fut.set_result(ReadResponse(status, read.ledger_id, eid, body, response.lac))
+                return
+        status = Status.TIMEOUT  # the bookie stopped before it (its answer was full)
+    else:
+        status = response.status
+    fut.set_result(ReadResponse(status, read.ledger_id, read.entry_id, None))
 
 
 def _chain(src: asyncio.Future[Response], dst: asyncio.Future[Response]) -> None:
@@ -349,24 +489,14 @@ def _chain(src: asyncio.Future[Response], dst: asyncio.Future[Response]) -> None
     src.add_done_callback(copy)
 
 
-def _fail(
-    fut: asyncio.Future[Response], bookie_id: str, request: Request, status: Status | None
-) -> None:
-    if fut.done():
-        return
+def _injected(bookie_id: str, status: Status | None) -> BKError:
+    """The error a ``fail`` rule answers with: unreachable, a timeout, or the bookie's
+    error status."""
     if status is None or status == Status.UNAVAILABLE:
-        fut.set_exception(BookieUnavailableError(f"bookie {bookie_id} unavailable (hook)"))
-    elif status == Status.TIMEOUT:
-        fut.set_exception(TimeoutError(f"bookie {bookie_id}: timed out (hook)"))
-    else:
-        fut.set_result(error_response(request, status, f"injected {status.name}"))
-
-
-def _expire(fut: asyncio.Future[Response], bookie_id: str, request: Request,
-            timeout: float | None) -> None:
-    if not fut.done():
-        fut.set_exception(
-            TimeoutError(f"bookie {bookie_id}: no answer to {request.op.name} within {timeout}s"))
+        return BookieUnavailableError(f"bookie {bookie_id} unavailable (hook)")
+    if status == Status.TIMEOUT:
+        return TimeoutError(f"bookie {bookie_id}: timed out (hook)")
+    return error_for_status(status, f"injected {status.name}")
 
 
 __all__ = [

@@ -23,12 +23,12 @@ from typing import Final
 from pybk.bookie.bookie import NO_SUCH_ENTRY_ON_IO_ERROR
 from pybk.replication.recovery import RECOVERY_READS_DONT_FENCE, RECOVERY_TIMEOUT_AS_ABSENT
 from pybk.replication.writer import ACK_OUT_OF_ORDER
+from pybk.storage.startup import REPLAY_DAMAGE_AS_TORN_TAIL
 from pybk.storage.store import (
     ACK_BEFORE_FSYNC,
     DELTA_SKIPS_LEDGER_STATE,
     INLINE_SYNC_SKIPS_FSYNC,
     OVERLAP_ACK_BEFORE_SYNC,
-    REPLAY_DAMAGE_AS_TORN_TAIL,
 )
 from pybk.stream.reader import TAIL_READER_SKIPS_ON_ERROR
 from pybk.stream.writer import SEGMENT_COMPLETED_AT_STALE_LAC

@@ -1,565 +1,74 @@
-"""The pybk wire format, sans-IO: bytes in, events out; messages in, bytes out.
+"""The pybk wire connection, sans-IO: bytes in, events out; messages in, bytes out.
+
+:class:`Connection` is the framing state machine of one end of a connection: it cuts the byte
+stream into frames, checks each length prefix against the frame cap *before* buffering the
+frame, holds frames back after an AUTH request until the caller has judged the token, and stays
+broken after damage to the framing. How each message is laid out is
+:mod:`pybk.transport.messages` (the message tables); the format is documented in
+``docs/protocol.md``.
 
 Nothing here touches a socket, a clock or a thread (the h11 pattern), so the same object runs
-under the TCP server, the TCP client, the simulator and hypothesis. The format is documented in
-``docs/protocol.md``; in short, every frame is::
-
-    u32 length      bytes after this field (CRC + header + body)
-    u32 crc32c      over header + body
-    u8  version     PROTOCOL_VERSION
-    u8  op          pybk.protocol.Op
-    u16 flags       RESPONSE bit + per-operation flags
-    u64 request id  chosen by the client, echoed in the response
-    body            per (op, direction), big-endian, no trailing bytes
-
-Decoding is strict and allocation-bounded: the length prefix is checked against the frame cap
-*before* the frame is buffered, every count or byte-string length is checked against the bytes
-still unread, and unknown versions, operations, flags and statuses are refused. Damage to the
-framing (length, CRC, version, direction) is fatal to the connection (:class:`ProtocolError`
-is raised and the connection stays broken); a well-framed message whose *body* does not parse
-becomes a :class:`MessageRejected` event, so a server can answer it with an error and go on.
+under the TCP server, the TCP client, the simulator and hypothesis.
 """
 
 from __future__ import annotations
 
-import math
 import struct
-from dataclasses import dataclass
-from typing import Any, Final
-
-import crc32c
 
 from pybk.errors import ProtocolError
-from pybk.protocol import (
-    AddRequest,
-    AddResponse,
-    AuthRequest,
-    AuthResponse,
-    BookieInfoRequest,
-    BookieInfoResponse,
-    FenceRequest,
-    FenceResponse,
-    ListEntriesRequest,
-    ListEntriesResponse,
-    Op,
-    ReadLacRequest,
-    ReadLacResponse,
-    ReadRequest,
-    ReadResponse,
-    Request,
-    Response,
-    Status,
-    WriteLacRequest,
-    WriteLacResponse,
+from pybk.protocol import AuthRequest, Request, Response
+from pybk.transport.messages import (
+    DEFAULT_MAX_FRAME,
+    FLAG_FENCE,
+    FLAG_LONG_POLL,
+    FLAG_RECOVERY,
+    FLAG_RESPONSE,
+    FLAG_VERSIONS,
+    HEADER_SIZE,
+    MAX_BATCH_ENTRIES,
+    MAX_MESSAGE,
+    MAX_TIMEOUT,
+    MIN_FRAME,
+    PRE_AUTH_MAX_FRAME,
+    PREFIX_SIZE,
+    PROTOCOL_VERSION,
+    Event,
+    MessageRejected,
+    RequestReceived,
+    ResponseReceived,
+    decode_frame,
+    encode_request,
+    encode_response,
+    error_response_for_op,
 )
 
-PROTOCOL_VERSION: Final = 1
-
-#: Default cap on one frame (length field value), as BookKeeper's nettyMaxFrameSizeBytes.
-DEFAULT_MAX_FRAME: Final = 5 * 1024 * 1024
-#: Cap on frames before a connection has authenticated (only AUTH is allowed then).
-PRE_AUTH_MAX_FRAME: Final = 4 * 1024
-
-_PREFIX = struct.Struct(">II")  # length, crc32c
-_HEADER = struct.Struct(">BBHQ")  # version, op, flags, request id
-PREFIX_SIZE: Final = _PREFIX.size  # 8
-HEADER_SIZE: Final = _HEADER.size  # 12
-#: Smallest legal value of the length field (CRC + header, empty body).
-MIN_FRAME: Final = 4 + HEADER_SIZE
-
-# flags
-FLAG_RESPONSE: Final = 0x8000
-FLAG_RECOVERY: Final = 0x0001  # ADD: recovery add
-FLAG_FENCE: Final = 0x0001  # READ: fence first
-FLAG_LONG_POLL: Final = 0x0002  # READ: previous_lac present
-_ALLOWED_FLAGS: Final = {
-    Op.ADD: FLAG_RECOVERY,
-    Op.READ: FLAG_FENCE | FLAG_LONG_POLL,
-}
-
-_NONE_LEN: Final = 0xFFFFFFFF  # length value meaning "absent" (optional bytes)
-MAX_MESSAGE: Final = 64 * 1024  # cap on an error message / short string
-MAX_TIMEOUT: Final = 24 * 3600.0  # long-poll timeouts beyond a day are refused
-
-_Q = struct.Struct(">q")
-_QQ = struct.Struct(">qq")
-_QQQ = struct.Struct(">qqq")
-_QQD = struct.Struct(">qqd")
-_H = struct.Struct(">H")
-_D = struct.Struct(">d")
-_I = struct.Struct(">I")
-
-_REQUEST_TYPES: Final = {
-    Op.ADD: AddRequest,
-    Op.READ: ReadRequest,
-    Op.READ_LAC: ReadLacRequest,
-    Op.WRITE_LAC: WriteLacRequest,
-    Op.FENCE: FenceRequest,
-    Op.LIST_ENTRIES: ListEntriesRequest,
-    Op.BOOKIE_INFO: BookieInfoRequest,
-    Op.AUTH: AuthRequest,
-}
-_OPS: Final = {int(op): op for op in Op}
-_STATUSES: Final = frozenset(int(s) for s in Status)
-_STATUS_BY_CODE: Final = {int(s): s for s in Status}
-
-
-# --------------------------------------------------------------------------- events
-
-
-@dataclass(frozen=True, slots=True)
-class RequestReceived:
-    """A complete, valid request (server side)."""
-
-    request_id: int
-    request: Request
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseReceived:
-    """A complete, valid response (client side)."""
-
-    request_id: int
-    response: Response
-
-
-@dataclass(frozen=True, slots=True)
-class MessageRejected:
-    """A frame with intact framing (length, CRC, version, known op) whose body did not parse.
-
-    The connection can go on; a server answers with :func:`error_response_for_op`.
-    """
-
-    request_id: int
-    op: Op
-    error: ProtocolError
-
-
-Event = RequestReceived | ResponseReceived | MessageRejected
-
-
-# --------------------------------------------------------------------------- body writer
-
-
-class _Writer:
-    """Accumulates body parts; every int is range-checked by struct (ValueError if not)."""
-
-    __slots__ = ("parts",)
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-
-    def raw(self, data: bytes) -> None:
-        self.parts.append(data)
-
-    def blob(self, data: bytes | None) -> None:
-        if data is None:
-            self.parts.append(_I.pack(_NONE_LEN))
-            return
-        if len(data) >= _NONE_LEN:
-            raise ValueError(f"byte string of {len(data)} bytes is too long to encode")
-        self.parts.append(_I.pack(len(data)))
-        self.parts.append(bytes(data))
-
-    def text(self, value: str) -> None:
-        data = value.encode("utf-8")
-        if len(data) > MAX_MESSAGE:
-            data = data[: MAX_MESSAGE - 3].decode("utf-8", "ignore").encode() + b"..."
-        self.blob(data)
-
-
-# --------------------------------------------------------------------------- body reader
-
-
-class _Reader:
-    """Reads a body strictly: every length is checked against the bytes left before use."""
-
-    __slots__ = ("data", "pos")
-
-    def __init__(self, data: memoryview) -> None:
-        self.data = data
-        self.pos = 0
-
-    def left(self) -> int:
-        return len(self.data) - self.pos
-
-    def take(self, st: struct.Struct) -> tuple[Any, ...]:
-        if st.size > self.left():
-            raise ProtocolError(f"body truncated: need {st.size} bytes, {self.left()} left")
-        values = st.unpack_from(self.data, self.pos)
-        self.pos += st.size
-        return values
-
-    def i64(self) -> int:
-        return int(self.take(_Q)[0])
-
-    def blob(self, limit: int | None = None) -> bytes | None:
-        (n,) = self.take(_I)
-        if n == _NONE_LEN:
-            return None
-        if n > self.left():
-            raise ProtocolError(f"byte string of {n} bytes exceeds the {self.left()} bytes left")
-        if limit is not None and n > limit:
-            raise ProtocolError(f"string of {n} bytes exceeds its {limit}-byte cap")
-        out = bytes(self.data[self.pos : self.pos + n])
-        self.pos += n
-        return out
-
-    def required_blob(self, what: str, limit: int | None = None) -> bytes:
-        data = self.blob(limit)
-        if data is None:
-            raise ProtocolError(f"{what} must be present")
-        return data
-
-    def text(self, what: str) -> str:
-        data = self.required_blob(what, MAX_MESSAGE)
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ProtocolError(f"{what} is not valid UTF-8") from exc
-
-    def status(self) -> Status:
-        (code,) = self.take(_H)
-        if code not in _STATUSES:
-            raise ProtocolError(f"unknown status code {code}")
-        return Status(code)
-
-    def done(self) -> None:
-        if self.left():
-            raise ProtocolError(f"{self.left()} trailing bytes after the message body")
-
-
-# --------------------------------------------------------------------------- encoding
-
-
-def _encode_request_body(req: Request, w: _Writer) -> int:
-    """Append the body of ``req`` to ``w``; return its flags."""
-    if isinstance(req, AddRequest):
-        w.raw(_QQ.pack(req.ledger_id, req.entry_id))
-        w.blob(req.master_key)
-        w.blob(req.body)
-        return FLAG_RECOVERY if req.recovery else 0
-    if isinstance(req, ReadRequest):
-        if not math.isfinite(req.timeout) or req.timeout < 0 or req.timeout > MAX_TIMEOUT:
-            raise ValueError(f"read timeout must be within [0, {MAX_TIMEOUT}], not {req.timeout}")
-        flags = FLAG_FENCE if req.fence else 0
-        prev = -1
-        if req.previous_lac is not None:
-            flags |= FLAG_LONG_POLL
-            prev = req.previous_lac
-        w.raw(_QQQ.pack(req.ledger_id, req.entry_id, prev))
-        w.raw(_D.pack(req.timeout))
-        w.blob(req.master_key)
-        return flags
-    if isinstance(req, ReadLacRequest | ListEntriesRequest):
-        w.raw(_Q.pack(req.ledger_id))
-        return 0
-    if isinstance(req, WriteLacRequest):
-        w.raw(_QQ.pack(req.ledger_id, req.lac))
-        w.blob(req.master_key)
-        w.blob(req.body)
-        return 0
-    if isinstance(req, FenceRequest):
-        w.raw(_Q.pack(req.ledger_id))
-        w.blob(req.master_key)
-        return 0
-    if isinstance(req, BookieInfoRequest):
-        return 0
-    if isinstance(req, AuthRequest):
-        w.blob(req.token)
-        return 0
-    raise TypeError(f"not a pybk request: {req!r}")
-
-
-def _encode_response_body(resp: Response, w: _Writer) -> None:
-    w.raw(_H.pack(int(resp.status)))
-    w.text(resp.message)
-    if isinstance(resp, AddResponse):
-        w.raw(_QQ.pack(resp.ledger_id, resp.entry_id))
-    elif isinstance(resp, ReadResponse):
-        w.raw(_QQQ.pack(resp.ledger_id, resp.entry_id, resp.lac))
-        w.blob(resp.body)
-    elif isinstance(resp, ReadLacResponse):
-        w.raw(_Q.pack(resp.ledger_id))
-        w.blob(resp.lac_body)
-        w.blob(resp.last_entry_body)
-    elif isinstance(resp, WriteLacResponse):
-        w.raw(_Q.pack(resp.ledger_id))
-    elif isinstance(resp, FenceResponse):
-        w.raw(_QQ.pack(resp.ledger_id, resp.lac))
-    elif isinstance(resp, ListEntriesResponse):
-        w.raw(_Q.pack(resp.ledger_id))
-        w.raw(_I.pack(len(resp.ranges)))
-        for first, last in resp.ranges:
-            w.raw(_QQ.pack(first, last))
-    elif isinstance(resp, BookieInfoResponse):
-        w.text(resp.bookie_id)
-        w.raw(_QQ.pack(resp.free_bytes, resp.total_bytes))
-        w.text(resp.state)
-    elif isinstance(resp, AuthResponse):
-        pass
-    else:
-        raise TypeError(f"not a pybk response: {resp!r}")
-
-
-def _frame(op: int, flags: int, request_id: int, parts: list[bytes]) -> bytes:
-    header = _HEADER.pack(PROTOCOL_VERSION, op, flags, request_id)
-    crc = crc32c.crc32c(header)
-    for part in parts:
-        crc = crc32c.crc32c(part, crc)
-    length = 4 + HEADER_SIZE + sum(len(p) for p in parts)
-    if length > 0xFFFFFFFF:
-        raise ValueError(f"message of {length} bytes is too large for one frame")
-    return b"".join([_PREFIX.pack(length, crc), header, *parts])
-
-
-# Fast paths for the messages of the write path (one per replica per entry): one struct
-# pack for header + fixed fields, CRC chained over the parts, one join. Same bytes as the
-# generic path (the round-trip tests run through both).
-_ADD_REQ_HEAD = struct.Struct(">BBHQqqI")  # header, ledger, entry, key length
-_ADD_RESP_HEAD = struct.Struct(">BBHQHI")  # header, status, message length
-_QQI = struct.Struct(">qqI")
-_HI = struct.Struct(">HI")
-
-
-def _encode_add_request(request_id: int, req: AddRequest) -> bytes:
-    key, body = req.master_key, req.body
-    head = _ADD_REQ_HEAD.pack(
-        PROTOCOL_VERSION,
-        Op.ADD,
-        FLAG_RECOVERY if req.recovery else 0,
-        request_id,
-        req.ledger_id,
-        req.entry_id,
-        len(key),
-    )
-    mid = _I.pack(len(body))
-    crc = crc32c.crc32c(body, crc32c.crc32c(mid, crc32c.crc32c(key, crc32c.crc32c(head))))
-    length = 4 + len(head) + len(key) + 4 + len(body)
-    return b"".join((_PREFIX.pack(length, crc), head, key, mid, body))
-
-
-def _encode_add_response(request_id: int, resp: AddResponse) -> bytes:
-    msg = resp.message.encode("utf-8") if resp.message else b""
-    if len(msg) > MAX_MESSAGE:
-        w = _Writer()
-        w.text(resp.message)
-        msg = w.parts[-1]
-    head = _ADD_RESP_HEAD.pack(
-        PROTOCOL_VERSION, Op.ADD, FLAG_RESPONSE, request_id, int(resp.status), len(msg)
-    )
-    tail = _QQ.pack(resp.ledger_id, resp.entry_id)
-    crc = crc32c.crc32c(tail, crc32c.crc32c(msg, crc32c.crc32c(head)))
-    return b"".join((_PREFIX.pack(4 + len(head) + len(msg) + 16, crc), head, msg, tail))
-
-
-def encode_request(request_id: int, request: Request) -> bytes:
-    """One frame carrying ``request``. ValueError/TypeError if it cannot be encoded."""
-    if type(request) is AddRequest:
-        try:
-            return _encode_add_request(request_id, request)
-        except struct.error as exc:
-            raise ValueError(f"cannot encode {request!r}: {exc}") from exc
-    w = _Writer()
-    try:
-        flags = _encode_request_body(request, w)
-        return _frame(int(request.op), flags, request_id, w.parts)
-    except struct.error as exc:
-        raise ValueError(f"cannot encode {request!r}: {exc}") from exc
-
-
-def encode_response(request_id: int, response: Response) -> bytes:
-    """One frame carrying ``response`` to request ``request_id``."""
-    if type(response) is AddResponse:
-        try:
-            return _encode_add_response(request_id, response)
-        except struct.error as exc:
-            raise ValueError(f"cannot encode {response!r}: {exc}") from exc
-    w = _Writer()
-    try:
-        _encode_response_body(response, w)
-        return _frame(int(response.op), FLAG_RESPONSE, request_id, w.parts)
-    except struct.error as exc:
-        raise ValueError(f"cannot encode {response!r}: {exc}") from exc
-
-
-# --------------------------------------------------------------------------- decoding
-
-
-def _decode_request(op: Op, flags: int, r: _Reader) -> Request:
-    if op is Op.ADD:
-        ledger_id, entry_id = r.take(_QQ)
-        key = r.required_blob("master key")
-        body = r.required_blob("entry body")
-        r.done()
-        return AddRequest(ledger_id, entry_id, key, body, recovery=bool(flags & FLAG_RECOVERY))
-    if op is Op.READ:
-        ledger_id, entry_id, prev = r.take(_QQQ)
-        (timeout,) = r.take(_D)
-        if not math.isfinite(timeout) or timeout < 0 or timeout > MAX_TIMEOUT:
-            raise ProtocolError(f"read timeout {timeout} out of range")
-        key = r.required_blob("master key")
-        r.done()
-        long_poll = bool(flags & FLAG_LONG_POLL)
-        if not long_poll and prev != -1:
-            raise ProtocolError("previous LAC set without the long-poll flag")
-        return ReadRequest(
-            ledger_id,
-            entry_id,
-            fence=bool(flags & FLAG_FENCE),
-            master_key=key,
-            previous_lac=prev if long_poll else None,
-            timeout=timeout,
-        )
-    if op is Op.READ_LAC or op is Op.LIST_ENTRIES:
-        ledger_id = r.i64()
-        r.done()
-        return ReadLacRequest(ledger_id) if op is Op.READ_LAC else ListEntriesRequest(ledger_id)
-    if op is Op.WRITE_LAC:
-        ledger_id, lac = r.take(_QQ)
-        key = r.required_blob("master key")
-        body = r.required_blob("LAC body")
-        r.done()
-        return WriteLacRequest(ledger_id, lac, key, body)
-    if op is Op.FENCE:
-        ledger_id = r.i64()
-        key = r.required_blob("master key")
-        r.done()
-        return FenceRequest(ledger_id, key)
-    if op is Op.BOOKIE_INFO:
-        r.done()
-        return BookieInfoRequest()
-    token = r.required_blob("auth token")
-    r.done()
-    return AuthRequest(token)
-
-
-def _decode_response(op: Op, r: _Reader) -> Response:
-    status = r.status()
-    message = r.text("message")
-    if op is Op.ADD:
-        ledger_id, entry_id = r.take(_QQ)
-        r.done()
-        return AddResponse(status, ledger_id, entry_id, message)
-    if op is Op.READ:
-        ledger_id, entry_id, lac = r.take(_QQQ)
-        body = r.blob()
-        r.done()
-        return ReadResponse(status, ledger_id, entry_id, body, lac, message)
-    if op is Op.READ_LAC:
-        ledger_id = r.i64()
-        lac_body = r.blob()
-        last = r.blob()
-        r.done()
-        return ReadLacResponse(status, ledger_id, lac_body, last, message)
-    if op is Op.WRITE_LAC:
-        ledger_id = r.i64()
-        r.done()
-        return WriteLacResponse(status, ledger_id, message)
-    if op is Op.FENCE:
-        ledger_id, lac = r.take(_QQ)
-        r.done()
-        return FenceResponse(status, ledger_id, lac, message)
-    if op is Op.LIST_ENTRIES:
-        ledger_id = r.i64()
-        (count,) = r.take(_I)
-        if count * _QQ.size != r.left():
-            raise ProtocolError(f"range count {count} does not match the {r.left()} bytes left")
-        ranges: list[tuple[int, int]] = []
-        for _ in range(count):
-            first, last = r.take(_QQ)
-            if first > last:
-                raise ProtocolError(f"entry range ({first}, {last}) is inverted")
-            ranges.append((first, last))
-        r.done()
-        return ListEntriesResponse(status, ledger_id, tuple(ranges), message)
-    if op is Op.BOOKIE_INFO:
-        bookie_id = r.text("bookie id")
-        free, total = r.take(_QQ)
-        state = r.text("state")
-        r.done()
-        return BookieInfoResponse(status, bookie_id, free, total, state, message)
-    r.done()
-    return AuthResponse(status, message)
-
-
-_BODY = PREFIX_SIZE - 4 + HEADER_SIZE  # offset of the body in a frame without its length
-
-
-def _fast_add_request(f: bytes, flags: int) -> AddRequest:
-    """ADD request body, decoded straight from the frame (``f`` = crc + header + body)."""
-    n, p = len(f), _BODY
-    if n - p < _QQI.size:
-        raise ProtocolError(f"body truncated: need {_QQI.size} bytes, {n - p} left")
-    ledger_id, entry_id, klen = _QQI.unpack_from(f, p)
-    p += _QQI.size
-    if klen == _NONE_LEN:
-        raise ProtocolError("master key must be present")
-    if klen > n - p:
-        raise ProtocolError(f"byte string of {klen} bytes exceeds the {n - p} bytes left")
-    key = f[p : p + klen]
-    p += klen
-    if n - p < 4:
-        raise ProtocolError(f"body truncated: need 4 bytes, {n - p} left")
-    (blen,) = _I.unpack_from(f, p)
-    p += 4
-    if blen == _NONE_LEN:
-        raise ProtocolError("entry body must be present")
-    if blen > n - p:
-        raise ProtocolError(f"byte string of {blen} bytes exceeds the {n - p} bytes left")
-    if blen < n - p:
-        raise ProtocolError(f"{n - p - blen} trailing bytes after the message body")
-    return AddRequest(ledger_id, entry_id, key, f[p:], recovery=bool(flags & FLAG_RECOVERY))
-
-
-def _fast_add_response(f: bytes) -> AddResponse:
-    n, p = len(f), _BODY
-    if n - p < _HI.size:
-        raise ProtocolError(f"body truncated: need {_HI.size} bytes, {n - p} left")
-    code, mlen = _HI.unpack_from(f, p)
-    p += _HI.size
-    status = _STATUS_BY_CODE.get(code)
-    if status is None:
-        raise ProtocolError(f"unknown status code {code}")
-    if mlen == _NONE_LEN:
-        raise ProtocolError("message must be present")
-    if mlen > n - p:
-        raise ProtocolError(f"byte string of {mlen} bytes exceeds the {n - p} bytes left")
-    if mlen > MAX_MESSAGE:
-        raise ProtocolError(f"string of {mlen} bytes exceeds its {MAX_MESSAGE}-byte cap")
-    try:
-        message = f[p : p + mlen].decode("utf-8") if mlen else ""
-    except UnicodeDecodeError as exc:
-        raise ProtocolError("message is not valid UTF-8") from exc
-    p += mlen
-    if n - p < _QQ.size:
-        raise ProtocolError(f"body truncated: need {_QQ.size} bytes, {n - p} left")
-    if n - p > _QQ.size:
-        raise ProtocolError(f"{n - p - _QQ.size} trailing bytes after the message body")
-    ledger_id, entry_id = _QQ.unpack_from(f, p)
-    return AddResponse(status, ledger_id, entry_id, message)
-
-
-def error_response_for_op(op: Op, status: Status, message: str) -> Response:
-    """A response of operation ``op``'s type carrying an error (ids unknown: zero)."""
-    if op is Op.ADD:
-        return AddResponse(status, 0, 0, message)
-    if op is Op.READ:
-        return ReadResponse(status, 0, 0, message=message)
-    if op is Op.READ_LAC:
-        return ReadLacResponse(status, 0, message=message)
-    if op is Op.WRITE_LAC:
-        return WriteLacResponse(status, 0, message)
-    if op is Op.FENCE:
-        return FenceResponse(status, 0, message=message)
-    if op is Op.LIST_ENTRIES:
-        return ListEntriesResponse(status, 0, message=message)
-    if op is Op.BOOKIE_INFO:
-        return BookieInfoResponse(status, message=message)
-    return AuthResponse(status, message)
-
-
-# --------------------------------------------------------------------------- connection
+__all__ = [
+    "DEFAULT_MAX_FRAME",
+    "FLAG_FENCE",
+    "FLAG_LONG_POLL",
+    "FLAG_RECOVERY",
+    "FLAG_RESPONSE",
+    "FLAG_VERSIONS",
+    "HEADER_SIZE",
+    "MAX_BATCH_ENTRIES",
+    "MAX_MESSAGE",
+    "MAX_TIMEOUT",
+    "MIN_FRAME",
+    "PREFIX_SIZE",
+    "PRE_AUTH_MAX_FRAME",
+    "PROTOCOL_VERSION",
+    "Connection",
+    "Event",
+    "MessageRejected",
+    "RequestReceived",
+    "ResponseReceived",
+    "encode_request",
+    "encode_response",
+    "error_response_for_op",
+]
+
+_LENGTH = struct.Struct(">I")
+_LENGTH_SIZE = _LENGTH.size
 
 
 class Connection:
@@ -588,6 +97,8 @@ class Connection:
         #: frames that follow AUTH must be checked against the cap that applies *after*
         #: the server has judged the token. Call ``receive_data(b"")`` to go on.
         self.hold_after_auth = False
+        #: decoding stopped after an AUTH request with frames still buffered
+        self._held = False
 
     @property
     def broken(self) -> ProtocolError | None:
@@ -623,28 +134,35 @@ class Connection:
         buf += data
         events: list[Event] = []
         pos = 0
+        self._held = False
         try:
-            while len(buf) - pos >= 4:
-                (length,) = _I.unpack_from(buf, pos)
-                if length > self.max_frame:
-                    raise ProtocolError(
-                        f"frame of {length} bytes exceeds the {self.max_frame}-byte cap"
-                    )
-                if length < MIN_FRAME:
-                    raise ProtocolError(f"frame length {length} is below the minimum {MIN_FRAME}")
-                end = pos + 4 + length
-                if len(buf) < end:
-                    break
-                # A copy, so nothing holds a view into ``buf`` (it is resized below).
-                event = self._decode_frame(bytes(buf[pos + 4 : end]))
-                events.append(event)
-                pos = end
-                if (
-                    self.hold_after_auth
-                    and isinstance(event, RequestReceived)
-                    and isinstance(event.request, AuthRequest)
-                ):
-                    break  # the caller decides the next frame cap (see hold_after_auth)
+            with memoryview(buf) as view:  # (released before ``buf`` is resized below)
+                while len(buf) - pos >= _LENGTH_SIZE:
+                    (length,) = _LENGTH.unpack_from(view, pos)
+                    if length > self.max_frame:
+                        raise ProtocolError(
+                            f"frame of {length} bytes exceeds the {self.max_frame}-byte cap"
+                        )
+                    if length < MIN_FRAME:
+                        raise ProtocolError(
+                            f"frame length {length} is below the minimum {MIN_FRAME}")
+                    end = pos + 4 + length
+                    if len(buf) < end:
+                        break
+                    # decoded from a view of the buffer: each field is copied out once, and
+                    # nothing keeps a view into ``buf`` (the decoders return bytes)
+                    with view[pos + 4 : end] as frame:
+                        event = decode_frame(frame, self.role)
+                    self.frames_received += 1
+                    events.append(event)
+                    pos = end
+                    if (
+                        self.hold_after_auth
+                        and isinstance(event, RequestReceived)
+                        and isinstance(event.request, AuthRequest)
+                    ):
+                        self._held = len(buf) > pos
+                        break  # the caller decides the next frame cap (see hold_after_auth)
         except ProtocolError as exc:
             self._error = exc
             self._buf = bytearray()
@@ -654,50 +172,19 @@ class Connection:
                 del buf[:pos]
         return events
 
-    def _decode_frame(self, frame: bytes) -> Event:
-        """``frame`` = crc + header + body (the length field already stripped)."""
-        (crc,) = _I.unpack_from(frame, 0)
-        if crc32c.crc32c(memoryview(frame)[4:]) != crc:
-            raise ProtocolError("frame CRC mismatch")
-        version, op_code, flags, request_id = _HEADER.unpack_from(frame, 4)
-        if version != PROTOCOL_VERSION:
-            raise ProtocolError(f"unknown protocol version {version}")
-        op = _OPS.get(op_code)
-        if op is None:
-            raise ProtocolError(f"unknown operation {op_code}")
-        is_response = bool(flags & FLAG_RESPONSE)
-        if is_response != (self.role == "client"):
-            kind = "response" if is_response else "request"
-            raise ProtocolError(f"unexpected {kind} frame on the {self.role} side")
-        self.frames_received += 1
-        try:
-            if is_response:
-                if flags != FLAG_RESPONSE:
-                    raise ProtocolError(f"unknown response flags {flags:#06x}")
-                if op is Op.ADD:
-                    return ResponseReceived(request_id, _fast_add_response(frame))
-                body = _Reader(memoryview(frame)[_BODY:])
-                return ResponseReceived(request_id, _decode_response(op, body))
-            if flags & ~_ALLOWED_FLAGS.get(op, 0):
-                raise ProtocolError(f"unknown flags {flags:#06x} for {op.name}")
-            if op is Op.ADD:
-                return RequestReceived(request_id, _fast_add_request(frame, flags))
-            body = _Reader(memoryview(frame)[_BODY:])
-            return RequestReceived(request_id, _decode_request(op, flags, body))
-        except ProtocolError as exc:
-            return MessageRejected(request_id, op, exc)
-
-
-__all__ = [
-    "DEFAULT_MAX_FRAME",
-    "PRE_AUTH_MAX_FRAME",
-    "PROTOCOL_VERSION",
-    "Connection",
-    "Event",
-    "MessageRejected",
-    "RequestReceived",
-    "ResponseReceived",
-    "encode_request",
-    "encode_response",
-    "error_response_for_op",
-]
+    def _check(self) -> None:
+        """Assert the framing invariants (the stateful and property tests call this after
+        every step): a broken connection buffers nothing; otherwise the buffer holds less
+        than one whole frame (every complete frame was decoded, unless decoding is held after
+        an AUTH request), and a buffered length prefix is within the cap it was checked
+        against."""
+        buf = self._buf
+        assert self.bytes_received >= len(buf)
+        assert self.frames_received >= 0
+        if self._error is not None:
+            assert not buf, "a broken connection keeps no bytes"
+            return
+        if len(buf) >= _LENGTH_SIZE and not self._held:
+            length = int.from_bytes(buf[:4], "big")
+            assert MIN_FRAME <= length <= self.max_frame, (length, self.max_frame)
+            assert len(buf) < 4 + length, "a complete frame was left undecoded"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
 import hmac
 import logging
 import ssl
@@ -36,15 +37,22 @@ from typing import Any, cast
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from pybk.errors import BKError, ProtocolError
+from pybk.errors import BKError, ProtocolError, status_of
 from pybk.protocol import (
+    AddBatchRequest,
+    AddCallback,
+    AddLike,
+    AddOutcome,
     AddRequest,
     AuthRequest,
     AuthResponse,
+    BookieInfoRequest,
+    BookieInfoResponse,
     ReadRequest,
     Request,
     Response,
     Status,
+    add_response,
     error_response,
 )
 from pybk.transport import codec
@@ -262,13 +270,22 @@ class _ServerConnection(asyncio.Protocol):
                 self._refuse_unauthenticated(event.request_id, request.op)
                 return
             self.in_flight += 1
-            add_nowait = self.server.add_nowait
-            if add_nowait is not None and isinstance(request, AddRequest):
-                # the hot path: the bookie answers from its journal's batch completion
-                self.fast_adds += 1
-                self.fast_adds_idle.clear()
-                add_nowait(request, _FastAddReply(self, event.request_id))
-                continue
+            kind = type(request)
+            if kind is AddRequest or kind is AddBatchRequest:
+                adder = self.server.add
+                if adder is not None:
+                    # the hot path: the bookie's add path (the one every transport drives)
+                    # answers from its journal's batch completion; no task per request
+                    self.fast_adds += 1
+                    self.fast_adds_idle.clear()
+                    adder(request, _FastAddReply(self, event.request_id, request))  # type: ignore[arg-type]
+                    continue
+                add_nowait = self.server.add_nowait
+                if add_nowait is not None and kind is AddRequest:
+                    self.fast_adds += 1
+                    self.fast_adds_idle.clear()
+                    add_nowait(request, _NowaitReply(self, event.request_id))  # type: ignore[arg-type]
+                    continue
             task = self.loop.create_task(self._serve(event.request_id, request))
             self.tasks[task] = request
             task.add_done_callback(self._task_done)
@@ -301,13 +318,17 @@ class _ServerConnection(asyncio.Protocol):
             raise
         except BKError as exc:
             self.server.stats.incr("handler_error")
-            response = error_response(request, _status_of(exc), str(exc))
+            response = error_response(request, status_of(exc), str(exc))
         except Exception as exc:
             self.server.stats.incr("handler_error")
             log.exception("handler failed on %r", request)
-            response = error_response(request, Status.GENERIC_ERROR, f"internal error: {exc!r}")
+            response = error_response(request, status_of(exc), f"internal error: {exc!r}")
         finally:
             self.in_flight -= 1
+        if (isinstance(request, BookieInfoRequest) and request.versions
+                and isinstance(response, BookieInfoResponse)):
+            # the client asks which protocol version it may use (docs/protocol.md)
+            response = dataclasses.replace(response, protocol_version=codec.PROTOCOL_VERSION)
         self._answered(request_id, response)
 
     def _authenticate(self, request_id: int, request: AuthRequest) -> None:
@@ -430,15 +451,23 @@ class _ServerConnection(asyncio.Protocol):
             self.abort()
 
 
-def _status_of(exc: BKError) -> Status:
-    try:
-        return Status(exc.status)
-    except ValueError:
-        return Status.GENERIC_ERROR
-
-
 class _FastAddReply:
-    """The reply callback of one fast-path add (a slotted object, not a closure)."""
+    """The ``on_done`` of one add on the bookie's add path: the outcome becomes the answer
+    frame (a slotted object, not a closure)."""
+
+    __slots__ = ("conn", "request", "request_id")
+
+    def __init__(self, conn: _ServerConnection, request_id: int, request: AddLike) -> None:
+        self.conn = conn
+        self.request_id = request_id
+        self.request = request
+
+    def __call__(self, outcome: AddOutcome) -> None:
+        self.conn._fast_add_done(self.request_id, add_response(self.request, outcome))
+
+
+class _NowaitReply:
+    """The reply callback of one add through an ``add_nowait`` (answers with a response)."""
 
     __slots__ = ("conn", "request_id")
 
@@ -450,7 +479,10 @@ class _FastAddReply:
         self.conn._fast_add_done(self.request_id, response)
 
 
-#: ``add_nowait(request, reply)``: answer an add by calling ``reply(response)`` exactly once.
+#: ``add(request, on_done)``: the bookie's add path (``Bookie.add_request``)
+AddPath = Callable[[AddLike, AddCallback], None]
+#: ``add_nowait(request, reply)``: answer an add by calling ``reply(response)`` exactly once
+#: (the older form, kept for callers that have one)
 AddNowait = Callable[[AddRequest, Callable[[Response], None]], None]
 
 
@@ -468,11 +500,14 @@ class BookieServer:
         config: ServerConfig | None = None,
         registry: CollectorRegistry | None = None,
         add_nowait: AddNowait | None = None,
+        add: AddPath | None = None,
     ) -> None:
         if auth_token is not None and not auth_token:
             raise ValueError("auth_token must be non-empty (or None for no authentication)")
         self.handler = handler
-        #: optional fast path for adds (``Bookie.add_nowait``): no task per request
+        #: the bookie's add path (``Bookie.add_request``): ADD and ADD_BATCH requests go
+        #: there, no task per request; without it, ``add_nowait`` (single adds) or the handler
+        self.add = add
         self.add_nowait = add_nowait
         self.host = host
         self.port = port

@@ -22,17 +22,43 @@ UnauthorizedError), not a transport failure: retrying another bookie would not h
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
-import math
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, cast
 
-from pybk.errors import BookieUnavailableError, ProtocolError, TimeoutError
-from pybk.protocol import AuthRequest, Request, Response, Status, error_response
+from pybk.errors import (
+    BKError,
+    BookieUnavailableError,
+    EntryTooLargeError,
+    ProtocolError,
+    TimeoutError,
+)
+from pybk.protocol import (
+    AddBatchRequest,
+    AddCallback,
+    AddLike,
+    AddRequest,
+    AuthRequest,
+    BookieInfoRequest,
+    BookieInfoResponse,
+    ReadBatchRequest,
+    ReadRequest,
+    Request,
+    Response,
+    Status,
+    add_outcome,
+    error_response,
+)
 from pybk.transport import codec
-from pybk.transport.base import Transport
+from pybk.transport.base import (
+    Transport,
+    read_batch_by_singles,
+    settle_add,
+    split_batch,
+    split_callback,
+)
+from pybk.transport.deadlines import Deadlines
 
 if TYPE_CHECKING:
     from pybk.metadata.base import MetadataStore
@@ -49,6 +75,28 @@ log = logging.getLogger("pybk.tcp")
 Resolver = Callable[[str], Awaitable[str]]
 
 _RESPONSE_SLACK = 64 * 1024
+#: an ADD_BATCH frame's length field without its entries: CRC, header, ledger id, key
+#: length, count; each entry then adds its id, its length and its body
+_BATCH_FIXED = 4 + codec.HEADER_SIZE + 8 + 4 + 4
+_BATCH_PER_ENTRY = 12
+
+
+def _frame_groups(request: AddBatchRequest, max_frame: int) -> list[list[int]]:
+    """The entries of ``request`` (by index) in runs whose ADD_BATCH frames fit
+    ``max_frame`` (an entry too big for any frame is a run of its own: refused when sent)."""
+    fixed = _BATCH_FIXED + len(request.master_key)
+    groups: list[list[int]] = []
+    run: list[int] = []
+    size = fixed
+    for i, body in enumerate(request.bodies):
+        n = _BATCH_PER_ENTRY + len(body)
+        if run and size + n > max_frame:
+            groups.append(run)
+            run, size = [], fixed
+        run.append(i)
+        size += n
+    groups.append(run)
+    return groups
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -83,11 +131,35 @@ def registry_resolver(store: MetadataStore) -> Resolver:
 
 
 class _Pending:
-    __slots__ = ("future", "request")
+    """A request waiting for its answer: settled once (``on_answer(response)`` or
+    ``on_fail(error)``), and out of the connection's deadlines when it is."""
 
-    def __init__(self, future: asyncio.Future[Response], request: Request) -> None:
-        self.future = future
+    __slots__ = ("on_answer", "on_fail", "request", "token")
+
+    def __init__(self, request: Request, on_answer: Callable[[Response], None],
+                 on_fail: Callable[[BKError], None]) -> None:
         self.request = request
+        self.on_answer = on_answer
+        self.on_fail = on_fail
+        self.token = 0
+
+
+def _future_pending(request: Request, future: asyncio.Future[Response]) -> _Pending:
+    def answer(response: Response) -> None:
+        if not future.done():
+            future.set_result(response)
+
+    def fail(exc: BKError) -> None:
+        if not future.done():
+            future.set_exception(exc)
+
+    return _Pending(request, answer, fail)
+
+
+def _add_pending(request: AddLike, on_done: AddCallback) -> _Pending:
+    count = len(request.bodies) if type(request) is AddBatchRequest else 1
+    return _Pending(request, lambda response: settle_add(on_done, add_outcome(response, count)),
+                    lambda exc: settle_add(on_done, exc))
 
 
 class _ClientConnection(asyncio.Protocol):
@@ -112,23 +184,21 @@ class _ClientConnection(asyncio.Protocol):
         self.last_used = self.loop.time()
         self.idle_timer: asyncio.TimerHandle | None = None
         self.auth_id: int | None = None
-        # Request timeouts: a heap of (deadline, request id) and ONE loop timer armed at the
-        # earliest deadline, instead of a TimerHandle per request (thousands in flight).
-        # Answered requests stay in the heap until their deadline or a compaction.
-        self.deadlines: list[tuple[float, int]] = []
-        self.timer: asyncio.TimerHandle | None = None
-        self.timer_at = math.inf
+        #: the newest protocol version the bookie speaks, once it said: the first batch of
+        #: adds asks (BOOKIE_INFO with the versions flag); until the answer, and for a bookie
+        #: that refuses the flag (version 1), adds go as single ADDs, which every bookie serves
+        self.peer_version = 1
+        self.versions_id: int | None = None
+        self.asked_versions = False
+        #: request timeouts: one loop timer for all (pybk.transport.deadlines)
+        self.deadlines = Deadlines(self.loop)
         if owner.auth_token is not None:
             self.auth_id = self._enqueue(AuthRequest(owner.auth_token), None, None)
 
     # -- sending -----------------------------------------------------------------------------
 
-    def _enqueue(
-        self,
-        request: Request,
-        future: asyncio.Future[Response] | None,
-        timeout: float | None,
-    ) -> int:
+    def _enqueue(self, request: Request, pending: _Pending | None, timeout: float | None,
+                 ) -> int:
         request_id = self.next_id
         self.next_id += 1
         self.last_used = self.loop.time()
@@ -139,10 +209,11 @@ class _ClientConnection(asyncio.Protocol):
                 f"{request.op.name} request of {len(frame)} bytes exceeds the "
                 f"{self.owner.max_frame}-byte frame cap"
             )
-        if future is not None:
-            self.pending[request_id] = _Pending(future, request)
+        if pending is not None:
+            self.pending[request_id] = pending
             if timeout is not None:
-                self._add_deadline(self.loop.time() + timeout, request_id)
+                pending.token = self.deadlines.add(
+                    timeout, lambda: self._expire(request_id))
         self.out.append(frame)
         if self.transport is not None and not self.flush_scheduled:
             self.flush_scheduled = True
@@ -152,7 +223,58 @@ class _ClientConnection(asyncio.Protocol):
     def send(
         self, request: Request, future: asyncio.Future[Response], timeout: float | None
     ) -> None:
-        self._enqueue(request, future, timeout)
+        if type(request) is ReadBatchRequest and self.peer_version < 2:
+            # an older bookie reads one entry per request; the answer is put together here
+            self._ask_versions(len(request.entry_ids))
+
+            def single(read: ReadRequest) -> asyncio.Future[Response]:
+                fut: asyncio.Future[Response] = self.loop.create_future()
+                self._enqueue(read, _future_pending(read, fut), timeout)
+                return fut
+
+            _chain(read_batch_by_singles(single, request), future)
+            return
+        self._enqueue(request, _future_pending(request, future), timeout)
+
+    def _ask_versions(self, entries: int) -> None:
+        """Ask the bookie which protocol version it speaks, once, when batching would pay."""
+        if not self.asked_versions and entries > 1:
+            self.asked_versions = True
+            self.versions_id = self._enqueue(BookieInfoRequest(versions=True), None, None)
+
+    def add(self, request: AddLike, on_done: AddCallback, timeout: float | None) -> None:
+        """Send an add: one ADD_BATCH frame (or as many as the frame cap needs) to a bookie
+        that speaks protocol version 2, else one ADD frame per entry. Never raises: an entry
+        no frame can carry is answered EntryTooLargeError."""
+        if type(request) is AddRequest:
+            self._add_frames([request], [on_done], timeout)
+            return
+        assert isinstance(request, AddBatchRequest)
+        if self.peer_version < 2:
+            self._ask_versions(len(request.bodies))
+            singles = split_batch(request)
+            parts = split_callback(on_done, len(singles), [[i] for i in range(len(singles))])
+            self._add_frames(singles, parts, timeout)
+            return
+        groups = _frame_groups(request, self.owner.max_frame)
+        if len(groups) == 1:
+            self._add_frames([request], [on_done], timeout)
+            return
+        parts = split_callback(on_done, len(request.bodies), groups)
+        chunks = [request if len(g) == len(request.bodies) else AddBatchRequest(
+            request.ledger_id, request.master_key, [request.entry_ids[i] for i in g],
+            [request.bodies[i] for i in g], request.recovery) for g in groups]
+        self._add_frames(chunks, parts, timeout)
+
+    def _add_frames(self, requests: Sequence[AddLike], callbacks: Sequence[AddCallback],
+                    timeout: float | None) -> None:
+        for request, on_done in zip(requests, callbacks, strict=True):
+            try:
+                self._enqueue(request, _add_pending(request, on_done), timeout)
+            except ValueError as exc:  # over the frame cap (or not encodable): refused here
+                settle_add(on_done, EntryTooLargeError(
+                    f"bookie {self.bookie_id}: {exc} (an entry must fit one frame: see "
+                    "ClientConfig.max_entry_size and the transport's max_frame)"))
 
     def _flush(self) -> None:
         self.flush_scheduled = False
@@ -160,35 +282,11 @@ class _ClientConnection(asyncio.Protocol):
             self.transport.write(self.out[0] if len(self.out) == 1 else b"".join(self.out))
         self.out.clear()
 
-    def _add_deadline(self, deadline: float, request_id: int) -> None:
-        heap = self.deadlines
-        heapq.heappush(heap, (deadline, request_id))
-        if len(heap) > 2 * len(self.pending) + 1024:  # drop answered requests' deadlines
-            heap[:] = [d for d in heap if d[1] in self.pending]
-            heapq.heapify(heap)
-        if deadline < self.timer_at:
-            self._arm(deadline)
-
-    def _arm(self, when: float) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        self.timer_at = when
-        self.timer = self.loop.call_at(when, self._expire_due)
-
-    def _expire_due(self) -> None:
-        self.timer, self.timer_at = None, math.inf
-        heap, now = self.deadlines, self.loop.time()
-        while heap and heap[0][0] <= now:
-            _, request_id = heapq.heappop(heap)
-            entry = self.pending.pop(request_id, None)
-            if entry is not None and not entry.future.done():
-                entry.future.set_exception(
-                    TimeoutError(
-                        f"bookie {self.bookie_id}: no answer to {entry.request.op.name} in time"
-                    )
-                )
-        if heap:
-            self._arm(heap[0][0])
+    def _expire(self, request_id: int) -> None:
+        entry = self.pending.pop(request_id, None)
+        if entry is not None:
+            entry.on_fail(TimeoutError(
+                f"bookie {self.bookie_id}: no answer to {entry.request.op.name} in time"))
 
     # -- asyncio callbacks -------------------------------------------------------------------
 
@@ -242,6 +340,17 @@ class _ClientConnection(asyncio.Protocol):
                     self._refuse_all(event.response.message or "authentication failed")
                     return
                 continue
+            if event.request_id == self.versions_id:
+                self.versions_id = None
+                response = event.response
+                if response.status == Status.UNAUTHORIZED:
+                    # the bookie wants a token first: it refuses whatever comes before AUTH
+                    # and closes, so every request on this connection is refused the same way
+                    self._refuse_all(response.message or "authentication required")
+                    return
+                if isinstance(response, BookieInfoResponse) and response.protocol_version:
+                    self.peer_version = min(response.protocol_version, codec.PROTOCOL_VERSION)
+                continue  # (an older bookie refuses the flag: it speaks version 1)
             entry = self.pending.pop(event.request_id, None)
             if entry is None:
                 continue  # timed out already
@@ -251,8 +360,8 @@ class _ClientConnection(asyncio.Protocol):
                     f"{event.response.op.name}"
                 )
                 return
-            if not entry.future.done():
-                entry.future.set_result(event.response)
+            self.deadlines.discard(entry.token)
+            entry.on_answer(event.response)
 
     def connection_lost(self, exc: Exception | None) -> None:
         why = f": {exc}" if exc else ""
@@ -263,9 +372,9 @@ class _ClientConnection(asyncio.Protocol):
     def _refuse_all(self, message: str) -> None:
         """The bookie refused our token: every pending request gets an UNAUTHORIZED answer."""
         pending, self.pending = self.pending, {}
+        self.deadlines.close()
         for entry in pending.values():
-            if not entry.future.done():
-                entry.future.set_result(error_response(entry.request, Status.UNAUTHORIZED, message))
+            entry.on_answer(error_response(entry.request, Status.UNAUTHORIZED, message))
         self.fail(message)
 
     def fail(self, message: str) -> None:
@@ -279,16 +388,12 @@ class _ClientConnection(asyncio.Protocol):
             self.transport.abort()
         pending, self.pending = self.pending, {}
         self.out.clear()
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer, self.timer_at = None, math.inf
+        self.deadlines.close()
         if self.idle_timer is not None:
             self.idle_timer.cancel()
             self.idle_timer = None
-        self.deadlines.clear()
         for entry in pending.values():
-            if not entry.future.done():
-                entry.future.set_exception(BookieUnavailableError(message))
+            entry.on_fail(BookieUnavailableError(message))
 
 
 class TcpTransport(Transport):
@@ -352,25 +457,41 @@ class TcpTransport(Transport):
     ) -> asyncio.Future[Response]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Response] = loop.create_future()
-        if self._closed:
-            future.set_exception(BookieUnavailableError("transport is closed"))
+        try:
+            conn = self._connection(bookie_id, getattr(request, "ledger_id", 0))
+        except BookieUnavailableError as exc:
+            future.set_exception(exc)
             return future
-        slot = getattr(request, "ledger_id", 0) % self.connections_per_bookie
+        conn.send(request, future, self.default_timeout if timeout is None else timeout)
+        return future
+
+    def add(self, bookie_id: str, request: AddLike, on_done: AddCallback,
+            timeout: float | None = None) -> None:
+        try:
+            conn = self._connection(bookie_id, request.ledger_id)
+        except BookieUnavailableError as exc:
+            settle_add(on_done, exc)
+            return
+        conn.add(request, on_done, self.default_timeout if timeout is None else timeout)
+
+    def _connection(self, bookie_id: str, ledger_id: int) -> _ClientConnection:
+        """The pooled connection a ledger's requests to ``bookie_id`` use, opened on first use;
+        BookieUnavailableError when closed or backing off after a failed connect."""
+        if self._closed:
+            raise BookieUnavailableError("transport is closed")
+        slot = ledger_id % self.connections_per_bookie
         conn = self._conns.get((bookie_id, slot))
         if conn is None:
+            loop = asyncio.get_running_loop()
             retry_at, _ = self._backoff.get(bookie_id, (0.0, 0.0))
             if loop.time() < retry_at:
-                future.set_exception(
-                    BookieUnavailableError(f"bookie {bookie_id} unreachable (backing off)")
-                )
-                return future
+                raise BookieUnavailableError(f"bookie {bookie_id} unreachable (backing off)")
             conn = _ClientConnection(self, bookie_id, slot)
             self._conns[(bookie_id, slot)] = conn
             task = loop.create_task(self._connect(conn))
             self._connects.add(task)
             task.add_done_callback(self._connects.discard)
-        conn.send(request, future, self.default_timeout if timeout is None else timeout)
-        return future
+        return conn
 
     async def _connect(self, conn: _ClientConnection) -> None:
         loop = asyncio.get_running_loop()
@@ -428,3 +549,18 @@ class TcpTransport(Transport):
             conn.fail("transport closed")
         if self._connects:
             await asyncio.gather(*self._connects, return_exceptions=True)
+
+
+def _chain(src: asyncio.Future[Response], dst: asyncio.Future[Response]) -> None:
+    """Settle ``dst`` as ``src`` settles."""
+
+    def copy(f: asyncio.Future[Response]) -> None:
+        if dst.done():
+            return
+        exc = f.exception()
+        if exc is not None:
+            dst.set_exception(exc)
+        else:
+            dst.set_result(f.result())
+
+    src.add_done_callback(copy)

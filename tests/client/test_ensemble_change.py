@@ -93,7 +93,7 @@ async def test_second_failure_while_first_is_handled() -> None:
         await until(lambda: gate.waiting == 1)
         await hold2.wait_held(1)
         hold2.fail_held(Status.IO_ERROR)  # b[2] fails while the first change is in flight
-        await until(lambda: 2 in lh._pipeline.failed or not lh._pipeline.failed)
+        await until(lambda: 2 in lh._pipeline.core.failed or not lh._pipeline.core.failed)
         assert not fut.done()
         gate.open()
         assert await fut == 0
@@ -114,7 +114,7 @@ async def test_no_adds_complete_while_change_in_progress() -> None:
         cluster.transport.hooks.fail(b[2], op=Op.ADD, times=1)
         fut = lh.append(b"e0")
         await until(lambda: gate.waiting == 1)
-        await until(lambda: bool(lh._pipeline.pending) and lh._pipeline.pending[0].acks.complete)
+        await until(lambda: lh._pipeline.core.pending > 0 and lh._pipeline.core.has_quorum(0))
         await asyncio.sleep(0)
         assert not fut.done() and lh.last_add_confirmed == -1
         gate.open()

@@ -21,7 +21,7 @@ def add(lid: int, eid: int) -> AddRequest:
 
 def pending(t) -> int:  # type: ignore[no-untyped-def]
     """Requests in the local transport's timeout table (under the test hooks' wrapper)."""
-    return sum(len(q) for q in t.inner._deadlines.values())
+    return len(t.inner._deadlines)
 
 
 async def test_answered_adds_leave_the_timeout_table_at_once() -> None:

@@ -310,7 +310,7 @@ async def test_first_writer_cannot_commit_after_second_closes(broken: bool) -> N
         f2 = lh.append(b"e2")
         await h1.wait_held(1)
         await h2.wait_held(1)
-        await until(lambda: lh._pipeline.pending[0].acks.acked == frozenset({2}))  # b3 has e2
+        await until(lambda: lh._pipeline.core.acked_by(2) == frozenset({2}))  # b3 has e2
 
         t2 = cluster.local_transport()
         t2.hooks.hold(b2, predicate=_is_lac_fence)  # the fence to b2 is lost

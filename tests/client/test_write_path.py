@@ -71,7 +71,7 @@ async def test_acks_wait_for_earlier_entries() -> None:
         f0 = lh.append(b"zero")
         f1 = lh.append(b"one")
         await hold.wait_held(3)
-        await until(lambda: lh._pipeline.pending[1].acks.complete)
+        await until(lambda: lh._pipeline.core.has_quorum(1))
         await asyncio.sleep(0)
         assert not f1.done() and lh.last_add_confirmed == -1
         order: list[int] = []

@@ -140,7 +140,7 @@ async def test_a_new_base_once_the_deltas_add_up_and_old_deltas_go():
     await fill(s, 1, range(100))
     await s.checkpoint()  # delta of 100 entries
     await s.checkpoint()  # ... and now a base: the first delta was bigger than half the base
-    base_gen = s._cp_gen
+    base_gen = s.checkpointer._gen
     assert s.checkpoint_stats["bases"] == 2 and s.checkpoint_stats["deltas"] == 1
     assert _deltas(fs) == []  # the old base's deltas are gone
     for i in range(3):
@@ -150,7 +150,7 @@ async def test_a_new_base_once_the_deltas_add_up_and_old_deltas_go():
     few = StoreConfig(segment_size=4096, checkpoint_max_deltas=3)
     s.config = few
     await s.checkpoint()  # the fourth would exceed the count: a base
-    assert _deltas(fs) == [] and s._cp_gen == base_gen + 1
+    assert _deltas(fs) == [] and s.checkpointer._gen == base_gen + 1
     expected = _state(s.index)
     again = await _reopen(fs, s, few)
     assert _state(again.index) == expected
@@ -192,9 +192,9 @@ async def test_a_delta_of_an_older_base_is_never_applied():
     s = await open_store(fs, one_delta)
     await fill(s, 1, range(10))
     await s.checkpoint()  # a delta on start-up's base
-    old_gen = s._cp_gen
+    old_gen = s.checkpointer._gen
     await s.checkpoint()  # the count is reached: a new base, a newer generation
-    new_gen = s._cp_gen
+    new_gen = s.checkpointer._gen
     assert new_gen > old_gen and _deltas(fs) == []
     # what a crash after the new base, before the older base's deltas were deleted, leaves:
     # here deltas that would fence and delete ledger 1 if they were applied

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from pybk.errors import ProtocolError
 from pybk.protocol import (
+    AddBatchRequest,
+    AddBatchResponse,
     AddRequest,
     AddResponse,
     AuthRequest,
@@ -27,6 +29,8 @@ from pybk.protocol import (
     ListEntriesRequest,
     ListEntriesResponse,
     Op,
+    ReadBatchRequest,
+    ReadBatchResponse,
     ReadLacRequest,
     ReadLacResponse,
     ReadRequest,
@@ -35,7 +39,7 @@ from pybk.protocol import (
     WriteLacRequest,
     WriteLacResponse,
 )
-from pybk.transport import codec
+from pybk.transport import codec, messages
 from pybk.transport.codec import (
     Connection,
     MessageRejected,
@@ -71,8 +75,13 @@ requests = st.one_of(
     st.builds(WriteLacRequest, i64, i64, blob, blob),
     st.builds(FenceRequest, i64, blob),
     st.builds(ListEntriesRequest, i64),
-    st.just(BookieInfoRequest()),
+    st.builds(BookieInfoRequest, st.booleans()),
     st.builds(AuthRequest, blob),
+    st.lists(st.tuples(i64, blob), min_size=1, max_size=6).flatmap(
+        lambda entries: st.builds(
+            AddBatchRequest, i64, blob, st.just([e for e, _ in entries]),
+            st.just([b for _, b in entries]), st.booleans())),
+    st.builds(ReadBatchRequest, i64, st.lists(i64, min_size=1, max_size=8)),
 )
 
 ranges = st.lists(st.tuples(i64, i64).map(lambda t: (min(t), max(t))), max_size=20).map(tuple)
@@ -83,8 +92,13 @@ responses = st.one_of(
     st.builds(WriteLacResponse, status, i64, text),
     st.builds(FenceResponse, status, i64, i64, text),
     st.builds(ListEntriesResponse, status, i64, ranges, text),
-    st.builds(BookieInfoResponse, status, text, i64, i64, text, text),
+    st.builds(BookieInfoResponse, status, text, i64, i64, text, text, st.integers(0, 255)),
     st.builds(AuthResponse, status, text),
+    st.integers(0, 8).flatmap(lambda n: st.builds(
+        AddBatchResponse, status, i64, st.just(n),
+        st.just(()) | st.lists(status, min_size=n, max_size=n).map(tuple), text)),
+    st.builds(ReadBatchResponse, status, i64, i64,
+              st.lists(st.tuples(i64, status, opt_blob), max_size=5).map(tuple), text),
 )
 
 
@@ -94,6 +108,7 @@ def _feed(conn: Connection, data: bytes, cuts: list[int]) -> list[object]:
     prev = 0
     for cut in [*sorted({c % (len(data) + 1) for c in cuts}), len(data)]:
         events.extend(conn.receive_data(data[prev:cut]))
+        conn._check()
         prev = cut
     return events
 
@@ -129,6 +144,8 @@ def test_every_op_has_a_strategy():
             ListEntriesRequest(1),
             BookieInfoRequest(),
             AuthRequest(b""),
+            AddBatchRequest(1, b"", [1], [b""]),
+            ReadBatchRequest(1, [1]),
         ]
     }
     assert seen_req == set(Op)
@@ -188,7 +205,9 @@ def test_mutated_frames_only_raise_protocol_error(pair, flips, fix_crc, resize):
     try:
         events = conn.receive_data(bytes(data))
     except ProtocolError:
+        conn._check()
         return
+    conn._check()
     for e in events:
         assert isinstance(e, (RequestReceived, ResponseReceived, MessageRejected))
 
@@ -317,15 +336,15 @@ def test_hold_after_auth_leaves_following_frames_buffered():
 
 
 def _generic_request(rid: int, req) -> bytes:
-    w = codec._Writer()
-    flags = codec._encode_request_body(req, w)
-    return codec._frame(int(req.op), flags, rid, w.parts)
+    w = messages._Writer()
+    flags = messages._encode_request_body(req, w)
+    return messages._frame(int(req.op), flags, rid, w.parts)
 
 
 def _generic_response(rid: int, resp) -> bytes:
-    w = codec._Writer()
-    codec._encode_response_body(resp, w)
-    return codec._frame(int(resp.op), codec.FLAG_RESPONSE, rid, w.parts)
+    w = messages._Writer()
+    messages._encode_response_body(resp, w)
+    return messages._frame(int(resp.op), codec.FLAG_RESPONSE, rid, w.parts)
 
 
 def _outcome(fn, *args):
@@ -353,15 +372,15 @@ def test_add_fast_decoders_agree_with_generic_on_any_body(kind, body, flags):
     """Any ADD body: the fast decoder and the generic one accept/refuse alike."""
     if kind == "req":
         frame = bytes(4 + 12) + body
-        fast = _outcome(codec._fast_add_request, frame, flags & codec.FLAG_RECOVERY)
+        fast = _outcome(messages._fast_add_request, frame, flags & codec.FLAG_RECOVERY)
         generic = _outcome(
-            codec._decode_request, Op.ADD, flags & codec.FLAG_RECOVERY,
-            codec._Reader(memoryview(body)),
+            messages._decode_request, Op.ADD, flags & codec.FLAG_RECOVERY,
+            messages._Reader(memoryview(body)),
         )  # fmt: skip
     else:
         frame = bytes(4 + 12) + body
-        fast = _outcome(codec._fast_add_response, frame)
-        generic = _outcome(codec._decode_response, Op.ADD, codec._Reader(memoryview(body)))
+        fast = _outcome(messages._fast_add_response, frame)
+        generic = _outcome(messages._decode_response, Op.ADD, messages._Reader(memoryview(body)))
     assert fast == generic
 
 
@@ -370,15 +389,16 @@ def test_add_fast_decoders_on_valid_prefixes():
     body = _generic_request(1, req)[8 + 12 :]
     for cut in range(len(body) + 1):
         part = body[:cut]
-        assert _outcome(codec._fast_add_request, bytes(16) + part, codec.FLAG_RECOVERY) == _outcome(
-            codec._decode_request, Op.ADD, codec.FLAG_RECOVERY, codec._Reader(memoryview(part))
-        )
+        fast = _outcome(messages._fast_add_request, bytes(16) + part, codec.FLAG_RECOVERY)
+        generic = _outcome(messages._decode_request, Op.ADD, codec.FLAG_RECOVERY,
+                           messages._Reader(memoryview(part)))
+        assert fast == generic
     resp = AddResponse(Status.FENCED, 3, 4, "fenced ✓")
     body = _generic_response(1, resp)[8 + 12 :]
     for cut in range(len(body) + 1):
         part = body[:cut]
-        assert _outcome(codec._fast_add_response, bytes(16) + part) == _outcome(
-            codec._decode_response, Op.ADD, codec._Reader(memoryview(part))
+        assert _outcome(messages._fast_add_response, bytes(16) + part) == _outcome(
+            messages._decode_response, Op.ADD, messages._Reader(memoryview(part))
         )
 
 
@@ -394,3 +414,35 @@ def test_every_wire_status_maps_to_its_error_class_and_back():
     classes = [c for c in vars(errors).values()
                if isinstance(c, type) and issubclass(c, errors.BKError)]  # fmt: skip
     assert {c.status for c in classes} <= {int(s) for s in Status}
+
+
+@FAST
+@given(u64, st.lists(st.tuples(i64, blob), min_size=1, max_size=6), i64, blob, st.booleans())
+def test_batch_fast_encoder_matches_generic(rid, entries, ledger, key, recovery):
+    req = AddBatchRequest(ledger, key, [e for e, _ in entries], [b for _, b in entries],
+                          recovery)
+    assert encode_request(rid, req) == _generic_request(rid, req)
+
+
+@FAST
+@given(st.binary(max_size=120), st.integers(0, 3))
+def test_batch_fast_decoder_agrees_with_generic_on_any_body(body, flags):
+    """Any ADD_BATCH body: the fast decoder and the generic one accept/refuse alike (and
+    decode alike)."""
+    fast = _outcome(messages._fast_batch_request, bytes(16) + body, flags & codec.FLAG_RECOVERY)
+    generic = _outcome(messages._decode_request, Op.ADD_BATCH, flags & codec.FLAG_RECOVERY,
+                       messages._Reader(memoryview(body)))
+    assert fast == generic
+
+
+def test_batch_fast_decoder_on_valid_prefixes():
+    req = AddBatchRequest(3, b"key", [4, 6, 7], [b"a", b"", b"ccc"], recovery=True)
+    body = _generic_request(1, req)[8 + 12 :]
+    for cut in range(len(body) + 1):
+        part = body[:cut]
+        fast = _outcome(messages._fast_batch_request, bytes(16) + part, codec.FLAG_RECOVERY)
+        generic = _outcome(messages._decode_request, Op.ADD_BATCH, codec.FLAG_RECOVERY,
+                           messages._Reader(memoryview(part)))
+        assert fast == generic
+    assert _outcome(messages._fast_batch_request, bytes(16) + body, codec.FLAG_RECOVERY) == (
+        "ok", req)

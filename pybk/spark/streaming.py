@@ -1,0 +1,273 @@
+"""Structured Streaming with pybk logs: a source whose offsets are positions, and a sink that
+publishes each micro-batch once, whatever is replayed.
+
+**Source.** An offset is ``{"log": "logs/<ns>/<name>", "position": "seg:entry:slot"}``: the
+position of the next record to read, so a micro-batch reads ``[start, end)``. The latest offset
+is just after the last acknowledged record (the in-progress segment's LAC, read without
+disturbing its writer); ``maxRecordsPerTrigger`` caps a batch at that many records, counted
+from the envelopes' headers (each says how many records of its segment come before it, so the
+cut is found by a binary search over entries, without reading records). Positions are stable
+(a record's position never changes), so a query restarted from its checkpoint re-plans the
+batch it had not committed from the same offsets and reads the same records: none lost, none
+twice. ``trigger(availableNow=True)`` records the tail when the query starts and stops there.
+A checkpoint made for another log is refused.
+
+**Sink.** Each micro-batch is a job of its own per query run (``<sink>.b<batch id>/<run id>``):
+tasks write ledgers as a batch write does, and the driver's commit publishes them with
+``sink=(sinkId, batch id)``, in the same CAS that records the batch id in the log's metadata;
+a batch id at or below the last one recorded (Spark replays the last batch after a restart)
+publishes nothing and its ledgers are deleted. The commit then sweeps every run's attempt at
+that batch (a run that died mid-batch left its ledgers listed). ``sinkId`` defaults to the
+query's checkpoint location. Spark makes the stream writer anew for each commit, so nothing
+of a run lives in the writer object: ids come from the tasks (the batch id and the run id are
+local properties of every micro-batch task).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pyspark.sql.datasource import (
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from pybk.spark import jobs, runtime
+from pybk.spark.options import OptionError, SourceOptions
+from pybk.spark.read import FIRST, SegmentRange, TailFinder, plan_ranges, read_range
+from pybk.spark.source import PybkCommitMessage, _results, _task_ids
+from pybk.spark.write import (
+    TaskResult,
+    WritePlan,
+    collect_built,
+    finish_and_sweep,
+    prepare_write,
+    publish_and_sweep,
+    write_task,
+)
+from pybk.stream.meta import TRUNCATED, LogMetadata
+from pybk.stream.position import Position
+
+__all__ = ["PybkStreamReader", "PybkStreamWriter", "StreamWritePlan", "prepare_stream_write"]
+
+#: a micro-batch's job records are forgotten this many batches later
+_KEEP_BATCHES = 10
+
+
+class PybkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The streaming source (see the module doc). Its offset methods run in one long-lived
+    driver-side worker for the whole query, which keeps a :class:`TailFinder` open."""
+
+    def __init__(self, opts: SourceOptions) -> None:
+        self.opts = opts
+        self._finder: TailFinder | None = None
+        self._target: Position | None = None  # availableNow: where the query stops
+
+    # -- offsets -----------------------------------------------------------------------------
+
+    def _offset(self, pos: Position) -> dict[str, str]:
+        return {"log": self.opts.log_key, "position": str(pos)}
+
+    def _position(self, offset: dict[str, Any]) -> Position:
+        if offset.get("log") != self.opts.log_key:
+            raise OptionError("log", f"the query's checkpoint was made reading "
+                                     f"{offset.get('log')!r}, not {self.opts.log_key!r}")
+        return Position.parse(str(offset["position"]))
+
+    async def _state(self) -> tuple[Any, LogMetadata, TailFinder]:
+        client = await runtime.aclient(self.opts.metadata)
+        md = await (await client.namespace(self.opts.namespace).open_log(self.opts.log)) \
+            .metadata()
+        if self._finder is None:
+            self._finder = TailFinder()
+        return client, md, self._finder
+
+    async def _tail(self) -> Position | None:
+        client, md, finder = await self._state()
+        tail, _ = await finder.tail(client, md)
+        return tail
+
+    def initialOffset(self) -> dict[str, str]:
+        start = self.opts.start()
+        if isinstance(start, Position):
+            return self._offset(start)
+        if start == "latest":
+            tail = runtime.run(self._tail())
+            return self._offset(tail if tail is not None else FIRST)
+        return self._offset(FIRST)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.opts.max_records_per_trigger
+        return ReadMaxRows(n) if n is not None else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        tail = runtime.run(self._tail())
+        self._target = tail if tail is not None else FIRST
+
+    def latestOffset(self, start: dict[str, Any] | None = None,
+                     limit: ReadLimit | None = None) -> dict[str, str]:
+        begin = self._position(start) if start else FIRST
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        if max_rows is None and limit is None:
+            max_rows = self.opts.max_records_per_trigger
+        return self._offset(runtime.run(self._latest(begin, max_rows)))
+
+    async def _latest(self, start: Position, max_rows: int | None) -> Position:
+        client, md, finder = await self._state()
+        tail, _ = await finder.tail(client, md)
+        if tail is None:
+            return start
+        target = tail if self._target is None else min(tail, self._target)
+        if target <= start:
+            return start
+        if max_rows is None:
+            return target
+        tb = md.truncated_before
+        cur = max(start, tb) if tb is not None else start
+        remaining = max_rows
+        for seg in md.segments:
+            if seg.state == TRUNCATED or seg.seq < cur.segment or seg.seq > target.segment:
+                continue
+            seg_start = cur if seg.seq == cur.segment else Position(seg.seq, 0, 0)
+            if seg.seq == target.segment:
+                seg_end = target
+            elif seg.last_position is not None:
+                seg_end = seg.last_position.next_slot()
+            else:
+                continue
+            if seg_end <= seg_start:
+                continue
+            begin = await finder.index(client, seg, seg_start)
+            stop = await finder.index(client, seg, seg_end)
+            if stop - begin <= remaining:
+                remaining -= stop - begin
+                if remaining == 0:
+                    return seg_end
+                continue
+            return await finder.position_of(client, seg, begin + remaining, seg_start.entry,
+                                            seg_end.entry)
+        return target
+
+    # -- batches -----------------------------------------------------------------------------
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[SegmentRange]:
+        a, b = self._position(start), self._position(end)
+        if b <= a:
+            return []
+
+        async def meta() -> LogMetadata:
+            return (await self._state())[1]
+
+        md = runtime.run(meta())
+        return plan_ranges(md, a, b, b.entry, self.opts.max_partition_bytes)
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        if not isinstance(partition, SegmentRange):
+            if getattr(partition, "value", None) is None:
+                return iter(())  # Spark's one placeholder partition of an empty read
+            raise TypeError(f"not a pybk partition: {partition!r}")
+        return read_range(self.opts, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        self._position(end)  # nothing to release: positions are the whole state
+
+    def stop(self) -> None:
+        finder, self._finder = self._finder, None
+        if finder is not None:
+            runtime.run(finder.close())
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamWritePlan:
+    """A streaming write: the checks and settings of a batch write, and the sink's id."""
+
+    write: WritePlan
+    sink_id: str
+
+    def batch(self, batch_id: int) -> str:
+        """The job group of micro-batch ``batch_id`` (each run's attempt is a job in it)."""
+        digest = hashlib.sha256(self.sink_id.encode()).hexdigest()[:20]
+        return f"{digest}.b{batch_id}"
+
+
+def prepare_stream_write(opts: SourceOptions, schema: Any) -> StreamWritePlan:
+    """On the driver (when the query starts, and again for each commit: Spark makes the
+    stream writer anew there): the checks of a batch write."""
+    plan = prepare_write(opts, schema, job="stream", begin=False)
+    return StreamWritePlan(plan, opts.sink_id)
+
+
+def _task_batch() -> tuple[int, str]:
+    """(the micro-batch id, the query run's id) of the running task."""
+    from pyspark import TaskContext
+
+    tc = TaskContext.get()
+    raw = tc.getLocalProperty("streaming.sql.batchId") if tc is not None else None
+    if raw is None:
+        raise RuntimeError("pybk streaming sink: the task does not know its micro-batch id "
+                           "(no streaming.sql.batchId local property)")
+    run = tc.getLocalProperty("spark.jobGroup.id") if tc is not None else None
+    return int(raw), run or uuid.uuid4().hex  # Spark's job group of a micro-batch: the run id
+
+
+class PybkStreamWriter(DataSourceStreamArrowWriter):
+    """The streaming sink: each micro-batch exactly once (see the module doc)."""
+
+    def __init__(self, plan: StreamWritePlan) -> None:
+        self.plan = plan
+
+    def write(self, iterator: Iterator[Any]) -> PybkCommitMessage:
+        partition, attempt = _task_ids()
+        batch_id, run = _task_batch()
+        job = f"{self.plan.batch(batch_id)}/{run}"
+        write = dataclasses.replace(self.plan.write, job=job)
+        built = write_task(write, f"p{partition}-a{attempt}", iterator, partition)
+        return PybkCommitMessage(TaskResult(job, partition, attempt,
+                                            tuple(b.to_doc() for b in built)))
+
+    def _job_ids(self, batch_id: int, results: list[TaskResult | None]) -> Any:
+        opts = self.plan.write.options
+        group = self.plan.batch(batch_id)
+
+        async def ids() -> list[str]:
+            client = await runtime.aclient(opts.metadata)
+            listed = set(await jobs.list_jobs(client.store, group))
+            return sorted(listed | {r.job for r in results if r is not None})
+
+        return ids
+
+    def commit(self, messages: Sequence[Any], batchId: int) -> None:
+        opts = self.plan.write.options
+        group = self.plan.batch(batchId)
+        results = _results(messages)
+        built = collect_built(results, lambda job: job.startswith(group + "/"))
+
+        async def go() -> None:
+            await publish_and_sweep(opts, built, origin=f"spark:{group}",
+                                    job_ids=self._job_ids(batchId, results),
+                                    sink=(self.plan.sink_id, batchId))
+            if batchId >= _KEEP_BATCHES:  # stragglers of old batches: long gone
+                client = await runtime.aclient(opts.metadata)
+                await jobs.forget_jobs(client, self.plan.batch(batchId - _KEEP_BATCHES))
+
+        runtime.run(go())
+
+    def abort(self, messages: Sequence[Any], batchId: int) -> None:
+        opts = self.plan.write.options
+
+        async def go() -> None:
+            ids = await self._job_ids(batchId, _results(messages))()
+            await finish_and_sweep(opts, ids, jobs.ABORTED)
+
+        runtime.run(go())

@@ -1,0 +1,631 @@
+"""The store's write side: adds (one entry, or a batch), fences, explicit LACs, deletions,
+and the journal callbacks that complete them.
+
+An entry enters the index only after the fsync that covers it, so the index never promises
+what the disk may not have; its caller is answered in the same step (no future, no loop
+callback per entry). Ledger metadata (master key, fence, explicit LAC, deletion) takes effect
+in memory at once (a fence must stop later adds immediately) and its caller is answered after
+the covering fsync.
+
+Every write is one journal append whose *tag* comes back through ``on_synced`` (durable, with
+where it starts in the segment) or ``on_failed``: a tuple ``(ledger, entry, lac, size,
+on_done, state)`` for one entry or a metadata record (size 0), a :class:`_BatchTag` for the
+entries of one :meth:`WritesMixin.add_batch` (one append of their records, one index update,
+one answer for the lot).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Awaitable, Callable, Container, Sequence
+from itertools import accumulate
+from typing import Any, Final
+
+import crc32c
+
+from pybk.errors import (
+    BadRequestError,
+    BKError,
+    CorruptRecordError,
+    EntryExistsError,
+    IOBookieError,
+    LedgerFencedError,
+    NoSuchLedgerError,
+    UnauthorizedError,
+    fresh_copy,
+)
+from pybk.protocol import ENTRY_HEADER_SIZE, AddOutcome
+from pybk.storage.config import MAX_MASTER_KEY_SIZE
+from pybk.storage.index import LedgerState
+from pybk.storage.journal import Journal
+from pybk.storage.reads import ReadsMixin
+from pybk.storage.records import (
+    RECORD_HEADER,
+    RECORD_HEADER_SIZE,
+    RecordType,
+    encode_delete,
+    encode_entry,
+    encode_explicit_lac,
+    encode_fence,
+    encode_master_key,
+)
+
+__all__ = ["AddCallback", "BatchCallback", "ResolveFuture", "WritesMixin"]
+
+log = logging.getLogger(__name__)
+
+
+class WritesMixin(ReadsMixin):
+    """:class:`pybk.storage.store.LedgerStore`'s writes and reads (mixins: the store's state
+    is one; an add of an entry already held reads it back to compare)."""
+
+    journal: Journal
+    _segments: dict[int, int]
+    _also_waiting: dict[tuple[int, int], list[AddCallback]]
+    _fence_futs: dict[int, asyncio.Future[None]]
+    _watched: Container[int] | None
+    _on_ledger_change: Callable[[int], None]
+
+    # ================================================================== journal callbacks
+
+    def _on_synced(self, seg: int, tags: list[Any], offsets: list[int]) -> None:
+        # The hot path: once per entry, so the common case (the next entry of a held ledger)
+        # is appended to the ledger's EntryIndex columns right here (what EntryIndex.put does
+        # for it) rather than through put_entry, and the ledger's state comes with the tag
+        # (see _Tag) rather than from a lookup.
+        index = self.index
+        watched = self._watched
+        live = 0
+        last = None
+        done: list[Callable[[None], None]] = []
+        changed: list[int] = []
+        for tag, offset in zip(tags, offsets, strict=False):  # (offsets: one more, the end)
+            if tag is None:
+                continue
+            if type(tag) is _BatchTag:
+                live += self._index_batch(tag, seg, offset)
+                done.append(tag.on_done)
+                lid = tag.ledger_id
+                if lid != last:
+                    last = lid
+                    if watched is None or lid in watched:
+                        changed.append(lid)
+                continue
+            lid, eid, lac, size, on_done, st = tag
+            if not size:
+                continue
+            if on_done is not None:
+                done.append(on_done)
+            if lid != last:
+                last = lid
+                if watched is None or lid in watched:  # wake long polls once per run
+                    changed.append(lid)
+            st.pending.pop(eid, None)
+            entries = st.entries
+            if eid != entries.end or entries.sparse is not None or st.deleted:
+                # rare paths (not the next id, re-added/compacted entry, deleted ledger): the
+                # general code
+                index.put_entry(lid, eid, (seg, offset, size), lac)
+                continue
+            entries.segs.append(seg)  # EntryIndex.put's append at the end, inlined
+            entries.offs.append(offset)
+            entries.sizes.append(size)
+            entries.end = eid + 1
+            live += size
+            if lac > st.max_piggyback_lac:
+                st.max_piggyback_lac = lac
+        if live:
+            index.seg_live[seg] = index.seg_live.get(seg, 0) + live
+        for lid in changed:
+            self._on_ledger_change(lid)
+        if self._also_waiting:
+            done.extend(self._waiters_of(tags))
+        # Answer only once the whole batch is in the index (a reader told "done" finds it).
+        for on_done in done:
+            try:
+                on_done(None)
+            except Exception:  # a listener's bug must not break the journal's completion
+                log.exception("add callback failed")
+
+    def _index_batch(self, tag: _BatchTag, seg: int, start: int) -> int:
+        """Put the entries of a synced batch in the index; the live bytes added in ``seg``."""
+        st = tag.state
+        pending = st.pending
+        ids = tag.entry_ids
+        for eid in ids:
+            pending.pop(eid, None)
+        if st.deleted:
+            return 0  # deleted while in flight: its bytes are garbage
+        if tag.lac > st.max_piggyback_lac:
+            st.max_piggyback_lac = tag.lac
+        sizes = tag.sizes
+        offsets = list(accumulate(sizes, initial=start))
+        offsets.pop()
+        if tag.ascending and st.entries.append_run(ids, seg, offsets, sizes):
+            return sum(sizes)
+        put = self.index.put_entry  # (the general path: moves, sparse ids, big gaps)
+        lid = tag.ledger_id
+        for eid, off, size in zip(ids, offsets, sizes, strict=True):
+            put(lid, eid, (seg, off, size), -1)
+        return 0
+
+    def _waiters_of(self, tags: list[Any]) -> list[AddCallback]:
+        """The callbacks of duplicate adds that waited for entries of this batch."""
+        also = self._also_waiting
+        out: list[AddCallback] = []
+        for tag in tags:
+            if tag is None:
+                continue
+            if type(tag) is _BatchTag:
+                for eid in tag.entry_ids:
+                    out.extend(also.pop((tag.ledger_id, eid), ()))
+            elif tag[3]:
+                out.extend(also.pop((tag[0], tag[1]), ()))
+        return out
+
+    def _on_rotate(self, old_seq: int, old_size: int, new_seq: int) -> None:
+        self._segments[old_seq] = old_size
+        self._segments[new_seq] = -1
+
+    def _on_batch_failed(self, tags: list[Any], exc: BaseException) -> None:
+        for tag in tags:
+            if tag is None:
+                continue
+            if type(tag) is _BatchTag:
+                lid, st = tag.ledger_id, tag.state
+                for eid in tag.entry_ids:
+                    st.pending.pop(eid, None)
+                    for waiter in self._also_waiting.pop((lid, eid), ()):
+                        _notify(waiter, _bk_error(fresh_copy(exc)), lid, eid)
+                _notify(tag.on_done, _bk_error(exc), lid, tag.entry_ids[0])
+                continue
+            lid, eid, _lac, size, on_done, st = tag
+            if size:
+                st.pending.pop(eid, None)
+                for waiter in [on_done, *self._also_waiting.pop((lid, eid), ())]:
+                    if waiter is not None:
+                        _notify(waiter, _bk_error(fresh_copy(exc)), lid, eid)
+            else:  # a master-key record was lost: journal it again with the next write
+                st.master_key = None
+
+    def _check_key(self, lid: int, st: LedgerState | None, key: bytes) -> None:
+        """A write's ledger id and key: a negative id or a key too long to record is a bad
+        request, a key that differs from the recorded one is unauthorized."""
+        if st is not None and st.master_key is not None:
+            if st.master_key != key:
+                raise UnauthorizedError(f"ledger {lid}: master key does not match")
+            return
+        if lid < 0:
+            raise BadRequestError(f"ledger id {lid}: ledger ids are never negative")
+        if len(key) > MAX_MASTER_KEY_SIZE:
+            raise BadRequestError(f"ledger {lid}: a master key of {len(key)} bytes (at most "
+                                  f"{MAX_MASTER_KEY_SIZE})")
+
+    def _key_record(self, lid: int, st: LedgerState, key: bytes) -> bytes:
+        """The MASTER_KEY record to journal with this write, if the ledger has none yet."""
+        if st.master_key is not None:
+            return b""
+        st.master_key = key
+        return encode_master_key(lid, key)
+
+    def add(self, ledger_id: int, entry_id: int, body: bytes, master_key: bytes,
+            recovery: bool = False) -> asyncio.Future[None]:
+        """Store one framed entry; the future resolves once it is durable (and indexed).
+
+        Raises at once like :meth:`add_entry`. The awaitable form, for callers off the hot
+        path; it costs one future per add."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.add_entry(ledger_id, entry_id, body, master_key, recovery, ResolveFuture(fut))
+        return fut
+
+    def add_entry(self, ledger_id: int, entry_id: int, body: bytes, master_key: bytes,
+                  recovery: bool, on_done: AddCallback) -> None:
+        """Store one framed entry; ``on_done(error)`` tells the outcome. The hot path.
+
+        Raises at once (and then never calls ``on_done``): LedgerFencedError (fenced and not
+        a recovery add, or deleted), UnauthorizedError, EntryExistsError (different bytes),
+        BadRequestError (the body's embedded ids disagree with the request),
+        JournalFailedError (the journal takes no more writes).
+
+        Otherwise ``on_done`` is called exactly once: ``None`` once the entry is durable *and*
+        in the index, else the error. It runs synchronously inside the journal's batch
+        completion (no future, no loop callback per entry), so it must be quick and must not
+        raise; it may already have run when ``add_entry`` returns."""
+        try:
+            blid, beid, lac = _unpack_entry_ids_lac(body)
+        except struct.error:  # shorter than the header (the length test, paid only here)
+            raise BadRequestError(
+                f"ledger {ledger_id} entry {entry_id}: entry of {len(body)} bytes is shorter "
+                f"than the {ENTRY_HEADER_SIZE}-byte header") from None
+        if entry_id < 0 or ledger_id < 0:
+            raise BadRequestError(f"add of ({ledger_id}, {entry_id}): ledger and entry ids are "
+                                  "never negative")
+        if blid != ledger_id or beid != entry_id:
+            raise BadRequestError(
+                f"add of ({ledger_id}, {entry_id}) carries an entry framed as ({blid}, {beid})")
+        st = self.index.ledgers.get(ledger_id)
+        # The common case in one test: a held, unfenced ledger whose key matches. Anything
+        # else (new or deleted ledger, no key yet, fenced, wrong key) takes the general checks.
+        if st is None or st.fenced or st.master_key != master_key:
+            st = self._add_checks(ledger_id, st, master_key, recovery)
+        pending = st.pending.get(entry_id)
+        if pending is not None:
+            if pending != body:
+                raise EntryExistsError(
+                    f"ledger {ledger_id} entry {entry_id} is being written with different bytes")
+            # identical: answered with the original, after the fsync that covers it
+            self._also_waiting.setdefault((ledger_id, entry_id), []).append(on_done)
+            return
+        entries = st.entries
+        # (an id from the dense run's end on is not held unless sparse ids exist: one test)
+        if (entry_id < entries.end or entries.sparse is not None) and entry_id in entries:
+            self._add_existing(st, ledger_id, entry_id, body, lac, on_done)
+            return
+        journal = self.journal
+        if st.master_key is None:
+            journal.append_nowait(self._key_record(ledger_id, st, master_key),
+                                  (ledger_id, -1, -1, 0, None, st))
+        rec = encode_entry(body)
+        journal.append_nowait(rec, (ledger_id, entry_id, lac, len(rec), on_done, st))
+        st.pending[entry_id] = body
+
+    def add_batch(self, ledger_id: int, entry_ids: Sequence[int], bodies: Sequence[bytes],
+                  master_key: bytes, recovery: bool, on_done: BatchCallback) -> None:
+        """Store the framed entries ``bodies`` (entries ``entry_ids``) of one ledger:
+        ``on_done(outcome)`` tells the outcome once, for the lot (see
+        :data:`pybk.protocol.AddOutcome`: None once every entry is durable *and* in the
+        index, else one error for all or one outcome per entry).
+
+        The ledger's checks (deleted, key, fenced) run once and raise at once like
+        :meth:`add_entry`'s (then ``on_done`` is never called). Each entry is then checked
+        like a single add (its body's ids, a duplicate being written, an entry already
+        held); the new ones go to the journal as *one* append (their records back to back:
+        the segment format is unchanged) whose completion puts them all in the index and
+        answers once. A refused entry fails alone; the others are stored."""
+        if ledger_id < 0:
+            raise BadRequestError(f"ledger id {ledger_id}: ledger ids are never negative")
+        st = self.index.ledgers.get(ledger_id)
+        if st is None or st.fenced or st.master_key != master_key:
+            st = self._add_checks(ledger_id, st, master_key, recovery)
+        if len(entry_ids) != len(bodies) or not bodies:
+            raise BadRequestError(f"ledger {ledger_id}: a batch of {len(bodies)} entries "
+                                  f"with {len(entry_ids)} ids")
+        batch = _Admitted(len(bodies), on_done)
+        try:
+            self._admit(batch, ledger_id, st, entry_ids, bodies)
+            if batch.records:
+                if st.master_key is None:
+                    self.journal.append_nowait(self._key_record(ledger_id, st, master_key),
+                                               (ledger_id, -1, -1, 0, None, st))
+                self.journal.append_nowait(
+                    b"".join(batch.records),
+                    _BatchTag(ledger_id, st, batch.ids, batch.sizes, batch.lac,
+                              batch.ascending, batch.on_written()))
+        except BaseException:
+            for eid in batch.ids:  # nothing of this batch is on its way: forget it
+                st.pending.pop(eid, None)
+            if batch.parts is not None:
+                batch.parts.abandon()  # the caller is told by our raising, not by parts
+            raise
+        if batch.parts is not None:
+            batch.parts.ready()
+
+    def _admit(self, batch: _Admitted, ledger_id: int, st: LedgerState,
+               entry_ids: Sequence[int], bodies: Sequence[bytes]) -> None:
+        """Check each entry of a batch like a single add; gather the records to write."""
+        pending = st.pending
+        entries = st.entries
+        end = entries.end
+        sparse = entries.sparse is not None
+        records, ids, sizes = batch.records, batch.ids, batch.sizes
+        where = batch.where
+        max_lac = prev = -1
+        for i, body in enumerate(bodies):
+            eid = entry_ids[i]
+            try:
+                blid, beid, lac = _unpack_entry_ids_lac(body)
+            except struct.error:
+                batch.refuse(i, BadRequestError(
+                    f"add of ({ledger_id}, {eid}): entry of {len(body)} bytes is shorter than "
+                    f"the {ENTRY_HEADER_SIZE}-byte header"))
+                continue
+            if blid != ledger_id or beid != eid or eid < 0:
+                batch.refuse(i, BadRequestError(
+                    f"add of ({ledger_id}, {eid}) carries an entry framed as ({blid}, {beid})"))
+                continue
+            waiting = pending.get(eid)
+            if waiting is not None:
+                if waiting != body:
+                    batch.refuse(i, EntryExistsError(
+                        f"ledger {ledger_id} entry {eid} is being written with different bytes"))
+                else:  # identical: answered with the original, after the fsync that covers it
+                    self._also_waiting.setdefault((ledger_id, eid), []).append(
+                        batch.waiting(i))
+                continue
+            if (eid < end or sparse) and eid in entries:
+                try:
+                    stored: bytes | None = self.read(ledger_id, eid)
+                except (CorruptRecordError, IOBookieError):
+                    stored = None  # the local copy is damaged: store the new copy (repair)
+                if stored is not None:
+                    if stored != body:
+                        batch.refuse(i, EntryExistsError(
+                            f"ledger {ledger_id} entry {eid} exists with different bytes"))
+                    else:
+                        batch.held(i)  # identical: a durable no-op
+                    continue
+            if eid <= prev:
+                batch.ascending = False
+            prev = eid
+            # encode_entry's record, as two parts of the one join that makes the append
+            size = len(body)
+            records.append(_pack_record_header(size, _crc32c(body, _ENTRY_CRC), _ENTRY_TYPE))
+            records.append(body)
+            ids.append(eid)
+            where.append(i)
+            sizes.append(RECORD_HEADER_SIZE + size)
+            if lac > max_lac:
+                max_lac = lac
+            pending[eid] = body
+        batch.lac = max_lac
+
+    def _add_checks(self, ledger_id: int, st: LedgerState | None, master_key: bytes,
+                    recovery: bool) -> LedgerState:
+        """The refusals of :meth:`add_entry` (deleted, wrong key, fenced), in their order; the
+        ledger's state, created if unknown."""
+        if st is not None:
+            self._check_key(ledger_id, st, master_key)
+            if st.fenced and not recovery:
+                raise LedgerFencedError(f"ledger {ledger_id} is fenced")
+            return st
+        if self.index.is_deleted(ledger_id):
+            raise LedgerFencedError(f"ledger {ledger_id} was deleted on this bookie")
+        self._check_key(ledger_id, None, master_key)
+        return self.index.ledger(ledger_id)
+
+    def _add_existing(self, st: LedgerState, ledger_id: int, entry_id: int, body: bytes,
+                      lac: int, on_done: AddCallback) -> None:
+        """An add of an entry the index already holds: identical bytes are a durable no-op,
+        different bytes an error; a damaged local copy is replaced (repair)."""
+        try:
+            stored = self.read(ledger_id, entry_id)
+        except (CorruptRecordError, IOBookieError):
+            stored = None  # the local copy is damaged: store the new copy (repair)
+        if stored is None:
+            rec = encode_entry(body)
+            self.journal.append_nowait(rec, (ledger_id, entry_id, lac, len(rec), on_done, st))
+            st.pending[entry_id] = body
+            return
+        if stored != body:
+            raise EntryExistsError(
+                f"ledger {ledger_id} entry {entry_id} exists with different bytes")
+        _notify(on_done, None, ledger_id, entry_id)
+
+    def fence(self, ledger_id: int, master_key: bytes) -> Awaitable[None]:
+        """Fence durably (creating the ledger, fenced, if unknown). Takes effect at once; the
+        returned awaitable completes once the fence is synced."""
+        if self.index.is_deleted(ledger_id):
+            raise NoSuchLedgerError(f"ledger {ledger_id} was deleted on this bookie")
+        st = self.index.get(ledger_id)
+        self._check_key(ledger_id, st, master_key)
+        if st is None:
+            st = self.index.ledger(ledger_id)
+        prior = self._fence_futs.get(ledger_id)
+        if st.fenced:
+            if prior is None:  # the fence is durable
+                done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                done.set_result(None)
+                return done
+            if not prior.done():
+                return prior  # answer when the pending fence record is synced
+            # the earlier fence record was never written (e.g. ENOSPC): journal it again
+        key_rec = self._key_record(ledger_id, st, master_key)
+        st.fenced = True
+        if key_rec:
+            self.journal.append(key_rec, (ledger_id, -1, -1, 0, None, st))
+        fut = self.journal.append(encode_fence(ledger_id))
+        self._fence_futs[ledger_id] = fut
+        fut.add_done_callback(lambda _f: self._fence_settled(ledger_id, fut))
+        self._on_ledger_change(ledger_id)
+        return fut
+
+    def _fence_settled(self, ledger_id: int, fut: asyncio.Future[None]) -> None:
+        """Forget a fence once durable; keep a failed one so the next fence writes it again."""
+        if self._fence_futs.get(ledger_id) is fut and not fut.cancelled() and (
+            fut.exception() is None
+        ):
+            del self._fence_futs[ledger_id]
+
+    def write_lac(self, ledger_id: int, lac: int, body: bytes,
+                  master_key: bytes) -> Awaitable[None]:
+        """Record an explicit LAC (and its digested body) durably; the awaitable completes
+        once it is synced."""
+        if lac < -1:
+            raise BadRequestError(f"ledger {ledger_id}: explicit LAC {lac} (at least -1)")
+        if self.index.is_deleted(ledger_id):
+            raise LedgerFencedError(f"ledger {ledger_id} was deleted on this bookie")
+        st = self.index.get(ledger_id)
+        self._check_key(ledger_id, st, master_key)
+        if st is None:
+            st = self.index.ledger(ledger_id)
+        key_rec = self._key_record(ledger_id, st, master_key)
+        if key_rec:
+            self.journal.append(key_rec, (ledger_id, -1, -1, 0, None, st))
+        fut = self.journal.append(encode_explicit_lac(ledger_id, lac, body))
+        if lac >= st.explicit_lac:
+            st.explicit_lac, st.explicit_lac_body = lac, body
+            self._on_ledger_change(ledger_id)
+        return fut
+
+    def delete_ledger(self, ledger_id: int) -> Awaitable[None]:
+        """Journal a tombstone; the ledger's bytes become garbage; later adds are rejected.
+        Deleting a ledger this bookie never held records the deletion all the same."""
+        if ledger_id < 0:
+            raise BadRequestError(f"ledger id {ledger_id}: ledger ids are never negative")
+        self.index.delete_ledger(ledger_id)
+        fut = self.journal.append(encode_delete(ledger_id))
+        self._on_ledger_change(ledger_id)
+        return fut
+
+#: ``on_done(error)`` of :meth:`WritesMixin.add_entry`: None once durable, else the error (a
+#: BKError: what refused the add or what the journal failed with)
+AddCallback = Callable[[BKError | None], None]
+#: The journal tag of a record the store writes: (ledger id, entry id, piggybacked LAC,
+#: record size, add callback, the ledger's state). A MASTER_KEY record's has entry id -1 and
+#: size 0 (it is not an entry). The state is the ledger's one LedgerState object, which
+#: ``Index`` keeps for the ledger's whole life (a deletion marks it, never replaces it; only
+#: ``open`` replaces the index, before any write), so batch completion needs no lookup.
+_Tag = tuple[int, int, int, int, "AddCallback | None", LedgerState]
+#: the ids and piggybacked LAC of a framed entry's header (its length field skipped, not
+#: converted), needing the whole header like ENTRY_HEADER
+_ENTRY_IDS_LAC = struct.Struct(">qqq8x")
+assert _ENTRY_IDS_LAC.size == ENTRY_HEADER_SIZE
+_unpack_entry_ids_lac = _ENTRY_IDS_LAC.unpack_from
+_pack_record_header = RECORD_HEADER.pack
+_crc32c = crc32c.crc32c
+#: an ENTRY record's CRC starts from its type byte's (see pybk.storage.records.encode_entry)
+_ENTRY_TYPE: Final = int(RecordType.ENTRY)
+_ENTRY_CRC: Final = crc32c.crc32c(bytes([_ENTRY_TYPE]))
+
+
+def _notify(on_done: Callable[[Any], None], error: Any, lid: int, eid: int) -> None:
+    """Run one add callback; its bug must not break the journal's batch completion."""
+    try:
+        on_done(error)
+    except Exception:
+        log.exception("add callback for ledger %s entry %s failed", lid, eid)
+
+
+class ResolveFuture:
+    """An :data:`AddCallback` that resolves a future (the awaitable forms of the add paths)."""
+
+    __slots__ = ("fut",)
+
+    def __init__(self, fut: asyncio.Future[None]) -> None:
+        self.fut = fut
+
+    def __call__(self, error: BaseException | None) -> None:
+        fut = self.fut
+        if fut.done():
+            return
+        if error is None:
+            fut.set_result(None)
+        else:
+            fut.set_exception(error)
+            fut.exception()  # the caller may never look; do not warn
+
+
+
+
+#: ``on_done(outcome)`` of :meth:`WritesMixin.add_batch` (an AddOutcome for the whole batch)
+BatchCallback = Callable[[AddOutcome], None]
+
+
+class _BatchTag:
+    """The journal tag of one :meth:`WritesMixin.add_batch`'s records (one append)."""
+
+    __slots__ = ("ascending", "entry_ids", "lac", "ledger_id", "on_done", "sizes", "state")
+
+    def __init__(self, ledger_id: int, state: LedgerState, entry_ids: list[int],
+                 sizes: list[int], lac: int, ascending: bool, on_done: BatchCallback) -> None:
+        self.ledger_id = ledger_id
+        self.state = state
+        self.entry_ids = entry_ids
+        self.sizes = sizes  # each record's size, in the append's order
+        self.lac = lac  # the highest piggybacked LAC among them
+        self.ascending = ascending
+        self.on_done = on_done
+
+
+class _Admitted:
+    """What admitting one batch gathered: the records to append (and their ids, sizes, the
+    batch index of each) and, once an entry is not written by that append (refused, already
+    held, or waiting for an identical add in flight), the :class:`_Parts` that answers."""
+
+    __slots__ = ("ascending", "ids", "lac", "n", "on_done", "parts", "records", "sizes",
+                 "where")
+
+    def __init__(self, n: int, on_done: BatchCallback) -> None:
+        self.n = n
+        self.on_done = on_done
+        self.records: list[bytes] = []
+        self.ids: list[int] = []
+        self.sizes: list[int] = []
+        self.where: list[int] = []
+        self.lac = -1
+        self.ascending = True
+        self.parts: _Parts | None = None
+
+    def _parts(self) -> _Parts:
+        if self.parts is None:
+            self.parts = _Parts(self.n, self.on_done)
+        return self.parts
+
+    def refuse(self, i: int, error: BKError) -> None:
+        self._parts().results[i] = error
+
+    def held(self, i: int) -> None:
+        self._parts()
+
+    def waiting(self, i: int) -> AddCallback:
+        return self._parts().part([i])
+
+    def on_written(self) -> BatchCallback:
+        """The callback of the journal append of :attr:`records`."""
+        if self.parts is None:
+            return self.on_done  # the common case: the append answers for the whole batch
+        settle = self.parts.part(self.where)
+
+        def on_written(outcome: AddOutcome) -> None:
+            settle(outcome if isinstance(outcome, BKError) else None)
+
+        return on_written
+
+
+class _Parts:
+    """Collects the outcome of each part of a batch and answers ``on_done`` once, when the
+    last part is in."""
+
+    __slots__ = ("left", "on_done", "results")
+
+    def __init__(self, n: int, on_done: BatchCallback) -> None:
+        self.results: list[BKError | None] = [None] * n
+        self.on_done: BatchCallback | None = on_done
+        self.left = 1  # until ready(): parts may settle while the batch is being admitted
+
+    def part(self, indices: list[int]) -> AddCallback:
+        self.left += 1
+
+        def settle(error: BaseException | None) -> None:
+            if error is not None:
+                err = _bk_error(error)
+                for i in indices:
+                    self.results[i] = err
+            self._one_done()
+
+        return settle
+
+    def ready(self) -> None:
+        self._one_done()
+
+    def abandon(self) -> None:
+        """The batch was refused as a whole (raised): its parts answer nobody."""
+        self.on_done = None
+
+    def _one_done(self) -> None:
+        self.left -= 1
+        if self.left or self.on_done is None:
+            return
+        results = self.results
+        outcome: AddOutcome = None if all(r is None for r in results) else results
+        _notify(self.on_done, outcome, -1, -1)
+
+
+def _bk_error(exc: BaseException) -> BKError:
+    """The error an add reports for ``exc`` (what the journal failed with is a BKError; any
+    other exception is a bug, reported as an I/O error of this bookie)."""
+    if isinstance(exc, BKError):
+        return exc
+    return IOBookieError(f"unexpected {type(exc).__name__}: {exc}")
