@@ -35,6 +35,7 @@ from pybk.errors import (
     UnauthorizedError,
     UnexpectedConditionError,
 )
+from pybk.errors import TimeoutError as BKTimeoutError
 from pybk.metadata.base import CLOSED, IN_RECOVERY, OPEN, LedgerMetadata
 from pybk.protocol import LAST_ENTRY, DecodedEntry, DigestManager, ReadRequest, ReadResponse, Status
 from pybk.replication.quorum import Answer, CoverageSet, EntryState, RecoveryReadDecision
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RECOVERY_READS_DONT_FENCE",
+    "RECOVERY_TIMEOUT_AS_ABSENT",
     "fence_and_read_lac",
     "mark_in_recovery",
     "recover",
@@ -57,6 +59,9 @@ log = logging.getLogger(__name__)
 #: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``):
 #: recovery's forward reads (after the LAC) do not fence (BookKeeper issue #2614)
 RECOVERY_READS_DONT_FENCE: Final = "recovery_reads_dont_fence"
+#: mutation switch: a recovery read that times out counts as "absent" (a negative), not as
+#: "don't know": a bookie that holds the entry but is slow to answer truncates the ledger
+RECOVERY_TIMEOUT_AS_ABSENT: Final = "recovery_timeout_as_absent"
 
 
 async def fence_and_read_lac(
@@ -123,6 +128,7 @@ async def recovery_read(
     ensemble = md.ensemble_for(entry_id)
     decision = RecoveryReadDecision(q)
     fence = RECOVERY_READS_DONT_FENCE not in ctx.config.mutations
+    timeout_is_absent = RECOVERY_TIMEOUT_AS_ABSENT in ctx.config.mutations
     request = ReadRequest(
         md.ledger_id, entry_id, fence=fence, master_key=master_key if fence else b""
     )
@@ -142,6 +148,10 @@ async def recovery_read(
                     response = fut.result()
                 except BKError as exc:
                     errors.append(f"{bookie}: {exc}")
+                    if timeout_is_absent and isinstance(exc, BKTimeoutError):  # broken build
+                        if decision.answer(index, Answer.ABSENT) is EntryState.ABSENT:
+                            return None
+                        continue
                     decision.answer(index, Answer.UNKNOWN)
                     continue
                 if response.status == Status.OK and isinstance(response, ReadResponse):

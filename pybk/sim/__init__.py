@@ -3,6 +3,8 @@
     from pybk import sim
     result = sim.run(seed=1234, bookies=5, duration=30.0, faults=sim.Faults.all())
     result.ok, result.violations, result.trace, result.trace_hash, result.stats
+    result.scenario.save("run.json"); sim.run(0, scenario=sim.Scenario.load("run.json"))
+    sim.shrink(result.scenario, "L1")      # a failing run, cut down to what it needs
 
 See docs/simulation.md. A user's own tests get a simulated cluster from
 :class:`pybk.testing.SimTestCluster` (the ``sim_cluster`` pytest fixture).
@@ -10,21 +12,28 @@ See docs/simulation.md. A user's own tests get a simulated cluster from
 
 from pybk.sim.checker import Checker, Violation, check
 from pybk.sim.cluster import SimCluster
+from pybk.sim.configs import SimConfig
 from pybk.sim.faults import FaultPlan, Faults
 from pybk.sim.history import History
 from pybk.sim.loop import SimDeadlock, SimLoop, SimTimeLimit
 from pybk.sim.net import NetConfig, SimNetwork, SimTransport
 from pybk.sim.runner import TOPOLOGIES, SimResult, Stats, run
+from pybk.sim.scenario import FaultEvent, Scenario
+from pybk.sim.shrink import ShrinkResult, shrink
 from pybk.sim.workload import Workload
 
 __all__ = [
     "TOPOLOGIES",
     "Checker",
+    "FaultEvent",
     "FaultPlan",
     "Faults",
     "History",
     "NetConfig",
+    "Scenario",
+    "ShrinkResult",
     "SimCluster",
+    "SimConfig",
     "SimDeadlock",
     "SimLoop",
     "SimNetwork",
@@ -36,4 +45,5 @@ __all__ = [
     "Workload",
     "check",
     "run",
+    "shrink",
 ]

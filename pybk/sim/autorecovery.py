@@ -49,7 +49,7 @@ from pybk.testing.replicas import replication_problems
 from pybk.transport.local import LocalTransport
 
 if TYPE_CHECKING:
-    from pybk.sim.runner import _Run
+    from pybk.sim.runner import SimRun
 
 __all__ = ["AutoRecoverySim"]
 
@@ -64,10 +64,10 @@ class AutoRecoverySim:
     name = "autorecovery"
 
     @classmethod
-    def for_run(cls, run: _Run) -> AutoRecoverySim | None:
+    def for_run(cls, run: SimRun) -> AutoRecoverySim | None:
         return cls(run) if getattr(run.workload, "autorecovery", True) else None
 
-    def __init__(self, run: _Run) -> None:
+    def __init__(self, run: SimRun) -> None:
         self.run = run
         self.rng = derive_rng(run.seed, "autorecovery")
         rng = self.rng
@@ -105,7 +105,8 @@ class AutoRecoverySim:
         async def after(op: str, key: object) -> None:
             if op == "write_ledger" and isinstance(key, int):
                 old, new = stashed.pop(key, None), _peek(store, key)
-                if old is not None and new is not None and old.state != new.state:
+                if old is not None and new is not None and old.state != new.state \
+                        and key in self.run.history.created:
                     self.run.history.metadata(name, key, new.state, new.last_entry_id)
                 await self._probe(key, old, new)
             if later is not None:
@@ -239,9 +240,10 @@ class AutoRecoverySim:
         if not await self._converge(admin, deadline, "after the faults"):
             return
         # 2. a bookie lost for good, decommissioned while the workers run
-        victim = self._victim()
+        victim = await self._victim()
         if victim is None:
-            run.log("autorecovery: no bookie can be lost for good (too few left)")
+            run.log("autorecovery: no bookie can be lost for good (too few left, or each holds an "
+                    "open ledger with Qa=1)")
             return
         sb = run.cluster.bookies[victim]
         await run.cluster.crash_bookie(victim, "drop")
@@ -276,12 +278,22 @@ class AutoRecoverySim:
         if not problems:
             run.cover("autorecovery_fully_replicated")
 
-    def _victim(self) -> str | None:
-        """An up, undamaged bookie whose loss leaves enough bookies for every ensemble."""
+    async def _victim(self) -> str | None:
+        """An up, undamaged bookie whose loss leaves enough bookies for every ensemble and
+        is within every ledger's tolerance. A ledger still open (a log's in-progress
+        segment) with Qa=1 cannot lose a bookie of its last ensemble: its recovery must
+        fence Qw-Qa+1 = Qw bookies of each write set, as in BookKeeper, so losing one is
+        beyond tolerance for it."""
         run = self.run
-        up = [b for b in run.cluster.up_bookies() if b not in run.faulty]
         if len(run.cluster.up_bookies()) - 1 < run.topology[0]:
             return None
+        store = run.cluster.admin
+        pinned: set[str] = set()
+        for lid in await store.list_ledgers():
+            md = _peek(store, lid)
+            if md is not None and not md.is_closed and md.ack_quorum < 2 and md.ensembles:
+                pinned.update(md.ensembles[max(md.ensembles)])
+        up = [b for b in run.cluster.up_bookies() if b not in run.faulty and b not in pinned]
         return self.rng.choice(sorted(up)) if up else None
 
     async def _converge(self, admin: Admin, deadline: float, when: str) -> bool:

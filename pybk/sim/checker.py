@@ -10,7 +10,10 @@ Invariants (research/reliability.md 2.3 and 3.6); each violation names its code:
 * **L4** closed contents are 0..last with no holes (every entry up to last was attempted and
   the final read has all of them).
 * **L5/I3** no dirty reads: a tailing reader never gets an entry above the LAC it was shown; a
-  LAC a reader sees was acknowledged (or a close had started) before it was seen.
+  LAC a reader sees was acknowledged to the writer before it was seen. Exempt only what a
+  recovery can still change, and a writer's batches (acknowledged to it as a whole): there a
+  LAC may run ahead of the writer's acks, but never ahead of the entries Qa bookies had
+  acknowledged (TLA+ NoDirtyReads).
 * **L6/I8** in-order acks: ok(n) completes after ok(n-1).
 * **L7** the LAC a reader observes through one ledger handle never decreases (a handle opened
   later reads the LAC afresh from the bookies that answer and may start lower, as in
@@ -23,6 +26,8 @@ Invariants (research/reliability.md 2.3 and 3.6); each violation names its code:
   later says the entry is absent (after a restart or otherwise; an injected fsync failure on
   that bookie makes it I11), and never serves bytes that fail the digest.
 * **I12** liveness after heal (recorded by the runner as liveness events).
+* **X1** an exception nobody expected, in a bookie, a client, a reader or the workload (not
+  one the injected faults explain: :data:`pybk.sim.findings.EXPECTED`), with its traceback.
 * **I14** a bookie's index checkpoint chain plus the journal after it is the index a rebuild
   from its segments gives (the runner inspects each undamaged bookie's data directory at the
   end, ``pybk.bookie.inspect``).
@@ -47,7 +52,12 @@ class Violation:
     lines: tuple[int, ...] = ()
 
     def render(self, trace: list[str] | None = None) -> str:
-        where = f"ledger {self.ledger}" + (f" entry {self.entry}" if self.entry >= 0 else "")
+        if self.invariant.startswith("LG"):
+            where = "log"
+        elif self.ledger < 0:
+            where = "run"
+        else:
+            where = f"ledger {self.ledger}" + (f" entry {self.entry}" if self.entry >= 0 else "")
         out = [f"[{self.invariant}] {where}: {self.message}"]
         if trace is not None:
             for n in sorted(set(self.lines)):
@@ -131,18 +141,17 @@ class Checker:
         self._check_liveness()
         for ev in self.h.of_kind("index_mismatch"):
             self._v("I14", -1, -1, f"bookie {ev.process}: index checkpoint {ev.detail}", ev)
+        for ev in self.h.of_kind("exception"):
+            where, _, what = ev.detail.partition("|")
+            self._v("X1", ev.ledger, -1, f"{ev.process} {where}: unexpected {what}", ev)
         return self.violations
 
     def _expected(self, ledger: int, entry: int) -> Event | None:
         return self.ledgers[ledger].invoked.get(entry) if ledger in self.ledgers else None
 
     def _check_reads(self) -> None:
-        lac_seen: dict[tuple[str, int], int] = {}
-        for ev in self.h.of_kind("read", "bookie_served", "lac"):
-            if ev.kind == "lac":
-                key = (ev.process, ev.ledger)
-                lac_seen[key] = max(lac_seen.get(key, -1), ev.value)
-                continue
+        served: dict[tuple[int, int], Event] = {}
+        for ev in self.h.of_kind("read", "bookie_served"):
             lg = self.ledgers[ev.ledger]
             inv = lg.invoked.get(ev.entry)
             if ev.kind == "bookie_served" and ev.payload is None:
@@ -152,6 +161,15 @@ class Checker:
                 continue
             payload = ev.payload
             assert payload is not None
+            if ev.kind == "bookie_served":
+                first = served.setdefault((ev.ledger, ev.entry), ev)
+                if first.payload != payload and (lg.deleted_at is None
+                                                  or ev.index < lg.deleted_at):
+                    self._v("I5", ev.ledger, ev.entry,
+                            f"bookie {ev.process} served {payload[:40]!r}, bookie "
+                            f"{first.process} {(first.payload or b'')[:40]!r}", first, ev)
+                if not lg.invoked:
+                    continue  # (a ledger of the log workload: its entries are envelopes)
             if inv is None:
                 home = self.payload_home.get(payload)
                 if home is not None:
@@ -241,34 +259,52 @@ class Checker:
         last: dict[tuple[str, int, str], Event] = {}
         ack_frontier: dict[int, int] = defaultdict(lambda: -1)
         acked: dict[int, set[int]] = defaultdict(set)
-        closing: dict[int, bool] = {}
-        for ev in self.h.of_kind("lac", "add_done", "close_invoke", "close_done", "metadata"):
-            if ev.kind == "add_done" and ev.outcome == OK:
-                acked[ev.ledger].add(ev.entry)
-                while ack_frontier[ev.ledger] + 1 in acked[ev.ledger]:
-                    ack_frontier[ev.ledger] += 1
+        # entries 0..n each acknowledged by at least Qa bookies: what any LAC may cover
+        quorum_frontier: dict[int, int] = defaultdict(lambda: -1)
+        bookie_acks: dict[tuple[int, int], set[str]] = defaultdict(set)
+        qa: dict[int, int] = {}
+        exempt: set[int] = set()  # being recovered, or written in batches
+        for ev in self.h.of_kind("create", "lac", "add_done", "close_invoke", "bookie_ack"):
+            lid = ev.ledger
+            kind = ev.kind
+            if kind == "bookie_ack":
+                bookie_acks[(lid, ev.entry)].add(ev.process)
+                need = max(1, qa.get(lid, 1))
+                while len(bookie_acks.get((lid, quorum_frontier[lid] + 1), ())) >= need:
+                    quorum_frontier[lid] += 1
                 continue
-            if ev.kind in ("close_invoke", "close_done", "metadata"):
-                if ev.kind != "metadata" or ev.detail != "OPEN":
-                    closing[ev.ledger] = True
+            if kind == "create":
+                qa[lid] = ev.value
+                if "batched" in ev.detail:
+                    exempt.add(lid)
                 continue
-            if ev.kind != "lac":
+            if kind == "add_done":
+                if ev.outcome == OK:
+                    acked[lid].add(ev.entry)
+                    while ack_frontier[lid] + 1 in acked[lid]:
+                        ack_frontier[lid] += 1
                 continue
-            key = (ev.process, ev.ledger, ev.detail)  # detail: the reader's handle number
+            if kind == "close_invoke":
+                if ev.detail != "close":  # a recovery (the writer's own close changes nothing)
+                    exempt.add(lid)
+                continue
+            key = (ev.process, lid, ev.detail)  # detail: the reader's handle number
             prev = last.get(key)
             if prev is not None and ev.value < prev.value:
-                self._v("L7", ev.ledger, ev.value,
+                self._v("L7", lid, ev.value,
                         f"{ev.process} saw the LAC go back from {prev.value} to {ev.value}",
                         prev, ev)
             last[key] = ev
-            if ev.value > ack_frontier[ev.ledger] and not closing.get(ev.ledger):
-                self._v("I3", ev.ledger, ev.value,
+            if ev.value > ack_frontier[lid] and not (
+                    lid in exempt and ev.value <= quorum_frontier[lid]):
+                self._v("I3", lid, ev.value,
                         f"{ev.process} saw LAC {ev.value} but the writer had only "
-                        f"acknowledged up to {ack_frontier[ev.ledger]}", ev)
-            lg = self.ledgers[ev.ledger]
+                        f"acknowledged up to {ack_frontier[lid]} and Qa bookies had "
+                        f"acknowledged entries up to {quorum_frontier[lid]}", ev)
+            lg = self.ledgers[lid]
             ends = lg.closes + lg.meta_closed
             if ends and ev.value > ends[0].value:
-                self._v("I1", ev.ledger, ev.value,
+                self._v("I1", lid, ev.value,
                         f"{ev.process} saw LAC {ev.value} above the closed last entry "
                         f"{ends[0].value}", ev, ends[0])
 

@@ -11,8 +11,9 @@ clients, crash and restart bookies, partition the network, then ``run`` to compl
 
 from __future__ import annotations
 
+import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +55,15 @@ class SimBookie:
     last_error: str = ""
 
 
+def _stall_loop(seconds: float) -> None:
+    """Block the running simulated loop for ``seconds`` of virtual time (a sync made inline
+    on it); on any other loop, nothing (time cannot be made to pass there)."""
+    loop = asyncio.get_running_loop()
+    stall = getattr(loop, "stall", None)
+    if stall is not None:
+        stall(seconds)
+
+
 class SimCluster:
     """Bookies, metadata and network of one simulated run."""
 
@@ -73,16 +83,19 @@ class SimCluster:
         self.seed = seed
         self._log = log or (lambda line: None)
         self._count = count or (lambda kind: None)
-        self.store = MemoryMetadataStore(before_op=self._before_op)
+        self.store = MemoryMetadataStore(before_op=self._before_op, after_op=self._after_op)
         self.admin = self.store.session()
         self.admin.before_op = None  # the simulator's own bookkeeping is never faulted
+        #: called as ``listener(op, key)`` after each metadata operation was applied (the
+        #: runner learns of every ledger deletion, whoever made it)
+        self.on_meta_applied: list[Callable[[str, object], Awaitable[None] | None]] = []
         self.network = SimNetwork(self.rng("net"), net, trace=self._log, count=self._count)
         self.bookie_config = bookie_config
         self.client_config = client_config
         self.bookies: dict[str, SimBookie] = {}
         for i in range(bookies):
             bid = f"b{i}"
-            self.bookies[bid] = SimBookie(bid, MemFileSystem())
+            self.bookies[bid] = SimBookie(bid, self._new_fs())
         #: Metadata fault state, driven by the fault injector.
         self.meta_stall_until = 0.0
         self.meta_cas_rate = 0.0
@@ -92,6 +105,14 @@ class SimCluster:
 
     def rng(self, name: str) -> random.Random:
         return derive_rng(self.seed, name)
+
+    @staticmethod
+    def _new_fs() -> MemFileSystem:
+        """A bookie's disk: a sync made inline blocks the loop for the sync's delay (the
+        journal's inline-sync mode, as ``pybk bookie`` runs it, on virtual time)."""
+        fs = MemFileSystem()
+        fs.stall = _stall_loop
+        return fs
 
     @property
     def bookie_ids(self) -> list[str]:
@@ -103,8 +124,6 @@ class SimCluster:
     # -- metadata faults ---------------------------------------------------------------------
 
     async def _before_op(self, op: str, key: object) -> None:
-        import asyncio
-
         from pybk.errors import MetadataVersionError
 
         loop = asyncio.get_running_loop()
@@ -117,6 +136,12 @@ class SimCluster:
         ):
             self._count("meta_cas_conflict")
             raise MetadataVersionError(f"simulated CAS conflict on ledger {key}")
+
+    async def _after_op(self, op: str, key: object) -> None:
+        for listener in self.on_meta_applied:
+            done = listener(op, key)
+            if done is not None:
+                await done
 
     # -- bookies -----------------------------------------------------------------------------
 
@@ -155,8 +180,6 @@ class SimCluster:
         return True
 
     def _state_changed(self, bookie_id: str, state: str) -> None:
-        import asyncio
-
         self._log(f"{bookie_id} state -> {state}")
         self._count(f"bookie_state_{state}")
         sb = self.bookies[bookie_id]
@@ -171,6 +194,11 @@ class SimCluster:
 
     async def crash_bookie(self, bookie_id: str, mode: str = "drop") -> None:
         """Kill -9 plus power cut: the process dies and unsynced data goes per ``mode``."""
+        await self.crash_now(bookie_id, mode)
+
+    def crash_now(self, bookie_id: str, mode: str = "drop") -> asyncio.Task[None]:
+        """:meth:`crash_bookie` from a callback (a crash timed inside a write-to-sync window):
+        the process dies now; its registration goes in the returned task."""
         sb = self.bookies[bookie_id]
         if sb.bookie is not None:
             sb.bookie.on_state_change = None
@@ -180,18 +208,23 @@ class SimCluster:
         if sb.status == "up":
             sb.status = "down"
         self.network.set_bookie(bookie_id, None)
+        self._log(f"{bookie_id} crashed ({mode})")
+        return asyncio.get_running_loop().create_task(self._unregister(bookie_id))
+
+    async def _unregister(self, bookie_id: str) -> None:
+        if self.bookies[bookie_id].status == "up":
+            return  # (restarted meanwhile: its registration is its new incarnation's)
         try:
             await self.admin.unregister_bookie(bookie_id)
         except Exception:  # not registered (e.g. it never started): nothing to undo
             pass
-        self._log(f"{bookie_id} crashed ({mode})")
 
     async def restart_bookie(self, bookie_id: str, *, wipe: bool = False) -> bool:
         sb = self.bookies[bookie_id]
         if sb.status == "up":
             await self.crash_bookie(bookie_id)
         if wipe:
-            sb.fs = MemFileSystem()
+            sb.fs = self._new_fs()
             sb.damaged.append("wipe")
             self._log(f"{bookie_id} disk wiped (same identity)")
         if sb.status == "refused" and not wipe:

@@ -30,10 +30,12 @@ EVENT_KINDS = (
     "swizzle",  # clog a random subset one by one, heal in random order
     "slow_link",  # one writer->bookie path gets slow (messages late, still in order)
     "lose_fence",  # the next fencing request to one bookie is lost
+    "recovery_timeout",  # recovery reads to some bookies of a ledger time out, then recover
     "crash",  # bookie crash (drop/torn/reorder unsynced data) + restart later
     "wipe",  # bookie restarts with an empty disk under the same identity
     "bitflip",  # flip a bit in a committed record (while the bookie is down)
     "latent",  # latent read error in committed data
+    "misdirect",  # a write landed at another offset, or reads of a range come from another
     "fsync_eio",  # next fsync fails
     "enospc",  # disk full for a while
     "slow_fsync",  # fsync takes long for a while
@@ -42,6 +44,7 @@ EVENT_KINDS = (
     "meta_stall",  # metadata operations hang for a while
     "meta_cas",  # spurious compare-and-set conflicts for a while
     "meta_expire",  # the bookies' registry session expires (they vanish, then re-register)
+    "clock_jump",  # the monotonic clock jumps ahead (every timer late), the wall clock +/-
 )
 ALL_KINDS = NET_KINDS + EVENT_KINDS
 
@@ -53,6 +56,9 @@ FOCUS_MIXES: tuple[tuple[str, ...], ...] = (
     ("latent", "bitflip", "crash"),  # lying disks (BK 2908)
     ("pause_writer", "crash_writer", "partition", "crash"),  # zombie writers, fencing
     ("fsync_eio", "enospc", "crash"),  # disk errors (fsyncgate)
+    ("recovery_timeout", "slow_link", "crash", "partition"),  # recovery meets slow bookies
+    ("misdirect", "bitflip", "crash"),  # lying disks, misdirected I/O
+    ("clock_jump", "pause_writer", "crash_writer", "slow_fsync"),  # time that jumps
 )
 
 
@@ -86,16 +92,17 @@ class Faults:
     @classmethod
     def network(cls) -> Faults:
         return cls((*NET_KINDS, "partition", "asym_partition", "isolate", "swizzle",
-                    "slow_link", "lose_fence"))
+                    "slow_link", "lose_fence", "recovery_timeout"))
 
     @classmethod
     def process(cls) -> Faults:
         return cls(("crash", "wipe", "pause_writer", "crash_writer", "meta_stall", "meta_cas",
-                    "meta_expire"))
+                    "meta_expire", "clock_jump"))
 
     @classmethod
     def disk(cls) -> Faults:
-        return cls(("crash", "bitflip", "latent", "fsync_eio", "enospc", "slow_fsync"))
+        return cls(("crash", "bitflip", "latent", "misdirect", "fsync_eio", "enospc",
+                    "slow_fsync"))
 
     @classmethod
     def parse(cls, spec: str) -> Faults:

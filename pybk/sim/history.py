@@ -27,9 +27,21 @@ FAIL = "fail"
 INFO = "info"
 
 
-@dataclass(frozen=True, slots=True)
+def _show(payload: bytes) -> str:
+    """A payload for the trace: the workload's are text; a log's entries (envelopes) are
+    shown by their size and their records' visible text."""
+    if payload[:2] == b"PE":
+        text = "".join(chr(b) if 32 <= b < 127 else "." for b in payload[32:])
+        return f"<envelope {len(payload)} B> {text[-60:]}"
+    return payload.decode(errors="replace")
+
+
+@dataclass(slots=True, eq=False)
 class Event:
-    """One history event. ``kind`` decides which fields mean something (see History methods)."""
+    """One history event. ``kind`` decides which fields mean something (see History methods).
+
+    Never changed once recorded (not a frozen dataclass only because those are several times
+    slower to make, and a run records tens of thousands); compared by identity."""
 
     index: int
     t: float
@@ -42,6 +54,8 @@ class Event:
     outcome: str = ""
     detail: str = ""
     line: int = -1
+    #: a log record's position (segment, entry, slot), for the log events
+    pos: tuple[int, int, int] | None = None
 
 
 @dataclass
@@ -52,19 +66,32 @@ class History:
     #: Called with a line to append to the run's trace; returns its line number.
     log: Callable[[str], int] | None = None
     now: Callable[[], float] = lambda: 0.0
+    #: the trace's lines, when lines go straight to it ("<time> <text>", as ``log`` writes)
+    trace: list[str] | None = None
+    #: the ledgers the ledger workload created (a log's segments are ledgers too, checked by
+    #: the log invariants instead)
+    created: set[int] = field(default_factory=set)
 
     def _add(self, kind: str, process: str, text: str, **fields: object) -> Event:
-        line = self.log(text) if self.log is not None else -1
-        ev = Event(index=len(self.events), t=self.now(), kind=kind, process=process, line=line,
+        t = self.now()
+        trace = self.trace
+        if trace is not None:  # (the run's trace itself: one call less per event)
+            trace.append(f"{t:11.6f} {text}")
+            line = len(trace) - 1
+        else:
+            line = self.log(text) if self.log is not None else -1
+        ev = Event(len(self.events), t, kind, process, line=line,
                    **fields)  # type: ignore[arg-type]
         self.events.append(ev)
         return ev
 
     # -- writers -----------------------------------------------------------------------------
 
-    def create(self, process: str, ledger: int, detail: str = "") -> Event:
-        return self._add("create", process, f"{process} create L{ledger} {detail}",
-                         ledger=ledger, detail=detail)
+    def create(self, process: str, ledger: int, detail: str = "", qa: int = -1) -> Event:
+        """``qa``: the ledger's ack quorum (-1: unknown)."""
+        self.created.add(ledger)
+        return self._add("create", process, f"{process} create L{ledger} {detail}".rstrip(),
+                         ledger=ledger, detail=detail, value=qa)
 
     def add_invoke(self, process: str, ledger: int, entry: int, payload: bytes) -> Event:
         return self._add("add_invoke", process,
@@ -139,13 +166,69 @@ class History:
     def bookie_served(self, bookie: str, ledger: int, entry: int, payload: bytes | None,
                       detail: str = "") -> Event:
         """A bookie answered OK with bytes: ``payload`` None means they failed the digest."""
-        text = "BAD BYTES" if payload is None else payload.decode(errors="replace")
+        text = "BAD BYTES" if payload is None else _show(payload)
         return self._add("bookie_served", bookie, f"{bookie} served L{ledger}:{entry} {text}",
                          ledger=ledger, entry=entry, payload=payload, detail=detail)
 
     def fault(self, target: str, kind: str, detail: str = "") -> Event:
         return self._add("fault", target, f"FAULT {kind} {target} {detail}".rstrip(),
                          detail=kind + ("|" + detail if detail else ""))
+
+    # -- logs (pybk.stream: the log workload of pybk.sim.logs) ---------------------------------
+    # ``detail`` holds the log's name, ``value`` a reader's instance number or a writer's epoch
+
+    def log_writer_open(self, process: str, log: str, epoch: int, outcome: str,
+                        why: str = "") -> Event:
+        return self._add("log_open", process, f"{process} opens writer of {log} -> {outcome} "
+                         f"epoch={epoch} {why}".rstrip(), value=epoch, outcome=outcome,
+                         detail=log)
+
+    def log_append(self, process: str, log: str, payload: bytes) -> Event:
+        return self._add("log_append", process,
+                         f"{process} log-append {log} {payload.decode(errors='replace')}",
+                         payload=payload, detail=log)
+
+    def log_append_done(self, process: str, log: str, payload: bytes, outcome: str,
+                        pos: tuple[int, int, int] | None, why: str = "") -> Event:
+        at = "" if pos is None else "@" + ":".join(map(str, pos))
+        return self._add("log_append_done", process,
+                         f"{process} log-append {log} {payload.decode(errors='replace')} -> "
+                         f"{outcome}{at} {why}".rstrip(), payload=payload, outcome=outcome,
+                         pos=pos, detail=log)
+
+    def log_reader_start(self, process: str, log: str, reader: int,
+                         start: tuple[int, int, int] | None) -> Event:
+        at = "oldest" if start is None else ":".join(map(str, start))
+        return self._add("log_reader", process, f"{process} reader {reader} of {log} from {at}",
+                         value=reader, pos=start, detail=log)
+
+    def log_read(self, process: str, log: str, reader: int, pos: tuple[int, int, int],
+                 payload: bytes) -> Event:
+        return self._add("log_read", process,
+                         f"{process} reader {reader} read {log}@{':'.join(map(str, pos))} "
+                         f"{payload.decode(errors='replace')}", value=reader, pos=pos,
+                         payload=payload, detail=log)
+
+    def log_reader_end(self, process: str, log: str, reader: int, why: str) -> Event:
+        return self._add("log_reader_end", process, f"{process} reader {reader} of {log} ends: "
+                         f"{why}", value=reader, detail=log, outcome=why)
+
+    def log_truncate(self, process: str, log: str, before: tuple[int, int, int],
+                     outcome: str) -> Event:
+        return self._add("log_truncate", process, f"{process} truncate {log} before "
+                         f"{':'.join(map(str, before))} -> {outcome}", pos=before,
+                         outcome=outcome, detail=log)
+
+    # -- failures nobody expected --------------------------------------------------------------
+
+    def exception(self, process: str, where: str, exc: BaseException, trace: str = "") -> Event:
+        """An exception no injected fault explains (not in the allow-list of
+        ``pybk.sim.findings``): a finding of its own (X1), with its traceback."""
+        text = f"{type(exc).__name__}: {exc}"
+        line = f"{process} UNEXPECTED {where}: {text}"
+        if trace:
+            line += "\n" + "\n".join("      | " + t for t in trace.rstrip().splitlines())
+        return self._add("exception", process, line, detail=f"{where}|{text}")
 
     # -- liveness ------------------------------------------------------------------------------
 

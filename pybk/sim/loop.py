@@ -4,18 +4,26 @@ Why a loop and not a mocked clock: the protocol code (client, bookie, journal, m
 the running loop's ``time()``, ``call_later()``, ``sleep()``, futures and tasks and nothing
 else, so swapping the loop is enough to make a run a pure function of its seed.
 
-How it works: :class:`SimLoop` is a ``BaseEventLoop`` whose "selector" never waits. When the
-stdlib scheduler asks it to wait ``timeout`` seconds for I/O (it only asks for a positive
-timeout when nothing is runnable), the loop sets its clock *exactly* to the ``when`` of the
-earliest timer and returns no events, so the next iteration runs that timer. Ready callbacks
-run in FIFO order and timers in heap order, both deterministic.
+How it works: :class:`SimLoop` is a ``BaseEventLoop`` with its own scheduler
+(``_run_once``): ready callbacks run in FIFO order; when none is ready the clock is set
+*exactly* to the ``when`` of the earliest timer, and every timer due then runs. Timers sit in a
+heap of ``(when, sequence, handle)`` tuples, so timers due at the same instant run in the order
+they were made, compared at C speed (the stdlib heap compares handles in Python and leaves the
+order of equal deadlines to the heap). A run is a few hundred thousand loop turns, so the turn
+itself is kept short: no selector, no debug checks, handles built without the stdlib's
+per-handle debug probes.
 
 What it refuses, loudly: threads (``run_in_executor``, ``call_soon_threadsafe`` from another
 thread), real sockets, pipes, subprocesses, DNS. A run in which nothing is runnable and no timer
 is pending raises :class:`SimDeadlock` naming the virtual time and the tasks still waiting.
 
-Private hooks of ``BaseEventLoop`` used (stable 3.11-3.13): ``_selector.select``,
-``_process_events``, ``_write_to_self``, ``_scheduled``, ``_clock_resolution``.
+Time can also be made to pass with nothing running: :meth:`SimLoop.stall` (the loop's thread
+blocked, e.g. an fsync made inline on it) and :meth:`SimLoop.jump` (a clock jump: every timer
+that fell due meanwhile runs late, at once).
+
+Private parts of ``asyncio`` used (stable 3.11-3.13): ``BaseEventLoop._run_once``,
+``_ready``, ``_stopping``, ``_closed``, ``_process_events``, ``_write_to_self``,
+``_timer_handle_cancelled``, and the slots of ``asyncio.Handle``/``TimerHandle``.
 """
 
 from __future__ import annotations
@@ -24,8 +32,10 @@ import asyncio
 import asyncio.base_events
 import contextvars
 import gc
-import heapq
+from asyncio.events import Handle, TimerHandle
 from collections.abc import Callable, Coroutine, Generator
+from heapq import heapify, heappop, heappush
+from itertools import count
 from typing import Any, TypeVar
 
 __all__ = [
@@ -38,6 +48,9 @@ __all__ = [
 
 T = TypeVar("T")
 
+#: a handle without running its ``__init__`` (the stdlib's probes the debug mode per handle)
+_new_handle = object.__new__
+
 
 class SimDeadlock(RuntimeError):
     """Nothing can ever run again: no ready callback and no pending timer."""
@@ -45,20 +58,6 @@ class SimDeadlock(RuntimeError):
 
 class SimTimeLimit(RuntimeError):
     """The run went past its virtual-time or step budget (a livelock or a runaway workload)."""
-
-
-class _FakeSelector:
-    """Stands in for the selector: advances virtual time instead of waiting for I/O."""
-
-    def __init__(self, loop: SimLoop) -> None:
-        self._loop = loop
-
-    def select(self, timeout: float | None) -> list[Any]:
-        self._loop._advance(timeout)
-        return []
-
-    def close(self) -> None:
-        pass
 
 
 class SimLoop(asyncio.base_events.BaseEventLoop):
@@ -74,7 +73,6 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
         super().__init__()
         self._now = float(start)
         self._clock_resolution = 1e-9
-        self._selector = _FakeSelector(self)
         self._max_time = max_time
         self._max_steps = max_steps
         self.steps = 0
@@ -83,7 +81,13 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
         self._still = 0
         self._task_seq = 0
         self._tasks: list[asyncio.Task[Any]] = []
-        self.unhandled: list[str] = []
+        self._tasks_live = 0  # live tasks at the last pruning of ``_tasks``
+        #: the timer heap: (when, sequence, handle)
+        self._timers: list[tuple[float, int, Any]] = []
+        self._timer_seq = count()
+        self._timers_cancelled = 0
+        #: what reached the exception handler: (message, exception or None)
+        self.unhandled: list[tuple[str, BaseException | None]] = []
         self.set_task_factory(self._task_factory_impl)
         self.set_exception_handler(self._on_exception)
 
@@ -92,42 +96,144 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
     def time(self) -> float:
         return self._now
 
-    def _advance(self, timeout: float | None) -> None:
-        self.steps += 1
-        if self._max_steps is not None and self.steps > self._max_steps:
-            raise SimTimeLimit(f"more than {self._max_steps} loop iterations at t={self._now:.6f}")
-        if timeout is None:
-            waiting = [t.get_name() for t in self._tasks if not t.done()]
-            raise SimDeadlock(
-                f"deadlock at t={self._now:.6f}: nothing runnable and no timer pending; "
-                f"waiting tasks: {', '.join(waiting) or '(none)'}"
-            )
-        if timeout > 0:
-            self._still = 0
-        else:
-            self._still += 1
-            if self._still > self.max_still_steps:
-                raise SimTimeLimit(
-                    f"livelock: {self._still} loop iterations without virtual time advancing "
-                    f"at t={self._now:.6f}"
-                )
-        scheduled = self._scheduled  # type: ignore[attr-defined]
-        if timeout <= 0 or not scheduled:
-            return
-        when: float = scheduled[0]._when
-        if when > self._now:
-            if self._max_time is not None and when > self._max_time:
-                raise SimTimeLimit(
-                    f"virtual time would pass the limit {self._max_time:.3f}s (next timer at "
-                    f"{when:.3f}s)"
-                )
-            self._now = when
-
     def advance_to(self, when: float) -> None:
         """Move the clock forward (tests). Never backwards: virtual time is monotone."""
         if when < self._now:
             raise ValueError(f"cannot move virtual time back from {self._now} to {when}")
         self._now = when
+
+    def stall(self, seconds: float) -> None:
+        """The loop's thread is blocked for ``seconds`` (a blocking call made on it, such as
+        an fsync made inline): the clock moves on and nothing else runs meanwhile; timers
+        that fell due run late, on the next turn."""
+        if seconds < 0:
+            raise ValueError(f"cannot stall for a negative time ({seconds})")
+        self._now += seconds
+
+    def jump(self, seconds: float) -> None:
+        """A forward jump of the monotonic clock (a suspended VM, a stopped process): the same
+        as :meth:`stall`, named for the fault it models."""
+        self.stall(seconds)
+
+    # -- scheduling: the hot path of a simulated run -------------------------------------------
+
+    def call_soon(  # type: ignore[override]
+        self, callback: Callable[..., object], *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> Handle:
+        if self._closed:  # type: ignore[attr-defined]
+            raise RuntimeError("Event loop is closed")
+        handle: Any = _new_handle(Handle)  # (private slots: Any for mypy)
+        handle._context = context if context is not None else contextvars.copy_context()
+        handle._loop = self
+        handle._callback = callback
+        handle._args = args
+        handle._cancelled = False
+        handle._repr = None
+        handle._source_traceback = None
+        self._ready.append(handle)  # type: ignore[attr-defined]
+        return handle  # type: ignore[no-any-return]
+
+    def call_at(  # type: ignore[override]
+        self, when: float, callback: Callable[..., object], *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> TimerHandle:
+        if self._closed:  # type: ignore[attr-defined]
+            raise RuntimeError("Event loop is closed")
+        timer: Any = _new_handle(TimerHandle)
+        timer._context = context if context is not None else contextvars.copy_context()
+        timer._loop = self
+        timer._callback = callback
+        timer._args = args
+        timer._cancelled = False
+        timer._repr = None
+        timer._source_traceback = None
+        timer._when = when
+        timer._scheduled = True
+        heappush(self._timers, (when, next(self._timer_seq), timer))
+        return timer  # type: ignore[no-any-return]
+
+    def call_later(  # type: ignore[override]
+        self, delay: float, callback: Callable[..., object], *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> TimerHandle:
+        return self.call_at(self._now + delay, callback, *args, context=context)
+
+    def _timer_handle_cancelled(self, handle: Any) -> None:
+        if handle._scheduled:
+            self._timers_cancelled += 1
+
+    def _run_once(self) -> None:
+        """One turn: advance the clock if nothing is ready, queue the timers now due, run
+        what was ready at the start of the turn (callbacks queued meanwhile wait a turn)."""
+        self.steps += 1
+        if self._max_steps is not None and self.steps > self._max_steps:
+            raise SimTimeLimit(f"more than {self._max_steps} loop iterations at t={self._now:.6f}")
+        ready = self._ready  # type: ignore[attr-defined]
+        timers = self._timers
+        if self._timers_cancelled > 64 and self._timers_cancelled * 2 > len(timers):
+            live = []
+            for item in timers:
+                if item[2]._cancelled:
+                    item[2]._scheduled = False
+                else:
+                    live.append(item)
+            heapify(live)
+            self._timers = timers = live
+            self._timers_cancelled = 0
+        if ready or self._stopping:  # type: ignore[attr-defined]
+            self._still += 1
+        else:
+            while timers and timers[0][2]._cancelled:
+                heappop(timers)[2]._scheduled = False
+                self._timers_cancelled -= 1
+            if not timers:
+                waiting = [t.get_name() for t in self._tasks if not t.done()]
+                raise SimDeadlock(
+                    f"deadlock at t={self._now:.6f}: nothing runnable and no timer pending; "
+                    f"waiting tasks: {', '.join(waiting) or '(none)'}"
+                )
+            when = timers[0][0]
+            if when > self._now:
+                if self._max_time is not None and when > self._max_time:
+                    raise SimTimeLimit(
+                        f"virtual time would pass the limit {self._max_time:.3f}s (next timer "
+                        f"at {when:.3f}s)"
+                    )
+                self._now = when
+                self._still = 0
+            else:
+                self._still += 1
+        if self._still > self.max_still_steps:
+            raise SimTimeLimit(
+                f"livelock: {self._still} loop iterations without virtual time advancing "
+                f"at t={self._now:.6f}"
+            )
+        end = self._now + 1e-9
+        while timers and timers[0][0] < end:
+            handle = heappop(timers)[2]
+            handle._scheduled = False
+            if handle._cancelled:
+                self._timers_cancelled -= 1
+            else:
+                ready.append(handle)
+        popleft = ready.popleft
+        for _ in range(len(ready)):
+            handle = popleft()
+            if handle._cancelled:
+                continue
+            try:  # (Handle._run inlined: one Python frame less per callback)
+                handle._context.run(handle._callback, *handle._args)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                self.call_exception_handler({
+                    "message": f"Exception in callback {handle._callback!r}",
+                    "exception": exc, "handle": handle})
+
+    def close(self) -> None:
+        super().close()
+        self._timers.clear()
 
     # -- tasks: deterministic names, tracked in creation order ---------------------------------
 
@@ -138,11 +244,13 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
         **kwargs: Any,
     ) -> asyncio.Task[Any]:
         self._task_seq += 1
+        kwargs["name"] = f"sim-task-{self._task_seq}"
         task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
-        task.set_name(f"sim-task-{self._task_seq}")
-        if len(self._tasks) > 256:
-            self._tasks = [t for t in self._tasks if not t.done()]
-        self._tasks.append(task)
+        tasks = self._tasks
+        if len(tasks) > 256 + 2 * self._tasks_live:  # (amortized: prune when it doubled)
+            self._tasks = tasks = [t for t in tasks if not t.done()]
+            self._tasks_live = len(tasks)
+        tasks.append(task)
         return task
 
     def live_tasks(self) -> list[asyncio.Task[Any]]:
@@ -153,7 +261,8 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
         # Recorded, not logged: "exception never retrieved" reports fire from finalizers, whose
         # timing is the garbage collector's business, so they stay out of the trace.
         message = str(context.get("message", ""))
-        self.unhandled.append(message + ": " + repr(context.get("exception")))
+        exc = context.get("exception")
+        self.unhandled.append((message, exc if isinstance(exc, BaseException) else None))
 
     # -- running -----------------------------------------------------------------------------
 
@@ -192,6 +301,12 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
                 self.run_until_complete(gathered)
             except (SimDeadlock, SimTimeLimit):
                 pass
+
+    def _asyncgen_finalizer_hook(self, agen: Any) -> None:
+        """An async generator collected unfinished: close it on the loop (the stdlib goes
+        through ``call_soon_threadsafe``, which this loop refuses)."""
+        if not self.is_closed():
+            self.call_soon(self.create_task, agen.aclose())
 
     # -- what a simulated process may not do -------------------------------------------------
 
@@ -239,6 +354,5 @@ def run(coro: Coroutine[Any, Any, T], *, start: float = 0.0, max_time: float | N
 
 def next_timer(loop: SimLoop) -> float | None:
     """When the earliest live timer fires (None if none): for stepping tests."""
-    live = [h for h in loop._scheduled if not h._cancelled]  # type: ignore[attr-defined]
-    heapq.heapify(live)
-    return live[0].when() if live else None
+    live = [when for when, _seq, h in loop._timers if not h._cancelled]
+    return min(live) if live else None

@@ -34,15 +34,24 @@ Timeouts use the one deadline mechanism of every transport (:mod:`pybk.transport
 
 Observers see every response a bookie *produced* (delivered or not): the checker uses them for
 bookie-honesty invariants (an OK add is a durability promise even if the reply is lost). A
-batch is observed entry by entry, as the single adds it is made of.
+batch is observed entry by entry, as the single adds it is made of. Send observers see every
+request a client sends, before any fault (the runner learns which adds ever left a client).
+
+Cost: a run moves thousands of messages, so a message is moved without a closure (the timer
+carries its arguments), and a request other than an add is answered without a task: the
+bookie's handler coroutine is stepped by hand (``_Serving``), resumed when the future it
+waits on is done; most requests are answered without ever waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from functools import partial
+from math import log as _log
+from typing import Any
 
 from pybk.errors import BKError, BookieUnavailableError
 from pybk.errors import TimeoutError as BKTimeoutError
@@ -75,14 +84,6 @@ from pybk.transport.base import (
 from pybk.transport.deadlines import Deadlines
 
 __all__ = ["AddPath", "Handler", "NetConfig", "Observer", "SimNetwork", "SimTransport"]
-
-__all__ = [
-    "Handler",
-    "NetConfig",
-    "Observer",
-    "SimNetwork",
-    "SimTransport",
-]
 
 Handler = Callable[[Request], Awaitable[Response]]
 #: a bookie's add path (``Bookie.add_request``)
@@ -187,7 +188,15 @@ class SimNetwork:
         self.slow: dict[tuple[str, str], float] = {}
         #: Bookies whose next fencing request is lost (a targeted fault, BUGGIFY-style).
         self.lose_next_fence: dict[str, int] = {}
+        #: Bookies whose recovery reads (fencing reads of an entry) are lost until a time.
+        self.lose_recovery_reads: dict[str, float] = {}
         self.observers: list[Observer] = []
+        #: Called with every request a client sends (before any fault): (client, bookie,
+        #: request). The runner learns which adds ever left a client.
+        self.send_observers: list[Callable[[str, str, Request], None]] = []
+        #: Called when a bookie's request handler or add path raises (it must answer, never
+        #: raise): (bookie, request, exception). None: counted and traced only.
+        self.on_handler_error: Callable[[str, Request, BaseException], None] | None = None
         self.messages = 0
 
     # -- topology ----------------------------------------------------------------------------
@@ -225,6 +234,7 @@ class SimNetwork:
         self._blocked.clear()
         self.slow.clear()
         self.lose_next_fence.clear()
+        self.lose_recovery_reads.clear()
         for node in sorted(self._paused):
             self.resume(node)
 
@@ -274,7 +284,7 @@ class SimNetwork:
 
     def _latency(self) -> float:
         cfg = self.config
-        return cfg.latency_min + self.rng.expovariate(1.0 / cfg.latency_mean)
+        return cfg.latency_min - _log(1.0 - self.rng.random()) * cfg.latency_mean
 
     def send(
         self, client: str, bookie_id: str, request: Request, timeout: float | None
@@ -296,13 +306,17 @@ class SimNetwork:
 
     def _start(self, client: str, bookie_id: str, request: Request, timeout: float | None,
                pending: _Pending) -> None:
-        if self._dead_clients.get(client):
+        if self._dead_clients and self._dead_clients.get(client):
             return  # a dead process sends nothing and hears nothing, ever
         loop = asyncio.get_running_loop()
         self.messages += 1
         self._seq += 1
         seq = self._seq
-        conn = self._conn(client, bookie_id)
+        for watch in self.send_observers:
+            watch(client, bookie_id, request)
+        conn = self._conns.get((client, bookie_id))
+        if conn is None:
+            conn = self._conns[(client, bookie_id)] = _Conn()
         if self._bookies.get(bookie_id) is None:
             # Connection refused, after a round trip.
             loop.call_later(2 * self._latency(), pending.on_fail,
@@ -312,13 +326,18 @@ class SimNetwork:
         limit = self.config.default_timeout if timeout is None else timeout
         pending.token = self._deadlines.add(
             limit, lambda: self._expire(conn, seq, bookie_id, request, limit))
-        if self.lose_next_fence.get(bookie_id) and _is_fence(request):
+        if self.lose_next_fence and self.lose_next_fence.get(bookie_id) and _is_fence(request):
             self.lose_next_fence[bookie_id] -= 1
             self._count("lost_fence")
             self._trace(f"net lost fencing {type(request).__name__} {client}->{bookie_id}")
             return
-        self._transmit(client, bookie_id, conn, conn.gen, forward=True,
-                       deliver=lambda: self._arrive_request(client, bookie_id, conn, seq, request))
+        if (self.lose_recovery_reads
+                and self.lose_recovery_reads.get(bookie_id, -1.0) > loop.time()
+                and _is_recovery_read(request)):
+            self._count("lost_recovery_read")
+            self._trace(f"net lost recovery read {client}->{bookie_id}")
+            return
+        self._transmit(client, bookie_id, conn, conn.gen, True, seq, request)
 
     def _expire(self, conn: _Conn, seq: int, bookie_id: str, request: Request,
                 limit: float) -> None:
@@ -328,79 +347,86 @@ class SimNetwork:
                 BKTimeoutError(f"{bookie_id}: no answer to {type(request).__name__} in {limit}s")
             )
 
-    def _transmit(self, src: str, dst: str, conn: _Conn, gen: int, *, forward: bool,
-                  deliver: Callable[[], None], duplicable: bool = True) -> None:
-        """Move one message from ``src`` to ``dst`` through the fault model."""
-        loop = asyncio.get_running_loop()
-        client, bookie_id = (src, dst) if forward else (dst, src)
-        for node in (src, dst):
-            if node in self._paused:
-                self._paused[node].append(
-                    lambda: self._transmit(src, dst, conn, gen, forward=forward, deliver=deliver,
-                                           duplicable=duplicable))
-                return
-        if self._blocked.get((src, dst)):
+    def _transmit(self, client: str, bookie_id: str, conn: _Conn, gen: int, forward: bool,
+                  seq: int, msg: Any) -> None:
+        """Move one message (a request if ``forward``, else an answer) through the fault
+        model: held while either end is paused, dropped on a blocked link, then the
+        configured faults, then a sampled latency (in order on its connection unless
+        reordered); requests only may be duplicated."""
+        src, dst = (client, bookie_id) if forward else (bookie_id, client)
+        paused = self._paused
+        if paused:
+            for node in (src, dst):
+                if node in paused:
+                    paused[node].append(partial(self._transmit, client, bookie_id, conn, gen,
+                                                forward, seq, msg))
+                    return
+        if self._blocked and self._blocked.get((src, dst)):
             self._count("partition_drop")
             return
+        loop = asyncio.get_running_loop()
         cfg = self.config
         rng = self.rng
-        if cfg.drop and rng.random() < cfg.drop:
-            self._count("drop")
-            self._trace(f"net drop {src}->{dst}")
-            return
-        if cfg.corrupt and rng.random() < cfg.corrupt:
-            self._count("corrupt")
-            self._trace(f"net corrupt {src}->{dst}: crc caught, connection closed")
-            loop.call_later(self._latency(), self._reset_if, client, bookie_id, conn, gen,
-                            "corrupt frame")
-            return
-        if cfg.reset and rng.random() < cfg.reset:
-            self._count("reset")
-            self._reset(client, bookie_id, "reset")
-            return
-        arrival = loop.time() + self._latency() + self.slow.get((src, dst), 0.0)
+        if cfg.drop or cfg.corrupt or cfg.reset:
+            if cfg.drop and rng.random() < cfg.drop:
+                self._count("drop")
+                self._trace(f"net drop {src}->{dst}")
+                return
+            if cfg.corrupt and rng.random() < cfg.corrupt:
+                self._count("corrupt")
+                self._trace(f"net corrupt {src}->{dst}: crc caught, connection closed")
+                loop.call_later(self._latency(), self._reset_if, client, bookie_id, conn, gen,
+                                "corrupt frame")
+                return
+            if cfg.reset and rng.random() < cfg.reset:
+                self._count("reset")
+                self._reset(client, bookie_id, "reset")
+                return
+        arrival = (loop.time() + cfg.latency_min
+                   - _log(1.0 - rng.random()) * cfg.latency_mean)
+        if self.slow:
+            arrival += self.slow.get((src, dst), 0.0)
         last = conn.last_arrival_fwd if forward else conn.last_arrival_back
         if cfg.reorder and rng.random() < cfg.reorder:
             self._count("reorder")
-        else:
-            # Strictly after the previous message: timers with equal deadlines have no
-            # defined order in the loop's heap, and a connection is FIFO.
-            arrival = max(arrival, last + 1e-6)
+        elif arrival <= last:
+            # Strictly after the previous message: a connection is FIFO.
+            arrival = last + 1e-6
         if forward:
-            conn.last_arrival_fwd = max(last, arrival)
+            if arrival > last:
+                conn.last_arrival_fwd = arrival
+            loop.call_at(arrival, self._arrive_request, client, bookie_id, conn, gen, seq, msg)
+            if cfg.duplicate and rng.random() < cfg.duplicate:
+                self._count("duplicate")
+                later = arrival + self._latency() * rng.choice((1, 5, 50))
+                loop.call_at(later, self._arrive_request, client, bookie_id, conn, gen, seq, msg)
         else:
-            conn.last_arrival_back = max(last, arrival)
-        loop.call_at(arrival, self._deliver_if, conn, gen, deliver)
-        if forward and duplicable and cfg.duplicate and rng.random() < cfg.duplicate:
-            self._count("duplicate")
-            later = arrival + self._latency() * rng.choice((1, 5, 50))
-            loop.call_at(later, self._deliver_if, conn, gen, deliver)
+            if arrival > last:
+                conn.last_arrival_back = arrival
+            loop.call_at(arrival, self._arrive_response, conn, gen, seq, msg)
 
     def _reset_if(self, client: str, bookie_id: str, conn: _Conn, gen: int, why: str) -> None:
         if conn.gen == gen:
             self._reset(client, bookie_id, why)
 
-    @staticmethod
-    def _deliver_if(conn: _Conn, gen: int, deliver: Callable[[], None]) -> None:
-        if conn.gen == gen:
-            deliver()
-
-    def _arrive_request(self, client: str, bookie_id: str, conn: _Conn, seq: int,
+    def _arrive_request(self, client: str, bookie_id: str, conn: _Conn, gen: int, seq: int,
                         request: Request) -> None:
+        if conn.gen != gen:
+            return  # the connection was reset meanwhile: the request died with it
         handler = self._bookies.get(bookie_id)
         if handler is None:
             self._reset(client, bookie_id, "bookie down")
             return
         incarnation = self._incarnation[bookie_id]
-        gen = conn.gen
         adder = self._adders.get(bookie_id)
         if adder is not None and (type(request) is AddRequest
                                   or type(request) is AddBatchRequest):
             self._serve_add(adder, incarnation, client, bookie_id, conn, gen, seq, request)
             return
-        asyncio.get_running_loop().create_task(
-            self._serve(handler, incarnation, client, bookie_id, conn, gen, seq, request)
-        )
+        # Any other request: the handler's coroutine stepped by hand, no task per request.
+        answer = handler(request)
+        coro = answer if isinstance(answer, Coroutine) else _await(answer)
+        _Serving(self, coro, incarnation, client, bookie_id, conn, gen, seq, request).step()
 
     def _serve_add(self, adder: AddPath, incarnation: int, client: str, bookie_id: str,
                    conn: _Conn, gen: int, seq: int, request: AddLike) -> None:
@@ -418,14 +444,15 @@ class SimNetwork:
                 return  # the process died while handling: nobody sends the reply
             if self.observers:
                 self._observe_add(bookie_id, client, request, outcome)
-            self._transmit(bookie_id, client, conn, gen, forward=False, duplicable=False,
-                           deliver=lambda: self._arrive_response(conn, seq, outcome))
+            self._transmit(client, bookie_id, conn, gen, False, seq, outcome)
 
         try:
             adder(request, reply)
-        except Exception as exc:  # the add path must answer, never raise: count and reset
+        except Exception as exc:  # the add path must answer, never raise: a finding
             self._count("handler_exception")
             self._trace(f"net {bookie_id} raised {type(exc).__name__} adding: {exc}")
+            if self.on_handler_error is not None:
+                self.on_handler_error(bookie_id, request, exc)
             if self._incarnation.get(bookie_id) == incarnation:
                 self._reset_if(client, bookie_id, conn, gen, "add path raised")
 
@@ -437,30 +464,76 @@ class SimNetwork:
             for observer in self.observers:
                 observer(bookie_id, client, single, response)
 
-    async def _serve(self, handler: Handler, incarnation: int, client: str, bookie_id: str,
-                     conn: _Conn, gen: int, seq: int, request: Request) -> None:
-        try:
-            response = await handler(request)
-        except Exception as exc:  # a bookie must never raise from handle(); count and reset
-            self._count("handler_exception")
-            self._trace(f"net {bookie_id} raised {type(exc).__name__}: {exc}")
-            if self._incarnation.get(bookie_id) == incarnation:
-                self._reset_if(client, bookie_id, conn, gen, "handler raised")
-            return
-        if self._incarnation.get(bookie_id) != incarnation:
+    def _answer(self, job: _Serving, response: Response) -> None:
+        bookie_id = job.bookie_id
+        if self._incarnation.get(bookie_id) != job.incarnation:
             return  # the process died while handling: nobody sends the reply
         if self.observers:
-            for single, answer in _observed(request, response):
+            for single, answer in _observed(job.request, response):
                 for observer in self.observers:
-                    observer(bookie_id, client, single, answer)
-        self._transmit(bookie_id, client, conn, gen, forward=False, duplicable=False,
-                       deliver=lambda: self._arrive_response(conn, seq, response))
+                    observer(bookie_id, job.client, single, answer)
+        self._transmit(job.client, bookie_id, job.conn, job.gen, False, job.seq, response)
 
-    def _arrive_response(self, conn: _Conn, seq: int, answer: object) -> None:
+    def _raised(self, job: _Serving, exc: Exception) -> None:
+        """A bookie must never raise from handle(): a finding (the connection resets, as a
+        server that dropped the request on an exception would)."""
+        bookie_id = job.bookie_id
+        self._count("handler_exception")
+        self._trace(f"net {bookie_id} raised {type(exc).__name__}: {exc}")
+        if self.on_handler_error is not None:
+            self.on_handler_error(bookie_id, job.request, exc)
+        if self._incarnation.get(bookie_id) == job.incarnation:
+            self._reset_if(job.client, bookie_id, job.conn, job.gen, "handler raised")
+
+    def _arrive_response(self, conn: _Conn, gen: int, seq: int, answer: object) -> None:
+        if conn.gen != gen:
+            return
         pending = conn.pending.pop(seq, None)
         if pending is not None:
             self._deadlines.discard(pending.token)
             pending.on_answer(answer)
+
+
+async def _await(answer: Awaitable[Response]) -> Response:
+    return await answer
+
+
+class _Serving:
+    """One request being answered: steps the handler's coroutine by hand, resuming it when
+    the future it waits on is done (what a Task does, without a Task per request)."""
+
+    __slots__ = ("bookie_id", "client", "conn", "coro", "gen", "incarnation", "net", "request",
+                 "seq")
+
+    def __init__(self, net: SimNetwork, coro: Coroutine[Any, Any, Response], incarnation: int,
+                 client: str, bookie_id: str, conn: _Conn, gen: int, seq: int,
+                 request: Request) -> None:
+        self.net = net
+        self.coro = coro
+        self.incarnation = incarnation
+        self.client = client
+        self.bookie_id = bookie_id
+        self.conn = conn
+        self.gen = gen
+        self.seq = seq
+        self.request = request
+
+    def step(self, _done: object = None) -> None:
+        try:
+            waiting = self.coro.send(None)
+        except StopIteration as stop:
+            self.net._answer(self, stop.value)
+            return
+        except asyncio.CancelledError:
+            return  # (what it waited on was cancelled: the bookie went away)
+        except Exception as exc:
+            self.net._raised(self, exc)
+            return
+        if waiting is None:  # a bare yield (asyncio.sleep(0)): resume on the next turn
+            asyncio.get_running_loop().call_soon(self.step)
+        else:  # a future: resume once it is done (its result is read by the coroutine)
+            waiting._asyncio_future_blocking = False
+            waiting.add_done_callback(self.step)
 
 
 def _observed(request: Request, response: Response) -> list[tuple[Request, Response]]:
@@ -481,6 +554,13 @@ def _is_fence(request: Request) -> bool:
 
     return isinstance(request, FenceRequest) or (
         isinstance(request, ReadRequest) and request.fence)
+
+
+def _is_recovery_read(request: Request) -> bool:
+    from pybk.protocol import LAST_ENTRY
+
+    return (isinstance(request, ReadRequest) and request.fence
+            and request.entry_id != LAST_ENTRY)
 
 
 def _answer(fut: asyncio.Future[Response], request: AddLike, outcome: AddOutcome) -> None:

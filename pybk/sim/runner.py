@@ -3,16 +3,25 @@
 A run is a pure function of its arguments: a :class:`~pybk.sim.loop.SimLoop` (virtual time),
 a :class:`~pybk.sim.cluster.SimCluster` (real bookies on simulated disks, a memory metadata
 store, the simulated network) and per-subsystem ``random.Random`` objects derived from the
-seed. It has two phases (TigerBeetle's VOPR):
+seed. What the seed decides is a :class:`~pybk.sim.scenario.Scenario` (topology, bookie count,
+configuration, workload, network fault rates and the schedule of faults); a scenario given
+in its place (``scenario=``, a replay file, a shrunk failure) runs the same way. A run has
+two phases (TigerBeetle's VOPR):
 
-1. **safety**: the workload runs while the fault injector draws faults from the seed's
-   :class:`~pybk.sim.faults.FaultPlan`, limited by the fault atlas;
+1. **safety**: the workload's processes run while the scheduled faults are injected (each
+   kind by its handler in :data:`pybk.sim.injectors.HANDLERS`), limited by the fault atlas;
 2. **liveness**: faults stop, the network heals, bookies restart (at most Qa-1 stay down),
-   every ledger is recovered and read back, and a new ledger must take writes, all within a
-   bound of virtual time.
+   every ledger is recovered and read back, a new ledger must take writes, and each
+   extension (:data:`EXTENSIONS`: the log workload, auto-recovery) checks its own progress,
+   all within a bound of virtual time.
 
-Then the :mod:`~pybk.sim.checker` judges the recorded history. The trace (one line per event,
-stamped with virtual time) is identical for identical arguments, byte for byte.
+Then the :mod:`~pybk.sim.checker` and the extensions judge the recorded history. The trace
+(one line per event, stamped with virtual time) is identical for identical arguments, byte
+for byte.
+
+Extending a run: a process kind is a :class:`~pybk.sim.workload.Process` subclass spawned with
+:meth:`SimRun.spawn`; a module with processes, a liveness condition and invariants of its own
+is an :class:`Extension`, registered in :data:`EXTENSIONS` by name.
 """
 
 from __future__ import annotations
@@ -21,11 +30,13 @@ import asyncio
 import hashlib
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from pybk.bookie.inspect import inspect_data_dir
 from pybk.protocol import (
+    AddBatchRequest,
     AddRequest,
     DigestManager,
     ListEntriesRequest,
@@ -38,16 +49,68 @@ from pybk.replication.context import ClientConfig
 from pybk.sim.autorecovery import AutoRecoverySim
 from pybk.sim.checker import Checker, Violation
 from pybk.sim.cluster import DATA_DIR, SimBookie, SimCluster, derive_rng
+from pybk.sim.configs import SimConfig
 from pybk.sim.faults import FaultPlan, Faults
+from pybk.sim.findings import LogFindings, is_expected
 from pybk.sim.history import History
+from pybk.sim.injectors import HANDLERS
+from pybk.sim.logs import LogWorkload
 from pybk.sim.loop import SimDeadlock, SimLoop, SimTimeLimit
 from pybk.sim.net import NetConfig
-from pybk.sim.workload import PASSWORD, Deleter, Reader, Recoverer, Registry, Workload, Writer
+from pybk.sim.scenario import Scenario, draw_schedule
+from pybk.sim.workload import (
+    PASSWORD,
+    Deleter,
+    Process,
+    ProcessEnv,
+    Reader,
+    Recoverer,
+    Registry,
+    Workload,
+    Writer,
+)
 from pybk.testing.mutations import NO_MUTATIONS, Mutations
+
+__all__ = ["EXTENSIONS", "PROCESSES", "TOPOLOGIES", "Extension", "SimResult", "SimRun", "Stats",
+           "run", "scenario_of"]
 
 TOPOLOGIES: tuple[tuple[int, int, int], ...] = ((3, 3, 2), (3, 2, 2), (5, 3, 2), (2, 2, 1),
                                                 (4, 3, 3))
-CRASH_MODES = ("drop", "torn", "reorder")
+
+#: the ledger workload's processes: (the Workload field with their count, class, name prefix)
+PROCESSES: list[tuple[str, type[Process], str]] = [
+    ("writers", Writer, "w"),
+    ("readers", Reader, "r"),
+    ("recoverers", Recoverer, "rc"),
+]
+
+
+class Extension(Protocol):
+    """A part of a run with processes, a liveness condition and invariants of its own (the
+    log workload, :mod:`pybk.sim.logs`; auto-recovery, :mod:`pybk.sim.autorecovery`)."""
+
+    name: str
+
+    async def start(self) -> None:
+        """After the bookies started: set up, spawn processes (``run.spawn``)."""
+
+    async def settle(self) -> None:
+        """Liveness phase, once faults stopped and the ledgers were recovered: wait for the
+        extension's own progress (record failures with ``run.history.liveness``)."""
+
+    def check(self) -> list[Violation]:
+        """The extension's invariants over ``run.history``."""
+        return []
+
+    async def close(self) -> None:
+        """At the end of the run, faults or not: stop what the extension started."""
+
+
+#: extensions by name: a factory that returns None when the run's workload has no use for it
+EXTENSIONS: dict[str, Callable[[SimRun], Extension | None]] = {
+    "autorecovery": AutoRecoverySim.for_run,
+    "logs": LogWorkload.for_run,
+}
 
 
 @dataclass
@@ -78,11 +141,20 @@ class SimResult:
     error: str | None = None
     #: the bookie count was given by the caller rather than drawn from the seed
     bookies_given: bool = False
+    #: the configuration the bookies and writers ran (drawn per seed)
+    config: SimConfig | None = None
+    #: everything the run was made of, faults with the targets they resolved: save it
+    #: (``Scenario.save``) and ``pybk simulate --replay FILE`` runs it again
+    scenario: Scenario | None = None
+    #: the run replayed a scenario (a file, a shrunk failure) rather than a seed's draw
+    replayed: bool = False
 
     def command(self) -> str:
         """The shell command that replays this run. ``--bookies`` appears only when the run
         was given one: a count drawn from the seed is drawn again (passing it explicitly
         changes what the seed draws, so the run would differ)."""
+        if self.replayed:
+            return "pybk simulate --replay <the scenario file> --verbose"
         extra = f" --bookies {self.bookies}" if self.bookies_given else ""
         if self.mutations:
             extra += f" --mutation {','.join(self.mutations)}"
@@ -91,7 +163,8 @@ class SimResult:
 
     def report(self) -> str:
         head = (f"seed {self.seed}: {'ok' if self.ok else 'FAILED'} topology "
-                f"E,Qw,Qa={self.topology} bookies={self.bookies} {self.plan.describe()}")
+                f"E,Qw,Qa={self.topology} bookies={self.bookies} "
+                f"{self.config.describe() if self.config else ''} {self.plan.describe()}")
         lines = [head]
         if self.error:
             lines.append(f"  run error: {self.error}")
@@ -99,67 +172,106 @@ class SimResult:
             lines.append(v.render(self.trace))
         if not self.ok:
             lines.append(f"  reproduce: {self.command()}")
+            if not self.replayed:
+                lines.append(f"  shrink:    pybk simulate --seed {self.seed} --faults "
+                             f"{self.faults_spec} --duration {self.duration:g}"
+                             + (f" --mutation {','.join(self.mutations)}"
+                                if self.mutations else "") + " --shrink")
         return "\n".join(lines)
 
 
-class _Run:
-    """State of one run (kept out of ``run`` so the pieces stay readable)."""
+def scenario_of(seed: int, *, bookies: int | None = None, duration: float = 30.0,
+                faults: Faults | None = None, workload: Workload | None = None,
+                topology: tuple[int, int, int] | None = None,
+                mutations: tuple[str, ...] = ()) -> Scenario:
+    """What ``seed`` draws: topology, bookies, configuration, fault plan and schedule."""
+    faults = faults if faults is not None else Faults.all()
+    rng = derive_rng(seed, "runner")
+    topo = topology or rng.choice([t for t in TOPOLOGIES if bookies is None or t[0] <= bookies])
+    n = bookies if bookies is not None else topo[0] + rng.choice((0, 1, 1, 2))
+    plan = faults.swarm(derive_rng(seed, "swarm"))
+    return Scenario(seed=seed, duration=duration, topology=topo, bookies=n,
+                    config=SimConfig.draw(seed),
+                    workload=workload or Workload.draw(derive_rng(seed, "workload")), plan=plan,
+                    events=draw_schedule(plan, seed, duration), faults_spec=faults.spec(),
+                    mutations=tuple(mutations))
 
-    def __init__(self, seed: int, bookies: int | None, duration: float, faults: Faults,
-                 workload: Workload | None, topology: tuple[int, int, int] | None,
-                 liveness_bound: float, mutations: Mutations = NO_MUTATIONS) -> None:
-        self.seed = seed
+
+class SimRun:
+    """State of one run: the cluster, the processes, the trace, the history, the phases."""
+
+    def __init__(self, scenario: Scenario, liveness_bound: float,
+                 mutations: Mutations = NO_MUTATIONS) -> None:
+        self.scenario = scenario
+        self.seed = scenario.seed
         #: broken behaviours handed to every bookie and client of the run (checker tests)
         self.mutations = mutations
-        self.rng = derive_rng(seed, "runner")
-        self.topology = topology or self.rng.choice(
-            [t for t in TOPOLOGIES if bookies is None or t[0] <= bookies])
-        e = self.topology[0]
-        self.n = bookies if bookies is not None else e + self.rng.choice((0, 1, 1, 2))
-        self.duration = duration
-        self.faults = faults
-        self.plan = faults.swarm(derive_rng(seed, "swarm"))
-        self.workload = workload or Workload()
+        self.rng = derive_rng(self.seed, "liveness")
+        self.topology = scenario.topology
+        self.n = scenario.bookies
+        self.duration = scenario.duration
+        self.plan = scenario.plan
+        self.config = scenario.config
+        self.workload = scenario.workload
         self.liveness_bound = liveness_bound
-        # half the runs give their bookies overlapped journals (a batch completed while the
-        # next one syncs; buffers of 4+ records split in two), as `pybk bookie` runs them; a
-        # stream of its own, so the other draws of a seed stay what they were
-        self.overlapped_journals = derive_rng(seed, "journal").random() < 0.5
-        # and, independently, half preallocate small journal segments (made ahead as zeros,
-        # written in place, rotated every 8 KiB): crashes then tear in-place writes and
-        # half-made segment files too
-        self.preallocated_segments = derive_rng(seed, "segments").random() < 0.5
-        # and half checkpoint their index every 2 virtual seconds, mostly as deltas (chains of
-        # up to 8), so crashes and damage meet delta chains and their writes
-        self.frequent_checkpoints = derive_rng(seed, "checkpoints").random() < 0.5
         self.trace: list[str] = []
         self.fault_counts: Counter[str] = Counter()
-        self.coverage: Counter[str] = Counter()
+        self.coverage: Counter[str] = Counter(scenario.config.coverage())
         self.loop: SimLoop | None = None
-        self.history = History(log=self.log, now=self.now)
+        self.history = History(log=self.log, now=self.now, trace=self.trace)
         self.registry = Registry()
         self.faulty: list[str] = []  # fault atlas: bookies whose data was damaged
-        self.processes: list[Any] = []
-        self.tasks: list[asyncio.Task[Any]] = []
+        self.processes: list[Process] = []
+        self.tasks: dict[str, asyncio.Task[Any]] = {}
         self.heal_tasks: list[asyncio.Task[Any]] = []
-        self.writer_count = 0
+        #: called when faults stop (a fault armed for later disarms itself here)
+        self.on_liveness: list[Callable[[], None]] = []
+        self.spawned: Counter[str] = Counter()
+        #: ledger entries some client sent an AddRequest for (ever)
+        self.sent_adds: set[tuple[int, int]] = set()
+        #: ledgers whose metadata was deleted (by anyone: the deleter, a log truncation)
+        self.deleted: set[int] = set()
+        #: seconds added to the virtual time for the wall clock the logs read (clock jumps)
+        self.wall_offset = 0.0
+        self._digests: dict[int, DigestManager] = {}
+        self._served: set[tuple[str, int, int, bytes]] = set()
+        self._bodies: set[tuple[str, int, int, bytes]] = set()
+        self.env = ProcessEnv(
+            history=self.history, registry=self.registry, cover=self.cover,
+            topology=self.topology, workload=self.workload,
+            batched_adds=self.config.batched_adds,
+            was_sent=lambda lid, entry: (lid, entry) in self.sent_adds,
+            wall_clock=self.wall_clock,
+        )
         net = NetConfig(drop=self.plan.drop, duplicate=self.plan.duplicate,
                         reorder=self.plan.reorder, corrupt=self.plan.corrupt,
                         reset=self.plan.reset)
-        self.cluster = SimCluster(seed, self.n, net=net, log=self.log, count=self.count_fault,
-                                  client_config=self._client_config(),
-                                  bookie_config=self._bookie_config())
+        self.cluster = SimCluster(self.seed, self.n, net=net, log=self.log,
+                                  count=self.count_fault, client_config=self._client_config(),
+                                  bookie_config=self.config.bookie_config(mutations))
         self.cluster.on_bookie_started.append(self._audit_restart)
-        self.cluster.network.observers.append(self._observe)
-        #: parts of the run with processes, a liveness condition and invariants of their own
-        #: (start with the bookies, settle in the liveness phase, checked with the history)
-        self.extensions: list[Any] = [
-            ext for ext in (AutoRecoverySim.for_run(self),) if ext is not None]
+        self.cluster.on_meta_applied.append(self._meta_applied)
+        network = self.cluster.network
+        network.observers.append(self._observe)
+        network.send_observers.append(self._sent)
+        network.on_handler_error = self._handler_error
+        self.extensions: list[Extension] = [
+            ext for ext in (make(self) for _name, make in sorted(EXTENSIONS.items()))
+            if ext is not None]
 
     # -- trace -------------------------------------------------------------------------------
 
     def now(self) -> float:
         return self.loop.time() if self.loop is not None else 0.0
+
+    def rng_for(self, name: str) -> Any:
+        """A generator of this run's own, for ``name`` (an extension's draws)."""
+        return derive_rng(self.seed, name)
+
+    def wall_clock(self) -> float:
+        """The wall clock of the simulated machines (for log segment dates): a fixed epoch
+        plus virtual time plus the clock jumps so far."""
+        return 1_700_000_000.0 + self.now() + self.wall_offset
 
     def log(self, text: str) -> int:
         self.trace.append(f"{self.now():11.6f} {text}")
@@ -174,25 +286,37 @@ class _Run:
     def cover(self, marker: str) -> None:
         self.coverage[marker] += 1
 
-    def _bookie_config(self) -> Any:
-        knobs: dict[str, Any] = {"mutations": self.mutations}
-        if self.overlapped_journals:
-            knobs.update(journal_overlap_syncs=True, journal_overlap_split_min=2)
-        if self.preallocated_segments:
-            knobs.update(journal_preallocate=True, segment_size=8 << 10)
-        if self.frequent_checkpoints:
-            knobs.update(checkpoint_interval=2.0, checkpoint_delta_ratio=4.0,
-                         checkpoint_max_deltas=8)
-        from pybk.bookie import BookieConfig
-
-        return BookieConfig(**knobs)
+    def fault(self, target: str, kind: str, detail: str = "") -> None:
+        self.fault_counts[kind] += 1
+        self.history.fault(target, kind, detail)
 
     def _client_config(self) -> ClientConfig:
         return ClientConfig(add_timeout=2.0, read_timeout=2.0, speculative_read_delay=0.5,
                             long_poll_timeout=1.0, explicit_lac_interval=0.5,
                             mutations=self.mutations)
 
-    # -- observing bookies from the outside ------------------------------------------------------
+    # -- observing from the outside -----------------------------------------------------------
+
+    def _sent(self, client: str, bookie: str, req: Request) -> None:
+        if isinstance(req, AddRequest):
+            self.sent_adds.add((req.ledger_id, req.entry_id))
+        elif isinstance(req, AddBatchRequest):  # (a writer's batch: one request, its entries)
+            lid = req.ledger_id
+            self.sent_adds.update((lid, e) for e in req.entry_ids)
+
+    def _meta_applied(self, op: str, key: object) -> None:
+        if op == "delete_ledger" and isinstance(key, int) and key not in self.deleted:
+            self.deleted.add(key)
+            self.history.delete("meta", key, "applied")
+
+    def _handler_error(self, bookie: str, request: Request, exc: BaseException) -> None:
+        import traceback
+
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        self.history.exception(bookie, f"handling {type(request).__name__}", exc, tb)
+
+    def _logged_error(self, logger: str, exc: BaseException, text: str) -> None:
+        self.history.exception(logger, "logged", exc, text)
 
     def _observe(self, bookie: str, client: str, req: Request, resp: Response) -> None:
         if isinstance(req, AddRequest):
@@ -219,12 +343,22 @@ class _Run:
             body = getattr(resp, "body", None)
             if body is None:
                 return
+            seen = (bookie, lid, entry, body)
+            if seen in self._bodies:
+                return  # (the same bytes from the same bookie again: nothing new to check)
+            self._bodies.add(seen)
+            digest = self._digests.get(lid)
+            if digest is None:  # (CRC32C: the password plays no part)
+                digest = self._digests[lid] = DigestManager(lid, "CRC32C", PASSWORD)
             try:
-                dec = DigestManager(lid, "CRC32C", PASSWORD).verify(
-                    body, entry if entry >= 0 else None)
+                dec = digest.verify(body, entry if entry >= 0 else None)
             except Exception:
                 self.history.bookie_served(bookie, lid, entry, None, how)
                 return
+            key = (bookie, lid, dec.entry_id, dec.payload)
+            if key in self._served:
+                return  # (the same bytes again: nothing new for the checker)
+            self._served.add(key)
             self.history.bookie_served(bookie, lid, dec.entry_id, dec.payload, how)
 
     async def _audit_restart(self, sb: SimBookie) -> None:
@@ -234,15 +368,17 @@ class _Run:
             if sb.fs.counters.get("truncate", 0) > getattr(sb, "_truncates", 0):
                 self.cover("journal_tail_truncated")
             sb._truncates = sb.fs.counters.get("truncate", 0)  # type: ignore[attr-defined]
-        await self._audit(sb, "restart")
+        await self.audit(sb, "restart")
 
-    async def _audit(self, sb: SimBookie, how: str) -> None:
+    async def audit(self, sb: SimBookie, how: str) -> None:
+        """Ask a bookie whether it holds every entry it acknowledged (the ledgers not deleted
+        since); read back a sample (all of it on a damaged bookie: a scrubber's pass)."""
         bookie = sb.bookie
         if bookie is None:
             return
         acked: dict[int, list[int]] = {}
         for ev in self.history.of_kind("bookie_ack"):
-            if ev.process == sb.bookie_id and ev.ledger not in self.registry.deleted:
+            if ev.process == sb.bookie_id and ev.ledger not in self.deleted:
                 acked.setdefault(ev.ledger, []).append(ev.entry)
         for lid in sorted(acked):
             entries = sorted(set(acked[lid]))
@@ -254,15 +390,14 @@ class _Run:
                         self.history.bookie_absent(sb.bookie_id, lid, e, f"{how} audit list")
                 if how != "final" and not sb.damaged:
                     continue
-            # Read back (a sample on healthy bookies; all on damaged ones).
             sample = entries if sb.damaged else entries[-3:]
             for e in sample:
                 r = await bookie.handle(ReadRequest(lid, e))
                 self._observe_read(sb.bookie_id, lid, e, r, f"{how} audit")
 
-    # -- faults ------------------------------------------------------------------------------
+    # -- what fault handlers use (pybk.sim.injectors) -------------------------------------------
 
-    def _atlas_allows_damage(self, bid: str) -> bool:
+    def atlas_allows_damage(self, bid: str) -> bool:
         if bid in self.faulty:
             return True
         # Recoverable regime: at most Qa-1 damaged bookies (every acknowledged entry keeps a
@@ -274,242 +409,73 @@ class _Run:
             budget = min(self.topology[2] - 1, self.n - self.topology[0])
         return len(self.faulty) < budget
 
-    def _down_limit(self) -> int:
+    def down_limit(self) -> int:
         return max(1, self.n - self.topology[0]) if not self.plan.beyond_tolerance else self.n
 
-    def _later(self, delay: float, coro_fn: Any, *args: Any) -> None:
+    def later(self, delay: float, coro_fn: Any, *args: Any) -> None:
+        """Run ``coro_fn(*args)`` after ``delay`` (cancelled when the liveness phase starts)."""
         async def go() -> None:
             await asyncio.sleep(delay)
             await coro_fn(*args)
         self.heal_tasks.append(asyncio.get_running_loop().create_task(go()))
 
-    async def inject(self, until: float) -> None:
-        rng = derive_rng(self.seed, "faults")
-        events = self.plan.events
-        if not events:
-            return
-        weights = [self.plan.weights[k] for k in events]
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(rng.expovariate(1.0 / self.plan.mean_interval))
-            if loop.time() >= until:
-                return
-            kind = rng.choices(events, weights)[0]
-            await self.apply(kind, rng)
-
-    def _clients(self) -> list[str]:
+    def clients(self) -> list[str]:
         return [p.name for p in self.processes if not p.stopping]
 
-    async def apply(self, kind: str, rng: Any) -> None:
-        net = self.cluster.network
-        c = self.cluster
-        bookies = c.bookie_ids
-        up = c.up_bookies()
-        hold = rng.expovariate(1 / 2.0) + 0.2
-        if kind in ("partition", "asym_partition") and self._clients():
-            cl, b = rng.choice(self._clients()), rng.choice(bookies)
-            links = [(cl, b), (b, cl)]
-            if kind == "asym_partition":
-                links = [rng.choice(links)]
-            self._block(kind, links, hold)
-        elif kind == "isolate":
-            b = rng.choice(bookies)
-            links = [(x, b) for x in self._clients()] + [(b, x) for x in self._clients()]
-            self._block(kind, links, hold)
-        elif kind == "swizzle":
-            subset = rng.sample(bookies, rng.randint(1, len(bookies)))
-            self.fault_counts[kind] += 1
-            self.history.fault(",".join(subset), kind)
-            for b in subset:
-                for cl in self._clients():
-                    net.block(cl, b)
-                    net.block(b, cl)
-                await asyncio.sleep(rng.uniform(0.05, 0.4))
-            order = list(subset)
-            rng.shuffle(order)
-            for i, b in enumerate(order):
-                self._later(hold + i * rng.uniform(0.05, 0.4), self._unclog, b)
-        elif kind == "slow_link":
-            # A slow path from a writer to one bookie of its ledger; half the time that
-            # bookie also loses the next fencing request and a recovery starts right away:
-            # the interleaving of BookKeeper issue 2614 (a late add meets an unfenced bookie).
-            writers = [p for p in self.processes if isinstance(p, Writer)
-                       and not p.stopping and p.current is not None]
-            if writers:
-                wp = rng.choice(writers)
-                lh = wp.current
-                b = rng.choice(list(lh.metadata.last_ensemble))
-                w = wp.name
-                self._fault(f"{w}->{b}", kind)
-                net.slow[(w, b)] = rng.uniform(0.2, 1.5)
+    def writers(self) -> list[Process]:
+        """Live writer processes of any kind (ledger writers, log writers)."""
+        return [p for p in self.processes if getattr(p, "is_writer", False) and not p.stopping]
 
-                async def unslow(link: tuple[str, str] = (w, b)) -> None:
-                    net.slow.pop(link, None)
-                self._later(hold * 2, unslow)
-                recoverers = [p for p in self.processes if isinstance(p, Recoverer)
-                              and not p.stopping]
-                if recoverers and rng.random() < 0.5:
-                    net.lose_next_fence[b] = net.lose_next_fence.get(b, 0) + 1
-                    self._fault(b, "lose_fence")
-                    rc = rng.choice(recoverers)
-                    self._later(rng.uniform(0.0, 0.3), rc.recover, lh.id)
-        elif kind == "lose_fence":
-            b = rng.choice(bookies)
-            self._fault(b, kind)
-            net.lose_next_fence[b] = net.lose_next_fence.get(b, 0) + 1
-        elif kind == "crash" and up:
-            down = len(bookies) - len(up)
-            if down >= self._down_limit():
-                return
-            b = rng.choice(up)
-            mode = rng.choice(CRASH_MODES)
-            self._fault(b, "crash", mode)
-            await c.crash_bookie(b, mode)
-            self._later(rng.expovariate(1 / 2.0) + 0.1, self._restart, b)
-        elif kind == "wipe":
-            cands = [b for b in bookies if self._atlas_allows_damage(b) and b not in self.faulty]
-            down = len(bookies) - len(up)
-            if not cands or down >= self._down_limit():
-                return
-            b = rng.choice(cands)
-            self.faulty.append(b)
-            self._fault(b, "wipe")
-            if c.bookies[b].status == "up":
-                await c.crash_bookie(b, "drop")
-            started = await c.restart_bookie(b, wipe=True)
-            if not started:
-                self.cover("wiped_bookie_refused")
-        elif kind in ("bitflip", "latent"):
-            # Damage committed data of a live bookie (its reads hit it at once) or of a
-            # crashed one (its replay meets it). Only data followed by later synced records.
-            cands = [b for b in up if self._atlas_allows_damage(b)]
-            down = len(bookies) - len(up)
-            if not cands:
-                return
-            b = rng.choice(cands)
-            live = rng.random() < 0.7 or down >= self._down_limit()
-            if live:
-                fs = c.bookies[b].fs
-                for _ in range(10):
-                    if fs.unsynced_bytes() == 0:
-                        break
-                    await asyncio.sleep(0.01)
-                if fs.unsynced_bytes() != 0 or c.bookies[b].status != "up":
-                    return
-            else:
-                await c.crash_bookie(b, "drop")
-            if self._damage(b, kind, rng) and b not in self.faulty:
-                self.faulty.append(b)
-            if live:  # a scrubber's pass: read back everything it acknowledged
-                await self._audit(c.bookies[b], "scrub")
-            else:
-                self._later(rng.uniform(0.1, 1.0), self._restart, b)
-        elif kind == "fsync_eio" and up:
-            b = rng.choice(up)
-            self._fault(b, "fsync_eio")
-            c.bookies[b].fs.fail_next_fsync()
-            self._later(rng.uniform(1.0, 4.0), self._bounce, b)
-        elif kind == "enospc" and up:
-            b = rng.choice(up)
-            fs = c.bookies[b].fs
-            free, total = fs.disk_usage(DATA_DIR)
-            self._fault(b, "enospc")
-            fs.set_capacity(total - free + rng.randint(0, 4096))
-            self._later(hold + 1.0, self._restore_capacity, b)
-        elif kind == "slow_fsync":
-            b = rng.choice(bookies)
-            self._fault(b, "slow_fsync")
-            c.bookies[b].fs.sync_delay = rng.choice((0.05, 0.3, 1.0))
-            self._later(hold, self._restore_sync, b)
-        elif kind == "pause_writer":
-            writers = [p for p in self.processes if isinstance(p, Writer) and not p.stopping]
-            if writers:
-                w = rng.choice(writers)
-                self._fault(w.name, "pause")
-                net.pause(w.name)
-                self._later(rng.uniform(2.5, 8.0), self._resume, w.name)
-        elif kind == "crash_writer":
-            writers = [p for p in self.processes if isinstance(p, Writer) and not p.stopping]
-            if writers:
-                w = rng.choice(writers)
-                self._fault(w.name, "crash_writer")
-                w.stop()
-                net.kill_client(w.name)
-                await w.client.store.close()  # its metadata session dies with it
-                for p, t in zip(self.processes, self.tasks, strict=True):
-                    if p is w:
-                        t.cancel()
-                self._later(rng.uniform(0.2, 2.0), self._spawn_writer)
-        elif kind == "meta_stall":
-            self._fault("meta", "meta_stall")
-            c.meta_stall_until = asyncio.get_running_loop().time() + rng.uniform(0.5, 4.0)
-        elif kind == "meta_expire":
-            # The registry session of the bookies ends (missed heartbeats): they drop out of
-            # the list of live bookies until they register again.
-            self._fault("meta", kind, ",".join(c.admin.expire_session()))
-            self._later(hold, self._reregister)
-        elif kind == "meta_cas":
-            self._fault("meta", "meta_cas")
-            c.meta_cas_rate = 0.3
-            self._later(hold, self._restore_cas)
+    def ledger_writers(self) -> list[Writer]:
+        return [p for p in self.processes if isinstance(p, Writer) and not p.stopping]
 
-    def _fault(self, target: str, kind: str, detail: str = "") -> None:
-        self.fault_counts[kind] += 1
-        self.history.fault(target, kind, detail)
+    def recoverers(self) -> list[Recoverer]:
+        return [p for p in self.processes if isinstance(p, Recoverer) and not p.stopping]
 
-    def _block(self, kind: str, links: list[tuple[str, str]], hold: float) -> None:
-        self._fault(";".join(f"{a}->{b}" for a, b in links), kind)
+    def recovery_targets(self) -> dict[str, list[str]]:
+        """What a recovery can be aimed at now: ``L<id>`` (a ledger being written, recovered
+        by a recoverer) or a process's own target (a log: taken over by a new writer), each
+        with the ensemble its last entries went to."""
+        out: dict[str, list[str]] = {}
+        if self.recoverers():
+            for w in self.ledger_writers():
+                if w.current is not None:
+                    out[f"L{w.current.id}"] = list(w.current.metadata.last_ensemble)
+        for p in self.writers():
+            target = getattr(p, "recovery_target", None)
+            found = target() if target is not None else None
+            if found is not None:
+                out[found[0]] = found[1]
+        return out
+
+    async def trigger_recovery(self, target: str) -> None:
+        if target.startswith("L"):
+            recoverers = self.recoverers()
+            if recoverers:
+                self.later(0.0, recoverers[0].recover, int(target[1:]))
+            return
+        for ext in self.extensions:
+            trigger = getattr(ext, "trigger_recovery", None)
+            if trigger is not None and await trigger(target):
+                return
+
+    def block(self, kind: str, links: list[tuple[str, str]], hold: float) -> None:
+        self.fault(";".join(f"{a}->{b}" for a, b in links), kind)
         for a, b in links:
             self.cluster.network.block(a, b)
 
         async def heal() -> None:
             for a, b in links:
                 self.cluster.network.unblock(a, b)
-        self._later(hold, heal)
+        self.later(hold, heal)
 
-    async def _unclog(self, b: str) -> None:
+    async def unclog(self, b: str) -> None:
         net = self.cluster.network
         for a, d in net.blocked_links():
             if b in (a, d):
                 net.unblock(a, d)
 
-    def _damage(self, bid: str, kind: str, rng: Any) -> bool:
-        fs = self.cluster.bookies[bid].fs
-        files = []
-        stack = [DATA_DIR]
-        while stack:
-            d = stack.pop()
-            if not fs.exists(d):
-                continue
-            for name in fs.listdir(d):
-                path = d.rstrip("/") + "/" + name
-                try:
-                    fs.file_size(path)
-                except (IsADirectoryError, FileNotFoundError, OSError):
-                    stack.append(path)
-                    continue
-                try:
-                    # where the data ends: a preallocated segment's zero tail is not data,
-                    # and damage followed only by zeros would pass for a torn tail
-                    size = len(fs.read_file(path).rstrip(b"\0"))
-                except OSError:
-                    continue  # (already damaged: a latent read error)
-                if size > 2048:
-                    files.append((path, size))
-        if not files:
-            return False
-        journal = [f for f in files if "journal" in f[0]]
-        path, size = rng.choice(sorted(journal or files))
-        offset = rng.randrange(0, size - 1024)  # at least 1 KiB of later synced data
-        if kind == "bitflip":
-            fs.flip_bit(path, offset, rng.randrange(8))
-        else:
-            fs.fail_reads(path, offset, 64)
-        self.cluster.bookies[bid].damaged.append(kind)
-        self._fault(bid, kind, f"{path}@{offset}")
-        return True
-
-    async def _restart(self, b: str) -> None:
+    async def restart(self, b: str) -> None:
         """Start a crashed bookie; one retry when a transient fault (a pending fsync EIO)
         made it refuse, as an operator would. Damaged bookies may refuse for good."""
         sb = self.cluster.bookies[b]
@@ -524,20 +490,20 @@ class _Run:
                 self.cover("damaged_bookie_refused_start")
                 return
 
-    async def _bounce(self, b: str) -> None:
+    async def bounce(self, b: str) -> None:
         """Restart a bookie whose journal may have failed (the operator's move)."""
         sb = self.cluster.bookies[b]
         if sb.status == "up":
             await self.cluster.crash_bookie(b, "drop")
-            await self._restart(b)
+            await self.restart(b)
 
-    async def _restore_capacity(self, b: str) -> None:
+    async def restore_capacity(self, b: str) -> None:
         self.cluster.bookies[b].fs.set_capacity(1 << 40)
 
-    async def _restore_sync(self, b: str) -> None:
-        self.cluster.bookies[b].fs.sync_delay = self.base_sync_delay
+    async def restore_sync(self, b: str) -> None:
+        self.cluster.bookies[b].fs.sync_delay = self.config.sync_delay
 
-    async def _reregister(self) -> None:
+    async def reregister(self) -> None:
         from pybk.metadata.base import BookieRegistration
 
         for bid in self.cluster.up_bookies():
@@ -545,58 +511,66 @@ class _Run:
             read_only = bookie is not None and bookie.state != "writable"
             await self.cluster.admin.register_bookie(BookieRegistration(bid, "", read_only))
 
-    async def _restore_cas(self) -> None:
+    async def restore_cas(self) -> None:
         self.cluster.meta_cas_rate = 0.0
 
-    async def _resume(self, name: str) -> None:
+    async def resume(self, name: str) -> None:
         self.cluster.network.resume(name)
 
     # -- processes -----------------------------------------------------------------------------
 
-    def _start(self, cls: Any, name: str) -> Any:
-        client = self.cluster.client(name)
-        proc = cls(name, client, self.history, self.registry, derive_rng(self.seed, name),
-                   self.cover, self.topology, self.workload)
+    def spawn(self, cls: type[Process], prefix: str, *args: Any) -> Process:
+        """Start a process of ``cls`` named ``<prefix><n>`` with a client of its own."""
+        self.spawned[prefix] += 1
+        name = f"{prefix}{self.spawned[prefix]}"
+        proc = cls(name, self.cluster.client(name), derive_rng(self.seed, name), self.env,
+                   *args)
         self.processes.append(proc)
-        self.tasks.append(asyncio.get_running_loop().create_task(self._guard(proc)))
+        self.tasks[name] = asyncio.get_running_loop().create_task(self._guard(proc))
         return proc
 
-    async def _guard(self, proc: Any) -> None:
+    async def _guard(self, proc: Process) -> None:
         try:
-            await proc.run()
+            await proc.run()  # type: ignore[attr-defined]
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self.log(f"{proc.name} died: {type(exc).__name__}: {exc}")
-            self.cover(f"process_died_{type(exc).__name__}")
+            if is_expected(exc):
+                self.log(f"{proc.name} stopped: {type(exc).__name__}: {exc}")
+            else:
+                proc.unexpected(exc, "died")
 
-    async def _spawn_writer(self) -> None:
-        self.writer_count += 1
-        self._start(Writer, f"w{self.writer_count}")
+    async def kill_process(self, proc: Process) -> None:
+        """The process dies: it stops, its connections go, its metadata session ends."""
+        proc.stop()
+        self.cluster.network.kill_client(proc.name)
+        await proc.client.store.close()  # its metadata session dies with it
+        task = self.tasks.get(proc.name)
+        if task is not None:
+            task.cancel()
+
+    async def respawn(self, proc: Process) -> None:
+        """A new process of the same kind takes a dead one's place."""
+        self.spawn(type(proc), getattr(proc, "prefix", proc.name.rstrip("0123456789")),
+                   *getattr(proc, "respawn_args", ()))
 
     # -- phases ----------------------------------------------------------------------------------
 
     async def main(self) -> None:
         loop = asyncio.get_running_loop()
         c = self.cluster
-        self.base_sync_delay = self.rng.choice((0.0005, 0.002, 0.01))
         for sb in c.bookies.values():
-            sb.fs.sync_delay = self.base_sync_delay
+            sb.fs.sync_delay = self.config.sync_delay
         self.log(f"seed {self.seed} topology E,Qw,Qa={self.topology} bookies={self.n} "
-                 f"sync_delay={self.base_sync_delay} "
-                 f"journal={'overlapped' if self.overlapped_journals else 'serial'}"
-                 f"{'+preallocated' if self.preallocated_segments else ''}"
-                 f"{' checkpoints=2s' if self.frequent_checkpoints else ''} "
-                 f"plan: {self.plan.describe()}")
+                 f"{self.config.describe()} plan: {self.plan.describe()}"
+                 + (f" mutations={','.join(sorted(self.mutations))}" if self.mutations else ""))
         await c.start()
-        for _ in range(self.workload.writers):
-            await self._spawn_writer()
-        for i in range(self.workload.readers):
-            self._start(Reader, f"r{i + 1}")
-        for i in range(self.workload.recoverers):
-            self._start(Recoverer, f"rc{i + 1}")
-        if self.workload.deletes:
-            self._start(Deleter, "d1")
+        wl = self.workload
+        for count_field, cls, prefix in PROCESSES:
+            for _ in range(getattr(wl, count_field)):
+                self.spawn(cls, prefix)
+        if wl.deletes:
+            self.spawn(Deleter, "d")
         for ext in self.extensions:
             await ext.start()
         safety_end = loop.time() + self.duration
@@ -605,20 +579,36 @@ class _Run:
         self.log("=== liveness phase: faults stop, network heals")
         await self.liveness()
 
+    async def inject(self, until: float) -> None:
+        """Inject the scheduled faults, each at its time (or at once, if a slow handler
+        before it ran late)."""
+        loop = asyncio.get_running_loop()
+        for ev in self.scenario.events:
+            await asyncio.sleep(max(0.0, ev.at - loop.time()))
+            if loop.time() >= until:
+                return
+            handler = HANDLERS.get(ev.kind)
+            if handler is None:
+                raise ValueError(f"no handler for fault kind {ev.kind!r}")
+            await handler(self, ev)
+
     async def liveness(self) -> None:
         loop = asyncio.get_running_loop()
         c = self.cluster
         for t in self.heal_tasks:
             t.cancel()
+        for disarm in self.on_liveness:
+            disarm()
         net = c.network
         net.config = net.config.quiet()
         net.heal()
         c.meta_stall_until = 0.0
         c.meta_cas_rate = 0.0
-        await self._reregister()
+        await self.reregister()
         for sb in c.bookies.values():
             sb.fs.set_capacity(1 << 40)
-            sb.fs.sync_delay = self.base_sync_delay
+            sb.fs.sync_delay = self.config.sync_delay
+            sb.fs.fault_hook = None  # (a timed crash still armed)
             # Injected fsync failures that never met an fsync must not outlive the safety
             # phase (MemFileSystem has no public way to withdraw them yet).
             pending_eio = getattr(sb.fs, "_fsync_failures", None)
@@ -626,26 +616,17 @@ class _Run:
                 pending_eio.clear()
         for p in self.processes:
             p.stop()
-        for sb in c.bookies.values():  # coverage: did overlapped journals overlap and split?
-            store = sb.bookie.store if sb.status == "up" and sb.bookie is not None else None
-            if store is not None:
-                for stat, marker in (("overlapped", "batches_overlapped"),
-                                     ("splits", "batches_splits"),
-                                     ("preallocated", "segments_preallocated"),
-                                     ("rotations", "segments_rotations")):
-                    if store.journal.stats[stat]:
-                        self.coverage[f"journal_{marker}"] += store.journal.stats[stat]
-                for kind in ("bases", "deltas"):  # index checkpoints, and chains loaded
-                    if store.checkpoint_stats[kind]:
-                        self.coverage[f"checkpoint_{kind}"] += store.checkpoint_stats[kind]
-                if store.report.checkpoint_deltas:
-                    self.coverage["checkpoint_deltas_loaded"] += store.report.checkpoint_deltas
+            if not getattr(p, "winds_down", True):  # (a reader has nothing to finish)
+                task = self.tasks.get(p.name)
+                if task is not None:
+                    task.cancel()
+        self._count_store_coverage()
         # Bookies: restart the ones that can; bounce the up ones (journal may have failed).
         for bid, sb in c.bookies.items():
             if sb.status == "up" and sb.bookie is not None and sb.bookie.state != "writable":
                 await c.crash_bookie(bid, "drop")
             if sb.status in ("down", "refused"):
-                await self._restart(bid)
+                await self.restart(bid)
         for bid, sb in c.bookies.items():
             if sb.status != "up" and bid not in self.faulty:
                 self.history.liveness(f"restart {bid}", False,
@@ -663,15 +644,47 @@ class _Run:
             down.append(b)
         self.log(f"liveness: bookies down {sorted(down)} faulty {sorted(self.faulty)}")
         # Let the workload wind down, then stop it for good.
-        _done, pending = await asyncio.wait(self.tasks, timeout=10.0) if self.tasks else ((), ())
+        tasks = list(self.tasks.values())
+        _done, pending = await asyncio.wait(tasks, timeout=10.0) if tasks else ((), ())
         for t in pending:
             t.cancel()
         if pending:
             await asyncio.wait(pending, timeout=5.0)
         start = loop.time()
-        final = Recoverer("final", c.client("final"), self.history, self.registry,
-                          derive_rng(self.seed, "final"), self.cover, self.topology,
-                          self.workload)
+        await self._ledgers_live(start)
+        for ext in self.extensions:
+            await ext.settle()
+        for sb in c.bookies.values():
+            if sb.status == "up":
+                await self.audit(sb, "final")
+            if sb.status == "up" and not sb.damaged:
+                self._inspect(sb)
+
+    def _count_store_coverage(self) -> None:
+        """Did the configuration's paths run? (overlapped batches, splits, inline syncs,
+        preallocated segments, rotations, checkpoints, delta chains loaded)."""
+        for sb in self.cluster.bookies.values():
+            store = sb.bookie.store if sb.status == "up" and sb.bookie is not None else None
+            if store is None:
+                continue
+            for stat, marker in (("overlapped", "batches_overlapped"),
+                                 ("splits", "batches_splits"),
+                                 ("inline_syncs", "inline_syncs"),
+                                 ("preallocated", "segments_preallocated"),
+                                 ("rotations", "segments_rotations")):
+                if store.journal.stats[stat]:
+                    self.coverage[f"journal_{marker}"] += store.journal.stats[stat]
+            for kind in ("bases", "deltas"):  # index checkpoints, and chains loaded
+                if store.checkpoint_stats[kind]:
+                    self.coverage[f"checkpoint_{kind}"] += store.checkpoint_stats[kind]
+            if store.report.checkpoint_deltas:
+                self.coverage["checkpoint_deltas_loaded"] += store.report.checkpoint_deltas
+
+    async def _ledgers_live(self, start: float) -> None:
+        """Every ledger recovers and reads back; a new ledger takes writes."""
+        loop = asyncio.get_running_loop()
+        c = self.cluster
+        final = Recoverer("final", c.client("final"), derive_rng(self.seed, "final"), self.env)
         for lid in list(self.registry.ledgers):
             if lid in self.registry.deleted:
                 continue
@@ -680,9 +693,7 @@ class _Run:
                                        bound=max(1.0, remaining))
             if last is None:
                 self.history.liveness(f"recover L{lid}", False, "recovery did not complete")
-        # New writes must go through.
-        w = Writer("final-w", final.client, self.history, self.registry,
-                   derive_rng(self.seed, "final-w"), self.cover, self.topology, self.workload)
+        w = Writer("final-w", final.client, derive_rng(self.seed, "final-w"), self.env)
         ok = True
         try:
             # As wide as the live bookies allow (a wiped bookie stays out for good).
@@ -693,7 +704,7 @@ class _Run:
                 ensemble_size=e, write_quorum=qw, ack_quorum=qa, digest_type="CRC32C",
                 password=PASSWORD), self.liveness_bound)
             self.registry.ledgers.append(lh.id)
-            self.history.create("final-w", lh.id)
+            self.history.create("final-w", lh.id, qa=qa)
             futs = []
             for i in range(5):
                 payload = f"final-w:{lh.id}:{i}".encode()
@@ -707,24 +718,23 @@ class _Run:
             await final.recover(lh.id, how="final", final=True, bound=self.liveness_bound)
         except Exception as exc:
             ok = False
+            final.expected(exc, "liveness: new ledger")
             self.history.liveness("new ledger accepts writes", False,
                                   f"{type(exc).__name__}: {exc}")
         if ok:
             self.history.liveness("new ledger accepts writes", True,
                                   f"{loop.time() - start:.3f}s after heal")
-        for ext in self.extensions:
-            await ext.settle()
-        for sb in c.bookies.values():
-            if sb.status == "up":
-                await self._audit(sb, "final")
-            if sb.status == "up" and not sb.damaged:
-                self._inspect(sb)
 
     def _inspect(self, sb: SimBookie) -> None:
-        """I14: the bookie's checkpoint chain and journal agree with its segments."""
+        """I14: the bookie's checkpoint chain and journal agree with its segments (a bookie
+        that never wrote nor loaded a checkpoint has no chain to compare: skipped)."""
+        store = sb.bookie.store if sb.bookie is not None else None
+        if store is None or not (store.report.checkpoint_loaded
+                                 or store.checkpoint_stats["bases"]
+                                 or store.checkpoint_stats["deltas"]):
+            return
         report = inspect_data_dir(sb.fs, DATA_DIR)
         self.cover("data_dir_inspected")
-        store = sb.bookie.store if sb.bookie is not None else None
         for st in store.index.ledgers.values() if store is not None else ():
             if st.entries.holes:  # (striped ensembles leave ids out of a bookie's dense run)
                 self.cover("index_ledgers_with_holes")
@@ -734,6 +744,17 @@ class _Run:
             self.cover("data_dir_inspected_with_deltas")
         if report.checkpoint.detail.startswith(("disagrees", "replay after", "its entries live")):
             self.history.index_mismatch(sb.bookie_id, report.checkpoint.detail)
+
+    def unhandled_findings(self, loop: SimLoop) -> None:
+        """Exceptions that escaped a callback or that no one retrieved from a task (the
+        loop's exception handler saw them): findings unless injected faults explain them."""
+        for message, exc in loop.unhandled:
+            if exc is None or is_expected(exc):
+                continue
+            self.history.exception("loop", message, exc)
+
+
+# -- running one seed ---------------------------------------------------------------------------
 
 
 def run(
@@ -747,13 +768,27 @@ def run(
     mutations: tuple[str, ...] | list[str] = (),
     liveness_bound: float = 60.0,
     max_steps: int = 400_000,
+    scenario: Scenario | None = None,
 ) -> SimResult:
-    """Run one seed and check it. See the module docstring; API.md has the contract."""
-    faults = faults if faults is not None else Faults.all()
-    switches = Mutations.of(mutations)
-    r = _Run(seed, bookies, duration, faults, workload, topology, liveness_bound, switches)
-    loop = SimLoop(max_time=duration + 10 * liveness_bound + 600.0, max_steps=max_steps)
+    """Run one seed and check it. See the module docstring; API.md has the contract.
+
+    ``scenario`` runs a :class:`~pybk.sim.scenario.Scenario` (a replay file, a shrunk
+    failure) instead of what ``seed`` draws; the other arguments then say nothing, except
+    ``mutations`` when given (else the scenario's own)."""
+    replayed = scenario is not None
+    if scenario is None:
+        scenario = scenario_of(seed, bookies=bookies, duration=duration, faults=faults,
+                               workload=workload, topology=topology, mutations=tuple(mutations))
+    else:
+        scenario = scenario.copy()
+        if mutations:
+            scenario.mutations = tuple(mutations)
+    switches = Mutations.of(scenario.mutations)
+    r = SimRun(scenario, liveness_bound, switches)
+    loop = SimLoop(max_time=scenario.duration + 10 * liveness_bound + 600.0, max_steps=max_steps)
     r.loop = loop
+    findings = LogFindings(r._logged_error)
+    findings.install()
     wall = time.perf_counter()
     error: str | None = None
     try:
@@ -774,6 +809,8 @@ def run(
         except Exception:
             closing.close()
         loop.shutdown()
+        findings.remove()
+    r.unhandled_findings(loop)
     checker = Checker(r.history, beyond_tolerance=r.plan.beyond_tolerance)
     violations = checker.run()
     for ext in r.extensions:
@@ -787,11 +824,14 @@ def run(
                   operations=ops, messages=r.cluster.network.messages, loop_steps=loop.steps,
                   faults=dict(sorted(r.fault_counts.items())),
                   coverage=dict(sorted(r.coverage.items())))
-    return SimResult(seed=seed, ok=not violations, violations=violations, trace=r.trace,
-                     trace_hash=trace_hash, stats=stats, topology=r.topology, bookies=r.n,
-                     plan=r.plan, faults_spec=faults.spec(), duration=duration,
-                     mutations=tuple(mutations), error=error,
-                     bookies_given=bookies is not None)
+    return SimResult(seed=scenario.seed, ok=not violations, violations=violations,
+                     trace=r.trace, trace_hash=trace_hash, stats=stats,
+                     topology=scenario.topology, bookies=scenario.bookies, plan=scenario.plan,
+                     faults_spec=scenario.faults_spec, duration=scenario.duration,
+                     mutations=tuple(scenario.mutations), error=error,
+                     bookies_given=bookies is not None, config=scenario.config,
+                     scenario=scenario, replayed=replayed)
 
 
-__all__ = ["TOPOLOGIES", "SimResult", "Stats", "run"]
+#: (the run's state object, before it had a public name)
+_Run = SimRun

@@ -2,7 +2,15 @@
 
 Each process is a coroutine using the public client API exactly as an application would, and
 records what it asked and what it got into the :class:`~pybk.sim.history.History`. Payloads are
-unique (``<process>:<seq>``) so the checker can tell every write apart (Jepsen's rule).
+unique (``<process>:<ledger>:<seq>``) so the checker can tell every write apart (Jepsen's rule).
+
+A process handles the errors injected faults explain (:data:`pybk.sim.findings.EXPECTED`: a
+timeout, a fenced ledger, a bookie gone...) as an application would: it records them and goes
+on. Any other exception is a finding (``Process.unexpected``, invariant X1): a bug that raises
+instead of corrupting data is a bug all the same.
+
+The log workload (writers and tailing readers of a :mod:`pybk.stream` log) lives in
+:mod:`pybk.sim.logs`.
 """
 
 from __future__ import annotations
@@ -13,12 +21,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pybk.sim.history import INFO, OK, History
+from pybk.sim.findings import EXPECTED
+from pybk.sim.history import FAIL, INFO, OK, History
 
 __all__ = [
     "PASSWORD",
     "Deleter",
     "Process",
+    "ProcessEnv",
     "Reader",
     "Recoverer",
     "Registry",
@@ -44,10 +54,26 @@ class Workload:
     mean_recovery_interval: float = 6.0
     #: run auto-recovery (auditor and workers) and its liveness step and invariants
     autorecovery: bool = True
+    #: writers and tailing readers of one pybk.stream log (pybk.sim.logs)
+    log_writers: int = 1
+    log_readers: int = 1
+    #: log appends per virtual second (a quarter of them batches of 2-6 records)
+    log_rate: float = 8.0
+    #: the log writer truncates the log now and then
+    log_truncates: bool = True
 
     @classmethod
     def small(cls) -> Workload:
         return cls(entries_per_ledger=(4, 20), add_rate=10.0)
+
+    @classmethod
+    def draw(cls, rng: random.Random) -> Workload:
+        """A seed's load when the caller gives none (swarm testing: light and heavy loads
+        find different bugs): the writers' add rate and the log's append rate vary, and half
+        of the seeds also run the log workload (pybk.sim.logs)."""
+        logs = 1 if rng.random() < 0.5 else 0
+        return cls(add_rate=rng.choice((6.0, 12.0, 25.0)), log_rate=rng.choice((3.0, 8.0)),
+                   log_writers=logs, log_readers=logs)
 
 
 @dataclass
@@ -62,20 +88,37 @@ class Registry:
     seq: int = 0  # payload counter (per run: payloads stay unique and deterministic)
 
 
+@dataclass
+class ProcessEnv:
+    """What every process of a run is given besides its name, client and generator."""
+
+    history: History
+    registry: Registry
+    cover: Callable[[str], None]
+    topology: tuple[int, int, int]
+    workload: Workload
+    #: writers use the batched add path (``LedgerHandle.append_many``)
+    batched_adds: bool = False
+    #: (lid, entry) -> did any AddRequest for it ever leave a client? (a failed add that
+    #: never did definitely failed: Jepsen's "fail", not "info")
+    was_sent: Callable[[int, int], bool] = lambda lid, entry: True
+    #: wall-clock seconds for logs (retention by age); jumps with the clock-jump fault
+    wall_clock: Callable[[], float] = lambda: 0.0
+
+
 class Process:
     """Base: a name, a client, a stop flag, an rng, the history and coverage counters."""
 
-    def __init__(self, name: str, client: Any, history: History, registry: Registry,
-                 rng: random.Random, cover: Callable[[str], None], topology: tuple[int, int, int],
-                 workload: Workload) -> None:
+    def __init__(self, name: str, client: Any, rng: random.Random, env: ProcessEnv) -> None:
         self.name = name
         self.client = client
-        self.h = history
-        self.reg = registry
+        self.env = env
+        self.h = env.history
+        self.reg = env.registry
         self.rng = rng
-        self.cover = cover
-        self.topology = topology
-        self.w = workload
+        self.cover = env.cover
+        self.topology = env.topology
+        self.w = env.workload
         self.stopping = False
         self.ops = 0
         self.handles = 0  # ledger handles this process opened
@@ -88,30 +131,62 @@ class Process:
         """The stop flag (a method, so checks after an await are not "unreachable")."""
         return self.stopping
 
+    def expected(self, exc: BaseException, where: str) -> bool:
+        """True if ``exc`` is an outcome injected faults explain (the caller goes on); else
+        it is recorded as a finding (X1) and False."""
+        if isinstance(exc, EXPECTED):
+            return True
+        self.unexpected(exc, where)
+        return False
+
+    def unexpected(self, exc: BaseException, where: str) -> None:
+        import traceback
+
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        self.h.exception(self.name, where, exc, tb)
+
+    def log(self, text: str) -> None:
+        if self.h.log is not None:
+            self.h.log(f"{self.name} {text}")
+
 
 def _err(exc: BaseException) -> str:
     return type(exc).__name__
+
+
+class _Broken:
+    """Did any of a ledger's adds fail? (a done-callback, not a scan of every future)"""
+
+    __slots__ = ("failed",)
+
+    def __init__(self) -> None:
+        self.failed = False
+
+    def note(self, fut: asyncio.Future[Any]) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            self.failed = True
 
 
 class Writer(Process):
     """Creates ledgers, appends unique payloads (pipelined), closes and rolls to a new ledger."""
 
     async def run(self) -> None:
-        from pybk.errors import BKError
-
         e, qw, qa = self.topology
         while not self.stopping:
             try:
                 lh = await self.client.create_ledger(ensemble_size=e, write_quorum=qw,
                                                      ack_quorum=qa, digest_type="CRC32C",
                                                      password=PASSWORD)
-            except (BKError, TimeoutError) as exc:
-                self.h.log and self.h.log(f"{self.name} create failed: {_err(exc)} {exc}")
+            except Exception as exc:
+                if not self.expected(exc, "create_ledger"):
+                    return
+                self.log(f"create failed: {_err(exc)} {exc}")
                 await asyncio.sleep(0.5)
                 continue
             lid = lh.id
             self.current = lh
-            self.h.create(self.name, lid, f"E={e} Qw={qw} Qa={qa}")
+            self.h.create(self.name, lid, f"E={e} Qw={qw} Qa={qa}"
+                          + (" batched" if self.env.batched_adds else ""), qa=qa)
             self.reg.ledgers.append(lid)
             self.reg.writing[lid] = self.name
             self.reg.pending[lid] = 0
@@ -123,38 +198,87 @@ class Writer(Process):
                 return
             await self._close(lh, lid)
 
-    async def _fill(self, lh: Any, lid: int) -> None:
-        target = self.rng.randint(*self.w.entries_per_ledger)
-        futs: list[asyncio.Future[Any]] = []
-        ensembles = len(lh.metadata.ensembles)
-        for _ in range(target):
-            if self.stopping:
-                return
-            self.reg.seq += 1
-            size = self.rng.randint(*self.w.payload_size)
-            tag = f"{self.name}:{lid}:{self.reg.seq}:"
-            payload = (tag + "x" * max(0, size - len(tag))).encode()
+    def _payload(self, lid: int) -> bytes:
+        self.reg.seq += 1
+        size = self.rng.randint(*self.w.payload_size)
+        tag = f"{self.name}:{lid}:{self.reg.seq}:"
+        return (tag + "x" * max(0, size - len(tag))).encode()
+
+    def _push(self, lh: Any, lid: int) -> list[asyncio.Future[Any]] | None:
+        """One add (or, on the batched path, a batch of 1-4): the futures to wait for, or
+        None when the handle refused (closed, fenced)."""
+        if not self.env.batched_adds:
+            payload = self._payload(lid)
             try:
                 fut = lh.append(payload)
             except Exception as exc:  # closed/fenced handle refuses at call time
-                self.h.log and self.h.log(f"{self.name} append refused: {_err(exc)}")
-                return
+                if self.expected(exc, "append"):
+                    self.log(f"append refused: {_err(exc)}")
+                return None
             entry = lh.last_add_pushed
             self.ops += 1
             self.h.add_invoke(self.name, lid, entry, payload)
             self.reg.pending[lid] = self.reg.pending.get(lid, 0) + 1
             fut.add_done_callback(lambda f, ent=entry: self._done(lid, ent, f))
-            futs.append(fut)
+            return [fut]
+        payloads = [self._payload(lid) for _ in range(self.rng.randint(1, 4))]
+        before = lh.last_add_pushed
+        try:
+            batch = lh.append_many(payloads)
+        except Exception as exc:
+            if self.expected(exc, "append_many"):
+                self.log(f"append_many refused: {_err(exc)}")
+            return None
+        # the coroutine assigns the entry ids when it starts: start it now
+        task = asyncio.ensure_future(batch)
+        return [task, asyncio.ensure_future(self._record_batch(lh, lid, before, payloads,
+                                                                task))]
+
+    async def _record_batch(self, lh: Any, lid: int, before: int, payloads: list[bytes],
+                            task: asyncio.Future[Any]) -> None:
+        await asyncio.sleep(0)  # (the batch's task pushes its entries in this turn)
+        if lh.last_add_pushed != before + len(payloads):
+            await asyncio.wait([task])  # refused before anything was pushed
+            exc = None if task.cancelled() else task.exception()
+            if exc is not None and self.expected(exc, "append_many"):
+                self.log(f"append_many refused: {_err(exc)}")
+            return
+        entries = list(range(before + 1, before + 1 + len(payloads)))
+        for entry, payload in zip(entries, payloads, strict=True):
+            self.ops += 1
+            self.h.add_invoke(self.name, lid, entry, payload)
+        self.reg.pending[lid] = self.reg.pending.get(lid, 0) + len(entries)
+        await asyncio.wait([task])
+        for entry in entries:
+            self._done(lid, entry, task)
+
+    async def _fill(self, lh: Any, lid: int) -> None:
+        target = self.rng.randint(*self.w.entries_per_ledger)
+        futs: list[asyncio.Future[Any]] = []
+        broken = _Broken()
+        ensembles = len(lh.metadata.ensembles)
+        pushed = 0
+        while pushed < target:
+            if self.stopping:
+                return
+            new = self._push(lh, lid)
+            if new is None:
+                return
+            pushed += 1
+            for fut in new:
+                fut.add_done_callback(broken.note)
+            futs.extend(new)
             now_ensembles = len(lh.metadata.ensembles)
             if now_ensembles != ensembles:
                 ensembles = now_ensembles
                 if self.reg.pending.get(lid, 0) > 1:
                     self.cover("ensemble_change_during_pending_adds")
-            inflight = [f for f in futs if not f.done()]
-            if len(inflight) >= self.w.window:
-                await asyncio.wait(inflight[:1] + inflight[-1:], timeout=5.0,
-                                   return_when=asyncio.FIRST_COMPLETED)
-            if any(f.done() and (f.cancelled() or f.exception() is not None) for f in futs):
+            if len(futs) >= self.w.window:
+                futs = [f for f in futs if not f.done()]
+                if len(futs) >= self.w.window:
+                    await asyncio.wait(futs[:1] + futs[-1:], timeout=5.0,
+                                       return_when=asyncio.FIRST_COMPLETED)
+            if broken.failed:
                 break  # the handle is broken (fenced, closed, out of bookies): roll over
             await asyncio.sleep(self.rng.expovariate(self.w.add_rate))
         inflight = [f for f in futs if not f.done()]
@@ -175,13 +299,20 @@ class Writer(Process):
         name = _err(exc)
         if name == "LedgerFencedError":
             self.cover("writer_fenced")
-        self.h.add_complete(self.name, lid, entry, INFO, name)
+        if not isinstance(exc, EXPECTED):
+            self.unexpected(exc, f"add L{lid}:{entry}")
+        # never sent to any bookie: it definitely did not happen
+        outcome = INFO if self.env.was_sent(lid, entry) else FAIL
+        if outcome == FAIL:
+            self.cover("add_failed_unsent")
+        self.h.add_complete(self.name, lid, entry, outcome, name)
 
     async def _close(self, lh: Any, lid: int) -> None:
         self.h.close_invoke(self.name, lid, "close")
         try:
             await asyncio.wait_for(lh.close(), 20.0)
         except Exception as exc:
+            self.expected(exc, "close")
             self.h.close_complete(self.name, lid, "close", INFO, detail=_err(exc))
             return
         self.reg.closed.append(lid)
@@ -194,6 +325,8 @@ class Writer(Process):
 
 class Reader(Process):
     """Tails ledgers without recovery: LAC reads, long polls, reads up to the LAC."""
+
+    winds_down = False  # (stopped at once when faults stop: it has nothing to finish)
 
     async def run(self) -> None:
         await asyncio.sleep(self.rng.uniform(0.5, 2.0))
@@ -209,7 +342,9 @@ class Reader(Process):
             try:
                 await self._tail(lid)
             except Exception as exc:
-                self.h.log and self.h.log(f"{self.name} tail L{lid} ended: {_err(exc)} {exc}")
+                if not self.expected(exc, f"tail L{lid}"):
+                    return
+                self.log(f"tail L{lid} ended: {_err(exc)} {exc}")
             await asyncio.sleep(0.3)
 
     async def _tail(self, lid: int) -> None:
@@ -219,12 +354,18 @@ class Reader(Process):
         handle = self.handles
         nxt = 0
         polls = 0
+        seen = -2
+        ask = True  # ask the bookies for the LAC (else wait for the next entry: a long poll)
         while not self.stopping and polls < 200:
             polls += 1
             self.ops += 1
-            await asyncio.wait_for(rh.read_last_add_confirmed(), 10.0)
+            if ask:
+                await asyncio.wait_for(rh.read_last_add_confirmed(), 10.0)
+            ask = False  # (asked again only after a long poll that brought nothing)
             lac = rh.last_add_confirmed
-            self.h.lac(self.name, lid, lac, handle)
+            if lac != seen:  # (an unchanged LAC tells the checker nothing new)
+                self.h.lac(self.name, lid, lac, handle)
+                seen = lac
             if lac >= nxt:
                 last = min(lac, nxt + 15)
                 entries = await asyncio.wait_for(rh.read(nxt, last), 10.0)
@@ -237,11 +378,15 @@ class Reader(Process):
             ent = await asyncio.wait_for(
                 rh.read_last_add_confirmed_and_entry(nxt, timeout=1.0), 10.0)
             lac = rh.last_add_confirmed
-            self.h.lac(self.name, lid, lac, handle)
+            if lac != seen:
+                self.h.lac(self.name, lid, lac, handle)
+                seen = lac
             if ent is not None:
                 self.cover("long_poll_hit")
                 self.h.read(self.name, lid, ent.entry_id, ent.data, lac, recovery=False)
                 nxt = ent.entry_id + 1
+            else:
+                ask = True
 
 
 class Recoverer(Process):
@@ -270,6 +415,7 @@ class Recoverer(Process):
             name = _err(exc)
             if name == "LedgerRecoveryError":
                 self.cover("ledger_recovery_error")
+            self.expected(exc, f"recover L{lid}")
             self.h.close_complete(self.name, lid, how, INFO, detail=f"{name} {exc}")
             return None
         last = int(rh.metadata.last_entry_id) if rh.is_closed else int(rh.last_add_confirmed)
@@ -280,8 +426,20 @@ class Recoverer(Process):
             try:
                 entries = await asyncio.wait_for(rh.read(nxt, hi), bound)
             except Exception as exc:
-                self.h.read_error(self.name, lid, nxt, f"{_err(exc)} {exc}", final=final)
-                return last
+                self.expected(exc, f"read L{lid}:{nxt}..{hi}")
+                # find the first entry of the range that cannot be read: the report names it
+                for entry in range(nxt, hi + 1):
+                    try:
+                        (ent,) = await asyncio.wait_for(rh.read(entry, entry), bound)
+                    except Exception as exc1:
+                        self.expected(exc1, f"read L{lid}:{entry}")
+                        self.h.read_error(self.name, lid, entry, f"{_err(exc1)} {exc1}",
+                                          final=final)
+                        return last
+                    self.h.read(self.name, lid, ent.entry_id, ent.data, last, recovery=True,
+                                final=final)
+                nxt = hi + 1
+                continue
             for ent in entries:
                 self.h.read(self.name, lid, ent.entry_id, ent.data, last, recovery=True,
                             final=final)
@@ -307,4 +465,5 @@ class Deleter(Process):
                 await asyncio.wait_for(self.client.delete_ledger(lid), 10.0)
                 self.h.delete(self.name, lid, OK)
             except Exception as exc:
+                self.expected(exc, f"delete L{lid}")
                 self.h.delete(self.name, lid, INFO + " " + _err(exc))

@@ -150,13 +150,20 @@ class Journal:
         preallocate: bool = False,
         zero_fill_below: float = 96e6,
         ack_before_fsync: bool = False,
+        inline_sync_skips_fsync: bool = False,
+        overlap_ack_before_sync: bool = False,
         stats: BookieStats | None = None,
     ) -> None:
         self.fs = fs
         #: batch sizes and fsync latency, recorded once per batch (None: not recorded)
         self._stats = stats
-        #: mutation switch ACK_BEFORE_FSYNC: a broken build that answers before the sync
+        #: mutation switches (broken builds for checker tests; named in pybk.storage.store):
+        #: ACK_BEFORE_FSYNC answers every batch before its sync, INLINE_SYNC_SKIPS_FSYNC
+        #: answers a batch due for an inline sync without syncing it, OVERLAP_ACK_BEFORE_SYNC
+        #: answers an overlapped batch as soon as its sync has started
         self._ack_before_fsync = ack_before_fsync
+        self._inline_skips_fsync = inline_sync_skips_fsync
+        self._overlap_acks_early = overlap_ack_before_sync
         self.directory = directory
         self.instance_id = instance_id
         self.max_wait = max_wait
@@ -569,8 +576,11 @@ class Journal:
                     self._complete(done)
                 else:
                     self.stats["splits"] += 1
+                if self._overlap_acks_early:  # broken build: answered while still syncing
+                    self._complete(batch)
                 await syncing
-            elif self._sync_inline(batch.records) and fh.sync_inline():
+            elif self._sync_inline(batch.records) and (
+                    self._inline_skips_fsync or fh.sync_inline()):  # (broken build: no sync)
                 self.stats["inline_syncs"] += 1
             else:
                 await fh.sync()

@@ -50,19 +50,52 @@ class _Inode:
     lost: list[tuple[int, int]] = field(default_factory=list)
     #: Latent sector errors: ranges whose reads fail with EIO.
     bad_reads: list[tuple[int, int]] = field(default_factory=list)
+    #: Misdirected reads: (start, end, shift): bytes of [start, end) are read from
+    #: [start + shift, end + shift) instead (zeros past the file's end).
+    misreads: list[tuple[int, int, int]] = field(default_factory=list)
     #: cut below its durable length since the last sync (see the module docstring)
     truncated: bool = False
+    #: [dirty_lo, dirty_hi): where the current bytes were written since the last sync
+    #: (-1: nowhere). Every difference from the durable bytes lies in it or past the durable
+    #: length, so a sync copies that range, not the file, and ``changed`` compares it alone
+    #: (a journal segment grows to megabytes and is synced after every batch).
+    dirty_lo: int = -1
+    dirty_hi: int = -1
+
+    def mark(self, lo: int, hi: int) -> None:
+        """Bytes [lo, hi) of the current content were written."""
+        if lo >= hi:
+            return
+        if self.dirty_lo < 0:
+            self.dirty_lo, self.dirty_hi = lo, hi
+        else:
+            self.dirty_lo = min(self.dirty_lo, lo)
+            self.dirty_hi = max(self.dirty_hi, hi)
 
     def changed(self) -> tuple[int, int]:
         """[start, end) of the current bytes that differ from the durable ones (start == end:
         none): an append starts at the durable length, an in-place write earlier."""
         cur, dur = memoryview(self.current), memoryview(self.durable)
         n = min(len(cur), len(dur))
-        if cur[:n] == dur[:n]:
+        lo, hi = self.dirty_lo, min(self.dirty_hi, n)
+        if lo < 0 or lo >= hi or cur[lo:hi] == dur[lo:hi]:
             return n, max(n, len(cur))
-        start = _first_difference(cur, dur, n)
-        end = len(cur) if len(cur) > len(dur) else _last_difference(cur, dur, n) + 1
+        start = lo + _first_difference(cur[lo:hi], dur[lo:hi], hi - lo)
+        end = (len(cur) if len(cur) > len(dur)
+               else lo + _last_difference(cur[lo:hi], dur[lo:hi], hi - lo) + 1)
         return start, end
+
+    def synced(self) -> None:
+        """The current bytes are durable now (a sync returned, or a crash happened)."""
+        cur, dur = self.current, self.durable
+        if len(dur) > len(cur):
+            del dur[len(cur):]
+        lo, hi = self.dirty_lo, min(self.dirty_hi, len(dur))
+        if 0 <= lo < hi:
+            dur[lo:hi] = memoryview(cur)[lo:hi]
+        if len(dur) < len(cur):
+            dur += memoryview(cur)[len(dur):]
+        self.dirty_lo = self.dirty_hi = -1
 
 
 def _first_difference(a: memoryview, b: memoryview, n: int, step: int = 4096) -> int:
@@ -119,9 +152,11 @@ class _MemFileHandle(FileHandle):
             current += data
         else:
             if pos > len(current):  # the file was cut below this handle's offset: a hole
+                self._inode.mark(len(current), pos)
                 current.extend(bytes(pos - len(current)))
             current[pos : pos + size] = data
             self._pos = pos + size
+        self._inode.mark(pos, pos + size)
         self._fs.counters["write"] += 1
 
     async def sync(self) -> None:
@@ -131,13 +166,17 @@ class _MemFileHandle(FileHandle):
         self._finish_sync()
 
     def sync_inline(self) -> bool:
-        """The same sync without the yield, but only while syncs take no (virtual) time:
-        a blocking sync that lasts ``sync_delay`` cannot be modelled on a virtual clock, so
-        with a delay set (the simulator's disks) this declines and callers ``await sync()``."""
-        if self._fs.sync_delay > 0:
+        """The same sync without the yield: the caller's thread blocks for ``sync_delay``.
+        A sync that takes time is modelled only when the file system was given a way to
+        block (``stall``: the simulator's loop lets virtual time pass with nothing else
+        running); otherwise, with a delay set, this declines and callers ``await sync()``."""
+        fs = self._fs
+        if fs.sync_delay > 0 and fs.stall is None:
             return False
         self._check_open()
-        self._fs._hook("sync", self.path)
+        fs._hook("sync", self.path)
+        if fs.sync_delay > 0 and fs.stall is not None:
+            fs.stall(fs.sync_delay)
         self._finish_sync()
         return True
 
@@ -152,7 +191,7 @@ class _MemFileHandle(FileHandle):
                 inode.lost.append((start, end))
             raise OSError(failure, f"{self.path}: fsync failed")
         inode.truncated = False
-        inode.durable = bytearray(inode.current)
+        inode.synced()
         for start, end in inode.lost:
             end = min(end, len(inode.durable))
             if start < end:
@@ -164,6 +203,7 @@ class _MemFileHandle(FileHandle):
         current = self._inode.current
         if size > len(current):
             self._check_room(size - len(current))
+            self._inode.mark(len(current), size)
             current.extend(bytes(size - len(current)))
         self._fs.counters["write"] += 1
 
@@ -181,6 +221,10 @@ class MemFileSystem(FileSystem):
         self.capacity = capacity
         self.sector_size = sector_size
         self.sync_delay = 0.0
+        #: How a sync made inline (``FileHandle.sync_inline``) blocks its caller for
+        #: ``sync_delay``: ``stall(seconds)`` (the simulator passes its loop's ``stall``).
+        #: None: inline syncs are declined while ``sync_delay`` is set.
+        self.stall: Callable[[float], None] | None = None
         #: Called as ``fault_hook(op, path)`` before every mutating operation.
         self.fault_hook: Callable[[str, str], None] | None = None
         self.counters: dict[str, int] = {
@@ -231,7 +275,16 @@ class MemFileSystem(FileSystem):
         for start, stop in inode.bad_reads:
             if start < end and offset < stop:
                 raise OSError(errno.EIO, f"{path}: read error at offset {offset}")
-        return bytes(inode.current[offset:end])
+        data = bytes(inode.current[offset:end])
+        if not inode.misreads:
+            return data
+        out = bytearray(data)
+        for start, stop, shift in inode.misreads:
+            lo, hi = max(start, offset), min(stop, offset + len(out))
+            if lo < hi:  # (the block layer read another place: zeros past the file's end)
+                wrong = bytes(inode.current[max(0, lo + shift) : max(0, hi + shift)])
+                out[lo - offset : hi - offset] = wrong.ljust(hi - lo, b"\0")
+        return bytes(out)
 
     def read_file(self, path: str) -> bytes:
         return self.pread(path, 0, len(self._inode(path).current))
@@ -307,6 +360,9 @@ class MemFileSystem(FileSystem):
         self._hook("truncate", p)
         inode = self._inode(p)
         del inode.current[size:]
+        inode.dirty_hi = min(inode.dirty_hi, size)
+        if inode.dirty_lo >= inode.dirty_hi:
+            inode.dirty_lo = inode.dirty_hi = -1
         if size < len(inode.durable):
             inode.truncated = True
         self.counters["truncate"] += 1
@@ -380,6 +436,7 @@ class MemFileSystem(FileSystem):
                 out[base + s : base + e] = change[s:e]
             inode.current = out
         inode.durable = bytearray(inode.current)
+        inode.dirty_lo = inode.dirty_hi = -1
         inode.lost = []
         inode.truncated = False
 
@@ -402,6 +459,34 @@ class MemFileSystem(FileSystem):
     def fail_reads(self, path: str, offset: int, length: int) -> None:
         """A latent sector error: preads overlapping [offset, offset+length) raise EIO."""
         self._inode(path).bad_reads.append((offset, offset + length))
+
+    def misdirect_reads(self, path: str, offset: int, length: int, shift: int) -> None:
+        """Misdirected reads: bytes of [offset, offset+length) read back from ``shift``
+        bytes away (the block layer reads another place; no error is raised)."""
+        if length <= 0 or shift == 0:
+            raise ValueError(f"a misdirected read needs a length > 0 and a shift, got "
+                             f"{length} and {shift}")
+        self._inode(path).misreads.append((offset, offset + length, shift))
+
+    def misdirect_write(self, path: str, offset: int, length: int, landed: int) -> None:
+        """A write of [offset, offset+length) that landed at ``landed`` instead, after the
+        fact: the bytes meant for ``offset`` overwrite those at ``landed`` (extending the
+        file with zeros if need be) and ``offset``'s range holds zeros (never written), in
+        the current and the durable bytes alike (the write was synced)."""
+        inode = self._inode(path)
+        if not 0 <= offset < offset + length <= len(inode.current) or landed < 0:
+            raise ValueError(f"{path}: cannot misdirect [{offset}, {offset + length}) to "
+                             f"{landed} ({len(inode.current)} bytes)")
+        meant = bytes(inode.current[offset : offset + length])
+        inode.mark(offset, offset + length)  # (harmless where the durable bytes change too)
+        inode.mark(landed, landed + length)
+        for buf in (inode.current, inode.durable):
+            if offset + length > len(buf):
+                continue  # (not synced yet: only the current bytes hold it)
+            if landed + length > len(buf):
+                buf.extend(bytes(landed + length - len(buf)))
+            buf[offset : offset + length] = bytes(length)
+            buf[landed : landed + length] = meant
 
     def unsynced_bytes(self) -> int:
         """How many bytes a crash in ``drop`` mode would lose right now (tests, stats)."""
@@ -429,6 +514,13 @@ class MemFileSystem(FileSystem):
                 assert path == self._norm(path), path
                 for start, end in inode.lost + inode.bad_reads:
                     assert 0 <= start < end, (path, start, end)
+                for start, end, shift in inode.misreads:
+                    assert 0 <= start < end and shift != 0, (path, start, end, shift)
+                if inode.dirty_lo < 0 and not inode.lost:  # nothing written since the sync
+                    n = min(len(inode.current), len(inode.durable))
+                    assert inode.current[:n] == inode.durable[:n], path
+                else:
+                    assert 0 <= inode.dirty_lo < inode.dirty_hi <= len(inode.current), path
         for path in self._files:
             assert posixpath.dirname(path) in self._dirs, path
         for directory, ops in self._pending.items():
@@ -451,4 +543,5 @@ class MemFileSystem(FileSystem):
         other._pending = copy.deepcopy(self._pending, memo)
         other._dirs = set(self._dirs)
         other.sync_delay = self.sync_delay
+        other.stall = self.stall
         return other

@@ -74,11 +74,15 @@ def scan_segment(
     is_last: bool,
     allow_suspect: bool,
     apply: Callable[[Record, int], None],
+    damage_as_torn_tail: bool = False,
 ) -> SegmentScan:
     """Verify segment ``seq`` and feed each record of each intact batch to ``apply``.
 
     ``start`` is the offset to scan from (None: just after the header); ``batch_seq`` the batch
-    number expected there. Raises CorruptRecordError / BookieStateError (see module doc)."""
+    number expected there. Raises CorruptRecordError / BookieStateError (see module doc).
+    ``damage_as_torn_tail`` is a broken build (mutation switch REPLAY_DAMAGE_AS_TORN_TAIL in
+    pybk.storage.store): a segment is cut at any bad batch, as if it were a torn tail, whether
+    valid batches follow it or not and whichever segment it is."""
     data = fs.read_file(path)
     size = len(data)
     try:
@@ -113,7 +117,7 @@ def scan_segment(
                 scan.zero_tail = size - pos
                 break
             later = find_valid_batch_after(data, pos, expect)
-            if later is None and is_last:
+            if (later is None and is_last) or damage_as_torn_tail:
                 scan.torn_bytes = size - pos
                 break
             what = (f"followed by a valid batch at offset {later}" if later is not None

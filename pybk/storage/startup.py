@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import posixpath
 from dataclasses import dataclass, field
+from typing import Final
 
 from pybk.errors import CorruptRecordError
 from pybk.storage.checkpointer import Checkpointer
@@ -24,7 +25,12 @@ from pybk.storage.journal import parse_segment_name, segment_name
 from pybk.storage.records import SEGMENT_HEADER_SIZE, Record, decode_segment_header
 from pybk.storage.replay import SegmentScan, apply_record, scan_segment
 
-__all__ = ["ReplayReport", "Replayed", "replay"]
+__all__ = ["REPLAY_DAMAGE_AS_TORN_TAIL", "ReplayReport", "Replayed", "replay"]
+
+#: mutation switch (a name in ``StoreConfig.mutations``; registry: ``pybk.testing.mutations``):
+#: replay takes damage in the middle of a segment (followed by valid batches) for a torn tail
+#: and cuts the segment there, dropping the synced records after it
+REPLAY_DAMAGE_AS_TORN_TAIL: Final = "replay_damage_as_torn_tail"
 
 
 @dataclass
@@ -170,4 +176,5 @@ def _scan(fs: FileSystem, index: Index, report: ReplayReport, path: str, seq: in
     return scan_segment(
         fs, path, seq, instance_id, start=start, batch_seq=batch_seq, is_last=is_last,
         allow_suspect=config.allow_suspect_segments, apply=apply,
+        damage_as_torn_tail=REPLAY_DAMAGE_AS_TORN_TAIL in config.mutations,
     )

@@ -45,8 +45,9 @@ from pybk.storage.startup import ReplayReport, replay
 from pybk.storage.writes import AddCallback, BatchCallback, ResolveFuture, WritesMixin
 
 __all__ = [
-    "ACK_BEFORE_FSYNC", "DELTA_SKIPS_LEDGER_STATE", "INLINE_SYNC_ALWAYS", "JOURNAL_DIR",
-    "MAX_MASTER_KEY_SIZE", "AddCallback",
+    "ACK_BEFORE_FSYNC", "DELTA_SKIPS_LEDGER_STATE", "INLINE_SYNC_ALWAYS",
+    "INLINE_SYNC_SKIPS_FSYNC", "JOURNAL_DIR", "MAX_MASTER_KEY_SIZE", "OVERLAP_ACK_BEFORE_SYNC",
+    "AddCallback",
     "BKError", "BatchCallback", "CompactionResult", "LedgerStore", "ReplayReport",
     "ResolveFuture", "StoreConfig",
 ]
@@ -56,6 +57,12 @@ __all__ = [
 # checker tests. DELTA_SKIPS_LEDGER_STATE is the checkpointer's (re-exported here).
 #: the bookie acknowledges an add before the journal fsync that covers it
 ACK_BEFORE_FSYNC: Final = "ack_before_fsync"
+#: a batch small enough to be synced inline (``journal_inline_sync_max``, as ``pybk bookie``
+#: runs) is acknowledged without any fsync
+INLINE_SYNC_SKIPS_FSYNC: Final = "inline_sync_skips_fsync"
+#: an overlapped journal (``journal_overlap_syncs``) acknowledges a batch as soon as its sync
+#: has started, not once it returned
+OVERLAP_ACK_BEFORE_SYNC: Final = "overlap_ack_before_sync"
 
 
 class LedgerStore(WritesMixin):
@@ -117,6 +124,8 @@ class LedgerStore(WritesMixin):
             preallocate=self.config.journal_preallocate,
             zero_fill_below=self.config.journal_zero_fill_below,
             ack_before_fsync=ACK_BEFORE_FSYNC in self.config.mutations,
+            inline_sync_skips_fsync=INLINE_SYNC_SKIPS_FSYNC in self.config.mutations,
+            overlap_ack_before_sync=OVERLAP_ACK_BEFORE_SYNC in self.config.mutations,
             stats=stats,
         )
 

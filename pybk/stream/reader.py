@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from pybk.errors import (
     AlreadyTruncatedError,
@@ -36,7 +36,12 @@ from pybk.stream.position import LogRecord, Position, make_position
 if TYPE_CHECKING:
     from pybk.stream.catalog import LogCatalog
 
-__all__ = ["LogReader"]
+__all__ = ["TAIL_READER_SKIPS_ON_ERROR", "LogReader"]
+
+#: mutation switch (a name in ``ClientConfig.mutations``; registry: ``pybk.testing.mutations``):
+#: a reader whose read of a range of entries fails (bookies slow, partitioned) swallows the
+#: error and goes on after the range, as if it held nothing
+TAIL_READER_SKIPS_ON_ERROR: Final = "tail_reader_skips_on_error"
 
 _FIRST = Position(1, 0, 0)
 
@@ -73,6 +78,7 @@ class LogReader:
         #: read without waiting for the bookies' LAC to reach them
         self._stop_acked = stop_at_acknowledged and stop_at is not None
         self._opts = options if options is not None else ReaderOptions()
+        self._skip_on_error = TAIL_READER_SKIPS_ON_ERROR in catalog.client.config.mutations
         self._md: LogMetadata | None = None
         self._changed = asyncio.Event()
         self._gen: AsyncGenerator[list[LogRecord], None] | None = None
@@ -277,6 +283,11 @@ class LogReader:
                         await self._refresh()
                         self._check_truncation(make_position(seq, entry, 0))
                         raise
+                    except BKError:
+                        if not self._skip_on_error:
+                            raise
+                        entry = hi + 1  # broken build: the range is skipped, unread
+                        continue
                     if not entries:
                         continue
                     entry = entries[-1].entry_id + 1

@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Sequence
 from functools import partial
 from itertools import accumulate
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from pybk.errors import (
     BKError,
@@ -59,7 +59,13 @@ from pybk.stream.truncation import plan_retention, plan_truncation
 if TYPE_CHECKING:
     from pybk.stream.catalog import LogCatalog
 
-__all__ = ["LogWriter"]
+__all__ = ["SEGMENT_COMPLETED_AT_STALE_LAC", "LogWriter"]
+
+#: mutation switch (a name in ``ClientConfig.mutations``; registry: ``pybk.testing.mutations``):
+#: a new writer completes the segment it takes over at the LAC its bookies reported before
+#: the recovery, not at the recovered last entry (the old writer's last acknowledged
+#: records, not yet covered by a LAC, drop out of the log)
+SEGMENT_COMPLETED_AT_STALE_LAC: Final = "segment_completed_at_stale_lac"
 
 log = logging.getLogger(__name__)
 
@@ -911,11 +917,15 @@ def _put_segment(seg: SegmentInfo, md: LogMetadata) -> LogMetadata:
 
 async def _recover_segment(cat: LogCatalog, seg: SegmentInfo) -> SegmentInfo | None:
     """Fence and seal one in-progress segment; its completed info, or None when empty."""
+    stale: int | None = None
     try:
+        if SEGMENT_COMPLETED_AT_STALE_LAC in cat.client.config.mutations:  # broken build
+            stale = (await cat.client.open_ledger(seg.ledger_id, recovery=False)
+                     ).last_add_confirmed
         rh = await cat.client.open_ledger(seg.ledger_id, recovery=True)
     except NoSuchLedgerError:
         return None
-    last = rh.last_add_confirmed
+    last = rh.last_add_confirmed if stale is None else min(stale, rh.last_add_confirmed)
     if last < 0:
         return None
     (entry,) = await rh.read(last, last)

@@ -183,3 +183,147 @@ def test_i12_liveness_failure_and_beyond_tolerance() -> None:
     h.liveness("recover L3", False, "recovery did not complete")
     assert codes(h) == ["I12"]
     assert codes(h, beyond_tolerance=True) == []
+
+
+def test_i3_exempts_only_what_a_recovery_can_still_change() -> None:
+    """During a recovery a reader may see a LAC above the writer's acknowledgements, but
+    never above what Qa bookies acknowledged (the entries the recovery can keep)."""
+    h, _ = make()
+    h.create("w1", 1, "E=3 Qw=3 Qa=2", qa=2)
+    for e in range(3):
+        h.add_invoke("w1", 1, e, f"w1:1:{e}".encode())
+    h.add_complete("w1", 1, 0, OK)
+    h.bookie_acked("b0", 1, 0)
+    h.bookie_acked("b1", 1, 0)
+    h.bookie_acked("b0", 1, 1)
+    h.bookie_acked("b2", 1, 1)  # entry 1 on two bookies (Qa); entry 2 on one only
+    h.bookie_acked("b2", 1, 2)
+    h.close_invoke("rc1", 1, "recover")
+    h.lac("r1", 1, 1)  # recovery may make entry 1 visible: allowed
+    assert codes(h) == []
+    h.lac("r1", 1, 2)  # entry 2 never reached Qa bookies: a dirty read
+    assert codes(h) == ["I3"]
+    # Without a recovery the writer's acknowledgements are the bound.
+    h2, _ = make()
+    h2.create("w1", 1, "E=3 Qw=3 Qa=2", qa=2)
+    h2.add_invoke("w1", 1, 0, b"w1:1:0")
+    h2.add_invoke("w1", 1, 1, b"w1:1:1")
+    h2.add_complete("w1", 1, 0, OK)
+    h2.bookie_acked("b0", 1, 1)
+    h2.bookie_acked("b1", 1, 1)
+    h2.close_invoke("w1", 1, "close")  # the writer's own close exempts nothing
+    h2.lac("r1", 1, 1)
+    assert codes(h2) == ["I3"]
+    # A ledger written in batches: acknowledged per batch, so the Qa bound applies.
+    h3, _ = make()
+    h3.create("w1", 1, "E=3 Qw=3 Qa=2 batched", qa=2)
+    h3.add_invoke("w1", 1, 0, b"w1:1:0")
+    h3.bookie_acked("b0", 1, 0)
+    h3.bookie_acked("b1", 1, 0)
+    h3.lac("r1", 1, 0)
+    assert codes(h3) == []
+
+
+def test_x1_an_unexpected_exception_is_a_finding() -> None:
+    h, trace = make()
+    try:
+        raise KeyError("lost")
+    except KeyError as exc:
+        h.exception("r1", "tail L3", exc, "Traceback: ...")
+    violations = check(h)
+    assert [v.invariant for v in violations] == ["X1"]
+    assert "KeyError" in violations[0].render(trace)
+
+
+def test_x1_expected_exceptions_are_not_findings() -> None:
+    from pybk.errors import BookieUnavailableError, UnexpectedConditionError
+    from pybk.sim.findings import is_expected
+
+    assert is_expected(BookieUnavailableError("b1 down"))
+    assert is_expected(TimeoutError())
+    assert not is_expected(UnexpectedConditionError("an ensemble changed"))
+    assert not is_expected(AssertionError())
+
+
+# -- the log invariants (pybk.sim.logs.check_logs) ---------------------------------------------
+
+
+def log_codes(h: History) -> list[str]:
+    from pybk.sim.logs import check_logs
+
+    return sorted(v.invariant for v in check_logs(h))
+
+
+def appended(h: History, writer: str, epoch: int, records: list[tuple[bytes, tuple[int, int, int]]],
+             ) -> None:
+    h.log_writer_open(writer, "log", epoch, OK)
+    for payload, pos in records:
+        h.log_append(writer, "log", payload)
+        h.log_append_done(writer, "log", payload, OK, pos)
+
+
+def test_log_clean_history_passes() -> None:
+    h, _ = make()
+    appended(h, "lw1", 1, [(b"a", (1, 0, 0)), (b"b", (1, 0, 1)), (b"c", (1, 1, 0))])
+    appended(h, "lw2", 2, [(b"d", (2, 0, 0))])
+    h.log_reader_start("lr1", "log", 1, None)
+    for payload, pos in ((b"a", (1, 0, 0)), (b"b", (1, 0, 1)), (b"c", (1, 1, 0))):
+        h.log_read("lr1", "log", 1, pos, payload)
+    h.log_reader_start("log-final-r", "log", 2, None)
+    for payload, pos in ((b"a", (1, 0, 0)), (b"b", (1, 0, 1)), (b"c", (1, 1, 0)),
+                         (b"d", (2, 0, 0))):
+        h.log_read("log-final-r", "log", 2, pos, payload)
+    assert log_codes(h) == []
+
+
+def test_log_lg1_a_reader_skips_or_repeats_a_record() -> None:
+    h, _ = make()
+    appended(h, "lw1", 1, [(b"a", (1, 0, 0)), (b"b", (1, 1, 0)), (b"c", (1, 2, 0))])
+    h.log_reader_start("lr1", "log", 1, None)
+    h.log_read("lr1", "log", 1, (1, 0, 0), b"a")
+    h.log_read("lr1", "log", 1, (1, 2, 0), b"c")  # b skipped
+    assert log_codes(h) == ["LG1"]
+    h2, _ = make()
+    appended(h2, "lw1", 1, [(b"a", (1, 0, 0))])
+    h2.log_reader_start("lr1", "log", 1, None)
+    h2.log_read("lr1", "log", 1, (1, 0, 0), b"a")
+    h2.log_read("lr1", "log", 1, (1, 0, 0), b"a")
+    assert log_codes(h2) == ["LG1"]
+    # The last reader must read everything acknowledged, even past where it stopped.
+    h3, _ = make()
+    appended(h3, "lw1", 1, [(b"a", (1, 0, 0)), (b"b", (1, 1, 0))])
+    h3.log_reader_start("log-final-r", "log", 1, None)
+    h3.log_read("log-final-r", "log", 1, (1, 0, 0), b"a")
+    assert log_codes(h3) == ["LG1"]
+
+
+def test_log_lg2_lg4_positions_and_takeover_order() -> None:
+    h, _ = make()
+    appended(h, "lw1", 1, [(b"a", (1, 1, 0)), (b"b", (1, 0, 0))])  # went back
+    assert log_codes(h) == ["LG2"]
+    h2, _ = make()
+    appended(h2, "lw1", 1, [(b"a", (1, 0, 0)), (b"b", (1, 5, 0))])
+    appended(h2, "lw2", 2, [(b"c", (1, 3, 0))])  # the new writer before the old one's ack
+    assert log_codes(h2) == ["LG4"]
+
+
+def test_log_lg3_lg5_truncation_and_phantoms() -> None:
+    h, _ = make()
+    appended(h, "lw1", 1, [(b"a", (1, 0, 0)), (b"b", (1, 1, 0))])
+    h.log_truncate("meta", "log", (1, 1, 0), "stored")
+    h.log_reader_start("lr1", "log", 1, None)
+    h.log_read("lr1", "log", 1, (1, 0, 0), b"a")  # before the truncation point
+    h.log_read("lr1", "log", 1, (1, 1, 0), b"b")
+    assert log_codes(h) == ["LG3"]
+    h2, _ = make()
+    appended(h2, "lw1", 1, [(b"a", (1, 0, 0))])
+    h2.log_reader_start("lr1", "log", 1, None)
+    h2.log_read("lr1", "log", 1, (1, 0, 0), b"zzz")  # nobody appended it
+    assert "LG5" in log_codes(h2)
+    h3, _ = make()
+    h3.log_writer_open("lw1", "log", 1, OK)
+    h3.log_append("lw1", "log", b"a")
+    h3.log_append_done("lw1", "log", b"a", FAIL, None, "RecordTooLargeError")
+    h3.log_reader_start("lr1", "log", 1, None)
+    h3.log_read("lr1", "log", 1, (1, 0, 0), b"a")  # an aborted read
+    assert log_codes(h3) == ["LG5"]

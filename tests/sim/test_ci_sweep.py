@@ -1,9 +1,10 @@
-"""THE CI SIMULATION SWEEP (part of the suite; marked slow): 300 seeds x 30 virtual seconds
-with every fault kind, no mutation, must find no violation.
+"""THE CI SIMULATION SWEEP (part of the suite; marked slow): 500 seeds x 30 virtual seconds
+with every fault kind, no mutation, must find no violation, and must reach every configuration
+the swarm draws and every dangerous state it claims to test.
 
-Prints the figures the project tracks: seeds per minute and the virtual-to-real time ratio
-(target: 300 seeds within 10 minutes on 2 cores). A failing seed is printed with the command
-that reproduces it; add it to regression_seeds.txt once understood.
+Prints the figures the project tracks: seeds per minute, CPU seconds per seed and the
+virtual-to-real time ratio. A failing seed is printed with the command that reproduces it and
+the one that shrinks it; add it to regression_seeds.txt once understood.
 """
 
 from __future__ import annotations
@@ -24,6 +25,31 @@ MUST_REACH = (
     "bookie_restarted",
     "wiped_bookie_refused",
     "long_poll_hit",
+    "journal_tail_truncated",
+    "damaged_bookie_refused_start",
+    "crash_in_sync_window",
+    "crash_in_overlapped_sync_window",
+    "add_failed_unsent",
+    "ledger_recovery_error",
+)
+
+#: Every configuration the swarm draws (pybk.sim.configs), and the paths each must run.
+MUST_RUN = (
+    "config_journal_serial",
+    "config_journal_overlapped",
+    "config_journal_inline",
+    "config_journal_bookie",
+    "config_preallocated_segments",
+    "config_frequent_checkpoints",
+    "config_adds_single",
+    "config_adds_batched",
+    "journal_inline_syncs",
+    "journal_batches_overlapped",
+    "journal_batches_splits",
+    "journal_segments_preallocated",
+    "journal_segments_rotations",
+    "checkpoint_deltas",
+    "checkpoint_deltas_loaded",
 )
 
 
@@ -38,7 +64,7 @@ KNOWN_BUGS: dict[str, str] = {
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)  # the target above; a shared machine's neighbours slow it too
+@pytest.mark.timeout(1800)  # (about a minute alone on 2 cores; a shared machine stretches it)
 def test_ci_sweep_finds_no_violation() -> None:
     workers = max(1, min(2, os.cpu_count() or 1))
     summary = sweep(CI_SEEDS, faults=CI_FAULTS, duration=CI_DURATION, workers=workers)
@@ -46,14 +72,19 @@ def test_ci_sweep_finds_no_violation() -> None:
         f"\nCI sweep: {len(summary.seeds)} seeds x {CI_DURATION:g} virtual s, faults={CI_FAULTS}, "
         f"{summary.workers} workers: {summary.wall_seconds:.1f} s wall, "
         f"{summary.seeds_per_minute:.1f} seeds/min, "
+        f"{summary.cpu_seconds_per_seed:.3f} CPU s/seed, "
         f"virtual-to-real {summary.virtual_to_real:.1f}x, {summary.operations} operations"
     )
+    coverage = summary.coverage()
     print("faults:", summary.faults())
-    print("coverage:", summary.coverage())
+    print("configurations:", {k: v for k, v in coverage.items() if k.startswith("config_")})
+    print("coverage:", {k: v for k, v in coverage.items() if not k.startswith("config_")})
     assert len(summary.seeds) == len(CI_SEEDS)
     assert all(s.virtual_seconds >= CI_DURATION for s in summary.seeds)
-    missing = [m for m in MUST_REACH if not summary.coverage().get(m)]
+    missing = [m for m in MUST_REACH if not coverage.get(m)]
     assert not missing, f"the sweep never reached: {missing}"
+    not_run = [m for m in MUST_RUN if not coverage.get(m)]
+    assert not not_run, f"configurations or their paths never ran: {not_run}"
     blocked = {name: [s.seed for s in summary.failures if sig in s.report]
                for name, sig in KNOWN_BUGS.items()}
     explained = {seed for seeds in blocked.values() for seed in seeds}

@@ -128,3 +128,73 @@ def test_clock_never_moves_back() -> None:
     with pytest.raises(ValueError, match="back"):
         loop.advance_to(1.0)
     loop.close()
+
+
+def test_timers_due_at_one_instant_run_in_the_order_they_were_made() -> None:
+    async def main() -> list[int]:
+        loop = asyncio.get_running_loop()
+        out: list[int] = []
+        for i in range(50):
+            loop.call_at(1.0, out.append, i)
+        handle = loop.call_at(1.0, out.append, 99)
+        handle.cancel()
+        await asyncio.sleep(2)
+        return out
+
+    assert run(main()) == list(range(50))
+
+
+def test_stall_and_jump_let_time_pass_with_nothing_running() -> None:
+    async def main() -> list[tuple[str, float]]:
+        loop = asyncio.get_running_loop()
+        assert isinstance(loop, SimLoop)
+        out: list[tuple[str, float]] = []
+        loop.call_later(0.5, lambda: out.append(("timer", loop.time())))
+        loop.stall(2.0)  # blocked: the timer due at 0.5 runs late
+        out.append(("after stall", loop.time()))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        loop.jump(10.0)
+        await asyncio.sleep(0)
+        out.append(("after jump", loop.time()))
+        with pytest.raises(ValueError):
+            loop.stall(-1.0)
+        return out
+
+    assert run(main()) == [("after stall", 2.0), ("timer", 2.0), ("after jump", 12.0)]
+
+
+def test_an_unfinished_async_generator_is_closed_on_the_loop() -> None:
+    closed: list[bool] = []
+
+    async def gen():  # type: ignore[no-untyped-def]
+        try:
+            yield 1
+            yield 2
+        finally:
+            closed.append(True)
+
+    async def main() -> None:
+        g = gen()
+        await g.__anext__()
+        del g
+        import gc
+
+        gc.collect()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    run(main())
+    assert closed == [True]
+
+
+def test_an_exception_escaping_a_callback_is_recorded_with_its_exception() -> None:
+    loop = SimLoop()
+
+    async def main() -> None:
+        asyncio.get_running_loop().call_soon(lambda: 1 / 0)
+        await asyncio.sleep(0.1)
+
+    loop.run_main(main())
+    loop.shutdown()
+    assert [type(exc).__name__ for _msg, exc in loop.unhandled] == ["ZeroDivisionError"]

@@ -211,6 +211,30 @@ async def test_bit_flip_and_latent_read_errors() -> None:
         fs.flip_bit("/d/a", 99)
 
 
+async def test_misdirected_writes_and_reads() -> None:
+    """A write that landed elsewhere: its own place reads as never written, the place it
+    landed holds its bytes (older data there is gone), synced alike. A misdirected read
+    returns another place's bytes (zeros past the end), without an error."""
+    fs = MemFileSystem()
+    fs.makedirs("/d")
+    await _file(fs, "/d/a", b"0123456789abcdef")
+    await fs.fsync_dir("/d")
+    fs.misdirect_write("/d/a", 10, 4, 2)
+    assert fs.read_file("/d/a") == b"01abcd6789\0\0\0\0ef"
+    fs.crash()
+    assert fs.read_file("/d/a") == b"01abcd6789\0\0\0\0ef", "it was synced"
+    fs.misdirect_reads("/d/a", 0, 2, 4)
+    assert fs.pread("/d/a", 0, 4) == b"cdab"  # bytes 0..1 come from 4..5
+    assert fs.pread("/d/a", 1, 2) == b"da"
+    fs.misdirect_reads("/d/a", 14, 2, 8)
+    assert fs.pread("/d/a", 14, 2) == b"\0\0"  # past the end: zeros
+    fs._check()
+    with pytest.raises(ValueError):
+        fs.misdirect_write("/d/a", 12, 10, 0)
+    with pytest.raises(ValueError):
+        fs.misdirect_reads("/d/a", 0, 4, 0)
+
+
 async def test_fault_hook_sees_every_boundary_and_can_stop_there() -> None:
     fs = MemFileSystem()
     fs.makedirs("/d")

@@ -89,6 +89,42 @@ def test_mem_sync_inline_declines_when_syncs_take_virtual_time():
     assert fs.counters["sync"] == 0
 
 
+def test_mem_sync_inline_blocks_its_caller_for_the_delay_when_given_a_way_to():
+    """With ``stall`` (the simulator's loop) an inline sync that takes time is modelled: the
+    caller blocks for ``sync_delay`` and the bytes are durable when it returns."""
+    fs = MemFileSystem()
+    fs.sync_delay = 0.004
+    blocked: list[float] = []
+    fs.stall = blocked.append
+    fh = fs.open_append("/f")
+    fh.write(b"abc")
+    assert fh.sync_inline() is True
+    assert blocked == [0.004] and fs.counters["sync"] == 1
+    assert fs.unsynced_bytes() == 0
+
+
+def test_simulated_inline_sync_moves_virtual_time_with_nothing_else_running():
+    from pybk.sim.cluster import SimCluster
+    from pybk.sim.loop import run
+
+    async def main() -> tuple[float, list[str]]:
+        loop = asyncio.get_running_loop()
+        fs = SimCluster(0, 1).bookies["b0"].fs
+        fs.sync_delay = 0.25
+        order: list[str] = []
+        loop.call_later(0.1, order.append, "timer at 0.1")
+        fh = fs.open_append("/f")
+        fh.write(b"x")
+        assert fh.sync_inline()
+        order.append(f"sync returned at {loop.time()}")
+        await asyncio.sleep(0)
+        return loop.time(), order
+
+    now, order = run(main())
+    assert now == 0.25
+    assert order == ["sync returned at 0.25", "timer at 0.1"]  # the timer ran late
+
+
 async def _journal(fs: MemFileSystem, name: str, synced: list, fatal: list,
                    inline_sync_max: int = 2) -> Journal:
     fs.makedirs(name)

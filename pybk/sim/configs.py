@@ -1,0 +1,112 @@
+"""The configuration swarm: each seed draws how its bookies and writers run.
+
+A harness proves only the paths it runs, so every mode a production deployment can run is drawn
+per seed (each knob from a stream of its own, so adding a knob does not move the others):
+
+* the journal's sync mode: ``serial`` (a sync thread per batch: LocalCluster, the embedded WAL),
+  ``overlapped`` (a batch answered while the next one syncs), ``inline`` (small batches synced
+  on the loop's own thread) and ``bookie`` (inline *and* overlapped: what ``pybk bookie`` runs);
+* preallocated journal segments (made ahead as synced zeros, written in place, small so they
+  rotate often);
+* frequent index checkpoints, mostly deltas (chains of up to 8);
+* the disk's sync latency;
+* the client's add path: one ``append`` per entry, or batched ``append_many`` calls.
+
+``SimConfig.describe()`` is the trace's header; ``coverage()`` names the markers the sweep's
+coverage table counts, so a sweep shows that each configuration ran.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pybk.sim.cluster import derive_rng
+
+__all__ = ["JOURNAL_MODES", "SimConfig"]
+
+#: the journal's sync modes (see the module docstring)
+JOURNAL_MODES = ("serial", "overlapped", "inline", "bookie")
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """How one seed's bookies and writers run."""
+
+    journal: str = "serial"
+    #: journal segments made ahead as synced zeros and written in place (8 KiB: they rotate)
+    preallocate: bool = False
+    #: index checkpoints every 2 virtual seconds, mostly deltas
+    checkpoints: bool = False
+    #: how long an fsync takes (virtual seconds)
+    sync_delay: float = 0.002
+    #: overlapped journal: buffers of twice this many records are split in two, and a synced
+    #: batch of fewer is answered before the next write (production's 100 makes both rare
+    #: at the simulator's loads: small values run the overlapping paths often)
+    split_min: int = 2
+    #: writers add entries in batches (``LedgerHandle.append_many``)
+    batched_adds: bool = False
+
+    def __post_init__(self) -> None:
+        if self.journal not in JOURNAL_MODES:
+            raise ValueError(f"journal mode must be one of {JOURNAL_MODES}, not {self.journal!r}")
+
+    @classmethod
+    def draw(cls, seed: int) -> SimConfig:
+        """The configuration of ``seed``: each knob from its own stream."""
+        return cls(
+            journal=derive_rng(seed, "journal").choices(JOURNAL_MODES, (2, 1, 1, 2))[0],
+            preallocate=derive_rng(seed, "segments").random() < 0.5,
+            checkpoints=derive_rng(seed, "checkpoints").random() < 0.5,
+            sync_delay=derive_rng(seed, "sync").choice((0.0005, 0.002, 0.01)),
+            split_min=derive_rng(seed, "split").choice((1, 1, 2, 4)),
+            batched_adds=derive_rng(seed, "adds").random() < 0.3,
+        )
+
+    @property
+    def inline_syncs(self) -> bool:
+        return self.journal in ("inline", "bookie")
+
+    @property
+    def overlapped(self) -> bool:
+        return self.journal in ("overlapped", "bookie")
+
+    def bookie_config(self, mutations: frozenset[str]) -> Any:
+        """The BookieConfig every bookie of the run gets."""
+        from pybk.bookie import BookieConfig
+        from pybk.storage.store import INLINE_SYNC_ALWAYS
+
+        knobs: dict[str, Any] = {"mutations": mutations}
+        if self.inline_syncs:
+            knobs["journal_inline_sync_max"] = INLINE_SYNC_ALWAYS
+        if self.overlapped:
+            knobs.update(journal_overlap_syncs=True, journal_overlap_split_min=self.split_min)
+        if self.preallocate:
+            knobs.update(journal_preallocate=True, segment_size=8 << 10)
+        if self.checkpoints:
+            knobs.update(checkpoint_interval=2.0, checkpoint_delta_ratio=4.0,
+                         checkpoint_max_deltas=8)
+        return BookieConfig(**knobs)
+
+    def describe(self) -> str:
+        return (f"journal={self.journal}{'+preallocated' if self.preallocate else ''}"
+                f"{' checkpoints=2s' if self.checkpoints else ''} sync_delay={self.sync_delay}"
+                f"{f' split_min={self.split_min}' if self.overlapped else ''}"
+                f" adds={'batched' if self.batched_adds else 'single'}")
+
+    def coverage(self) -> list[str]:
+        """Coverage markers naming this configuration (one seed counts once per marker)."""
+        out = [f"config_journal_{self.journal}",
+               f"config_adds_{'batched' if self.batched_adds else 'single'}"]
+        if self.preallocate:
+            out.append("config_preallocated_segments")
+        if self.checkpoints:
+            out.append("config_frequent_checkpoints")
+        return out
+
+    def to_doc(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> SimConfig:
+        return cls(**doc)
