@@ -40,6 +40,7 @@ import asyncio
 import hmac
 import json
 import logging
+import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -51,6 +52,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from pybk.errors import BKError, BookieStateError, NoSuchLedgerError
 from pybk.metadata.base import LedgerMetadata
 from pybk.ops.admin import Admin
+from pybk.transport.listener import Listener, bind_sockets
+from pybk.transport.ratelog import RateLimitedLog
 
 __all__ = ["AdminHttpServer", "HttpConfig", "metadata_json"]
 
@@ -75,6 +78,8 @@ class HttpConfig:
     keepalive_timeout: float = 15.0
     #: decommissions running at once through this endpoint
     max_jobs: int = 4
+    #: failed accepts (out of descriptors) are logged at most once per this many seconds
+    log_interval: float = 10.0
 
     def __post_init__(self) -> None:
         for name in ("max_connections", "max_requests_in_flight", "max_body_bytes",
@@ -110,13 +115,6 @@ def _error(status: int, message: str, kind: str = "") -> web.Response:
                              status=status)
 
 
-class _Refused(asyncio.Protocol):
-    """Stands in for a request handler when the connection cap is reached: closes at once."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        transport.close()
-
-
 class AdminHttpServer:
     """The endpoint (see the module doc). ``info()`` returns the ``bookie/info`` document;
     ``admin`` serves every cluster-wide path (None: only ``/heartbeat`` and ``/metrics``
@@ -133,7 +131,10 @@ class AdminHttpServer:
         self._in_flight = 0
         self._jobs: dict[str, asyncio.Task[dict[str, Any]]] = {}
         self._runner: web.AppRunner | None = None
-        self._server: asyncio.Server | None = None
+        self._listener: Listener | None = None
+        self._address: tuple[str, int] | None = None
+        self._warnings: RateLimitedLog | None = None
+        self._handshakes: set[asyncio.Task[Any]] = set()
         #: connections refused at the cap, requests refused for load (tests, operators)
         self.refused = {"connections": 0, "requests": 0}
 
@@ -168,34 +169,58 @@ class AdminHttpServer:
             handler_cancellation=True)
         await runner.setup()
         self._runner = runner
+        # Our own accept loop (pybk.transport.listener), not loop.create_server: a connection
+        # over the cap is closed before anything is read, and running out of descriptors
+        # pauses accepting and is logged once per interval (asyncio logs a traceback per
+        # failed accept).
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self._protocol, cfg.host, cfg.port, ssl=self._ssl, backlog=128,
-            reuse_address=True)
+        sockets = await bind_sockets(cfg.host, cfg.port, backlog=128)
+        host, port = sockets[0].getsockname()[:2]
+        self._address = (str(host), int(port))
+        self._warnings = RateLimitedLog(log, cfg.log_interval, loop.time)
+        self._listener = Listener(sockets, self._accepted, self._accept_failed)
+        self._listener.start()
 
-    def _protocol(self) -> asyncio.BaseProtocol:
+    def _accepted(self, sock: socket.socket, peer_ip: str) -> None:
         assert self._runner is not None and self._runner.server is not None
         server = self._runner.server
-        if len(server.connections) >= self.config.max_connections:
+        if len(server.connections) + len(self._handshakes) >= self.config.max_connections:
             self.refused["connections"] += 1
-            return _Refused()
-        return server()
+            sock.close()
+            return
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(loop.connect_accepted_socket(server, sock, ssl=self._ssl))
+        self._handshakes.add(task)
+        task.add_done_callback(self._handshake_done)
+
+    def _handshake_done(self, task: asyncio.Task[Any]) -> None:
+        self._handshakes.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.debug("HTTP connection failed before its first request: %r", task.exception())
+
+    def _accept_failed(self, exc: OSError) -> None:
+        if self._warnings is not None:
+            self._warnings.event("HTTP accept() failing",
+                                 f"{exc.strerror or exc}; pausing accepts briefly")
 
     @property
     def address(self) -> tuple[str, int]:
-        if self._server is None or not self._server.sockets:
+        if self._address is None or self._listener is None:
             raise RuntimeError("the HTTP endpoint is not started")
-        host, port = self._server.sockets[0].getsockname()[:2]
-        return str(host), int(port)
+        return self._address
 
     async def stop(self) -> None:
         for task in list(self._jobs.values()):
             task.cancel()
         await asyncio.gather(*self._jobs.values(), return_exceptions=True)
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        for task in list(self._handshakes):
+            task.cancel()
+        await asyncio.gather(*self._handshakes, return_exceptions=True)
+        if self._warnings is not None:
+            self._warnings.flush()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

@@ -245,6 +245,7 @@ class AutoRecoverySim:
             run.log("autorecovery: no bookie can be lost for good (too few left, or each holds an "
                     "open ledger with Qa=1)")
             return
+        open_before = await self._open_ledgers()
         sb = run.cluster.bookies[victim]
         await run.cluster.crash_bookie(victim, "drop")
         sb.fs = MemFileSystem()
@@ -265,6 +266,17 @@ class AutoRecoverySim:
                              f"{len(report.repaired)} ledgers repaired")
         if not await self._finished(deadline):
             return
+        # A ledger still open when the bookie was lost (a log's in-progress segment) and
+        # closed by the workers' recovery since may lack entries below its LAC on a live
+        # bookie (its writer died between the Qa-th and the Qw-th copy): recovery rewrites
+        # only what lies above the LAC, and, as in BookKeeper, only a ledger check repairs
+        # the rest. So converge once more when that happened, before the end state.
+        closed_since = open_before - await self._open_ledgers()
+        if closed_since:
+            run.cover("autorecovery_closed_while_decommissioning")
+            if not await self._converge(admin, deadline, "after the decommission closed "
+                                        f"ledgers {sorted(closed_since)}"):
+                return
         # 3. the end state, at once
         checker.bookies = {b: sb.bookie for b, sb in run.cluster.bookies.items()
                            if sb.status == "up" and sb.bookie is not None}
@@ -295,6 +307,15 @@ class AutoRecoverySim:
                 pinned.update(md.ensembles[max(md.ensembles)])
         up = [b for b in run.cluster.up_bookies() if b not in run.faulty and b not in pinned]
         return self.rng.choice(sorted(up)) if up else None
+
+    async def _open_ledgers(self) -> set[int]:
+        store = self.run.cluster.admin
+        found = set()
+        for lid in await store.list_ledgers():
+            md = _peek(store, lid)
+            if md is not None and not md.is_closed:
+                found.add(lid)
+        return found
 
     async def _converge(self, admin: Admin, deadline: float, when: str) -> bool:
         """Trigger an audit, wait until an auditor served it (both checks ran after the
