@@ -140,37 +140,59 @@ class ReadsMixin:
                 total += self._read_one(ledger_id, eid, loc, out, errors)
                 i += 1
                 continue
-            end = start + size
             budget = max_bytes - total
-            j = i + 1
-            while j < n and end - start < budget:  # the run of neighbours one pread reads
-                k = entry_ids[j] - first
-                if not 0 <= k < dense:
-                    break
-                sz = sizes[k]
-                off = offs[k]
-                if not sz or segs[k] != seg or not end <= off <= end + _COALESCE:
-                    break
-                end = off + sz
-                j += 1
+            span = self._span(entry_ids, i, seg, start, size, budget, first, segs, offs, sizes)
+            if span:  # every id left lies in one stretch of this segment: one pread
+                j, end = n, start + span
+            else:  # the run of neighbours one pread reads
+                end = start + size
+                j = i + 1
+                while j < n and end - start < budget:
+                    k = entry_ids[j] - first
+                    if not 0 <= k < dense:
+                        break
+                    sz = sizes[k]
+                    off = offs[k]
+                    if not sz or segs[k] != seg or not end <= off <= end + _COALESCE:
+                        break
+                    end = off + sz
+                    j += 1
             path = self.journal_path(seg)
             try:
                 data = fs.pread(path, start, end - start)
             except OSError as exc:
+                if span:  # one entry at a time then, each failing alone
+                    total += self._read_one(ledger_id, eid, (seg, start, size), out, errors)
+                    i += 1
+                    continue
                 err = IOBookieError(f"reading ledger {ledger_id} from {path}@{start}: {exc}")
                 for m in range(i, j):
                     errors[len(out)] = err
                     append((entry_ids[m], status_of(err), None))
                 i = j
                 continue
-            got = len(data)
-            for m in range(i, j):
+            got = min(len(data), end - start)
+            m = i
+            while m < j and (total < max_bytes or not out):
                 e = entry_ids[m]
+                m += 1
                 k = e - first
+                if not 0 <= k < dense or not sizes[k]:  # (a span's own check: not held)
+                    loc = entries.get(e) if e >= 0 else None
+                    if loc is None:
+                        err = self._absent_error(ledger_id, e)
+                        errors[len(out)] = err
+                        append((e, status_of(err), None))
+                    else:
+                        total += self._read_one(ledger_id, e, loc, out, errors)
+                    continue
                 sz = sizes[k]
                 pos = offs[k] - start
                 stop = pos + sz
-                if stop <= got and sz >= _RECORD_IDS_SIZE:
+                if segs[k] != seg or pos < 0 or stop > got:  # (a span: moved elsewhere)
+                    total += self._read_one(ledger_id, e, (segs[k], offs[k], sz), out, errors)
+                    continue
+                if sz >= _RECORD_IDS_SIZE:
                     length, crc, rtype, lid, eid_in = unpack(data, pos)
                     if (rtype == entry_type and length == sz - hsize and lid == ledger_id
                             and eid_in == e):
@@ -187,8 +209,29 @@ class ReadsMixin:
                     continue
                 append((e, ok, body))
                 total += sz
-            i = j
+            i = m
         return out, errors
+
+    @staticmethod
+    def _span(entry_ids: Sequence[int], i: int, seg: int, start: int, size: int, budget: int,
+              first: int, segs: Sequence[int], offs: Sequence[int], sizes: Sequence[int],
+              ) -> int:
+        """The bytes from ``start`` to the end of the record of the last id of
+        ``entry_ids[i:]`` when that record is in the same segment after it and the stretch is
+        not much more than the entries themselves (at most 3x their bytes at ``size`` each,
+        bounded by the budget): the common batched read (a reader's ids of one bookie,
+        written together) then costs one ``pread`` and no walk over the ids to find it.
+        0 otherwise. Each entry is still checked to lie inside it."""
+        n = len(entry_ids)
+        if n - i < 4:
+            return 0
+        k = entry_ids[n - 1] - first
+        if not 0 <= k < len(sizes) or not sizes[k] or segs[k] != seg or offs[k] < start:
+            return 0
+        span = offs[k] + sizes[k] - start
+        if span > 3 * min(budget, (n - i) * size) + _COALESCE:
+            return 0
+        return span
 
     def _read_one(self, ledger_id: int, entry_id: int, loc: tuple[int, int, int],
                   out: list[tuple[int, Status, bytes | None]], errors: dict[int, BKError],

@@ -97,3 +97,24 @@ async def test_an_unknown_ledger_is_refused_as_a_whole() -> None:
     s = await open_store(MemFileSystem())
     with pytest.raises(NoSuchLedgerError):
         s.read_many(9, [0, 1], 1 << 20)
+
+
+async def test_a_hole_inside_one_stretch_is_absent_and_the_rest_read_with_it() -> None:
+    s = await open_store(MemFileSystem())
+    await fill(s, 1, range(5))
+    await fill(s, 1, range(6, 12))  # 5 never written: a hole in the dense run
+    out, errors = s.read_many(1, list(range(12)), 1 << 20)
+    assert [e for e, _s, _b in out] == list(range(12))
+    assert out[5] == (5, Status.NO_SUCH_ENTRY, None) and set(errors) == {5}
+    assert all(out[i] == (i, Status.OK, body(1, i)) for i in range(12) if i != 5)
+
+
+async def test_an_unreadable_record_inside_one_stretch_fails_alone() -> None:
+    fs = MemFileSystem()
+    s = await open_store(fs)
+    await fill(s, 1, range(8))
+    path, off, size = _where(s, 1, 3)
+    fs.fail_reads(path, off, size)
+    out, errors = s.read_many(1, list(range(8)), 1 << 20)
+    assert set(errors) == {3} and out[3] == (3, Status.IO_ERROR, None)
+    assert all(out[i] == (i, Status.OK, body(1, i)) for i in range(8) if i != 3)
