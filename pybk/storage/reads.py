@@ -161,14 +161,13 @@ class ReadsMixin:
             try:
                 data = fs.pread(path, start, end - start)
             except OSError as exc:
-                if span:  # one entry at a time then, each failing alone
-                    total += self._read_one(ledger_id, eid, (seg, start, size), out, errors)
-                    i += 1
+                if j - i > 1:  # the entries one at a time then, only the unreadable failing
+                    i, total = self._read_singly(ledger_id, entry_ids, i, j, max_bytes, total,
+                                                 out, errors)
                     continue
                 err = IOBookieError(f"reading ledger {ledger_id} from {path}@{start}: {exc}")
-                for m in range(i, j):
-                    errors[len(out)] = err
-                    append((entry_ids[m], status_of(err), None))
+                errors[len(out)] = err
+                append((eid, status_of(err), None))
                 i = j
                 continue
             got = min(len(data), end - start)
@@ -232,6 +231,25 @@ class ReadsMixin:
         if span > 3 * min(budget, (n - i) * size) + _COALESCE:
             return 0
         return span
+
+    def _read_singly(self, ledger_id: int, entry_ids: Sequence[int], i: int, j: int,
+                     max_bytes: int, total: int, out: list[tuple[int, Status, bytes | None]],
+                     errors: dict[int, BKError]) -> tuple[int, int]:
+        """:meth:`read_many`'s answers for ``entry_ids[i:j]`` read one by one (a stretch whose
+        one ``pread`` failed: only the unreadable records fail, each once); (the position
+        reached, the bytes answered so far)."""
+        entries = self.state(ledger_id).entries
+        while i < j and (total < max_bytes or not out):
+            eid = entry_ids[i]
+            i += 1
+            loc = entries.get(eid) if eid >= 0 else None
+            if loc is None:
+                err = self._absent_error(ledger_id, eid)
+                errors[len(out)] = err
+                out.append((eid, status_of(err), None))
+                continue
+            total += self._read_one(ledger_id, eid, loc, out, errors)
+        return i, total
 
     def _read_one(self, ledger_id: int, entry_id: int, loc: tuple[int, int, int],
                   out: list[tuple[int, Status, bytes | None]], errors: dict[int, BKError],

@@ -118,3 +118,28 @@ async def test_an_unreadable_record_inside_one_stretch_fails_alone() -> None:
     out, errors = s.read_many(1, list(range(8)), 1 << 20)
     assert set(errors) == {3} and out[3] == (3, Status.IO_ERROR, None)
     assert all(out[i] == (i, Status.OK, body(1, i)) for i in range(8) if i != 3)
+
+
+async def test_an_unreadable_stretch_is_tried_once_then_entry_by_entry() -> None:
+    """A failing ``pread`` of a whole stretch is not repeated for each entry after it (a
+    latent sector error can take a disk long to report): one failure for the stretch, one
+    for the bad record read alone."""
+    fs = MemFileSystem()
+    s = await open_store(fs)
+    await fill(s, 1, range(40))
+    path, off, size = _where(s, 1, 3)
+    fs.fail_reads(path, off, size)
+    failed: list[int] = []
+    pread = fs.pread
+
+    def counting(p: str, offset: int, n: int) -> bytes:
+        try:
+            return pread(p, offset, n)
+        except OSError:
+            failed.append(offset)
+            raise
+
+    fs.pread = counting  # type: ignore[method-assign]
+    out, errors = s.read_many(1, list(range(40)), 1 << 20)
+    assert set(errors) == {3} and len(out) == 40
+    assert len(failed) == 2, failed
