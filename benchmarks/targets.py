@@ -28,8 +28,9 @@ peer on the same disk in the same run; the ratio and the target it measures are 
 5. ``p99@half``: an open-loop driver (``pybk.bench.open_loop``: appends issued at a fixed
    rate, latency counted from when each was due) at half the rate row 1 (in process) and row
    3 (TCP) reached. Target p99 < 5 ms. Printed beside it: what the tail is made of (the
-   disk's own p99 for one write + fdatasync, measured beside the lone writer; the CPU per
-   append; this process's collector passes and the longest).
+   disk's own p99 for one write + fdatasync, measured beside the lone writer; how late an
+   idle event loop wakes up just before, nothing of pybk running: the machine's floor; the
+   CPU per append; this process's collector passes and the longest).
 6. ``read``: sequential read of a closed ledger of ``--read-entries`` 100 B entries
    (E3/Qw2/Qa2, in process; the target is defined at 1,000,000: ``--read-entries
    1000000``), ``ReadHandle.read`` 1000 entries a call, against a plain loop reading the same
@@ -145,6 +146,20 @@ class GcWatch:
             self.longest = max(self.longest, time.perf_counter() - self._started)
 
 
+async def idle_loop_lateness(duration: float, period: float = 0.001) -> list[float]:
+    """How late an idle event loop wakes up: a timer every ``period`` s for ``duration`` s,
+    each sample the time past its due time. Nothing of pybk runs: this is the machine's floor
+    for any latency measured on this loop (a descheduled process, a busy neighbour)."""
+    loop = asyncio.get_running_loop()
+    late: list[float] = []
+    end = loop.time() + duration
+    while loop.time() < end:
+        due = time.perf_counter() + period
+        await asyncio.sleep(period)
+        late.append(max(0.0, time.perf_counter() - due))
+    return late
+
+
 async def ledger_open_loop(client: Any, rate: float, duration: float
                            ) -> tuple[Run, dict[str, float]]:
     """An open loop at ``rate`` (E3/Qw2/Qa2): (run, {CPU per append in s, collector passes,
@@ -154,12 +169,14 @@ async def ledger_open_loop(client: Any, rate: float, duration: float
     append = lh.append
     try:
         await closed_loop(lambda: append(payload), 1, 0.1)
+        idle = await idle_loop_lateness(min(duration, 0.5))
         cpu = time.process_time()
         with GcWatch() as watch:
             run = await open_loop(lambda: append(payload), rate, duration)
         cpu = time.process_time() - cpu
         return run, {"cpu": cpu / max(1, run.count), "gc_passes": watch.passes,
-                     "gc_longest": watch.longest}
+                     "gc_longest": watch.longest, "idle_p99": percentile(idle, 0.99),
+                     "idle_max": max(idle, default=0.0)}
     finally:
         await lh.close()
 
@@ -456,11 +473,15 @@ def rows_of(rounds: list[dict[str, Any]], settings: str, gc_setting: str) -> lis
 
 def tail_note(rounds: list[dict[str, Any]], key: str, fsync_key: str = "fsync_p99") -> str:
     """What a p99@half row's tail is made of: the disk's own p99 (one 100 B write +
-    fdatasync, measured beside the lone writer), the CPU per append, the collector's
-    passes in this process (the bookies' own, over TCP, are not seen here)."""
+    fdatasync, measured beside the lone writer), the machine's floor (an idle loop's wake-up
+    lateness), the CPU per append, the collector's passes in this process (the bookies' own,
+    over TCP, are not seen here)."""
     info = [x[f"{key}_info"] for x in rounds]
     return (f"a write + fdatasync's own p99 {median([x[fsync_key] for x in rounds]) * 1e3:.2f}"
-            f" ms; CPU {median([i['cpu'] for i in info]) * 1e6:.1f} us per append (this "
+            f" ms; an idle loop's wake-up lateness just before (nothing running) p99 "
+            f"{median([i['idle_p99'] for i in info]) * 1e3:.2f} ms, max "
+            f"{max(i['idle_max'] for i in info) * 1e3:.1f} ms; "
+            f"CPU {median([i['cpu'] for i in info]) * 1e6:.1f} us per append (this "
             f"process); collector passes {max(i['gc_passes'] for i in info):.0f}, longest "
             f"{max(i['gc_longest'] for i in info) * 1e3:.1f} ms")
 
