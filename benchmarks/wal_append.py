@@ -296,44 +296,71 @@ def main() -> None:
                   f"{'vs plain':>8} {'vs sqlite':>9} | {'floor/s':>9}")
         print(header)
         print("-" * len(header))
-        for per_call in (1, 64):
-            rates, per_entry, ceils, groups, plains, sqls, floors = ([] for _ in range(7))
-            for _ in range(args.rounds):
-                floors.append(asyncio.run(run_nothing(per_call, inflight, min(slice_, 0.5))))
+        shapes = (1, 64)
+        res: dict[str, dict[int, list[float]]] = {
+            k: {pc: [] for pc in shapes}
+            for k in ("pybk", "per_entry", "ceil", "group", "plain", "sqlite", "floor")}
+        for _ in range(args.rounds):  # every system and shape once a round: one disk state
+            for per_call in shapes:
+                res["floor"][per_call].append(
+                    asyncio.run(run_nothing(per_call, inflight, min(slice_, 0.5))))
                 rate, pe, _, _ = asyncio.run(run_pybk(root, size, per_call, inflight, slice_))
-                rates.append(rate)
-                per_entry.append(pe)
+                res["pybk"][per_call].append(rate)
+                res["per_entry"][per_call].append(pe)
                 ceil, group = asyncio.run(run_ceiling(ceiling_file, size, per_call, inflight,
                                                       slice_))
-                ceils.append(ceil)
-                groups.append(group)
-                plains.append(run_plain(ceiling_file, size, max(1, round(group)), slice_)[0])
-                sqls.append(run_sqlite(root, size, 1, min(slice_, 0.5)))
-            rate, ceil, plain, sql = median(rates), median(ceils), median(plains), median(sqls)
+                res["ceil"][per_call].append(ceil)
+                res["group"][per_call].append(group)
+                res["plain"][per_call].append(
+                    run_plain(ceiling_file, size, max(1, round(group)), slice_)[0])
+            res["sqlite"][1].append(run_sqlite(root, size, 1, min(slice_, 0.5)))
+        med = {k: {pc: median(v) for pc, v in by.items() if v} for k, by in res.items()}
+        sql = med["sqlite"][1]
+        for per_call in shapes:
+            rate, ceil, plain = med["pybk"][per_call], med["ceil"][per_call], med["plain"][per_call]
             name = "1/append" if per_call == 1 else f"{per_call}/call"
-            print(f"{name:>9} | {rate:>9,.0f} {median(per_entry):>9.0f} | {ceil:>9,.0f} "
-                  f"{median(groups):>8.0f} {plain:>9,.0f} | {sql:>9,.0f} | "
+            print(f"{name:>9} | {rate:>9,.0f} {med['per_entry'][per_call]:>9.0f} | {ceil:>9,.0f} "
+                  f"{med['group'][per_call]:>8.0f} {plain:>9,.0f} | {sql:>9,.0f} | "
                   f"{rate / ceil:>6.2f}x {rate / plain:>7.2f}x {rate / sql:>8.1f}x | "
-                  f"{median(floors):>9,.0f}")
+                  f"{med['floor'][per_call]:>9,.0f}")
+        many, one = max(shapes), med["ceil"][1]
+        ratios = [p / c for p, c in zip(res["pybk"][many], res["ceil"][1], strict=True)]
+        print(f"\ntarget (a): pybk, 1024 records outstanding as append_many calls of {many} "
+              f"({med['pybk'][many]:,.0f}/s), against the ceiling with each record its own "
+              f"request (1024 outstanding, one future each: {one:,.0f}/s): "
+              f"{med['pybk'][many] / one:.2f}x (per round: "
+              f"{', '.join(f'{r:.2f}x' for r in ratios)}); against SQLite's per-record "
+              f"commits: {med['pybk'][many] / sql:.0f}x")
+        ceil_mb = med["ceil"][many] * (size + 8) / 1e6
+        pybk_mb = med["pybk"][many] * (size + 4) * 3 / 1e6
+        print(f"  like with like (both {many}/call): {med['pybk'][many] / med['ceil'][many]:.2f}x;"
+              f" the disk takes {pybk_mb:,.0f} MB/s from pybk (3 copies, one per bookie "
+              f"journal) and {ceil_mb:,.0f} MB/s from the ceiling (1 copy)")
 
         rng = random.Random(7)
         docs = json_records(20_000, rng)
         raw = envelope.encode(docs[:1000], None, 0, -1, envelope.CODEC_NONE)
         packed = envelope.encode(docs[:1000], None, 0, -1, envelope.CODEC_ZSTD)
         print(f"\nJSON-like records ({sum(map(len, docs)) / len(docs):.0f} B average), "
-              f"1/append shape:")
-        by_codec: dict[str, list[float]] = {"none": [], "zstd": []}
+              f"both shapes, with and without zstd:")
+        by_codec: dict[tuple[str, int], list[float]] = {}
         stored: dict[str, tuple[int, int]] = {}
         for _ in range(args.rounds):
-            for codec in ("none", "zstd"):
-                rate, _, raw_bytes, stored_bytes = asyncio.run(
-                    run_pybk(root, size, 1, inflight, slice_, codec, docs))
-                by_codec[codec].append(rate)
-                stored[codec] = (raw_bytes, stored_bytes)
-        for codec, rs in by_codec.items():
-            r, s = stored[codec]
-            print(f"  compression={codec:<4}: {median(rs):>9,.0f} records/s, "
-                  f"{s / max(1, r):.2f} bytes stored per byte appended")
+            for per_call in shapes:
+                for codec in ("none", "zstd"):
+                    rate, _, raw_bytes, stored_bytes = asyncio.run(
+                        run_pybk(root, size, per_call, inflight, slice_, codec, docs))
+                    by_codec.setdefault((codec, per_call), []).append(rate)
+                    stored[codec] = (raw_bytes, stored_bytes)
+        for per_call in shapes:
+            name = "1/append" if per_call == 1 else f"{per_call}/call"
+            none, zstd = median(by_codec["none", per_call]), median(by_codec["zstd", per_call])
+            print(f"  {name:>8}: compression=none {none:>9,.0f} records/s, zstd "
+                  f"{zstd:>9,.0f} records/s ({zstd / none:.2f}x)")
+        for codec in ("none", "zstd"):
+            r, st = stored[codec]
+            print(f"  compression={codec:<4}: {st / max(1, r):.2f} bytes stored per byte "
+                  f"appended")
         print(f"  zstd on one 1000-record envelope: {len(raw)} -> {len(packed)} bytes, "
               f"ratio {len(raw) / len(packed):.1f}x")
 

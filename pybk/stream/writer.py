@@ -70,6 +70,7 @@ SEGMENT_COMPLETED_AT_STALE_LAC: Final = "segment_completed_at_stale_lac"
 log = logging.getLogger(__name__)
 
 _new_tuple = tuple.__new__
+_drain = deque  # deque(iterator, 0): run an iterator to its end in C
 _OVERHEAD = envelope.PER_RECORD_OVERHEAD
 _TXID_OVERHEAD = envelope.TXID_OVERHEAD
 
@@ -157,6 +158,9 @@ class LogWriter:
         self._opts = options
         self._label = label
         self._loop = asyncio.get_running_loop()
+        #: the loop's futures' own set_result (unbound): resolving an envelope's futures is
+        #: then one C-level map over them
+        self._set_result = type(self._loop.create_future()).set_result
         cfg = md.config
         self._codec = cfg.codec
         self._compressor = envelope.make_compressor(self._codec)
@@ -558,16 +562,16 @@ class LogWriter:
         eid = fut.result()
         sinks, runs = batch.sinks, batch.runs
         new, pos_cls = _new_tuple, Position
-        if not runs:  # futures only (append): once per record, no per-record branch
-            slot = 0
+        if not runs:  # futures only (append): no Python step per record
+            n = len(sinks)
             try:
-                for slot, sink in enumerate(sinks):
-                    sink.set_result(new(pos_cls, (seq, eid, slot)))
+                _drain(map(self._set_result, sinks,
+                           map(new, repeat(pos_cls, n),
+                               zip(repeat(seq, n), repeat(eid, n), range(n)))), 0)
             except asyncio.InvalidStateError:  # a future its caller cancelled: skip it
-                for later in range(slot + 1, len(sinks)):
-                    sink = sinks[later]
+                for slot, sink in enumerate(sinks):
                     if not sink.done():
-                        sink.set_result(new(pos_cls, (seq, eid, later)))
+                        sink.set_result(new(pos_cls, (seq, eid, slot)))
         else:
             if sum(stop - start for _, start, stop in runs) != len(sinks):  # futures too
                 group_cls = _Group

@@ -188,6 +188,10 @@ async def test_calls_sharing_an_envelope_settle_each_even_cancelled_or_fenced() 
                                                              (1, 0), (1, 1), (1, 2)]]
         assert await b == Position(1, 1, 5)
         assert await with_txids == [Position(1, 1, 7), Position(1, 2, 0), Position(1, 2, 1)]
+        ones = [old.append(b"o%d" % i) for i in range(5)]  # an envelope of futures only
+        ones[2].cancel()
+        assert [await f for i, f in enumerate(ones) if i != 2] == [
+            Position(1, 3, s) for s in (0, 1, 3, 4)]
         hold = cluster.transport.hooks.hold(predicate=is_normal_add)
         pending = [old.append_many([b"p0", b"p1"]), old.append(b"p2"),
                    old.append_many([b"p3"], [9])]
@@ -199,9 +203,10 @@ async def test_calls_sharing_an_envelope_settle_each_even_cancelled_or_fenced() 
                 await asyncio.wait_for(fut, 10)
         await old.close()
         await new.close()
-        got = await read_all(log, Position(1, 2, 1))
+        got = await read_all(log, Position(1, 3, 4))
         assert [d for _, d in got] == [b"a", *(b"m%d" % i for i in range(10)), b"x", b"y",
-                                       b"b", b"c", b"t0", b"t1", b"t2"]
+                                       b"b", b"c", b"t0", b"t1", b"t2",
+                                       *(b"o%d" % i for i in range(5))]
 
 
 async def test_the_old_writer_fails_even_if_idle_and_its_roll_fails() -> None:
