@@ -56,15 +56,23 @@ async def test_async_wal(tmp_path: Path) -> None:
     async with pybk.AsyncWAL(tmp_path, compression="zstd") as wal:
         ps = await asyncio.gather(*(wal.append(b"x%d" % i) for i in range(50)))
         assert ps == [Position(1, 0, i) for i in range(50)]  # one loop pass: one envelope
+        # append_many is a future too: many calls in flight, no task each, exact positions
+        calls = [wal.append_many([b"y%d" % (2 * i), b"y%d" % (2 * i + 1)]) for i in range(20)]
+        many = [p for c in await asyncio.gather(*calls) for p in c]
+        assert many == [Position(1, 1, i) for i in range(40)]
+        with pytest.raises(TypeError):
+            wal.append_many(["text"])  # type: ignore[list-item]  # refused at the call
+        assert await wal.append_many([]) == []
         got = [(p, d) async for p, d in wal.replay()]
-        assert got == [(p, b"x%d" % i) for i, p in enumerate(ps)]
+        assert got == [*((p, b"x%d" % i) for i, p in enumerate(ps)),
+                       *((p, b"y%d" % i) for i, p in enumerate(many))]
         await wal.truncate(ps[10])
         assert wal.cluster is not None and len(wal.cluster.bookie_ids) == 3
         seg = (await wal.log.segments())[0]
         md = await wal.cluster.client().ledger_metadata(seg.ledger_id)
         assert (md.ensemble_size, md.write_quorum, md.ack_quorum) == (3, 3, 2)
     async with pybk.AsyncWAL(tmp_path) as wal:
-        assert [p async for p, _ in wal.replay()] == ps[10:]
+        assert [p async for p, _ in wal.replay()] == [*ps[10:], *many]
 
 
 def test_a_second_opener_in_this_process_is_refused(tmp_path: Path) -> None:

@@ -95,8 +95,8 @@ class _Group:
         """Slots ``start..stop-1`` of entry ``eid`` of segment ``seq`` are this call's next
         records (acknowledged)."""
         n = stop - start
-        self.positions.extend(map(_new_tuple, repeat(Position, n),
-                                  zip(repeat(seq, n), repeat(eid, n), range(start, stop))))
+        parts = zip(repeat(seq, n), repeat(eid, n), range(start, stop), strict=True)
+        self.positions.extend(map(_new_tuple, repeat(Position, n), parts))
         if len(self.positions) >= self.count and not self.fut.done():
             self.fut.set_result(self.positions)
 
@@ -564,10 +564,9 @@ class LogWriter:
         new, pos_cls = _new_tuple, Position
         if not runs:  # futures only (append): no Python step per record
             n = len(sinks)
+            parts = zip(repeat(seq, n), repeat(eid, n), range(n), strict=True)
             try:
-                _drain(map(self._set_result, sinks,
-                           map(new, repeat(pos_cls, n),
-                               zip(repeat(seq, n), repeat(eid, n), range(n)))), 0)
+                _drain(map(self._set_result, sinks, map(new, repeat(pos_cls, n), parts)), 0)
             except asyncio.InvalidStateError:  # a future its caller cancelled: skip it
                 for slot, sink in enumerate(sinks):
                     if not sink.done():
