@@ -25,7 +25,8 @@ In the same run, alternating with pybk round by round (a shared VM's disk drifts
 Then: the same with zstd on JSON-like records (and the compression ratio); a lone writer
 awaiting each append, its p50 in fsync latencies (a 100-byte write + fdatasync on a
 preallocated file, p50); and the
-memory of a reader tailing a long log while it is written (``--tail-records``, RSS sampled).
+memory of a reader tailing a long log while it is written (``--tail-records``: RSS and
+Python's allocated blocks, ``sys.getallocatedblocks()``, sampled each tenth of the way).
 
 Targets (issue 16): >= 1.5x the ceiling, >= 20x SQLite's per-record commits, a lone writer's
 p50 within 3 fsync latencies, the tailing reader's memory flat. The table compares each shape
@@ -50,6 +51,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -232,11 +234,11 @@ def rss_mb() -> float:
     return float("nan")
 
 
-async def tail_memory(root: str, size: int, total: int) -> list[tuple[int, float]]:
+async def tail_memory(root: str, size: int, total: int) -> list[tuple[int, float, int]]:
     """A writer appends ``total`` records (append_many, 4096 at a time, up to 8 calls in
     flight) while a reader follows the tail; RSS each tenth of the way (records read)."""
     path = tempfile.mkdtemp(prefix="wal-tail-", dir=root)
-    samples: list[tuple[int, float]] = []
+    samples: list[tuple[int, float, int]] = []
     try:
         async with pybk.AsyncWAL(path) as wal:
             payload = os.urandom(size)
@@ -249,13 +251,13 @@ async def tail_memory(root: str, size: int, total: int) -> list[tuple[int, float
                 async for _ in wal.log.reader():
                     read += 1
                     if read % step == 0:
-                        samples.append((read, rss_mb()))
+                        samples.append((read, rss_mb(), sys.getallocatedblocks()))
                     if read >= total:
                         return
 
             reader = asyncio.ensure_future(read_all())
             gc.collect()
-            samples.append((0, rss_mb()))
+            samples.append((0, rss_mb(), sys.getallocatedblocks()))
             sent = 0
             inflight: set[asyncio.Future[Any]] = set()
             while sent < total:
@@ -389,9 +391,17 @@ def main() -> None:
             print(f"\ntailing reader of a log being written, {args.tail_records:,} records "
                   f"in {took:.0f} s ({args.tail_records / took:,.0f} written and read per s), "
                   f"process RSS (MB) by records read:")
-            print("  " + "  ".join(f"{n / 1e6:.1f}M:{mb:.0f}" for n, mb in samples))
-            growth = samples[-1][1] - samples[1][1] if len(samples) > 2 else float("nan")
-            print(f"  growth from the first tenth to the end: {growth:+.0f} MB")
+            print("  " + "  ".join(f"{n / 1e6:.1f}M:{mb:.0f}" for n, mb, _ in samples))
+            print("  Python's allocated blocks (thousands), same points: " + "  ".join(
+                f"{blocks / 1e3:.0f}" for _, _, blocks in samples))
+            if len(samples) > 2:
+                later = samples[1:]
+                rss = [mb for _, mb, _ in later]
+                blocks = [b for _, _, b in later]
+                print(f"  from the first tenth to the end: RSS {min(rss):.0f}-{max(rss):.0f} MB "
+                      f"(end {later[-1][1] - later[0][1]:+.0f} MB), allocated blocks "
+                      f"{min(blocks) / 1e3:.0f}k-{max(blocks) / 1e3:.0f}k "
+                      f"(end {(later[-1][2] - later[0][2]) / 1e3:+.0f}k)")
     print("\nshapes: 1/append = one future per record, 64/call = append_many of 64 (one "
           "future per call). ceiling: one asyncio writer task, each record CRC-framed, one "
           "write + fdatasync per accumulated group (rec/sync), on a preallocated file "
