@@ -27,7 +27,10 @@ peer on the same disk in the same run; the ratio and the target it measures are 
    Targets: within 2 (in process) and 3 (TCP).
 5. ``p99@half``: an open-loop driver (``pybk.bench.open_loop``: appends issued at a fixed
    rate, latency counted from when each was due) at half the rate row 1 (in process) and row
-   3 (TCP) reached. Target p99 < 5 ms.
+   3 (TCP) reached. Target p99 < 5 ms. Printed beside it: what the tail is made of (the
+   disk's own p99 for one write + fdatasync, measured beside the lone writer; how late an
+   idle event loop wakes up just before, nothing of pybk running: the machine's floor; the
+   CPU per append; this process's collector passes and the longest).
 6. ``read``: sequential read of a closed ledger of ``--read-entries`` 100 B entries
    (E3/Qw2/Qa2, in process; the target is defined at 1,000,000: ``--read-entries
    1000000``), ``ReadHandle.read`` 1000 entries a call, against a plain loop reading the same
@@ -41,7 +44,11 @@ process, inline syncs when nothing overlaps); the ceiling's file gets the same t
 the bookies' segments. Row 3 always uses ``server`` on both sides. ``--loop both`` (the
 default when uvloop is installed) runs every row on asyncio and on uvloop (TCP bookie
 processes included) and prints them side by side. ``--rounds`` repeats everything, rounds
-alternating, and prints medians.
+alternating, and prints medians. ``--gc`` sets the in-process cluster's garbage collector:
+``tuned`` (the default: ``pybk.LocalCluster(tune_gc=True)``, what a ``pybk bookie`` process
+does to its own) or ``default`` (Python's settings); the TCP rows' processes are always tuned.
+The read row also prints the CPU per entry read (wall-clock figures drift with the machine's
+load; CPU per entry much less).
 """
 
 from __future__ import annotations
@@ -115,13 +122,61 @@ async def ledger_closed_loop(client: Any, quorum: tuple[int, int, int], inflight
     return await closed_loop(lambda: append(payload), inflight, duration), lh
 
 
-async def ledger_open_loop(client: Any, rate: float, duration: float) -> Run:
+class GcWatch:
+    """The collector's passes while a measurement runs (``gc.callbacks``): how many, and the
+    longest, so a latency tail can be told apart from the collector's pauses."""
+
+    def __init__(self) -> None:
+        self.passes = 0
+        self.longest = 0.0
+        self._started = 0.0
+
+    def __enter__(self) -> GcWatch:
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, _info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.passes += 1
+            self.longest = max(self.longest, time.perf_counter() - self._started)
+
+
+async def idle_loop_lateness(duration: float, period: float = 0.001) -> list[float]:
+    """How late an idle event loop wakes up: a timer every ``period`` s for ``duration`` s,
+    each sample the time past its due time. Nothing of pybk runs: this is the machine's floor
+    for any latency measured on this loop (a descheduled process, a busy neighbour)."""
+    loop = asyncio.get_running_loop()
+    late: list[float] = []
+    end = loop.time() + duration
+    while loop.time() < end:
+        due = time.perf_counter() + period
+        await asyncio.sleep(period)
+        late.append(max(0.0, time.perf_counter() - due))
+    return late
+
+
+async def ledger_open_loop(client: Any, rate: float, duration: float
+                           ) -> tuple[Run, dict[str, float]]:
+    """An open loop at ``rate`` (E3/Qw2/Qa2): (run, {CPU per append in s, collector passes,
+    longest pass in s})."""
     lh = await client.create_ledger(*E3)
     payload = os.urandom(SIZE)
     append = lh.append
     try:
         await closed_loop(lambda: append(payload), 1, 0.1)
-        return await open_loop(lambda: append(payload), rate, duration)
+        idle = await idle_loop_lateness(min(duration, 0.5))
+        cpu = time.process_time()
+        with GcWatch() as watch:
+            run = await open_loop(lambda: append(payload), rate, duration)
+        cpu = time.process_time() - cpu
+        return run, {"cpu": cpu / max(1, run.count), "gc_passes": watch.passes,
+                     "gc_longest": watch.longest, "idle_p99": percentile(idle, 0.99),
+                     "idle_max": max(idle, default=0.0)}
     finally:
         await lh.close()
 
@@ -175,8 +230,9 @@ def read_ceiling(root: str, entries: int) -> float:
     return entries / elapsed
 
 
-async def read_run(client: Any, entries: int) -> float:
-    """Entries/s reading a closed ledger of ``entries`` entries from start to end."""
+async def read_run(client: Any, entries: int) -> tuple[float, float]:
+    """Entries/s reading a closed ledger of ``entries`` entries from start to end, and the
+    process's CPU seconds per entry read."""
     lh = await client.create_ledger(*E3)
     payload = os.urandom(SIZE)
     await closed_loop(lambda: lh.append(payload), 1024, count=entries)
@@ -185,17 +241,17 @@ async def read_run(client: Any, entries: int) -> float:
     last = rh.last_add_confirmed
     if last != entries - 1:
         raise RuntimeError(f"ledger ends at {last}, wrote {entries}")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     n = 0
     for first in range(0, last + 1, 1000):
         batch = await rh.read(first, min(first + 999, last))
         n += len(batch)
-    elapsed = time.perf_counter() - t0
+    elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
     await rh.close()
     await client.delete_ledger(lh.id)
     if n != entries:
         raise RuntimeError(f"read {n} entries of {entries}")
-    return n / elapsed
+    return n / elapsed, cpu / n
 
 
 async def fsync_samples(target: str | RecordFile, duration: float) -> list[float]:
@@ -231,7 +287,9 @@ async def lone_writer(client: Any, duration: float, units: dict[str, str | Recor
                 samples[name] += await fsync_samples(target, min(0.2, duration / slices))
     finally:
         await lh.close()
-    return Run(count, elapsed, lat), {k: percentile(v, 0.5) for k, v in samples.items()}
+    p99s = {f"{k}_p99": percentile(v, 0.99) for k, v in samples.items()}
+    return Run(count, elapsed, lat), {**{k: percentile(v, 0.5) for k, v in samples.items()},
+                                      **p99s}
 
 
 # -- one round on one loop ---------------------------------------------------------------------
@@ -254,7 +312,8 @@ async def _one_round(root: Path, args: argparse.Namespace, loop: str, out: dict[
                      prealloc: bool, config: Any, skip: set[str], pre: RecordFile
                      ) -> dict[str, Any]:
     grow = str(root / "grow.log")
-    async with LocalCluster(root / "inproc", 3, bookie_config=config) as cluster:
+    async with LocalCluster(root / "inproc", 3, bookie_config=config,
+                            tune_gc=args.gc == "tuned") as cluster:
         client = cluster.client()
         # 1. E3/Qw2/Qa2 at 1024 against the single-file ceiling
         run, lh = await ledger_closed_loop(client, E3, 1024, args.duration)
@@ -278,10 +337,12 @@ async def _one_round(root: Path, args: argparse.Namespace, loop: str, out: dict[
         out["lone"], units = await lone_writer(
             client, args.duration, {"same": pre if prealloc else grow, "prealloc": pre})
         out["fsync_same"], out["fsync_prealloc"] = units["same"], units["prealloc"]
-        out["half"] = await ledger_open_loop(client, out["e3"].rate / 2, args.duration)
+        out["fsync_p99"] = units["same_p99"]
+        out["half"], out["half_info"] = await ledger_open_loop(client, out["e3"].rate / 2,
+                                                               args.duration)
         # 6. sequential read
         if "read" not in skip:
-            out["read"] = await read_run(client, args.read_entries)
+            out["read"], out["read_cpu"] = await read_run(client, args.read_entries)
             out["read_ceiling"] = read_ceiling(str(root), args.read_entries)
     if "tcp" in skip:
         return out
@@ -302,8 +363,9 @@ async def _one_round(root: Path, args: argparse.Namespace, loop: str, out: dict[
             out["tcp_lone"], units = await lone_writer(tcp_client, args.duration,
                                                        {"prealloc": pre})
             out["tcp_fsync"] = units["prealloc"]
-            out["tcp_half"] = await ledger_open_loop(tcp_client, out["tcp"].rate / 2,
-                                                     args.duration)
+            out["tcp_fsync_p99"] = units["prealloc_p99"]
+            out["tcp_half"], out["tcp_half_info"] = await ledger_open_loop(
+                tcp_client, out["tcp"].rate / 2, args.duration)
         finally:
             gc.unfreeze()
             gc.set_threshold(700, 10, 10)
@@ -313,7 +375,7 @@ async def _one_round(root: Path, args: argparse.Namespace, loop: str, out: dict[
 # -- summary -----------------------------------------------------------------------------------
 
 
-def rows_of(rounds: list[dict[str, Any]], settings: str) -> list[Row]:
+def rows_of(rounds: list[dict[str, Any]], settings: str, gc_setting: str) -> list[Row]:
     """Medians over rounds (ratios: the median of per-round ratios)."""
 
     def med(key: str, f: Callable[[Any], float] = lambda r: r.rate) -> float:
@@ -386,22 +448,42 @@ def rows_of(rounds: list[dict[str, Any]], settings: str) -> list[Row]:
                     half, 5.0, "ms", half / 5.0, "< 5 ms", half < 5.0,
                     f"rate {median([x['half'].target_rate for x in rounds]):,.0f}/s, "
                     f"p50 {med('half', p50) * 1e3:.2f} ms, most behind "
-                    f"{max(x['half'].behind for x in rounds)}"))
+                    f"{max(x['half'].behind for x in rounds)}; {tail_note(rounds, 'half')}; "
+                    f"collector: {gc_setting}"))
     if "tcp" in rounds[0]:
         half = med("tcp_half", p99) * 1e3
         rows.append(Row("p99@half tcp", "p99 at half the peak rate (open loop), over TCP",
                         half, 5.0, "ms", half / 5.0, "< 5 ms", half < 5.0,
                         f"rate {median([x['tcp_half'].target_rate for x in rounds]):,.0f}/s, "
                         f"p50 {med('tcp_half', p50) * 1e3:.2f} ms, most behind "
-                        f"{max(x['tcp_half'].behind for x in rounds)}"))
+                        f"{max(x['tcp_half'].behind for x in rounds)}; "
+                        f"{tail_note(rounds, 'tcp_half', 'tcp_fsync_p99')}"))
     if "read" in rounds[0]:
         rd = median([x["read"] for x in rounds])
         rc = median([x["read_ceiling"] for x in rounds])
         rows.append(Row("read", "sequential read of a closed ledger, in process, against a "
                         "plain loop reading the same CRC-framed records from one file (ratio "
                         "to it printed, the target is absolute)",
-                        rd, rc, "entries/s", rd / rc, ">= 200k/s", rd >= 200_000))
+                        rd, rc, "entries/s", rd / rc, ">= 200k/s", rd >= 200_000,
+                        f"CPU {median([x['read_cpu'] for x in rounds]) * 1e6:.2f} us per entry "
+                        f"read ({1 / median([x['read_cpu'] for x in rounds]):,.0f} entries per "
+                        "CPU second)"))
     return rows
+
+
+def tail_note(rounds: list[dict[str, Any]], key: str, fsync_key: str = "fsync_p99") -> str:
+    """What a p99@half row's tail is made of: the disk's own p99 (one 100 B write +
+    fdatasync, measured beside the lone writer), the machine's floor (an idle loop's wake-up
+    lateness), the CPU per append, the collector's passes in this process (the bookies' own,
+    over TCP, are not seen here)."""
+    info = [x[f"{key}_info"] for x in rounds]
+    return (f"a write + fdatasync's own p99 {median([x[fsync_key] for x in rounds]) * 1e3:.2f}"
+            f" ms; an idle loop's wake-up lateness just before (nothing running) p99 "
+            f"{median([i['idle_p99'] for i in info]) * 1e3:.2f} ms, max "
+            f"{max(i['idle_max'] for i in info) * 1e3:.1f} ms; "
+            f"CPU {median([i['cpu'] for i in info]) * 1e6:.1f} us per append (this "
+            f"process); collector passes {max(i['gc_passes'] for i in info):.0f}, longest "
+            f"{max(i['gc_longest'] for i in info) * 1e3:.1f} ms")
 
 
 def row_line(r: Row, loop: str) -> str:
@@ -422,19 +504,25 @@ def main() -> None:
                     help="in-process bookie settings (row 3 always uses server settings)")
     ap.add_argument("--dir", default=None, help="where the temp directory goes (the disk)")
     ap.add_argument("--skip", default="", help="comma-separated: tcp, read")
+    ap.add_argument("--gc", choices=("tuned", "default"), default="tuned",
+                    help="the in-process cluster's garbage collector: tuned as a bookie "
+                         "process tunes its own (LocalCluster(tune_gc=True)), or Python's "
+                         "defaults (the TCP rows' processes are always tuned)")
     args = ap.parse_args()
     loops = loops_to_run(args.loop)
     results: dict[str, list[dict[str, Any]]] = {loop: [] for loop in loops}
     with tempfile.TemporaryDirectory(prefix="pybk-targets-", dir=args.dir) as tmp:
         print(f"disk under test: {tmp}; {SIZE} B entries, {args.duration:g} s per "
               f"measurement, {args.rounds} round(s) alternating {' / '.join(loops)}; "
-              f"in-process settings: {args.settings}")
+              f"in-process settings: {args.settings}, collector {args.gc}")
         for i in range(args.rounds):
             for loop in loops:
                 root = Path(tmp) / f"{loop}-{i}"
                 root.mkdir()
                 results[loop].append(run_on(loop, one_round(root, args, loop)))
-    by_loop = {loop: rows_of(rs, args.settings) for loop, rs in results.items()}
+    gc_setting = ("tuned as a bookie process tunes it (LocalCluster(tune_gc=True))"
+                  if args.gc == "tuned" else "Python's defaults")
+    by_loop = {loop: rows_of(rs, args.settings, gc_setting) for loop, rs in results.items()}
     first = by_loop[loops[0]]
     print()
     head = f"{'target':<13} {'loop':<8} {'pybk':>12} {'peer':>12} {'unit':<10} " \

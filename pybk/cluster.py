@@ -18,6 +18,12 @@ address).
 ``stop_bookie`` is a crash-stop (``bookie.crash()``, then the registration is removed, as
 a dead bookie's session would expire); ``start_bookie`` restarts it on the same directory.
 A bookie flipping to read-only (disk full, journal failure) is re-registered read-only.
+
+``tune_gc=True`` sets the process's garbage collector as a ``pybk bookie`` process sets its
+own (:mod:`pybk.gctune`: what start-up built frozen, a gen-0 threshold of 50,000) once the
+bookies have started, and puts the previous settings back at :meth:`LocalCluster.close`. It is
+process-wide, so it is opt-in: an application that wants low tail latency from embedded
+bookies asks for it (or tunes its collector itself); see docs/performance.md.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from typing import Any
 from pybk.bookie.state import READ_ONLY, STOPPED
 from pybk.client import Client
 from pybk.errors import BookieStateError, ClientClosedError
+from pybk.gctune import GcTuning
 from pybk.metadata.base import BookieRegistration, MetadataStore
 from pybk.replication.context import ClientConfig
 from pybk.storage.fs import FileSystem
@@ -62,6 +69,7 @@ class LocalCluster:
         autorecovery: bool = False,
         autorecovery_config: Any = None,
         metrics: Any = None,
+        tune_gc: bool = False,
     ) -> None:
         if isinstance(bookies, int):
             if bookies < 0:
@@ -103,6 +111,10 @@ class LocalCluster:
                 lambda: [(b, r.stats) for b, r in self._recoveries.items()]))
         self.transport = self.local_transport()
         self._started = False
+        #: apply :func:`pybk.gctune.tune_gc_for_server` once the bookies have started, and
+        #: put the process's previous settings back at :meth:`close` (process-wide: opt-in)
+        self.tune_gc = tune_gc
+        self._gc = GcTuning()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -131,6 +143,8 @@ class LocalCluster:
         except BaseException:
             await self.close()
             raise
+        if self.tune_gc:
+            self._gc.apply()
         return self
 
     async def close(self) -> None:
@@ -154,6 +168,7 @@ class LocalCluster:
             await asyncio.gather(task, return_exceptions=True)
         if self._store is not None and self._own_store:
             await self._store.close()
+        self._gc.restore()
 
     async def __aenter__(self) -> LocalCluster:
         return await self.start()

@@ -22,6 +22,7 @@ FLOORS: dict[str, int] = {
     "stats": 0,
     "dirlock": 1,  # a process-life directory lock (bookie processes, the embedded WAL)
     "eventloop": 0,
+    "gctune": 0,  # garbage-collector settings the entry points apply (bookie, cluster, bench)
     "protocol": 1,
     "storage": 2,
     "metadata": 2,

@@ -24,6 +24,7 @@ from typing import Any
 from pybk.bench.ceiling import GroupCommitFile, fsync_latencies
 from pybk.bench.drive import Run, closed_loop, open_loop
 from pybk.bench.stats import LatencySummary, percentile
+from pybk.gctune import GcTuning
 
 __all__ = ["WriteBench", "WriteReport", "run_write_bench"]
 
@@ -138,18 +139,24 @@ async def _ceiling_run(directory: str, preallocate: bool, spec: WriteBench
         await log.close()
 
 
+GC_NOTE = ("garbage collector tuned as a bookie process tunes it (pybk.gctune: heap frozen "
+           "after start-up, gen-0 threshold 50,000)")
+
+
 @contextlib.asynccontextmanager
-async def _local_cluster(root: str | None, bookies: int, bookie_config: Any
+async def _local_cluster(root: str | None, bookies: int, bookie_config: Any, tune_gc: bool
                          ) -> AsyncIterator[tuple[Any, str]]:
     from pybk.cluster import LocalCluster
 
     with tempfile.TemporaryDirectory(prefix="pybk-bench-", dir=root) as tmp:
-        async with LocalCluster(tmp, bookies, bookie_config=bookie_config) as cluster:
+        async with LocalCluster(tmp, bookies, bookie_config=bookie_config,
+                                tune_gc=tune_gc) as cluster:
             yield cluster.client(), tmp
 
 
 async def run_write_bench(spec: WriteBench, *, client: Any = None, root: str | None = None,
                           bookies: int = 3, server_settings: bool = False,
+                          tune_gc: bool = False,
                           progress: Callable[[str], None] = lambda _msg: None) -> WriteReport:
     """Measure pybk, then the ceiling (see the module doc).
 
@@ -157,13 +164,20 @@ async def run_write_bench(spec: WriteBench, *, client: Any = None, root: str | N
     there; without, an embedded :class:`pybk.LocalCluster` of ``bookies`` bookies is started
     in a temporary directory under ``root`` (None: the system's), with ``pybk bookie``'s
     settings when ``server_settings`` (preallocated segments, overlapped syncs), else
-    LocalCluster's defaults, and removed afterwards."""
+    LocalCluster's defaults, and removed afterwards. ``tune_gc``: this process's garbage
+    collector as a bookie process sets it (:mod:`pybk.gctune`) for the measurement."""
     quorum = f"E{spec.ensemble}/Qw{spec.write_quorum}/Qa{spec.ack_quorum}"
     what = f"{quorum}, {spec.size} B entries, {spec.load()}, {spec.duration:g} s"
     if client is not None:
         progress("appending")
-        report = WriteReport(f"remote cluster, {what}", spec.size,
-                             await _ledger_run(client, spec))
+        tuning = GcTuning()
+        if tune_gc:
+            tuning.apply()
+        try:
+            report = WriteReport(f"remote cluster, {what}", spec.size,
+                                 await _ledger_run(client, spec))
+        finally:
+            tuning.restore()
         directory, preallocate = spec.ceiling_dir, True
         if directory is None:
             report.notes.append("no ceiling: the bookies' disks are not on this machine "
@@ -171,6 +185,8 @@ async def run_write_bench(spec: WriteBench, *, client: Any = None, root: str | N
         else:
             report.notes.append(f"ceiling measured on this machine's {directory}, not on "
                                 "the bookies' disks")
+        if tune_gc:
+            report.notes.append(GC_NOTE)
         return await _with_ceiling(report, directory, preallocate, spec, progress)
     from pybk.bookie import BookieConfig
     from pybk.bookie.process import process_bookie_config
@@ -178,11 +194,13 @@ async def run_write_bench(spec: WriteBench, *, client: Any = None, root: str | N
     config = process_bookie_config() if server_settings else BookieConfig()
     settings = ("pybk bookie's settings (preallocated segments, overlapped syncs)"
                 if server_settings else "LocalCluster defaults (appended segments)")
-    async with _local_cluster(root, bookies, config) as (local_client, directory):
+    async with _local_cluster(root, bookies, config, tune_gc) as (local_client, directory):
         progress("appending")
         report = WriteReport(f"local cluster of {bookies} in-process bookies under "
                              f"{directory}, {settings}; {what}", spec.size,
                              await _ledger_run(local_client, spec))
+        if tune_gc:
+            report.notes.append(GC_NOTE)
         if spec.ceiling:
             await _with_ceiling(report, directory, config.journal_preallocate, spec, progress)
     return report

@@ -539,17 +539,13 @@ class Bookie:
         its own, like :meth:`_read` would."""
         store = self._store()
         lid = req.ledger_id
-        out: list[tuple[int, Status, bytes | None]] = []
-        for eid, err, body in store.read_many(lid, req.entry_ids, READ_BATCH_MAX_BYTES):
-            if err is None:
-                out.append((eid, Status.OK, body))
-                continue
+        out, errors = store.read_many(lid, req.entry_ids, READ_BATCH_MAX_BYTES)
+        for index, err in errors.items():
             if isinstance(err, CorruptRecordError | IOBookieError):
                 if self._no_such_entry_on_io_error:  # a broken build (mutation switch)
-                    err = NoSuchEntryError(str(err))
+                    out[index] = (out[index][0], Status.NO_SUCH_ENTRY, None)
                 else:
                     log.error("bookie %s: %s", self.bookie_id, err)
-            out.append((eid, status_of(err), None))
         return ReadBatchResponse(Status.OK, lid, store.lac(lid), tuple(out))
 
     async def _read(self, req: ReadRequest) -> ReadResponse:

@@ -13,10 +13,12 @@ it never fences, so the writer is not disturbed.
 from __future__ import annotations
 
 import asyncio
-import operator
+import struct
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
+
+import crc32c
 
 from pybk.errors import (
     BKError,
@@ -30,6 +32,8 @@ from pybk.errors import (
 )
 from pybk.metadata.base import LedgerMetadata
 from pybk.protocol import (
+    ENTRY_HEADER,
+    ENTRY_HEADER_SIZE,
     LAST_ENTRY,
     DecodedEntry,
     DigestManager,
@@ -72,7 +76,10 @@ class LedgerEntry:
 
 
 _ABSENT = (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER)
-_lac_of = operator.attrgetter("lac")
+#: a CRC32C-digested entry's header and digest (``DigestManager``'s framing), its least size
+_CRC_ENTRY_HEADER = struct.Struct(ENTRY_HEADER.format + "I")
+_CRC_ENTRY_MIN: Final = _CRC_ENTRY_HEADER.size
+_crc32c = crc32c.crc32c
 _new = object.__new__
 _le_slots: Any = vars(LedgerEntry)  # (frozen: fields set through the slot descriptors)
 _set_le_ledger = _le_slots["ledger_id"].__set__
@@ -219,8 +226,9 @@ async def read_entry(
 
 async def read_range(
     ctx: ClientContext, md: LedgerMetadata, digest: DigestManager, first: int, last: int
-) -> list[DecodedEntry]:
-    """Read entries ``first..last`` (inclusive), a batch at a time, in order."""
+) -> tuple[list[LedgerEntry], int]:
+    """Read entries ``first..last`` (inclusive), a batch at a time, in order: (the entries,
+    the highest LAC their bodies carry, -1 if none)."""
     stats = ctx.stats
     if stats is not None:
         return await _timed_read_range(ctx, stats, md, digest, first, last)
@@ -229,19 +237,24 @@ async def read_range(
 
 async def _read_range(
     ctx: ClientContext, md: LedgerMetadata, digest: DigestManager, first: int, last: int
-) -> list[DecodedEntry]:
-    out: list[DecodedEntry] = []
+) -> tuple[list[LedgerEntry], int]:
     step = ctx.config.read_batch_size
+    if last - first < step:
+        return await _read_batch(ctx, md, digest, first, last)
+    out: list[LedgerEntry] = []
+    top = -1
     for start in range(first, last + 1, step):
         stop = min(last, start + step - 1)
-        out.extend(await _read_batch(ctx, md, digest, start, stop))
-    return out
+        got, lac = await _read_batch(ctx, md, digest, start, stop)
+        out += got
+        top = max(top, lac)
+    return out, top
 
 
 async def _timed_read_range(
     ctx: ClientContext, stats: ClientStats, md: LedgerMetadata, digest: DigestManager,
     first: int, last: int,
-) -> list[DecodedEntry]:
+) -> tuple[list[LedgerEntry], int]:
     loop = asyncio.get_running_loop()
     started = loop.time()
     try:
@@ -250,18 +263,18 @@ async def _timed_read_range(
         stats.read_errors += 1
         raise
     stats.reads += 1
-    stats.read_entries += len(out)
+    stats.read_entries += len(out[0])
     stats.read_latency.observe(loop.time() - started)
     return out
 
 
 async def _read_batch(
     ctx: ClientContext, md: LedgerMetadata, digest: DigestManager, first: int, last: int
-) -> list[DecodedEntry]:
+) -> tuple[list[LedgerEntry], int]:
     """Fast path: each entry's first replica is asked for all its entries of the range in one
     :class:`~pybk.protocol.ReadBatchRequest` (one request and one answer per bookie, not per
     entry); an entry whose answer is missing, late or bad goes through :func:`read_entry`
-    (failover to the next replica, speculative reads)."""
+    (failover to the next replica, speculative reads). (the entries, their highest LAC)"""
     cfg = ctx.config
     ledger_id = md.ledger_id
     wanted: dict[str, list[int]] = {}
@@ -271,10 +284,16 @@ async def _read_batch(
     for k, fragment_start in enumerate(starts):
         lo = max(first, fragment_start)
         hi = min(last, starts[k + 1] - 1) if k + 1 < len(starts) else last
+        if hi < lo:
+            continue
         ensemble = md.ensembles[fragment_start]
-        for e in range(lo, hi + 1):
-            first_replica = _replicas(ctx, md, e)[0] if local else ensemble[e % e_size]
-            wanted.setdefault(first_replica, []).append(e)
+        if local:
+            for e in range(lo, hi + 1):
+                wanted.setdefault(_replicas(ctx, md, e)[0], []).append(e)
+            continue
+        for slot in range(min(e_size, hi - lo + 1)):  # ids of one first replica: a stride
+            e0 = lo + slot
+            wanted.setdefault(ensemble[e0 % e_size], []).extend(range(e0, hi + 1, e_size))
     sent: dict[asyncio.Future[Response], tuple[str, list[int]]] = {}
     for bookie, ids in wanted.items():
         fut = ctx.transport.send(bookie, ReadBatchRequest(ledger_id, ids), cfg.read_timeout)
@@ -285,9 +304,9 @@ async def _read_batch(
     except BaseException:  # cancelled: nobody will look at these answers
         drop_pending(sent)
         raise
-    found: dict[int, DecodedEntry] = {}
+    out: list[LedgerEntry | None] = [None] * (last - first + 1)
     retry: dict[int, tuple[int, list[BKError]]] = {}  # entry -> (replica to start at, errors)
-    verify = digest.verify
+    top = -1
     for fut, (bookie, ids) in sent.items():
         problem = _batch_problem(fut, bookie)
         if problem is not None:  # late, unreachable, or refused as a whole: next replica
@@ -296,27 +315,72 @@ async def _read_batch(
             continue
         response = fut.result()
         assert isinstance(response, ReadBatchResponse)
-        answered = 0
-        for eid, status, body in response.entries:
-            answered += 1
-            if status == Status.OK and body is not None:
-                try:
-                    found[eid] = verify(body, eid)
-                    continue
-                except DigestMismatchError as exc:
-                    retry[eid] = (1, [DigestMismatchError(f"{bookie}: {exc}")])
-                    continue
-            retry[eid] = (1, [error_for_status(status, f"{bookie}: no entry {eid}")])
-        for e in ids[answered:]:  # the bookie stopped early (its answer was full): ask again
-            retry[e] = (0, [])
+        top = max(top, _take_answer(digest, bookie, ids, response.entries, out, first, retry))
     drop_pending(sent)
     if retry:
         ordered = sorted(retry)
         again = await asyncio.gather(*(
             read_entry(ctx, md, digest, e, start=retry[e][0], errors=retry[e][1])
             for e in ordered))
-        found.update(zip(ordered, again, strict=True))
-    return [found[e] for e in range(first, last + 1)]
+        for e, decoded in zip(ordered, again, strict=True):
+            out[e - first] = _ledger_entry(decoded)
+            top = max(top, decoded.lac)
+    return out, top  # type: ignore[return-value]  # (every id was asked of one bookie, and
+    # its entry is set by its answer or by the failover read, which raises if it cannot)
+
+
+def _take_answer(
+    digest: DigestManager, bookie: str, ids: list[int],
+    answered: tuple[tuple[int, Status, bytes | None], ...], out: list[LedgerEntry | None],
+    first: int, retry: dict[int, tuple[int, list[BKError]]],
+) -> int:
+    """Verify one bookie's answer to a batched read of ``ids``: each good entry put in
+    ``out`` (at its id minus ``first``), each other one in ``retry`` (from the next replica,
+    with why; from this one again when the answer stopped before it). The highest LAC the
+    good entries carry.
+
+    The read path's hot loop (once per entry read): for the default digest (CRC32C) the check
+    :meth:`DigestManager.verify` makes is inlined (ids, CRC over header and payload) and the
+    entry made without a :class:`DecodedEntry`; a body that does not check out goes through
+    ``verify`` for its error."""
+    ledger_id = digest.ledger_id
+    verify = digest.verify
+    crc = digest.digest_type == "CRC32C"
+    unpack, crc32c, ok = _CRC_ENTRY_HEADER.unpack_from, _crc32c, Status.OK
+    new, set_ledger, set_entry, set_data = _new, _set_le_ledger, _set_le_entry, _set_le_data
+    top = -1
+    for expected, (eid, status, body) in zip(ids, answered, strict=False):  # (answers: a prefix)
+        if eid != expected:
+            retry[expected] = (1, [DigestMismatchError(
+                f"{bookie}: answered entry {eid} in place of entry {expected}")])
+            continue
+        if status != ok or body is None:
+            retry[eid] = (1, [error_for_status(status, f"{bookie}: no entry {eid}")])
+            continue
+        if crc and len(body) >= _CRC_ENTRY_MIN:
+            lid, e, lac, _length, checksum = unpack(body)
+            if lid == ledger_id and e == eid:
+                data = body[_CRC_ENTRY_MIN:]
+                if crc32c(data, crc32c(body[:ENTRY_HEADER_SIZE])) == checksum:
+                    entry: LedgerEntry = new(LedgerEntry)
+                    set_ledger(entry, lid)
+                    set_entry(entry, eid)
+                    set_data(entry, data)
+                    out[eid - first] = entry
+                    if lac > top:
+                        top = lac
+                    continue
+        try:
+            decoded = verify(body, eid)
+        except DigestMismatchError as exc:
+            retry[eid] = (1, [DigestMismatchError(f"{bookie}: {exc}")])
+            continue
+        out[eid - first] = _ledger_entry(decoded)
+        if decoded.lac > top:
+            top = decoded.lac
+    for e in ids[len(answered):]:  # the bookie stopped early (its answer was full): ask again
+        retry[e] = (0, [])
+    return top
 
 
 def _batch_problem(fut: asyncio.Future[Response], bookie: str) -> BKError | None:
@@ -475,16 +539,15 @@ class ReadHandle:
 
     async def _read(self, first: int, last: int) -> list[LedgerEntry]:
         try:
-            decoded = await read_range(self._ctx, self._md, self._digest, first, last)
+            entries, lac = await read_range(self._ctx, self._md, self._digest, first, last)
         except BKError:
             # the writer may have moved entries to a new ensemble since we last looked
             before = dict(self._md.ensembles)
             if self._md.is_closed or dict((await self._refresh_metadata()).ensembles) == before:
                 raise
-            decoded = await read_range(self._ctx, self._md, self._digest, first, last)
-        if decoded:
-            self._raise_lac(max(map(_lac_of, decoded)))
-        return list(map(_ledger_entry, decoded))
+            entries, lac = await read_range(self._ctx, self._md, self._digest, first, last)
+        self._raise_lac(lac)
+        return entries
 
     async def read_last_add_confirmed(self) -> int:
         """Ask the bookies for the LAC (covering every write set) and return it."""

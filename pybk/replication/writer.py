@@ -604,8 +604,8 @@ class LedgerHandle:
                 f"ledger {self.id} has no confirmed entry {last}: its last add confirmed is "
                 f"{self.last_add_confirmed}"
             )
-        decoded = await read_range(self._ctx, self.metadata, self._digest, first, last)
-        return [LedgerEntry(d.ledger_id, d.entry_id, d.payload) for d in decoded]
+        entries, _lac = await read_range(self._ctx, self.metadata, self._digest, first, last)
+        return entries
 
     # -- close -------------------------------------------------------------------------------
 

@@ -25,9 +25,12 @@ import concurrent.futures
 import errno
 import os
 import shutil
+from collections.abc import Callable
+from typing import Any
 
 from pybk.storage.fs import FileHandle, FileSystem
 from pybk.storage.syncer import SyncProcess, start_sync_process
+from pybk.storage.syncthread import SyncThread
 
 __all__ = [
     "OsFileSystem",
@@ -80,8 +83,7 @@ class _OsFileHandle(FileHandle):
             if not self._sync_key:
                 self._sync_key = syncer.register(self._fd)
             return syncer.sync(self._sync_key, self.path)
-        return asyncio.get_running_loop().run_in_executor(
-            self._fs._executor, os.fdatasync, self._fd)
+        return self._fs._on_sync_thread(os.fdatasync, self._fd)
 
     def sync_inline(self) -> bool:
         if not self._fs.inline_syncs or self._bulk:
@@ -126,10 +128,10 @@ class OsFileSystem(FileSystem):
         #: run on the thread (also when the helper cannot be started, which is logged)
         self.sync_process: SyncProcess | None = (
             start_sync_process() if sync_process else None)
-        self._own_executor = sync_executor is None
-        self._executor = sync_executor or concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix="pybk-fsync"
-        )
+        #: syncs run on this executor when one is given, else on this file system's own
+        #: sync thread (:class:`SyncThread`: a lighter hand-off than an executor's)
+        self._executor = sync_executor
+        self._sync_thread = SyncThread("pybk-fsync") if sync_executor is None else None
         self._read_fds: dict[str, int] = {}
         self._bulk_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
@@ -199,7 +201,14 @@ class OsFileSystem(FileSystem):
         os.truncate(path, size)
 
     async def fsync_dir(self, path: str) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._executor, _fsync_dir, path)
+        await self._on_sync_thread(_fsync_dir, path)
+
+    def _on_sync_thread(self, call: Callable[[Any], object], arg: Any) -> asyncio.Future[Any]:
+        """``call(arg)`` on the sync thread (or the given executor): syncs of data and of
+        directories in the order they were asked for, as one worker thread runs them."""
+        if self._sync_thread is not None:
+            return self._sync_thread.run(call, arg)
+        return asyncio.get_running_loop().run_in_executor(self._executor, call, arg)
 
     def close(self) -> None:
         for path in list(self._read_fds):
@@ -207,8 +216,8 @@ class OsFileSystem(FileSystem):
         if self.sync_process is not None:
             self.sync_process.close()
             self.sync_process = None
-        if self._own_executor:
-            self._executor.shutdown(wait=True)
+        if self._sync_thread is not None:
+            self._sync_thread.close()
         if self._bulk_pool is not None:
             self._bulk_pool.shutdown(wait=True)
             self._bulk_pool = None

@@ -12,24 +12,37 @@ import posixpath
 from collections.abc import Sequence
 from typing import Final, NoReturn
 
+import crc32c
+
 from pybk.errors import (
     BKError,
     CorruptRecordError,
     IOBookieError,
     NoSuchEntryError,
     NoSuchLedgerError,
+    Status,
     UnknownLedgerStateError,
+    status_of,
 )
 from pybk.storage.fs import FileSystem
 from pybk.storage.index import Index, LedgerState
 from pybk.storage.journal import segment_name
-from pybk.storage.records import decode_entry_at, decode_entry_in
+from pybk.storage.records import (
+    _ENTRY_CRC,
+    _ENTRY_RECORD_IDS,
+    _ENTRY_TYPE,
+    RECORD_HEADER_SIZE,
+    decode_entry_at,
+    decode_entry_in,
+)
 
 __all__ = ["ReadsMixin"]
 
 #: a batched read reads two records of one segment with one pread when at most this many
 #: bytes lie between them (what a syscall costs against reading a few KiB more)
 _COALESCE: Final = 4096
+_RECORD_IDS_SIZE: Final = _ENTRY_RECORD_IDS.size
+_crc32c = crc32c.crc32c
 
 
 class ReadsMixin:
@@ -85,55 +98,180 @@ class ReadsMixin:
         return decode_entry_at(data, path, offset, ledger_id, entry_id)
 
     def read_many(self, ledger_id: int, entry_ids: Sequence[int], max_bytes: int,
-                  ) -> list[tuple[int, BKError | None, bytes | None]]:
-        """``(entry id, error, body)`` for a prefix of ``entry_ids`` (the batched read): each
-        verified like :meth:`read`, each failing alone (absent, unknown, corrupt, I/O). Stops
-        once the bodies reach ``max_bytes`` (at least one entry is read). Records near each
-        other in one segment (a batch a writer sent, neighbours in a group commit) are read
-        with one ``pread``. NoSuchLedgerError (or UnknownLedgerStateError) for the whole
-        ledger is raised."""
+                  ) -> tuple[list[tuple[int, Status, bytes | None]], dict[int, BKError]]:
+        """The batched read: ``(entries, errors)``. ``entries`` holds ``(entry id, status,
+        body)`` for a prefix of ``entry_ids`` (the form a batched read's answer carries);
+        ``errors`` maps the position in ``entries`` of each entry that failed (absent,
+        unknown, corrupt, I/O: each fails alone, its status that error's) to its error. Each
+        body is verified like :meth:`read`. Stops once the bodies reach ``max_bytes`` (at
+        least one entry is read). Records near each other in one segment (a batch a writer
+        sent, neighbours in a group commit) are read with one ``pread``. NoSuchLedgerError (or
+        UnknownLedgerStateError) for the whole ledger is raised.
+
+        The read path's hot loop (once per entry read): locations come straight from the
+        index's dense columns (no location tuple), each record is checked with one unpack and
+        one CRC; anything unusual (a sparse id, a record that does not check out) takes the
+        general path (:meth:`EntryIndex.get`, :func:`decode_entry_in`) for its answer."""
         st = self.state(ledger_id)
         entries = st.entries
+        first, segs, offs, sizes = entries.first, entries.segs, entries.offs, entries.sizes
+        dense = len(sizes)
         fs = self.fs
-        out: list[tuple[int, BKError | None, bytes | None]] = []
+        out: list[tuple[int, Status, bytes | None]] = []
+        append = out.append
+        errors: dict[int, BKError] = {}
+        unpack, crc32c = _ENTRY_RECORD_IDS.unpack_from, _crc32c
+        ok, entry_type, entry_crc, hsize = Status.OK, _ENTRY_TYPE, _ENTRY_CRC, RECORD_HEADER_SIZE
         total = 0
         i, n = 0, len(entry_ids)
         while i < n and (total < max_bytes or not out):
             eid = entry_ids[i]
-            loc = entries.get(eid) if eid >= 0 else None
-            if loc is None:
-                out.append((eid, self._absent_error(ledger_id, eid), None))
+            k = eid - first
+            if 0 <= k < dense and sizes[k]:
+                seg, start, size = segs[k], offs[k], sizes[k]
+            else:
+                loc = entries.get(eid) if eid >= 0 else None
+                if loc is None:
+                    err = self._absent_error(ledger_id, eid)
+                    errors[len(out)] = err
+                    append((eid, status_of(err), None))
+                    i += 1
+                    continue
+                total += self._read_one(ledger_id, eid, loc, out, errors)
                 i += 1
                 continue
-            seg, start, size = loc
-            run = [(eid, start, size)]
-            end = start + size
             budget = max_bytes - total
-            j = i + 1
-            while j < n and end - start < budget:
-                nxt = entries.get(entry_ids[j]) if entry_ids[j] >= 0 else None
-                if nxt is None or nxt[0] != seg or not end <= nxt[1] <= end + _COALESCE:
-                    break
-                run.append((entry_ids[j], nxt[1], nxt[2]))
-                end = nxt[1] + nxt[2]
-                j += 1
+            span = self._span(entry_ids, i, seg, start, size, budget, first, segs, offs, sizes)
+            if span:  # every id left lies in one stretch of this segment: one pread
+                j, end = n, start + span
+            else:  # the run of neighbours one pread reads
+                end = start + size
+                j = i + 1
+                while j < n and end - start < budget:
+                    k = entry_ids[j] - first
+                    if not 0 <= k < dense:
+                        break
+                    sz = sizes[k]
+                    off = offs[k]
+                    if not sz or segs[k] != seg or not end <= off <= end + _COALESCE:
+                        break
+                    end = off + sz
+                    j += 1
             path = self.journal_path(seg)
             try:
                 data = fs.pread(path, start, end - start)
             except OSError as exc:
+                if j - i > 1:  # the entries one at a time then, only the unreadable failing
+                    i, total = self._read_singly(ledger_id, entry_ids, i, j, max_bytes, total,
+                                                 out, errors)
+                    continue
                 err = IOBookieError(f"reading ledger {ledger_id} from {path}@{start}: {exc}")
-                out.extend((e, err, None) for e, _o, _s in run)
-            else:
-                for e, off, sz in run:
-                    try:
-                        body = decode_entry_in(data, off - start, sz, path, off, ledger_id, e)
-                    except CorruptRecordError as exc:
-                        out.append((e, exc, None))
-                        continue
-                    out.append((e, None, body))
-                    total += sz
-            i = j
-        return out
+                errors[len(out)] = err
+                append((eid, status_of(err), None))
+                i = j
+                continue
+            got = min(len(data), end - start)
+            m = i
+            while m < j and (total < max_bytes or not out):
+                e = entry_ids[m]
+                m += 1
+                k = e - first
+                if not 0 <= k < dense or not sizes[k]:  # (a span's own check: not held)
+                    loc = entries.get(e) if e >= 0 else None
+                    if loc is None:
+                        err = self._absent_error(ledger_id, e)
+                        errors[len(out)] = err
+                        append((e, status_of(err), None))
+                    else:
+                        total += self._read_one(ledger_id, e, loc, out, errors)
+                    continue
+                sz = sizes[k]
+                pos = offs[k] - start
+                stop = pos + sz
+                if segs[k] != seg or pos < 0 or stop > got:  # (a span: moved elsewhere)
+                    total += self._read_one(ledger_id, e, (segs[k], offs[k], sz), out, errors)
+                    continue
+                if sz >= _RECORD_IDS_SIZE:
+                    length, crc, rtype, lid, eid_in = unpack(data, pos)
+                    if (rtype == entry_type and length == sz - hsize and lid == ledger_id
+                            and eid_in == e):
+                        body = data[pos + hsize:stop]
+                        if crc32c(body, entry_crc) == crc:
+                            append((e, ok, body))
+                            total += sz
+                            continue
+                try:  # the general path, for the error
+                    body = decode_entry_in(data, pos, sz, path, offs[k], ledger_id, e)
+                except CorruptRecordError as exc:
+                    errors[len(out)] = exc
+                    append((e, status_of(exc), None))
+                    continue
+                append((e, ok, body))
+                total += sz
+            i = m
+        return out, errors
+
+    @staticmethod
+    def _span(entry_ids: Sequence[int], i: int, seg: int, start: int, size: int, budget: int,
+              first: int, segs: Sequence[int], offs: Sequence[int], sizes: Sequence[int],
+              ) -> int:
+        """The bytes from ``start`` to the end of the record of the last id of
+        ``entry_ids[i:]`` when that record is in the same segment after it and the stretch is
+        not much more than the entries themselves (at most 3x their bytes at ``size`` each,
+        bounded by the budget): the common batched read (a reader's ids of one bookie,
+        written together) then costs one ``pread`` and no walk over the ids to find it.
+        0 otherwise. Each entry is still checked to lie inside it."""
+        n = len(entry_ids)
+        if n - i < 4:
+            return 0
+        k = entry_ids[n - 1] - first
+        if not 0 <= k < len(sizes) or not sizes[k] or segs[k] != seg or offs[k] < start:
+            return 0
+        span = offs[k] + sizes[k] - start
+        if span > 3 * min(budget, (n - i) * size) + _COALESCE:
+            return 0
+        return span
+
+    def _read_singly(self, ledger_id: int, entry_ids: Sequence[int], i: int, j: int,
+                     max_bytes: int, total: int, out: list[tuple[int, Status, bytes | None]],
+                     errors: dict[int, BKError]) -> tuple[int, int]:
+        """:meth:`read_many`'s answers for ``entry_ids[i:j]`` read one by one (a stretch whose
+        one ``pread`` failed: only the unreadable records fail, each once); (the position
+        reached, the bytes answered so far)."""
+        entries = self.state(ledger_id).entries
+        while i < j and (total < max_bytes or not out):
+            eid = entry_ids[i]
+            i += 1
+            loc = entries.get(eid) if eid >= 0 else None
+            if loc is None:
+                err = self._absent_error(ledger_id, eid)
+                errors[len(out)] = err
+                out.append((eid, status_of(err), None))
+                continue
+            total += self._read_one(ledger_id, eid, loc, out, errors)
+        return i, total
+
+    def _read_one(self, ledger_id: int, entry_id: int, loc: tuple[int, int, int],
+                  out: list[tuple[int, Status, bytes | None]], errors: dict[int, BKError],
+                  ) -> int:
+        """:meth:`read_many`'s read of one entry the index's dense columns do not hold: its
+        answer appended to ``out`` (and ``errors``); the bytes read."""
+        seg, offset, size = loc
+        path = self.journal_path(seg)
+        try:
+            data = self.fs.pread(path, offset, size)
+            body = decode_entry_at(data, path, offset, ledger_id, entry_id)
+        except OSError as exc:
+            err: BKError = IOBookieError(
+                f"reading ledger {ledger_id} entry {entry_id} from {path}@{offset}: {exc}")
+        except CorruptRecordError as exc:
+            err = exc
+        else:
+            out.append((entry_id, Status.OK, body))
+            return size
+        errors[len(out)] = err
+        out.append((entry_id, status_of(err), None))
+        return 0
 
     def _absent_error(self, ledger_id: int, entry_id: int) -> BKError:
         what = f"ledger {ledger_id} entry {entry_id} is not on this bookie"

@@ -4,13 +4,14 @@ tailing, explicit LAC, and bad arguments."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
 
 import pybk
 from pybk.errors import BookieUnavailableError, DigestMismatchError, NoSuchEntryError
-from pybk.protocol import AddRequest, DigestManager, Op, Status, master_key
+from pybk.protocol import AddRequest, DigestManager, Op, ReadBatchRequest, Status, master_key
 from pybk.replication.context import ClientConfig
 
 from .conftest import mem_cluster, until
@@ -205,3 +206,47 @@ async def test_reader_follows_ensemble_change_after_open() -> None:
         assert len(rh.metadata.ensembles) == 2  # refreshed on the failed read
         assert await rh.read_last_add_confirmed() == 6
         await lh.close()
+
+
+class _Misnumbering:
+    """A transport whose ``liar`` bookie answers batched reads with its entries' ids out of
+    place (what a buggy or hostile bookie might send): the bodies are genuine, the ids
+    they are answered for are not the ones asked."""
+
+    def __init__(self, inner: Any, liar: str) -> None:
+        self.inner = inner
+        self.liar = liar
+        self.lied = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def send(self, bookie_id: str, request: Any, timeout: float | None = None) -> Any:
+        fut = self.inner.send(bookie_id, request, timeout)
+        if bookie_id != self.liar or not isinstance(request, ReadBatchRequest):
+            return fut
+        out: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def swap(done: asyncio.Future[Any]) -> None:
+            resp = done.result()
+            ids = [e for e, _s, _b in resp.entries]
+            self.lied += 1
+            out.set_result(dataclasses.replace(resp, entries=tuple(
+                (e, s, b) for e, (_e, s, b) in zip(ids[1:] + ids[:1], resp.entries,
+                                                   strict=True))))
+
+        fut.add_done_callback(swap)
+        return out
+
+
+async def test_a_batched_answer_with_misplaced_ids_is_not_believed() -> None:
+    async with mem_cluster(3) as cluster:
+        lh = await cluster.client().create_ledger(3, 2, 2)
+        data = [b"e%d" % i for i in range(30)]
+        await lh.append_many(data)
+        await lh.close()
+        t = _Misnumbering(cluster.local_transport(), lh.metadata.ensembles[0][0])
+        rh = await cluster.client(transport=t).open_ledger(lh.id, recovery=False)
+        got = await rh.read(0, 29)
+        assert [e.data for e in got] == data and [e.entry_id for e in got] == list(range(30))
+        assert t.lied >= 1  # its entries came from their second replicas

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import errno
 import random
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pybk.storage import FileSystem, MemFileSystem, OsFileSystem, SimulatedCrash
+from pybk.storage.syncthread import SyncThread
 from pybk.testing.fs_conformance import check_filesystem
 
 
@@ -325,3 +327,33 @@ def test_check_catches_a_broken_model() -> None:
     fs._pending["/d"][0].inode = None  # a link that names no file
     with pytest.raises(AssertionError):
         fs._check()
+
+
+async def test_os_syncs_run_on_their_thread_in_order_and_errors_reach_the_caller(
+        tmp_path: Any) -> None:
+    """``OsFileSystem``'s own sync thread (pybk.storage.syncthread): data and directory syncs
+    in the order asked, a failing sync's OSError raised to its caller, the thread stopped at
+    close and a sync asked after close refused."""
+
+    fs = OsFileSystem()
+    path = str(tmp_path / "f.log")
+    fh = fs.open_append(path)
+    fh.write(b"x" * 100)
+    await fh.sync()
+    await fs.fsync_dir(str(tmp_path))
+    order: list[int] = []
+    thread = SyncThread("test-sync")
+    futs = [thread.run(order.append, i) for i in range(50)]
+    await asyncio.gather(*futs)
+    assert order == list(range(50))
+
+    def fail(_arg: object) -> None:
+        raise OSError(errno.EIO, "injected")
+
+    with pytest.raises(OSError, match="injected"):
+        await thread.run(fail, None)
+    thread.close()
+    with pytest.raises(RuntimeError, match="after close"):
+        thread.run(order.append, 0)
+    fh.close()
+    fs.close()
