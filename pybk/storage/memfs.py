@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import errno
+import functools
 import posixpath
 import random
 from collections.abc import Callable
@@ -39,6 +40,9 @@ __all__ = [
 ]
 
 CRASH_MODES = ("drop", "torn", "reorder")
+
+#: a path's normal form (a bookie names the same few files again and again)
+_normpath = functools.lru_cache(maxsize=4096)(posixpath.normpath)
 
 
 @dataclass
@@ -241,7 +245,7 @@ class MemFileSystem(FileSystem):
 
     @staticmethod
     def _norm(path: str) -> str:
-        return posixpath.normpath(path)
+        return _normpath(path)
 
     def _hook(self, op: str, path: str) -> None:
         if self.fault_hook is not None:
