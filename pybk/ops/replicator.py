@@ -43,6 +43,8 @@ from pybk.ops.fragments import Fragment, Repair, plan_repairs
 from pybk.protocol import (
     AddRequest,
     DigestManager,
+    ReadBatchRequest,
+    ReadBatchResponse,
     ReadRequest,
     ReadResponse,
     Status,
@@ -300,37 +302,62 @@ def _ignore(task: asyncio.Future[None]) -> None:
 
 async def _verify(ctx: ClientContext, md: LedgerMetadata, access: LedgerAccess, bookie: str,
                   entries: Sequence[int]) -> tuple[list[int], list[int]]:
-    """Read every entry ``bookie`` should hold: (absent ones, damaged ones). An unreachable
-    bookie raises (the repair is retried later)."""
+    """Read every entry ``bookie`` should hold, in batched reads: (absent ones, damaged
+    ones). An unreachable bookie raises (the repair is retried later)."""
     missing: list[int] = []
     damaged: list[int] = []
-    window = 64
-    for start in range(0, len(entries), window):
-        chunk = entries[start:start + window]
-        futures = [ctx.transport.send(bookie, ReadRequest(md.ledger_id, e),
-                                      ctx.config.read_timeout) for e in chunk]
-        replies = await asyncio.gather(*futures, return_exceptions=True)
-        for entry_id, reply in zip(chunk, replies, strict=True):
-            if isinstance(reply, BaseException):
-                if isinstance(reply, BKError):
-                    raise BookieUnavailableError(
-                        f"ledger {md.ledger_id}: cannot verify {bookie}: {reply}") from reply
-                raise reply
-            if reply.status == Status.OK and isinstance(reply, ReadResponse) \
-                    and reply.body is not None:
-                try:
-                    access.digest.verify(reply.body, entry_id)
-                except DigestMismatchError:
-                    damaged.append(entry_id)
-            elif reply.status in _ABSENT:
-                missing.append(entry_id)
-            elif reply.status in _DAMAGED:
+    for entry_id, status, body, message in await _read_all(ctx, md.ledger_id, bookie,
+                                                           list(entries)):
+        if status == Status.OK and body is not None:
+            try:
+                access.digest.verify(body, entry_id)
+            except DigestMismatchError:
                 damaged.append(entry_id)
-            else:
-                raise BookieUnavailableError(
-                    f"ledger {md.ledger_id}: cannot verify {bookie}: "
-                    f"{Status(reply.status).name} {reply.message}")
+        elif status in _ABSENT:
+            missing.append(entry_id)
+        elif status in _DAMAGED:
+            damaged.append(entry_id)
+        else:
+            raise BookieUnavailableError(
+                f"ledger {md.ledger_id}: cannot verify {bookie}: "
+                f"{Status(status).name} {message}")
     return missing, damaged
+
+
+#: entries asked for in one batched read of a verification
+_VERIFY_BATCH = 512
+
+
+async def _read_all(ctx: ClientContext, ledger_id: int, bookie: str, entries: list[int],
+                    ) -> list[tuple[int, Status, bytes | None, str]]:
+    """What ``bookie`` answers for each of ``entries`` (in their order): batched reads, a
+    request refused as a whole answering for each of its entries, and entry by entry what
+    no batch answer had room for. BookieUnavailableError when it cannot be asked."""
+    out: list[tuple[int, Status, bytes | None, str]] = []
+    left = entries
+    try:
+        while left:
+            reply = await ctx.transport.send(
+                bookie, ReadBatchRequest(ledger_id, left[:_VERIFY_BATCH]),
+                ctx.config.read_timeout)
+            if reply.status != Status.OK or not isinstance(reply, ReadBatchResponse):
+                asked = left[:_VERIFY_BATCH]
+                out.extend((e, reply.status, None, reply.message) for e in asked)
+                left = left[len(asked):]
+                continue
+            if not reply.entries:
+                break  # nothing fitted in an answer: one entry at a time
+            out.extend((e, status, body, "") for e, status, body in reply.entries)
+            left = left[len(reply.entries):]
+        for entry_id in left:
+            single = await ctx.transport.send(bookie, ReadRequest(ledger_id, entry_id),
+                                              ctx.config.read_timeout)
+            body = single.body if isinstance(single, ReadResponse) else None
+            out.append((entry_id, single.status, body, single.message))
+    except BKError as exc:
+        raise BookieUnavailableError(
+            f"ledger {ledger_id}: cannot verify {bookie}: {exc}") from exc
+    return out
 
 
 async def _swap(ctx: ClientContext, ledger_id: int, first: int, index: int, old: str,
