@@ -119,10 +119,12 @@ def ledger_access(md: LedgerMetadata, passwords: Sequence[bytes] = (b"",)) -> Le
 
 
 async def read_body(ctx: ClientContext, md: LedgerMetadata, digest: DigestManager,
-                    entry_id: int, sources: Sequence[str]) -> bytes:
+                    entry_id: int, sources: Sequence[str],
+                    errors: Sequence[BKError] = ()) -> bytes:
     """The exact stored bytes of an entry from the first of ``sources`` that returns a copy
-    with a good digest (the bytes are copied as they are: duplicates stay identical)."""
-    errors: list[BKError] = []
+    with a good digest (the bytes are copied as they are: duplicates stay identical).
+    ``errors``: what replicas asked before said (they count in the error raised)."""
+    errors = list(errors)
     request = ReadRequest(md.ledger_id, entry_id)
     for bookie in sources:
         try:
@@ -143,7 +145,9 @@ async def read_body(ctx: ClientContext, md: LedgerMetadata, digest: DigestManage
 
 
 class _Copier:
-    """Copies entries to one target, ``window`` at a time, counting what it moved."""
+    """Copies entries to one target, ``window`` at a time, counting what it moved. The
+    entries of a window are read from their first replicas in batched reads (one request per
+    source); an entry that did not come back whole fails over entry by entry."""
 
     def __init__(self, ctx: ClientContext, md: LedgerMetadata, access: LedgerAccess,
                  target: str, window: int) -> None:
@@ -158,14 +162,60 @@ class _Copier:
     async def copy(self, entries: Sequence[int], sources_of: dict[int, list[str]]) -> None:
         for start in range(0, len(entries), self.window):
             chunk = entries[start:start + self.window]
+            read = await self._read_chunk(chunk, sources_of)
             results = await asyncio.gather(
-                *(self._one(e, sources_of[e]) for e in chunk), return_exceptions=True)
+                *(self._one(e, read.get(e), sources_of[e]) for e in chunk),
+                return_exceptions=True)
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
 
-    async def _one(self, entry_id: int, sources: list[str]) -> None:
-        body = await read_body(self.ctx, self.md, self.access.digest, entry_id, sources)
+    async def _read_chunk(self, chunk: Sequence[int], sources_of: dict[int, list[str]],
+                          ) -> dict[int, bytes | tuple[int, list[BKError]]]:
+        """Each entry's first source is asked for its entries of ``chunk`` in one batched
+        read. Per entry: its bytes (a good digest), or where to go on with the entry's own
+        reads (the next source after an error, the first when the answer had no room)."""
+        lid = self.md.ledger_id
+        by_source: dict[str, list[int]] = {}
+        for e in chunk:
+            if sources_of[e]:
+                by_source.setdefault(sources_of[e][0], []).append(e)
+        sent = [(source, ids, self.ctx.transport.send(source, ReadBatchRequest(lid, ids),
+                                                       self.ctx.config.read_timeout))
+                for source, ids in by_source.items()]
+        replies = await asyncio.gather(*(f for _s, _i, f in sent), return_exceptions=True)
+        out: dict[int, bytes | tuple[int, list[BKError]]] = {}
+        verify = self.access.digest.verify
+        for (source, ids, _f), reply in zip(sent, replies, strict=True):
+            if isinstance(reply, BaseException):
+                if not isinstance(reply, BKError):
+                    raise reply
+                out.update((e, (1, [reply])) for e in ids)
+                continue
+            if reply.status != Status.OK or not isinstance(reply, ReadBatchResponse):
+                problem = error_for_status(reply.status, f"{source}: {reply.message}")
+                out.update((e, (1, [problem])) for e in ids)
+                continue
+            for e, status, body in reply.entries:
+                if status == Status.OK and body is not None:
+                    try:
+                        verify(body, e)
+                    except DigestMismatchError as exc:
+                        out[e] = (1, [DigestMismatchError(f"{source}: {exc}")])
+                        continue
+                    out[e] = body
+                else:
+                    out[e] = (1, [error_for_status(status, f"{source}: no entry {e}")])
+        return out
+
+    async def _one(self, entry_id: int, read: bytes | tuple[int, list[BKError]] | None,
+                   sources: list[str]) -> None:
+        if isinstance(read, bytes):
+            body = read
+        else:
+            start, errors = read if read is not None else (0, [])
+            body = await read_body(self.ctx, self.md, self.access.digest, entry_id,
+                                   sources[start:], errors)
         request = AddRequest(self.md.ledger_id, entry_id, self.access.master_key, body,
                              recovery=True)
         response = await self.ctx.transport.send(self.target, request,
