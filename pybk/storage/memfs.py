@@ -41,6 +41,9 @@ __all__ = [
 
 CRASH_MODES = ("drop", "torn", "reorder")
 
+#: a capacity this large cannot be reached by files held in memory
+_NO_LIMIT = 1 << 40
+
 #: a path's normal form (a bookie names the same few files again and again)
 _normpath = functools.lru_cache(maxsize=4096)(posixpath.normpath)
 
@@ -142,7 +145,10 @@ class _MemFileHandle(FileHandle):
 
     def _check_room(self, growth: int) -> None:
         """ENOSPC if the file system cannot grow by ``growth`` bytes (<= 0: no growth)."""
-        if growth > 0 and self._fs._used() + growth > self._fs.capacity:
+        capacity = self._fs.capacity
+        # (a terabyte or more cannot fill up in memory: no need to add up every file's size
+        # at every write)
+        if growth > 0 and capacity < _NO_LIMIT and self._fs._used() + growth > capacity:
             raise OSError(errno.ENOSPC, f"{self.path}: no space left on device")
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
