@@ -1,5 +1,6 @@
 # Two entry points, both self-contained on a fresh machine:
-#   make demo  - runs the quickstart on an embedded in-process cluster
+#   make demo  - runs the quickstart on an embedded in-process cluster, then the WAL demo
+#                (a child appending through pybk.WAL is killed with kill -9; the replay)
 #   make test  - installs everything (venv, Python packages with the spark extra, Debian's
 #                zookeeper and Java 17) and runs ruff, mypy and the whole test suite
 PYTHON ?= python3
@@ -34,6 +35,7 @@ system-deps:
 
 demo: $(STAMP)
 	$(PY) examples/quickstart.py
+	$(PY) examples/wal_crash.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pybk tests $(wildcard benchmarks examples spark_examples)

@@ -128,3 +128,14 @@ def test_the_kv_example_runs_and_rebuilds_its_state(tmp_path: Path) -> None:
     assert "reopened: the same" in outputs[1]
     first_keys = outputs[0].split("run 1: ")[1].split(" keys")[0]
     assert f"{first_keys} keys after start-up" in outputs[1]  # the second run found them
+
+
+def test_the_crash_demo_replays_every_acknowledged_record(tmp_path: Path) -> None:
+    """``make demo``'s second half: a child appending through pybk.WAL is killed with SIGKILL
+    and the next WAL replays what it acknowledged (the script checks it and exits 1 if not)."""
+    example = Path(__file__).parents[1] / "examples" / "wal_crash.py"
+    out = subprocess.run([sys.executable, str(example), str(tmp_path / "wal")],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "kill -9" in out and "FAILED" not in out
+    assert "[ok] every acknowledged record is back at its position" in out
+    assert "the WAL kept every acknowledged record through kill -9" in out

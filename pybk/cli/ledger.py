@@ -237,19 +237,7 @@ def ledger_list(conn: Conn) -> None:
 
 
 def _metadata_doc(md: Any) -> dict[str, Any]:
-    return {
-        "ledger_id": md.ledger_id,
-        "state": md.state,
-        "ensemble_size": md.ensemble_size,
-        "write_quorum": md.write_quorum,
-        "ack_quorum": md.ack_quorum,
-        "last_entry_id": md.last_entry_id,
-        "length": md.length,
-        "digest_type": md.digest_type,
-        "ensembles": {str(k): list(v) for k, v in sorted(md.ensembles.items())},
-        "custom_metadata": {k: base64.b64encode(v).decode() for k, v in md.custom_metadata.items()},
-        "version": md.version,
-    }
+    return dict(md.public_view())
 
 
 @ledger.command("show")

@@ -97,6 +97,27 @@ class LedgerMetadata:
         starts = [s for s in self.ensembles if s <= entry_id]
         return self.ensembles[max(starts) if starts else min(self.ensembles)]
 
+    def public_view(self, *, custom_values: bool = True) -> dict[str, Any]:
+        """A JSON-able view for operators (``pybk ledger metadata``, the HTTP endpoint): the
+        password hash and the recovery keys are left out. ``custom_values``: the custom
+        metadata's values base64-encoded (else only its sorted keys)."""
+        return {
+            "ledger_id": self.ledger_id,
+            "state": self.state,
+            "ensemble_size": self.ensemble_size,
+            "write_quorum": self.write_quorum,
+            "ack_quorum": self.ack_quorum,
+            "last_entry_id": self.last_entry_id,
+            "length": self.length,
+            "digest_type": self.digest_type,
+            "ensembles": {str(k): list(v) for k, v in sorted(self.ensembles.items())},
+            "custom_metadata": (
+                {k: base64.b64encode(v).decode() for k, v in sorted(self.custom_metadata.items())}
+                if custom_values else sorted(self.custom_metadata)),
+            "ctime_ms": self.ctime_ms,
+            "version": self.version,
+        }
+
     def with_changes(self, **changes: Any) -> LedgerMetadata:
         """A copy with some fields replaced (metadata objects are immutable)."""
         return replace(self, **changes)

@@ -93,21 +93,8 @@ class HttpConfig:
 
 
 def metadata_json(md: LedgerMetadata) -> dict[str, Any]:
-    """A ledger's metadata as JSON (keys and password hash left out)."""
-    return {
-        "ledger_id": md.ledger_id,
-        "state": md.state,
-        "ensemble_size": md.ensemble_size,
-        "write_quorum": md.write_quorum,
-        "ack_quorum": md.ack_quorum,
-        "last_entry_id": md.last_entry_id,
-        "length": md.length,
-        "digest_type": md.digest_type,
-        "ensembles": {str(k): list(v) for k, v in sorted(md.ensembles.items())},
-        "custom_metadata": sorted(md.custom_metadata),
-        "ctime_ms": md.ctime_ms,
-        "version": md.version,
-    }
+    """A ledger's metadata as the endpoint answers it (custom metadata: its keys only)."""
+    return md.public_view(custom_values=False)
 
 
 def _error(status: int, message: str, kind: str = "") -> web.Response:

@@ -90,6 +90,18 @@ def _check_sizes(ensemble_size: int, write_quorum: int) -> None:
                          f"{ensemble_size}")
 
 
+def _replacements(candidates: Sequence[BookieNode], ensemble: Sequence[str], index: int,
+                  exclude: Sequence[str]) -> list[BookieNode]:
+    """The bookies that may take slot ``index`` of ``ensemble`` (none of its members, none of
+    ``exclude``); NotEnoughBookiesError when there is none."""
+    nodes = _eligible(candidates, [*ensemble, *exclude])
+    if not nodes:
+        raise NotEnoughBookiesError(
+            f"no writable bookie left to replace {ensemble[index]} (slot {index}) of "
+            f"{list(ensemble)}")
+    return nodes
+
+
 def _eligible(candidates: Sequence[BookieNode], exclude: Sequence[str]) -> list[BookieNode]:
     """Distinct candidates not excluded, in id order (the rng alone decides, not the input
     order: the simulator needs the same choice for the same seed)."""
@@ -208,11 +220,7 @@ class DefaultPlacementPolicy(PlacementPolicy):
     def replace_bookie(self, candidates: Sequence[BookieNode], ensemble: Sequence[str],
                        index: int, write_quorum: int, rng: random.Random,
                        exclude: Sequence[str] = ()) -> str:
-        nodes = _eligible(candidates, [*ensemble, *exclude])
-        if not nodes:
-            raise NotEnoughBookiesError(
-                f"no writable bookie left to replace {ensemble[index]} (slot {index}) of "
-                f"{list(ensemble)}")
+        nodes = _replacements(candidates, ensemble, index, exclude)
         return self._pick(nodes, 1, rng)[0]
 
     def read_order(self, replicas: Sequence[str], rack_of: Mapping[str, str]) -> list[str]:
@@ -292,11 +300,7 @@ class RackAwarePlacementPolicy(DefaultPlacementPolicy):
     def replace_bookie(self, candidates: Sequence[BookieNode], ensemble: Sequence[str],
                        index: int, write_quorum: int, rng: random.Random,
                        exclude: Sequence[str] = ()) -> str:
-        nodes = _eligible(candidates, [*ensemble, *exclude])
-        if not nodes:
-            raise NotEnoughBookiesError(
-                f"no writable bookie left to replace {ensemble[index]} (slot {index}) of "
-                f"{list(ensemble)}")
+        nodes = _replacements(candidates, ensemble, index, exclude)
         rack_of = {n.bookie_id: self.rack(n) for n in candidates}
         size = len(ensemble)
         windows = [ws for ws in write_sets(size, write_quorum) if index in ws]
