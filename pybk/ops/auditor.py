@@ -132,7 +132,8 @@ class Auditor:
                 wait = min(next_due, next_ledger_check) - loop.time()
                 wait = min(max(wait, 0.0), self.config.bookie_check_interval)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), wait)
+                    async with asyncio.timeout(wait):  # (no task per wait, as wait_for)
+                        await self._wake.wait()
         finally:
             for w in watches:
                 w.cancel()

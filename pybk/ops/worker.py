@@ -75,7 +75,8 @@ class ReplicationWorker:
                     log.warning("replication worker %s: pass failed: %s", self.owner, exc)
                     next_wake = min(next_wake, loop.time() + self.config.retry_backoff)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), max(0.0, next_wake - loop.time()))
+                    async with asyncio.timeout(max(0.0, next_wake - loop.time())):
+                        await self._wake.wait()  # (no task per wait, as wait_for makes)
         finally:
             for w in watches:
                 w.cancel()
