@@ -128,8 +128,20 @@ class ReadsMixin:
             try:
                 data = fs.pread(path, start, end - start)
             except OSError as exc:
-                err = IOBookieError(f"reading ledger {ledger_id} from {path}@{start}: {exc}")
-                out.extend((e, err, None) for e, _o, _s in run)
+                if len(run) == 1:
+                    out.append((eid, IOBookieError(
+                        f"reading ledger {ledger_id} entry {eid} from {path}@{start}: {exc}"),
+                        None))
+                else:  # each on its own: damage in one record, or between records, must
+                    # not fail the others
+                    for e, _off, sz in run:
+                        try:
+                            body = self.read(ledger_id, e)
+                        except (IOBookieError, CorruptRecordError) as one:
+                            out.append((e, one, None))
+                            continue
+                        out.append((e, None, body))
+                        total += sz
             else:
                 for e, off, sz in run:
                     try:
