@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from pybk.sim.cluster import DATA_DIR
 from pybk.sim.scenario import FaultEvent
+from pybk.sim.workload import Reader
 from pybk.storage.records import BATCH_HEADER_SIZE, SEGMENT_HEADER_SIZE, batch_at
 
 if TYPE_CHECKING:
@@ -93,8 +94,8 @@ async def swizzle(run: SimRun, ev: FaultEvent) -> None:
 
 @handles("slow_link")
 async def slow_link(run: SimRun, ev: FaultEvent) -> None:
-    """A slow path from a writer to one bookie of its ledger; half the time that bookie also
-    loses the next fencing request and a recovery starts at once: the interleaving of
+    """A slow path from a writer to one bookie of its ledger; half the time that bookie
+    also loses the next fencing request and a recovery starts at once: the interleaving of
     BookKeeper issue 2614 (a late add meets an unfenced bookie)."""
     writers = {p.name: p for p in run.ledger_writers() if p.current is not None}
     if not writers:
@@ -135,7 +136,9 @@ async def recovery_timeout(run: SimRun, ev: FaultEvent) -> None:
     """Recovery reads to some bookies of a ledger being written are lost (they time out)
     for a while, and a recovery of that ledger starts: a timeout is "don't know", never
     "absent". The ledger is a ledger writer's, or a log's segment (recovered by a new log
-    writer taking the log over)."""
+    writer taking the log over). Half the time the readers' entry reads are lost too for as
+    long (their LAC reads and long polls still answer): a tailing reader learns of new entries
+    and cannot read them, where it must raise or retry, never skip."""
     targets = run.recovery_targets()
     if not targets:
         return
@@ -151,6 +154,13 @@ async def recovery_timeout(run: SimRun, ev: FaultEvent) -> None:
     for b in lost:
         net.lose_recovery_reads[b] = until
     run.fault(",".join(lost), ev.kind, which)
+    if ev.draw("readers_too", lambda r: r.random() < 0.5):
+        readers = sorted(p.name for p in run.processes if not p.stopping
+                         and (isinstance(p, Reader) or getattr(p, "prefix", "") == "lr"))
+        for name in readers:
+            net.lose_entry_reads[name] = until
+        if readers:
+            run.fault(",".join(readers), "reader_stall")
     await run.trigger_recovery(which)
 
 

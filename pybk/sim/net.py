@@ -190,6 +190,8 @@ class SimNetwork:
         self.lose_next_fence: dict[str, int] = {}
         #: Bookies whose recovery reads (fencing reads of an entry) are lost until a time.
         self.lose_recovery_reads: dict[str, float] = {}
+        #: Clients whose entry reads (not LAC reads or long polls) are lost until a time.
+        self.lose_entry_reads: dict[str, float] = {}
         self.observers: list[Observer] = []
         #: Called with every request a client sends (before any fault): (client, bookie,
         #: request). The runner learns which adds ever left a client.
@@ -242,6 +244,7 @@ class SimNetwork:
         self.slow.clear()
         self.lose_next_fence.clear()
         self.lose_recovery_reads.clear()
+        self.lose_entry_reads.clear()
         for node in sorted(self._paused):
             self.resume(node)
 
@@ -343,6 +346,11 @@ class SimNetwork:
                 and _is_recovery_read(request)):
             self._count("lost_recovery_read")
             self._trace(f"net lost recovery read {client}->{bookie_id}")
+            return
+        if (self.lose_entry_reads and self.lose_entry_reads.get(client, -1.0) > loop.time()
+                and _is_entry_read(request)):
+            self._count("lost_entry_read")
+            self._trace(f"net lost entry read {client}->{bookie_id}")
             return
         self._transmit(client, bookie_id, conn, conn.gen, True, seq, request)
 
@@ -561,6 +569,15 @@ def _is_fence(request: Request) -> bool:
 
     return isinstance(request, FenceRequest) or (
         isinstance(request, ReadRequest) and request.fence)
+
+
+def _is_entry_read(request: Request) -> bool:
+    """A plain read of entries (not fencing, not a LAC read or long poll)."""
+    from pybk.protocol import LAST_ENTRY
+
+    return isinstance(request, ReadBatchRequest) or (
+        isinstance(request, ReadRequest) and not request.fence
+        and request.previous_lac is None and request.entry_id != LAST_ENTRY)
 
 
 def _is_recovery_read(request: Request) -> bool:

@@ -619,7 +619,7 @@ class LogWriter:
             await self._start_segment(completed)
         except BaseException as exc:
             self._rolling = False
-            self._fail(exc)
+            self._fail(_as_failure(exc))
             if not isinstance(exc, Exception):
                 raise
             return
@@ -628,7 +628,7 @@ class LogWriter:
         try:
             await self._apply_retention()
         except BaseException as exc:
-            self._fail(exc)
+            self._fail(_as_failure(exc))
             if not isinstance(exc, Exception):
                 raise
 
@@ -831,6 +831,17 @@ class LogWriter:
                                  or self._ended)
         assert self._acked_serial <= self._serial
         assert not self._queued or self._rolling or self._lh is None or self._error is not None
+
+
+def _as_failure(exc: BaseException) -> BaseException:
+    """What the writer's appends fail with when a roll ends in ``exc``: a roll cancelled (the
+    writer's task torn down with its loop or process) is a closed client to them, never a
+    bare CancelledError in an append's future."""
+    if isinstance(exc, Exception):
+        return exc
+    failure = ClientClosedError(f"the log writer was stopped while rolling ({type(exc).__name__})")
+    failure.__cause__ = exc
+    return failure
 
 
 def _retrieve(task: asyncio.Task[Any]) -> None:

@@ -325,6 +325,32 @@ async def test_close_and_abort() -> None:
         await w2.close()
 
 
+async def test_a_roll_cancelled_under_the_writer_fails_its_appends_with_a_pybk_error() -> None:
+    """The writer's roll task torn down (its loop or process going away) fails what waited
+    for the roll with ClientClosedError, never with a bare CancelledError in the appends'
+    futures (which callers handling pybk errors would not expect: the simulator's X1 found
+    it, seed 333)."""
+    ops = MetaOps()
+    async with mem_cluster(metadata=MemoryMetadataStore(before_op=ops)) as cluster:
+        log = await cluster.client().namespace().create_log("l", roll_entries=2)
+        w = await log.writer()
+        await w.append(b"a")
+        ops.hold()  # the roll's metadata write waits
+        second = w.append(b"b")
+        await until(lambda: w._rolling)
+        queued = [w.append(b"q%d" % i) for i in range(3)]
+        await until(lambda: ops.held > 0)
+        w._roll_task.cancel()
+        results = await asyncio.wait_for(asyncio.gather(*queued, return_exceptions=True), 10)
+        assert all(type(r) is ClientClosedError for r in results), results
+        assert "stopped while rolling" in str(results[0])
+        assert await second == Position(1, 1, 0)  # sent before the roll: acknowledged
+        with pytest.raises(ClientClosedError):
+            w.append(b"after")
+        ops.release()
+        await w.abort()
+
+
 async def test_a_writer_that_cannot_write_fails_its_records_never_hangs() -> None:
     async with mem_cluster(bookies=3) as cluster:
         log = await cluster.client().namespace().create_log("l", ensemble_size=3,
