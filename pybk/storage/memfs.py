@@ -44,8 +44,10 @@ CRASH_MODES = ("drop", "torn", "reorder")
 #: a capacity this large cannot be reached by files held in memory
 _NO_LIMIT = 1 << 40
 
-#: a path's normal form (a bookie names the same few files again and again)
-_normpath = functools.lru_cache(maxsize=4096)(posixpath.normpath)
+@functools.lru_cache(maxsize=4096)
+def _normpath(path: str) -> str:
+    """A path's normal form (a bookie names the same few files again and again)."""
+    return posixpath.normpath(path)
 
 
 @dataclass
