@@ -32,7 +32,7 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
 from functools import partial
-from itertools import accumulate
+from itertools import accumulate, repeat
 from typing import TYPE_CHECKING, Any, Final
 
 from pybk.errors import (
@@ -70,6 +70,7 @@ SEGMENT_COMPLETED_AT_STALE_LAC: Final = "segment_completed_at_stale_lac"
 log = logging.getLogger(__name__)
 
 _new_tuple = tuple.__new__
+_drain = deque  # deque(iterator, 0): run an iterator to its end in C
 _OVERHEAD = envelope.PER_RECORD_OVERHEAD
 _TXID_OVERHEAD = envelope.TXID_OVERHEAD
 
@@ -78,18 +79,24 @@ class _Group:
     """The one future of an ``append_many`` call: collects its records' positions in order
     (envelopes are acknowledged in order, and records in slot order within one).
 
-    ``set_result`` is the positions list's own ``append`` (a C call per record, like a
-    future's); the writer calls :meth:`complete` once per envelope that held some of them."""
+    Its records sit in an envelope as one run of consecutive slots (more than one run only
+    when another call's records came in between, through the checked path), so the writer
+    resolves a run at once: :meth:`resolve` makes the run's positions in C (no Python step
+    per record), and the future is set when the last run is in."""
 
-    __slots__ = ("count", "fut", "positions", "set_result")
+    __slots__ = ("count", "fut", "positions")
 
     def __init__(self, fut: asyncio.Future[list[Position]], count: int) -> None:
         self.fut = fut
         self.positions: list[Position] = []
         self.count = count
-        self.set_result = self.positions.append
 
-    def complete(self) -> None:
+    def resolve(self, seq: int, eid: int, start: int, stop: int) -> None:
+        """Slots ``start..stop-1`` of entry ``eid`` of segment ``seq`` are this call's next
+        records (acknowledged)."""
+        n = stop - start
+        parts = zip(repeat(seq, n), repeat(eid, n), range(start, stop), strict=True)
+        self.positions.extend(map(_new_tuple, repeat(Position, n), parts))
         if len(self.positions) >= self.count and not self.fut.done():
             self.fut.set_result(self.positions)
 
@@ -105,16 +112,21 @@ _Sink = Any  # asyncio.Future[Position] | _Group (checked by class in the hot lo
 
 
 class _Batch:
-    """Records sealed together: one envelope, one entry."""
+    """Records sealed together: one envelope, one entry.
 
-    __slots__ = ("groups", "max_txid", "nbytes", "records", "serial", "sinks", "txids")
+    ``sinks`` has one item per record: the record's future (``append``) or its call's
+    :class:`_Group` (``append_many``); ``runs`` lists each group's runs of consecutive slots,
+    ``[group, start, stop]``, which is how groups are resolved (the per-record items are only
+    for failing them)."""
+
+    __slots__ = ("max_txid", "nbytes", "records", "runs", "serial", "sinks", "txids")
 
     def __init__(self, records: list[bytes], txids: list[int] | None, sinks: list[_Sink],
-                 groups: list[_Group], nbytes: int, max_txid: int, serial: int) -> None:
+                 runs: list[list[Any]], nbytes: int, max_txid: int, serial: int) -> None:
         self.records = records
         self.txids = txids
         self.sinks = sinks
-        self.groups = groups  # the append_many calls with records here
+        self.runs = runs
         self.nbytes = nbytes
         self.max_txid = max_txid
         self.serial = serial
@@ -146,6 +158,9 @@ class LogWriter:
         self._opts = options
         self._label = label
         self._loop = asyncio.get_running_loop()
+        #: the loop's futures' own set_result (unbound): resolving an envelope's futures is
+        #: then one C-level map over them
+        self._set_result = type(self._loop.create_future()).set_result
         cfg = md.config
         self._codec = cfg.codec
         self._compressor = envelope.make_compressor(self._codec)
@@ -166,7 +181,8 @@ class LogWriter:
         self._buf: list[bytes] = []
         self._buf_txids: list[int] | None = None
         self._buf_sinks: list[_Sink] = []
-        self._buf_groups: list[_Group] = []  # append_many calls with records in the batch
+        #: runs of consecutive slots of one append_many call: [group, start, stop]
+        self._buf_runs: list[list[Any]] = []
         self._buf_raw = 0  # the open batch's raw body size (lengths, txids, data)
         self._flush_handle: asyncio.Handle | asyncio.TimerHandle | None = None
         # sealed batches waiting for a segment (during a roll)
@@ -393,10 +409,14 @@ class LogWriter:
         if txids is not None:
             txids.append(-1 if txid is None else txid)
         buf = self._buf
+        if sink.__class__ is _Group:
+            runs, slot = self._buf_runs, len(buf)
+            if runs and runs[-1][0] is sink and runs[-1][2] == slot:
+                runs[-1][2] = slot + 1
+            else:
+                runs.append([sink, slot, slot + 1])
         buf.append(data)
         self._buf_sinks.append(sink)
-        if sink.__class__ is _Group and (not self._buf_groups or self._buf_groups[-1] is not sink):
-            self._buf_groups.append(sink)
         self._buf_raw += widen + size
         if self._buf_raw >= self._flush_bytes or len(buf) >= self._flush_records:
             self._seal()
@@ -467,10 +487,10 @@ class LogWriter:
                     self._seal()
                     continue
                 fits = i + 1  # a lone record larger than flush_bytes (but within room)
+            start = len(self._buf)
+            self._buf_runs.append([group, start, start + fits - i])
             self._buf.extend(items[i:fits])
             self._buf_sinks.extend([group] * (fits - i))
-            if not self._buf_groups or self._buf_groups[-1] is not group:
-                self._buf_groups.append(group)
             self._buf_raw += cum[fits] - cum[i]
             i = fits
             if self._buf_raw >= self._flush_bytes or len(self._buf) >= self._flush_records:
@@ -493,10 +513,10 @@ class LogWriter:
         if not self._buf:
             return
         self._serial += 1
-        batch = _Batch(self._buf, self._buf_txids, self._buf_sinks, self._buf_groups,
+        batch = _Batch(self._buf, self._buf_txids, self._buf_sinks, self._buf_runs,
                        self._buf_raw, self._max_txid, self._serial)
         self._pending_bytes += self._buf_raw
-        self._buf, self._buf_txids, self._buf_sinks, self._buf_groups = [], None, [], []
+        self._buf, self._buf_txids, self._buf_sinks, self._buf_runs = [], None, [], []
         self._buf_raw = 0
         if self._rolling or self._queued or self._lh is None:
             self._queued.append(batch)
@@ -540,19 +560,25 @@ class LogWriter:
             self._fail(exc)
             return
         eid = fut.result()
-        sinks = batch.sinks
+        sinks, runs = batch.sinks, batch.runs
         new, pos_cls = _new_tuple, Position
-        slot = 0
-        try:  # once per record: no per-record branch (a _Group has set_result too)
-            for slot, sink in enumerate(sinks):
-                sink.set_result(new(pos_cls, (seq, eid, slot)))
-        except asyncio.InvalidStateError:  # a future its caller cancelled: skip it
-            for later in range(slot + 1, len(sinks)):
-                sink = sinks[later]
-                if not sink.done():
-                    sink.set_result(new(pos_cls, (seq, eid, later)))
-        for group in batch.groups:
-            group.complete()
+        if not runs:  # futures only (append): no Python step per record
+            n = len(sinks)
+            parts = zip(repeat(seq, n), repeat(eid, n), range(n), strict=True)
+            try:
+                _drain(map(self._set_result, sinks, map(new, repeat(pos_cls, n), parts)), 0)
+            except asyncio.InvalidStateError:  # a future its caller cancelled: skip it
+                for slot, sink in enumerate(sinks):
+                    if not sink.done():
+                        sink.set_result(new(pos_cls, (seq, eid, slot)))
+        else:
+            if sum(stop - start for _, start, stop in runs) != len(sinks):  # futures too
+                group_cls = _Group
+                for slot, sink in enumerate(sinks):
+                    if sink.__class__ is not group_cls and not sink.done():
+                        sink.set_result(new(pos_cls, (seq, eid, slot)))
+            for group, start, stop in runs:  # append_many calls: one C-level step a run
+                group.resolve(seq, eid, start, stop)
         self._last_acked = new(pos_cls, (seq, eid, len(sinks) - 1))
         self._acked_serial = batch.serial
         waiters = self._flush_waiters
@@ -572,7 +598,7 @@ class LogWriter:
             self._flush_handle.cancel()
             self._flush_handle = None
         sinks, self._buf_sinks = self._buf_sinks, []
-        self._buf, self._buf_txids, self._buf_raw, self._buf_groups = [], None, 0, []
+        self._buf, self._buf_txids, self._buf_raw, self._buf_runs = [], None, 0, []
         _fail_sinks(sinks, exc)
         while self._queued:
             batch = self._queued.popleft()
@@ -823,8 +849,13 @@ class LogWriter:
         only while no ledger takes them."""
         assert len(self._buf) == len(self._buf_sinks)
         assert self._buf_txids is None or len(self._buf_txids) == len(self._buf)
-        assert {id(g) for g in self._buf_groups} == {
-            id(x) for x in self._buf_sinks if x.__class__ is _Group}
+        in_runs = [None] * len(self._buf_sinks)
+        for group, start, stop in self._buf_runs:
+            assert 0 <= start < stop <= len(self._buf_sinks)
+            for slot in range(start, stop):
+                assert in_runs[slot] is None  # runs do not overlap
+                in_runs[slot] = group
+        assert in_runs == [x if x.__class__ is _Group else None for x in self._buf_sinks]
         per = _OVERHEAD + (0 if self._buf_txids is None else _TXID_OVERHEAD)
         assert self._buf_raw == sum(map(len, self._buf)) + per * len(self._buf)
         assert self._blocked == (self._error is not None or self._closing or self._closed

@@ -166,6 +166,49 @@ async def test_takeover_fences_the_old_writer_and_recovers_its_segment() -> None
         assert [d for _, d in await read_all(log, mine)] == [b"a0", b"a1", b"a2", b"n"]
 
 
+async def test_calls_sharing_an_envelope_settle_each_even_cancelled_or_fenced() -> None:
+    """append and append_many calls whose records share envelopes (an append_many's records
+    are resolved as runs of slots): a call its caller cancelled is skipped and every other
+    one gets exact positions; once the writer is fenced, every pending call fails."""
+    async with mem_cluster() as cluster:
+        log = await cluster.client().namespace().create_log("l")
+        old = await log.writer(label="old", flush_records=8)
+        a = old.append(b"a")
+        many = old.append_many([b"m%d" % i for i in range(10)])  # entries 0 and 1
+        gone = old.append_many([b"x", b"y"])
+        b = old.append(b"b")
+        lone = old.append(b"c")
+        with_txids = old.append_many([b"t0", b"t1", b"t2"], [5, None, 7])
+        gone.cancel()
+        lone.cancel()
+        old._check()
+        assert await a == Position(1, 0, 0)
+        assert await many == [Position(1, e, s) for e, s in [(0, 1), (0, 2), (0, 3), (0, 4),
+                                                             (0, 5), (0, 6), (0, 7),
+                                                             (1, 0), (1, 1), (1, 2)]]
+        assert await b == Position(1, 1, 5)
+        assert await with_txids == [Position(1, 1, 7), Position(1, 2, 0), Position(1, 2, 1)]
+        ones = [old.append(b"o%d" % i) for i in range(5)]  # an envelope of futures only
+        ones[2].cancel()
+        assert [await f for i, f in enumerate(ones) if i != 2] == [
+            Position(1, 3, s) for s in (0, 1, 3, 4)]
+        hold = cluster.transport.hooks.hold(predicate=is_normal_add)
+        pending = [old.append_many([b"p0", b"p1"]), old.append(b"p2"),
+                   old.append_many([b"p3"], [9])]
+        await hold.wait_held(2)
+        new = await log.writer(label="new")
+        hold.remove()
+        for fut in pending:
+            with pytest.raises(LedgerFencedError):
+                await asyncio.wait_for(fut, 10)
+        await old.close()
+        await new.close()
+        got = await read_all(log, Position(1, 3, 4))
+        assert [d for _, d in got] == [b"a", *(b"m%d" % i for i in range(10)), b"x", b"y",
+                                       b"b", b"c", b"t0", b"t1", b"t2",
+                                       *(b"o%d" % i for i in range(5))]
+
+
 async def test_the_old_writer_fails_even_if_idle_and_its_roll_fails() -> None:
     async with mem_cluster() as cluster:
         log = await cluster.client().namespace().create_log("l", roll_entries=2)
@@ -368,14 +411,16 @@ async def test_a_writer_that_cannot_write_fails_its_records_never_hangs() -> Non
 
 @settings(max_examples=40, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.lists(st.tuples(st.booleans(), st.lists(st.integers(0, 900), min_size=1,
-                                                  max_size=30)), min_size=1, max_size=8),
+@given(st.lists(st.tuples(st.sampled_from(["one", "many", "many_txids"]),
+                          st.lists(st.integers(0, 900), min_size=1, max_size=30)),
+                min_size=1, max_size=8),
        st.integers(200, 3000), st.integers(1, 12))
 def test_batches_respect_the_limits_and_keep_order(
-        calls: list[tuple[bool, list[int]]], flush_bytes: int, flush_records: int) -> None:
-    """Records appended one by one and in append_many calls, of any sizes: positions
-    strictly increase in call order, every envelope holds at most flush_records records and
-    max_envelope_bytes bytes, and everything reads back."""
+        calls: list[tuple[str, list[int]]], flush_bytes: int, flush_records: int) -> None:
+    """Records appended one by one and in append_many calls (with txids for some: the
+    record-by-record path), of any sizes, interleaved: positions strictly increase in call
+    order, every envelope holds at most flush_records records and max_envelope_bytes bytes,
+    and everything reads back."""
 
     async def go() -> None:
         async with mem_cluster() as cluster:
@@ -384,11 +429,15 @@ def test_batches_respect_the_limits_and_keep_order(
                                  max_record_bytes=1000, max_envelope_bytes=2048)
             futs: list[asyncio.Future[object]] = []
             expected: list[bytes] = []
-            for many, sizes in calls:
+            for how, sizes in calls:
                 items = [bytes([len(expected) % 251]) * n for n in sizes]
+                base = len(expected)
                 expected += items
-                if many:
+                if how == "many":
                     futs.append(w.append_many(items))  # type: ignore[arg-type]
+                elif how == "many_txids":  # every other record with a txid
+                    txids = [base + i if i % 2 else None for i in range(len(items))]
+                    futs.append(w.append_many(items, txids))  # type: ignore[arg-type]
                 else:
                     futs += [w.append(b) for b in items]  # type: ignore[misc]
                 w._check()
