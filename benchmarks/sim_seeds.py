@@ -1,6 +1,8 @@
 """Simulator throughput: CPU seconds per seed (30 virtual seconds, all faults), and what
 10,000 seeds would take on N cores.
 
+Each seed runs as in a sweep's worker process (``pybk simulate --workers N``): everything
+loaded first, then frozen out of the collector's way (``--plain``: without that).
 CPU time of this process (``time.process_time``), not wall time: on a machine others share, a
 seed's wall time grows with their load while its CPU time barely does. Seeds run in this
 process one after another (no worker pool), each a whole ``sim.run``: safety phase, liveness
@@ -28,9 +30,13 @@ import tempfile
 import textwrap
 
 _CHILD = textwrap.dedent("""
-    import json, logging, sys, time
+    import gc, json, logging, sys, time
     logging.getLogger("pybk").setLevel(logging.CRITICAL)
     from pybk import sim
+    import pybk.sim.runner
+    if sys.argv[2] == "worker":  # as a sweep's worker process: everything loaded, frozen
+        gc.collect()
+        gc.freeze()
     seeds = json.loads(sys.argv[1])
     t0 = time.process_time()
     messages = steps = 0
@@ -45,7 +51,7 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def measure(seeds: list[int], path: str | None) -> dict[str, float]:
+def measure(seeds: list[int], path: str | None, mode: str = "worker") -> dict[str, float]:
     import json
 
     env = dict(os.environ, PYTHONHASHSEED="0")
@@ -53,7 +59,7 @@ def measure(seeds: list[int], path: str | None) -> dict[str, float]:
         env["PYTHONPATH"] = path
     # (run from the checkout compared, or from elsewhere: ``python -c`` puts the working
     # directory first on the path, ahead of PYTHONPATH and this install)
-    out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(seeds)], env=env,
+    out = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(seeds), mode], env=env,
                          cwd=path or tempfile.gettempdir(), check=True, capture_output=True,
                          text=True)
     if out.stderr.strip():
@@ -70,13 +76,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cores", type=int, default=2, help="for the 10,000-seed estimate")
     parser.add_argument("--compare", default=None, help="a checkout whose pybk to compare")
+    parser.add_argument("--plain", action="store_true",
+                        help="seeds in a plain process (the collector walks every module's "
+                        "objects), not as a sweep's worker (everything loaded is frozen first)")
     args = parser.parse_args()
+    mode = "plain" if args.plain else "worker"
     seeds = parse_seeds(args.seeds)
     runs: dict[str, list[dict[str, float]]] = {"this": [], "compare": []}
     for _ in range(args.rounds):
-        runs["this"].append(measure(seeds, None))
+        runs["this"].append(measure(seeds, None, mode))
         if args.compare:
-            runs["compare"].append(measure(seeds, args.compare))
+            runs["compare"].append(measure(seeds, args.compare, mode))
     rows = []
     for name, results in runs.items():
         if not results:

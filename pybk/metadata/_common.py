@@ -253,7 +253,8 @@ class LockElection(Election):
                          self.name, self.candidate, exc)
                 self._set_leader(False)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._retry)
+                async with asyncio.timeout(self._retry):  # (no task per wait, as wait_for)
+                    await self._wake.wait()
 
     async def resign(self) -> None:
         if self._resigned:

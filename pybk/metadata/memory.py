@@ -83,6 +83,10 @@ class _State:
     locks: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (owner, session)
     lock_watches: dict[str, list[CallbackWatch]] = field(default_factory=dict)
     session_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    #: id -> (the stored bytes, version, their parse): metadata objects are immutable, so
+    #: readers of an unchanged ledger share one parse (the auditor and the workers read
+    #: every ledger again and again)
+    parsed: dict[int, tuple[bytes, int, LedgerMetadata]] = field(default_factory=dict)
 
     def bump_version(self) -> int:
         self.next_version += 1
@@ -169,6 +173,21 @@ class MemoryMetadataStore(MetadataStore):
         """The stored bytes of a ledger's metadata."""
         return self._state.ledgers[ledger_id][0]
 
+    def peek_ledger(self, ledger_id: int) -> LedgerMetadata:
+        """A ledger's metadata as stored now, without yielding to the loop nor the store's
+        hooks (tests, the simulator's probes); KeyError when there is none, and
+        CorruptRecordError when its bytes do not parse."""
+        data, version = self._state.ledgers[ledger_id]
+        return self._parse(ledger_id, data, version)
+
+    def _parse(self, ledger_id: int, data: bytes, version: int) -> LedgerMetadata:
+        cached = self._state.parsed.get(ledger_id)
+        if cached is not None and cached[0] is data and cached[1] == version:
+            return cached[2]
+        md = LedgerMetadata.from_bytes(data, version)
+        self._state.parsed[ledger_id] = (data, version, md)
+        return md
+
     def _check(self) -> None:
         """Assert internal invariants (sortedcontainers habit)."""
         st = self._state
@@ -229,7 +248,7 @@ class MemoryMetadataStore(MetadataStore):
             data, version = self._state.ledgers[ledger_id]
         except KeyError:
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
-        return LedgerMetadata.from_bytes(data, version)
+        return self._parse(ledger_id, data, version)
 
     async def write_ledger(self, metadata: LedgerMetadata, expected_version: int) -> LedgerMetadata:
         check_metadata(metadata)
@@ -264,6 +283,7 @@ class MemoryMetadataStore(MetadataStore):
                 f"ledger {ledger_id}: version {expected_version} is stale (store has {current})"
             )
         del st.ledgers[ledger_id]
+        st.parsed.pop(ledger_id, None)
         st.ledger_changed(ledger_id)
         await self._applied("delete_ledger", ledger_id)
 

@@ -43,6 +43,8 @@ from pybk.ops.fragments import Fragment, Repair, plan_repairs
 from pybk.protocol import (
     AddRequest,
     DigestManager,
+    ReadBatchRequest,
+    ReadBatchResponse,
     ReadRequest,
     ReadResponse,
     Status,
@@ -117,10 +119,12 @@ def ledger_access(md: LedgerMetadata, passwords: Sequence[bytes] = (b"",)) -> Le
 
 
 async def read_body(ctx: ClientContext, md: LedgerMetadata, digest: DigestManager,
-                    entry_id: int, sources: Sequence[str]) -> bytes:
+                    entry_id: int, sources: Sequence[str],
+                    errors: Sequence[BKError] = ()) -> bytes:
     """The exact stored bytes of an entry from the first of ``sources`` that returns a copy
-    with a good digest (the bytes are copied as they are: duplicates stay identical)."""
-    errors: list[BKError] = []
+    with a good digest (the bytes are copied as they are: duplicates stay identical).
+    ``errors``: what replicas asked before said (they count in the error raised)."""
+    errors = list(errors)
     request = ReadRequest(md.ledger_id, entry_id)
     for bookie in sources:
         try:
@@ -141,7 +145,9 @@ async def read_body(ctx: ClientContext, md: LedgerMetadata, digest: DigestManage
 
 
 class _Copier:
-    """Copies entries to one target, ``window`` at a time, counting what it moved."""
+    """Copies entries to one target, ``window`` at a time, counting what it moved. The
+    entries of a window are read from their first replicas in batched reads (one request per
+    source); an entry that did not come back whole fails over entry by entry."""
 
     def __init__(self, ctx: ClientContext, md: LedgerMetadata, access: LedgerAccess,
                  target: str, window: int) -> None:
@@ -156,14 +162,60 @@ class _Copier:
     async def copy(self, entries: Sequence[int], sources_of: dict[int, list[str]]) -> None:
         for start in range(0, len(entries), self.window):
             chunk = entries[start:start + self.window]
+            read = await self._read_chunk(chunk, sources_of)
             results = await asyncio.gather(
-                *(self._one(e, sources_of[e]) for e in chunk), return_exceptions=True)
+                *(self._one(e, read.get(e), sources_of[e]) for e in chunk),
+                return_exceptions=True)
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
 
-    async def _one(self, entry_id: int, sources: list[str]) -> None:
-        body = await read_body(self.ctx, self.md, self.access.digest, entry_id, sources)
+    async def _read_chunk(self, chunk: Sequence[int], sources_of: dict[int, list[str]],
+                          ) -> dict[int, bytes | tuple[int, list[BKError]]]:
+        """Each entry's first source is asked for its entries of ``chunk`` in one batched
+        read. Per entry: its bytes (a good digest), or where to go on with the entry's own
+        reads (the next source after an error, the first when the answer had no room)."""
+        lid = self.md.ledger_id
+        by_source: dict[str, list[int]] = {}
+        for e in chunk:
+            if sources_of[e]:
+                by_source.setdefault(sources_of[e][0], []).append(e)
+        sent = [(source, ids, self.ctx.transport.send(source, ReadBatchRequest(lid, ids),
+                                                       self.ctx.config.read_timeout))
+                for source, ids in by_source.items()]
+        replies = await asyncio.gather(*(f for _s, _i, f in sent), return_exceptions=True)
+        out: dict[int, bytes | tuple[int, list[BKError]]] = {}
+        verify = self.access.digest.verify
+        for (source, ids, _f), reply in zip(sent, replies, strict=True):
+            if isinstance(reply, BaseException):
+                if not isinstance(reply, BKError):
+                    raise reply
+                out.update((e, (1, [reply])) for e in ids)
+                continue
+            if reply.status != Status.OK or not isinstance(reply, ReadBatchResponse):
+                problem = error_for_status(reply.status, f"{source}: {reply.message}")
+                out.update((e, (1, [problem])) for e in ids)
+                continue
+            for e, status, body in reply.entries:
+                if status == Status.OK and body is not None:
+                    try:
+                        verify(body, e)
+                    except DigestMismatchError as exc:
+                        out[e] = (1, [DigestMismatchError(f"{source}: {exc}")])
+                        continue
+                    out[e] = body
+                else:
+                    out[e] = (1, [error_for_status(status, f"{source}: no entry {e}")])
+        return out
+
+    async def _one(self, entry_id: int, read: bytes | tuple[int, list[BKError]] | None,
+                   sources: list[str]) -> None:
+        if isinstance(read, bytes):
+            body = read
+        else:
+            start, errors = read if read is not None else (0, [])
+            body = await read_body(self.ctx, self.md, self.access.digest, entry_id,
+                                   sources[start:], errors)
         request = AddRequest(self.md.ledger_id, entry_id, self.access.master_key, body,
                              recovery=True)
         response = await self.ctx.transport.send(self.target, request,
@@ -300,37 +352,62 @@ def _ignore(task: asyncio.Future[None]) -> None:
 
 async def _verify(ctx: ClientContext, md: LedgerMetadata, access: LedgerAccess, bookie: str,
                   entries: Sequence[int]) -> tuple[list[int], list[int]]:
-    """Read every entry ``bookie`` should hold: (absent ones, damaged ones). An unreachable
-    bookie raises (the repair is retried later)."""
+    """Read every entry ``bookie`` should hold, in batched reads: (absent ones, damaged
+    ones). An unreachable bookie raises (the repair is retried later)."""
     missing: list[int] = []
     damaged: list[int] = []
-    window = 64
-    for start in range(0, len(entries), window):
-        chunk = entries[start:start + window]
-        futures = [ctx.transport.send(bookie, ReadRequest(md.ledger_id, e),
-                                      ctx.config.read_timeout) for e in chunk]
-        replies = await asyncio.gather(*futures, return_exceptions=True)
-        for entry_id, reply in zip(chunk, replies, strict=True):
-            if isinstance(reply, BaseException):
-                if isinstance(reply, BKError):
-                    raise BookieUnavailableError(
-                        f"ledger {md.ledger_id}: cannot verify {bookie}: {reply}") from reply
-                raise reply
-            if reply.status == Status.OK and isinstance(reply, ReadResponse) \
-                    and reply.body is not None:
-                try:
-                    access.digest.verify(reply.body, entry_id)
-                except DigestMismatchError:
-                    damaged.append(entry_id)
-            elif reply.status in _ABSENT:
-                missing.append(entry_id)
-            elif reply.status in _DAMAGED:
+    for entry_id, status, body, message in await _read_all(ctx, md.ledger_id, bookie,
+                                                           list(entries)):
+        if status == Status.OK and body is not None:
+            try:
+                access.digest.verify(body, entry_id)
+            except DigestMismatchError:
                 damaged.append(entry_id)
-            else:
-                raise BookieUnavailableError(
-                    f"ledger {md.ledger_id}: cannot verify {bookie}: "
-                    f"{Status(reply.status).name} {reply.message}")
+        elif status in _ABSENT:
+            missing.append(entry_id)
+        elif status in _DAMAGED:
+            damaged.append(entry_id)
+        else:
+            raise BookieUnavailableError(
+                f"ledger {md.ledger_id}: cannot verify {bookie}: "
+                f"{Status(status).name} {message}")
     return missing, damaged
+
+
+#: entries asked for in one batched read of a verification
+_VERIFY_BATCH = 512
+
+
+async def _read_all(ctx: ClientContext, ledger_id: int, bookie: str, entries: list[int],
+                    ) -> list[tuple[int, Status, bytes | None, str]]:
+    """What ``bookie`` answers for each of ``entries`` (in their order): batched reads, a
+    request refused as a whole answering for each of its entries, and entry by entry what
+    no batch answer had room for. BookieUnavailableError when it cannot be asked."""
+    out: list[tuple[int, Status, bytes | None, str]] = []
+    left = entries
+    try:
+        while left:
+            reply = await ctx.transport.send(
+                bookie, ReadBatchRequest(ledger_id, left[:_VERIFY_BATCH]),
+                ctx.config.read_timeout)
+            if reply.status != Status.OK or not isinstance(reply, ReadBatchResponse):
+                asked = left[:_VERIFY_BATCH]
+                out.extend((e, reply.status, None, reply.message) for e in asked)
+                left = left[len(asked):]
+                continue
+            if not reply.entries:
+                break  # nothing fitted in an answer: one entry at a time
+            out.extend((e, status, body, "") for e, status, body in reply.entries)
+            left = left[len(reply.entries):]
+        for entry_id in left:
+            single = await ctx.transport.send(bookie, ReadRequest(ledger_id, entry_id),
+                                              ctx.config.read_timeout)
+            body = single.body if isinstance(single, ReadResponse) else None
+            out.append((entry_id, single.status, body, single.message))
+    except BKError as exc:
+        raise BookieUnavailableError(
+            f"ledger {ledger_id}: cannot verify {bookie}: {exc}") from exc
+    return out
 
 
 async def _swap(ctx: ClientContext, ledger_id: int, first: int, index: int, old: str,

@@ -75,7 +75,8 @@ class ReplicationWorker:
                     log.warning("replication worker %s: pass failed: %s", self.owner, exc)
                     next_wake = min(next_wake, loop.time() + self.config.retry_backoff)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), max(0.0, next_wake - loop.time()))
+                    async with asyncio.timeout(max(0.0, next_wake - loop.time())):
+                        await self._wake.wait()  # (no task per wait, as wait_for makes)
         finally:
             for w in watches:
                 w.cancel()
@@ -98,14 +99,15 @@ class ReplicationWorker:
         # resolution would wake at once, again and again)
         due = [lid for lid in sorted(marks) if self.retry_at.get(lid, 0.0) <= now + _SLACK]
         self.ctx.rng.shuffle(due)  # several workers start on different ledgers
-        limit = asyncio.Semaphore(self.config.concurrent_repairs)
+        if due:  # (most passes find nothing due)
+            limit = asyncio.Semaphore(self.config.concurrent_repairs)
 
-        async def one(lid: int) -> None:
-            async with limit:
-                if await self.settings.is_enabled():
-                    await self._repair(lid, marks[lid], live)
+            async def one(lid: int) -> None:
+                async with limit:
+                    if await self.settings.is_enabled():
+                        await self._repair(lid, marks[lid], live)
 
-        await asyncio.gather(*(one(lid) for lid in due))
+            await asyncio.gather(*(one(lid) for lid in due))
         upcoming = [t for lid, t in self.retry_at.items() if lid in marks]
         return min(upcoming, default=float("inf"))
 

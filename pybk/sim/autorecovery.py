@@ -384,7 +384,7 @@ class AutoRecoverySim:
 def _peek(store: MemoryMetadataStore, lid: int) -> LedgerMetadata | None:
     """A ledger's metadata as stored now, read without yielding to the loop."""
     try:
-        return LedgerMetadata.from_bytes(store.raw_ledger(lid))
+        return store.peek_ledger(lid)
     except KeyError:
         return None
 

@@ -264,7 +264,8 @@ class Checker:
         bookie_acks: dict[tuple[int, int], set[str]] = defaultdict(set)
         qa: dict[int, int] = {}
         exempt: set[int] = set()  # being recovered, or written in batches
-        for ev in self.h.of_kind("create", "lac", "add_done", "close_invoke", "bookie_ack"):
+        for ev in self.h.of_kind("create", "lac", "add_done", "close_invoke", "bookie_ack",
+                                 "metadata"):
             lid = ev.ledger
             kind = ev.kind
             if kind == "bookie_ack":
@@ -286,6 +287,10 @@ class Checker:
                 continue
             if kind == "close_invoke":
                 if ev.detail != "close":  # a recovery (the writer's own close changes nothing)
+                    exempt.add(lid)
+                continue
+            if kind == "metadata":  # auto-recovery's workers recovering the ledger (fencing)
+                if ev.detail in ("IN_RECOVERY", "CLOSED"):
                     exempt.add(lid)
                 continue
             key = (ev.process, lid, ev.detail)  # detail: the reader's handle number

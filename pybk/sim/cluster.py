@@ -124,6 +124,8 @@ class SimCluster:
     # -- metadata faults ---------------------------------------------------------------------
 
     async def _before_op(self, op: str, key: object) -> None:
+        if self.meta_stall_until <= 0.0 and not self.meta_cas_rate:
+            return  # (no metadata fault armed: the common case, one call per store operation)
         from pybk.errors import MetadataVersionError
 
         loop = asyncio.get_running_loop()

@@ -71,6 +71,9 @@ class History:
     #: the ledgers the ledger workload created (a log's segments are ledgers too, checked by
     #: the log invariants instead)
     created: set[int] = field(default_factory=set)
+    #: bookie -> its ``bookie_ack`` events, in order (what a bookie audit asks about, without
+    #: a walk over every event of the run per audit)
+    acks: dict[str, list[Event]] = field(default_factory=dict)
 
     def _add(self, kind: str, process: str, text: str, **fields: object) -> Event:
         t = self.now()
@@ -150,8 +153,10 @@ class History:
     # -- bookies (observed by the simulated network and the restart audit) ---------------------
 
     def bookie_acked(self, bookie: str, ledger: int, entry: int) -> Event:
-        return self._add("bookie_ack", bookie, f"{bookie} acked L{ledger}:{entry}",
-                         ledger=ledger, entry=entry)
+        ev = self._add("bookie_ack", bookie, f"{bookie} acked L{ledger}:{entry}",
+                       ledger=ledger, entry=entry)
+        self.acks.setdefault(bookie, []).append(ev)
+        return ev
 
     def bookie_absent(self, bookie: str, ledger: int, entry: int, how: str) -> Event:
         return self._add("bookie_absent", bookie, f"{bookie} says L{ledger}:{entry} absent "

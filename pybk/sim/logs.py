@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from pybk.sim.checker import Violation
 from pybk.sim.history import FAIL, INFO, OK, Event, History
-from pybk.sim.workload import Process, ProcessEnv
+from pybk.sim.workload import Process, ProcessEnv, within
 
 if TYPE_CHECKING:
     from pybk.sim.runner import SimRun
@@ -136,7 +136,7 @@ class LogWorkload:
         self.claim(proc.name)
         start = loop.time()
         try:
-            await asyncio.wait_for(proc.final_writes(), bound)
+            await within(proc.final_writes(), bound)
         except Exception as exc:
             proc.expected(exc, "liveness: log takeover")
             run.history.liveness("log writer takes over and appends", False,
@@ -147,7 +147,7 @@ class LogWorkload:
         reader = LogReaderProc("log-final-r", client, run.rng_for("log-final-r"), env, self)
         run.processes.append(reader)
         try:
-            await asyncio.wait_for(reader.read_all(proc.last), bound)
+            await within(reader.read_all(proc.last), bound)
         except Exception as exc:
             reader.expected(exc, "liveness: final log read")
             run.history.liveness("the whole log reads back", False,
@@ -278,7 +278,7 @@ class LogWriterProc(Process):
     async def _truncate(self, w: Any) -> None:
         before = self.last if self.rng.random() < 0.5 else self.last.next_slot()
         try:
-            await asyncio.wait_for(w.truncate(before), 10.0)
+            await within(w.truncate(before), 10.0)
         except Exception as exc:
             self.expected(exc, "log truncate")
             self.h.log_truncate(self.name, LOG_NAME, _pos(before), INFO)

@@ -200,6 +200,13 @@ class SimNetwork:
         #: raise): (bookie, request, exception). None: counted and traced only.
         self.on_handler_error: Callable[[str, Request, BaseException], None] | None = None
         self.messages = 0
+        #: the loop the network runs on, bound at first use like its deadlines (asking
+        #: asyncio for the running loop costs a getpid() per call, a few per message)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _bind_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     # -- topology ----------------------------------------------------------------------------
 
@@ -292,7 +299,7 @@ class SimNetwork:
     def send(
         self, client: str, bookie_id: str, request: Request, timeout: float | None
     ) -> asyncio.Future[Response]:
-        loop = asyncio.get_running_loop()
+        loop = self._loop or self._bind_loop()
         fut: asyncio.Future[Response] = loop.create_future()
         if type(request) is AddRequest or type(request) is AddBatchRequest:
             # an add asked for as a request: the add path, its outcome put in a response
@@ -311,7 +318,7 @@ class SimNetwork:
                pending: _Pending) -> None:
         if self._dead_clients and self._dead_clients.get(client):
             return  # a dead process sends nothing and hears nothing, ever
-        loop = asyncio.get_running_loop()
+        loop = self._loop or self._bind_loop()
         self.messages += 1
         self._seq += 1
         seq = self._seq
@@ -372,7 +379,7 @@ class SimNetwork:
         if self._blocked and self._blocked.get((src, dst)):
             self._count("partition_drop")
             return
-        loop = asyncio.get_running_loop()
+        loop = self._loop or self._bind_loop()
         cfg = self.config
         rng = self.rng
         if cfg.drop or cfg.corrupt or cfg.reset:
@@ -538,7 +545,7 @@ class _Serving:
             self.net._raised(self, exc)
             return
         if waiting is None:  # a bare yield (asyncio.sleep(0)): resume on the next turn
-            asyncio.get_running_loop().call_soon(self.step)
+            (self.net._loop or self.net._bind_loop()).call_soon(self.step)
         else:  # a future: resume once it is done (its result is read by the coroutine)
             waiting._asyncio_future_blocking = False
             waiting.add_done_callback(self.step)

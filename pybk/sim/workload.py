@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from pybk.sim.findings import EXPECTED
 from pybk.sim.history import FAIL, INFO, OK, History
@@ -37,6 +37,15 @@ __all__ = [
 ]
 
 PASSWORD = b"sim"
+
+T = TypeVar("T")
+
+
+async def within(awaitable: Awaitable[T], seconds: float) -> T:
+    """``awaitable``'s result, TimeoutError after ``seconds``: ``asyncio.wait_for`` without
+    its task per call (Python 3.11's wraps a coroutine in one; a run makes thousands)."""
+    async with asyncio.timeout(seconds):
+        return await awaitable
 
 
 @dataclass(frozen=True)
@@ -310,7 +319,7 @@ class Writer(Process):
     async def _close(self, lh: Any, lid: int) -> None:
         self.h.close_invoke(self.name, lid, "close")
         try:
-            await asyncio.wait_for(lh.close(), 20.0)
+            await within(lh.close(), 20.0)
         except Exception as exc:
             self.expected(exc, "close")
             self.h.close_complete(self.name, lid, "close", INFO, detail=_err(exc))
@@ -348,7 +357,7 @@ class Reader(Process):
             await asyncio.sleep(0.3)
 
     async def _tail(self, lid: int) -> None:
-        rh = await asyncio.wait_for(
+        rh = await within(
             self.client.open_ledger(lid, password=PASSWORD, recovery=False), 10.0)
         self.handles += 1
         handle = self.handles
@@ -360,7 +369,7 @@ class Reader(Process):
             polls += 1
             self.ops += 1
             if ask:
-                await asyncio.wait_for(rh.read_last_add_confirmed(), 10.0)
+                await within(rh.read_last_add_confirmed(), 10.0)
             ask = False  # (asked again only after a long poll that brought nothing)
             lac = rh.last_add_confirmed
             if lac != seen:  # (an unchanged LAC tells the checker nothing new)
@@ -368,14 +377,14 @@ class Reader(Process):
                 seen = lac
             if lac >= nxt:
                 last = min(lac, nxt + 15)
-                entries = await asyncio.wait_for(rh.read(nxt, last), 10.0)
+                entries = await within(rh.read(nxt, last), 10.0)
                 for ent in entries:
                     self.h.read(self.name, lid, ent.entry_id, ent.data, lac, recovery=False)
                 nxt = last + 1
                 continue
             if rh.is_closed:
                 return
-            ent = await asyncio.wait_for(
+            ent = await within(
                 rh.read_last_add_confirmed_and_entry(nxt, timeout=1.0), 10.0)
             lac = rh.last_add_confirmed
             if lac != seen:
@@ -409,7 +418,7 @@ class Recoverer(Process):
         self.h.close_invoke(self.name, lid, how)
         self.ops += 1
         try:
-            rh = await asyncio.wait_for(
+            rh = await within(
                 self.client.open_ledger(lid, password=PASSWORD, recovery=True), bound)
         except Exception as exc:
             name = _err(exc)
@@ -424,13 +433,13 @@ class Recoverer(Process):
         while nxt <= last:
             hi = min(last, nxt + 31)
             try:
-                entries = await asyncio.wait_for(rh.read(nxt, hi), bound)
+                entries = await within(rh.read(nxt, hi), bound)
             except Exception as exc:
                 self.expected(exc, f"read L{lid}:{nxt}..{hi}")
                 # find the first entry of the range that cannot be read: the report names it
                 for entry in range(nxt, hi + 1):
                     try:
-                        (ent,) = await asyncio.wait_for(rh.read(entry, entry), bound)
+                        (ent,) = await within(rh.read(entry, entry), bound)
                     except Exception as exc1:
                         self.expected(exc1, f"read L{lid}:{entry}")
                         self.h.read_error(self.name, lid, entry, f"{_err(exc1)} {exc1}",
@@ -462,7 +471,7 @@ class Deleter(Process):
             self.h.delete(self.name, lid, "invoke")
             self.ops += 1
             try:
-                await asyncio.wait_for(self.client.delete_ledger(lid), 10.0)
+                await within(self.client.delete_ledger(lid), 10.0)
                 self.h.delete(self.name, lid, OK)
             except Exception as exc:
                 self.expected(exc, f"delete L{lid}")

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import errno
+import functools
 import posixpath
 import random
 from collections.abc import Callable
@@ -39,6 +40,14 @@ __all__ = [
 ]
 
 CRASH_MODES = ("drop", "torn", "reorder")
+
+#: a capacity this large cannot be reached by files held in memory
+_NO_LIMIT = 1 << 40
+
+@functools.lru_cache(maxsize=4096)
+def _normpath(path: str) -> str:
+    """A path's normal form (a bookie names the same few files again and again)."""
+    return posixpath.normpath(path)
 
 
 @dataclass
@@ -138,7 +147,10 @@ class _MemFileHandle(FileHandle):
 
     def _check_room(self, growth: int) -> None:
         """ENOSPC if the file system cannot grow by ``growth`` bytes (<= 0: no growth)."""
-        if growth > 0 and self._fs._used() + growth > self._fs.capacity:
+        capacity = self._fs.capacity
+        # (a terabyte or more cannot fill up in memory: no need to add up every file's size
+        # at every write)
+        if growth > 0 and capacity < _NO_LIMIT and self._fs._used() + growth > capacity:
             raise OSError(errno.ENOSPC, f"{self.path}: no space left on device")
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
@@ -241,7 +253,7 @@ class MemFileSystem(FileSystem):
 
     @staticmethod
     def _norm(path: str) -> str:
-        return posixpath.normpath(path)
+        return _normpath(path)
 
     def _hook(self, op: str, path: str) -> None:
         if self.fault_hook is not None:

@@ -8,6 +8,7 @@ verified (record CRC, ids) before it is returned.
 
 from __future__ import annotations
 
+import functools
 import posixpath
 from collections.abc import Sequence
 from typing import Final, NoReturn
@@ -45,6 +46,12 @@ _RECORD_IDS_SIZE: Final = _ENTRY_RECORD_IDS.size
 _crc32c = crc32c.crc32c
 
 
+@functools.lru_cache(maxsize=1024)
+def _segment_path(journal_dir: str, seq: int) -> str:
+    """A segment's path (every read names one: made once, not per read)."""
+    return posixpath.join(journal_dir, segment_name(seq))
+
+
 class ReadsMixin:
     """:class:`pybk.storage.store.LedgerStore`'s reads (a mixin: the store's state is one)."""
 
@@ -55,7 +62,7 @@ class ReadsMixin:
     suspect: list[str]
 
     def journal_path(self, seq: int) -> str:
-        return posixpath.join(self.journal_dir, segment_name(seq))
+        return _segment_path(self.journal_dir, seq)
 
     def state(self, ledger_id: int) -> LedgerState:
         """The ledger's state; NoSuchLedgerError when unknown or deleted."""

@@ -16,18 +16,23 @@ from pybk.errors import BKError, DigestMismatchError, NoSuchLedgerError, Unautho
 from pybk.metadata.base import LedgerMetadata, MetadataStore
 from pybk.ops.fragments import fragments
 from pybk.ops.replicator import ledger_access
-from pybk.protocol import ReadRequest, ReadResponse, Status
+from pybk.protocol import ReadBatchRequest, ReadBatchResponse, ReadRequest, ReadResponse, Status
 from pybk.replication.quorum import Quorums
 from pybk.transport.base import Transport
 
 __all__ = ["ledger_replication_problems", "replication_problems"]
+
+#: entries asked for in one batched read
+_BATCH = 512
 
 
 async def ledger_replication_problems(
     md: LedgerMetadata, transport: Transport, live: Collection[str], *,
     passwords: Sequence[bytes] = (b"",), timeout: float = 10.0, window: int = 128,
 ) -> list[str]:
-    """What is wrong with one closed ledger's replicas (empty: nothing)."""
+    """What is wrong with one closed ledger's replicas (empty: nothing). Each replica is
+    asked for all its entries at once, in batched reads (``window``: unused, kept for
+    callers that pass it)."""
     if not md.is_closed:
         return []
     try:
@@ -45,26 +50,58 @@ async def ledger_replication_problems(
                                 f"names {bookie}, which is not live ({len(entries)} entries)")
                 continue
             wanted.extend((bookie, e) for e in entries)
-    for start in range(0, len(wanted), window):
-        chunk = wanted[start:start + window]
-        replies = await asyncio.gather(
-            *(transport.send(b, ReadRequest(md.ledger_id, e), timeout) for b, e in chunk),
-            return_exceptions=True)
-        for (bookie, entry_id), reply in zip(chunk, replies, strict=True):
-            where = f"ledger {md.ledger_id} entry {entry_id} on {bookie}"
-            if isinstance(reply, BaseException):
-                if not isinstance(reply, BKError):
-                    raise reply
-                problems.append(f"{where}: {type(reply).__name__}: {reply}")
-            elif reply.status != Status.OK or not isinstance(reply, ReadResponse) \
-                    or reply.body is None:
-                problems.append(f"{where}: {Status(reply.status).name} {reply.message}")
-            else:
-                try:
-                    digest.verify(reply.body, entry_id)
-                except DigestMismatchError as exc:
-                    problems.append(f"{where}: {exc}")
+    # each bookie asked for all its entries of the ledger in batched reads (more requests
+    # only when its answer is full), every entry judged on its own
+    by_bookie: dict[str, list[int]] = {}
+    for bookie, entry_id in wanted:
+        by_bookie.setdefault(bookie, []).append(entry_id)
+    found: dict[tuple[str, int], str] = {}
+    answers = await asyncio.gather(
+        *(_read_replica(transport, md.ledger_id, bookie, ids, timeout)
+          for bookie, ids in by_bookie.items()), return_exceptions=True)
+    for (bookie, ids), answer in zip(by_bookie.items(), answers, strict=True):
+        if isinstance(answer, BaseException):
+            if not isinstance(answer, BKError):
+                raise answer
+            for entry_id in ids:
+                found[(bookie, entry_id)] = f"{type(answer).__name__}: {answer}"
+            continue
+        for entry_id, (status, body, message) in answer.items():
+            if status != Status.OK or body is None:
+                found[(bookie, entry_id)] = f"{Status(status).name} {message}"
+                continue
+            try:
+                digest.verify(body, entry_id)
+            except DigestMismatchError as exc:
+                found[(bookie, entry_id)] = str(exc)
+    for bookie, entry_id in wanted:
+        if (bookie, entry_id) in found:
+            problems.append(f"ledger {md.ledger_id} entry {entry_id} on {bookie}: "
+                            f"{found[(bookie, entry_id)]}")
     return problems
+
+
+async def _read_replica(transport: Transport, ledger_id: int, bookie: str, ids: list[int],
+                        timeout: float) -> dict[int, tuple[Status, bytes | None, str]]:
+    """What ``bookie`` answers for each entry of ``ids``: (status, body, message)."""
+    out: dict[int, tuple[Status, bytes | None, str]] = {}
+    left = ids
+    while left:
+        reply = await transport.send(bookie, ReadBatchRequest(ledger_id, left[:_BATCH]), timeout)
+        if reply.status != Status.OK or not isinstance(reply, ReadBatchResponse):
+            for entry_id in left:
+                out[entry_id] = (reply.status, None, reply.message)
+            return out
+        if not reply.entries:
+            break  # nothing fitted in an answer: one entry at a time
+        for entry_id, status, body in reply.entries:
+            out[entry_id] = (status, body, "")
+        left = left[len(reply.entries):]
+    for entry_id in left:
+        single = await transport.send(bookie, ReadRequest(ledger_id, entry_id), timeout)
+        body = single.body if isinstance(single, ReadResponse) else None
+        out[entry_id] = (single.status, body, single.message)
+    return out
 
 
 async def replication_problems(

@@ -20,6 +20,8 @@ from pybk.protocol import (
     DigestManager,
     FenceRequest,
     ListEntriesRequest,
+    ReadBatchRequest,
+    ReadBatchResponse,
     ReadLacRequest,
     ReadRequest,
     Status,
@@ -390,6 +392,27 @@ async def test_latent_read_error_is_io_error_not_absent(harness):
     harness.fs.fail_reads(path, off, size)
     status, body = await harness.read(1, 0)
     assert status == Status.IO_ERROR and body is None
+
+
+async def test_batched_read_fails_only_the_entry_a_latent_error_hits(harness):
+    """A batched read coalesces neighbouring records into one pread; a latent sector error
+    in one record, or in the bytes between records, fails that record alone (or none)."""
+    for e in range(4):
+        await harness.add(1, e)  # one journal batch each: neighbours with headers between
+    path, off1, size1 = _entry_offset(harness.bookie, 1, 1)
+    _, off2, _ = _entry_offset(harness.bookie, 1, 2)
+    assert off1 + size1 < off2  # (a batch header lies between two records)
+
+    async def batch() -> list[tuple[int, Status]]:
+        reply = await harness.bookie.handle(ReadBatchRequest(1, [0, 1, 2, 3]))
+        assert isinstance(reply, ReadBatchResponse) and reply.status == Status.OK
+        return [(e, status) for e, status, _body in reply.entries]
+
+    harness.fs.fail_reads(path, off1 + size1, off2 - off1 - size1)  # between records 1, 2
+    assert await batch() == [(e, Status.OK) for e in range(4)]
+    harness.fs.fail_reads(path, off1, size1)  # record 1 itself
+    assert await batch() == [(0, Status.OK), (1, Status.IO_ERROR), (2, Status.OK),
+                             (3, Status.OK)]
 
 
 async def test_corrupt_copy_is_repaired_by_identical_re_add(harness):

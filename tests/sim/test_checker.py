@@ -203,6 +203,33 @@ def test_i3_exempts_only_what_a_recovery_can_still_change() -> None:
     assert codes(h) == []
     h.lac("r1", 1, 2)  # entry 2 never reached Qa bookies: a dirty read
     assert codes(h) == ["I3"]
+    # A recovery by auto-recovery's workers (seen as the ledger's metadata going into
+    # recovery) is a recovery too: the same bound.
+    h3, _ = make()
+    h3.create("w1", 1, "E=3 Qw=3 Qa=2", qa=2)
+    for e in range(3):
+        h3.add_invoke("w1", 1, e, f"w1:1:{e}".encode())
+    h3.add_complete("w1", 1, 0, OK)
+    for b in ("b0", "b1"):
+        h3.bookie_acked(b, 1, 0)
+        h3.bookie_acked(b, 1, 1)
+    h3.bookie_acked("b2", 1, 2)
+    h3.lac("r1", 1, 1)  # before any recovery: above the writer's acknowledgements
+    assert codes(h3) == ["I3"]
+    h4, _ = make()
+    h4.create("w1", 1, "E=3 Qw=3 Qa=2", qa=2)
+    for e in range(3):
+        h4.add_invoke("w1", 1, e, f"w1:1:{e}".encode())
+    h4.add_complete("w1", 1, 0, OK)
+    for b in ("b0", "b1"):
+        h4.bookie_acked(b, 1, 0)
+        h4.bookie_acked(b, 1, 1)
+    h4.bookie_acked("b2", 1, 2)
+    h4.metadata("ar0", 1, "IN_RECOVERY", -1)
+    h4.lac("r1", 1, 1)
+    assert codes(h4) == []
+    h4.lac("r1", 1, 2)
+    assert codes(h4) == ["I3"]
     # Without a recovery the writer's acknowledgements are the bound.
     h2, _ = make()
     h2.create("w1", 1, "E=3 Qw=3 Qa=2", qa=2)
