@@ -297,7 +297,8 @@ class AutoRecoverySim:
         fence Qw-Qa+1 = Qw bookies of each write set, as in BookKeeper, so losing one is
         beyond tolerance for it."""
         run = self.run
-        if len(run.cluster.up_bookies()) - 1 < run.topology[0]:
+        healthy = [b for b in run.cluster.up_bookies() if b not in run.faulty]
+        if len(healthy) - 1 < run.topology[0]:  # (a damaged bookie's slots need spares too)
             return None
         store = run.cluster.admin
         pinned: set[str] = set()

@@ -636,9 +636,11 @@ class SimRun:
         tolerance = self.topology[2] - 1
         spare = [b for b in c.up_bookies() if b not in self.faulty]
         # Keep one more bookie down when the atlas allows it and spares remain to replace it
-        # (recovery writes back; with no replacement it cannot finish, as in BookKeeper).
+        # (recovery writes back; with no replacement it cannot finish, as in BookKeeper). A
+        # damaged bookie is no spare: auto-recovery moves its damaged slots to a healthy
+        # bookie outside the ensemble, so the healthy ones left must still fill an ensemble.
         if not self.plan.beyond_tolerance and len(set(down) | set(self.faulty)) < tolerance \
-                and spare and self.n - len(down) - 1 >= self.topology[0] \
+                and spare and self.n - len(set(down) | set(self.faulty)) - 1 >= self.topology[0] \
                 and self.rng.random() < 0.3:
             b = self.rng.choice(spare)
             await c.crash_bookie(b, "drop")
