@@ -442,16 +442,20 @@ class Bookie:
         no future and no request or response object per entry. :meth:`add` is the awaitable
         form, :meth:`handle` the request/response one."""
         store = self.store
-        if self._state == STOPPED or store is None:
-            on_done(BookieStoppedError(f"bookie {self.bookie_id} is stopped"))
-            return
-        if self._journal_failed or (self._disk_full and not recovery):
-            on_done(ReadOnlyBookieError(f"bookie {self.bookie_id} is read-only: {self._reason}"))
+        if store is None or self._state == STOPPED or self._journal_failed or (
+                self._disk_full and not recovery):
+            on_done(self._add_refusal(recovery))
             return
         try:
             store.add_entry(ledger_id, entry_id, body, master_key, recovery, on_done)
         except Exception as exc:
             on_done(self._add_error(exc, ledger_id, entry_id))
+
+    def _add_refusal(self, recovery: bool) -> BKError:
+        """Why this bookie takes no add now (stopped, or read-only for this kind of add)."""
+        if self._state == STOPPED or self.store is None:
+            return BookieStoppedError(f"bookie {self.bookie_id} is stopped")
+        return ReadOnlyBookieError(f"bookie {self.bookie_id} is read-only: {self._reason}")
 
     def add_request(self, request: AddRequest | AddBatchRequest, on_done: AddCallback) -> None:
         """The add path every transport drives (the in-process transport, the TCP server, the
@@ -477,11 +481,9 @@ class Bookie:
         ``on_done(outcome)`` once, like :meth:`add_request`. The bookie's state and the
         ledger's checks apply to the whole batch; each entry's own checks to it alone."""
         store = self.store
-        if self._state == STOPPED or store is None:
-            on_done(BookieStoppedError(f"bookie {self.bookie_id} is stopped"))
-            return
-        if self._journal_failed or (self._disk_full and not recovery):
-            on_done(ReadOnlyBookieError(f"bookie {self.bookie_id} is read-only: {self._reason}"))
+        if store is None or self._state == STOPPED or self._journal_failed or (
+                self._disk_full and not recovery):
+            on_done(self._add_refusal(recovery))
             return
         try:
             store.add_batch(ledger_id, entry_ids, bodies, master_key, recovery, on_done)

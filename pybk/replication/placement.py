@@ -90,6 +90,19 @@ def _check_sizes(ensemble_size: int, write_quorum: int) -> None:
                          f"{ensemble_size}")
 
 
+def _ensemble_candidates(candidates: Sequence[BookieNode], ensemble_size: int,
+                         write_quorum: int, exclude: Sequence[str]) -> list[BookieNode]:
+    """The bookies a new ensemble may use (sizes checked); NotEnoughBookiesError when they
+    are too few."""
+    _check_sizes(ensemble_size, write_quorum)
+    nodes = _eligible(candidates, exclude)
+    if len(nodes) < ensemble_size:
+        raise NotEnoughBookiesError(
+            f"need {ensemble_size} writable bookies, have {len(nodes)}: "
+            f"{[n.bookie_id for n in nodes]}")
+    return nodes
+
+
 def _replacements(candidates: Sequence[BookieNode], ensemble: Sequence[str], index: int,
                   exclude: Sequence[str]) -> list[BookieNode]:
     """The bookies that may take slot ``index`` of ``ensemble`` (none of its members, none of
@@ -209,12 +222,7 @@ class DefaultPlacementPolicy(PlacementPolicy):
     def new_ensemble(self, candidates: Sequence[BookieNode], ensemble_size: int,
                      write_quorum: int, rng: random.Random,
                      exclude: Sequence[str] = ()) -> list[str]:
-        _check_sizes(ensemble_size, write_quorum)
-        nodes = _eligible(candidates, exclude)
-        if len(nodes) < ensemble_size:
-            raise NotEnoughBookiesError(
-                f"need {ensemble_size} writable bookies, have {len(nodes)}: "
-                f"{[n.bookie_id for n in nodes]}")
+        nodes = _ensemble_candidates(candidates, ensemble_size, write_quorum, exclude)
         return self._pick(nodes, ensemble_size, rng)
 
     def replace_bookie(self, candidates: Sequence[BookieNode], ensemble: Sequence[str],
@@ -263,12 +271,7 @@ class RackAwarePlacementPolicy(DefaultPlacementPolicy):
     def new_ensemble(self, candidates: Sequence[BookieNode], ensemble_size: int,
                      write_quorum: int, rng: random.Random,
                      exclude: Sequence[str] = ()) -> list[str]:
-        _check_sizes(ensemble_size, write_quorum)
-        nodes = _eligible(candidates, exclude)
-        if len(nodes) < ensemble_size:
-            raise NotEnoughBookiesError(
-                f"need {ensemble_size} writable bookies, have {len(nodes)}: "
-                f"{[n.bookie_id for n in nodes]}")
+        nodes = _ensemble_candidates(candidates, ensemble_size, write_quorum, exclude)
         by_rack: dict[str, list[BookieNode]] = {}
         for node in nodes:
             by_rack.setdefault(self.rack(node), []).append(node)
