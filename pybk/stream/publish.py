@@ -48,6 +48,7 @@ from pybk.stream.builder import BuiltSegment
 from pybk.stream.meta import COMPLETED, LogMetadata, SegmentInfo
 from pybk.stream.position import Position
 from pybk.stream.truncation import plan_retention, plan_truncation
+from pybk.stream.writer import take_over
 
 if TYPE_CHECKING:
     from pybk.stream.catalog import LogCatalog
@@ -143,16 +144,7 @@ async def publish_segments(
 
     epoch: int | None = None
     if fence_writer:
-        from pybk.stream.writer import _recover, _take_lock  # the writer's takeover steps
-
-        md = await _take_lock(cat, label)
-        try:
-            md = await _recover(cat, md)
-        except LedgerFencedError as exc:
-            raise WriterConflictError(
-                f"log {cat.name!r}: another writer took it over while publishing ({exc})"
-            ) from exc
-        epoch = md.epoch
+        epoch = (await take_over(cat, label, "while publishing")).epoch
 
     outcome: list[PublishResult] = []
     now = cat.now_ms()

@@ -59,7 +59,7 @@ from pybk.stream.truncation import plan_retention, plan_truncation
 if TYPE_CHECKING:
     from pybk.stream.catalog import LogCatalog
 
-__all__ = ["SEGMENT_COMPLETED_AT_STALE_LAC", "LogWriter"]
+__all__ = ["SEGMENT_COMPLETED_AT_STALE_LAC", "LogWriter", "take_over"]
 
 #: mutation switch (a name in ``ClientConfig.mutations``; registry: ``pybk.testing.mutations``):
 #: a new writer completes the segment it takes over at the LAC its bookies reported before
@@ -213,14 +213,7 @@ class LogWriter:
     @classmethod
     async def open(cls, catalog: LogCatalog, options: WriterOptions, label: str) -> LogWriter:
         """Take the writer lock, recover what an earlier writer left, start a segment."""
-        md = await _take_lock(catalog, label)
-        try:
-            md = await _recover(catalog, md)
-        except LedgerFencedError as exc:
-            raise WriterConflictError(
-                f"log {catalog.name!r}: another writer took it over while this one was "
-                f"opening ({exc})"
-            ) from exc
+        md = await take_over(catalog, label, "while this one was opening")
         writer = cls(catalog, md, options, label)
         if not md.end_of_stream:
             try:
@@ -903,6 +896,18 @@ async def _abandon_ledger(cat: LogCatalog, lh: LedgerHandle) -> None:
         await cat.delete_ledger(lh.id)
     except BKError as exc:
         log.warning("log %s: could not delete unused ledger %d: %s", cat.name, lh.id, exc)
+
+
+async def take_over(cat: LogCatalog, label: str, during: str) -> LogMetadata:
+    """A new writer's takeover (a writer opening, or a publish that fences the writer): take
+    the writer lock, recover what an earlier writer left; losing the log to yet another
+    writer meanwhile is a WriterConflictError (``during`` says when, for its message)."""
+    md = await _take_lock(cat, label)
+    try:
+        return await _recover(cat, md)
+    except LedgerFencedError as exc:
+        raise WriterConflictError(
+            f"log {cat.name!r}: another writer took it over {during} ({exc})") from exc
 
 
 async def _take_lock(cat: LogCatalog, label: str) -> LogMetadata:
