@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from pybk.client import Client
     from pybk.replication.reader import ReadHandle
 
-__all__ = ["FIRST", "SegmentRange", "TailFinder", "plan_ranges", "read_range"]
+__all__ = ["FIRST", "SegmentRange", "TailFinder", "plan_ranges", "read_partition", "read_range"]
 
 FIRST = Position(1, 0, 0)
 #: entries read per request
@@ -206,6 +206,16 @@ async def _open(opts: SourceOptions, part: SegmentRange) -> tuple[ReadHandle, Po
             "before this partition read it"
         ) from None
     return rh, meta.truncated_before
+
+
+def read_partition(opts: SourceOptions, partition: object) -> Iterator[Any]:
+    """A reader's ``read`` (batch and streaming): a planned range's records; nothing for the
+    one placeholder partition Spark hands an empty read; a clear error for anything else."""
+    if not isinstance(partition, SegmentRange):
+        if getattr(partition, "value", None) is None:
+            return iter(())
+        raise TypeError(f"not a pybk partition: {partition!r}")
+    return read_range(opts, partition)
 
 
 def read_range(opts: SourceOptions, part: SegmentRange) -> Iterator[Any]:

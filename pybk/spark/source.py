@@ -32,7 +32,7 @@ from pyspark.sql.datasource import (
 from pybk.spark import runtime
 from pybk.spark.driver import connect
 from pybk.spark.options import OptionError, SourceOptions, parse_options
-from pybk.spark.read import FIRST, SegmentRange, TailFinder, plan_ranges, read_range
+from pybk.spark.read import FIRST, SegmentRange, TailFinder, plan_ranges, read_partition
 from pybk.spark.write import TaskResult, WritePlan, abort_job, commit_job, prepare_write, write_task
 from pybk.stream.position import Position
 
@@ -94,11 +94,7 @@ class PybkBatchReader(DataSourceReader):
         return self.ranges
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        if not isinstance(partition, SegmentRange):
-            if getattr(partition, "value", None) is None:
-                return iter(())  # Spark's one placeholder partition of an empty read
-            raise TypeError(f"not a pybk partition: {partition!r}")
-        return read_range(self.opts, partition)
+        return read_partition(self.opts, partition)
 
 
 def plan_batch_read(opts: SourceOptions) -> list[SegmentRange]:

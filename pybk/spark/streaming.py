@@ -45,7 +45,7 @@ from pyspark.sql.streaming.datasource import (
 
 from pybk.spark import jobs, runtime
 from pybk.spark.options import OptionError, SourceOptions
-from pybk.spark.read import FIRST, SegmentRange, TailFinder, plan_ranges, read_range
+from pybk.spark.read import FIRST, SegmentRange, TailFinder, plan_ranges, read_partition
 from pybk.spark.source import PybkCommitMessage, _results, _task_ids
 from pybk.spark.write import (
     TaskResult,
@@ -173,11 +173,7 @@ class PybkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return plan_ranges(md, a, b, b.entry, self.opts.max_partition_bytes)
 
     def read(self, partition: InputPartition) -> Iterator[Any]:
-        if not isinstance(partition, SegmentRange):
-            if getattr(partition, "value", None) is None:
-                return iter(())  # Spark's one placeholder partition of an empty read
-            raise TypeError(f"not a pybk partition: {partition!r}")
-        return read_range(self.opts, partition)
+        return read_partition(self.opts, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
         self._position(end)  # nothing to release: positions are the whole state
