@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from pybk.errors import BKError
@@ -240,12 +241,12 @@ class AutoRecoverySim:
         if not await self._converge(admin, deadline, "after the faults"):
             return
         # 2. a bookie lost for good, decommissioned while the workers run
-        victim = await self._victim()
+        open_before = await self._open_ledgers()
+        victim = self._victim(open_before.values())
         if victim is None:
             run.log("autorecovery: no bookie can be lost for good (too few left, or each holds an "
                     "open ledger with Qa=1)")
             return
-        open_before = await self._open_ledgers()
         sb = run.cluster.bookies[victim]
         await run.cluster.crash_bookie(victim, "drop")
         sb.fs = MemFileSystem()
@@ -271,7 +272,7 @@ class AutoRecoverySim:
         # bookie (its writer died between the Qa-th and the Qw-th copy): recovery rewrites
         # only what lies above the LAC, and, as in BookKeeper, only a ledger check repairs
         # the rest. So converge once more when that happened, before the end state.
-        closed_since = open_before - await self._open_ledgers()
+        closed_since = open_before.keys() - (await self._open_ledgers()).keys()
         if closed_since:
             run.cover("autorecovery_closed_while_decommissioning")
             if not await self._converge(admin, deadline, "after the decommission closed "
@@ -290,7 +291,7 @@ class AutoRecoverySim:
         if not problems:
             run.cover("autorecovery_fully_replicated")
 
-    async def _victim(self) -> str | None:
+    def _victim(self, open_ledgers: Iterable[LedgerMetadata]) -> str | None:
         """An up, undamaged bookie whose loss leaves enough bookies for every ensemble and
         is within every ledger's tolerance. A ledger still open (a log's in-progress
         segment) with Qa=1 cannot lose a bookie of its last ensemble: its recovery must
@@ -300,22 +301,19 @@ class AutoRecoverySim:
         healthy = [b for b in run.cluster.up_bookies() if b not in run.faulty]
         if len(healthy) - 1 < run.topology[0]:  # (a damaged bookie's slots need spares too)
             return None
-        store = run.cluster.admin
-        pinned: set[str] = set()
-        for lid in await store.list_ledgers():
-            md = _peek(store, lid)
-            if md is not None and not md.is_closed and md.ack_quorum < 2 and md.ensembles:
-                pinned.update(md.ensembles[max(md.ensembles)])
-        up = [b for b in run.cluster.up_bookies() if b not in run.faulty and b not in pinned]
-        return self.rng.choice(sorted(up)) if up else None
+        pinned = {b for md in open_ledgers if md.ack_quorum < 2 and md.ensembles
+                  for b in md.last_ensemble}
+        candidates = [b for b in healthy if b not in pinned]
+        return self.rng.choice(sorted(candidates)) if candidates else None
 
-    async def _open_ledgers(self) -> set[int]:
+    async def _open_ledgers(self) -> dict[int, LedgerMetadata]:
+        """Every ledger not closed, by id, as stored now."""
         store = self.run.cluster.admin
-        found = set()
+        found = {}
         for lid in await store.list_ledgers():
             md = _peek(store, lid)
             if md is not None and not md.is_closed:
-                found.add(lid)
+                found[lid] = md
         return found
 
     async def _converge(self, admin: Admin, deadline: float, when: str) -> bool:
