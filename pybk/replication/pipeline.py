@@ -156,6 +156,10 @@ class WritePipeline:
         self._waiters: list[Any] = []
         #: entries from this id on were never sent (pushed while an ensemble change ran)
         self._unsent = lac + 1
+        #: entries ``_queued .. _unsent - 1`` were pushed (no change running, no dead slot)
+        #: but not yet put in the per-slot outboxes: :meth:`_distribute` does that for the
+        #: lot with a few slices at the next event, not three appends per entry and slot
+        self._queued = lac + 1
         #: per ensemble slot, the entries queued for it (ids, bodies, bytes): sent even if
         #: they are confirmed meanwhile (every replica of the write set gets the entry)
         e = quorums.ensemble_size
@@ -227,19 +231,14 @@ class WritePipeline:
         if not self.changing:
             if self.dead_slots:
                 self._queue(entry_id, body)
-            else:  # (the common case of _queue, inlined: once per entry)
-                size = len(body)
-                outbox, outbodies, outbytes = self._outbox, self._outbodies, self._outbytes
-                for slot in self._write_sets[entry_id % self._e]:
-                    outbox[slot].append(entry_id)
-                    outbodies[slot].append(body)
-                    outbytes[slot] += size
-            self._unsent = entry_id + 1
+                self._queued = entry_id + 1
+            self._unsent = entry_id + 1  # (else queued by _distribute, at the next event)
         return entry_id
 
     def on_reply(self, send: Send, outcome: AddOutcome) -> None:
         """A bookie answered ``send``. Stale replies (the slot changed hands since) and
         answers for entries no longer pending are ignored."""
+        self._distribute()
         slot = send.slot
         if send.epoch < self._slot_epoch[slot] or self.error is not None:
             return
@@ -269,6 +268,7 @@ class WritePipeline:
         """Adopt the last ensemble of ``ensembles`` (written to the metadata, or kept locally
         by recovery): in-flight entries of the replaced slots are resent to the new bookies
         (dropping those slots' earlier acks), entries queued during the change are sent."""
+        self._distribute()
         self.ensembles = {k: tuple(v) for k, v in ensembles.items()}
         new = list(self.ensembles[max(self.ensembles)])
         replaced = [i for i in range(len(new)) if new[i] != self.ensemble[i]]
@@ -286,6 +286,7 @@ class WritePipeline:
         """Recovery without a spare bookie: keep ``failed`` slots out of the write sets while
         every pending write-back can still reach Qa on the others. Raises
         NotEnoughBookiesError (the caller then fails the pipeline) when one cannot."""
+        self._distribute()
         self.dead_slots.update(failed)
         for slot in failed:  # queued for a dead bookie and not sent: never will be
             self._clear_outbox(slot)
@@ -302,6 +303,7 @@ class WritePipeline:
     def change_done(self) -> None:
         """The driver's ensemble change loop ended (changed, or failed the pipeline): adds
         may be confirmed again."""
+        self._distribute()
         self.changing = False
         if self.error is None and self._unsent <= self.lap:
             self._resend([])  # (pushed after the last ensemble was adopted)
@@ -312,6 +314,7 @@ class WritePipeline:
         action), and every later push raises a copy of it."""
         if self.error is None:
             self.error = error
+        self._queued = self._unsent  # (outboxes are emptied below: nothing left to queue)
         waiters = [w for w in self._waiters[self._head:] if w is not None]
         self._base = self.lac + 1  # (the ids of the failed entries stay used: lap is kept)
         self._head = 0
@@ -344,6 +347,7 @@ class WritePipeline:
         answered), then whatever earlier events decided."""
         out: list[Action] = []
         if self.error is None and not self.changing:
+            self._distribute()
             self._sends(out)
         if self._actions:
             out += self._actions
@@ -365,6 +369,40 @@ class WritePipeline:
             outbox[slot].append(entry_id)
             outbodies[slot].append(body)
             outbytes[slot] += size
+
+    def _distribute(self) -> None:
+        """Put the entries ``_queued .. _unsent - 1`` (pushed with no change running and no
+        dead slot: each goes to its whole write set) in the outboxes of their slots.
+
+        Consecutive ids give each slot a fixed round robin over the Qw residue classes
+        (mod E) it stores: class ``j`` holds the ids whose write set has the slot at place
+        ``j``; as ids grow the slot's place steps down through Qw-1..0 and then skips E-Qw
+        ids. So a slot's ids in order are the classes, sorted by their first id, taken in
+        turn: one stride slice of the pending bodies per class, put in place by an extended
+        slice assignment."""
+        u0, u1 = self._queued, self._unsent - 1
+        if u0 > u1:
+            return
+        self._queued = u1 + 1
+        e, qw, base, bodies = self._e, self.quorums.write_quorum, self._base, self._bodies
+        for slot in range(e):
+            firsts = sorted(f for j in range(qw) if (f := u0 + (slot - j - u0) % e) <= u1)
+            if not firsts:
+                continue
+            if len(firsts) == 1:
+                f = firsts[0]
+                ids = list(range(f, u1 + 1, e))
+                out = bodies[f - base:u1 - base + 1:e]
+            else:
+                count = sum(len(range(f, u1 + 1, e)) for f in firsts)
+                ids = [0] * count
+                out = [b""] * count
+                for k, f in enumerate(firsts):
+                    ids[k::qw] = range(f, u1 + 1, e)
+                    out[k::qw] = bodies[f - base:u1 - base + 1:e]
+            self._outbox[slot] += ids
+            self._outbodies[slot] += out
+            self._outbytes[slot] += sum(map(len, out))
 
     def _clear_outbox(self, slot: int) -> None:
         self._outbox[slot] = []
@@ -502,12 +540,13 @@ class WritePipeline:
             self._queue(base + i, bodies[i])
             if self.error is not None:
                 return
-        self._unsent = self.lap + 1
+        self._unsent = self._queued = self.lap + 1
 
     # ================================================================== invariants
 
     def _check(self) -> None:
         """Assert the invariants (tests call this after every step)."""
+        self._distribute()
         n = len(self._bodies)
         assert len(self._lengths) == len(self._acked) == len(self._waiters) == n
         assert 0 <= self._head <= n
@@ -531,4 +570,5 @@ class WritePipeline:
         for i in range(self._head, n):
             assert self._acked[i] >> len(self.ensemble) == 0
         assert self._unsent <= self.lap + 1
+        assert self._queued == self._unsent
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -466,8 +467,16 @@ class _AddTimer:
 
 
 def _resolve(action: Resolve) -> None:
+    waiters = action.waiters
+    if None not in waiters:  # every entry its own future (append): one C-level pass
+        try:
+            deque(map(_set_result, waiters, range(action.first, action.last + 1)), maxlen=0)
+            return
+        except (asyncio.InvalidStateError, TypeError):
+            pass  # a cancelled future or a batch's waiter: the checked loop below settles
+            # the rest (those set already are done, so it skips them)
     eid = action.first
-    for waiter in action.waiters:
+    for waiter in waiters:
         if waiter is not None:
             if type(waiter) is _Batch:
                 fut = waiter.future
@@ -476,6 +485,11 @@ def _resolve(action: Resolve) -> None:
             elif not waiter.done():
                 waiter.set_result(eid)
         eid += 1
+
+
+#: ``Future.set_result`` unbound (a C function on the loop's own futures; a waiter of another
+#: type makes it raise TypeError, and _resolve falls back to the checked loop)
+_set_result = asyncio.Future.set_result
 
 
 def _fail_waiters(action: Fail) -> None:
