@@ -447,6 +447,21 @@ class WritePipeline:
     def _ack(self, slot: int, entry_ids: list[int]) -> None:
         bit = 1 << slot
         base, head, acked = self._base, self._head, self._acked
+        if self._ack_out_of_order:
+            self._ack_each(bit, entry_ids)
+            return
+        for eid in entry_ids:
+            i = eid - base
+            if i >= head:  # (else confirmed already)
+                acked[i] |= bit
+        # only the head entry reaching Qa lets anything be confirmed (in order)
+        if head < len(acked) and acked[head].bit_count() >= self._qa:
+            self._complete()
+
+    def _ack_each(self, bit: int, entry_ids: list[int]) -> None:
+        """:meth:`_ack` entry by entry, for the ACK_OUT_OF_ORDER mutation (an entry is
+        answered the moment it reaches Qa)."""
+        base, head, acked = self._base, self._head, self._acked
         qa = self._qa
         lac = self.lac
         complete_head = False
@@ -460,8 +475,7 @@ class WritePipeline:
             a |= bit
             acked[i] = a
             if a.bit_count() == qa:
-                if self._ack_out_of_order:
-                    self._resolve_out_of_order(i, eid)
+                self._resolve_out_of_order(i, eid)
                 if eid == lac + 1:
                     complete_head = True
         if complete_head:

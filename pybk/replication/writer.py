@@ -26,9 +26,10 @@ point).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
 from pybk.errors import (
@@ -142,6 +143,7 @@ class AddPipeline:
             ack_out_of_order=ACK_OUT_OF_ORDER in cfg.mutations,
         )
         self._loop = asyncio.get_running_loop()
+        self._new_future = _future_maker(self._loop)
         self._flush_scheduled = False
         self._running = False
         self._change_task: asyncio.Task[None] | None = None
@@ -198,7 +200,7 @@ class AddPipeline:
         if core.error is not None:
             raise fresh_copy(core.error)
         length = core.length + len(payload)
-        fut: asyncio.Future[int] = self._loop.create_future()
+        fut: asyncio.Future[int] = self._new_future()
         core.push(self.digest.frame(core.lap + 1, core.lac, length, payload), length, fut)
         if self._stats is not None:
             fut.add_done_callback(_AddTimer(self._stats, self._loop.time()))
@@ -464,6 +466,16 @@ class _AddTimer:
             return
         stats.adds += 1
         stats.add_latency.observe(fut.get_loop().time() - self.started)
+
+
+def _future_maker(loop: asyncio.AbstractEventLoop) -> Callable[[], asyncio.Future[Any]]:
+    """``loop.create_future`` as the cheapest call that makes the same future: asyncio's own
+    loops make a plain ``asyncio.Future(loop=loop)`` through a Python method (a frame per
+    append); a partial builds it in C. A loop with its own ``create_future`` (uvloop, a
+    test's) keeps it."""
+    if type(loop).create_future is asyncio.BaseEventLoop.create_future:
+        return functools.partial(asyncio.Future, loop=loop)
+    return loop.create_future
 
 
 def _resolve(action: Resolve) -> None:
