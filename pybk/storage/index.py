@@ -18,6 +18,10 @@ import heapq
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import islice, repeat
+from operator import add as _add
+from operator import eq as _eq
+from operator import sub as _sub
 from typing import Final, NamedTuple
 
 from sortedcontainers import SortedDict
@@ -79,6 +83,11 @@ def empty_columns() -> EntryColumns:
 #: ones go to the sparse part
 MAX_GAP: Final = 64
 _ZEROS: Final = memoryview(bytes(8 * MAX_GAP))
+
+
+#: the most ids per repeating period :meth:`EntryIndex._append_periodic` looks for (a
+#: bookie of an E/Qw ledger gets Qw ids per period of E)
+_MAX_PERIOD_IDS: Final = 8
 
 
 class EntryIndex:
@@ -232,6 +241,8 @@ class EntryIndex:
             self.sizes.extend(sizes)
             self.end = first + k
             return True
+        if k >= 4 and self._append_periodic(ids, seg, offsets, sizes, end, n):
+            return True
         segs: list[int] = []
         offs: list[int] = []
         szs: list[int] = []
@@ -258,6 +269,44 @@ class EntryIndex:
         self.holes += holes
         self.end = cur
         return True
+
+    def _append_periodic(self, ids: list[int], seg: int, offsets: list[int],
+                         sizes: list[int], end: int, n: int) -> bool:
+        """:meth:`append_run` of striped ids whose holes repeat (a bookie of an E > Qw
+        ledger gets Qw of every E ids: ``q`` ids per period of ``p``), by one stride slice
+        per column and residue instead of a Python step per entry. False (nothing changed)
+        when the ids do not repeat so within the first few periods' shapes."""
+        k = len(ids)
+        first = ids[0]
+        for q in range(1, min(_MAX_PERIOD_IDS, k // 2) + 1):
+            p = ids[q] - first
+            # every id is the one q places before it plus p (C-level, stops at the first
+            # that is not)
+            if not all(map(_eq, islice(ids, q, None), map(_add, ids, repeat(p)))):
+                continue
+            if max(map(_sub, islice(ids, 1, q + 1), ids)) - 1 > MAX_GAP:
+                return False
+            m = ids[-1] + 1 - end
+            segs = array("I", bytes(4 * m))
+            offs = array("Q", bytes(8 * m))
+            szs = array("I", bytes(4 * m))
+            for r in range(q):
+                start = ids[r] - end
+                count = len(range(start, m, p))
+                if count != len(range(r, k, q)):
+                    return False  # (a class ends early: not one repeating pattern)
+                szs[start::p] = array("I", sizes[r::q])
+                offs[start::p] = array("Q", offsets[r::q])
+                segs[start::p] = array("I", (seg,)) * count
+            if not n:
+                self.first = self.end = end
+            self.segs.extend(segs)
+            self.offs.extend(offs)
+            self.sizes.extend(szs)
+            self.holes += m - k
+            self.end = end + m
+            return True
+        return False
 
     def _holes(self, gap: int) -> None:
         """Append ``gap`` empty slots (zero bytes, no array made)."""
