@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice, repeat
 from operator import add as _add
 from operator import eq as _eq
 from operator import sub as _sub
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from sortedcontainers import SortedDict
 
@@ -446,6 +447,29 @@ class LedgerState:
     #: entry id -> body of adds written to the journal but not yet durable (not in
     #: ``entries``): a second add of the same entry waits for the first or is refused
     pending: dict[int, bytes] = field(default_factory=dict, repr=False)
+    #: batches in flight the same way, whole (the store's batch tags, each with ascending
+    #: ``entry_ids`` and their ``bodies``): a clean batch costs one list entry, not a dict
+    #: entry per entry; :meth:`pending_body` looks in both
+    runs: list[Any] = field(default_factory=list, repr=False)
+
+    def pending_body(self, entry_id: int) -> bytes | None:
+        """The body of ``entry_id`` if an add of it is in flight (written, not durable)."""
+        body = self.pending.get(entry_id)
+        if body is None:
+            for run in self.runs:
+                ids = run.entry_ids
+                if ids[0] <= entry_id <= ids[-1]:
+                    i = bisect_left(ids, entry_id)
+                    if ids[i] == entry_id:
+                        found: bytes = run.bodies[i]
+                        return found
+        return body
+
+    def pending_items(self) -> Iterator[tuple[int, bytes]]:
+        """Every add in flight: (entry id, body)."""
+        yield from self.pending.items()
+        for run in self.runs:
+            yield from zip(run.entry_ids, run.bodies, strict=True)
 
     def location(self, entry_id: int) -> Location | None:
         """Where ``entry_id`` is stored, or None."""

@@ -212,7 +212,7 @@ class LedgerStore(WritesMixin):
         self.index._check()
         self.journal._check()
         for lid, st in self.index.ledgers.items():
-            for eid, body in st.pending.items():
+            for eid, body in st.pending_items():
                 assert parse_entry_header(body)[:2] == (lid, eid)
                 assert eid not in st.entries, (lid, eid)
         assert self.journal.segment_seq in self._segments or self.journal.failed is not None

@@ -136,7 +136,7 @@ class WritesMixin(ReadsMixin):
         """Put the entries of a synced batch in the index; the live bytes added in ``seg``."""
         st = tag.state
         ids = tag.entry_ids
-        _consume(map(st.pending.pop, ids, repeat(None)))
+        _forget_pending(st, tag)
         if st.deleted:
             return 0  # deleted while in flight: its bytes are garbage
         if tag.lac > st.max_piggyback_lac:
@@ -176,8 +176,8 @@ class WritesMixin(ReadsMixin):
                 continue
             if type(tag) is _BatchTag:
                 lid, st = tag.ledger_id, tag.state
+                _forget_pending(st, tag)
                 for eid in tag.entry_ids:
-                    st.pending.pop(eid, None)
                     for waiter in self._also_waiting.pop((lid, eid), ()):
                         _notify(waiter, _bk_error(fresh_copy(exc)), lid, eid)
                 _notify(tag.on_done, _bk_error(exc), lid, tag.entry_ids[0])
@@ -252,6 +252,8 @@ class WritesMixin(ReadsMixin):
         if st is None or st.fenced or st.master_key != master_key:
             st = self._add_checks(ledger_id, st, master_key, recovery)
         pending = st.pending.get(entry_id)
+        if pending is None and st.runs:
+            pending = st.pending_body(entry_id)
         if pending is not None:
             if pending != body:
                 raise EntryExistsError(
@@ -296,14 +298,15 @@ class WritesMixin(ReadsMixin):
         run = _admit_run(ledger_id, st, entry_ids, bodies)
         if run is not None:  # the common batch, admitted in C-level passes
             data, ids, sizes, lac = run
+            tag = _BatchTag(ledger_id, st, ids, sizes, lac, True, on_done, bodies)
+            st.runs.append(tag)  # (in flight: a second add of one of them finds it)
             try:
                 if st.master_key is None:
                     self.journal.append_nowait(self._key_record(ledger_id, st, master_key),
                                                (ledger_id, -1, -1, 0, None, st))
-                self.journal.append_nowait(
-                    data, _BatchTag(ledger_id, st, ids, sizes, lac, True, on_done))
+                self.journal.append_nowait(data, tag)
             except BaseException:  # nothing of this batch is on its way: forget it
-                _consume(map(st.pending.pop, ids, repeat(None)))
+                _forget_pending(st, tag)
                 raise
             return
         batch = _Admitted(len(bodies), on_done)
@@ -350,6 +353,8 @@ class WritesMixin(ReadsMixin):
                     f"add of ({ledger_id}, {eid}) carries an entry framed as ({blid}, {beid})"))
                 continue
             waiting = pending.get(eid)
+            if waiting is None and st.runs:
+                waiting = st.pending_body(eid)
             if waiting is not None:
                 if waiting != body:
                     batch.refuse(i, EntryExistsError(
@@ -510,8 +515,9 @@ def _admit_run(ledger_id: int, st: LedgerState, entry_ids: Sequence[int],
     entry: ids strictly ascending from the index's dense end on (so none is held), none
     being written, every body's header naming its ledger and id. Returns what to journal
     (the records back to back, exactly what :meth:`WritesMixin._admit` makes), their ids,
-    record sizes and highest piggybacked LAC, with the entries marked pending; None (and
-    nothing changed) when any of that does not hold: the batch then takes the per-entry
+    record sizes and highest piggybacked LAC (the caller keeps the batch's tag in
+    ``LedgerState.runs`` while it is in flight: no dict entry per entry); None (and nothing
+    changed) when any of that does not hold: the batch then takes the per-entry
     checks, which refuse or answer each entry alone."""
     entries = st.entries
     n = len(bodies)
@@ -522,9 +528,12 @@ def _admit_run(ledger_id: int, st: LedgerState, entry_ids: Sequence[int],
     if first < entries.end or first < 0 or (
             n > 1 and not all(map(_lt, ids, islice(ids, 1, None)))):
         return None
-    pending = st.pending
-    if pending and not pending.keys().isdisjoint(ids):
+    if st.pending and not st.pending.keys().isdisjoint(ids):
         return None
+    last = ids[-1]
+    for other in st.runs:  # batches in flight: (in order) all below, unless resent
+        if other.entry_ids[0] <= last and other.entry_ids[-1] >= first:
+            return None
     try:
         heads = list(map(_unpack_entry_ids_lac, bodies))
     except struct.error:  # a body shorter than the header
@@ -537,9 +546,16 @@ def _admit_run(ledger_id: int, st: LedgerState, entry_ids: Sequence[int],
     records[::2] = map(_pack_record_header, lens, map(_crc32c, bodies, repeat(_ENTRY_CRC)),
                        repeat(_ENTRY_TYPE))
     records[1::2] = bodies
-    pending.update(zip(ids, bodies, strict=True))
     return (b"".join(records), ids, list(map(_add, lens, repeat(RECORD_HEADER_SIZE))),
             max(lacs))
+
+
+def _forget_pending(st: LedgerState, tag: _BatchTag) -> None:
+    """A batch is no longer in flight (durable, failed, or never sent)."""
+    if tag.bodies is not None:
+        st.runs.remove(tag)
+    else:
+        _consume(map(st.pending.pop, tag.entry_ids, repeat(None)))
 
 
 def _consume(it: Iterable[Any]) -> None:
@@ -583,10 +599,12 @@ BatchCallback = Callable[[AddOutcome], None]
 class _BatchTag:
     """The journal tag of one :meth:`WritesMixin.add_batch`'s records (one append)."""
 
-    __slots__ = ("ascending", "entry_ids", "lac", "ledger_id", "on_done", "sizes", "state")
+    __slots__ = ("ascending", "bodies", "entry_ids", "lac", "ledger_id", "on_done", "sizes",
+                 "state")
 
     def __init__(self, ledger_id: int, state: LedgerState, entry_ids: list[int],
-                 sizes: list[int], lac: int, ascending: bool, on_done: BatchCallback) -> None:
+                 sizes: list[int], lac: int, ascending: bool, on_done: BatchCallback,
+                 bodies: Sequence[bytes] | None = None) -> None:
         self.ledger_id = ledger_id
         self.state = state
         self.entry_ids = entry_ids
@@ -594,6 +612,9 @@ class _BatchTag:
         self.lac = lac  # the highest piggybacked LAC among them
         self.ascending = ascending
         self.on_done = on_done
+        #: the bodies, for a batch kept in ``LedgerState.runs`` while in flight (the fast
+        #: path); None: its entries are in ``LedgerState.pending`` one by one
+        self.bodies = bodies
 
 
 class _Admitted:

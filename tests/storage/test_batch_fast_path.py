@@ -43,7 +43,7 @@ def test_fast_path_records_equal_the_per_entry_records() -> None:
         assert data == b"".join(encode_entry(b) for b in bodies)
         assert got_ids == ids and lac == max(e - 1 for e in ids)
         assert sizes == [len(encode_entry(b)) for b in bodies]
-        assert list(st.pending) == ids  # marked in flight, as the per-entry path does
+        assert not st.pending  # (the caller keeps the batch in st.runs while in flight)
         # the per-entry path makes the same bytes
         st2 = s.index.ledger(6)
         batch = _Admitted(len(ids), lambda _o: None)
@@ -93,5 +93,43 @@ def test_a_declined_batch_still_refuses_each_bad_entry_alone_and_stores_the_rest
         assert _add_batch(s, 5, [5, 7], [body(5, 5), body(5, 7)]) is None
         assert s.read(5, 7) == body(5, 7)
         assert not s.index.ledger(5).pending
+    finally:
+        loop.close()
+
+
+def test_adds_of_entries_of_a_fast_path_batch_in_flight_wait_for_it_or_are_refused() -> None:
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        s = _run(open_store(MemFileSystem()))
+
+        async def go() -> None:
+            first: asyncio.Future[AddOutcome] = loop.create_future()
+            s.add_batch(5, [0, 1, 2], [body(5, e) for e in (0, 1, 2)], KEY, False,
+                        first.set_result)
+            st = s.index.ledger(5)
+            assert len(st.runs) == 1 and not st.pending  # in flight as one batch
+            assert st.pending_body(1) == body(5, 1) and st.pending_body(3) is None
+            # the same entry again, identical: answered once the first is durable
+            again: asyncio.Future[object] = loop.create_future()
+            s.add_entry(5, 1, body(5, 1), KEY, False, again.set_result)
+            # different bytes: refused at once
+            try:
+                s.add_entry(5, 2, body(5, 2) + b"x", KEY, False, lambda _e: None)
+            except EntryExistsError:
+                pass
+            else:
+                raise AssertionError("a different body of an entry in flight was taken")
+            # an overlapping batch takes the per-entry checks: 2 waits, 3 is new
+            second: asyncio.Future[AddOutcome] = loop.create_future()
+            s.add_batch(5, [2, 3], [body(5, 2), body(5, 3)], KEY, False, second.set_result)
+            assert await first is None
+            assert await again is None
+            assert await second is None
+            assert not st.runs and not st.pending
+            assert [s.read(5, e) for e in range(4)] == [body(5, e) for e in range(4)]
+            s._check()
+
+        _run(go())
     finally:
         loop.close()
