@@ -35,7 +35,8 @@ async def one(fs_kind: str, args: argparse.Namespace) -> tuple[float, ...]:
         async with LocalCluster(root, 3, fs=fs, tune_gc=True) as cluster:
             client = cluster.client()
             lh = await client.create_ledger(*quorum)
-            await closed_loop(lambda: lh.append(payload), args.inflight, 0.5)
+            await closed_loop(lambda: lh.append(payload), args.inflight,
+                              min(args.duration, 0.5))
             t0 = os.times()
             m0 = time.thread_time()
             run = await closed_loop(lambda: lh.append(payload), args.inflight, args.duration)
