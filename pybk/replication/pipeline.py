@@ -38,7 +38,7 @@ Rules kept here (and checked by :meth:`_check` and tests/client/test_pipeline_mo
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from pybk.errors import (
     BKError,
@@ -110,6 +110,10 @@ class SendLac(NamedTuple):
 
 
 Action = Send | Resolve | Fail | ChangeEnsemble | SendLac
+
+
+#: from this many entries on, :meth:`WritePipeline._distribute` queues by stride slices
+_SLICE_MIN: Final = 8
 
 
 class WritePipeline:
@@ -238,7 +242,6 @@ class WritePipeline:
     def on_reply(self, send: Send, outcome: AddOutcome) -> None:
         """A bookie answered ``send``. Stale replies (the slot changed hands since) and
         answers for entries no longer pending are ignored."""
-        self._distribute()
         slot = send.slot
         if send.epoch < self._slot_epoch[slot] or self.error is not None:
             return
@@ -385,6 +388,17 @@ class WritePipeline:
             return
         self._queued = u1 + 1
         e, qw, base, bodies = self._e, self.quorums.write_quorum, self._base, self._bodies
+        if u1 - u0 < _SLICE_MIN:  # a few entries (a lone writer's): one by one is cheaper
+            outbox, outbodies, outbytes, write_sets = (
+                self._outbox, self._outbodies, self._outbytes, self._write_sets)
+            for eid in range(u0, u1 + 1):
+                body = bodies[eid - base]
+                size = len(body)
+                for slot in write_sets[eid % e]:
+                    outbox[slot].append(eid)
+                    outbodies[slot].append(body)
+                    outbytes[slot] += size
+            return
         for slot in range(e):
             firsts = sorted(f for j in range(qw) if (f := u0 + (slot - j - u0) % e) <= u1)
             if not firsts:
@@ -522,6 +536,7 @@ class WritePipeline:
             self._head = head
 
     def _bookie_failed(self, slot: int, bookie: str, error: BKError) -> None:
+        self._distribute()  # (entries pushed so far are queued before any change begins)
         if isinstance(error, _FATAL):
             self.fail(type(error)(
                 f"ledger {self.ledger_id}: bookie {bookie} refused the add: {error}"))

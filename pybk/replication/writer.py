@@ -480,7 +480,7 @@ def _future_maker(loop: asyncio.AbstractEventLoop) -> Callable[[], asyncio.Futur
 
 def _resolve(action: Resolve) -> None:
     waiters = action.waiters
-    if None not in waiters:  # every entry its own future (append): one C-level pass
+    if len(waiters) > 4 and None not in waiters:  # each its own future: one C pass
         try:
             deque(map(_set_result, waiters, range(action.first, action.last + 1)), maxlen=0)
             return

@@ -19,8 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-from collections import deque
-from collections.abc import Awaitable, Callable, Container, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Container, Sequence
 from itertools import accumulate, islice, repeat
 from operator import add as _add
 from operator import lt as _lt
@@ -521,8 +520,8 @@ def _admit_run(ledger_id: int, st: LedgerState, entry_ids: Sequence[int],
     checks, which refuse or answer each entry alone."""
     entries = st.entries
     n = len(bodies)
-    if entries.sparse is not None or len(entry_ids) != n or not n:
-        return None
+    if entries.sparse is not None or len(entry_ids) != n or n < _RUN_MIN:
+        return None  # (a few entries: the per-entry checks cost less than the passes)
     ids = list(entry_ids)
     first = ids[0]
     if first < entries.end or first < 0 or (
@@ -550,17 +549,18 @@ def _admit_run(ledger_id: int, st: LedgerState, entry_ids: Sequence[int],
             max(lacs))
 
 
+#: from this many entries on, a batch may be admitted by :func:`_admit_run`
+_RUN_MIN: Final = 8
+
+
 def _forget_pending(st: LedgerState, tag: _BatchTag) -> None:
     """A batch is no longer in flight (durable, failed, or never sent)."""
     if tag.bodies is not None:
         st.runs.remove(tag)
-    else:
-        _consume(map(st.pending.pop, tag.entry_ids, repeat(None)))
-
-
-def _consume(it: Iterable[Any]) -> None:
-    """Run an iterator to its end (a C-level loop), keeping nothing."""
-    deque(it, maxlen=0)
+        return
+    pop = st.pending.pop
+    for eid in tag.entry_ids:
+        pop(eid, None)
 
 
 def _notify(on_done: Callable[[Any], None], error: Any, lid: int, eid: int) -> None:

@@ -34,7 +34,7 @@ def test_fast_path_records_equal_the_per_entry_records() -> None:
     asyncio.set_event_loop(loop)
     try:
         s = _run(open_store(MemFileSystem()))
-        ids = [0, 1, 3, 4, 6]  # striped: holes, ascending
+        ids = [0, 1, 3, 4, 6, 7, 9, 10, 12]  # striped: holes, ascending
         bodies = [body(5, e) for e in ids]
         st = s.index.ledger(5)
         run = writes_mod._admit_run(5, st, ids, bodies)
@@ -66,11 +66,15 @@ def test_batches_the_fast_path_declines_change_nothing() -> None:
             ([0, 1], [body(5, 0), b"short"]),  # shorter than the header
             ([-1, 0], [body(5, -1), body(5, 0)]),  # negative id
         ]
+        tail = list(range(10, 18))  # (padded past the fast path's smallest batch)
+        cases = [(ids + tail, bodies + [body(5, e) for e in tail]) for ids, bodies in cases]
+        cases.append((list(range(2, 8)), [body(5, e) for e in range(2, 8)]))  # too few
         for ids, bodies in cases:
             assert writes_mod._admit_run(5, st, ids, bodies) is None
             assert not st.pending
         st.pending[3] = body(5, 3)  # one in flight: a batch overlapping it is declined
-        assert writes_mod._admit_run(5, st, [2, 3], [body(5, 2), body(5, 3)]) is None
+        ids = list(range(2, 12))
+        assert writes_mod._admit_run(5, st, ids, [body(5, e) for e in ids]) is None
         assert list(st.pending) == [3]
     finally:
         loop.close()
@@ -90,8 +94,9 @@ def test_a_declined_batch_still_refuses_each_bad_entry_alone_and_stores_the_rest
         assert out[2] is None
         assert [s.read(5, e) for e in (0, 1, 2, 4)] == [body(5, e) for e in (0, 1, 2, 4)]
         # a clean batch after it takes the fast path and lands too
-        assert _add_batch(s, 5, [5, 7], [body(5, 5), body(5, 7)]) is None
-        assert s.read(5, 7) == body(5, 7)
+        ids = list(range(5, 30, 2))
+        assert _add_batch(s, 5, ids, [body(5, e) for e in ids]) is None
+        assert [s.read(5, e) for e in ids] == [body(5, e) for e in ids]
         assert not s.index.ledger(5).pending
     finally:
         loop.close()
@@ -105,11 +110,11 @@ def test_adds_of_entries_of_a_fast_path_batch_in_flight_wait_for_it_or_are_refus
 
         async def go() -> None:
             first: asyncio.Future[AddOutcome] = loop.create_future()
-            s.add_batch(5, [0, 1, 2], [body(5, e) for e in (0, 1, 2)], KEY, False,
+            s.add_batch(5, list(range(10)), [body(5, e) for e in range(10)], KEY, False,
                         first.set_result)
             st = s.index.ledger(5)
             assert len(st.runs) == 1 and not st.pending  # in flight as one batch
-            assert st.pending_body(1) == body(5, 1) and st.pending_body(3) is None
+            assert st.pending_body(1) == body(5, 1) and st.pending_body(10) is None
             # the same entry again, identical: answered once the first is durable
             again: asyncio.Future[object] = loop.create_future()
             s.add_entry(5, 1, body(5, 1), KEY, False, again.set_result)
@@ -120,14 +125,15 @@ def test_adds_of_entries_of_a_fast_path_batch_in_flight_wait_for_it_or_are_refus
                 pass
             else:
                 raise AssertionError("a different body of an entry in flight was taken")
-            # an overlapping batch takes the per-entry checks: 2 waits, 3 is new
+            # an overlapping batch takes the per-entry checks: 2..9 wait, 10..19 are new
             second: asyncio.Future[AddOutcome] = loop.create_future()
-            s.add_batch(5, [2, 3], [body(5, 2), body(5, 3)], KEY, False, second.set_result)
+            s.add_batch(5, list(range(2, 20)), [body(5, e) for e in range(2, 20)], KEY, False,
+                        second.set_result)
             assert await first is None
             assert await again is None
             assert await second is None
             assert not st.runs and not st.pending
-            assert [s.read(5, e) for e in range(4)] == [body(5, e) for e in range(4)]
+            assert [s.read(5, e) for e in range(20)] == [body(5, e) for e in range(20)]
             s._check()
 
         _run(go())
