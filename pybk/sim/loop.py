@@ -32,6 +32,8 @@ import asyncio
 import asyncio.base_events
 import contextvars
 import gc
+import sys
+import threading
 from asyncio.events import Handle, TimerHandle
 from collections.abc import Callable, Coroutine, Generator
 from heapq import heapify, heappop, heappush
@@ -164,72 +166,111 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
             self._timers_cancelled += 1
 
     def _run_once(self) -> None:
-        """One turn: advance the clock if nothing is ready, queue the timers now due, run
-        what was ready at the start of the turn (callbacks queued meanwhile wait a turn)."""
-        self.steps += 1
-        if self._max_steps is not None and self.steps > self._max_steps:
-            raise SimTimeLimit(f"more than {self._max_steps} loop iterations at t={self._now:.6f}")
+        """One turn (see :meth:`_turns`, which runs them back to back)."""
+        self._turns(1)
+
+    def run_forever(self) -> None:
+        """Run until stop() is called: the stdlib's, with the turns run by :meth:`_turns`
+        (one call for the whole run instead of one per turn)."""
+        self._check_closed()  # type: ignore[attr-defined]
+        self._check_running()  # type: ignore[attr-defined]
+        old_agen_hooks = sys.get_asyncgen_hooks()
+        try:
+            self._thread_id = threading.get_ident()
+            sys.set_asyncgen_hooks(firstiter=self._asyncgen_firstiter_hook,  # type: ignore[attr-defined]
+                                   finalizer=self._asyncgen_finalizer_hook)
+            asyncio.events._set_running_loop(self)
+            self._turns(None)
+        finally:
+            self._stopping = False
+            self._thread_id = None  # type: ignore[assignment]
+            asyncio.events._set_running_loop(None)
+            sys.set_asyncgen_hooks(*old_agen_hooks)
+
+    def _turns(self, limit: int | None) -> None:
+        """Turns until ``stop()`` (or ``limit`` turns). A turn: advance the clock if nothing
+        is ready, queue the timers now due, run what was ready at the start of the turn
+        (callbacks queued meanwhile wait a turn)."""
         ready = self._ready  # type: ignore[attr-defined]
-        timers = self._timers
-        if self._timers_cancelled > 64 and self._timers_cancelled * 2 > len(timers):
-            live = []
-            for item in timers:
-                if item[2]._cancelled:
-                    item[2]._scheduled = False
-                else:
-                    live.append(item)
-            heapify(live)
-            self._timers = timers = live
-            self._timers_cancelled = 0
-        if ready or self._stopping:  # type: ignore[attr-defined]
-            self._still += 1
-        else:
-            while timers and timers[0][2]._cancelled:
-                heappop(timers)[2]._scheduled = False
-                self._timers_cancelled -= 1
-            if not timers:
-                waiting = [t.get_name() for t in self._tasks if not t.done()]
-                raise SimDeadlock(
-                    f"deadlock at t={self._now:.6f}: nothing runnable and no timer pending; "
-                    f"waiting tasks: {', '.join(waiting) or '(none)'}"
-                )
-            when = timers[0][0]
-            if when > self._now:
-                if self._max_time is not None and when > self._max_time:
-                    raise SimTimeLimit(
-                        f"virtual time would pass the limit {self._max_time:.3f}s (next timer "
-                        f"at {when:.3f}s)"
-                    )
-                self._now = when
-                self._still = 0
-            else:
-                self._still += 1
-        if self._still > self.max_still_steps:
-            raise SimTimeLimit(
-                f"livelock: {self._still} loop iterations without virtual time advancing "
-                f"at t={self._now:.6f}"
-            )
-        end = self._now + 1e-9
-        while timers and timers[0][0] < end:
-            handle = heappop(timers)[2]
-            handle._scheduled = False
-            if handle._cancelled:
-                self._timers_cancelled -= 1
-            else:
-                ready.append(handle)
         popleft = ready.popleft
-        for _ in range(len(ready)):
-            handle = popleft()
-            if handle._cancelled:
-                continue
-            try:  # (Handle._run inlined: one Python frame less per callback)
-                handle._context.run(handle._callback, *handle._args)
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                self.call_exception_handler({
-                    "message": f"Exception in callback {handle._callback!r}",
-                    "exception": exc, "handle": handle})
+        append = ready.append
+        max_steps = self._max_steps
+        max_still = self.max_still_steps
+        turns = 0
+        while True:
+            self.steps += 1
+            if max_steps is not None and self.steps > max_steps:
+                raise SimTimeLimit(
+                    f"more than {max_steps} loop iterations at t={self._now:.6f}")
+            timers = self._timers
+            if self._timers_cancelled > 64 and self._timers_cancelled * 2 > len(timers):
+                timers = self._drop_cancelled()
+            if ready or self._stopping:
+                self._still += 1
+            else:
+                while timers and timers[0][2]._cancelled:
+                    heappop(timers)[2]._scheduled = False
+                    self._timers_cancelled -= 1
+                if not timers:
+                    waiting = [t.get_name() for t in self._tasks if not t.done()]
+                    raise SimDeadlock(
+                        f"deadlock at t={self._now:.6f}: nothing runnable and no timer "
+                        f"pending; waiting tasks: {', '.join(waiting) or '(none)'}"
+                    )
+                when = timers[0][0]
+                if when > self._now:
+                    if self._max_time is not None and when > self._max_time:
+                        raise SimTimeLimit(
+                            f"virtual time would pass the limit {self._max_time:.3f}s (next "
+                            f"timer at {when:.3f}s)"
+                        )
+                    self._now = when
+                    self._still = 0
+                else:
+                    self._still += 1
+            if self._still > max_still:
+                raise SimTimeLimit(
+                    f"livelock: {self._still} loop iterations without virtual time advancing "
+                    f"at t={self._now:.6f}"
+                )
+            end = self._now + 1e-9
+            while timers and timers[0][0] < end:
+                handle = heappop(timers)[2]
+                handle._scheduled = False
+                if handle._cancelled:
+                    self._timers_cancelled -= 1
+                else:
+                    append(handle)
+            for _ in range(len(ready)):
+                handle = popleft()
+                if handle._cancelled:
+                    continue
+                try:  # (Handle._run inlined: one Python frame less per callback)
+                    handle._context.run(handle._callback, *handle._args)
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as exc:
+                    self.call_exception_handler({
+                        "message": f"Exception in callback {handle._callback!r}",
+                        "exception": exc, "handle": handle})
+            if self._stopping:
+                return
+            turns += 1
+            if limit is not None and turns >= limit:
+                return
+
+    def _drop_cancelled(self) -> list[tuple[float, int, Any]]:
+        """Rebuild the timer heap without its cancelled timers (once they are half of it)."""
+        live = []
+        for item in self._timers:
+            if item[2]._cancelled:
+                item[2]._scheduled = False
+            else:
+                live.append(item)
+        heapify(live)
+        self._timers = live
+        self._timers_cancelled = 0
+        return live
 
     def close(self) -> None:
         super().close()
