@@ -120,36 +120,53 @@ class NetConfig:
 class _Pending:
     """A request on its way: settled once, by its answer, a reset or its deadline."""
 
-    __slots__ = ("on_answer", "on_fail", "token")
+    __slots__ = ("token",)
+    token: int
 
-    def __init__(self, on_answer: Callable[[object], None],
-                 on_fail: Callable[[BKError], None]) -> None:
-        self.on_answer = on_answer
-        self.on_fail = on_fail
+    def on_answer(self, answer: object) -> None:
+        raise NotImplementedError
+
+    def on_fail(self, exc: BKError) -> None:
+        raise NotImplementedError
+
+
+class _FuturePending(_Pending):
+    """A request whose caller waits on a future (``SimNetwork.send``)."""
+
+    __slots__ = ("fut",)
+
+    def __init__(self, fut: asyncio.Future[Response]) -> None:
+        self.fut = fut
         self.token = 0
 
-
-def _future_pending(fut: asyncio.Future[Response]) -> _Pending:
-    def answer(response: object) -> None:
+    def on_answer(self, answer: object) -> None:
+        fut = self.fut
         if not fut.done():
-            fut.set_result(response)  # type: ignore[arg-type]
+            fut.set_result(answer)  # type: ignore[arg-type]
 
-    def fail(exc: BKError) -> None:
+    def on_fail(self, exc: BKError) -> None:
+        fut = self.fut
         if not fut.done():
             fut.set_exception(exc)
 
-    return _Pending(answer, fail)
 
+class _AddPending(_Pending):
+    """An add whose caller hears the outcome through its callback (``SimNetwork.add``)."""
 
-def _add_pending(request: AddLike, on_done: AddCallback) -> _Pending:
-    count = len(request.bodies) if type(request) is AddBatchRequest else 1
+    __slots__ = ("count", "on_done")
 
-    def answer(outcome: object) -> None:
+    def __init__(self, request: AddLike, on_done: AddCallback) -> None:
+        self.count = len(request.bodies) if type(request) is AddBatchRequest else 1
+        self.on_done = on_done
+        self.token = 0
+
+    def on_answer(self, outcome: object) -> None:
         if isinstance(outcome, AddResponse | AddBatchResponse):  # a plain handler's answer
-            outcome = add_outcome(outcome, count)
-        settle_add(on_done, outcome)  # type: ignore[arg-type]
+            outcome = add_outcome(outcome, self.count)
+        settle_add(self.on_done, outcome)  # type: ignore[arg-type]
 
-    return _Pending(answer, lambda exc: settle_add(on_done, exc))
+    def on_fail(self, exc: BKError) -> None:
+        settle_add(self.on_done, exc)
 
 
 class _Conn:
@@ -316,13 +333,13 @@ class SimNetwork:
             self.add(client, bookie_id, request,
                      lambda outcome: _answer(fut, request, outcome), timeout)
             return fut
-        self._start(client, bookie_id, request, timeout, _future_pending(fut))
+        self._start(client, bookie_id, request, timeout, _FuturePending(fut))
         return fut
 
     def add(self, client: str, bookie_id: str, request: AddLike, on_done: AddCallback,
             timeout: float | None) -> None:
         """Carry an add to the bookie's add path; ``on_done(outcome)`` once."""
-        self._start(client, bookie_id, request, timeout, _add_pending(request, on_done))
+        self._start(client, bookie_id, request, timeout, _AddPending(request, on_done))
 
     def _start(self, client: str, bookie_id: str, request: Request, timeout: float | None,
                pending: _Pending) -> None:

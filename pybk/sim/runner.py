@@ -413,10 +413,8 @@ class SimRun:
             entries = sorted(set(acked[lid]))
             resp = await bookie.handle(ListEntriesRequest(lid))
             if resp.status == Status.OK:
-                held = getattr(resp, "ranges", ())
-                for e in entries:
-                    if not any(a <= e <= b for a, b in held):
-                        self.history.bookie_absent(sb.bookie_id, lid, e, f"{how} audit list")
+                for e in _not_held(entries, getattr(resp, "ranges", ())):
+                    self.history.bookie_absent(sb.bookie_id, lid, e, f"{how} audit list")
                 if how != "final" and not sb.damaged:
                     continue
             sample = entries if sb.damaged else entries[-3:]
@@ -786,6 +784,25 @@ class SimRun:
             self.history.exception("loop", message, exc)
 
 
+def _not_held(entries: list[int], held: Any) -> list[int]:
+    """The entries (ascending) that no range ``(first, last)`` of ``held`` covers: one walk
+    over both, the ranges sorted and merged first (a bookie's list may come in any order)."""
+    merged: list[list[int]] = []
+    for a, b in sorted(held):
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    out = []
+    i = 0
+    for e in entries:
+        while i < len(merged) and merged[i][1] < e:
+            i += 1
+        if i == len(merged) or e < merged[i][0]:
+            out.append(e)
+    return out
+
+
 # -- running one seed ---------------------------------------------------------------------------
 
 #: the collector's youngest-generation threshold during a run (the default is 700)
@@ -822,6 +839,7 @@ def run(
     r = SimRun(scenario, liveness_bound, switches)
     loop = SimLoop(max_time=scenario.duration + 10 * liveness_bound + 600.0, max_steps=max_steps)
     r.loop = loop
+    r.history.now = loop.time  # (the run's clock, without a call through the run per event)
     findings = LogFindings(r._logged_error)
     findings.install()
     wall = time.perf_counter()
