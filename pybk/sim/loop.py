@@ -190,74 +190,78 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
     def _turns(self, limit: int | None) -> None:
         """Turns until ``stop()`` (or ``limit`` turns). A turn: advance the clock if nothing
         is ready, queue the timers now due, run what was ready at the start of the turn
-        (callbacks queued meanwhile wait a turn)."""
+        (callbacks queued meanwhile wait a turn). The turn and livelock counters live in
+        locals while it runs (written back on the way out, whatever the way)."""
         ready = self._ready  # type: ignore[attr-defined]
         popleft = ready.popleft
         append = ready.append
-        max_steps = self._max_steps
+        max_steps = self._max_steps if self._max_steps is not None else float("inf")
         max_still = self.max_still_steps
-        turns = 0
-        while True:
-            self.steps += 1
-            if max_steps is not None and self.steps > max_steps:
-                raise SimTimeLimit(
-                    f"more than {max_steps} loop iterations at t={self._now:.6f}")
-            timers = self._timers
-            if self._timers_cancelled > 64 and self._timers_cancelled * 2 > len(timers):
-                timers = self._drop_cancelled()
-            if ready or self._stopping:
-                self._still += 1
-            else:
-                while timers and timers[0][2]._cancelled:
-                    heappop(timers)[2]._scheduled = False
-                    self._timers_cancelled -= 1
-                if not timers:
-                    waiting = [t.get_name() for t in self._tasks if not t.done()]
-                    raise SimDeadlock(
-                        f"deadlock at t={self._now:.6f}: nothing runnable and no timer "
-                        f"pending; waiting tasks: {', '.join(waiting) or '(none)'}"
-                    )
-                when = timers[0][0]
-                if when > self._now:
-                    if self._max_time is not None and when > self._max_time:
-                        raise SimTimeLimit(
-                            f"virtual time would pass the limit {self._max_time:.3f}s (next "
-                            f"timer at {when:.3f}s)"
+        steps = self.steps
+        still = self._still
+        stop_at = steps + limit if limit is not None else float("inf")
+        try:
+            while True:
+                steps += 1
+                if steps > max_steps:
+                    raise SimTimeLimit(
+                        f"more than {self._max_steps} loop iterations at t={self._now:.6f}")
+                timers = self._timers
+                if self._timers_cancelled > 64 and self._timers_cancelled * 2 > len(timers):
+                    timers = self._drop_cancelled()
+                if ready or self._stopping:
+                    still += 1
+                else:
+                    while timers and timers[0][2]._cancelled:
+                        heappop(timers)[2]._scheduled = False
+                        self._timers_cancelled -= 1
+                    if not timers:
+                        waiting = [t.get_name() for t in self._tasks if not t.done()]
+                        raise SimDeadlock(
+                            f"deadlock at t={self._now:.6f}: nothing runnable and no timer "
+                            f"pending; waiting tasks: {', '.join(waiting) or '(none)'}"
                         )
-                    self._now = when
-                    self._still = 0
-                else:
-                    self._still += 1
-            if self._still > max_still:
-                raise SimTimeLimit(
-                    f"livelock: {self._still} loop iterations without virtual time advancing "
-                    f"at t={self._now:.6f}"
-                )
-            end = self._now + 1e-9
-            while timers and timers[0][0] < end:
-                handle = heappop(timers)[2]
-                handle._scheduled = False
-                if handle._cancelled:
-                    self._timers_cancelled -= 1
-                else:
-                    append(handle)
-            for _ in range(len(ready)):
-                handle = popleft()
-                if handle._cancelled:
-                    continue
-                try:  # (Handle._run inlined: one Python frame less per callback)
-                    handle._context.run(handle._callback, *handle._args)
-                except (SystemExit, KeyboardInterrupt):
-                    raise
-                except BaseException as exc:
-                    self.call_exception_handler({
-                        "message": f"Exception in callback {handle._callback!r}",
-                        "exception": exc, "handle": handle})
-            if self._stopping:
-                return
-            turns += 1
-            if limit is not None and turns >= limit:
-                return
+                    when = timers[0][0]
+                    if when > self._now:
+                        if self._max_time is not None and when > self._max_time:
+                            raise SimTimeLimit(
+                                f"virtual time would pass the limit {self._max_time:.3f}s "
+                                f"(next timer at {when:.3f}s)"
+                            )
+                        self._now = when
+                        still = 0
+                    else:
+                        still += 1
+                if still > max_still:
+                    raise SimTimeLimit(
+                        f"livelock: {still} loop iterations without virtual time advancing "
+                        f"at t={self._now:.6f}"
+                    )
+                end = self._now + 1e-9
+                while timers and timers[0][0] < end:
+                    handle = heappop(timers)[2]
+                    handle._scheduled = False
+                    if handle._cancelled:
+                        self._timers_cancelled -= 1
+                    else:
+                        append(handle)
+                for _ in range(len(ready)):
+                    handle = popleft()
+                    if handle._cancelled:
+                        continue
+                    try:  # (Handle._run inlined: one Python frame less per callback)
+                        handle._context.run(handle._callback, *handle._args)
+                    except (SystemExit, KeyboardInterrupt):
+                        raise
+                    except BaseException as exc:
+                        self.call_exception_handler({
+                            "message": f"Exception in callback {handle._callback!r}",
+                            "exception": exc, "handle": handle})
+                if self._stopping or steps >= stop_at:
+                    return
+        finally:
+            self.steps = steps
+            self._still = still
 
     def _drop_cancelled(self) -> list[tuple[float, int, Any]]:
         """Rebuild the timer heap without its cancelled timers (once they are half of it)."""
