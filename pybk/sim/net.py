@@ -75,6 +75,7 @@ from pybk.protocol import (
     add_response,
     outcome_of,
 )
+from pybk.sim.loop import SimLoop
 from pybk.transport.base import (
     Transport,
     read_batch_by_singles,
@@ -230,10 +231,21 @@ class SimNetwork:
         #: the loop the network runs on, bound at first use like its deadlines (asking
         #: asyncio for the running loop costs a getpid() per call, a few per message)
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: ``(when, callback, args)``: a message arrives (a SimLoop's handle-less
+        #: ``deliver_at`` once bound to one)
+        self._deliver_at: Callable[[float, Callable[..., object], tuple[Any, ...]], None] = \
+            self._call_at
 
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
         loop = self._loop = asyncio.get_running_loop()
+        if isinstance(loop, SimLoop):
+            self._deliver_at = loop.deliver_at
         return loop
+
+    def _call_at(self, when: float, callback: Callable[..., object],
+                 args: tuple[Any, ...]) -> None:
+        """A message arrives at ``when`` (on another loop than a SimLoop)."""
+        (self._loop or self._bind_loop()).call_at(when, callback, *args)
 
     # -- topology ----------------------------------------------------------------------------
 
@@ -437,15 +449,16 @@ class SimNetwork:
         if forward:
             if arrival > last:
                 conn.last_arrival_fwd = arrival
-            loop.call_at(arrival, self._arrive_request, client, bookie_id, conn, gen, seq, msg)
+            args = (client, bookie_id, conn, gen, seq, msg)
+            self._deliver_at(arrival, self._arrive_request, args)
             if cfg.duplicate and rng.random() < cfg.duplicate:
                 self._count("duplicate")
                 later = arrival + self._latency() * rng.choice((1, 5, 50))
-                loop.call_at(later, self._arrive_request, client, bookie_id, conn, gen, seq, msg)
+                self._deliver_at(later, self._arrive_request, args)
         else:
             if arrival > last:
                 conn.last_arrival_back = arrival
-            loop.call_at(arrival, self._arrive_response, conn, gen, seq, msg)
+            self._deliver_at(arrival, self._arrive_response, (conn, gen, seq, msg))
 
     def _reset_if(self, client: str, bookie_id: str, conn: _Conn, gen: int, why: str) -> None:
         if conn.gen == gen:
