@@ -83,7 +83,7 @@ from _common import (
 )
 
 from pybk import Client, LocalCluster
-from pybk.bench import RecordFile
+from pybk.bench import RecordFile, replica_sync_floor
 from pybk.bench.ceiling import RECORD_HEADER
 from pybk.bookie.process import tune_gc_for_server
 from pybk.eventloop import available_loops
@@ -266,15 +266,22 @@ async def fsync_samples(target: str | RecordFile, duration: float) -> list[float
 
 
 async def lone_writer(client: Any, duration: float, units: dict[str, str | RecordFile],
-                      slices: int = 4) -> tuple[Run, dict[str, float]]:
+                      slices: int = 4, floor: list[str | RecordFile] | None = None,
+                      ) -> tuple[Run, dict[str, float]]:
     """A lone writer (1 in flight, E3/Qw2/Qa2) in ``slices`` slices of ``duration`` s in
     all, each followed by the fsync latency on each of ``units``' files, so both are
-    measured in the same moments of a drifting disk. (run, {unit: p50 of its samples})."""
+    measured in the same moments of a drifting disk. (run, {unit: p50 of its samples}).
+
+    ``floor``: one file per replica of the ack quorum; after each slice also the replicas'
+    sync floor on them (``replica_sync_floor``: Qa write + fdatasyncs one after the other
+    and all at once), reported as ``floor_serial`` and ``floor_concurrent``."""
     lh = await client.create_ledger(*E3)
     payload = os.urandom(SIZE)
     append = lh.append
     lat: list[float] = []
     samples: dict[str, list[float]] = {name: [] for name in units}
+    if floor:
+        samples["floor_serial"], samples["floor_concurrent"] = [], []
     count, elapsed = 0, 0.0
     try:
         await closed_loop(lambda: append(payload), 1, 0.1)
@@ -285,6 +292,11 @@ async def lone_writer(client: Any, duration: float, units: dict[str, str | Recor
             elapsed += run.elapsed
             for name, target in units.items():
                 samples[name] += await fsync_samples(target, min(0.2, duration / slices))
+            if floor:
+                serial, both = await asyncio.to_thread(
+                    replica_sync_floor, floor, SIZE, min(0.2, duration / slices))
+                samples["floor_serial"] += serial
+                samples["floor_concurrent"] += both
     finally:
         await lh.close()
     p99s = {f"{k}_p99": percentile(v, 0.99) for k, v in samples.items()}
@@ -304,7 +316,16 @@ async def one_round(root: Path, args: argparse.Namespace, loop: str) -> dict[str
     gc.collect()
     # made once per round, before the cluster starts: making a preallocated file loads the
     # disk for a while after, and the cluster's first rows give it that while
-    with contextlib.closing(RecordFile(str(root / "prealloc.log"), preallocate=True)) as pre:
+    with contextlib.ExitStack() as files:
+        pre = files.enter_context(contextlib.closing(
+            RecordFile(str(root / "prealloc.log"), preallocate=True)))
+        # one file per replica of the ack quorum (Qa = 2), for the replicas' sync floor: the
+        # in-process bookies' treatment, and preallocated as the bookie processes'
+        floor = {kind: [files.enter_context(contextlib.closing(RecordFile(
+                     str(root / f"replica-{kind}-{i}.log"), preallocate=kind == "prealloc",
+                     prealloc_size=8 << 20))) for i in range(E3[2])]
+                 for kind in ("same", "prealloc")}
+        out["floor_files"] = floor
         return await _one_round(root, args, loop, out, prealloc, config, skip, pre)
 
 
@@ -334,9 +355,14 @@ async def _one_round(root: Path, args: argparse.Namespace, loop: str, out: dict[
             await closed_loop(direct, 1024, min(args.duration, 0.3))
             out["direct_batch"] = await closed_loop(direct, 1024, args.duration)
         # 4./5. lone writer and p99 at half the peak, in process
+        floor = out.pop("floor_files")
         out["lone"], units = await lone_writer(
-            client, args.duration, {"same": pre if prealloc else grow, "prealloc": pre})
+            client, args.duration, {"same": pre if prealloc else grow, "prealloc": pre},
+            floor=floor["prealloc" if prealloc else "same"])
         out["fsync_same"], out["fsync_prealloc"] = units["same"], units["prealloc"]
+        out["floor"] = min(units["floor_serial"], units["floor_concurrent"])
+        out["floor_serial"], out["floor_concurrent"] = (units["floor_serial"],
+                                                        units["floor_concurrent"])
         out["fsync_p99"] = units["same_p99"]
         out["half"], out["half_info"] = await ledger_open_loop(client, out["e3"].rate / 2,
                                                                args.duration)
@@ -361,8 +387,10 @@ async def _one_round(root: Path, args: argparse.Namespace, loop: str, out: dict[
             await lh.close()
             out["tcp"] = run
             out["tcp_lone"], units = await lone_writer(tcp_client, args.duration,
-                                                       {"prealloc": pre})
+                                                       {"prealloc": pre},
+                                                       floor=floor["prealloc"])
             out["tcp_fsync"] = units["prealloc"]
+            out["tcp_floor"] = min(units["floor_serial"], units["floor_concurrent"])
             out["tcp_fsync_p99"] = units["prealloc_p99"]
             out["tcp_half"], out["tcp_half_info"] = await ledger_open_loop(
                 tcp_client, out["tcp"].rate / 2, args.duration)
@@ -434,7 +462,7 @@ def rows_of(rounds: list[dict[str, Any]], settings: str, gc_setting: str) -> lis
                     f"{fs_pre * 1e3:.3f} ms preallocated (the smaller is the unit; each "
                     "measured between slices of the lone writer, on this thread and on a "
                     "worker thread, the smaller p50 kept); "
-                    f"{med('lone'):,.0f} appends/s"))
+                    f"{med('lone'):,.0f} appends/s; {floor_note(rounds, 'lone', 'floor')}"))
     if "tcp" in rounds[0]:
         r = median([p50(x["tcp_lone"]) / x["tcp_fsync"] for x in rounds])
         rows.append(Row("lone tcp", "lone writer p50, over TCP, in fsync latencies",
@@ -442,7 +470,8 @@ def rows_of(rounds: list[dict[str, Any]], settings: str, gc_setting: str) -> lis
                         median([x["tcp_fsync"] for x in rounds]) * 1e3, "ms", r,
                         "<= 3 fsyncs", r <= 3,
                         f"{med('tcp_lone'):,.0f} appends/s; fsync p50 on a preallocated "
-                        "file, the bookies' treatment"))
+                        "file, the bookies' treatment; "
+                        f"{floor_note(rounds, 'tcp_lone', 'tcp_floor')}"))
     half = med("half", p99) * 1e3
     rows.append(Row("p99@half", "p99 at half the peak rate (open loop), in process",
                     half, 5.0, "ms", half / 5.0, "< 5 ms", half < 5.0,
@@ -469,6 +498,22 @@ def rows_of(rounds: list[dict[str, Any]], settings: str, gc_setting: str) -> lis
                         f"read ({1 / median([x['read_cpu'] for x in rounds]):,.0f} entries per "
                         "CPU second)"))
     return rows
+
+
+def floor_note(rounds: list[dict[str, Any]], key: str, floor_key: str) -> str:
+    """The replicas' sync floor beside a lone row: what Qa = 2 journals' syncs cost on this
+    disk whatever the product does (``replica_sync_floor``), and the p50 in those floors."""
+    fs = "fsync_same" if floor_key == "floor" else "tcp_fsync"
+    floor = median([x[floor_key] for x in rounds])
+    in_floors = median([percentile(x[key].latencies, 0.5) / x[floor_key] for x in rounds])
+    line = (f"replicas' sync floor (2 journals' write + fdatasync on this disk, the faster "
+            f"of one after the other and both at once): {floor * 1e3:.3f} ms = "
+            f"{floor / median([x[fs] for x in rounds]):.2f} fsyncs; p50 = {in_floors:.2f} "
+            "floors")
+    if floor_key == "floor":
+        line += (f" (one after the other {median([x['floor_serial'] for x in rounds]) * 1e3:.3f}"
+                 f" ms, at once {median([x['floor_concurrent'] for x in rounds]) * 1e3:.3f} ms)")
+    return line
 
 
 def tail_note(rounds: list[dict[str, Any]], key: str, fsync_key: str = "fsync_p99") -> str:

@@ -68,7 +68,7 @@ from _common import (
 )
 
 import pybk
-from pybk.bench import RecordFile
+from pybk.bench import RecordFile, replica_sync_floor
 from pybk.stream import envelope
 
 # -- pybk ---------------------------------------------------------------------------------------
@@ -221,6 +221,31 @@ def lone_sync_writer(root: str, size: int, count: int) -> list[float]:
             return lat
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def replica_floor_line(root: str, size: int, fsync: float, p50: float) -> str:
+    """What the disk alone makes a lone append wait for: the embedded WAL writes each record
+    to 3 journals (E3/Qw3) and acknowledges on 2 (Qa2), so the floor is 2 journals' write +
+    fdatasync, and in a steady run, where every append's third sync must also happen before
+    the next append's syncs on a device that serializes them, 3 (``replica_sync_floor``: the
+    faster of one after the other and all at once)."""
+    floors = []
+    for replicas in (2, 3):
+        files = [RecordFile(os.path.join(root, f"floor-{replicas}-{i}.log"), preallocate=True,
+                            prealloc_size=8 << 20) for i in range(replicas)]
+        try:
+            serial, both = replica_sync_floor(files, size, 0.5)
+        finally:
+            for f in files:
+                f.close()
+        floors.append((pct(serial, 0.5), pct(both, 0.5)))
+    (s2, c2), (s3, c3) = floors
+    return (f"replicas' sync floor on this disk (preallocated journal files): 2 journals "
+            f"{min(s2, c2) * 1e3:.3f} ms = {min(s2, c2) / fsync:.2f} fsyncs (one after the other "
+            f"{s2 * 1e3:.3f} ms, at once {c2 * 1e3:.3f} ms), 3 journals {min(s3, c3) * 1e3:.3f} ms "
+            f"= {min(s3, c3) / fsync:.2f} fsyncs (one after the other {s3 * 1e3:.3f} ms, at once "
+            f"{c3 * 1e3:.3f} ms); the lone writer's p50 = {p50 / min(s2, c2):.2f}x the 2-journal "
+            f"floor, {p50 / min(s3, c3):.2f}x the 3-journal one")
 
 
 # -- a reader tailing a long log ----------------------------------------------------------------
@@ -383,6 +408,7 @@ def main() -> None:
               f"{len(lone) / min(args.duration, 2.0):,.0f} appends/s")
         print(f"lone writer, sync pybk.WAL.append: p50 {pct(sync_lone, 0.5) * 1e3:.3f} ms "
               f"= {pct(sync_lone, 0.5) / fsync:.2f} fsync latencies")
+        print(replica_floor_line(root, size, fsync, p50))
 
         if args.tail_records:
             t0 = time.perf_counter()

@@ -21,6 +21,7 @@ from pybk.bench import (
     open_loop,
     percentile,
     plain_group_commit,
+    replica_sync_floor,
 )
 from pybk.cli import main
 from pybk.cli.processes import spawn_bookie, stop_pid, wait_ready
@@ -152,6 +153,21 @@ def test_record_file_preallocated_is_written_in_place(tmp_path: Path) -> None:
     g.close()
     rate, lat = plain_group_commit(path, 100, 4, 0.05, preallocate=True)
     assert rate > 0 and lat and not os.path.exists(path)
+
+
+def test_replica_sync_floor_syncs_every_replica_both_ways(tmp_path: Path) -> None:
+    paths = [str(tmp_path / f"r{i}") for i in range(3)]
+    serial, together = replica_sync_floor(paths, 100, 0.1, preallocate=False)
+    assert serial and together and all(t > 0 for t in serial + together)
+    assert not any(os.path.exists(p) for p in paths)  # files made for the run are removed
+    kept = [RecordFile(p, preallocate=False) for p in paths[:2]]
+    serial, together = replica_sync_floor(kept, 100, 0.05)
+    # every round wrote one framed record to each replica, one after the other or at once
+    assert all(f.written == (len(serial) + len(together)) * 108 for f in kept)
+    for f in kept:
+        f.close()
+    with pytest.raises(ValueError, match="at least one file"):
+        replica_sync_floor([], 100, 0.05)
 
 
 async def test_closed_loop_keeps_its_depth_and_count() -> None:

@@ -23,6 +23,7 @@ from pybk.bench.ceiling import (
     frame_records,
     fsync_latencies,
     plain_group_commit,
+    replica_sync_floor,
 )
 from pybk.bench.drive import Run, closed_loop, open_loop
 from pybk.bench.stats import LatencySummary, median, percentile
@@ -42,5 +43,6 @@ __all__ = [
     "open_loop",
     "percentile",
     "plain_group_commit",
+    "replica_sync_floor",
     "run_write_bench",
 ]

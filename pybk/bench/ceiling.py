@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
+import threading
 import time
 from typing import Final
 
@@ -32,6 +33,7 @@ __all__ = [
     "frame_records",
     "fsync_latencies",
     "plain_group_commit",
+    "replica_sync_floor",
 ]
 
 #: the ceiling's record header: length, crc32c of the payload
@@ -149,6 +151,72 @@ def fsync_latencies(target: str | RecordFile, size: int = 100, duration: float =
     """The latency of one ``size``-byte record written and fdatasync'ed, repeated for
     ``duration`` seconds: the unit a lone writer's latency is compared with."""
     return plain_group_commit(target, size, 1, duration, preallocate=preallocate)[1]
+
+
+def replica_sync_floor(targets: list[str | RecordFile], size: int = 100,
+                       duration: float = 0.5, *, preallocate: bool | None = None,
+                       ) -> tuple[list[float], list[float]]:
+    """What an acknowledgement from ``len(targets)`` replicas on this disk costs at least:
+    one ``size``-byte record written and fdatasync'ed on each of the files (one file per
+    replica, as each bookie has its own journal), repeated for ``duration`` seconds, done
+    two ways: one file after the other on this thread, and all at once from one thread per
+    file (each round released together, timed until the last sync returns, so the threads'
+    wake-ups are in it, as a sync thread's are). (serial latencies, concurrent latencies).
+
+    Why: a lone append of a ledger with ack quorum Qa waits for Qa journals' syncs. Where the
+    replicas sit on different disks those syncs overlap and cost about one fsync; where they
+    share one device that serializes cache flushes (this VM's virtio disk: two fdatasyncs
+    issued at once take about twice one), the floor is Qa fsyncs, whatever the product does.
+    Both ways are printed so the reader sees which case the machine is in."""
+    if not targets:
+        raise ValueError("replica_sync_floor needs at least one file")
+    opened = [_open(t, preallocate) for t in targets]
+    files = [f for f, _ in opened]
+    record = b"".join(frame_records(os.urandom(size), 1))
+    clock = time.perf_counter
+    serial: list[float] = []
+    concurrent: list[float] = []
+    try:
+        start = clock()
+        while clock() - start < duration / 2:
+            t0 = clock()
+            for f in files:
+                f.write(record)
+                f.sync()
+            serial.append(clock() - t0)
+        go = threading.Barrier(len(files) + 1)
+        done = threading.Barrier(len(files) + 1)
+        stop = False
+
+        def replica(f: RecordFile) -> None:
+            while True:
+                go.wait()
+                if stop:
+                    return
+                f.write(record)
+                f.sync()
+                done.wait()
+
+        threads = [threading.Thread(target=replica, args=(f,), daemon=True) for f in files]
+        for t in threads:
+            t.start()
+        try:
+            start = clock()
+            while clock() - start < duration / 2:
+                t0 = clock()
+                go.wait()
+                done.wait()
+                concurrent.append(clock() - t0)
+        finally:
+            stop = True
+            go.wait()
+            for t in threads:
+                t.join()
+    finally:
+        for f, own in opened:
+            if own:
+                f.close()
+    return serial, concurrent
 
 
 class GroupCommitFile:
