@@ -22,8 +22,11 @@ blocked, e.g. an fsync made inline on it) and :meth:`SimLoop.jump` (a clock jump
 that fell due meanwhile runs late, at once).
 
 Private parts of ``asyncio`` used (stable 3.11-3.13): ``BaseEventLoop._run_once``,
-``_ready``, ``_stopping``, ``_closed``, ``_process_events``, ``_write_to_self``,
-``_timer_handle_cancelled``, and the slots of ``asyncio.Handle``/``TimerHandle``.
+``_ready``, ``_stopping``, ``_closed``, ``_thread_id``, ``_check_closed``,
+``_check_running``, ``_asyncgen_firstiter_hook``, ``_process_events``, ``_write_to_self``,
+``_timer_handle_cancelled``, ``asyncio.events._set_running_loop``, and the slots of
+``asyncio.Handle``/``TimerHandle``. ``run_forever`` is the stdlib's less the debug mode's
+coroutine origin tracking (the loop has no debug mode: handles carry no tracebacks).
 """
 
 from __future__ import annotations

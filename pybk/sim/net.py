@@ -34,7 +34,10 @@ Timeouts use the one deadline mechanism of every transport (:mod:`pybk.transport
 
 Observers see every response a bookie *produced* (delivered or not): the checker uses them for
 bookie-honesty invariants (an OK add is a durability promise even if the reply is lost). A
-batch is observed entry by entry, as the single adds it is made of. Send observers see every
+batch is observed entry by entry, as the single adds it is made of; ``add_observers`` and
+``reply_observers`` see the same answers as they are (a batch once, the outcome as the add
+path reported it), which spares a watcher that can take a batch whole (the runner) a made-up
+request and response object per entry. Send observers see every
 request a client sends, before any fault (the runner learns which adds ever left a client).
 
 Cost: a run moves thousands of messages, so a message is moved without a closure (the timer
