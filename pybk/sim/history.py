@@ -75,17 +75,20 @@ class History:
     #: a walk over every event of the run per audit)
     acks: dict[str, list[Event]] = field(default_factory=dict)
 
-    def _add(self, kind: str, process: str, text: str, **fields: object) -> Event:
+    def _add(self, kind: str, process: str, text: str, ledger: int = -1, entry: int = -1,
+             payload: bytes | None = None, value: int = -1, outcome: str = "",
+             detail: str = "", pos: tuple[int, int, int] | None = None) -> Event:
         t = self.now()
         trace = self.trace
         if trace is not None:  # (the run's trace itself: one call less per event)
+            line = len(trace)
             trace.append(f"{t:11.6f} {text}")
-            line = len(trace) - 1
         else:
             line = self.log(text) if self.log is not None else -1
-        ev = Event(len(self.events), t, kind, process, line=line,
-                   **fields)  # type: ignore[arg-type]
-        self.events.append(ev)
+        events = self.events
+        ev = Event(len(events), t, kind, process, ledger, entry, payload, value, outcome, detail,
+                   line, pos)
+        events.append(ev)
         return ev
 
     # -- writers -----------------------------------------------------------------------------

@@ -22,8 +22,11 @@ blocked, e.g. an fsync made inline on it) and :meth:`SimLoop.jump` (a clock jump
 that fell due meanwhile runs late, at once).
 
 Private parts of ``asyncio`` used (stable 3.11-3.13): ``BaseEventLoop._run_once``,
-``_ready``, ``_stopping``, ``_closed``, ``_process_events``, ``_write_to_self``,
-``_timer_handle_cancelled``, and the slots of ``asyncio.Handle``/``TimerHandle``.
+``_ready``, ``_stopping``, ``_closed``, ``_thread_id``, ``_check_closed``,
+``_check_running``, ``_asyncgen_firstiter_hook``, ``_process_events``, ``_write_to_self``,
+``_timer_handle_cancelled``, ``asyncio.events._set_running_loop``, and the slots of
+``asyncio.Handle``/``TimerHandle``. ``run_forever`` is the stdlib's less the debug mode's
+coroutine origin tracking (the loop has no debug mode: handles carry no tracebacks).
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ import asyncio
 import asyncio.base_events
 import contextvars
 import gc
+import sys
+import threading
 from asyncio.events import Handle, TimerHandle
 from collections.abc import Callable, Coroutine, Generator
 from heapq import heapify, heappop, heappush
@@ -153,6 +158,25 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
         heappush(self._timers, (when, next(self._timer_seq), timer))
         return timer  # type: ignore[no-any-return]
 
+    def deliver_at(self, when: float, callback: Callable[..., object], args: tuple[Any, ...],
+                   ) -> None:
+        """``call_at(when, callback, *args)`` for a caller that never cancels (the simulated
+        network's deliveries, thousands per run): no handle returned, the arguments taken as
+        they are."""
+        if self._closed:  # type: ignore[attr-defined]
+            raise RuntimeError("Event loop is closed")
+        timer: Any = _new_handle(TimerHandle)
+        timer._context = contextvars.copy_context()
+        timer._loop = self
+        timer._callback = callback
+        timer._args = args
+        timer._cancelled = False
+        timer._repr = None
+        timer._source_traceback = None
+        timer._when = when
+        timer._scheduled = True
+        heappush(self._timers, (when, next(self._timer_seq), timer))
+
     def call_later(  # type: ignore[override]
         self, delay: float, callback: Callable[..., object], *args: Any,
         context: contextvars.Context | None = None,
@@ -164,72 +188,115 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
             self._timers_cancelled += 1
 
     def _run_once(self) -> None:
-        """One turn: advance the clock if nothing is ready, queue the timers now due, run
-        what was ready at the start of the turn (callbacks queued meanwhile wait a turn)."""
-        self.steps += 1
-        if self._max_steps is not None and self.steps > self._max_steps:
-            raise SimTimeLimit(f"more than {self._max_steps} loop iterations at t={self._now:.6f}")
+        """One turn (see :meth:`_turns`, which runs them back to back)."""
+        self._turns(1)
+
+    def run_forever(self) -> None:
+        """Run until stop() is called: the stdlib's, with the turns run by :meth:`_turns`
+        (one call for the whole run instead of one per turn)."""
+        self._check_closed()  # type: ignore[attr-defined]
+        self._check_running()  # type: ignore[attr-defined]
+        old_agen_hooks = sys.get_asyncgen_hooks()
+        try:
+            self._thread_id = threading.get_ident()
+            sys.set_asyncgen_hooks(firstiter=self._asyncgen_firstiter_hook,  # type: ignore[attr-defined]
+                                   finalizer=self._asyncgen_finalizer_hook)
+            asyncio.events._set_running_loop(self)
+            self._turns(None)
+        finally:
+            self._stopping = False
+            self._thread_id = None  # type: ignore[assignment]
+            asyncio.events._set_running_loop(None)
+            sys.set_asyncgen_hooks(*old_agen_hooks)
+
+    def _turns(self, limit: int | None) -> None:
+        """Turns until ``stop()`` (or ``limit`` turns). A turn: advance the clock if nothing
+        is ready, queue the timers now due, run what was ready at the start of the turn
+        (callbacks queued meanwhile wait a turn). The turn and livelock counters live in
+        locals while it runs (written back on the way out, whatever the way)."""
         ready = self._ready  # type: ignore[attr-defined]
-        timers = self._timers
-        if self._timers_cancelled > 64 and self._timers_cancelled * 2 > len(timers):
-            live = []
-            for item in timers:
-                if item[2]._cancelled:
-                    item[2]._scheduled = False
-                else:
-                    live.append(item)
-            heapify(live)
-            self._timers = timers = live
-            self._timers_cancelled = 0
-        if ready or self._stopping:  # type: ignore[attr-defined]
-            self._still += 1
-        else:
-            while timers and timers[0][2]._cancelled:
-                heappop(timers)[2]._scheduled = False
-                self._timers_cancelled -= 1
-            if not timers:
-                waiting = [t.get_name() for t in self._tasks if not t.done()]
-                raise SimDeadlock(
-                    f"deadlock at t={self._now:.6f}: nothing runnable and no timer pending; "
-                    f"waiting tasks: {', '.join(waiting) or '(none)'}"
-                )
-            when = timers[0][0]
-            if when > self._now:
-                if self._max_time is not None and when > self._max_time:
-                    raise SimTimeLimit(
-                        f"virtual time would pass the limit {self._max_time:.3f}s (next timer "
-                        f"at {when:.3f}s)"
-                    )
-                self._now = when
-                self._still = 0
-            else:
-                self._still += 1
-        if self._still > self.max_still_steps:
-            raise SimTimeLimit(
-                f"livelock: {self._still} loop iterations without virtual time advancing "
-                f"at t={self._now:.6f}"
-            )
-        end = self._now + 1e-9
-        while timers and timers[0][0] < end:
-            handle = heappop(timers)[2]
-            handle._scheduled = False
-            if handle._cancelled:
-                self._timers_cancelled -= 1
-            else:
-                ready.append(handle)
         popleft = ready.popleft
-        for _ in range(len(ready)):
-            handle = popleft()
-            if handle._cancelled:
-                continue
-            try:  # (Handle._run inlined: one Python frame less per callback)
-                handle._context.run(handle._callback, *handle._args)
-            except (SystemExit, KeyboardInterrupt):
-                raise
-            except BaseException as exc:
-                self.call_exception_handler({
-                    "message": f"Exception in callback {handle._callback!r}",
-                    "exception": exc, "handle": handle})
+        append = ready.append
+        max_steps = self._max_steps if self._max_steps is not None else float("inf")
+        max_still = self.max_still_steps
+        steps = self.steps
+        still = self._still
+        stop_at = steps + limit if limit is not None else float("inf")
+        try:
+            while True:
+                steps += 1
+                if steps > max_steps:
+                    raise SimTimeLimit(
+                        f"more than {self._max_steps} loop iterations at t={self._now:.6f}")
+                timers = self._timers
+                if self._timers_cancelled > 64 and self._timers_cancelled * 2 > len(timers):
+                    timers = self._drop_cancelled()
+                if ready or self._stopping:
+                    still += 1
+                else:
+                    while timers and timers[0][2]._cancelled:
+                        heappop(timers)[2]._scheduled = False
+                        self._timers_cancelled -= 1
+                    if not timers:
+                        waiting = [t.get_name() for t in self._tasks if not t.done()]
+                        raise SimDeadlock(
+                            f"deadlock at t={self._now:.6f}: nothing runnable and no timer "
+                            f"pending; waiting tasks: {', '.join(waiting) or '(none)'}"
+                        )
+                    when = timers[0][0]
+                    if when > self._now:
+                        if self._max_time is not None and when > self._max_time:
+                            raise SimTimeLimit(
+                                f"virtual time would pass the limit {self._max_time:.3f}s "
+                                f"(next timer at {when:.3f}s)"
+                            )
+                        self._now = when
+                        still = 0
+                    else:
+                        still += 1
+                if still > max_still:
+                    raise SimTimeLimit(
+                        f"livelock: {still} loop iterations without virtual time advancing "
+                        f"at t={self._now:.6f}"
+                    )
+                end = self._now + 1e-9
+                while timers and timers[0][0] < end:
+                    handle = heappop(timers)[2]
+                    handle._scheduled = False
+                    if handle._cancelled:
+                        self._timers_cancelled -= 1
+                    else:
+                        append(handle)
+                for _ in range(len(ready)):
+                    handle = popleft()
+                    if handle._cancelled:
+                        continue
+                    try:  # (Handle._run inlined: one Python frame less per callback)
+                        handle._context.run(handle._callback, *handle._args)
+                    except (SystemExit, KeyboardInterrupt):
+                        raise
+                    except BaseException as exc:
+                        self.call_exception_handler({
+                            "message": f"Exception in callback {handle._callback!r}",
+                            "exception": exc, "handle": handle})
+                if self._stopping or steps >= stop_at:
+                    return
+        finally:
+            self.steps = steps
+            self._still = still
+
+    def _drop_cancelled(self) -> list[tuple[float, int, Any]]:
+        """Rebuild the timer heap without its cancelled timers (once they are half of it)."""
+        live = []
+        for item in self._timers:
+            if item[2]._cancelled:
+                item[2]._scheduled = False
+            else:
+                live.append(item)
+        heapify(live)
+        self._timers = live
+        self._timers_cancelled = 0
+        return live
 
     def close(self) -> None:
         super().close()

@@ -34,7 +34,10 @@ Timeouts use the one deadline mechanism of every transport (:mod:`pybk.transport
 
 Observers see every response a bookie *produced* (delivered or not): the checker uses them for
 bookie-honesty invariants (an OK add is a durability promise even if the reply is lost). A
-batch is observed entry by entry, as the single adds it is made of. Send observers see every
+batch is observed entry by entry, as the single adds it is made of; ``add_observers`` and
+``reply_observers`` see the same answers as they are (a batch once, the outcome as the add
+path reported it), which spares a watcher that can take a batch whole (the runner) a made-up
+request and response object per entry. Send observers see every
 request a client sends, before any fault (the runner learns which adds ever left a client).
 
 Cost: a run moves thousands of messages, so a message is moved without a closure (the timer
@@ -51,6 +54,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from functools import partial
 from math import log as _log
+from types import CoroutineType as _CoroutineType
 from typing import Any
 
 from pybk.errors import BKError, BookieUnavailableError
@@ -74,6 +78,7 @@ from pybk.protocol import (
     add_response,
     outcome_of,
 )
+from pybk.sim.loop import SimLoop
 from pybk.transport.base import (
     Transport,
     read_batch_by_singles,
@@ -83,12 +88,14 @@ from pybk.transport.base import (
 )
 from pybk.transport.deadlines import Deadlines
 
-__all__ = ["AddPath", "Handler", "NetConfig", "Observer", "SimNetwork", "SimTransport"]
+__all__ = ["AddObserver", "AddPath", "Handler", "NetConfig", "Observer", "SimNetwork",
+           "SimTransport"]
 
 Handler = Callable[[Request], Awaitable[Response]]
 #: a bookie's add path (``Bookie.add_request``)
 AddPath = Callable[[AddLike, AddCallback], None]
 Observer = Callable[[str, str, Request, Response], None]
+AddObserver = Callable[[str, str, AddLike, AddOutcome], None]
 
 
 @dataclass
@@ -117,36 +124,53 @@ class NetConfig:
 class _Pending:
     """A request on its way: settled once, by its answer, a reset or its deadline."""
 
-    __slots__ = ("on_answer", "on_fail", "token")
+    __slots__ = ("token",)
+    token: int
 
-    def __init__(self, on_answer: Callable[[object], None],
-                 on_fail: Callable[[BKError], None]) -> None:
-        self.on_answer = on_answer
-        self.on_fail = on_fail
+    def on_answer(self, answer: object) -> None:
+        raise NotImplementedError
+
+    def on_fail(self, exc: BKError) -> None:
+        raise NotImplementedError
+
+
+class _FuturePending(_Pending):
+    """A request whose caller waits on a future (``SimNetwork.send``)."""
+
+    __slots__ = ("fut",)
+
+    def __init__(self, fut: asyncio.Future[Response]) -> None:
+        self.fut = fut
         self.token = 0
 
-
-def _future_pending(fut: asyncio.Future[Response]) -> _Pending:
-    def answer(response: object) -> None:
+    def on_answer(self, answer: object) -> None:
+        fut = self.fut
         if not fut.done():
-            fut.set_result(response)  # type: ignore[arg-type]
+            fut.set_result(answer)  # type: ignore[arg-type]
 
-    def fail(exc: BKError) -> None:
+    def on_fail(self, exc: BKError) -> None:
+        fut = self.fut
         if not fut.done():
             fut.set_exception(exc)
 
-    return _Pending(answer, fail)
 
+class _AddPending(_Pending):
+    """An add whose caller hears the outcome through its callback (``SimNetwork.add``)."""
 
-def _add_pending(request: AddLike, on_done: AddCallback) -> _Pending:
-    count = len(request.bodies) if type(request) is AddBatchRequest else 1
+    __slots__ = ("count", "on_done")
 
-    def answer(outcome: object) -> None:
+    def __init__(self, request: AddLike, on_done: AddCallback) -> None:
+        self.count = len(request.bodies) if type(request) is AddBatchRequest else 1
+        self.on_done = on_done
+        self.token = 0
+
+    def on_answer(self, outcome: object) -> None:
         if isinstance(outcome, AddResponse | AddBatchResponse):  # a plain handler's answer
-            outcome = add_outcome(outcome, count)
-        settle_add(on_done, outcome)  # type: ignore[arg-type]
+            outcome = add_outcome(outcome, self.count)
+        settle_add(self.on_done, outcome)  # type: ignore[arg-type]
 
-    return _Pending(answer, lambda exc: settle_add(on_done, exc))
+    def on_fail(self, exc: BKError) -> None:
+        settle_add(self.on_done, exc)
 
 
 class _Conn:
@@ -193,6 +217,13 @@ class SimNetwork:
         #: Clients whose entry reads (not LAC reads or long polls) are lost until a time.
         self.lose_entry_reads: dict[str, float] = {}
         self.observers: list[Observer] = []
+        #: Called with every add request a bookie answered and its outcome, as they are (a
+        #: batch once, not entry by entry): (bookie, client, request, outcome). Cheaper than
+        #: ``observers`` for a watcher that can take a batch whole (the runner's).
+        self.add_observers: list[AddObserver] = []
+        #: Called with every other request a bookie answered and its response, as they are
+        #: (a batched read once): (bookie, client, request, response).
+        self.reply_observers: list[Observer] = []
         #: Called with every request a client sends (before any fault): (client, bookie,
         #: request). The runner learns which adds ever left a client.
         self.send_observers: list[Callable[[str, str, Request], None]] = []
@@ -203,10 +234,21 @@ class SimNetwork:
         #: the loop the network runs on, bound at first use like its deadlines (asking
         #: asyncio for the running loop costs a getpid() per call, a few per message)
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: ``(when, callback, args)``: a message arrives (a SimLoop's handle-less
+        #: ``deliver_at`` once bound to one)
+        self._deliver_at: Callable[[float, Callable[..., object], tuple[Any, ...]], None] = \
+            self._call_at
 
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
         loop = self._loop = asyncio.get_running_loop()
+        if isinstance(loop, SimLoop):
+            self._deliver_at = loop.deliver_at
         return loop
+
+    def _call_at(self, when: float, callback: Callable[..., object],
+                 args: tuple[Any, ...]) -> None:
+        """A message arrives at ``when`` (on another loop than a SimLoop)."""
+        (self._loop or self._bind_loop()).call_at(when, callback, *args)
 
     # -- topology ----------------------------------------------------------------------------
 
@@ -306,13 +348,13 @@ class SimNetwork:
             self.add(client, bookie_id, request,
                      lambda outcome: _answer(fut, request, outcome), timeout)
             return fut
-        self._start(client, bookie_id, request, timeout, _future_pending(fut))
+        self._start(client, bookie_id, request, timeout, _FuturePending(fut))
         return fut
 
     def add(self, client: str, bookie_id: str, request: AddLike, on_done: AddCallback,
             timeout: float | None) -> None:
         """Carry an add to the bookie's add path; ``on_done(outcome)`` once."""
-        self._start(client, bookie_id, request, timeout, _add_pending(request, on_done))
+        self._start(client, bookie_id, request, timeout, _AddPending(request, on_done))
 
     def _start(self, client: str, bookie_id: str, request: Request, timeout: float | None,
                pending: _Pending) -> None:
@@ -410,15 +452,16 @@ class SimNetwork:
         if forward:
             if arrival > last:
                 conn.last_arrival_fwd = arrival
-            loop.call_at(arrival, self._arrive_request, client, bookie_id, conn, gen, seq, msg)
+            args = (client, bookie_id, conn, gen, seq, msg)
+            self._deliver_at(arrival, self._arrive_request, args)
             if cfg.duplicate and rng.random() < cfg.duplicate:
                 self._count("duplicate")
                 later = arrival + self._latency() * rng.choice((1, 5, 50))
-                loop.call_at(later, self._arrive_request, client, bookie_id, conn, gen, seq, msg)
+                self._deliver_at(later, self._arrive_request, args)
         else:
             if arrival > last:
                 conn.last_arrival_back = arrival
-            loop.call_at(arrival, self._arrive_response, conn, gen, seq, msg)
+            self._deliver_at(arrival, self._arrive_response, (conn, gen, seq, msg))
 
     def _reset_if(self, client: str, bookie_id: str, conn: _Conn, gen: int, why: str) -> None:
         if conn.gen == gen:
@@ -440,7 +483,8 @@ class SimNetwork:
             return
         # Any other request: the handler's coroutine stepped by hand, no task per request.
         answer = handler(request)
-        coro = answer if isinstance(answer, Coroutine) else _await(answer)
+        coro = answer if type(answer) is _CoroutineType or isinstance(answer, Coroutine) \
+            else _await(answer)
         _Serving(self, coro, incarnation, client, bookie_id, conn, gen, seq, request).step()
 
     def _serve_add(self, adder: AddPath, incarnation: int, client: str, bookie_id: str,
@@ -457,6 +501,8 @@ class SimNetwork:
             answered = True
             if self._incarnation.get(bookie_id) != incarnation:
                 return  # the process died while handling: nobody sends the reply
+            for watch in self.add_observers:
+                watch(bookie_id, client, request, outcome)
             if self.observers:
                 self._observe_add(bookie_id, client, request, outcome)
             self._transmit(client, bookie_id, conn, gen, False, seq, outcome)
@@ -483,6 +529,8 @@ class SimNetwork:
         bookie_id = job.bookie_id
         if self._incarnation.get(bookie_id) != job.incarnation:
             return  # the process died while handling: nobody sends the reply
+        for watch in self.reply_observers:
+            watch(bookie_id, job.client, job.request, response)
         if self.observers:
             for single, answer in _observed(job.request, response):
                 for observer in self.observers:

@@ -36,11 +36,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pybk.bookie.inspect import inspect_data_dir
+from pybk.errors import status_of
 from pybk.protocol import (
     AddBatchRequest,
+    AddLike,
+    AddOutcome,
     AddRequest,
     DigestManager,
     ListEntriesRequest,
+    ReadBatchRequest,
+    ReadBatchResponse,
     ReadRequest,
     Request,
     Response,
@@ -253,7 +258,8 @@ class SimRun:
         self.cluster.on_bookie_started.append(self._audit_restart)
         self.cluster.on_meta_applied.append(self._meta_applied)
         network = self.cluster.network
-        network.observers.append(self._observe)
+        network.add_observers.append(self._observe_add)
+        network.reply_observers.append(self._observe)
         network.send_observers.append(self._sent)
         network.on_handler_error = self._handler_error
         self.extensions: list[Extension] = [
@@ -299,11 +305,12 @@ class SimRun:
     # -- observing from the outside -----------------------------------------------------------
 
     def _sent(self, client: str, bookie: str, req: Request) -> None:
-        if isinstance(req, AddRequest):
-            self.sent_adds.add((req.ledger_id, req.entry_id))
-        elif isinstance(req, AddBatchRequest):  # (a writer's batch: one request, its entries)
-            lid = req.ledger_id
-            self.sent_adds.update((lid, e) for e in req.entry_ids)
+        kind = type(req)
+        if kind is AddRequest:
+            self.sent_adds.add((req.ledger_id, req.entry_id))  # type: ignore[union-attr]
+        elif kind is AddBatchRequest:  # (a writer's batch: one request, its entries)
+            lid = req.ledger_id  # type: ignore[union-attr]
+            self.sent_adds.update((lid, e) for e in req.entry_ids)  # type: ignore[union-attr]
 
     def _meta_applied(self, op: str, key: object) -> None:
         if op == "delete_ledger" and isinstance(key, int) and key not in self.deleted:
@@ -319,29 +326,45 @@ class SimRun:
     def _logged_error(self, logger: str, exc: BaseException, text: str) -> None:
         self.history.exception(logger, "logged", exc, text)
 
-    def _observe(self, bookie: str, client: str, req: Request, resp: Response) -> None:
-        if isinstance(req, AddRequest):
-            if resp.status == Status.OK:
-                self.history.bookie_acked(bookie, req.ledger_id, req.entry_id)
+    def _observe_add(self, bookie: str, client: str, req: AddLike, outcome: AddOutcome) -> None:
+        """A bookie answered an add (a batch: entry by entry, as the single adds it is made
+        of): an OK is a durability promise, even if the answer is lost on its way."""
+        lid = req.ledger_id
+        ids = (req.entry_id,) if type(req) is AddRequest else req.entry_ids  # type: ignore[union-attr]
+        whole = outcome is None or isinstance(outcome, BaseException)
+        for i, entry in enumerate(ids):
+            result = outcome if whole else outcome[i]  # type: ignore[index]
+            if result is None:
+                self.history.bookie_acked(bookie, lid, entry)
                 if req.recovery:
                     self.cover("recovery_write_back")
-            elif resp.status == Status.FENCED:
+            elif status_of(result) == Status.FENCED:  # type: ignore[arg-type]
                 self.cover("add_rejected_by_fenced_bookie")
-            return
-        if not isinstance(req, ReadRequest) or req.previous_lac is not None:
-            return
-        if req.fence:
-            self.cover("fencing_read")
-        self._observe_read(bookie, req.ledger_id, req.entry_id, resp, "read")
 
-    def _observe_read(self, bookie: str, lid: int, entry: int, resp: Response, how: str) -> None:
-        status = resp.status
-        if status in (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER) and entry >= 0:
-            self.history.bookie_absent(bookie, lid, entry, f"{how} {status.name}")
-        elif status in (Status.IO_ERROR, Status.CORRUPT, Status.UNKNOWN_LEDGER_STATE):
-            self.cover(f"bookie_read_{status.name.lower()}")
-        elif status == Status.OK:
-            body = getattr(resp, "body", None)
+    def _observe(self, bookie: str, client: str, req: Request, resp: Response) -> None:
+        """A bookie answered a request other than an add (a batched read: entry by entry,
+        as the single reads it stands for)."""
+        kind = type(req)
+        if kind is ReadRequest:
+            if req.previous_lac is not None:  # type: ignore[union-attr]
+                return
+            if req.fence:  # type: ignore[union-attr]
+                self.cover("fencing_read")
+            self._observe_read(bookie, req.ledger_id, req.entry_id,  # type: ignore[union-attr]
+                               resp.status, getattr(resp, "body", None), "read")
+        elif kind is ReadBatchRequest:
+            lid = req.ledger_id  # type: ignore[union-attr]
+            if type(resp) is not ReadBatchResponse or resp.status != Status.OK:
+                status = resp.status
+                for entry in req.entry_ids:  # type: ignore[union-attr]
+                    self._observe_read(bookie, lid, entry, status, None, "read")
+                return
+            for entry, status, body in resp.entries:
+                self._observe_read(bookie, lid, entry, status, body, "read")
+
+    def _observe_read(self, bookie: str, lid: int, entry: int, status: Status,
+                      body: bytes | None, how: str) -> None:
+        if status == Status.OK:
             if body is None:
                 return
             seen = (bookie, lid, entry, body)
@@ -361,6 +384,11 @@ class SimRun:
                 return  # (the same bytes again: nothing new for the checker)
             self._served.add(key)
             self.history.bookie_served(bookie, lid, dec.entry_id, dec.payload, how)
+        elif status in (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER):
+            if entry >= 0:
+                self.history.bookie_absent(bookie, lid, entry, f"{how} {status.name}")
+        elif status in (Status.IO_ERROR, Status.CORRUPT, Status.UNKNOWN_LEDGER_STATE):
+            self.cover(f"bookie_read_{status.name.lower()}")
 
     async def _audit_restart(self, sb: SimBookie) -> None:
         """After a restart, before the bookie is reachable: does it hold what it acked?"""
@@ -385,16 +413,15 @@ class SimRun:
             entries = sorted(set(acked[lid]))
             resp = await bookie.handle(ListEntriesRequest(lid))
             if resp.status == Status.OK:
-                held = getattr(resp, "ranges", ())
-                for e in entries:
-                    if not any(a <= e <= b for a, b in held):
-                        self.history.bookie_absent(sb.bookie_id, lid, e, f"{how} audit list")
+                for e in _not_held(entries, getattr(resp, "ranges", ())):
+                    self.history.bookie_absent(sb.bookie_id, lid, e, f"{how} audit list")
                 if how != "final" and not sb.damaged:
                     continue
             sample = entries if sb.damaged else entries[-3:]
             for e in sample:
                 r = await bookie.handle(ReadRequest(lid, e))
-                self._observe_read(sb.bookie_id, lid, e, r, f"{how} audit")
+                self._observe_read(sb.bookie_id, lid, e, r.status, getattr(r, "body", None),
+                                   f"{how} audit")
 
     # -- what fault handlers use (pybk.sim.injectors) -------------------------------------------
 
@@ -757,6 +784,25 @@ class SimRun:
             self.history.exception("loop", message, exc)
 
 
+def _not_held(entries: list[int], held: Any) -> list[int]:
+    """The entries (ascending) that no range ``(first, last)`` of ``held`` covers: one walk
+    over both, the ranges sorted and merged first (a bookie's list may come in any order)."""
+    merged: list[list[int]] = []
+    for a, b in sorted(held):
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    out = []
+    i = 0
+    for e in entries:
+        while i < len(merged) and merged[i][1] < e:
+            i += 1
+        if i == len(merged) or e < merged[i][0]:
+            out.append(e)
+    return out
+
+
 # -- running one seed ---------------------------------------------------------------------------
 
 #: the collector's youngest-generation threshold during a run (the default is 700)
@@ -793,6 +839,7 @@ def run(
     r = SimRun(scenario, liveness_bound, switches)
     loop = SimLoop(max_time=scenario.duration + 10 * liveness_bound + 600.0, max_steps=max_steps)
     r.loop = loop
+    r.history.now = loop.time  # (the run's clock, without a call through the run per event)
     findings = LogFindings(r._logged_error)
     findings.install()
     wall = time.perf_counter()
