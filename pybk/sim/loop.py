@@ -143,6 +143,13 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
         self, when: float, callback: Callable[..., object], *args: Any,
         context: contextvars.Context | None = None,
     ) -> TimerHandle:
+        return self.deliver_at(when, callback, args, context)
+
+    def deliver_at(self, when: float, callback: Callable[..., object], args: tuple[Any, ...],
+                   context: contextvars.Context | None = None) -> TimerHandle:
+        """``call_at(when, callback, *args)`` with the arguments taken as they are (the
+        simulated network's deliveries, thousands per run, pass their tuple without packing
+        it again): a timer handle built without the stdlib's debug probes, on the heap."""
         if self._closed:  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
         timer: Any = _new_handle(TimerHandle)
@@ -157,25 +164,6 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
         timer._scheduled = True
         heappush(self._timers, (when, next(self._timer_seq), timer))
         return timer  # type: ignore[no-any-return]
-
-    def deliver_at(self, when: float, callback: Callable[..., object], args: tuple[Any, ...],
-                   ) -> None:
-        """``call_at(when, callback, *args)`` for a caller that never cancels (the simulated
-        network's deliveries, thousands per run): no handle returned, the arguments taken as
-        they are."""
-        if self._closed:  # type: ignore[attr-defined]
-            raise RuntimeError("Event loop is closed")
-        timer: Any = _new_handle(TimerHandle)
-        timer._context = contextvars.copy_context()
-        timer._loop = self
-        timer._callback = callback
-        timer._args = args
-        timer._cancelled = False
-        timer._repr = None
-        timer._source_traceback = None
-        timer._when = when
-        timer._scheduled = True
-        heappush(self._timers, (when, next(self._timer_seq), timer))
 
     def call_later(  # type: ignore[override]
         self, delay: float, callback: Callable[..., object], *args: Any,

@@ -234,9 +234,9 @@ class SimNetwork:
         #: the loop the network runs on, bound at first use like its deadlines (asking
         #: asyncio for the running loop costs a getpid() per call, a few per message)
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: ``(when, callback, args)``: a message arrives (a SimLoop's handle-less
-        #: ``deliver_at`` once bound to one)
-        self._deliver_at: Callable[[float, Callable[..., object], tuple[Any, ...]], None] = \
+        #: ``(when, callback, args)``: a message arrives (a SimLoop's ``deliver_at``, which
+        #: takes the arguments as a tuple, once bound to one)
+        self._deliver_at: Callable[[float, Callable[..., object], tuple[Any, ...]], object] = \
             self._call_at
 
     def _bind_loop(self) -> asyncio.AbstractEventLoop:
