@@ -535,27 +535,38 @@ class DigestManager:
             return b"".join((header, _pack_crc(_crc32c(payload, _crc32c(header))), payload))
         return header + self._digest(header, payload) + payload
 
+    def crc_checked(self, body: bytes, expected_entry_id: int | None = None,
+                    ) -> tuple[int, int, int, bytes] | None:
+        """The default digest's check, for the read paths' hot loops (once per entry): one
+        unpack, one CRC over header + payload, no views. ``(entry_id, lac, length, payload)``
+        when ``body`` is a good CRC32C entry of this ledger (and of ``expected_entry_id``, if
+        given); None otherwise, also for another digest type: the caller then takes
+        :meth:`verify`, which says what is wrong."""
+        if not self._crc or len(body) < _CRC_ENTRY_MIN:
+            return None
+        ledger_id, entry_id, lac, length, digest = _ENTRY_CRC_HEADER.unpack_from(body)
+        if (ledger_id != self.ledger_id
+                or (expected_entry_id is not None and entry_id != expected_entry_id)):
+            return None
+        data = body[_CRC_ENTRY_MIN:]
+        if _crc32c(data, _crc32c(body[:ENTRY_HEADER_SIZE])) != digest:
+            return None
+        return entry_id, lac, length, data
+
     def verify(self, body: bytes, expected_entry_id: int | None = None) -> DecodedEntry:
         """Check the digest and the embedded ids; raise DigestMismatchError if anything is off.
 
         ``expected_entry_id=None`` skips the entry-id check (LAC reads of "the last entry").
         """
-        if self._crc and len(body) >= _CRC_ENTRY_MIN:
-            # the default digest, inlined (once per entry on the read path): one unpack, one
-            # CRC over header + payload, no views; a mismatch takes the general path for
-            # its error
-            ledger_id, entry_id, lac, length, digest = _ENTRY_CRC_HEADER.unpack_from(body)
-            if (ledger_id == self.ledger_id
-                    and (expected_entry_id is None or entry_id == expected_entry_id)):
-                data = body[_CRC_ENTRY_MIN:]
-                if _crc32c(data, _crc32c(body[:ENTRY_HEADER_SIZE])) == digest:
-                    entry: DecodedEntry = _new(DecodedEntry)
-                    _set_d_ledger(entry, ledger_id)
-                    _set_d_entry(entry, entry_id)
-                    _set_d_lac(entry, lac)
-                    _set_d_length(entry, length)
-                    _set_d_payload(entry, data)
-                    return entry
+        good = self.crc_checked(body, expected_entry_id)
+        if good is not None:
+            entry: DecodedEntry = _new(DecodedEntry)
+            _set_d_ledger(entry, self.ledger_id)
+            _set_d_entry(entry, good[0])
+            _set_d_lac(entry, good[1])
+            _set_d_length(entry, good[2])
+            _set_d_payload(entry, good[3])
+            return entry
         hsize = ENTRY_HEADER_SIZE
         if len(body) < hsize + self._size:
             raise DigestMismatchError(

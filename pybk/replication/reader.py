@@ -13,12 +13,9 @@ it never fences, so the writer is not disturbed.
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
-
-import crc32c
+from typing import TYPE_CHECKING, Any
 
 from pybk.errors import (
     BKError,
@@ -32,8 +29,6 @@ from pybk.errors import (
 )
 from pybk.metadata.base import LedgerMetadata
 from pybk.protocol import (
-    ENTRY_HEADER,
-    ENTRY_HEADER_SIZE,
     LAST_ENTRY,
     DecodedEntry,
     DigestManager,
@@ -76,10 +71,6 @@ class LedgerEntry:
 
 
 _ABSENT = (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER)
-#: a CRC32C-digested entry's header and digest (``DigestManager``'s framing), its least size
-_CRC_ENTRY_HEADER = struct.Struct(ENTRY_HEADER.format + "I")
-_CRC_ENTRY_MIN: Final = _CRC_ENTRY_HEADER.size
-_crc32c = crc32c.crc32c
 _new = object.__new__
 _le_slots: Any = vars(LedgerEntry)  # (frozen: fields set through the slot descriptors)
 _set_le_ledger = _le_slots["ledger_id"].__set__
@@ -339,14 +330,12 @@ def _take_answer(
     with why; from this one again when the answer stopped before it). The highest LAC the
     good entries carry.
 
-    The read path's hot loop (once per entry read): for the default digest (CRC32C) the check
-    :meth:`DigestManager.verify` makes is inlined (ids, CRC over header and payload) and the
-    entry made without a :class:`DecodedEntry`; a body that does not check out goes through
-    ``verify`` for its error."""
+    The read path's hot loop (once per entry read): for the default digest (CRC32C) the entry
+    is checked with :meth:`DigestManager.crc_checked` and made without a
+    :class:`DecodedEntry`; a body that does not check out goes through ``verify`` for its
+    error."""
     ledger_id = digest.ledger_id
-    verify = digest.verify
-    crc = digest.digest_type == "CRC32C"
-    unpack, crc32c, ok = _CRC_ENTRY_HEADER.unpack_from, _crc32c, Status.OK
+    verify, crc_checked, ok = digest.verify, digest.crc_checked, Status.OK
     new, set_ledger, set_entry, set_data = _new, _set_le_ledger, _set_le_entry, _set_le_data
     top = -1
     for expected, (eid, status, body) in zip(ids, answered, strict=False):  # (answers: a prefix)
@@ -357,19 +346,16 @@ def _take_answer(
         if status != ok or body is None:
             retry[eid] = (1, [error_for_status(status, f"{bookie}: no entry {eid}")])
             continue
-        if crc and len(body) >= _CRC_ENTRY_MIN:
-            lid, e, lac, _length, checksum = unpack(body)
-            if lid == ledger_id and e == eid:
-                data = body[_CRC_ENTRY_MIN:]
-                if crc32c(data, crc32c(body[:ENTRY_HEADER_SIZE])) == checksum:
-                    entry: LedgerEntry = new(LedgerEntry)
-                    set_ledger(entry, lid)
-                    set_entry(entry, eid)
-                    set_data(entry, data)
-                    out[eid - first] = entry
-                    if lac > top:
-                        top = lac
-                    continue
+        good = crc_checked(body, eid)
+        if good is not None:
+            entry: LedgerEntry = new(LedgerEntry)
+            set_ledger(entry, ledger_id)
+            set_entry(entry, eid)
+            set_data(entry, good[3])
+            out[eid - first] = entry
+            if good[1] > top:
+                top = good[1]
+            continue
         try:
             decoded = verify(body, eid)
         except DigestMismatchError as exc:
