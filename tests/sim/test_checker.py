@@ -185,6 +185,21 @@ def test_i12_liveness_failure_and_beyond_tolerance() -> None:
     assert codes(h, beyond_tolerance=True) == []
 
 
+def _two_acked_by_qa() -> History:
+    """Ledger 1 (E3/Qw3/Qa2) with entries 0-2 sent, 0 acknowledged to the writer, 0 and 1
+    on two bookies (Qa), 2 on one only."""
+    h, _ = make()
+    h.create("w1", 1, "E=3 Qw=3 Qa=2", qa=2)
+    for e in range(3):
+        h.add_invoke("w1", 1, e, f"w1:1:{e}".encode())
+    h.add_complete("w1", 1, 0, OK)
+    for b in ("b0", "b1"):
+        h.bookie_acked(b, 1, 0)
+        h.bookie_acked(b, 1, 1)
+    h.bookie_acked("b2", 1, 2)
+    return h
+
+
 def test_i3_exempts_only_what_a_recovery_can_still_change() -> None:
     """During a recovery a reader may see a LAC above the writer's acknowledgements, but
     never above what Qa bookies acknowledged (the entries the recovery can keep)."""
@@ -205,26 +220,10 @@ def test_i3_exempts_only_what_a_recovery_can_still_change() -> None:
     assert codes(h) == ["I3"]
     # A recovery by auto-recovery's workers (seen as the ledger's metadata going into
     # recovery) is a recovery too: the same bound.
-    h3, _ = make()
-    h3.create("w1", 1, "E=3 Qw=3 Qa=2", qa=2)
-    for e in range(3):
-        h3.add_invoke("w1", 1, e, f"w1:1:{e}".encode())
-    h3.add_complete("w1", 1, 0, OK)
-    for b in ("b0", "b1"):
-        h3.bookie_acked(b, 1, 0)
-        h3.bookie_acked(b, 1, 1)
-    h3.bookie_acked("b2", 1, 2)
+    h3 = _two_acked_by_qa()
     h3.lac("r1", 1, 1)  # before any recovery: above the writer's acknowledgements
     assert codes(h3) == ["I3"]
-    h4, _ = make()
-    h4.create("w1", 1, "E=3 Qw=3 Qa=2", qa=2)
-    for e in range(3):
-        h4.add_invoke("w1", 1, e, f"w1:1:{e}".encode())
-    h4.add_complete("w1", 1, 0, OK)
-    for b in ("b0", "b1"):
-        h4.bookie_acked(b, 1, 0)
-        h4.bookie_acked(b, 1, 1)
-    h4.bookie_acked("b2", 1, 2)
+    h4 = _two_acked_by_qa()
     h4.metadata("ar0", 1, "IN_RECOVERY", -1)
     h4.lac("r1", 1, 1)
     assert codes(h4) == []
