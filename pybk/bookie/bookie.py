@@ -143,9 +143,11 @@ class Bookie:
     def _new_os_fs(config: BookieConfig) -> FileSystem:
         from pybk.storage import OsFileSystem
 
-        # overlapped journal syncs need a sync that starts while the loop is busy: a helper
-        # process (a sync thread would first have to win the GIL, see pybk.storage.syncer)
-        return OsFileSystem(sync_process=config.journal_overlap_syncs)
+        # a sync that starts while the loop is busy needs a helper process (a sync thread
+        # would first have to win the GIL, see pybk.storage.syncer); overlapped journal syncs
+        # rely on it
+        return OsFileSystem(
+            sync_process=config.journal_sync_process or config.journal_overlap_syncs)
 
     # ================================================================== state
 
