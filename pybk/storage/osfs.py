@@ -9,9 +9,9 @@ overlap on the device; see research/perf.md section 2).
 
 With ``sync_process=True`` the data syncs go to a helper process instead
 (:mod:`pybk.storage.syncer`): a sync thread must win the GIL from a busy loop before its
-``fdatasync`` starts, a process does not, so the journal can complete one batch while the next
-one syncs. A bookie process (``pybk bookie``) uses it; directory fsyncs (rare) stay on the
-thread.
+``fdatasync`` starts and again to report back, a process does not, so the journal can
+complete one batch while the next one syncs. A bookie uses it for its own file system unless
+its config says ``journal_sync_process=False``; directory fsyncs (rare) stay on the thread.
 
 ``sync_inline`` is the exception the journal asks for when a batch is tiny: a lone
 ``fdatasync`` run on the caller's thread saves the two thread hand-offs (~80 us on this kind of

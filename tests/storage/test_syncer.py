@@ -124,12 +124,15 @@ async def test_closing_the_file_system_stops_the_process():
     assert proc.poll() is not None and fs.sync_process is None
 
 
-async def test_a_bookie_whose_sync_process_dies_acknowledges_nothing_more(tmp_path):
+@pytest.mark.parametrize("journal", [
+    {},  # the default: serial group commit, syncs through the helper
+    {"journal_overlap_syncs": True, "journal_overlap_split_min": 2},
+], ids=["serial", "overlapped"])
+async def test_a_bookie_whose_sync_process_dies_acknowledges_nothing_more(tmp_path, journal):
     """Every batch syncs through the process here (no inline syncs). When it dies the journal
     fails: the bookie turns read-only, the adds in flight get the error, and what was
     acknowledged before is there after a restart."""
-    config = BookieConfig(disk_check_interval=0, checkpoint_interval=0,
-                          journal_overlap_syncs=True, journal_overlap_split_min=2)
+    config = BookieConfig(disk_check_interval=0, checkpoint_interval=0, **journal)
     b = Bookie("b1", str(tmp_path / "data"), config=config, rng=random.Random(1))
     await b.start()
     dm = DigestManager(1)
@@ -175,3 +178,25 @@ async def test_an_answer_nobody_asked_for_ends_the_helper_loudly(tmp_path, sync_
         await asyncio.wait_for(fh.start_sync(), 10)
     assert info.value.errno == errno.EIO
     fh.close()
+
+
+async def test_a_bookie_syncs_on_its_thread_only_when_told(tmp_path):
+    """``journal_sync_process`` (on by default) gives a bookie on real files a helper process
+    for its journal's syncs; off, the file system's sync thread syncs them and no process is
+    started."""
+    dm = DigestManager(1)
+    for on in (True, False):
+        config = BookieConfig(disk_check_interval=0, checkpoint_interval=0,
+                              journal_sync_process=on)
+        b = Bookie("b1", str(tmp_path / f"data-{on}"), config=config, rng=random.Random(1))
+        await b.start()
+        try:
+            for eid in range(5):
+                await asyncio.wait_for(b.add(1, eid, KEY, dm.frame(eid, eid - 1, 0, b"v")), 10)
+            syncer = b.fs.sync_process  # type: ignore[attr-defined]
+            if on:
+                assert syncer is not None and syncer.stats["syncs"] >= 5
+            else:
+                assert syncer is None
+        finally:
+            await b.stop()
