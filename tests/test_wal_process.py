@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from process_kit import children
 
 import pybk
 from pybk import Position
@@ -49,6 +50,8 @@ class Child:
         self.proc: asyncio.subprocess.Process | None = None
         self.acked: list[tuple[Position, int]] = []
         self.ready: str = ""
+        #: the sync helpers it had when it was killed
+        self.helpers: list[int] = []
 
     async def start(self) -> None:
         self.proc = await asyncio.create_subprocess_exec(
@@ -77,14 +80,30 @@ class Child:
         self.acked.append((Position.parse(pos), int(index)))
 
     async def kill(self) -> None:
-        """SIGKILL, then every line it printed before dying counts too."""
+        """SIGKILL, then every line it printed before dying counts too. Its bookies' sync
+        helper processes (pybk.storage.syncer: one per in-process bookie on real files) see
+        their sockets close and end too."""
         assert self.proc is not None and self.proc.stdout is not None
+        helpers = children(self.proc.pid, running="_sync_child.py")
         os.kill(self.proc.pid, signal.SIGKILL)
         rest = await asyncio.wait_for(self.proc.stdout.read(), 60)
         await asyncio.wait_for(self.proc.wait(), 60)
+        await _until_gone(helpers, 60)
+        self.helpers = helpers
         for line in rest.splitlines():
             if line.strip():
                 self._take(line)
+
+
+async def _until_gone(pids: list[int], timeout: float) -> None:
+    """Wait (bounded) until none of ``pids`` runs any more."""
+    from pybk.cli.processes import pid_alive
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while alive := [p for p in pids if pid_alive(p)]:
+        assert loop.time() < deadline, f"sync helpers {alive} outlived their process"
+        await asyncio.sleep(0.01)
 
 
 def check_replay(replayed: list[tuple[Position, bytes]], acked: list[tuple[Position, int]]
@@ -114,6 +133,7 @@ async def test_embedded_wal_survives_kill_9(tmp_path: Path) -> None:
             assert child.ready != "None" and Position.parse(child.ready) >= expected_last
         await child.wait_acked(rng.randrange(5, 400))
         await child.kill()
+        assert len(child.helpers) == 3, child.helpers  # one per embedded bookie
         acked += child.acked
         first = child.acked[-1][1] + 100
     async with pybk.AsyncWAL(where) as wal:

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
+from process_kit import children
 
 from pybk.cli import main
 
@@ -252,25 +253,6 @@ def test_layer_commands_are_registered():
     assert ("simulate" in main.commands) == has_sim_cli
 
 
-def _children(pid: int, running: str) -> list[int]:
-    """Live (not zombie) child processes of ``pid`` whose command line mentions ``running``,
-    from /proc."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[1]) == pid and fields[0] != "Z" and \
-                running in Path(f"/proc/{entry}/cmdline").read_text(errors="replace"):
-            out.append(int(entry))
-    return out
-
-
 @pytest.mark.parametrize("how", ["SIGTERM", "SIGKILL"])
 async def test_a_bookie_process_sync_helper_ends_with_it(tmp_path, how):
     """`pybk bookie` syncs its journal through a helper process (pybk.storage.syncer). It must
@@ -287,7 +269,7 @@ async def test_a_bookie_process_sync_helper_ends_with_it(tmp_path, how):
     proc = spawn_bookie(root, "b1", f"sqlite://{tmp_path / 'meta.db'}")
     try:
         wait_ready(root, "b1", proc, 60)
-        helpers = _children(proc.pid, running="_sync_child.py")
+        helpers = children(proc.pid, running="_sync_child.py")
         assert len(helpers) == 1, helpers
         proc.send_signal(getattr(signal, how))
         proc.wait(30)
