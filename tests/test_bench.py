@@ -57,6 +57,21 @@ def test_bench_embedded_prints_throughput_percentiles_and_ceiling(tmp_path: Path
     assert os.listdir(tmp_path) == []  # the embedded cluster and the ceiling's files are gone
 
 
+def test_bench_journals_sync_through_helpers_or_on_a_thread_when_told(tmp_path: Path) -> None:
+    """The embedded cluster's bookies sync through a helper process each (the default);
+    ``--sync-thread`` runs the same measurement with the syncs on a thread, and says so."""
+    for flag, said in (([], "syncs through a helper process per bookie"),
+                       (["--sync-thread"], "syncs on a thread of this process")):
+        r = CliRunner().invoke(main, ["bench", *TINY, "--dir", str(tmp_path), "--json",
+                                      "--no-ceiling", *flag])
+        assert r.exit_code == 0, r.output
+        report = json.loads(r.output.strip().splitlines()[-1])
+        assert said in report["setup"], report["setup"]
+        assert report["pybk"]["entries"] > 0
+    r = CliRunner().invoke(main, ["bench", *TINY, "--sync-thread", "--server-settings"])
+    assert r.exit_code == 2 and "need the helper process" in r.output, r.output
+
+
 def test_bench_json_open_loop_and_server_settings(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["bench", *TINY, "--dir", str(tmp_path), "--json", "--rate",
                                   "500", "--server-settings", "-e", "1", "-w", "1", "-a", "1",

@@ -156,7 +156,7 @@ async def _local_cluster(root: str | None, bookies: int, bookie_config: Any, tun
 
 async def run_write_bench(spec: WriteBench, *, client: Any = None, root: str | None = None,
                           bookies: int = 3, server_settings: bool = False,
-                          tune_gc: bool = False,
+                          sync_thread: bool = False, tune_gc: bool = False,
                           progress: Callable[[str], None] = lambda _msg: None) -> WriteReport:
     """Measure pybk, then the ceiling (see the module doc).
 
@@ -164,8 +164,11 @@ async def run_write_bench(spec: WriteBench, *, client: Any = None, root: str | N
     there; without, an embedded :class:`pybk.LocalCluster` of ``bookies`` bookies is started
     in a temporary directory under ``root`` (None: the system's), with ``pybk bookie``'s
     settings when ``server_settings`` (preallocated segments, overlapped syncs), else
-    LocalCluster's defaults, and removed afterwards. ``tune_gc``: this process's garbage
-    collector as a bookie process sets it (:mod:`pybk.gctune`) for the measurement."""
+    LocalCluster's defaults, and removed afterwards; ``sync_thread``: its journals sync on a
+    thread of this process instead of a helper process each (to compare; not with
+    ``server_settings``, whose overlapped syncs need the helper). ``tune_gc``: this process's
+    garbage collector as a bookie process sets it (:mod:`pybk.gctune`) for the
+    measurement."""
     quorum = f"E{spec.ensemble}/Qw{spec.write_quorum}/Qa{spec.ack_quorum}"
     what = f"{quorum}, {spec.size} B entries, {spec.load()}, {spec.duration:g} s"
     if client is not None:
@@ -191,9 +194,15 @@ async def run_write_bench(spec: WriteBench, *, client: Any = None, root: str | N
     from pybk.bookie import BookieConfig
     from pybk.bookie.process import process_bookie_config
 
-    config = process_bookie_config() if server_settings else BookieConfig()
+    if sync_thread and server_settings:
+        raise ValueError("overlapped syncs (server settings) need the sync helper process; "
+                         "a sync thread is for LocalCluster's defaults")
+    config = process_bookie_config() if server_settings else BookieConfig(
+        journal_sync_process=not sync_thread)
     settings = ("pybk bookie's settings (preallocated segments, overlapped syncs)"
-                if server_settings else "LocalCluster defaults (appended segments)")
+                if server_settings else "LocalCluster defaults (appended segments, " + (
+                    "syncs on a thread of this process)" if sync_thread
+                    else "syncs through a helper process per bookie)"))
     async with _local_cluster(root, bookies, config, tune_gc) as (local_client, directory):
         progress("appending")
         report = WriteReport(f"local cluster of {bookies} in-process bookies under "

@@ -48,6 +48,10 @@ __all__ = ["bench"]
 @click.option("--server-settings", is_flag=True,
               help="Embedded cluster: run its bookies with pybk bookie's settings "
                    "(preallocated segments, overlapped syncs) instead of LocalCluster's.")
+@click.option("--sync-thread", is_flag=True,
+              help="Embedded cluster: its journals sync on a thread of this process instead "
+                   "of a helper process per bookie (slower under load: the thread waits for "
+                   "the busy loop's GIL; to compare).")
 @click.option("--ceiling/--no-ceiling", default=True, show_default=True,
               help="Measure the plain-file group-commit ceiling after pybk.")
 @click.option("--ceiling-dir", type=click.Path(file_okay=False, exists=True),
@@ -61,8 +65,8 @@ __all__ = ["bench"]
 @click.option("--json", "as_json", is_flag=True, help="The figures as one JSON object.")
 def bench(conn: Conn, ensemble: int, write_quorum: int, ack_quorum: int, size: int,
           inflight: int, rate: float | None, duration: float, warmup: float, bookies: int,
-          root: str | None, server_settings: bool, ceiling: bool, ceiling_dir: str | None,
-          loop: str, tune_gc: bool, as_json: bool) -> None:
+          root: str | None, server_settings: bool, sync_thread: bool, ceiling: bool,
+          ceiling_dir: str | None, loop: str, tune_gc: bool, as_json: bool) -> None:
     """Measure appends: entries/s and latency percentiles, beside the same-run ceiling.
 
     \b
@@ -74,9 +78,12 @@ def bench(conn: Conn, ensemble: int, write_quorum: int, ack_quorum: int, size: i
     from pybk.bench.writes import WriteBench, run_write_bench
 
     remote = bool(conn.metadata)
-    if remote and (bookies != 3 or root or server_settings):
-        raise click.UsageError("--bookies, --dir and --server-settings are for the embedded "
-                               "cluster (no --metadata)")
+    if remote and (bookies != 3 or root or server_settings or sync_thread):
+        raise click.UsageError("--bookies, --dir, --server-settings and --sync-thread are for "
+                               "the embedded cluster (no --metadata)")
+    if sync_thread and server_settings:
+        raise click.UsageError("--sync-thread is for LocalCluster's defaults: "
+                               "--server-settings' overlapped syncs need the helper process")
     if ceiling_dir and not remote:
         raise click.UsageError("--ceiling-dir is for a remote cluster; the embedded one's "
                                "ceiling is measured in its own directory (--dir)")
@@ -103,6 +110,7 @@ def bench(conn: Conn, ensemble: int, write_quorum: int, ack_quorum: int, size: i
                 if not remote:
                     return await run_write_bench(spec, root=root, bookies=bookies,
                                                  server_settings=server_settings,
+                                                 sync_thread=sync_thread,
                                                  tune_gc=tune_gc, progress=progress)
                 async with conn.client() as client:
                     return await run_write_bench(spec, client=client, tune_gc=tune_gc,
