@@ -197,7 +197,13 @@ class SyncProcess:
 
 def start_sync_process() -> SyncProcess | None:
     """A new helper, or None (logged) if this system cannot start one: callers then keep
-    their syncs on a thread."""
+    their syncs on a thread. Also None in a frozen application (``sys.frozen``: its
+    ``sys.executable`` is the application itself, not an interpreter that can run the helper's
+    script) or where Python does not know its own executable."""
+    if getattr(sys, "frozen", False) or not sys.executable:
+        log.warning("no interpreter to run the sync process (frozen application or unknown "
+                    "sys.executable); syncs stay on a thread")
+        return None
     try:
         return SyncProcess()
     except OSError as exc:

@@ -200,3 +200,22 @@ async def test_a_bookie_syncs_on_its_thread_only_when_told(tmp_path):
                 assert syncer is None
         finally:
             await b.stop()
+
+
+@pytest.mark.parametrize("how", ["frozen", "no executable"])
+def test_without_an_interpreter_to_run_it_syncs_stay_on_the_thread(monkeypatch, how, caplog):
+    """A frozen application's ``sys.executable`` is the application itself: running it with
+    the helper's script would start the application again. Then (and with no known
+    executable) no helper is started, the file system syncs on its thread, and it says so."""
+    import sys
+
+    if how == "frozen":
+        monkeypatch.setattr(sys, "frozen", True, raising=False)
+    else:
+        monkeypatch.setattr(sys, "executable", "")
+    fs = OsFileSystem(sync_process=True)
+    try:
+        assert fs.sync_process is None
+        assert "syncs stay on a thread" in caplog.text
+    finally:
+        fs.close()
