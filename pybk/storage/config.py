@@ -34,8 +34,9 @@ class StoreConfig:
     journal_max_batch_count: int = 8192
     #: batches of at most this many records are synced on the loop's own thread (no thread
     #: hops). Set it only when the bookie is alone on its event loop (``pybk bookie`` sets
-    #: :data:`INLINE_SYNC_ALWAYS`); 0, the default, keeps every sync on the sync thread so
-    #: bookies sharing a loop (LocalCluster) overlap their syncs.
+    #: :data:`INLINE_SYNC_ALWAYS`); 0, the default, keeps every sync off the loop's thread (on
+    #: the helper process or sync thread, ``journal_sync_process``) so bookies sharing a loop
+    #: (LocalCluster) overlap their syncs.
     journal_inline_sync_max: int = 0
     #: complete each journal batch (index updates, answers) while the next one syncs, and
     #: split a big buffer in two when there is nothing to complete meanwhile, so the disk and
