@@ -108,11 +108,17 @@ def run_seed(seed: int, faults_spec: str, duration: float, bookies: int | None,
              mutations: tuple[str, ...]) -> SeedSummary:
     """One seed, summarised (picklable: runs in worker processes)."""
     # Bookies log the damage the simulator inflicts; the trace already has it (and the run
-    # still sees every exception logged: pybk.sim.findings).
-    logging.getLogger("pybk").setLevel(logging.CRITICAL)
+    # still sees every exception logged: pybk.sim.findings). Only for the run: a sweep run
+    # in the caller's own process (one worker, a test) leaves its logging as it found it.
+    logger = logging.getLogger("pybk")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
     cpu = time.process_time()
-    r = run(seed, bookies=bookies, duration=duration, faults=Faults.parse(faults_spec),
-            mutations=mutations)
+    try:
+        r = run(seed, bookies=bookies, duration=duration, faults=Faults.parse(faults_spec),
+                mutations=mutations)
+    finally:
+        logger.setLevel(level)
     return SeedSummary(
         seed=seed, ok=r.ok, trace_hash=r.trace_hash, virtual_seconds=r.stats.virtual_seconds,
         wall_seconds=r.stats.wall_seconds, operations=r.stats.operations,

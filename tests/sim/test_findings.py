@@ -65,3 +65,22 @@ def test_expected_errors_of_injected_faults_are_not_findings() -> None:
     r = sim.run(0, scenario=sc)
     assert sum(r.stats.faults.values()) > 3
     assert not [v for v in r.violations if v.invariant == "X1"], r.report()
+
+
+def test_a_seed_run_in_this_process_leaves_its_logging_as_it_was() -> None:
+    """A sweep's seed quiets pybk's loggers while it runs (the trace has what bookies log),
+    then puts the level back: a sweep run in the caller's own process (one worker, a test)
+    must not silence the application's pybk warnings afterwards."""
+    import logging
+
+    from pybk.sim.sweep import run_seed
+
+    logger = logging.getLogger("pybk")
+    before = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        summary = run_seed(0, "none", 2.0, None, ())
+        assert summary.ok, summary.report
+        assert logger.level == logging.INFO
+    finally:
+        logger.setLevel(before)
