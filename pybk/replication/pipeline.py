@@ -389,15 +389,8 @@ class WritePipeline:
         self._queued = u1 + 1
         e, qw, base, bodies = self._e, self.quorums.write_quorum, self._base, self._bodies
         if u1 - u0 < _SLICE_MIN:  # a few entries (a lone writer's): one by one is cheaper
-            outbox, outbodies, outbytes, write_sets = (
-                self._outbox, self._outbodies, self._outbytes, self._write_sets)
             for eid in range(u0, u1 + 1):
-                body = bodies[eid - base]
-                size = len(body)
-                for slot in write_sets[eid % e]:
-                    outbox[slot].append(eid)
-                    outbodies[slot].append(body)
-                    outbytes[slot] += size
+                self._queue(eid, bodies[eid - base])
             return
         for slot in range(e):
             firsts = sorted(f for j in range(qw) if (f := u0 + (slot - j - u0) % e) <= u1)

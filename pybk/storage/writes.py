@@ -250,9 +250,7 @@ class WritesMixin(ReadsMixin):
         # else (new or deleted ledger, no key yet, fenced, wrong key) takes the general checks.
         if st is None or st.fenced or st.master_key != master_key:
             st = self._add_checks(ledger_id, st, master_key, recovery)
-        pending = st.pending.get(entry_id)
-        if pending is None and st.runs:
-            pending = st.pending_body(entry_id)
+        pending = st.pending_body(entry_id) if st.runs else st.pending.get(entry_id)
         if pending is not None:
             if pending != body:
                 raise EntryExistsError(
@@ -351,9 +349,7 @@ class WritesMixin(ReadsMixin):
                 batch.refuse(i, BadRequestError(
                     f"add of ({ledger_id}, {eid}) carries an entry framed as ({blid}, {beid})"))
                 continue
-            waiting = pending.get(eid)
-            if waiting is None and st.runs:
-                waiting = st.pending_body(eid)
+            waiting = st.pending_body(eid) if st.runs else pending.get(eid)
             if waiting is not None:
                 if waiting != body:
                     batch.refuse(i, EntryExistsError(
