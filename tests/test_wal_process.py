@@ -16,9 +16,11 @@ from pathlib import Path
 
 import pytest
 from process_kit import children
+from stream_kit import until
 
 import pybk
 from pybk import Position
+from pybk.cli.processes import pid_alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -88,22 +90,11 @@ class Child:
         os.kill(self.proc.pid, signal.SIGKILL)
         rest = await asyncio.wait_for(self.proc.stdout.read(), 60)
         await asyncio.wait_for(self.proc.wait(), 60)
-        await _until_gone(helpers, 60)
+        await until(lambda: not any(map(pid_alive, helpers)), 60)  # (each saw its socket close)
         self.helpers = helpers
         for line in rest.splitlines():
             if line.strip():
                 self._take(line)
-
-
-async def _until_gone(pids: list[int], timeout: float) -> None:
-    """Wait (bounded) until none of ``pids`` runs any more."""
-    from pybk.cli.processes import pid_alive
-
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while alive := [p for p in pids if pid_alive(p)]:
-        assert loop.time() < deadline, f"sync helpers {alive} outlived their process"
-        await asyncio.sleep(0.01)
 
 
 def check_replay(replayed: list[tuple[Position, bytes]], acked: list[tuple[Position, int]]
