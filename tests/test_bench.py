@@ -23,6 +23,7 @@ from pybk.bench import (
     plain_group_commit,
     replica_sync_floor,
 )
+from pybk.bench.tcp_floor import FloorServers, tcp_floor_servers, tcp_replica_floor
 from pybk.cli import main
 from pybk.cli.processes import spawn_bookie, stop_pid, wait_ready
 
@@ -252,3 +253,28 @@ async def test_group_commit_file_fails_its_waiters_when_the_disk_does(tmp_path: 
     with pytest.raises(OSError):
         await log.append(b"lost")
     await log.close()
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_tcp_floor_syncs_every_record_on_every_replica_and_stops_its_servers(
+        tmp_path: Path, loop: str) -> None:
+    """The lone TCP row's floor: each record it timed was written and synced by every
+    server, and the server processes are gone when the block ends."""
+    from pybk.eventloop import run
+
+    from .process_kit import children
+
+    async def scenario() -> tuple[int, FloorServers, list[int]]:
+        async with tcp_floor_servers(tmp_path, 2, loop, size=100) as servers:
+            running = children(os.getpid(), "pybk.bench.tcp_floor")
+            timed = [len(await servers.measure(0.05)) for _ in range(2)]
+            assert all(timed)
+        return sum(timed), servers, running
+
+    timed, servers, running = run(scenario(), loop)
+    assert len(running) == 2
+    assert servers.synced == [timed, timed]
+    assert children(os.getpid(), "pybk.bench.tcp_floor") == []
+    assert not list(tmp_path.glob("tcp-floor-*"))
+    with pytest.raises(ValueError, match="replicas must be >= 1"):
+        run(tcp_replica_floor(tmp_path, 0), loop)
