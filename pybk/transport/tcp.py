@@ -258,6 +258,11 @@ class _ClientConnection(asyncio.Protocol):
             return
         assert isinstance(request, AddBatchRequest)
         if self.peer_version < 2:
+            if len(request.bodies) == 1:  # (a lone writer's: one single ADD, nothing to split)
+                self._add_frames([AddRequest(request.ledger_id, request.entry_ids[0],
+                                             request.master_key, request.bodies[0],
+                                             request.recovery)], [on_done], timeout)
+                return
             self._ask_versions(len(request.bodies))
             singles = split_batch(request)
             parts = split_callback(on_done, len(singles), [[i] for i in range(len(singles))])

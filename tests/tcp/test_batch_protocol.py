@@ -14,7 +14,7 @@ import struct
 import pytest
 
 from pybk.bookie import Bookie
-from pybk.errors import ProtocolError
+from pybk.errors import BKError, ProtocolError
 from pybk.protocol import (
     AddBatchRequest,
     AddOutcome,
@@ -161,6 +161,35 @@ async def test_a_new_bookie_gets_batches_after_the_first_question() -> None:
         resp = await t.send("b1", ReadBatchRequest(2, list(range(30))), 10.0)
         assert isinstance(resp, ReadBatchResponse)
         assert [b for _e, _s, b in resp.entries] == [body(2, e) for e in range(30)]
+        await t.close()
+    bookie.crash()
+
+
+async def test_a_one_entry_batch_goes_as_one_single_add_with_its_outcome() -> None:
+    """A lone writer's batches hold one entry: each goes as a plain ADD (nothing to split,
+    no version question), and a refusal comes back as that entry's error."""
+    bookie = await _bookie()
+    seen: list[str] = []
+
+    def add_request(request: object, on_done: object) -> None:
+        seen.append(type(request).__name__)
+        bookie.add_request(request, on_done)  # type: ignore[arg-type]
+
+    async with BookieServer(bookie.handle, add=add_request) as server:
+        host, port = server.address
+
+        async def resolve(_: str) -> str:
+            return f"{host}:{port}"
+
+        t = TcpTransport(resolve)
+        for e in range(3):
+            assert await _add(t, AddBatchRequest(4, KEY, [e], [body(4, e)])) is None
+        assert seen == ["AddRequest"] * 3
+        assert not t._conns[("b1", 0)].asked_versions
+        refused = await _add(t, AddBatchRequest(4, KEY, [3], [body(5, 3)]))  # names ledger 5
+        assert isinstance(refused, BKError), refused
+        read = await t.send("b1", ReadRequest(4, 2), 10.0)
+        assert read.status == Status.OK and read.body == body(4, 2)
         await t.close()
     bookie.crash()
 
