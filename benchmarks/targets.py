@@ -29,7 +29,8 @@ peer on the same disk in the same run; the ratio and the target it measures are 
    loop (``pybk.bench.tcp_floor``: two server processes that write a record in place,
    fdatasync it and answer 8 bytes; no protocol, checks or index), between the same slices.
 5. ``p99@half``: an open-loop driver (``pybk.bench.open_loop``: appends issued at a fixed
-   rate, latency counted from when each was due) at half the rate row 1 (in process) and row
+   rate, the ones due each millisecond together, the finest tick both loops' timers keep;
+   latency counted from when each was due) at half the rate row 1 (in process) and row
    3 (TCP) reached. Target p99 < 5 ms. Printed beside it: what the tail is made of (the
    disk's own p99 for one write + fdatasync, measured beside the lone writer; how late an
    idle event loop wakes up just before, nothing of pybk running: the machine's floor; the

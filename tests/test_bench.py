@@ -244,6 +244,44 @@ async def test_open_loop_charges_a_stall_to_the_appends_it_delayed() -> None:
     assert max(run.latencies) >= 19 * 0.0005 * 0.99
 
 
+@pytest.mark.parametrize("loop_name", ["asyncio", "uvloop"])
+def test_open_loop_issues_in_ticks_on_either_loop_without_spinning(loop_name: str) -> None:
+    """Appends due within a tick go out together, about one group per millisecond on both
+    loops (uvloop fired a 0.5 ms timer at the next pass: the driver spun, one append a pass),
+    and a tick finer than the loops' timers is refused."""
+    from pybk.bench.drive import MIN_TICK
+    from pybk.eventloop import run
+
+    async def scenario() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        groups = 0
+        in_pass = False
+
+        def end_pass() -> None:
+            nonlocal in_pass
+            in_pass = False
+
+        def append() -> asyncio.Future[None]:
+            nonlocal groups, in_pass
+            if not in_pass:
+                in_pass = True
+                groups += 1
+                loop.call_soon(end_pass)
+            fut: asyncio.Future[None] = loop.create_future()
+            fut.set_result(None)
+            return fut
+
+        result = await open_loop(append, 20_000, 0.2)  # 4,000 appends
+        return result.count, groups
+
+    count, groups = run(scenario(), loop_name)
+    assert count == 4000
+    assert groups <= 0.2 / MIN_TICK * 1.2 + 5, groups  # (spinning: about one per append)
+    with pytest.raises(ValueError, match=r"tick must be >= 0\.001"):
+        run(open_loop(lambda: asyncio.get_running_loop().create_future(), 10, 0.1,
+                      tick=0.0005), loop_name)
+
+
 async def test_group_commit_file_fails_its_waiters_when_the_disk_does(tmp_path: Path) -> None:
     log = GroupCommitFile(str(tmp_path / "c"), preallocate=False)
     offsets = await asyncio.gather(*(log.append(b"r%d" % i) for i in range(10)))
