@@ -40,7 +40,7 @@ class SimConfig:
     checkpoints: bool = False
     #: how long an fsync takes (virtual seconds)
     sync_delay: float = 0.002
-    #: overlapped journal: buffers of twice this many records are split in two, and a synced
+    #: overlapped journal: buffers of twice this many entries are split in two, and a synced
     #: batch of fewer is answered before the next write (production's 100 makes both rare
     #: at the simulator's loads: small values run the overlapping paths often)
     split_min: int = 2

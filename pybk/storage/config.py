@@ -55,9 +55,10 @@ class StoreConfig:
     #: helper cannot be started the thread is used (logged). ``journal_overlap_syncs``
     #: implies it. Off: one sync thread per bookie, no extra process.
     journal_sync_process: bool = True
-    #: overlapped journal: a buffer of at least twice this many records is split in two when
+    #: overlapped journal: a buffer of at least twice this many entries is split in two when
     #: nothing is waiting to be completed (two cohorts of writers then take turns), and a
-    #: synced batch of fewer is answered before the next write (see pybk.storage.journal)
+    #: synced batch of fewer is answered before the next write (see pybk.storage.journal;
+    #: entries, not records: a batched add is one record of many entries)
     journal_overlap_split_min: int = 100
     #: rotate the active journal segment past this size (bytes)
     segment_size: int = 64 << 20

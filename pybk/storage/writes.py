@@ -301,7 +301,7 @@ class WritesMixin(ReadsMixin):
                 if st.master_key is None:
                     self.journal.append_nowait(self._key_record(ledger_id, st, master_key),
                                                (ledger_id, -1, -1, 0, None, st))
-                self.journal.append_nowait(data, tag)
+                self.journal.append_nowait(data, tag, len(ids))
             except BaseException:  # nothing of this batch is on its way: forget it
                 _forget_pending(st, tag)
                 raise
@@ -316,7 +316,7 @@ class WritesMixin(ReadsMixin):
                 self.journal.append_nowait(
                     b"".join(batch.records),
                     _BatchTag(ledger_id, st, batch.ids, batch.sizes, batch.lac,
-                              batch.ascending, batch.on_written()))
+                              batch.ascending, batch.on_written()), len(batch.ids))
         except BaseException:
             for eid in batch.ids:  # nothing of this batch is on its way: forget it
                 st.pending.pop(eid, None)

@@ -206,3 +206,55 @@ async def test_overlapped_journal_on_real_files(tmp_path, sync_process, prealloc
         await again.close()
     finally:
         fs.close()
+
+
+@pytest.mark.parametrize("config", [
+    StoreConfig(journal_overlap_syncs=True),  # production's thresholds (100 entries)
+    StoreConfig(journal_overlap_syncs=True, journal_preallocate=True, segment_size=64 << 10),
+], ids=["appended", "preallocated"])
+async def test_batched_adds_overlap_by_the_entries_they_hold(config):
+    """A batched add goes to the journal as one record holding its whole batch: the
+    thresholds count its entries, so clients that batch (every client, at load) get the
+    overlapped journal too; counted in records, a buffer of a few batches of 150 never
+    reached them and every batch synced serially. Still: each batch is answered once, only
+    when it is durable (a crash copy of the disk at each answer keeps it)."""
+    fs = MemFileSystem()
+    s = await _store(fs, config)
+    loop = asyncio.get_running_loop()
+    finished = loop.create_future()
+    answers: Counter[tuple[int, int]] = Counter()
+    copies: list[tuple[MemFileSystem, int, int]] = []
+    running = 3
+    per_batch, batches = 150, 6
+
+    def send(lid: int, k: int) -> None:
+        ids = list(range(k * per_batch, (k + 1) * per_batch))
+        s.add_batch(lid, ids, [body(lid, e) for e in ids], KEY, False,
+                    lambda outcome: answered(lid, k, outcome))
+
+    def answered(lid: int, k: int, outcome: object) -> None:
+        nonlocal running
+        assert outcome is None, outcome
+        answers[(lid, k)] += 1
+        copy = fs.clone()
+        copy.crash("drop")
+        copies.append((copy, lid, (k + 1) * per_batch - 1))
+        if k + 1 < batches:
+            send(lid, k + 1)
+            return
+        running -= 1
+        if not running:
+            finished.set_result(None)
+
+    for lid in (1, 2, 3):
+        send(lid, 0)
+    await asyncio.wait_for(finished, 10)
+    stats = s.journal.stats
+    assert stats["overlapped"] >= 3 and stats["splits"] >= 1, stats
+    assert set(answers.values()) == {1} and len(answers) == 3 * batches
+    for copy, lid, last in copies:
+        restarted = LedgerStore(copy, "/data", IID, config)
+        await restarted.open()
+        assert restarted.read(lid, last) == body(lid, last), (lid, last)
+        restarted.abandon(JournalFailedError("done"))
+    await s.close()
