@@ -138,7 +138,9 @@ def process_bookie_config(*, preallocate: bool = True, segment_size: int = 64 <<
 
     A bookie process hosts one bookie alone on its loop: a batch syncs inline when the loop
     has nothing else to do, else through the sync process while the loop completes the batch
-    before it; its segments are preallocated (syncs that flush data only)."""
+    before it (rare: an inline sync blocks the loop, so nothing waits when it returns; the
+    overlap starts only after a split, see pybk.storage.journal); its segments are
+    preallocated (syncs that flush data only)."""
     from pybk.bookie import BookieConfig
 
     return BookieConfig(journal_inline_sync_max=INLINE_SYNC_ALWAYS,
