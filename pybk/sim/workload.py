@@ -361,7 +361,13 @@ class Writer(Process):
 
 
 class Reader(Process):
-    """Tails ledgers without recovery: LAC reads, long polls, reads up to the LAC."""
+    """Tails ledgers without recovery: LAC reads, long polls, reads up to the LAC.
+
+    A long poll the bookies answer at once without the entry (the ledger is fenced, its
+    bookies are stopping) is followed by a LAC read and, until something changes, by polls
+    spaced out exponentially up to the long-poll timeout: what the log reader
+    (:class:`pybk.stream.reader.LogReader`) does, rather than polling again at once, which
+    would make as many rounds as the network's round trips allow until the ledger closes."""
 
     winds_down = False  # (stopped at once when faults stop: it has nothing to finish)
 
@@ -393,6 +399,8 @@ class Reader(Process):
         polls = 0
         seen = -2
         ask = True  # ask the bookies for the LAC (else wait for the next entry: a long poll)
+        backoff = 0.0  # before the next poll, after polls answered at once without the entry
+        loop = asyncio.get_running_loop()
         while not self.stopping and polls < 200:
             polls += 1
             self.ops += 1
@@ -412,18 +420,26 @@ class Reader(Process):
                 continue
             if rh.is_closed:
                 return
+            if backoff:
+                await asyncio.sleep(backoff)
+            started = loop.time()
             ent = await within(
                 rh.read_last_add_confirmed_and_entry(nxt, timeout=1.0), 10.0)
             lac = rh.last_add_confirmed
             if lac != seen:
                 self.h.lac(self.name, lid, lac, handle)
                 seen = lac
+                backoff = 0.0
             if ent is not None:
                 self.cover("long_poll_hit")
                 self.h.read(self.name, lid, ent.entry_id, ent.data, lac, recovery=False)
                 nxt = ent.entry_id + 1
+                backoff = 0.0
             else:
                 ask = True
+                if loop.time() - started < 0.1:  # answered at once (a tenth of the timeout)
+                    self.cover("long_poll_answered_early")
+                    backoff = min(max(backoff * 2, 0.01), 1.0)
 
 
 class Recoverer(Process):
