@@ -172,15 +172,19 @@ class _Copier:
         for start in range(0, len(entries), self.window):
             chunk = entries[start:start + self.window]
             read = await self._read_chunk(chunk, sources_of)
-            bodies = await asyncio.gather(
-                *(self._body(e, read.get(e), sources_of[e]) for e in chunk),
-                return_exceptions=True)
-            good: list[bytes] = []
-            for body in bodies:
-                if isinstance(body, BaseException):
-                    raise body
-                good.append(body)
-            await self._write(chunk, good)
+            # the entries the batched reads did not bring whole, each from its next source
+            # (a task each only for those)
+            good = {e: body for e, body in read.items() if isinstance(body, bytes)}
+            again = [e for e in chunk if e not in good]
+            if again:
+                bodies = await asyncio.gather(
+                    *(self._body(e, read.get(e), sources_of[e]) for e in again),
+                    return_exceptions=True)
+                for e, body in zip(again, bodies, strict=True):
+                    if isinstance(body, BaseException):
+                        raise body
+                    good[e] = body
+            await self._write(chunk, [good[e] for e in chunk])
 
     async def _read_chunk(self, chunk: Sequence[int], sources_of: dict[int, list[str]],
                           ) -> dict[int, bytes | tuple[int, list[BKError]]]:
