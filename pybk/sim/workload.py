@@ -268,26 +268,39 @@ class Writer(Process):
             return None
         # the coroutine assigns the entry ids when it starts: start it now
         task = asyncio.ensure_future(batch)
-        return [task, asyncio.ensure_future(self._record_batch(lh, lid, before, payloads,
-                                                                task))]
+        loop = asyncio.get_running_loop()
+        recorded: asyncio.Future[None] = loop.create_future()
+        # (looked at two turns later, once the batch's task has pushed its entries: callbacks,
+        # not a task per batch)
+        loop.call_soon(loop.call_soon, self._record_batch, lh, lid, before, payloads, task,
+                       recorded)
+        return [task, recorded]
 
-    async def _record_batch(self, lh: Any, lid: int, before: int, payloads: list[bytes],
-                            task: asyncio.Future[Any]) -> None:
-        await asyncio.sleep(0)  # (the batch's task pushes its entries in this turn)
-        if lh.last_add_pushed != before + len(payloads):
-            await asyncio.wait([task])  # refused before anything was pushed
-            exc = None if task.cancelled() else task.exception()
-            if exc is not None and self.expected(exc, "append_many"):
-                self.log(f"append_many refused: {_err(exc)}")
+    def _record_batch(self, lh: Any, lid: int, before: int, payloads: list[bytes],
+                      task: asyncio.Future[Any], recorded: asyncio.Future[None]) -> None:
+        if lh.last_add_pushed != before + len(payloads):  # refused before anything was pushed
+            def refused(_task: asyncio.Future[Any]) -> None:
+                exc = None if task.cancelled() else task.exception()
+                if exc is not None and self.expected(exc, "append_many"):
+                    self.log(f"append_many refused: {_err(exc)}")
+                if not recorded.done():
+                    recorded.set_result(None)
+
+            task.add_done_callback(refused)
             return
         entries = list(range(before + 1, before + 1 + len(payloads)))
         for entry, payload in zip(entries, payloads, strict=True):
             self.ops += 1
             self.h.add_invoke(self.name, lid, entry, payload)
         self.reg.pending[lid] = self.reg.pending.get(lid, 0) + len(entries)
-        await asyncio.wait([task])
-        for entry in entries:
-            self._done(lid, entry, task)
+
+        def completed(_task: asyncio.Future[Any]) -> None:
+            for entry in entries:
+                self._done(lid, entry, task)
+            if not recorded.done():
+                recorded.set_result(None)
+
+        task.add_done_callback(completed)
 
     async def _fill(self, lh: Any, lid: int) -> None:
         target = self.rng.randint(*self.w.entries_per_ledger)
