@@ -24,9 +24,13 @@ peer on the same disk in the same run; the ratio and the target it measures are 
    treatment (and, stricter, on a preallocated file when the bookies append), measured between
    slices of the lone writer (the disk's latency drifts by 10x within seconds here), on the
    loop's thread and on a worker thread (which one is faster varies), the smaller kept.
-   Targets: within 2 (in process) and 3 (TCP).
+   Targets: within 2 (in process) and 3 (TCP). Beside the TCP row, the machine's floor for
+   it: the simplest Python program doing a lone replicated write over loopback on the same
+   loop (``pybk.bench.tcp_floor``: two server processes that write a record in place,
+   fdatasync it and answer 8 bytes; no protocol, checks or index), between the same slices.
 5. ``p99@half``: an open-loop driver (``pybk.bench.open_loop``: appends issued at a fixed
-   rate, latency counted from when each was due) at half the rate row 1 (in process) and row
+   rate, the ones due each millisecond together, the finest tick both loops' timers keep;
+   latency counted from when each was due) at half the rate row 1 (in process) and row
    3 (TCP) reached. Target p99 < 5 ms. Printed beside it: what the tail is made of (the
    disk's own p99 for one write + fdatasync, measured beside the lone writer; how late an
    idle event loop wakes up just before, nothing of pybk running: the machine's floor; the
@@ -60,7 +64,7 @@ import gc
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -85,6 +89,7 @@ from _common import (
 from pybk import Client, LocalCluster
 from pybk.bench import RecordFile, replica_sync_floor
 from pybk.bench.ceiling import RECORD_HEADER
+from pybk.bench.tcp_floor import tcp_floor_servers
 from pybk.bookie.process import tune_gc_for_server
 from pybk.eventloop import available_loops
 
@@ -267,6 +272,7 @@ async def fsync_samples(target: str | RecordFile, duration: float) -> list[float
 
 async def lone_writer(client: Any, duration: float, units: dict[str, str | RecordFile],
                       slices: int = 4, floor: list[str | RecordFile] | None = None,
+                      peer: Callable[[float], Awaitable[list[float]]] | None = None,
                       ) -> tuple[Run, dict[str, float]]:
     """A lone writer (1 in flight, E3/Qw2/Qa2) in ``slices`` slices of ``duration`` s in
     all, each followed by the fsync latency on each of ``units``' files, so both are
@@ -274,7 +280,10 @@ async def lone_writer(client: Any, duration: float, units: dict[str, str | Recor
 
     ``floor``: one file per replica of the ack quorum; after each slice also the replicas'
     sync floor on them (``replica_sync_floor``: Qa write + fdatasyncs one after the other
-    and all at once), reported as ``floor_serial`` and ``floor_concurrent``."""
+    and all at once), reported as ``floor_serial`` and ``floor_concurrent``.
+
+    ``peer``: the simplest program doing a lone replicated write (``tcp_floor_servers``'
+    ``measure``), run after each slice too, reported as ``peer``."""
     lh = await client.create_ledger(*E3)
     payload = os.urandom(SIZE)
     append = lh.append
@@ -282,6 +291,8 @@ async def lone_writer(client: Any, duration: float, units: dict[str, str | Recor
     samples: dict[str, list[float]] = {name: [] for name in units}
     if floor:
         samples["floor_serial"], samples["floor_concurrent"] = [], []
+    if peer:
+        samples["peer"] = []
     count, elapsed = 0, 0.0
     try:
         await closed_loop(lambda: append(payload), 1, 0.1)
@@ -297,6 +308,8 @@ async def lone_writer(client: Any, duration: float, units: dict[str, str | Recor
                     replica_sync_floor, floor, SIZE, min(0.2, duration / slices))
                 samples["floor_serial"] += serial
                 samples["floor_concurrent"] += both
+            if peer:
+                samples["peer"] += await peer(min(0.2, duration / slices))
     finally:
         await lh.close()
     p99s = {f"{k}_p99": percentile(v, 0.99) for k, v in samples.items()}
@@ -375,7 +388,8 @@ async def _one_round(root: Path, args: argparse.Namespace, loop: str, out: dict[
     # 3. TCP bookie processes against in process, same settings; 4./5. over TCP
     async with tcp_bookies(root / "tcp", 3, loop=loop) as metadata, \
             LocalCluster(root / "same", 3, bookie_config=server_settings()) as same, \
-            Client(metadata) as tcp_client:
+            Client(metadata) as tcp_client, \
+            tcp_floor_servers(root / "tcp", E3[2], loop) as floor_peer:
         gc.unfreeze()
         gc.collect()
         tune_gc_for_server()  # as each bookie process does; this process is both clients
@@ -388,7 +402,9 @@ async def _one_round(root: Path, args: argparse.Namespace, loop: str, out: dict[
             out["tcp"] = run
             out["tcp_lone"], units = await lone_writer(tcp_client, args.duration,
                                                        {"prealloc": pre},
-                                                       floor=floor["prealloc"])
+                                                       floor=floor["prealloc"],
+                                                       peer=floor_peer.measure)
+            out["tcp_peer"] = units["peer"]
             out["tcp_fsync"] = units["prealloc"]
             out["tcp_floor"] = min(units["floor_serial"], units["floor_concurrent"])
             out["tcp_fsync_p99"] = units["prealloc_p99"]
@@ -471,7 +487,7 @@ def rows_of(rounds: list[dict[str, Any]], settings: str, gc_setting: str) -> lis
                         "<= 3 fsyncs", r <= 3,
                         f"{med('tcp_lone'):,.0f} appends/s; fsync p50 on a preallocated "
                         "file, the bookies' treatment; "
-                        f"{floor_note(rounds, 'tcp_lone', 'tcp_floor')}"))
+                        f"{floor_note(rounds, 'tcp_lone', 'tcp_floor')}; {peer_note(rounds)}"))
     half = med("half", p99) * 1e3
     rows.append(Row("p99@half", "p99 at half the peak rate (open loop), in process",
                     half, 5.0, "ms", half / 5.0, "< 5 ms", half < 5.0,
@@ -514,6 +530,18 @@ def floor_note(rounds: list[dict[str, Any]], key: str, floor_key: str) -> str:
         line += (f" (one after the other {median([x['floor_serial'] for x in rounds]) * 1e3:.3f}"
                  f" ms, at once {median([x['floor_concurrent'] for x in rounds]) * 1e3:.3f} ms)")
     return line
+
+
+def peer_note(rounds: list[dict[str, Any]]) -> str:
+    """The lone TCP row's machine floor: the simplest Python program doing a lone replicated
+    write over loopback on the same loop (``pybk.bench.tcp_floor``), and pybk's p50 in it."""
+    peer = median([x["tcp_peer"] for x in rounds])
+    fs = median([x["tcp_fsync"] for x in rounds])
+    ratio = median([percentile(x["tcp_lone"].latencies, 0.5) / x["tcp_peer"] for x in rounds])
+    return (f"the simplest Python replicas (pybk.bench.tcp_floor: {E3[2]} server processes on "
+            f"this loop, each record written in place, fdatasync'ed and answered with 8 bytes; "
+            f"no protocol, checks or index; measured between the same slices): p50 "
+            f"{peer * 1e3:.3f} ms = {peer / fs:.2f} fsyncs; pybk p50 = {ratio:.2f}x of it")
 
 
 def tail_note(rounds: list[dict[str, Any]], key: str, fsync_key: str = "fsync_p99") -> str:

@@ -23,6 +23,7 @@ from pybk.bench import (
     plain_group_commit,
     replica_sync_floor,
 )
+from pybk.bench.tcp_floor import FloorServers, tcp_floor_servers, tcp_replica_floor
 from pybk.cli import main
 from pybk.cli.processes import spawn_bookie, stop_pid, wait_ready
 
@@ -243,6 +244,44 @@ async def test_open_loop_charges_a_stall_to_the_appends_it_delayed() -> None:
     assert max(run.latencies) >= 19 * 0.0005 * 0.99
 
 
+@pytest.mark.parametrize("loop_name", ["asyncio", "uvloop"])
+def test_open_loop_issues_in_ticks_on_either_loop_without_spinning(loop_name: str) -> None:
+    """Appends due within a tick go out together, about one group per millisecond on both
+    loops (uvloop fired a 0.5 ms timer at the next pass: the driver spun, one append a pass),
+    and a tick finer than the loops' timers is refused."""
+    from pybk.bench.drive import MIN_TICK
+    from pybk.eventloop import run
+
+    async def scenario() -> tuple[int, int]:
+        loop = asyncio.get_running_loop()
+        groups = 0
+        in_pass = False
+
+        def end_pass() -> None:
+            nonlocal in_pass
+            in_pass = False
+
+        def append() -> asyncio.Future[None]:
+            nonlocal groups, in_pass
+            if not in_pass:
+                in_pass = True
+                groups += 1
+                loop.call_soon(end_pass)
+            fut: asyncio.Future[None] = loop.create_future()
+            fut.set_result(None)
+            return fut
+
+        result = await open_loop(append, 20_000, 0.2)  # 4,000 appends
+        return result.count, groups
+
+    count, groups = run(scenario(), loop_name)
+    assert count == 4000
+    assert groups <= 0.2 / MIN_TICK * 1.2 + 5, groups  # (spinning: about one per append)
+    with pytest.raises(ValueError, match=r"tick must be >= 0\.001"):
+        run(open_loop(lambda: asyncio.get_running_loop().create_future(), 10, 0.1,
+                      tick=0.0005), loop_name)
+
+
 async def test_group_commit_file_fails_its_waiters_when_the_disk_does(tmp_path: Path) -> None:
     log = GroupCommitFile(str(tmp_path / "c"), preallocate=False)
     offsets = await asyncio.gather(*(log.append(b"r%d" % i) for i in range(10)))
@@ -252,3 +291,28 @@ async def test_group_commit_file_fails_its_waiters_when_the_disk_does(tmp_path: 
     with pytest.raises(OSError):
         await log.append(b"lost")
     await log.close()
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_tcp_floor_syncs_every_record_on_every_replica_and_stops_its_servers(
+        tmp_path: Path, loop: str) -> None:
+    """The lone TCP row's floor: each record it timed was written and synced by every
+    server, and the server processes are gone when the block ends."""
+    from pybk.eventloop import run
+
+    from .process_kit import children
+
+    async def scenario() -> tuple[int, FloorServers, list[int]]:
+        async with tcp_floor_servers(tmp_path, 2, loop, size=100) as servers:
+            running = children(os.getpid(), "pybk.bench.tcp_floor")
+            timed = [len(await servers.measure(0.05)) for _ in range(2)]
+            assert all(timed)
+        return sum(timed), servers, running
+
+    timed, servers, running = run(scenario(), loop)
+    assert len(running) == 2
+    assert servers.synced == [timed, timed]
+    assert children(os.getpid(), "pybk.bench.tcp_floor") == []
+    assert not list(tmp_path.glob("tcp-floor-*"))
+    with pytest.raises(ValueError, match="replicas must be >= 1"):
+        run(tcp_replica_floor(tmp_path, 0), loop)

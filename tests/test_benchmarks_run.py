@@ -20,6 +20,8 @@ CASES = {
                    [r"ceiling\s+asyncio\s+[\d,]+\s+[\d,]+ entries/s", r"client\s+uvloop",
                     r"tcp\s+asyncio\s+[\d,]+", r"lone tcp\s+asyncio",
                     r"replicas' sync floor .*= [\d.]+ fsyncs; p50 = [\d.]+ floors",
+                    r"simplest Python replicas .* p50 [\d.]+ ms = [\d.]+ fsyncs; pybk p50 = "
+                    r"[\d.]+x of it",
                     r"p99@half\s+asyncio",
                     r"read\s+uvloop\s+[\d,]+", r"uvloop / asyncio"]),
     "add_profile.py": (["--adds", "300", "--top", "3"],

@@ -8,6 +8,9 @@ the same as the other's:
   to (it grows) or preallocated (zero-filled and synced beforehand, then written in place, as
   a bookie's preallocated journal segments are); an asyncio one-writer-task form and a plain
   loop; the latency of one small write plus its fdatasync.
+* :mod:`pybk.bench.tcp_floor`: the machine's floor for a lone replicated write over loopback
+  TCP: the simplest Python servers that write, fdatasync and answer, in processes of their
+  own, on the same event loop as the row they stand beside.
 * :mod:`pybk.bench.drive`: closed-loop (N in flight) and open-loop (a fixed rate, latency
   counted from when each append was due) drivers of any ``append() -> Future``.
 * :mod:`pybk.bench.stats`: percentiles and a latency summary.

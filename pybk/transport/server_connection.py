@@ -546,6 +546,9 @@ class ServerConnection(asyncio.Protocol):
         self._charge(reserved=-release, unsent=len(frame))
         self.last_activity = now
         if not self.flush_scheduled:
+            if not self.in_flight and not self.queue:
+                self._flush()  # nothing else to answer (a lone client): now, not a pass later
+                return
             self.flush_scheduled = True
             self.loop.call_soon(self._flush)
 

@@ -214,10 +214,17 @@ class _ClientConnection(asyncio.Protocol):
             if timeout is not None:
                 pending.token = self.deadlines.add(
                     timeout, lambda: self._expire(request_id))
-        self.out.append(frame)
         if self.transport is not None and not self.flush_scheduled:
+            if len(self.pending) <= 1 and not self.out and not self.transport.is_closing():
+                # nothing else outstanding (a lone writer): write now, a loop pass sooner;
+                # what else this pass sends still goes in one write, at the next one
+                self.transport.write(frame)
+            else:
+                self.out.append(frame)
             self.flush_scheduled = True
             self.loop.call_soon(self._flush)
+        else:
+            self.out.append(frame)
         return request_id
 
     def send(
@@ -251,6 +258,11 @@ class _ClientConnection(asyncio.Protocol):
             return
         assert isinstance(request, AddBatchRequest)
         if self.peer_version < 2:
+            if len(request.bodies) == 1:  # (a lone writer's: one single ADD, nothing to split)
+                self._add_frames([AddRequest(request.ledger_id, request.entry_ids[0],
+                                             request.master_key, request.bodies[0],
+                                             request.recovery)], [on_done], timeout)
+                return
             self._ask_versions(len(request.bodies))
             singles = split_batch(request)
             parts = split_callback(on_done, len(singles), [[i] for i in range(len(singles))])

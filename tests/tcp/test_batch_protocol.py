@@ -9,12 +9,14 @@ refuses an unknown BOOKIE_INFO flag with a PROTOCOL_ERROR answer while the conne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import struct
+from collections.abc import AsyncIterator
 
 import pytest
 
 from pybk.bookie import Bookie
-from pybk.errors import ProtocolError
+from pybk.errors import BKError, ProtocolError
 from pybk.protocol import (
     AddBatchRequest,
     AddOutcome,
@@ -135,7 +137,10 @@ async def test_an_old_bookie_gets_single_adds_and_reads_and_keeps_its_connection
         bookie.crash()
 
 
-async def test_a_new_bookie_gets_batches_after_the_first_question() -> None:
+@contextlib.asynccontextmanager
+async def _watched_bookie() -> AsyncIterator[tuple[TcpTransport, list[str]]]:
+    """A bookie behind a real server, the kinds of add request it got (in order), and a
+    transport to it (closed after)."""
     bookie = await _bookie()
     seen: list[str] = []
 
@@ -143,13 +148,24 @@ async def test_a_new_bookie_gets_batches_after_the_first_question() -> None:
         seen.append(type(request).__name__)
         bookie.add_request(request, on_done)  # type: ignore[arg-type]
 
-    async with BookieServer(bookie.handle, add=add_request) as server:
-        host, port = server.address
+    try:
+        async with BookieServer(bookie.handle, add=add_request) as server:
+            host, port = server.address
 
-        async def resolve(_: str) -> str:
-            return f"{host}:{port}"
+            async def resolve(_: str) -> str:
+                return f"{host}:{port}"
 
-        t = TcpTransport(resolve)
+            t = TcpTransport(resolve)
+            try:
+                yield t, seen
+            finally:
+                await t.close()
+    finally:
+        bookie.crash()
+
+
+async def test_a_new_bookie_gets_batches_after_the_first_question() -> None:
+    async with _watched_bookie() as (t, seen):
         ids = list(range(10))
         assert await _add(t, AddBatchRequest(2, KEY, ids, [body(2, e) for e in ids])) is None
         assert seen == ["AddRequest"] * 10  # before the answer: single adds
@@ -161,8 +177,20 @@ async def test_a_new_bookie_gets_batches_after_the_first_question() -> None:
         resp = await t.send("b1", ReadBatchRequest(2, list(range(30))), 10.0)
         assert isinstance(resp, ReadBatchResponse)
         assert [b for _e, _s, b in resp.entries] == [body(2, e) for e in range(30)]
-        await t.close()
-    bookie.crash()
+
+
+async def test_a_one_entry_batch_goes_as_one_single_add_with_its_outcome() -> None:
+    """A lone writer's batches hold one entry: each goes as a plain ADD (nothing to split,
+    no version question), and a refusal comes back as that entry's error."""
+    async with _watched_bookie() as (t, seen):
+        for e in range(3):
+            assert await _add(t, AddBatchRequest(4, KEY, [e], [body(4, e)])) is None
+        assert seen == ["AddRequest"] * 3
+        assert not t._conns[("b1", 0)].asked_versions
+        refused = await _add(t, AddBatchRequest(4, KEY, [3], [body(5, 3)]))  # names ledger 5
+        assert isinstance(refused, BKError), refused
+        read = await t.send("b1", ReadRequest(4, 2), 10.0)
+        assert read.status == Status.OK and read.body == body(4, 2)
 
 
 async def test_batches_are_cut_at_the_frame_cap_and_an_entry_over_it_is_refused() -> None:

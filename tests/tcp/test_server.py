@@ -482,3 +482,37 @@ async def test_largest_entry_round_trips_through_every_response_type():
         lac = await transport.send("b1", ReadLacRequest(1), 10.0)
         assert lac.last_entry_body == body
         await transport.close()
+
+
+async def test_a_lone_request_goes_out_at_once_and_a_busy_pass_shares_one_write(stub):
+    """Nothing else outstanding (a lone writer): the request is written in the call that
+    sends it, not a loop pass later (it saves a pass of latency on each lone append, and
+    the bookie answers a lone request at once the same way). Several sent in one pass: the
+    first at once, the others together in one write at the next pass."""
+    async with BookieServer(stub.handle) as server:
+        transport = TcpTransport(_resolver(server))
+        try:
+            first = await transport.send("b1", AddRequest(1, 0, b"k", b"x"), 5.0)
+            assert first.status == Status.OK
+            conn = transport._connection("b1", 1)
+            writes: list[int] = []
+            real_write = conn.transport.write
+
+            def spy(data: bytes) -> None:
+                writes.append(len(data))
+                real_write(data)
+
+            conn.transport.write = spy
+            lone = transport.send("b1", AddRequest(1, 1, b"k", b"x"), 5.0)
+            assert len(writes) == 1  # before any loop pass
+            assert (await lone).status == Status.OK
+            writes.clear()
+            busy = [transport.send("b1", AddRequest(1, i, b"k", b"x"), 5.0) for i in range(2, 12)]
+            assert len(writes) == 1
+            await asyncio.sleep(0)  # one pass: the other nine in one write
+            assert len(writes) == 2 and writes[1] == 9 * writes[0]
+            assert all(r.status == Status.OK for r in await asyncio.gather(*busy))
+            # each lone request was answered by a write of its own, the busy ones shared
+            assert server.stats["requests"] == 12
+        finally:
+            await transport.close()
