@@ -23,7 +23,12 @@ from pybk.storage.checkpoint import CHECKPOINT_FILE, CheckpointChain, load_check
 from pybk.storage.fs import FileSystem
 from pybk.storage.index import Index, LedgerState, Position
 from pybk.storage.journal import parse_segment_name, segment_name
-from pybk.storage.records import SEGMENT_HEADER_SIZE, Record, decode_segment_header
+from pybk.storage.records import (
+    SEGMENT_HEADER_SIZE,
+    Record,
+    RecordType,
+    decode_segment_header,
+)
 from pybk.storage.replay import apply_record, scan_segment
 from pybk.storage.store import JOURNAL_DIR
 
@@ -138,6 +143,7 @@ def _scan(fs: FileSystem, journal_dir: str, seq: int, is_last: bool, report: Dat
     start-up that loaded it would)."""
     path = posixpath.join(journal_dir, segment_name(seq))
     seg = SegmentReport(seq, 0)
+    by_type: dict[RecordType, int] = {}  # (named in the report once the scan is over)
     try:
         seg.size = fs.file_size(path)
         instance_id = report.instance_id
@@ -152,13 +158,16 @@ def _scan(fs: FileSystem, journal_dir: str, seq: int, is_last: bool, report: Dat
             instance_id = header.instance_id
 
         def apply(rec: Record, at: int) -> None:
-            seg.records[rec.rtype.name] = seg.records.get(rec.rtype.name, 0) + 1
+            by_type[rec.rtype] = by_type.get(rec.rtype, 0) + 1
             apply_record(rebuilt, rec, at)
             if replay is not None and (at, rec.offset) >= (replay[1].seg, replay[1].offset):
                 apply_record(replay[0], rec, at)
 
-        scan = scan_segment(fs, path, seq, instance_id, start=None, batch_seq=0,
-                            is_last=is_last, allow_suspect=True, apply=apply)
+        try:
+            scan = scan_segment(fs, path, seq, instance_id, start=None, batch_seq=0,
+                                is_last=is_last, allow_suspect=True, apply=apply)
+        finally:
+            seg.records.update((t.name, n) for t, n in by_type.items())
     except (BKError, OSError) as exc:
         seg.state, seg.detail = ("corrupt" if isinstance(exc, CorruptRecordError)
                                  else "unreadable"), str(exc)

@@ -37,10 +37,15 @@ from pybk.errors import (
     NoSuchLedgerError,
     UnauthorizedError,
     error_for_status,
+    status_of,
 )
+from pybk.errors import TimeoutError as BKTimeoutError
 from pybk.metadata.base import LedgerMetadata
 from pybk.ops.fragments import Fragment, Repair, plan_repairs
 from pybk.protocol import (
+    AddBatchRequest,
+    AddLike,
+    AddOutcome,
     AddRequest,
     DigestManager,
     ReadBatchRequest,
@@ -49,6 +54,7 @@ from pybk.protocol import (
     ReadResponse,
     Status,
     master_key,
+    outcome_of,
     password_hash,
 )
 from pybk.replication.context import ClientContext
@@ -147,7 +153,10 @@ async def read_body(ctx: ClientContext, md: LedgerMetadata, digest: DigestManage
 class _Copier:
     """Copies entries to one target, ``window`` at a time, counting what it moved. The
     entries of a window are read from their first replicas in batched reads (one request per
-    source); an entry that did not come back whole fails over entry by entry."""
+    source); an entry that did not come back whole fails over entry by entry. They are
+    written to the target in batched recovery adds (one request, one journal append and one
+    answer for the window's entries, within the client's batch limits), each entry answered
+    on its own: one refused fails the copy."""
 
     def __init__(self, ctx: ClientContext, md: LedgerMetadata, access: LedgerAccess,
                  target: str, window: int) -> None:
@@ -163,12 +172,19 @@ class _Copier:
         for start in range(0, len(entries), self.window):
             chunk = entries[start:start + self.window]
             read = await self._read_chunk(chunk, sources_of)
-            results = await asyncio.gather(
-                *(self._one(e, read.get(e), sources_of[e]) for e in chunk),
-                return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result
+            # the entries the batched reads did not bring whole, each from its next source
+            # (a task each only for those)
+            good = {e: body for e, body in read.items() if isinstance(body, bytes)}
+            again = [e for e in chunk if e not in good]
+            if again:
+                bodies = await asyncio.gather(
+                    *(self._body(e, read.get(e), sources_of[e]) for e in again),
+                    return_exceptions=True)
+                for e, body in zip(again, bodies, strict=True):
+                    if isinstance(body, BaseException):
+                        raise body
+                    good[e] = body
+            await self._write(chunk, [good[e] for e in chunk])
 
     async def _read_chunk(self, chunk: Sequence[int], sources_of: dict[int, list[str]],
                           ) -> dict[int, bytes | tuple[int, list[BKError]]]:
@@ -208,25 +224,52 @@ class _Copier:
                     out[e] = (1, [error_for_status(status, f"{source}: no entry {e}")])
         return out
 
-    async def _one(self, entry_id: int, read: bytes | tuple[int, list[BKError]] | None,
-                   sources: list[str]) -> None:
+    async def _body(self, entry_id: int, read: bytes | tuple[int, list[BKError]] | None,
+                    sources: list[str]) -> bytes:
         if isinstance(read, bytes):
-            body = read
-        else:
-            start, errors = read if read is not None else (0, [])
-            body = await read_body(self.ctx, self.md, self.access.digest, entry_id,
-                                   sources[start:], errors)
-        request = AddRequest(self.md.ledger_id, entry_id, self.access.master_key, body,
-                             recovery=True)
-        response = await self.ctx.transport.send(self.target, request,
-                                                 self.ctx.config.add_timeout)
-        if response.status != Status.OK:
-            raise error_for_status(
-                response.status,
-                f"copying entry {entry_id} of ledger {self.md.ledger_id} to {self.target}: "
-                f"{response.message}")
-        self.entries += 1
-        self.bytes += len(body)
+            return read
+        start, errors = read if read is not None else (0, [])
+        return await read_body(self.ctx, self.md, self.access.digest, entry_id,
+                               sources[start:], errors)
+
+    async def _write(self, entry_ids: Sequence[int], bodies: Sequence[bytes]) -> None:
+        """Recovery adds of ``bodies`` (entry ``entry_ids[i]`` is ``bodies[i]``) to the
+        target, in batches within the client's limits; raises the first entry's error."""
+        cfg = self.ctx.config
+        start = 0
+        while start < len(entry_ids):
+            end = start + 1
+            size = len(bodies[start])
+            while (end < len(entry_ids) and end - start < cfg.add_batch_max_entries
+                   and size + len(bodies[end]) <= cfg.add_batch_max_bytes):
+                size += len(bodies[end])
+                end += 1
+            await self._add(entry_ids[start:end], bodies[start:end])
+            self.entries += end - start
+            self.bytes += size
+            start = end
+
+    async def _add(self, entry_ids: Sequence[int], bodies: Sequence[bytes]) -> None:
+        lid, key = self.md.ledger_id, self.access.master_key
+        request: AddLike = (
+            AddRequest(lid, entry_ids[0], key, bodies[0], recovery=True) if len(bodies) == 1
+            else AddBatchRequest(lid, key, tuple(entry_ids), tuple(bodies), recovery=True))
+        done: asyncio.Future[AddOutcome] = asyncio.get_running_loop().create_future()
+
+        def settle(outcome: AddOutcome) -> None:
+            if not done.done():
+                done.set_result(outcome)
+
+        self.ctx.transport.add(self.target, request, settle, self.ctx.config.add_timeout)
+        outcome = await done
+        for index, entry_id in enumerate(entry_ids):
+            error = outcome_of(outcome, index)
+            if error is not None:
+                if isinstance(error, BookieUnavailableError | BKTimeoutError):
+                    raise error  # (the target could not be reached: as a send raises)
+                raise error_for_status(
+                    status_of(error),
+                    f"copying entry {entry_id} of ledger {lid} to {self.target}: {error}")
 
 
 def _sources(fragment: Fragment, quorums: Quorums, index: int, entry_id: int,

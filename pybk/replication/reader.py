@@ -601,13 +601,21 @@ class ReadHandle:
         return None
 
     async def tail(self, start: int = 0) -> AsyncGenerator[LedgerEntry, None]:
-        """Every entry from ``start`` on, following the writer; ends when the ledger closes."""
+        """Every entry from ``start`` on, following the writer; ends when the ledger closes.
+
+        Long polls follow the writer; one the bookies answer at once without the entry (a
+        fenced ledger whose recovery has not closed it yet, bookies stopping) is followed by
+        polls spaced out exponentially up to the long-poll timeout until something changes
+        (an entry, the ledger's metadata), not by polls as fast as the round trips allow."""
         next_id = start
         changed = asyncio.Event()
         watch = self._ctx.store.watch_ledger(self.id, lambda _lid: changed.set())
+        loop = asyncio.get_running_loop()
+        backoff = 0.0  # before the next poll, after polls answered at once without the entry
         try:
             while True:
                 if next_id <= self._lac:
+                    backoff = 0.0
                     last = min(self._lac, next_id + self._ctx.config.read_batch_size - 1)
                     for entry in await self._read(next_id, last):
                         yield entry
@@ -615,32 +623,49 @@ class ReadHandle:
                     continue
                 if self._md.is_closed:
                     return
-                poll = asyncio.ensure_future(
-                    self.read_last_add_confirmed_and_entry(
-                        next_id, self._ctx.config.long_poll_timeout
-                    )
-                )
                 wake = asyncio.ensure_future(changed.wait())
                 try:
-                    await asyncio.wait({poll, wake}, return_when=asyncio.FIRST_COMPLETED)
+                    if backoff:
+                        await asyncio.wait({wake}, timeout=backoff)
+                    if wake.done():  # the metadata changed meanwhile: look at it first
+                        polled = None
+                    else:
+                        timeout = self._ctx.config.long_poll_timeout
+                        started = loop.time()
+                        polled = await self._poll_or_change(next_id, timeout, wake)
+                        quick = loop.time() - started < timeout / 10
+                        if polled is not None:
+                            backoff = 0.0
+                            yield polled
+                            next_id = polled.entry_id + 1
+                            continue
+                        # answered at once, empty: poll less often until something changes
+                        backoff = (min(max(backoff * 2, 0.01), timeout)
+                                   if quick and not wake.done() else 0.0)
                 finally:
                     wake.cancel()
-                if poll.done():
-                    polled = poll.result()
-                    if polled is not None:
-                        yield polled
-                        next_id = polled.entry_id + 1
-                        continue
-                else:
-                    poll.cancel()
-                    try:
-                        await poll
-                    except (asyncio.CancelledError, BKError):
-                        pass
                 changed.clear()
                 await self._refresh_metadata()
         finally:
             watch.cancel()
+
+    async def _poll_or_change(self, entry_id: int, timeout: float,
+                              wake: asyncio.Future[Any]) -> LedgerEntry | None:
+        """A long poll for ``entry_id``, given up when ``wake`` (a metadata change) comes
+        first: the entry, or None."""
+        poll = asyncio.ensure_future(self.read_last_add_confirmed_and_entry(entry_id, timeout))
+        try:
+            await asyncio.wait({poll, wake}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not poll.done():
+                poll.cancel()
+        if not poll.cancelled() and poll.done():
+            return poll.result()
+        try:
+            await poll
+        except (asyncio.CancelledError, BKError):
+            pass
+        return None
 
     async def read_last_entry_id_unconfirmed(self) -> int:
         """The highest entry id any bookie of the last ensemble holds (no fencing)."""

@@ -268,26 +268,39 @@ class Writer(Process):
             return None
         # the coroutine assigns the entry ids when it starts: start it now
         task = asyncio.ensure_future(batch)
-        return [task, asyncio.ensure_future(self._record_batch(lh, lid, before, payloads,
-                                                                task))]
+        loop = asyncio.get_running_loop()
+        recorded: asyncio.Future[None] = loop.create_future()
+        # (looked at two turns later, once the batch's task has pushed its entries: callbacks,
+        # not a task per batch)
+        loop.call_soon(loop.call_soon, self._record_batch, lh, lid, before, payloads, task,
+                       recorded)
+        return [task, recorded]
 
-    async def _record_batch(self, lh: Any, lid: int, before: int, payloads: list[bytes],
-                            task: asyncio.Future[Any]) -> None:
-        await asyncio.sleep(0)  # (the batch's task pushes its entries in this turn)
-        if lh.last_add_pushed != before + len(payloads):
-            await asyncio.wait([task])  # refused before anything was pushed
-            exc = None if task.cancelled() else task.exception()
-            if exc is not None and self.expected(exc, "append_many"):
-                self.log(f"append_many refused: {_err(exc)}")
+    def _record_batch(self, lh: Any, lid: int, before: int, payloads: list[bytes],
+                      task: asyncio.Future[Any], recorded: asyncio.Future[None]) -> None:
+        if lh.last_add_pushed != before + len(payloads):  # refused before anything was pushed
+            def refused(_task: asyncio.Future[Any]) -> None:
+                exc = None if task.cancelled() else task.exception()
+                if exc is not None and self.expected(exc, "append_many"):
+                    self.log(f"append_many refused: {_err(exc)}")
+                if not recorded.done():
+                    recorded.set_result(None)
+
+            task.add_done_callback(refused)
             return
         entries = list(range(before + 1, before + 1 + len(payloads)))
         for entry, payload in zip(entries, payloads, strict=True):
             self.ops += 1
             self.h.add_invoke(self.name, lid, entry, payload)
         self.reg.pending[lid] = self.reg.pending.get(lid, 0) + len(entries)
-        await asyncio.wait([task])
-        for entry in entries:
-            self._done(lid, entry, task)
+
+        def completed(_task: asyncio.Future[Any]) -> None:
+            for entry in entries:
+                self._done(lid, entry, task)
+            if not recorded.done():
+                recorded.set_result(None)
+
+        task.add_done_callback(completed)
 
     async def _fill(self, lh: Any, lid: int) -> None:
         target = self.rng.randint(*self.w.entries_per_ledger)
@@ -361,7 +374,13 @@ class Writer(Process):
 
 
 class Reader(Process):
-    """Tails ledgers without recovery: LAC reads, long polls, reads up to the LAC."""
+    """Tails ledgers without recovery: LAC reads, long polls, reads up to the LAC.
+
+    A long poll the bookies answer at once without the entry (the ledger is fenced, its
+    bookies are stopping) is followed by a LAC read and, until something changes, by polls
+    spaced out exponentially up to the long-poll timeout: what the log reader
+    (:class:`pybk.stream.reader.LogReader`) does, rather than polling again at once, which
+    would make as many rounds as the network's round trips allow until the ledger closes."""
 
     winds_down = False  # (stopped at once when faults stop: it has nothing to finish)
 
@@ -393,6 +412,8 @@ class Reader(Process):
         polls = 0
         seen = -2
         ask = True  # ask the bookies for the LAC (else wait for the next entry: a long poll)
+        backoff = 0.0  # before the next poll, after polls answered at once without the entry
+        loop = asyncio.get_running_loop()
         while not self.stopping and polls < 200:
             polls += 1
             self.ops += 1
@@ -412,18 +433,26 @@ class Reader(Process):
                 continue
             if rh.is_closed:
                 return
+            if backoff:
+                await asyncio.sleep(backoff)
+            started = loop.time()
             ent = await within(
                 rh.read_last_add_confirmed_and_entry(nxt, timeout=1.0), 10.0)
             lac = rh.last_add_confirmed
             if lac != seen:
                 self.h.lac(self.name, lid, lac, handle)
                 seen = lac
+                backoff = 0.0
             if ent is not None:
                 self.cover("long_poll_hit")
                 self.h.read(self.name, lid, ent.entry_id, ent.data, lac, recovery=False)
                 nxt = ent.entry_id + 1
+                backoff = 0.0
             else:
                 ask = True
+                if loop.time() - started < 0.1:  # answered at once (a tenth of the timeout)
+                    self.cover("long_poll_answered_early")
+                    backoff = min(max(backoff * 2, 0.01), 1.0)
 
 
 class Recoverer(Process):

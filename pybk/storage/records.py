@@ -30,7 +30,7 @@ import struct
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import crc32c
 
@@ -102,6 +102,9 @@ class RecordType(enum.IntEnum):
 
 
 _TYPE_CRC: Final = {t: crc32c.crc32c(bytes([t])) for t in RecordType}
+#: the member of each on-disk type value (a dict lookup: ``RecordType(v)`` goes through the
+#: enum machinery, once per record replayed)
+_TYPE_OF: Final = {int(t): t for t in RecordType}
 _ENTRY_CRC: Final = _TYPE_CRC[RecordType.ENTRY]
 _ENTRY_TYPE: Final = int(RecordType.ENTRY)
 _pack_entry_header = RECORD_HEADER.pack
@@ -209,26 +212,49 @@ def decode_record(buf: bytes | memoryview, pos: int, end: int, path: str, base: 
         raise CorruptRecordError(f"{path}: record at offset {where} overruns its batch",
                                  path=path, offset=where)
     payload = bytes(buf[start : start + length])
-    if rtype not in _TYPE_CRC or crc32c.crc32c(payload, _TYPE_CRC[rtype]) != crc:
+    kind = _TYPE_OF.get(rtype)
+    if kind is None or crc32c.crc32c(payload, _TYPE_CRC[kind]) != crc:
         raise CorruptRecordError(f"{path}: record checksum mismatch at offset {where}",
                                  path=path, offset=where)
-    return _parse_payload(RecordType(rtype), payload, where, RECORD_HEADER_SIZE + length, path)
+    return _parse_payload(kind, payload, where, RECORD_HEADER_SIZE + length, path)
+
+
+_new = object.__new__
+_record_slots: Any = vars(Record)  # (frozen: a replayed record's fields set through its slots)
+_set_r_fields = tuple(_record_slots[name].__set__ for name in (
+    "rtype", "ledger_id", "entry_id", "lac", "data", "offset", "size"))
+
+
+def _record(rtype: RecordType, ledger_id: int, entry_id: int, lac: int, data: bytes,
+            offset: int, size: int) -> Record:
+    """``Record(...)`` without the frozen dataclass's ``__init__`` (an ``object.__setattr__``
+    per field): made once per record replayed, at every start-up and inspection."""
+    rec: Record = _new(Record)
+    s_rtype, s_ledger, s_entry, s_lac, s_data, s_offset, s_size = _set_r_fields
+    s_rtype(rec, rtype)
+    s_ledger(rec, ledger_id)
+    s_entry(rec, entry_id)
+    s_lac(rec, lac)
+    s_data(rec, data)
+    s_offset(rec, offset)
+    s_size(rec, size)
+    return rec
 
 
 def _parse_payload(rtype: RecordType, payload: bytes, where: int, size: int, path: str) -> Record:
     try:
         if rtype is RecordType.ENTRY:
             lid, eid = _ENTRY_IDS.unpack_from(payload)
-            return Record(rtype, lid, eid, -1, payload, where, size)
+            return _record(rtype, lid, eid, -1, payload, where, size)
         if rtype is RecordType.EXPLICIT_LAC:
             lid, lac = _LAC.unpack_from(payload)
-            return Record(rtype, lid, -1, lac, payload[_LAC.size :], where, size)
+            return _record(rtype, lid, -1, lac, payload[_LAC.size :], where, size)
         if rtype is RecordType.CHECKPOINT:
             seq, off = _CHECKPOINT.unpack_from(payload)
-            return Record(rtype, -1, seq, off, b"", where, size)
+            return _record(rtype, -1, seq, off, b"", where, size)
         (lid,) = _LEDGER.unpack_from(payload)
         data = payload[_LEDGER.size :] if rtype is RecordType.MASTER_KEY else b""
-        return Record(rtype, lid, -1, -1, data, where, size)
+        return _record(rtype, lid, -1, -1, data, where, size)
     except struct.error:
         raise CorruptRecordError(f"{path}: malformed {rtype.name} record at offset {where}",
                                  path=path, offset=where) from None

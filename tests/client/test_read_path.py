@@ -250,3 +250,53 @@ async def test_a_batched_answer_with_misplaced_ids_is_not_believed() -> None:
         got = await rh.read(0, 29)
         assert [e.data for e in got] == data and [e.entry_id for e in got] == list(range(30))
         assert t.lied >= 1  # its entries came from their second replicas
+
+
+def test_tail_backs_off_while_its_ledger_is_fenced_but_not_closed(sim_cluster: Any) -> None:
+    """A recovery that fenced the ledger and has not closed it yet: every long poll is
+    answered at once, without the entry. tail() then polls less and less often (up to the
+    long-poll timeout) instead of as fast as the round trips allow, and still ends with the
+    ledger once it is closed. (Virtual time: the count of polls over 20 s is exact.)"""
+    from pybk.protocol import FenceRequest, ReadRequest
+
+    async def scenario(cluster: Any) -> tuple[int, list[bytes]]:
+        config = ClientConfig(long_poll_timeout=1.0, speculative_read_delay=0)
+        lh = await cluster.client("w").create_ledger(3, 3, 2, password=b"pw")
+        for i in range(3):
+            await lh.append(b"e%d" % i)
+        rh = await cluster.client("r", config).open_ledger(lh.id, password=b"pw",
+                                                           recovery=False)
+        polls = 0
+
+        def count(client: str, bookie: str, request: Any) -> None:
+            nonlocal polls
+            if client == "r" and isinstance(request, ReadRequest) and request.timeout > 0:
+                polls += 1
+
+        cluster.network.send_observers.append(count)
+        got: list[bytes] = []
+
+        async def follow() -> None:
+            async for entry in rh.tail(0):
+                got.append(entry.data)
+
+        follower = asyncio.ensure_future(follow())
+        await asyncio.sleep(1.0)  # caught up: polling for entry 2 (1 is the LAC)
+        fencer = cluster.client("f").transport
+        for bookie in lh.metadata.last_ensemble:
+            reply = await fencer.send(bookie, FenceRequest(lh.id, master_key(b"pw")), 5.0)
+            assert reply.status == Status.OK
+        polls = 0
+        await asyncio.sleep(20.0)  # fenced, open: every poll comes back at once, empty
+        fenced_polls = polls
+        assert not follower.done()
+        # a recovery closes the ledger: the tail sees the end and stops
+        await cluster.client("rc").open_ledger(lh.id, password=b"pw")
+        await asyncio.wait_for(follower, 30.0)
+        return fenced_polls, got
+
+    polls, got = sim_cluster.run(scenario)
+    assert got == [b"e0", b"e1", b"e2"]
+    # rounds of 3 polls, 0.01 s apart doubling to 1 s: about 25 rounds in 20 s (without the
+    # backoff: thousands, one per round trip)
+    assert 3 <= polls <= 3 * 30, polls

@@ -7,8 +7,9 @@ import random
 import pytest
 
 from pybk.cluster import LocalCluster
-from pybk.errors import BookieStateError, CorruptRecordError
+from pybk.errors import BookieStateError, CorruptRecordError, IOBookieError
 from pybk.ops import BookieInfo
+from pybk.ops.replicator import repair_ledger
 from pybk.ops.settings import DELAY_KEY
 from pybk.replication.context import ClientConfig
 from pybk.storage.memfs import MemFileSystem
@@ -111,3 +112,50 @@ async def test_bad_settings_are_refused_and_damaged_ones_reported() -> None:
         await c.store.create_value(DELAY_KEY, b"soon")
         with pytest.raises(CorruptRecordError, match="not a number"):
             await admin.autorecovery_status()
+
+
+async def test_a_copy_reaches_its_target_in_batched_recovery_adds(monkeypatch) -> None:
+    """Re-replication writes a window of entries to the new bookie as one batched recovery
+    add (one request, one journal append), not one add per entry; an entry the target
+    refuses fails the copy, and the slot is not swapped."""
+    from pybk.bookie import Bookie
+
+    async with cluster(4) as c:
+        client = c.client()
+        admin = client.admin()
+        admin.copy_window = 16
+        lh = await client.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2)
+        await lh.append_many([b"e%d" % i for i in range(40)])
+        await lh.close()
+        victim = lh.metadata.ensembles[0][0]
+        target = next(b for b in ("bookie-0", "bookie-1", "bookie-2", "bookie-3")
+                      if b not in lh.metadata.ensembles[0])
+        seen: list[tuple[str, str, int, bool]] = []
+        refuse: set[int] = {21}
+        add_request = Bookie.add_request
+
+        def spy(self: Bookie, request: object, on_done: object) -> None:
+            ids = getattr(request, "entry_ids", None) or [request.entry_id]  # type: ignore[attr-defined]
+            seen.append((self.bookie_id, type(request).__name__, len(ids),
+                         request.recovery))  # type: ignore[attr-defined]
+            if refuse & set(ids):  # the target answers one entry with an error
+                on_done([IOBookieError("injected") if i in refuse else None  # type: ignore[operator]
+                         for i in ids])
+                return
+            add_request(self, request, on_done)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(Bookie, "add_request", spy)
+        await c.stop_bookie(victim)
+        live = [b.bookie_id for b in await c.store.list_bookies()]
+        with pytest.raises(IOBookieError, match=f"copying entry 21 of ledger {lh.id} to "):
+            await repair_ledger(admin._ctx, lh.id, [victim], live=live, grace_over=True,
+                                window=16)
+        assert victim in (await c.store.read_ledger(lh.id)).ensembles[0]  # not swapped
+        refuse.clear()
+        seen.clear()
+        report = await admin.decommission_bookie(victim, timeout=30, poll_interval=0.05)
+        assert report.entries_copied == 40
+        assert seen == [(target, "AddBatchRequest", n, True) for n in (16, 16, 8)]
+        assert (await c.store.read_ledger(lh.id)).ensembles[0][
+            lh.metadata.ensembles[0].index(victim)] == target
+        assert await replication_problems(c.store, c.transport) == []
