@@ -329,8 +329,7 @@ class CheckpointFile:
         """
         if self.kind != DELTA:
             raise ValueError("only a delta checkpoint applies to an index")
-        for lid in self.deleted:
-            index.delete_ledger(lid)
+        index.load_deleted(self.deleted)
         index.take_deleted()  # what was just loaded is on disk already
         for lid, new, cols, rows in self.ledgers:
             st = index.ledger(lid)

@@ -80,6 +80,27 @@ class IdRanges:
         self._count += 1
         return True
 
+    def add_range(self, first: int, last: int) -> None:
+        """Insert every integer of ``first..last`` at once (merging with the ranges it
+        overlaps or touches): the cost is in ranges, not in ids, so a range read from a file
+        costs the same whatever its length."""
+        if first > last:
+            raise ValueError(f"id range ({first}, {last}) is empty")
+        ranges = self._ranges
+        i = ranges.bisect_right(first - 1)  # ranges from i on start at ``first`` or later
+        if i and ranges.peekitem(i - 1)[1] >= first - 1:
+            i -= 1  # the range before reaches ``first``: merged too
+        new_first, new_last, held = first, last, 0
+        while i < len(ranges):
+            start, end = ranges.peekitem(i)
+            if start > last + 1:
+                break
+            new_first, new_last = min(new_first, start), max(new_last, end)
+            held += end - start + 1
+            del ranges[start]
+        ranges[new_first] = new_last
+        self._count += new_last - new_first + 1 - held
+
     def ranges(self) -> list[tuple[int, int]]:
         """The ``(first, last)`` ranges, ascending."""
         return list(self._ranges.items())

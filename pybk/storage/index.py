@@ -547,6 +547,16 @@ class Index:
         if self.deleted.add(ledger_id):
             self._deleted_since.append(ledger_id)
 
+    def load_deleted(self, deleted: IdRanges) -> None:
+        """Delete (:meth:`delete_ledger`) every held ledger ``deleted`` names and remember
+        all its ids, range by range: what a checkpoint delta read from disk says. A range of
+        any length costs the same (a malformed delta whose checksum holds may name billions
+        of ids: taken one by one, loading never ended and held every id in memory)."""
+        for lid in [lid for lid in self.ledgers if lid in deleted]:
+            self.delete_ledger(lid)
+        for first, last in deleted.ranges():
+            self.deleted.add_range(first, last)
+
     def take_deleted(self) -> list[int]:
         """The ids deleted since the last call (or since this index was built); from here on
         they count as checkpointed."""

@@ -57,3 +57,30 @@ def test_check_catches_broken_ranges() -> None:
     r._ranges[4] = 5  # adjacent to 1-3: should have been merged
     with pytest.raises(AssertionError):
         r._check()
+
+
+spans = st.lists(st.tuples(st.integers(-5, 60), st.integers(0, 12)), max_size=20)
+
+
+@given(ids, spans)
+def test_add_range_holds_what_adding_each_id_would(added: list[int],
+                                                   spans_: list[tuple[int, int]]) -> None:
+    """Whole ranges merge with the ones they overlap or touch, as adding their ids one by one
+    would; and a range of any length costs its ranges, not its ids."""
+    r = IdRanges()
+    model: set[int] = set()
+    for x in added:
+        r.add(x)
+        model.add(x)
+    for first, length in spans_:
+        r.add_range(first, first + length)
+        model.update(range(first, first + length + 1))
+        r._check()
+    assert list(r) == sorted(model) and len(r) == len(model)
+    huge = IdRanges()
+    huge.add_range(10, 2**62)
+    huge.add(5)
+    huge.add_range(0, 9)
+    assert huge.ranges() == [(0, 2**62)] and len(huge) == 2**62 + 1
+    with pytest.raises(ValueError, match="empty"):
+        huge.add_range(3, 2)
