@@ -30,7 +30,9 @@ CHILD = textwrap.dedent("""
     print("ready", flush=True)
     i = 0
     while True:
-        print(wal.append(b"rec-%d" % i), i, flush=True)
+        pos = wal.append(b"rec-%d" % i)
+        sys.stdout.write(f"{pos} {i}\\n")  # one write per line: a kill never splits one
+        sys.stdout.flush()
         i += 1
 """)
 
@@ -65,6 +67,8 @@ def run_child_and_kill(directory: str) -> list[tuple[pybk.Position, int]]:
         print(f"   kill -9 {child.pid} after {len(acked)} acknowledged appends "
               "(the child was still appending)")
         for line in child.stdout:  # whatever it printed before it died counts too
+            if not line.endswith("\n"):
+                break  # (cut short by the kill: not an acknowledgement it made whole)
             pos, index = line.split()
             acked.append((pybk.Position.parse(pos), int(index)))
         return acked
