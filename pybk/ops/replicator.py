@@ -58,6 +58,7 @@ from pybk.protocol import (
     password_hash,
 )
 from pybk.replication.context import ClientContext
+from pybk.replication.pipeline import batch_spans
 from pybk.replication.placement import writable_nodes
 from pybk.replication.quorum import Quorums
 from pybk.replication.reader import summarize
@@ -236,18 +237,11 @@ class _Copier:
         """Recovery adds of ``bodies`` (entry ``entry_ids[i]`` is ``bodies[i]``) to the
         target, in batches within the client's limits; raises the first entry's error."""
         cfg = self.ctx.config
-        start = 0
-        while start < len(entry_ids):
-            end = start + 1
-            size = len(bodies[start])
-            while (end < len(entry_ids) and end - start < cfg.add_batch_max_entries
-                   and size + len(bodies[end]) <= cfg.add_batch_max_bytes):
-                size += len(bodies[end])
-                end += 1
+        for start, end in batch_spans(bodies, cfg.add_batch_max_entries,
+                                      cfg.add_batch_max_bytes):
             await self._add(entry_ids[start:end], bodies[start:end])
             self.entries += end - start
-            self.bytes += size
-            start = end
+            self.bytes += sum(map(len, bodies[start:end]))
 
     async def _add(self, entry_ids: Sequence[int], bodies: Sequence[bytes]) -> None:
         lid, key = self.md.ledger_id, self.access.master_key

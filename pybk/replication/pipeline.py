@@ -59,6 +59,7 @@ __all__ = [
     "Send",
     "SendLac",
     "WritePipeline",
+    "batch_spans",
 ]
 
 #: What a bookie said about a batch: None (every entry stored), one error for every entry,
@@ -114,6 +115,25 @@ Action = Send | Resolve | Fail | ChangeEnsemble | SendLac
 
 #: from this many entries on, :meth:`WritePipeline._distribute` queues by stride slices
 _SLICE_MIN: Final = 8
+
+
+def batch_spans(bodies: Sequence[bytes], max_entries: int, max_bytes: int,
+                ) -> list[tuple[int, int]]:
+    """The ``(start, end)`` index spans that cut ``bodies`` (in order) into add batches of
+    at most ``max_entries`` entries and ``max_bytes`` bytes (``ClientConfig``'s batch limits;
+    a body over ``max_bytes`` is a batch of its own): the writer's sends and re-replication's
+    copies are cut the same way."""
+    spans = []
+    start = size = 0
+    for k, body in enumerate(bodies):
+        n = len(body)
+        if k > start and (k - start >= max_entries or size + n > max_bytes):
+            spans.append((start, k))
+            start, size = k, 0
+        size += n
+    if bodies:
+        spans.append((start, len(bodies)))
+    return spans
 
 
 class WritePipeline:
@@ -442,14 +462,9 @@ class WritePipeline:
             if len(ids) <= max_n and nbytes <= max_bytes:
                 out.append(Send(slot, ensemble[slot], epoch, ids, bodies))
                 continue
-            start = size = 0
-            for k, body in enumerate(bodies):
-                n = len(body)
-                if k > start and (k - start >= max_n or size + n > max_bytes):
-                    out.append(Send(slot, ensemble[slot], epoch, ids[start:k], bodies[start:k]))
-                    start, size = k, 0
-                size += n
-            out.append(Send(slot, ensemble[slot], epoch, ids[start:], bodies[start:]))
+            for start, end in batch_spans(bodies, max_n, max_bytes):
+                out.append(Send(slot, ensemble[slot], epoch, ids[start:end],
+                                bodies[start:end]))
 
     def _ack(self, slot: int, entry_ids: list[int]) -> None:
         bit = 1 << slot
