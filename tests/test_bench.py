@@ -23,7 +23,7 @@ from pybk.bench import (
     plain_group_commit,
     replica_sync_floor,
 )
-from pybk.bench.tcp_floor import FloorServers, tcp_floor_servers, tcp_replica_floor
+from pybk.bench.tcp_floor import FloorServers, tcp_floor_servers
 from pybk.cli import main
 from pybk.cli.processes import spawn_bookie, stop_pid, wait_ready
 
@@ -314,5 +314,10 @@ def test_tcp_floor_syncs_every_record_on_every_replica_and_stops_its_servers(
     assert servers.synced == [timed, timed]
     assert children(os.getpid(), "pybk.bench.tcp_floor") == []
     assert not list(tmp_path.glob("tcp-floor-*"))
+
+    async def no_replicas() -> None:
+        async with tcp_floor_servers(tmp_path, 0, loop):
+            pass
+
     with pytest.raises(ValueError, match="replicas must be >= 1"):
-        run(tcp_replica_floor(tmp_path, 0), loop)
+        run(no_replicas(), loop)

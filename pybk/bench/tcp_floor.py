@@ -38,7 +38,7 @@ from typing import Final
 
 from pybk.bench.ceiling import RecordFile, frame_records
 
-__all__ = ["FloorServers", "tcp_floor_servers", "tcp_replica_floor"]
+__all__ = ["FloorServers", "tcp_floor_servers"]
 
 _LEN: Final = struct.Struct(">I")
 _ANSWER: Final = b"ok\x00\x00\x00\x00\x00\x00"
@@ -126,7 +126,21 @@ class FloorServers:
 
     async def measure(self, duration: float) -> list[float]:
         """Lone replicated writes for ``duration`` seconds: their latencies (seconds)."""
-        return await _lone(self._clients, self._message, duration)
+        running = asyncio.get_running_loop()
+        clock = time.perf_counter
+        latencies: list[float] = []
+        end = clock() + duration
+        while clock() < end:
+            t0 = clock()
+            for c in self._clients:
+                c.waiter = running.create_future()
+                assert c.transport is not None
+                c.transport.write(self._message)
+            for c in self._clients:
+                assert c.waiter is not None
+                await c.waiter
+            latencies.append(clock() - t0)
+        return latencies
 
 
 @asynccontextmanager
@@ -167,32 +181,6 @@ async def tcp_floor_servers(directory: str | Path, replicas: int = 2, loop: str 
         assert proc.stdout is not None
         tail = (await proc.stdout.read()).split()
         servers.synced.append(int(tail[-1]) if tail else -1)
-
-
-async def tcp_replica_floor(directory: str | Path, replicas: int = 2, size: int = 100,
-                            duration: float = 0.5, loop: str = "asyncio") -> list[float]:
-    """:func:`tcp_floor_servers` measured once: the latencies of ``duration`` seconds of
-    lone replicated writes."""
-    async with tcp_floor_servers(directory, replicas, loop, size) as servers:
-        return await servers.measure(duration)
-
-
-async def _lone(clients: list[_Client], message: bytes, duration: float) -> list[float]:
-    running = asyncio.get_running_loop()
-    clock = time.perf_counter
-    latencies: list[float] = []
-    end = clock() + duration
-    while clock() < end:
-        t0 = clock()
-        for c in clients:
-            c.waiter = running.create_future()
-            assert c.transport is not None
-            c.transport.write(message)
-        for c in clients:
-            assert c.waiter is not None
-            await c.waiter
-        latencies.append(clock() - t0)
-    return latencies
 
 
 async def _stop(proc: asyncio.subprocess.Process) -> None:
