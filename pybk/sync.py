@@ -179,11 +179,13 @@ class ReadHandle:
         return self._runner.run(self._h.read_last_add_confirmed())
 
     def read_last_add_confirmed_and_entry(
-        self, entry_id: int, timeout: float = 1.0
+        self, entry_id: int, timeout: float = 1.0, *, parallel: bool | None = None
     ) -> LedgerEntry | None:
         """Long poll: wait up to ``timeout`` seconds for ``entry_id`` to be confirmed and
-        return it; None on timeout or when the ledger closes before it."""
-        return self._runner.run(self._h.read_last_add_confirmed_and_entry(entry_id, timeout))
+        return it; None on timeout or when the ledger closes before it. ``parallel``: ask
+        every bookie at once or one at a time (None: ``ClientConfig.long_poll_parallel``)."""
+        return self._runner.run(
+            self._h.read_last_add_confirmed_and_entry(entry_id, timeout, parallel=parallel))
 
     def tail(self, start: int = 0) -> Iterator[LedgerEntry]:
         """Entries from ``start`` on, following the writer, until the ledger closes."""

@@ -48,6 +48,14 @@ class ClientConfig:
     read_batch_size: int = 256
     #: Seconds one long poll waits on the bookies inside ``tail()``.
     long_poll_timeout: float = 1.0
+    #: How a long poll (``read_last_add_confirmed_and_entry``, ``tail()``) asks the last
+    #: ensemble: False (BookKeeper's default, its ``parallel=false``) asks one bookie and the
+    #: next only when that one fails, answers early without the entry, or is silent past
+    #: the poll's timeout plus ``speculative_read_delay``: one request per poll while the
+    #: writer writes. True asks every bookie of the ensemble at once (the first answer with
+    #: the entry wins): the entry as soon as any bookie learns it is confirmed, for
+    #: ensemble-size times the requests.
+    long_poll_parallel: bool = False
     #: TCP connections per bookie (BookKeeper's ``numChannelsPerBookie``); a ledger's requests
     #: to one bookie always use the same connection. Only used by the TCP transport.
     connections_per_bookie: int = 1
@@ -84,6 +92,8 @@ class ClientConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.long_poll_timeout <= 0:
             raise ValueError(f"long_poll_timeout must be > 0, got {self.long_poll_timeout!r}")
+        if not isinstance(self.long_poll_parallel, bool):
+            raise TypeError(f"long_poll_parallel must be a bool, not {self.long_poll_parallel!r}")
         for name in ("max_entry_size", "add_batch_max_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -8,6 +8,12 @@ therefore skipped, never returned.
 A non-recovery LAC read asks every bookie of the last ensemble for its LAC and completes
 once the answers cover every write set (:class:`~pybk.replication.quorum.CoverageSet`);
 it never fences, so the writer is not disturbed.
+
+A long poll (``read_last_add_confirmed_and_entry``) asks the last ensemble's bookies to
+answer once their LAC passes the entry before the one wanted, with that entry when they hold
+it: one bookie at a time by default (BookKeeper's ``parallel=false``: the next one on a
+failure, an early empty answer or silence past the timeout), or all of them at once
+(``ClientConfig.long_poll_parallel``).
 """
 
 from __future__ import annotations
@@ -71,6 +77,9 @@ class LedgerEntry:
 
 
 _ABSENT = (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER)
+#: what one long-poll answer says (besides the entry itself): the LAC covers the entry but
+#: the answer did not bring it; the LAC is not there yet; an error or a bad body
+_CONFIRMED, _EMPTY, _FAILED = object(), object(), object()
 _new = object.__new__
 _le_slots: Any = vars(LedgerEntry)  # (frozen: fields set through the slot descriptors)
 _set_le_ledger = _le_slots["ledger_id"].__set__
@@ -468,6 +477,9 @@ class ReadHandle:
         self._digest = digest
         self._lac = metadata.last_entry_id if metadata.is_closed else lac
         self._closed = False
+        #: how far a sequential long poll's first bookie is moved on: one more after each
+        #: poll that ended without the entry
+        self._poll_turn = 0
 
     @property
     def id(self) -> int:
@@ -553,52 +565,144 @@ class ReadHandle:
         return md
 
     async def read_last_add_confirmed_and_entry(
-        self, entry_id: int, timeout: float = 1.0
+        self, entry_id: int, timeout: float = 1.0, *, parallel: bool | None = None
     ) -> LedgerEntry | None:
         """Long poll: wait (up to ``timeout``) until ``entry_id`` is confirmed, then return it.
 
         Returns None on timeout, or when the ledger is closed before ``entry_id``.
+        ``parallel``: ask every bookie of the last ensemble at once, or one at a time
+        (None: the client's ``ClientConfig.long_poll_parallel``).
         """
         if entry_id < 0:
             raise ValueError(f"entry_id must be >= 0, got {entry_id}")
         if timeout < 0:
             raise ValueError(f"timeout must be >= 0, got {timeout}")
+        if parallel is not None and not isinstance(parallel, bool):
+            raise TypeError(f"parallel must be a bool or None, not {parallel!r}")
         if entry_id <= self._lac:
             return (await self._read(entry_id, entry_id))[0]
         if self._md.is_closed:
             return None
-        md = self._md
-        request = ReadRequest(md.ledger_id, entry_id, previous_lac=entry_id - 1, timeout=timeout)
+        if parallel if parallel is not None else self._ctx.config.long_poll_parallel:
+            return await self._poll_parallel(entry_id, timeout)
+        return await self._poll_sequential(entry_id, timeout)
+
+    def _poll_request(self, entry_id: int, timeout: float) -> ReadRequest:
+        return ReadRequest(self._md.ledger_id, entry_id, previous_lac=entry_id - 1,
+                           timeout=timeout)
+
+    def _poll_reply(self, fut: asyncio.Future[Response], entry_id: int) -> object:
+        """What one long-poll answer says: the entry (a :class:`LedgerEntry`),
+        :data:`_CONFIRMED` (the LAC it brought covers ``entry_id``, without the entry),
+        :data:`_EMPTY` (an answer whose LAC is not there yet) or :data:`_FAILED` (an error,
+        a bad body). Raises the handle's LAC to what the answer proves."""
+        try:
+            response = fut.result()
+        except BKError:
+            return _FAILED
+        if response.status != Status.OK or not isinstance(response, ReadResponse):
+            return _FAILED
+        self._raise_lac(response.lac)
+        if response.body is not None:
+            try:
+                decoded = self._digest.verify(response.body)
+            except DigestMismatchError:
+                return _FAILED
+            self._raise_lac(decoded.lac)
+            if decoded.entry_id == entry_id and entry_id <= self._lac:
+                return LedgerEntry(self.id, entry_id, decoded.payload)
+        return _CONFIRMED if entry_id <= self._lac else _EMPTY
+
+    async def _poll_parallel(self, entry_id: int, timeout: float) -> LedgerEntry | None:
+        """The long poll sent to every bookie of the last ensemble at once."""
+        request = self._poll_request(entry_id, timeout)
         futures = {
             self._ctx.transport.send(b, request, timeout + self._ctx.config.read_timeout): b
-            for b in md.last_ensemble
+            for b in self._md.last_ensemble
         }
         pending = set(futures)
         try:
             while pending:
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
                 for fut in in_order(done, futures):
-                    try:
-                        response = fut.result()
-                    except BKError:
-                        continue
-                    if response.status != Status.OK or not isinstance(response, ReadResponse):
-                        continue
-                    self._raise_lac(response.lac)
-                    if response.body is not None:
-                        try:
-                            decoded = self._digest.verify(response.body)
-                        except DigestMismatchError:
-                            continue
-                        self._raise_lac(decoded.lac)
-                        if decoded.entry_id == entry_id and entry_id <= self._lac:
-                            return LedgerEntry(self.id, entry_id, decoded.payload)
-                    if entry_id <= self._lac:
+                    got = self._poll_reply(fut, entry_id)
+                    if got is _CONFIRMED:
                         return (await self._read(entry_id, entry_id))[0]
+                    if isinstance(got, LedgerEntry):
+                        return got
         finally:
             # every reply, also those answered in the same batch as the one returned
             drop_pending(futures)
         return None
+
+    async def _poll_sequential(self, entry_id: int, timeout: float) -> LedgerEntry | None:
+        """The long poll sent to one bookie of the last ensemble at a time.
+
+        The first asked is the first of the write set of ``entry_id + 1`` (the earliest to
+        hear, piggybacked on that entry, that ``entry_id`` is confirmed, and, with a write
+        quorum above 1, a holder of ``entry_id`` itself, which then comes in the answer).
+        The next bookie is asked, with what is left of ``timeout`` (none left: a probe
+        answered at once), when the one asked fails, answers without the entry before the
+        timeout (a fenced ledger, a bookie stopping or holding too many polls), or has not
+        answered ``speculative_read_delay`` after the timeout (a silent bookie: the
+        transport's own timeout comes ``read_timeout`` later). An answer without the entry at
+        the timeout ends the poll (None); this handle's next poll then starts one bookie
+        further on, so a bookie whose view of the LAC lags cannot hold a tail back."""
+        md = self._md
+        ensemble = md.last_ensemble
+        size = len(ensemble)
+        first = (entry_id + (1 if md.write_quorum > 1 else 0) + self._poll_turn) % size
+        order = [ensemble[(first + i) % size] for i in range(size)]
+        ctx = self._ctx
+        if ctx.policy.local_rack is not None:
+            order = ctx.policy.read_order(order, ctx.topology)
+        cfg = ctx.config
+        spec = cfg.speculative_read_delay
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        pending: dict[asyncio.Future[Response], str] = {}
+        asked = 0
+        speculate_at = 0.0
+
+        def ask_next() -> None:
+            nonlocal asked, speculate_at
+            now = loop.time()
+            wait = max(deadline - now, 0.0)
+            bookie = order[asked]
+            asked += 1
+            pending[ctx.transport.send(bookie, self._poll_request(entry_id, wait),
+                                       wait + cfg.read_timeout)] = bookie
+            speculate_at = now + wait + spec
+
+        ask_next()
+        try:
+            while pending:
+                wait_for = None
+                if spec > 0 and asked < size:
+                    wait_for = max(speculate_at - loop.time(), 0.0)
+                done, _ = await asyncio.wait(list(pending), timeout=wait_for,
+                                             return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    ask_next()  # speculative: the bookie asked is silent past its timeout
+                    if ctx.stats is not None:
+                        ctx.stats.speculative_reads += 1
+                    continue
+                for fut in in_order(done, pending):
+                    del pending[fut]
+                    got = self._poll_reply(fut, entry_id)
+                    if got is _CONFIRMED:
+                        return (await self._read(entry_id, entry_id))[0]
+                    if isinstance(got, LedgerEntry):
+                        return got
+                    if got is _EMPTY and loop.time() >= deadline:
+                        self._poll_turn += 1
+                        return None  # answered at the timeout without it: timed out
+                if not pending and asked < size:
+                    ask_next()
+            self._poll_turn += 1
+            return None
+        finally:
+            drop_pending(pending)
 
     async def tail(self, start: int = 0) -> AsyncGenerator[LedgerEntry, None]:
         """Every entry from ``start`` on, following the writer; ends when the ledger closes.

@@ -10,7 +10,9 @@ per seed (each knob from a stream of its own, so adding a knob does not move the
   rotate often);
 * frequent index checkpoints, mostly deltas (chains of up to 8);
 * the disk's sync latency;
-* the client's add path: one ``append`` per entry, or batched ``append_many`` calls.
+* the client's add path: one ``append`` per entry, or batched ``append_many`` calls;
+* the client's long polls: one bookie at a time (``ClientConfig.long_poll_parallel=False``,
+  the default) or every bookie of the ensemble at once.
 
 ``SimConfig.describe()`` is the trace's header; ``coverage()`` names the markers the sweep's
 coverage table counts, so a sweep shows that each configuration ran.
@@ -46,6 +48,10 @@ class SimConfig:
     split_min: int = 2
     #: writers add entries in batches (``LedgerHandle.append_many``)
     batched_adds: bool = False
+    #: long polls go to every bookie of the ensemble at once (``ClientConfig.
+    #: long_poll_parallel``), else to one at a time (production's default). True here, so
+    #: a scenario saved before the knob existed runs as it did
+    parallel_long_polls: bool = True
 
     def __post_init__(self) -> None:
         if self.journal not in JOURNAL_MODES:
@@ -61,6 +67,7 @@ class SimConfig:
             sync_delay=derive_rng(seed, "sync").choice((0.0005, 0.002, 0.01)),
             split_min=derive_rng(seed, "split").choice((1, 1, 2, 4)),
             batched_adds=derive_rng(seed, "adds").random() < 0.3,
+            parallel_long_polls=derive_rng(seed, "long_polls").random() < 0.5,
         )
 
     @property
@@ -92,12 +99,14 @@ class SimConfig:
         return (f"journal={self.journal}{'+preallocated' if self.preallocate else ''}"
                 f"{' checkpoints=2s' if self.checkpoints else ''} sync_delay={self.sync_delay}"
                 f"{f' split_min={self.split_min}' if self.overlapped else ''}"
-                f" adds={'batched' if self.batched_adds else 'single'}")
+                f" adds={'batched' if self.batched_adds else 'single'}"
+                f" long_polls={'parallel' if self.parallel_long_polls else 'sequential'}")
 
     def coverage(self) -> list[str]:
         """Coverage markers naming this configuration (one seed counts once per marker)."""
         out = [f"config_journal_{self.journal}",
-               f"config_adds_{'batched' if self.batched_adds else 'single'}"]
+               f"config_adds_{'batched' if self.batched_adds else 'single'}",
+               f"config_long_polls_{'parallel' if self.parallel_long_polls else 'sequential'}"]
         if self.preallocate:
             out.append("config_preallocated_segments")
         if self.checkpoints:

@@ -43,6 +43,8 @@ MUST_RUN = (
     "config_frequent_checkpoints",
     "config_adds_single",
     "config_adds_batched",
+    "config_long_polls_parallel",
+    "config_long_polls_sequential",
     "journal_inline_syncs",
     "journal_batches_overlapped",
     "journal_batches_splits",

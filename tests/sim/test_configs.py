@@ -53,5 +53,28 @@ def test_batched_adds_take_the_append_many_path() -> None:
 def test_every_knob_is_drawn_both_ways_over_a_few_seeds() -> None:
     drawn = [SimConfig.draw(seed) for seed in range(40)]
     assert {c.journal for c in drawn} == set(JOURNAL_MODES)
-    for knob in ("preallocate", "checkpoints", "batched_adds"):
+    for knob in ("preallocate", "checkpoints", "batched_adds", "parallel_long_polls"):
         assert {getattr(c, knob) for c in drawn} == {True, False}, knob
+
+
+def test_long_polls_run_one_bookie_at_a_time_or_all_at_once() -> None:
+    """The tailing reader's long polls go out as the seed drew: the same quiet run moves far
+    fewer messages with sequential polls (one bookie per poll of a 5-bookie ensemble, not
+    five), and its reader still follows the writer with long polls that bring entries."""
+    tailing = sim.Workload(readers=1, recoverers=0, deletes=False, log_writers=0,
+                           log_readers=0, add_rate=12.0)
+    results = {}
+    for parallel in (True, False):
+        sc = Scenario(seed=3, duration=6.0, topology=(5, 3, 2), bookies=5,
+                      config=SimConfig(parallel_long_polls=parallel), workload=tailing,
+                      plan=sim.FaultPlan(), events=[], faults_spec="none")
+        r = run(3, scenario=sc)
+        assert r.ok, r.report()
+        mode = "parallel" if parallel else "sequential"
+        assert r.stats.coverage.get(f"config_long_polls_{mode}") == 1
+        assert r.stats.coverage.get("long_poll_hit", 0) >= 10, r.stats.coverage
+        assert f"long_polls={mode}" in r.trace[0]
+        results[parallel] = r.stats
+    hits = results[True].coverage["long_poll_hit"]
+    assert results[True].messages - results[False].messages >= 3 * hits, (
+        results[True].messages, results[False].messages, hits)
