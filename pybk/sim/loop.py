@@ -143,13 +143,7 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
         self, when: float, callback: Callable[..., object], *args: Any,
         context: contextvars.Context | None = None,
     ) -> TimerHandle:
-        return self.deliver_at(when, callback, args, context)
-
-    def deliver_at(self, when: float, callback: Callable[..., object], args: tuple[Any, ...],
-                   context: contextvars.Context | None = None) -> TimerHandle:
-        """``call_at(when, callback, *args)`` with the arguments taken as they are (the
-        simulated network's deliveries, thousands per run, pass their tuple without packing
-        it again): a timer handle built without the stdlib's debug probes, on the heap."""
+        """A timer handle built without the stdlib's debug probes, on the heap."""
         if self._closed:  # type: ignore[attr-defined]
             raise RuntimeError("Event loop is closed")
         timer: Any = _new_handle(TimerHandle)
@@ -164,6 +158,16 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
         timer._scheduled = True
         heappush(self._timers, (when, next(self._timer_seq), timer))
         return timer  # type: ignore[no-any-return]
+
+    def deliver_at(self, when: float, callback: Callable[..., object],
+                   args: tuple[Any, ...]) -> None:
+        """``call_at(when, callback, *args)`` for what is never cancelled (the simulated
+        network's deliveries, thousands per run): the heap holds ``(callback, args)`` itself,
+        no timer handle and no context copy (it runs in the loop's own context: the
+        simulator's code sets no context variables), in the same order as any timer."""
+        if self._closed:  # type: ignore[attr-defined]
+            raise RuntimeError("Event loop is closed")
+        heappush(self._timers, (when, next(self._timer_seq), (callback, args)))
 
     def call_later(  # type: ignore[override]
         self, delay: float, callback: Callable[..., object], *args: Any,
@@ -222,7 +226,8 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
                 if ready or self._stopping:
                     still += 1
                 else:
-                    while timers and timers[0][2]._cancelled:
+                    while timers and type(first := timers[0][2]) is not tuple \
+                            and first._cancelled:
                         heappop(timers)[2]._scheduled = False
                         self._timers_cancelled -= 1
                     if not timers:
@@ -250,6 +255,9 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
                 end = self._now + 1e-9
                 while timers and timers[0][0] < end:
                     handle = heappop(timers)[2]
+                    if type(handle) is tuple:  # a delivery: (callback, args)
+                        append(handle)
+                        continue
                     handle._scheduled = False
                     if handle._cancelled:
                         self._timers_cancelled -= 1
@@ -257,6 +265,16 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
                         append(handle)
                 for _ in range(len(ready)):
                     handle = popleft()
+                    if type(handle) is tuple:  # a delivery (see deliver_at)
+                        try:
+                            handle[0](*handle[1])
+                        except (SystemExit, KeyboardInterrupt):
+                            raise
+                        except BaseException as exc:
+                            self.call_exception_handler({
+                                "message": f"Exception in callback {handle[0]!r}",
+                                "exception": exc})
+                        continue
                     if handle._cancelled:
                         continue
                     try:  # (Handle._run inlined: one Python frame less per callback)
@@ -277,7 +295,7 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
         """Rebuild the timer heap without its cancelled timers (once they are half of it)."""
         live = []
         for item in self._timers:
-            if item[2]._cancelled:
+            if type(item[2]) is not tuple and item[2]._cancelled:
                 item[2]._scheduled = False
             else:
                 live.append(item)
@@ -409,5 +427,5 @@ def run(coro: Coroutine[Any, Any, T], *, start: float = 0.0, max_time: float | N
 
 def next_timer(loop: SimLoop) -> float | None:
     """When the earliest live timer fires (None if none): for stepping tests."""
-    live = [when for when, _seq, h in loop._timers if not h._cancelled]
+    live = [when for when, _seq, h in loop._timers if type(h) is tuple or not h._cancelled]
     return min(live) if live else None

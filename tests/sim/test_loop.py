@@ -198,3 +198,41 @@ def test_an_exception_escaping_a_callback_is_recorded_with_its_exception() -> No
     loop.run_main(main())
     loop.shutdown()
     assert [type(exc).__name__ for _msg, exc in loop.unhandled] == ["ZeroDivisionError"]
+
+
+def test_deliveries_and_timers_run_in_the_order_they_were_made() -> None:
+    """``deliver_at`` (the network's messages: no handle, never cancelled) shares the timer
+    heap and its order: due at one instant, deliveries and timers interleave as made, a
+    cancelled timer among them is skipped, and one due later waits for its time."""
+    loop = SimLoop()
+
+    async def main() -> list[object]:
+        out: list[object] = []
+        for i in range(20):
+            if i % 3:
+                loop.deliver_at(1.0, out.append, (f"d{i}",))
+            else:
+                loop.call_at(1.0, out.append, f"t{i}")
+        loop.call_at(1.0, out.append, "cancelled").cancel()
+        loop.deliver_at(1.5, lambda: out.append(loop.time()), ())
+        await asyncio.sleep(1.2)
+        out.append("slept")
+        await asyncio.sleep(1.0)
+        return out
+
+    got = loop.run_main(main())
+    loop.shutdown()
+    want: list[object] = [f"d{i}" if i % 3 else f"t{i}" for i in range(20)]
+    assert got == [*want, "slept", 1.5]
+
+
+def test_an_exception_escaping_a_delivery_is_recorded_with_its_exception() -> None:
+    loop = SimLoop()
+
+    async def main() -> None:
+        loop.deliver_at(0.05, lambda: 1 / 0, ())
+        await asyncio.sleep(0.1)
+
+    loop.run_main(main())
+    loop.shutdown()
+    assert [type(exc).__name__ for _msg, exc in loop.unhandled] == ["ZeroDivisionError"]
