@@ -22,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Sequence
 
 from pybk.errors import BKError, DigestMismatchError, NoSuchLedgerError, UnauthorizedError
 from pybk.metadata.base import LedgerMetadata, Watch
@@ -42,7 +43,7 @@ from pybk.protocol import (
 from pybk.replication.context import ClientContext
 from pybk.replication.quorum import Quorums
 
-__all__ = ["Auditor", "bookie_index", "read_all_metadata"]
+__all__ = ["Auditor", "bookie_index", "holds_all", "read_all_metadata"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,23 @@ def bookie_index(mds: Sequence[LedgerMetadata]) -> dict[str, set[int]]:
             for bookie in ensemble:
                 index.setdefault(bookie, set()).add(md.ledger_id)
     return index
+
+
+def holds_all(held: Iterable[tuple[int, int]], entries: Sequence[int]) -> bool:
+    """Do the ranges ``(first, last)`` a bookie listed (any order, maybe overlapping) cover
+    every id of ``entries`` (ascending, distinct)? The ranges are merged, then the ids inside
+    each are counted by bisection: a replica's thousands of ids are not each tested against
+    every range."""
+    merged: list[list[int]] = []
+    for a, b in sorted(held):
+        if merged and a <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    inside = 0
+    for a, b in merged:
+        inside += bisect_right(entries, b) - bisect_left(entries, a)
+    return inside == len(entries)
 
 
 class Auditor:
@@ -236,8 +254,7 @@ class Auditor:
                 return False
             if reply.status != Status.OK or not isinstance(reply, ListEntriesResponse):
                 return True
-            held = reply.ranges
-            return all(any(a <= e <= b for a, b in held) for e in entries)
+            return holds_all(reply.ranges, entries)
         if how == "scrub":
             return await self._scrub(md, access, bookie, entries)
         return await self._read_each(md, access, bookie, sorted({entries[0], entries[-1]}))

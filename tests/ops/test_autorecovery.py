@@ -345,3 +345,22 @@ async def test_re_replication_keeps_a_rack_aware_ensemble_spread() -> None:
         for h in handles:
             md = await cluster.store.read_ledger(h.id)
             assert {racks[b] for b in md.ensembles[0]} == set(racks.values()), md.ensembles
+
+
+def test_a_replica_holds_its_entries_only_when_every_one_lies_in_a_listed_range() -> None:
+    """The auditor's "entries" check (a bookie's ListEntries ranges against the ids its slot
+    should hold): ranges in any order, overlapping or touching, each id judged."""
+    from pybk.ops.auditor import holds_all
+
+    strided = list(range(0, 30, 3))  # a slot of a striped ensemble: every third id
+    assert holds_all([(0, 29)], strided)
+    assert holds_all([(15, 29), (0, 14)], strided)  # any order
+    assert holds_all([(0, 10), (5, 20), (21, 27)], strided)  # overlapping, touching
+    assert not holds_all([(0, 10), (13, 29)], strided)  # 12 missing
+    assert not holds_all([(0, 26)], strided)  # the last one (27) missing
+    assert not holds_all([(1, 29)], strided)  # the first one (0) missing
+    assert not holds_all([], strided)
+    assert holds_all([], [])
+    # overlapping ranges must not count an id twice to make up for a missing one
+    assert not holds_all([(0, 5), (0, 5), (9, 29)], list(range(0, 30, 3)) + [])
+    assert not holds_all([(0, 3), (0, 3)], [0, 3, 6])
