@@ -40,7 +40,9 @@ class ClientConfig:
     #: (0 = off). Lets tailing readers see the last entry without waiting for the next add:
     #: the piggybacked LAC lags one entry and stops when writes stop, so without it a quiet
     #: writer's last acknowledged entries stay invisible to readers until recovery. On by
-    #: default, so such entries become visible within about this interval.
+    #: default, so such entries become visible within about two intervals. As in
+    #: BookKeeper, not sent while adds keep carrying the LAC on (a tick after an interval
+    #: whose adds brought the bookies a newer LAC sends nothing).
     explicit_lac_interval: float = 0.2
     #: Entries read ahead during recovery (BookKeeper ``recoveryReadBatchSize``).
     recovery_read_batch_size: int = 1

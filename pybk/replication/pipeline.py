@@ -208,6 +208,8 @@ class WritePipeline:
         self.max_batch_bytes = max_batch_bytes
         self.explicit_lac_interval = explicit_lac_interval
         self._explicit_lac = -1
+        #: the LAC the last entry pushed carries (piggybacked: what its bookies learn with it)
+        self._piggybacked = -1
         #: when :meth:`on_timer` wants to be called next (loop time), None: never
         self.next_timer: float | None = None
         self._ack_out_of_order = ack_out_of_order
@@ -247,6 +249,7 @@ class WritePipeline:
         if self.error is not None:
             raise fresh_copy(self.error)
         entry_id = self.lap = self.lap + 1
+        self._piggybacked = self.lac  # (the writer frames each entry with the LAC of now)
         self.length = length
         self._bodies.append(body)
         self._lengths.append(length)
@@ -349,14 +352,21 @@ class WritePipeline:
 
     def on_timer(self, now: float) -> None:
         """The explicit-LAC timer: when idle with entries confirmed past the last explicit
-        LAC, ask for a :class:`SendLac` (BookKeeper's ExplicitLacFlushPolicy)."""
+        LAC, ask for a :class:`SendLac` (BookKeeper's ExplicitLacFlushPolicy). As there, not
+        while adds keep carrying the LAC on: when the entries pushed since the last tick
+        brought the bookies a LAC past the last one sent, that is noted instead, and the LAC
+        is sent at the first tick after the adds stopped (a writer adding steadily sends
+        none; one that stops sends its last LAC within two intervals)."""
         interval = self.explicit_lac_interval
         if interval <= 0:
             self.next_timer = None
             return
         if self.lac > self._explicit_lac and self.error is None and not self.pending:
-            self._explicit_lac = self.lac
-            self._actions.append(SendLac(self.lac, list(self.ensemble)))
+            if self._piggybacked > self._explicit_lac:
+                self._explicit_lac = self._piggybacked
+            else:
+                self._explicit_lac = self.lac
+                self._actions.append(SendLac(self.lac, list(self.ensemble)))
         self.next_timer = now + interval
 
     def stop_timer(self) -> None:

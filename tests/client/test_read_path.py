@@ -300,3 +300,38 @@ def test_tail_backs_off_while_its_ledger_is_fenced_but_not_closed(sim_cluster: A
     # rounds of 3 polls, 0.01 s apart doubling to 1 s: about 25 rounds in 20 s (without the
     # backoff: thousands, one per round trip)
     assert 3 <= polls <= 3 * 30, polls
+
+
+def test_explicit_lac_is_not_sent_while_adds_carry_the_lac_on(sim_cluster: Any) -> None:
+    """BookKeeper's explicit-LAC policy: a writer adding more often than the interval sends
+    no WriteLac (each add brings the bookies the LAC piggybacked); once it stops, its last
+    LAC goes to the bookies within two intervals and a reader sees its last entry."""
+    from pybk.protocol import WriteLacRequest
+
+    async def scenario(cluster: Any) -> None:
+        config = ClientConfig(explicit_lac_interval=0.2)
+        lh = await cluster.client("w", config).create_ledger(3, 3, 2, password=b"pw")
+        loop = asyncio.get_running_loop()
+        sent: list[tuple[float, int]] = []
+
+        def watch(client: str, bookie: str, request: Any) -> None:
+            if client == "w" and isinstance(request, WriteLacRequest):
+                sent.append((loop.time(), request.lac))
+
+        cluster.network.send_observers.append(watch)
+        for i in range(40):  # 4 virtual seconds, an add every 0.1 s
+            await lh.append(b"e%d" % i)
+            await asyncio.sleep(0.1)
+        assert sent == []
+        stopped = loop.time()
+        await asyncio.sleep(1.0)
+        # the last LAC, to each bookie of the ensemble, within two intervals of the stop
+        assert [lac for _t, lac in sent] == [39, 39, 39]
+        assert all(t - stopped <= 0.4 + 0.01 for t, _lac in sent), sent
+        rh = await cluster.client("r").open_ledger(lh.id, password=b"pw", recovery=False)
+        assert await rh.read_last_add_confirmed() == 39
+        await asyncio.sleep(1.0)
+        assert len(sent) == 3  # nothing new to send: nothing sent again
+        await lh.close()
+
+    sim_cluster.run(scenario)
