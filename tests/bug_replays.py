@@ -69,7 +69,7 @@ REPLAYS: list[Replay] = [
         [(0.934, "lose_fence", {"bookie": "b1"}),
          (2.257, "slow_link", {"writer": "w1", "bookie": "b1", "delay": 1.426, "hold": 7.0,
                                "fence_lost": False})],
-        seed=1, duration=3.455,
+        seed=4, duration=3.455,
         workload=Workload(readers=0, deletes=False, add_rate=25.0, log_writers=0,
                           log_readers=0),
         config=SimConfig(sync_delay=0.01),
