@@ -530,9 +530,11 @@ class DigestManager:
         """The bytes sent to and stored by bookies for one entry."""
         header = _pack_entry_header(self.ledger_id, entry_id, lac, length)
         if self._crc:  # the default digest, inlined: once per entry on the write path
+            # (two concatenations: the small header + digest first, then the payload, copied
+            # once; cheaper than a join's tuple for the common small entry)
             if len(payload) <= _CONCAT_CRC_MAX:  # one crc32c call (its fixed cost dominates)
-                return b"".join((header, _pack_crc(_crc32c(header + payload)), payload))
-            return b"".join((header, _pack_crc(_crc32c(payload, _crc32c(header))), payload))
+                return header + _pack_crc(_crc32c(header + payload)) + payload
+            return header + _pack_crc(_crc32c(payload, _crc32c(header))) + payload
         return header + self._digest(header, payload) + payload
 
     def crc_checked(self, body: bytes, expected_entry_id: int | None = None,

@@ -130,6 +130,7 @@ class AddPipeline:
         self.ledger_id = metadata.ledger_id
         self.metadata = metadata
         self.digest = digest
+        self._frame = digest.frame  # (bound once: push runs once per entry)
         self.master_key = master_key
         self.recovery = recovery
         cfg = ctx.config
@@ -201,7 +202,7 @@ class AddPipeline:
             raise fresh_copy(core.error)
         length = core.length + len(payload)
         fut: asyncio.Future[int] = self._new_future()
-        core.push(self.digest.frame(core.lap + 1, core.lac, length, payload), length, fut)
+        core.push(self._frame(core.lap + 1, core.lac, length, payload), length, fut)
         if self._stats is not None:
             fut.add_done_callback(_AddTimer(self._stats, self._loop.time()))
         if not self._flush_scheduled:  # (_schedule, inlined: once per entry)
