@@ -3,7 +3,15 @@
 #                (a child appending through pybk.WAL is killed with kill -9; the replay)
 #   make test  - installs everything (venv, Python packages with the spark extra, Debian's
 #                zookeeper and Java 17) and runs ruff, mypy and the whole test suite
-PYTHON ?= python3
+# The interpreter the venv is made from: the distribution's CPython 3.11 when it is there and
+# can make a venv, else python3. Measured on this kind of machine (docs/performance.md,
+# "The interpreter"): Debian's /usr/bin/python3.11 (libpython linked into the executable)
+# runs pybk's write path in about 0.8x the CPU, and simulated seeds in 0.88x, of the pyenv
+# build found first on PATH (--enable-shared: every call into libpython through the PLT).
+# PYTHON=... chooses another.
+PYTHON ?= $(shell if /usr/bin/python3.11 -c 'import sys, venv, ensurepip; \
+            sys.exit(sys.version_info[:2] != (3, 11))' >/dev/null 2>&1; \
+            then echo /usr/bin/python3.11; else echo python3; fi)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
@@ -14,7 +22,7 @@ STAMP  := $(VENV)/.installed
 # "compat" mode): type checkers (mypy, pyright) follow it, where the default mode's import
 # hook leaves them with "Cannot find implementation or library stub for module named pybk".
 $(STAMP): setup.cfg pyproject.toml Makefile
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv --clear $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[test,speed,spark]" --config-settings editable_mode=compat
 	touch $(STAMP)

@@ -50,7 +50,11 @@ def test_too_late_raises_timeout_error_at_the_bound(bound: Bound) -> None:
             return (type(exc.__cause__).__name__, loop.time(), task.cancelling())
         return ("no timeout", loop.time(), -1)
 
-    assert run(main()) == ("CancelledError", 2.5, 0)
+    cause, now, cancelling = run(main())
+    assert (now, cancelling) == (2.5, 0)
+    # ``within`` chains the CancelledError as the stdlib does in later 3.11 patch releases
+    # (3.11.7 here); Debian's 3.11.2 raises a bare TimeoutError
+    assert cause == "CancelledError" or (bound is _stdlib and cause == "NoneType")
 
 
 @pytest.mark.parametrize("bound", BOUNDS)
