@@ -15,8 +15,8 @@ come from the same minutes of the machine; it prints the ratio.
     python benchmarks/sim_seeds.py [--seeds 0..39] [--rounds 2] [--compare /tmp/base]
 
 The interpreter's build counts as much as a round of cuts: the same seeds cost about 0.88x
-the CPU on a PGO/LTO build of CPython 3.11 (Debian's ``python3.11``) as on a plain one (a
-default pyenv build). The figures of docs/simulation.md say which ran them.
+the CPU on Debian's CPython 3.11 (libpython linked into the executable) as on a pyenv
+build with a shared libpython. The figures of docs/simulation.md say which ran them.
 
 The long run the issue asks for (10,000 seeds, all faults, 2 workers), best on a quiet
 machine:
@@ -105,8 +105,8 @@ def main() -> None:
               f"{minutes:.1f} min; {msgs:.0f} messages, {steps:.0f} loop turns per seed")
     if len(rows) == 2:
         print(f"ratio this/compare: {rows[0][1] / rows[1][1]:.2f}")
-    # (the interpreter's build matters: a PGO/LTO build runs a seed in about 0.88x the CPU of
-    # a plain one; see docs/simulation.md, "fifth round")
+    # (the interpreter's build matters: Debian's python3.11 runs a seed in about 0.88x the
+    # CPU of a pyenv build with a shared libpython; see docs/simulation.md, "fifth round")
     print(f"interpreter: {sys.executable} (Python {sys.version.split()[0]}), "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
