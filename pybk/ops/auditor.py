@@ -43,7 +43,7 @@ from pybk.protocol import (
 from pybk.replication.context import ClientContext
 from pybk.replication.quorum import Quorums
 
-__all__ = ["Auditor", "bookie_index", "holds_all", "read_all_metadata"]
+__all__ = ["Auditor", "bookie_index", "holds_all", "merged_ranges", "read_all_metadata"]
 
 log = logging.getLogger(__name__)
 
@@ -85,17 +85,24 @@ def bookie_index(mds: Sequence[LedgerMetadata]) -> dict[str, set[int]]:
     return index
 
 
-def holds_all(held: Iterable[tuple[int, int]], entries: Sequence[int]) -> bool:
-    """Do the ranges ``(first, last)`` a bookie listed (any order, maybe overlapping) cover
-    every id of ``entries`` (ascending, distinct)? The ranges are merged, then the ids inside
-    each are counted by bisection: a replica's thousands of ids are not each tested against
-    every range."""
+def merged_ranges(held: Iterable[tuple[int, int]]) -> list[list[int]]:
+    """The ranges ``(first, last)`` a bookie listed (any order, maybe overlapping or
+    adjacent), sorted and merged: ``[[first, last], ...]``, disjoint and ascending."""
     merged: list[list[int]] = []
     for a, b in sorted(held):
         if merged and a <= merged[-1][1] + 1:
             merged[-1][1] = max(merged[-1][1], b)
         else:
             merged.append([a, b])
+    return merged
+
+
+def holds_all(held: Iterable[tuple[int, int]], entries: Sequence[int]) -> bool:
+    """Do the ranges ``(first, last)`` a bookie listed (any order, maybe overlapping) cover
+    every id of ``entries`` (ascending, distinct)? The ranges are merged, then the ids inside
+    each are counted by bisection: a replica's thousands of ids are not each tested against
+    every range."""
+    merged = merged_ranges(held)
     inside = 0
     for a, b in merged:
         inside += bisect_right(entries, b) - bisect_left(entries, a)

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 from pybk.bookie.inspect import inspect_data_dir
 from pybk.errors import status_of
+from pybk.ops.auditor import merged_ranges
 from pybk.protocol import (
     AddBatchRequest,
     AddLike,
@@ -788,12 +789,7 @@ class SimRun:
 def _not_held(entries: list[int], held: Any) -> list[int]:
     """The entries (ascending) that no range ``(first, last)`` of ``held`` covers: one walk
     over both, the ranges sorted and merged first (a bookie's list may come in any order)."""
-    merged: list[list[int]] = []
-    for a, b in sorted(held):
-        if merged and a <= merged[-1][1] + 1:
-            merged[-1][1] = max(merged[-1][1], b)
-        else:
-            merged.append([a, b])
+    merged = merged_ranges(held)
     out = []
     i = 0
     for e in entries:
