@@ -33,6 +33,7 @@ from pybk.errors import (
     NoSuchKeyError,
     NoSuchLedgerError,
 )
+from pybk.eventloop import yield_now
 from pybk.metadata._common import (
     CallbackWatch,
     LockElection,
@@ -207,7 +208,7 @@ class MemoryMetadataStore(MetadataStore):
     async def _enter(self, op: str, key: object = None) -> None:
         if self._closed:
             raise ClientClosedError(f"memory metadata store is closed (operation {op})")
-        await asyncio.sleep(0)
+        await yield_now
         if self.before_op is not None:
             await self.before_op(op, key)
         if self._closed:

@@ -102,8 +102,24 @@ class Checker:
 
     # -- pass 1: index the history ------------------------------------------------------------
 
+    #: the event streams the checks walk, each in history order: (name, kinds)
+    _STREAMS = (("reads", ("read", "bookie_served")),
+                ("lacs", ("create", "lac", "add_done", "close_invoke", "bookie_ack", "metadata")),
+                ("bookies", ("bookie_ack", "bookie_absent", "fault")),
+                ("liveness", ("liveness",)),
+                ("index_mismatch", ("index_mismatch",)),
+                ("exception", ("exception",)))
+
     def _index(self) -> None:
+        # one walk over the history: the ledgers' indexes, and each check's stream of events
+        self.streams: dict[str, list[Event]] = {name: [] for name, _ in self._STREAMS}
+        into: dict[str, list[list[Event]]] = {}
+        for name, kinds in self._STREAMS:
+            for kind in kinds:
+                into.setdefault(kind, []).append(self.streams[name])
         for ev in self.h.events:
+            for stream in into.get(ev.kind, ()):
+                stream.append(ev)
             lg = self.ledgers[ev.ledger] if ev.ledger >= 0 else None
             if ev.kind == "add_invoke" and lg is not None:
                 lg.invoked[ev.entry] = ev
@@ -139,9 +155,9 @@ class Checker:
         self._check_lac()
         self._check_bookies()
         self._check_liveness()
-        for ev in self.h.of_kind("index_mismatch"):
+        for ev in self.streams["index_mismatch"]:
             self._v("I14", -1, -1, f"bookie {ev.process}: index checkpoint {ev.detail}", ev)
-        for ev in self.h.of_kind("exception"):
+        for ev in self.streams["exception"]:
             where, _, what = ev.detail.partition("|")
             self._v("X1", ev.ledger, -1, f"{ev.process} {where}: unexpected {what}", ev)
         return self.violations
@@ -151,7 +167,7 @@ class Checker:
 
     def _check_reads(self) -> None:
         served: dict[tuple[int, int], Event] = {}
-        for ev in self.h.of_kind("read", "bookie_served"):
+        for ev in self.streams["reads"]:
             lg = self.ledgers[ev.ledger]
             inv = lg.invoked.get(ev.entry)
             if ev.kind == "bookie_served" and ev.payload is None:
@@ -264,8 +280,7 @@ class Checker:
         bookie_acks: dict[tuple[int, int], set[str]] = defaultdict(set)
         qa: dict[int, int] = {}
         exempt: set[int] = set()  # being recovered, or written in batches
-        for ev in self.h.of_kind("create", "lac", "add_done", "close_invoke", "bookie_ack",
-                                 "metadata"):
+        for ev in self.streams["lacs"]:
             lid = ev.ledger
             kind = ev.kind
             if kind == "bookie_ack":
@@ -316,7 +331,7 @@ class Checker:
     def _check_bookies(self) -> None:
         acked: dict[tuple[str, int, int], Event] = {}
         fsync_failed: dict[str, Event] = {}
-        for ev in self.h.of_kind("bookie_ack", "bookie_absent", "fault"):
+        for ev in self.streams["bookies"]:
             if ev.kind == "fault":
                 if ev.detail.startswith("fsync_eio"):
                     fsync_failed.setdefault(ev.process, ev)
@@ -343,7 +358,7 @@ class Checker:
     def _check_liveness(self) -> None:
         if self.beyond:
             return
-        for ev in self.h.of_kind("liveness"):
+        for ev in self.streams["liveness"]:
             if ev.outcome != OK:
                 self._v("I12", ev.ledger, -1, f"no progress after heal: {ev.detail}", ev)
 

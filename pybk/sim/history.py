@@ -74,6 +74,9 @@ class History:
     #: bookie -> its ``bookie_ack`` events, in order (what a bookie audit asks about, without
     #: a walk over every event of the run per audit)
     acks: dict[str, list[Event]] = field(default_factory=dict)
+    #: the last event's time and its trace stamp ("<time> "), formatted once per instant
+    _stamp_t: float = field(default=-1.0, repr=False)
+    _stamp: str = field(default="", repr=False)
 
     def _add(self, kind: str, process: str, text: str, ledger: int = -1, entry: int = -1,
              payload: bytes | None = None, value: int = -1, outcome: str = "",
@@ -82,7 +85,10 @@ class History:
         trace = self.trace
         if trace is not None:  # (the run's trace itself: one call less per event)
             line = len(trace)
-            trace.append(f"{t:11.6f} {text}")
+            if t != self._stamp_t:  # (lines come in runs at one virtual instant)
+                self._stamp_t = t
+                self._stamp = f"{t:11.6f} "
+            trace.append(self._stamp + text)
         else:
             line = self.log(text) if self.log is not None else -1
         events = self.events
@@ -90,6 +96,17 @@ class History:
                    line, pos)
         events.append(ev)
         return ev
+
+    def trace_line(self, text: str) -> int:
+        """Append ``text`` to the trace (set) stamped with the time, as events are; its number."""
+        trace = self.trace
+        assert trace is not None
+        t = self.now()
+        if t != self._stamp_t:
+            self._stamp_t = t
+            self._stamp = f"{t:11.6f} "
+        trace.append(self._stamp + text)
+        return len(trace) - 1
 
     # -- writers -----------------------------------------------------------------------------
 
@@ -102,13 +119,12 @@ class History:
     def add_invoke(self, process: str, ledger: int, entry: int, payload: bytes) -> Event:
         return self._add("add_invoke", process,
                          f"{process} add L{ledger}:{entry} {payload.decode(errors='replace')}",
-                         ledger=ledger, entry=entry, payload=payload)
+                         ledger, entry, payload)
 
     def add_complete(self, process: str, ledger: int, entry: int, outcome: str,
                      detail: str = "") -> Event:
         return self._add("add_done", process, f"{process} add L{ledger}:{entry} -> {outcome} "
-                         f"{detail}".rstrip(), ledger=ledger, entry=entry, outcome=outcome,
-                         detail=detail)
+                         f"{detail}".rstrip(), ledger, entry, None, -1, outcome, detail)
 
     # -- closes and recoveries -----------------------------------------------------------------
 
@@ -138,8 +154,7 @@ class History:
         mode = "final" if final else ("recovery" if recovery else "tail")
         return self._add("read", process, f"{process} read L{ledger}:{entry} "
                          f"{payload.decode(errors='replace')} lac={lac_seen} {mode}",
-                         ledger=ledger, entry=entry, payload=payload, value=lac_seen,
-                         detail=mode)
+                         ledger, entry, payload, lac_seen, "", mode)
 
     def read_error(self, process: str, ledger: int, entry: int, error: str,
                    final: bool = False) -> Event:
@@ -156,9 +171,11 @@ class History:
     # -- bookies (observed by the simulated network and the restart audit) ---------------------
 
     def bookie_acked(self, bookie: str, ledger: int, entry: int) -> Event:
-        ev = self._add("bookie_ack", bookie, f"{bookie} acked L{ledger}:{entry}",
-                       ledger=ledger, entry=entry)
-        self.acks.setdefault(bookie, []).append(ev)
+        ev = self._add("bookie_ack", bookie, f"{bookie} acked L{ledger}:{entry}", ledger, entry)
+        acks = self.acks.get(bookie)
+        if acks is None:
+            acks = self.acks[bookie] = []
+        acks.append(ev)
         return ev
 
     def bookie_absent(self, bookie: str, ledger: int, entry: int, how: str) -> Event:
@@ -176,7 +193,7 @@ class History:
         """A bookie answered OK with bytes: ``payload`` None means they failed the digest."""
         text = "BAD BYTES" if payload is None else _show(payload)
         return self._add("bookie_served", bookie, f"{bookie} served L{ledger}:{entry} {text}",
-                         ledger=ledger, entry=entry, payload=payload, detail=detail)
+                         ledger, entry, payload, -1, "", detail)
 
     def fault(self, target: str, kind: str, detail: str = "") -> Event:
         return self._add("fault", target, f"FAULT {kind} {target} {detail}".rstrip(),

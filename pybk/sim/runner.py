@@ -282,8 +282,7 @@ class SimRun:
         return 1_700_000_000.0 + self.now() + self.wall_offset
 
     def log(self, text: str) -> int:
-        self.trace.append(f"{self.now():11.6f} {text}")
-        return len(self.trace) - 1
+        return self.history.trace_line(text)
 
     def count_fault(self, kind: str) -> None:
         if kind.startswith("bookie_state_") or kind == "bookie_refused_start":
@@ -369,23 +368,31 @@ class SimRun:
         if status == Status.OK:
             if body is None:
                 return
-            seen = (bookie, lid, entry, body)
-            if seen in self._bodies:
+            bodies = self._bodies
+            known = len(bodies)
+            bodies.add((bookie, lid, entry, body))
+            if len(bodies) == known:
                 return  # (the same bytes from the same bookie again: nothing new to check)
-            self._bodies.add(seen)
             digest = self._digests.get(lid)
             if digest is None:  # (CRC32C: the password plays no part)
                 digest = self._digests[lid] = DigestManager(lid, "CRC32C", PASSWORD)
-            try:
-                dec = digest.verify(body, entry if entry >= 0 else None)
-            except Exception:
-                self.history.bookie_served(bookie, lid, entry, None, how)
-                return
-            key = (bookie, lid, dec.entry_id, dec.payload)
-            if key in self._served:
+            expected = entry if entry >= 0 else None
+            good = digest.crc_checked(body, expected)  # (the common case: no object made)
+            if good is not None:
+                entry_id, payload = good[0], good[3]
+            else:
+                try:
+                    dec = digest.verify(body, expected)
+                except Exception:
+                    self.history.bookie_served(bookie, lid, entry, None, how)
+                    return
+                entry_id, payload = dec.entry_id, dec.payload
+            served = self._served
+            known = len(served)
+            served.add((bookie, lid, entry_id, payload))
+            if len(served) == known:
                 return  # (the same bytes again: nothing new for the checker)
-            self._served.add(key)
-            self.history.bookie_served(bookie, lid, dec.entry_id, dec.payload, how)
+            self.history.bookie_served(bookie, lid, entry_id, payload, how)
         elif status in (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER):
             if entry >= 0:
                 self.history.bookie_absent(bookie, lid, entry, f"{how} {status.name}")

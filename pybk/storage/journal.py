@@ -82,6 +82,7 @@ from itertools import accumulate
 from typing import Any
 
 from pybk.errors import IOBookieError, JournalFailedError, ReadOnlyBookieError, fresh_copy
+from pybk.eventloop import yield_now
 from pybk.stats import BookieStats
 from pybk.storage.fs import FileHandle, FileSystem
 from pybk.storage.index import Position
@@ -494,7 +495,7 @@ class Journal:
                 ):
                     seen = len(self._data)
                     rounds += 1
-                    await asyncio.sleep(0)
+                    await yield_now
             await self._write_batch()
             if self.failed is not None:
                 self._idle.set()

@@ -18,7 +18,8 @@ follows the persistence model of the ALICE and LazyFS work (research/reliability
   data is gone. Code that retries and acknowledges is caught by this.
 
 Nothing here touches the OS, threads or the wall clock; ``sync`` yields to the event loop
-(``asyncio.sleep(sync_delay)``), so under the simulator slow disks cost virtual time only.
+(``asyncio.sleep(sync_delay)``, or the ``wait`` given), so under the simulator slow disks cost
+virtual time only.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import errno
 import functools
 import posixpath
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from pybk.storage.fs import FileHandle, FileSystem
@@ -173,8 +174,9 @@ class _MemFileHandle(FileHandle):
 
     async def sync(self) -> None:
         self._check_open()
-        self._fs._hook("sync", self.path)
-        await asyncio.sleep(self._fs.sync_delay)
+        fs = self._fs
+        fs._hook("sync", self.path)
+        await (asyncio.sleep(fs.sync_delay) if fs.wait is None else fs.wait(fs.sync_delay))
         self._finish_sync()
 
     def sync_inline(self) -> bool:
@@ -237,6 +239,10 @@ class MemFileSystem(FileSystem):
         #: ``sync_delay``: ``stall(seconds)`` (the simulator passes its loop's ``stall``).
         #: None: inline syncs are declined while ``sync_delay`` is set.
         self.stall: Callable[[float], None] | None = None
+        #: How a sync waits out ``sync_delay`` on the loop: ``wait(seconds)`` returns what to
+        #: await (the simulator passes a bare timer future on its virtual clock). None:
+        #: ``asyncio.sleep``.
+        self.wait: Callable[[float], Awaitable[None]] | None = None
         #: Called as ``fault_hook(op, path)`` before every mutating operation.
         self.fault_hook: Callable[[str, str], None] | None = None
         self.counters: dict[str, int] = {
@@ -382,7 +388,7 @@ class MemFileSystem(FileSystem):
     async def fsync_dir(self, path: str) -> None:
         d = self._norm(path)
         self._hook("fsync_dir", d)
-        await asyncio.sleep(self.sync_delay)
+        await (asyncio.sleep(self.sync_delay) if self.wait is None else self.wait(self.sync_delay))
         self.counters["fsync_dir"] += 1
         for op in self._pending.pop(d, []):
             self._apply(self._durable_files, d, op)
@@ -556,4 +562,5 @@ class MemFileSystem(FileSystem):
         other._dirs = set(self._dirs)
         other.sync_delay = self.sync_delay
         other.stall = self.stall
+        other.wait = self.wait
         return other

@@ -236,3 +236,54 @@ def test_an_exception_escaping_a_delivery_is_recorded_with_its_exception() -> No
     loop.run_main(main())
     loop.shutdown()
     assert [type(exc).__name__ for _msg, exc in loop.unhandled] == ["ZeroDivisionError"]
+
+
+def test_a_timer_future_resumes_its_waiter_as_asyncio_sleep_would() -> None:
+    """``timer_future`` (what a simulated disk's sync awaits) against ``asyncio.sleep`` on the
+    same loop: each waiter resumes at its virtual time, in the order the waits were made
+    when due together, and one cancelled while waiting stays cancelled (its heap entry
+    fires into nothing)."""
+    loop = SimLoop()
+
+    async def sleeper(name: str, delay: float, out: list[tuple[str, float]], bare: bool) -> None:
+        await (loop.timer_future(delay) if bare else asyncio.sleep(delay))
+        out.append((name, loop.time()))
+
+    async def main() -> tuple[list[tuple[str, float]], bool]:
+        out: list[tuple[str, float]] = []
+        tasks = [asyncio.create_task(sleeper(f"{kind}{i}", 0.5 * (i % 2 + 1), out,
+                                             kind == "f"))
+                 for i in range(6) for kind in ("f", "s")]
+        victim = asyncio.create_task(sleeper("gone", 0.7, out, True))
+        await asyncio.sleep(0.1)
+        victim.cancel()
+        await asyncio.gather(*tasks)
+        await asyncio.gather(victim, return_exceptions=True)
+        return out, victim.cancelled()
+
+    got, cancelled = loop.run_main(main())
+    loop.shutdown()
+    assert cancelled
+    made = [(f"{kind}{i}", 0.5 * (i % 2 + 1)) for i in range(6) for kind in ("f", "s")]
+    assert got == sorted(made, key=lambda nt: nt[1])  # (sorted() is stable: made order kept)
+
+
+def test_yield_now_gives_every_ready_callback_a_turn_as_sleep_0_does() -> None:
+    from pybk.eventloop import yield_now
+
+    async def steps(name: str, out: list[str], bare: bool) -> None:
+        for i in range(3):
+            out.append(f"{name}{i}")
+            await (yield_now if bare else asyncio.sleep(0))
+
+    async def main() -> list[str]:
+        out: list[str] = []
+        await asyncio.gather(steps("a", out, True), steps("b", out, False),
+                             steps("c", out, True))
+        return out
+
+    loop = SimLoop()
+    got = loop.run_main(main())
+    loop.shutdown()
+    assert got == ["a0", "b0", "c0", "a1", "b1", "c1", "a2", "b2", "c2"]
+    assert asyncio.run(main()) == got  # (the same on asyncio's own loop)

@@ -125,6 +125,36 @@ def test_simulated_inline_sync_moves_virtual_time_with_nothing_else_running():
     assert order == ["sync returned at 0.25", "timer at 0.1"]  # the timer ran late
 
 
+def test_a_simulated_disk_sync_waits_its_delay_in_virtual_time_through_its_wait():
+    """A simulated bookie's disk waits out a sync's delay through its ``wait`` (the loop's bare
+    timer future): the sync returns ``sync_delay`` later, a timer due meanwhile runs first,
+    and the bytes are durable after it (and not before); a directory sync waits the same."""
+    from pybk.sim.cluster import SimCluster
+    from pybk.sim.loop import run
+
+    async def main() -> tuple[list[str], int, int]:
+        loop = asyncio.get_running_loop()
+        fs = SimCluster(0, 1).bookies["b0"].fs
+        assert fs.wait is not None
+        fs.sync_delay = 0.25
+        order: list[str] = []
+        loop.call_later(0.1, order.append, "timer at 0.1")
+        fh = fs.open_append("/f")
+        fh.write(b"xyz")
+        syncing = asyncio.ensure_future(fh.sync())
+        await asyncio.sleep(0.2)
+        unsynced_meanwhile = fs.unsynced_bytes()
+        await syncing
+        order.append(f"sync returned at {loop.time()}")
+        await fs.fsync_dir("/")
+        order.append(f"dir sync returned at {loop.time()}")
+        return order, unsynced_meanwhile, fs.unsynced_bytes()
+
+    order, meanwhile, after = run(main())
+    assert order == ["timer at 0.1", "sync returned at 0.25", "dir sync returned at 0.5"]
+    assert meanwhile == 3 and after == 0
+
+
 async def _journal(fs: MemFileSystem, name: str, synced: list, fatal: list,
                    inline_sync_max: int = 2) -> Journal:
     fs.makedirs(name)
