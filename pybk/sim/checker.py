@@ -80,6 +80,11 @@ class _Ledger:
     meta_closed: list[Event] = field(default_factory=list)
 
 
+#: the kinds of event :meth:`Checker._index` files under their ledger
+_LEDGER_KINDS = frozenset(("add_invoke", "add_done", "close_invoke", "close_done", "metadata",
+                           "delete", "read", "read_error"))
+
+
 class Checker:
     """Check one history. ``beyond_tolerance`` relaxes availability (errors allowed, no I12)."""
 
@@ -117,10 +122,16 @@ class Checker:
         for name, kinds in self._STREAMS:
             for kind in kinds:
                 into.setdefault(kind, []).append(self.streams[name])
+        ledgers = self.ledgers
         for ev in self.h.events:
-            for stream in into.get(ev.kind, ()):
+            kind = ev.kind
+            for stream in into.get(kind, ()):
                 stream.append(ev)
-            lg = self.ledgers[ev.ledger] if ev.ledger >= 0 else None
+            if ev.ledger < 0:
+                continue
+            lg = ledgers[ev.ledger]
+            if kind not in _LEDGER_KINDS:  # (most events: bookie acks and replies)
+                continue
             if ev.kind == "add_invoke" and lg is not None:
                 lg.invoked[ev.entry] = ev
                 assert ev.payload is not None
