@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE
+from pybk.eventloop import yield_now
 from pybk.metadata.base import BookieRegistration
 from pybk.metadata.memory import MemoryMetadataStore
 from pybk.sim.loop import SimLoop
@@ -59,6 +60,8 @@ class SimBookie:
 def _wait_loop(seconds: float) -> Awaitable[None]:
     """What a sync awaits for ``seconds`` of virtual time: the simulated loop's bare timer
     future (``asyncio.sleep`` on any other loop)."""
+    if seconds <= 0:
+        return yield_now  # (what ``asyncio.sleep(0)`` does: a turn, not a timer)
     loop = asyncio.get_running_loop()
     if isinstance(loop, SimLoop):
         return loop.timer_future(seconds)

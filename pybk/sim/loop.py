@@ -179,7 +179,9 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
         """``asyncio.sleep(delay)`` as a bare future (what a simulated disk's sync awaits,
         about two thousand times a run): done ``delay`` seconds from now, through the timer
         heap in the same order as any timer, with no coroutine, timer handle or context copy.
-        A waiter cancelled meanwhile leaves the heap entry to fire into nothing."""
+        A waiter cancelled meanwhile leaves the heap entry to fire into nothing. (For
+        ``delay <= 0`` ``asyncio.sleep`` takes a turn instead of a timer: await
+        :data:`pybk.eventloop.yield_now` for that.)"""
         fut = self.create_future()
         self.deliver_at(self._now + delay, _resolve_unless_cancelled, (fut,))
         return fut

@@ -155,6 +155,37 @@ def test_a_simulated_disk_sync_waits_its_delay_in_virtual_time_through_its_wait(
     assert meanwhile == 3 and after == 0
 
 
+def test_a_simulated_disk_sync_without_delay_takes_a_turn_as_asyncio_sleep_0_would():
+    """With no sync delay a simulated disk's sync yields one turn, like ``asyncio.sleep(0)``
+    (not a timer due now, which would run after everything queued meanwhile)."""
+    from pybk.sim.cluster import SimCluster
+    from pybk.sim.loop import run
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        fs = SimCluster(0, 1).bookies["b0"].fs
+        fs.sync_delay = 0.0
+        order: list[str] = []
+        fh = fs.open_append("/f")
+        fh.write(b"x")
+
+        async def sync() -> None:
+            await fh.sync()
+            order.append("synced")
+
+        async def other() -> None:
+            await asyncio.sleep(0)
+            order.append("other")
+
+        task = asyncio.ensure_future(sync())
+        others = asyncio.ensure_future(other())
+        loop.call_soon(loop.call_soon, order.append, "queued later")
+        await asyncio.gather(task, others)
+        return order
+
+    assert run(main()) == ["synced", "other", "queued later"]
+
+
 async def _journal(fs: MemFileSystem, name: str, synced: list, fatal: list,
                    inline_sync_max: int = 2) -> Journal:
     fs.makedirs(name)
