@@ -8,9 +8,11 @@ seed's wall time grows with their load while its CPU time barely does. Seeds run
 process one after another (no worker pool), each a whole ``sim.run``: safety phase, liveness
 phase, audits and the checker.
 
-``--compare DIR`` also runs the same seeds with the ``pybk`` package found in DIR (another
-checkout, e.g. ``git worktree add /tmp/base <commit>``), alternating rounds, so both figures
-come from the same minutes of the machine; it prints the ratio.
+The seeds run with the ``pybk`` package of the checkout this script is in (not whichever
+``pybk`` the interpreter has installed: a worktree measures its own code). ``--compare DIR``
+also runs the same seeds with the ``pybk`` package found in DIR (another checkout, e.g. ``git
+worktree add /tmp/base <commit>``), alternating rounds, so both figures come from the same
+minutes of the machine; it prints the ratio.
 
     python benchmarks/sim_seeds.py [--seeds 0..39] [--rounds 2] [--compare /tmp/base]
 
@@ -32,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from typing import Any
 
 _CHILD = textwrap.dedent("""
     import gc, json, logging, sys, time
@@ -51,11 +54,13 @@ _CHILD = textwrap.dedent("""
         if not r.ok:
             print("FAILED", s, sorted({v.invariant for v in r.violations}), file=sys.stderr)
     cpu = time.process_time() - t0
-    print(json.dumps({"cpu": cpu, "messages": messages, "steps": steps}))
+    import os, pybk
+    where = os.path.dirname(os.path.dirname(os.path.abspath(pybk.__file__)))
+    print(json.dumps({"cpu": cpu, "messages": messages, "steps": steps, "pybk": where}))
 """)
 
 
-def measure(seeds: list[int], path: str | None, mode: str = "worker") -> dict[str, float]:
+def measure(seeds: list[int], path: str | None, mode: str = "worker") -> dict[str, Any]:
     import json
 
     env = dict(os.environ, PYTHONHASHSEED="0")
@@ -68,8 +73,12 @@ def measure(seeds: list[int], path: str | None, mode: str = "worker") -> dict[st
                          text=True)
     if out.stderr.strip():
         print(out.stderr.strip(), file=sys.stderr)
-    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
+
+
+#: the checkout this script belongs to (its ``pybk`` is the one measured as "this")
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> None:
@@ -88,7 +97,7 @@ def main() -> None:
     seeds = parse_seeds(args.seeds)
     runs: dict[str, list[dict[str, float]]] = {"this": [], "compare": []}
     for _ in range(args.rounds):
-        runs["this"].append(measure(seeds, None, mode))
+        runs["this"].append(measure(seeds, CHECKOUT, mode))
         if args.compare:
             runs["compare"].append(measure(seeds, args.compare, mode))
     rows = []
@@ -102,7 +111,8 @@ def main() -> None:
         minutes = 10_000 * per_seed / args.cores / 60
         print(f"{name:8s} {len(seeds)} seeds: {per_seed:.3f} CPU s/seed (best of {len(results)}), "
               f"{60 * args.cores / per_seed:.0f} seeds/min on {args.cores} cores, 10,000 seeds in "
-              f"{minutes:.1f} min; {msgs:.0f} messages, {steps:.0f} loop turns per seed")
+              f"{minutes:.1f} min; {msgs:.0f} messages, {steps:.0f} loop turns per seed; "
+              f"pybk of {results[0]['pybk']}")
     if len(rows) == 2:
         print(f"ratio this/compare: {rows[0][1] / rows[1][1]:.2f}")
     # (the interpreter's build matters: Debian's python3.11 runs a seed in about 0.88x the

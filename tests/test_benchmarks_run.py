@@ -47,7 +47,9 @@ CASES = {
                             [r"no metrics\s+[\d,]+ entries/s", r"with metrics\s+[\d,]+",
                              r"CPU per entry [\d.]+"]),
     "sim_seeds.py": (["--seeds", "0..1", "--rounds", "1"],
-                     [r"[\d.]+ CPU s/seed", r"10,000 seeds in [\d.]+ min"]),
+                     [r"[\d.]+ CPU s/seed", r"10,000 seeds in [\d.]+ min",
+                      # (the checkout's own pybk, not whichever the interpreter has installed)
+                      r"pybk of " + re.escape(str(Path(__file__).resolve().parents[1]))]),
     "spark_write.py": (["--rows", "2000", "--rounds", "1", "--warmup", "0", "--seeds", "4",
                         "--duration", "1"],
                        [r"ratio pybk data source / parquet: [\d.]+x",
