@@ -95,7 +95,7 @@ def main() -> None:
     args = parser.parse_args()
     mode = "plain" if args.plain else "worker"
     seeds = parse_seeds(args.seeds)
-    runs: dict[str, list[dict[str, float]]] = {"this": [], "compare": []}
+    runs: dict[str, list[dict[str, Any]]] = {"this": [], "compare": []}
     for _ in range(args.rounds):
         runs["this"].append(measure(seeds, CHECKOUT, mode))
         if args.compare:

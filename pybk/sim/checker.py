@@ -80,11 +80,6 @@ class _Ledger:
     meta_closed: list[Event] = field(default_factory=list)
 
 
-#: the kinds of event :meth:`Checker._index` files under their ledger
-_LEDGER_KINDS = frozenset(("add_invoke", "add_done", "close_invoke", "close_done", "metadata",
-                           "delete", "read", "read_error"))
-
-
 class Checker:
     """Check one history. ``beyond_tolerance`` relaxes availability (errors allowed, no I12)."""
 
@@ -130,30 +125,28 @@ class Checker:
             if ev.ledger < 0:
                 continue
             lg = ledgers[ev.ledger]
-            if kind not in _LEDGER_KINDS:  # (most events: bookie acks and replies)
-                continue
-            if ev.kind == "add_invoke" and lg is not None:
+            if kind == "add_invoke":
                 lg.invoked[ev.entry] = ev
                 assert ev.payload is not None
                 self.payload_home.setdefault(ev.payload, (ev.ledger, ev.entry, ev))
-            elif ev.kind == "add_done" and lg is not None:
+            elif kind == "add_done":
                 lg.done[ev.entry] = ev
                 if ev.outcome == OK:
                     lg.oks.append(ev)
-            elif ev.kind == "close_invoke" and lg is not None:
+            elif kind == "close_invoke":
                 if lg.first_close_start is None and ev.detail != "close":
                     lg.first_close_start = ev
-            elif ev.kind == "close_done" and lg is not None and ev.outcome == OK:
+            elif kind == "close_done" and ev.outcome == OK:
                 lg.closes.append(ev)
                 if ev.detail.split("|")[0] != "close" and lg.first_recovery_done is None:
                     lg.first_recovery_done = ev
-            elif ev.kind == "metadata" and lg is not None and ev.detail == "CLOSED":
+            elif kind == "metadata" and ev.detail == "CLOSED":
                 lg.meta_closed.append(ev)
-            elif ev.kind == "delete" and lg is not None and lg.deleted_at is None:
+            elif kind == "delete" and lg.deleted_at is None:
                 lg.deleted_at = ev.index
-            elif ev.kind == "read" and lg is not None and ev.detail == "final":
+            elif kind == "read" and ev.detail == "final":
                 lg.final_reads.setdefault(ev.entry, ev)
-            elif ev.kind == "read_error" and lg is not None and ev.outcome == "final":
+            elif kind == "read_error" and ev.outcome == "final":
                 lg.final_errors.append(ev)
 
     # -- checks --------------------------------------------------------------------------------

@@ -410,22 +410,21 @@ class SimNetwork:
         model: held while either end is paused, dropped on a blocked link, then the
         configured faults, then a sampled latency (in order on its connection unless
         reordered); requests only may be duplicated."""
+        src, dst = (client, bookie_id) if forward else (bookie_id, client)
         paused = self._paused
         if paused:
-            for node in (client, bookie_id) if forward else (bookie_id, client):
-                if node in paused:  # (held by the sender first)
+            for node in (src, dst):
+                if node in paused:
                     paused[node].append(partial(self._transmit, client, bookie_id, conn, gen,
                                                 forward, seq, msg))
                     return
-        if self._blocked and self._blocked.get(
-                (client, bookie_id) if forward else (bookie_id, client)):
+        if self._blocked and self._blocked.get((src, dst)):
             self._count("partition_drop")
             return
         loop = self._loop or self._bind_loop()
         cfg = self.config
         rng = self.rng
         if cfg.drop or cfg.corrupt or cfg.reset:
-            src, dst = (client, bookie_id) if forward else (bookie_id, client)
             if cfg.drop and rng.random() < cfg.drop:
                 self._count("drop")
                 self._trace(f"net drop {src}->{dst}")
@@ -443,7 +442,7 @@ class SimNetwork:
         arrival = (loop.time() + cfg.latency_min
                    - _log(1.0 - rng.random()) * cfg.latency_mean)
         if self.slow:
-            arrival += self.slow.get((client, bookie_id) if forward else (bookie_id, client), 0.0)
+            arrival += self.slow.get((src, dst), 0.0)
         last = conn.last_arrival_fwd if forward else conn.last_arrival_back
         if cfg.reorder and rng.random() < cfg.reorder:
             self._count("reorder")

@@ -18,8 +18,8 @@ follows the persistence model of the ALICE and LazyFS work (research/reliability
   data is gone. Code that retries and acknowledges is caught by this.
 
 Nothing here touches the OS, threads or the wall clock; ``sync`` yields to the event loop
-(``asyncio.sleep(sync_delay)``, or the ``wait`` given), so under the simulator slow disks cost
-virtual time only.
+(``wait(sync_delay)``: ``asyncio.sleep`` unless another is given), so under the simulator slow
+disks cost virtual time only.
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ class _MemFileHandle(FileHandle):
         self._check_open()
         fs = self._fs
         fs._hook("sync", self.path)
-        await (asyncio.sleep(fs.sync_delay) if fs.wait is None else fs.wait(fs.sync_delay))
+        await fs.wait(fs.sync_delay)
         self._finish_sync()
 
     def sync_inline(self) -> bool:
@@ -240,9 +240,8 @@ class MemFileSystem(FileSystem):
         #: None: inline syncs are declined while ``sync_delay`` is set.
         self.stall: Callable[[float], None] | None = None
         #: How a sync waits out ``sync_delay`` on the loop: ``wait(seconds)`` returns what to
-        #: await (the simulator passes a bare timer future on its virtual clock). None:
-        #: ``asyncio.sleep``.
-        self.wait: Callable[[float], Awaitable[None]] | None = None
+        #: await (the simulator passes a bare timer future on its virtual clock).
+        self.wait: Callable[[float], Awaitable[None]] = asyncio.sleep
         #: Called as ``fault_hook(op, path)`` before every mutating operation.
         self.fault_hook: Callable[[str, str], None] | None = None
         self.counters: dict[str, int] = {
@@ -388,7 +387,7 @@ class MemFileSystem(FileSystem):
     async def fsync_dir(self, path: str) -> None:
         d = self._norm(path)
         self._hook("fsync_dir", d)
-        await (asyncio.sleep(self.sync_delay) if self.wait is None else self.wait(self.sync_delay))
+        await self.wait(self.sync_delay)
         self.counters["fsync_dir"] += 1
         for op in self._pending.pop(d, []):
             self._apply(self._durable_files, d, op)
