@@ -163,10 +163,26 @@ def _scan(fs: FileSystem, journal_dir: str, seq: int, is_last: bool, report: Dat
             if replay is not None and (at, rec.offset) >= (replay[1].seg, replay[1].offset):
                 apply_record(replay[0], rec, at)
 
+        # ENTRY records (nearly all) through the fast path: ``Index.put_entry``'s arguments
+        entries = [0]
+        put_rebuilt = rebuilt.put_entry
+        after = None if replay is None else (replay[1].seg, replay[1].offset)
+        put_replay = None if replay is None else replay[0].put_entry
+
+        def put_entry(ledger_id: int, entry_id: int, loc: tuple[int, int, int],
+                      lac: int) -> None:
+            entries[0] += 1
+            put_rebuilt(ledger_id, entry_id, loc, lac)
+            if after is not None and loc[:2] >= after:
+                put_replay(ledger_id, entry_id, loc, lac)  # type: ignore[misc]
+
         try:
             scan = scan_segment(fs, path, seq, instance_id, start=None, batch_seq=0,
-                                is_last=is_last, allow_suspect=True, apply=apply)
+                                is_last=is_last, allow_suspect=True, apply=apply,
+                                put_entry=put_entry)
         finally:
+            if entries[0]:
+                by_type[RecordType.ENTRY] = by_type.get(RecordType.ENTRY, 0) + entries[0]
             seg.records.update((t.name, n) for t, n in by_type.items())
     except (BKError, OSError) as exc:
         seg.state, seg.detail = ("corrupt" if isinstance(exc, CorruptRecordError)

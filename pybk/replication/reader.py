@@ -33,6 +33,7 @@ from pybk.errors import (
     TimeoutError,
     error_for_status,
 )
+from pybk.eventloop import wait
 from pybk.metadata.base import LedgerMetadata
 from pybk.protocol import (
     LAST_ENTRY,
@@ -188,9 +189,7 @@ async def read_entry(
         while True:
             spec = cfg.speculative_read_delay
             wait_for = spec if spec > 0 and next_index < len(order) else None
-            done, _ = await asyncio.wait(
-                list(pending), timeout=wait_for, return_when=asyncio.FIRST_COMPLETED
-            )
+            done, _ = await wait(list(pending), wait_for, first=True)
             if not done:
                 ask_next()  # speculative: the current replica is slow
                 if ctx.stats is not None:
@@ -300,7 +299,7 @@ async def _read_batch(
         sent[fut] = (bookie, ids)
     spec = cfg.speculative_read_delay
     try:
-        await asyncio.wait(list(sent), timeout=spec if spec > 0 else None)
+        await wait(list(sent), spec if spec > 0 else None)
     except BaseException:  # cancelled: nobody will look at these answers
         drop_pending(sent)
         raise
@@ -437,7 +436,7 @@ async def read_lac_covered(
     errors: list[str] = []
     try:
         while pending and not coverage.covered():
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            done, pending = await wait(pending, first=True)
             for fut in in_order(done, futures):
                 index = futures[fut]
                 try:
@@ -623,7 +622,7 @@ class ReadHandle:
         pending = set(futures)
         try:
             while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                done, pending = await wait(pending, first=True)
                 for fut in in_order(done, futures):
                     got = self._poll_reply(fut, entry_id)
                     if got is _CONFIRMED:
@@ -680,8 +679,7 @@ class ReadHandle:
                 wait_for = None
                 if spec > 0 and asked < size:
                     wait_for = max(speculate_at - loop.time(), 0.0)
-                done, _ = await asyncio.wait(list(pending), timeout=wait_for,
-                                             return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await wait(list(pending), wait_for, first=True)
                 if not done:
                     ask_next()  # speculative: the bookie asked is silent past its timeout
                     if ctx.stats is not None:

@@ -36,6 +36,7 @@ from pybk.errors import (
     UnexpectedConditionError,
 )
 from pybk.errors import TimeoutError as BKTimeoutError
+from pybk.eventloop import wait
 from pybk.metadata.base import CLOSED, IN_RECOVERY, OPEN, LedgerMetadata
 from pybk.protocol import LAST_ENTRY, DecodedEntry, DigestManager, ReadRequest, ReadResponse, Status
 from pybk.replication.quorum import Answer, CoverageSet, EntryState, RecoveryReadDecision
@@ -83,7 +84,7 @@ async def fence_and_read_lac(
     errors: list[str] = []
     try:
         while pending and not (valid and coverage.covered()):
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            done, pending = await wait(pending, first=True)
             for fut in in_order(done, futures):
                 index = futures[fut]
                 try:
@@ -140,7 +141,7 @@ async def recovery_read(
     errors: list[str] = []
     try:
         while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            done, pending = await wait(pending, first=True)
             for fut in in_order(done, futures):
                 index = futures[fut]
                 bookie = ensemble[index]

@@ -18,10 +18,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE
-from pybk.eventloop import yield_now
 from pybk.metadata.base import BookieRegistration
 from pybk.metadata.memory import MemoryMetadataStore
-from pybk.sim.loop import SimLoop
+from pybk.sim.loop import sleep
 from pybk.sim.net import NetConfig, SimNetwork
 from pybk.storage.memfs import MemFileSystem
 
@@ -55,17 +54,6 @@ class SimBookie:
     status: str = "down"
     damaged: list[str] = field(default_factory=list)  # fault kinds applied to its data
     last_error: str = ""
-
-
-def _wait_loop(seconds: float) -> Awaitable[None]:
-    """What a sync awaits for ``seconds`` of virtual time: the simulated loop's bare timer
-    future (``asyncio.sleep`` on any other loop)."""
-    if seconds <= 0:
-        return yield_now  # (what ``asyncio.sleep(0)`` does: a turn, not a timer)
-    loop = asyncio.get_running_loop()
-    if isinstance(loop, SimLoop):
-        return loop.timer_future(seconds)
-    return asyncio.sleep(seconds)
 
 
 def _stall_loop(seconds: float) -> None:
@@ -125,7 +113,7 @@ class SimCluster:
         journal's inline-sync mode, as ``pybk bookie`` runs it, on virtual time)."""
         fs = MemFileSystem()
         fs.stall = _stall_loop
-        fs.wait = _wait_loop
+        fs.wait = sleep
         return fs
 
     @property

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from pybk.sim.checker import Violation
 from pybk.sim.history import FAIL, INFO, OK, Event, History
+from pybk.sim.loop import sleep
 from pybk.sim.workload import Process, ProcessEnv, within
 
 if TYPE_CHECKING:
@@ -271,7 +272,7 @@ class LogWriterProc(Process):
                 await asyncio.wait([asyncio.ensure_future(w.flush())], timeout=5.0)
             elif roll > 0.95 and self.w.log_truncates and self.last is not None:
                 await self._truncate(w)
-            await asyncio.sleep(self.rng.expovariate(self.w.log_rate))
+            await sleep(self.rng.expovariate(self.w.log_rate))
         if futs:
             await asyncio.wait(futs, timeout=10.0)
 

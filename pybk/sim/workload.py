@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from pybk.sim.findings import EXPECTED
 from pybk.sim.history import FAIL, INFO, OK, History
+from pybk.sim.loop import sleep
 
 __all__ = [
     "PASSWORD",
@@ -330,7 +331,7 @@ class Writer(Process):
                                        return_when=asyncio.FIRST_COMPLETED)
             if broken.failed:
                 break  # the handle is broken (fenced, closed, out of bookies): roll over
-            await asyncio.sleep(self.rng.expovariate(self.w.add_rate))
+            await sleep(self.rng.expovariate(self.w.add_rate))
         inflight = [f for f in futs if not f.done()]
         if inflight:
             await asyncio.wait(inflight, timeout=15.0)

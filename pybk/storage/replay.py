@@ -35,6 +35,7 @@ from pybk.storage.records import (
     Record,
     RecordType,
     batch_at,
+    batch_items,
     decode_segment_header,
     find_valid_batch_after,
     iter_records,
@@ -58,6 +59,7 @@ class SegmentScan:
     end: int  # where valid data ends (== size unless torn or suspect)
     next_batch_seq: int
     batches: int = 0
+    records: int = 0  # records applied (every record of every intact batch scanned)
     torn_bytes: int = 0  # bytes of torn tail to cut (last segment only)
     zero_tail: int = 0  # bytes of zeros to cut after the last batch (last segment only)
     torn_header: bool = False  # the segment was cut off while being created
@@ -75,12 +77,17 @@ def scan_segment(
     is_last: bool,
     allow_suspect: bool,
     apply: Callable[[Record, int], None],
+    put_entry: Callable[[int, int, tuple[int, int, int], int], None] | None = None,
     damage_as_torn_tail: bool = False,
 ) -> SegmentScan:
     """Verify segment ``seq`` and feed each record of each intact batch to ``apply``.
 
     ``start`` is the offset to scan from (None: just after the header); ``batch_seq`` the batch
-    number expected there. Raises CorruptRecordError / BookieStateError (see module doc).
+    number expected there. ``put_entry``, when given, takes each ENTRY record instead of
+    ``apply``, as ``Index.put_entry``'s arguments (what :func:`apply_record` would pass it),
+    with no :class:`Record` made: replay's fast path (:func:`batch_items`); records of a batch
+    are applied in their order either way. Raises CorruptRecordError / BookieStateError (see
+    module doc).
     ``damage_as_torn_tail`` is a broken build (mutation switch REPLAY_DAMAGE_AS_TORN_TAIL in
     pybk.storage.store): a segment is cut at any bad batch, as if it were a torn tail, whether
     valid batches follow it or not and whichever segment it is."""
@@ -132,10 +139,20 @@ def scan_segment(
             break
         _, length = found
         body_start = pos + BATCH_HEADER_SIZE
-        payload = memoryview(data)[body_start : body_start + length]
-        records = list(iter_records(payload, body_start, path))
-        for rec in records:
-            apply(rec, seq)
+        if put_entry is None:
+            payload = memoryview(data)[body_start : body_start + length]
+            records = list(iter_records(payload, body_start, path))
+            for rec in records:
+                apply(rec, seq)
+            scan.records += len(records)
+        else:
+            items = batch_items(data, body_start, body_start + length, seq, path)
+            for item in items:
+                if isinstance(item, Record):
+                    apply(item, seq)
+                else:
+                    put_entry(*item)
+            scan.records += len(items)
         pos = body_start + length
         expect += 1
         scan.batches += 1

@@ -170,11 +170,12 @@ def _scan(fs: FileSystem, index: Index, report: ReplayReport, path: str, seq: in
     batch_seq = pos.batch_seq if start is not None and pos is not None else 0
 
     def apply(rec: Record, seg: int) -> None:
-        report.records_replayed += 1
         apply_record(index, rec, seg)
 
-    return scan_segment(
+    scan = scan_segment(
         fs, path, seq, instance_id, start=start, batch_seq=batch_seq, is_last=is_last,
-        allow_suspect=config.allow_suspect_segments, apply=apply,
+        allow_suspect=config.allow_suspect_segments, apply=apply, put_entry=index.put_entry,
         damage_as_torn_tail=REPLAY_DAMAGE_AS_TORN_TAIL in config.mutations,
     )
+    report.records_replayed += scan.records
+    return scan
