@@ -163,18 +163,18 @@ def _scan(fs: FileSystem, journal_dir: str, seq: int, is_last: bool, report: Dat
             if replay is not None and (at, rec.offset) >= (replay[1].seg, replay[1].offset):
                 apply_record(replay[0], rec, at)
 
-        # ENTRY records (nearly all) through the fast path: ``Index.put_entry``'s arguments
+        # ENTRY records (nearly all) take the fast path: ``Index.put_entry``'s arguments
         entries = [0]
         put_rebuilt = rebuilt.put_entry
-        after = None if replay is None else (replay[1].seg, replay[1].offset)
-        put_replay = None if replay is None else replay[0].put_entry
+        chain_index = None if replay is None else replay[0]
+        after = (0, 0) if replay is None else (replay[1].seg, replay[1].offset)
 
         def put_entry(ledger_id: int, entry_id: int, loc: tuple[int, int, int],
                       lac: int) -> None:
             entries[0] += 1
             put_rebuilt(ledger_id, entry_id, loc, lac)
-            if after is not None and loc[:2] >= after:
-                put_replay(ledger_id, entry_id, loc, lac)  # type: ignore[misc]
+            if chain_index is not None and loc[:2] >= after:
+                chain_index.put_entry(ledger_id, entry_id, loc, lac)
 
         try:
             scan = scan_segment(fs, path, seq, instance_id, start=None, batch_seq=0,

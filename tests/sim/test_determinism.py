@@ -50,3 +50,20 @@ def test_same_trace_in_another_process() -> None:
     here = {s: sim.run(s, duration=10.0, faults=sim.Faults.all()).trace_hash for s in range(4)}
     there = sweep(range(4), faults="all", duration=10.0, workers=2)
     assert {s.seed: s.trace_hash for s in there.seeds} == here
+
+
+def test_a_sweep_worker_frees_each_runs_objects_before_the_next_run(monkeypatch) -> None:
+    """In a worker (everything loaded frozen), ``run_seed`` frees the finished run's cyclic
+    garbage at once: nothing of it is left for the next run's collection to find, and the
+    summary is the one a caller's own process gets."""
+    import gc
+
+    from pybk.sim import sweep
+
+    plain = sweep.run_seed(3, "all", 3.0, None, ())
+    monkeypatch.setattr(sweep, "_frozen_worker", True)
+    gc.collect()
+    as_worker = sweep.run_seed(3, "all", 3.0, None, ())
+    assert gc.collect() < 50  # (without it: the run's thousand-odd objects in cycles)
+    assert (as_worker.trace_hash, as_worker.ok) == (plain.trace_hash, plain.ok)
+    assert as_worker.cpu_seconds > 0
