@@ -68,7 +68,9 @@ async def wait(fs: Collection[asyncio.Future[Any]], timeout: float | None = None
     schedules exactly what it did with ``asyncio.wait``; without what asyncio's costs per
     call on top (a second coroutine, the set built twice, the per-element checks for
     coroutines and ``ensure_future``): a read waits like this once or twice per entry read
-    one at a time. ``fs`` must not be empty."""
+    one at a time. An empty ``fs`` is a ValueError, as there (it would wait forever)."""
+    if not fs:
+        raise ValueError("wait() needs at least one future to wait for")
     loop = asyncio.get_running_loop()
     waiter = loop.create_future()
     left = len(fs)

@@ -113,3 +113,14 @@ def test_sleep_is_asyncio_sleep_on_any_other_loop_and_a_turn_at_zero():
         return order
 
     assert asyncio.run(main()) == ["ready callback", "after sleep(0)"]
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_nothing_to_wait_for_is_a_clear_error_not_a_wait_forever(first):
+    async def main() -> None:
+        with pytest.raises(ValueError, match="at least one future"):
+            await wait([], 1.0, first=first)
+        with pytest.raises(ValueError):  # (asyncio's own answer)
+            await _asyncio_wait([], 1.0, first)
+
+    simloop.run(main())
