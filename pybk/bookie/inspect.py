@@ -157,17 +157,19 @@ def _scan(fs: FileSystem, journal_dir: str, seq: int, is_last: bool, report: Dat
                 return seg
             instance_id = header.instance_id
 
+        # records past the chain's position also go to the chain's index
+        chain_index = None if replay is None else replay[0]
+        after = (0, 0) if replay is None else (replay[1].seg, replay[1].offset)
+
         def apply(rec: Record, at: int) -> None:
             by_type[rec.rtype] = by_type.get(rec.rtype, 0) + 1
             apply_record(rebuilt, rec, at)
-            if replay is not None and (at, rec.offset) >= (replay[1].seg, replay[1].offset):
-                apply_record(replay[0], rec, at)
+            if chain_index is not None and (at, rec.offset) >= after:
+                apply_record(chain_index, rec, at)
 
         # ENTRY records (nearly all) take the fast path: ``Index.put_entry``'s arguments
         entries = [0]
         put_rebuilt = rebuilt.put_entry
-        chain_index = None if replay is None else replay[0]
-        after = (0, 0) if replay is None else (replay[1].seg, replay[1].offset)
 
         def put_entry(ledger_id: int, entry_id: int, loc: tuple[int, int, int],
                       lac: int) -> None:

@@ -35,7 +35,7 @@ from typing import Any, Final
 import crc32c
 
 from pybk.errors import CorruptRecordError
-from pybk.protocol import ENTRY_HEADER_SIZE
+from pybk.protocol import ENTRY_HEADER, ENTRY_HEADER_SIZE
 
 __all__ = [
     "BATCH_HEADER",
@@ -265,7 +265,10 @@ def _parse_payload(rtype: RecordType, payload: bytes, where: int, size: int, pat
 _ENTRY_RECORD_IDS = struct.Struct(">IIBqq")  # record header, then the body's ledger, entry ids
 
 
-_LAC_IN_BODY = struct.Struct(">16xq")  # an entry body's piggybacked LAC (its header: ``>qqqq``)
+#: the piggybacked LAC in an entry body's header (ledger id, entry id, lac, length: ``>qqqq``);
+#: what replay.piggyback_lac reads too
+LAC_IN_ENTRY_BODY = struct.Struct(">16xq")
+assert ENTRY_HEADER.format == ">qqqq" and LAC_IN_ENTRY_BODY.size == 24
 
 
 def batch_items(data: bytes, pos: int, end: int, seg: int, path: str,
@@ -283,7 +286,7 @@ def batch_items(data: bytes, pos: int, end: int, seg: int, path: str,
     append = items.append
     view = memoryview(data)
     unpack = _ENTRY_RECORD_IDS.unpack_from
-    lac_of = _LAC_IN_BODY.unpack_from
+    lac_of = LAC_IN_ENTRY_BODY.unpack_from
     ids_end = _ENTRY_RECORD_IDS.size
     while pos < end:
         if end - pos >= ids_end:

@@ -21,16 +21,16 @@ created: it is dropped too.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from pybk.errors import BookieStateError, CorruptRecordError
-from pybk.protocol import ENTRY_HEADER, ENTRY_HEADER_SIZE
+from pybk.protocol import ENTRY_HEADER_SIZE
 from pybk.storage.fs import FileSystem
 from pybk.storage.index import Index
 from pybk.storage.records import (
     BATCH_HEADER_SIZE,
+    LAC_IN_ENTRY_BODY,
     SEGMENT_HEADER_SIZE,
     Record,
     RecordType,
@@ -198,10 +198,5 @@ def piggyback_lac(body: bytes) -> int:
     ``parse_entry_header(body)[2]`` says, with one unpack and no tuple of four ints."""
     if len(body) < ENTRY_HEADER_SIZE:
         return -1
-    lac: int = _LAC_IN_HEADER.unpack_from(body)[0]
+    lac: int = LAC_IN_ENTRY_BODY.unpack_from(body)[0]
     return lac
-
-
-#: the piggybacked LAC in an entry's header (ledger id, entry id, lac, length: ``>qqqq``)
-_LAC_IN_HEADER = struct.Struct(">16xq")
-assert ENTRY_HEADER.format == ">qqqq" and _LAC_IN_HEADER.size == 24
