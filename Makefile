@@ -61,6 +61,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/targets.py
 	$(PY) benchmarks/add_profile.py
 	$(PY) benchmarks/add_cpu.py
+	$(PY) benchmarks/add_layers.py
 	$(PY) benchmarks/bookie_append.py
 	$(PY) benchmarks/ledger_append.py
 	$(PY) benchmarks/tcp_append.py
