@@ -42,6 +42,7 @@ __all__ = [
     "closed_loop",
     "config_diff",
     "cpu_probe",
+    "floor_verdict",
     "frame_records",
     "fsync_latencies",
     "ledger_run",
@@ -63,6 +64,26 @@ T = TypeVar("T")
 def pct(samples: list[float], q: float) -> float:
     """Nearest-rank percentile (``pybk.bench.percentile``)."""
     return percentile(samples, q)
+
+
+def floor_verdict(met: bool, limit: float, floor: float | None, unit: str = "",
+                  unit_us: float | None = None) -> str:
+    """A target's verdict beside the machine's floor for it, both in the target's unit: a
+    latency target ``<= limit`` units (``unit_us``: one unit in microseconds) or a throughput
+    target ``>= limit`` (``unit_us`` None). ``floor``: the least (latency) or the most
+    (throughput) the machine allows whatever the product does. A target the floor already
+    misses is said to be so: no product meets it here."""
+    if met:
+        return "met"
+    if floor is None:
+        return "NOT MET"
+    if unit_us is not None:  # latency: lower is better
+        if floor >= limit:
+            return f"NOT MET; target UNDER the floor ({floor:.2f}{unit})"
+        return f"NOT MET; the floor ({floor:.2f}{unit}) leaves {(limit - floor) * unit_us:.0f} us"
+    if floor <= limit:  # throughput: higher is better
+        return f"NOT MET; target ABOVE the ceiling ({floor:.2f}{unit})"
+    return f"NOT MET; the ceiling ({floor:.2f}{unit}) is above it"
 
 
 def run_sqlite(root: str, size: int, group: int, duration: float) -> float:

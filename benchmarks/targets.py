@@ -28,6 +28,12 @@ peer on the same disk in the same run; the ratio and the target it measures are 
    it: the simplest Python program doing a lone replicated write over loopback on the same
    loop (``pybk.bench.tcp_floor``: two server processes that write a record in place,
    fdatasync it and answer 8 bytes; no protocol, checks or index), between the same slices.
+   Each lone row's verdict names its floor in the row's own unit: in process, the two
+   replicas' syncs alone (``replica_sync_floor`` on the faster of the bookies' file treatment
+   and a preallocated file, the faster of one after the other and both at once: what any
+   program pays for two durable copies on this disk); over TCP, the simplest Python replicas
+   above. A target under its floor is printed as such: no product meets it on this machine;
+   otherwise the verdict says how many microseconds the target leaves above the floor.
 5. ``p99@half``: an open-loop driver (``pybk.bench.open_loop``: appends issued at a fixed
    rate, the ones due each millisecond together, the finest tick both loops' timers keep;
    latency counted from when each was due) at half the rate row 1 (in process) and row
@@ -75,6 +81,7 @@ from _common import (
     Run,
     bookie_appender,
     closed_loop,
+    floor_verdict,
     frame_records,
     fsync_latencies,
     loops_to_run,
@@ -112,6 +119,11 @@ class Row:
     target: str
     met: bool
     detail: str = ""
+    #: lone rows: the least this machine lets any program of the kind named by
+    #: ``floor_what`` pay, in the row's own unit (fsyncs); a target below it cannot be met
+    #: here, whatever the product does
+    floor: float | None = None
+    floor_what: str = ""
 
 
 # -- pieces ------------------------------------------------------------------------------------
@@ -271,16 +283,18 @@ async def fsync_samples(target: str | RecordFile, duration: float) -> list[float
 
 
 async def lone_writer(client: Any, duration: float, units: dict[str, str | RecordFile],
-                      slices: int = 4, floor: list[str | RecordFile] | None = None,
+                      slices: int = 4,
+                      floors: dict[str, list[str | RecordFile]] | None = None,
                       peer: Callable[[float], Awaitable[list[float]]] | None = None,
                       ) -> tuple[Run, dict[str, float]]:
     """A lone writer (1 in flight, E3/Qw2/Qa2) in ``slices`` slices of ``duration`` s in
     all, each followed by the fsync latency on each of ``units``' files, so both are
     measured in the same moments of a drifting disk. (run, {unit: p50 of its samples}).
 
-    ``floor``: one file per replica of the ack quorum; after each slice also the replicas'
-    sync floor on them (``replica_sync_floor``: Qa write + fdatasyncs one after the other
-    and all at once), reported as ``floor_serial`` and ``floor_concurrent``.
+    ``floors``: file treatment -> one file per replica of the ack quorum; after each slice
+    also the replicas' sync floor on each treatment's files (``replica_sync_floor``: Qa write
+    + fdatasyncs one after the other and all at once), reported as ``floor_serial_<kind>``
+    and ``floor_concurrent_<kind>``.
 
     ``peer``: the simplest program doing a lone replicated write (``tcp_floor_servers``'
     ``measure``), run after each slice too, reported as ``peer``."""
@@ -289,8 +303,8 @@ async def lone_writer(client: Any, duration: float, units: dict[str, str | Recor
     append = lh.append
     lat: list[float] = []
     samples: dict[str, list[float]] = {name: [] for name in units}
-    if floor:
-        samples["floor_serial"], samples["floor_concurrent"] = [], []
+    for kind in floors or {}:
+        samples[f"floor_serial_{kind}"], samples[f"floor_concurrent_{kind}"] = [], []
     if peer:
         samples["peer"] = []
     count, elapsed = 0, 0.0
@@ -303,11 +317,11 @@ async def lone_writer(client: Any, duration: float, units: dict[str, str | Recor
             elapsed += run.elapsed
             for name, target in units.items():
                 samples[name] += await fsync_samples(target, min(0.2, duration / slices))
-            if floor:
+            for kind, files in (floors or {}).items():
                 serial, both = await asyncio.to_thread(
-                    replica_sync_floor, floor, SIZE, min(0.2, duration / slices))
-                samples["floor_serial"] += serial
-                samples["floor_concurrent"] += both
+                    replica_sync_floor, files, SIZE, min(0.2, duration / slices))
+                samples[f"floor_serial_{kind}"] += serial
+                samples[f"floor_concurrent_{kind}"] += both
             if peer:
                 samples["peer"] += await peer(min(0.2, duration / slices))
     finally:
@@ -369,13 +383,18 @@ async def _one_round(root: Path, args: argparse.Namespace, loop: str, out: dict[
             out["direct_batch"] = await closed_loop(direct, 1024, args.duration)
         # 4./5. lone writer and p99 at half the peak, in process
         floor = out.pop("floor_files")
+        kinds = {"prealloc": floor["prealloc"]}
+        if not prealloc:  # the bookies append: their own treatment too
+            kinds["same"] = floor["same"]
         out["lone"], units = await lone_writer(
             client, args.duration, {"same": pre if prealloc else grow, "prealloc": pre},
-            floor=floor["prealloc" if prealloc else "same"])
+            floors=kinds)
         out["fsync_same"], out["fsync_prealloc"] = units["same"], units["prealloc"]
-        out["floor"] = min(units["floor_serial"], units["floor_concurrent"])
-        out["floor_serial"], out["floor_concurrent"] = (units["floor_serial"],
-                                                        units["floor_concurrent"])
+        # the floor any program pays: the faster treatment, the faster way (serial or not)
+        for way in ("serial", "concurrent"):
+            out[f"floor_{way}"] = min(units[f"floor_{way}_{kind}"] for kind in kinds)
+        out["floor"] = min(out["floor_serial"], out["floor_concurrent"])
+        out["floor_kinds"] = sorted(kinds)
         out["fsync_p99"] = units["same_p99"]
         out["half"], out["half_info"] = await ledger_open_loop(client, out["e3"].rate / 2,
                                                                args.duration)
@@ -402,11 +421,12 @@ async def _one_round(root: Path, args: argparse.Namespace, loop: str, out: dict[
             out["tcp"] = run
             out["tcp_lone"], units = await lone_writer(tcp_client, args.duration,
                                                        {"prealloc": pre},
-                                                       floor=floor["prealloc"],
+                                                       floors={"prealloc": floor["prealloc"]},
                                                        peer=floor_peer.measure)
             out["tcp_peer"] = units["peer"]
             out["tcp_fsync"] = units["prealloc"]
-            out["tcp_floor"] = min(units["floor_serial"], units["floor_concurrent"])
+            out["tcp_floor"] = min(units["floor_serial_prealloc"],
+                                   units["floor_concurrent_prealloc"])
             out["tcp_fsync_p99"] = units["prealloc_p99"]
             out["tcp_half"], out["tcp_half_info"] = await ledger_open_loop(
                 tcp_client, out["tcp"].rate / 2, args.duration)
@@ -434,9 +454,6 @@ def rows_of(rounds: list[dict[str, Any]], settings: str, gc_setting: str) -> lis
 
     def p99(r: Run) -> float:
         return percentile(r.latencies, 0.99)
-
-    def strict_fsync(r: dict[str, Any]) -> float:
-        return float(min(r["fsync_same"], r["fsync_prealloc"]))
 
     rows = []
     r = ratio("e3", "ceiling")
@@ -470,24 +487,27 @@ def rows_of(rounds: list[dict[str, Any]], settings: str, gc_setting: str) -> lis
                         f"{med('same', p50) * 1e3:.2f} ms"))
     fs_same = median([x["fsync_same"] for x in rounds])
     fs_pre = median([x["fsync_prealloc"] for x in rounds])
-    r = median([p50(x["lone"]) / strict_fsync(x) for x in rounds])
+    r = median([p50(x["lone"]) / lone_unit(x, "floor") for x in rounds])
+    detail = (f"fsync p50: {fs_same * 1e3:.3f} ms on the bookies' file treatment, "
+              f"{fs_pre * 1e3:.3f} ms preallocated (the smaller is the unit; each measured "
+              "between slices of the lone writer, on this thread and on a worker thread, the "
+              f"smaller p50 kept); {med('lone'):,.0f} appends/s; "
+              f"{floor_note(rounds, 'lone', 'floor')}")
     rows.append(Row("lone", "lone writer p50, in process, in fsync latencies",
                     med("lone", p50) * 1e3, min(fs_same, fs_pre) * 1e3, "ms", r,
-                    "<= 2 fsyncs", r <= 2,
-                    f"fsync p50: {fs_same * 1e3:.3f} ms on the bookies' file treatment, "
-                    f"{fs_pre * 1e3:.3f} ms preallocated (the smaller is the unit; each "
-                    "measured between slices of the lone writer, on this thread and on a "
-                    "worker thread, the smaller p50 kept); "
-                    f"{med('lone'):,.0f} appends/s; {floor_note(rounds, 'lone', 'floor')}"))
+                    "<= 2 fsyncs", r <= 2, detail, floor=sync_floor(rounds, "floor"),
+                    floor_what="the 2 replicas' syncs alone (any program)"))
     if "tcp" in rounds[0]:
         r = median([p50(x["tcp_lone"]) / x["tcp_fsync"] for x in rounds])
+        detail = (f"{med('tcp_lone'):,.0f} appends/s; fsync p50 on a preallocated file, "
+                  f"the bookies' treatment; {floor_note(rounds, 'tcp_lone', 'tcp_floor')}; "
+                  f"{peer_note(rounds)}")
         rows.append(Row("lone tcp", "lone writer p50, over TCP, in fsync latencies",
                         med("tcp_lone", p50) * 1e3,
                         median([x["tcp_fsync"] for x in rounds]) * 1e3, "ms", r,
-                        "<= 3 fsyncs", r <= 3,
-                        f"{med('tcp_lone'):,.0f} appends/s; fsync p50 on a preallocated "
-                        "file, the bookies' treatment; "
-                        f"{floor_note(rounds, 'tcp_lone', 'tcp_floor')}; {peer_note(rounds)}"))
+                        "<= 3 fsyncs", r <= 3, detail,
+                        floor=median([x["tcp_peer"] / x["tcp_fsync"] for x in rounds]),
+                        floor_what="the simplest Python replicas (any Python program)"))
     half = med("half", p99) * 1e3
     rows.append(Row("p99@half", "p99 at half the peak rate (open loop), in process",
                     half, 5.0, "ms", half / 5.0, "< 5 ms", half < 5.0,
@@ -516,16 +536,32 @@ def rows_of(rounds: list[dict[str, Any]], settings: str, gc_setting: str) -> lis
     return rows
 
 
+def lone_unit(x: dict[str, Any], floor_key: str) -> float:
+    """A lone row's unit in one round: the in-process row's stricter fsync (the smaller of
+    the bookies' file treatment and a preallocated file), the TCP row's preallocated one."""
+    if floor_key == "floor":
+        return float(min(x["fsync_same"], x["fsync_prealloc"]))
+    return float(x["tcp_fsync"])
+
+
+def sync_floor(rounds: list[dict[str, Any]], floor_key: str) -> float:
+    """The replicas' sync floor in the lone row's own unit (fsyncs), median of the rounds."""
+    return median([x[floor_key] / lone_unit(x, floor_key) for x in rounds])
+
+
 def floor_note(rounds: list[dict[str, Any]], key: str, floor_key: str) -> str:
     """The replicas' sync floor beside a lone row: what Qa = 2 journals' syncs cost on this
-    disk whatever the product does (``replica_sync_floor``), and the p50 in those floors."""
-    fs = "fsync_same" if floor_key == "floor" else "tcp_fsync"
+    disk whatever the product does (``replica_sync_floor``, on the faster file treatment),
+    in the row's own unit, and the p50 in those floors."""
     floor = median([x[floor_key] for x in rounds])
     in_floors = median([percentile(x[key].latencies, 0.5) / x[floor_key] for x in rounds])
-    line = (f"replicas' sync floor (2 journals' write + fdatasync on this disk, the faster "
-            f"of one after the other and both at once): {floor * 1e3:.3f} ms = "
-            f"{floor / median([x[fs] for x in rounds]):.2f} fsyncs; p50 = {in_floors:.2f} "
-            "floors")
+    treatments = ("a preallocated file and the bookies' own, the faster"
+                  if floor_key == "floor" and "same" in rounds[0]["floor_kinds"]
+                  else "preallocated files")
+    line = (f"replicas' sync floor (2 journals' write + fdatasync on this disk, on "
+            f"{treatments}; the faster of one after the other and both at once): "
+            f"{floor * 1e3:.3f} ms = {sync_floor(rounds, floor_key):.2f} fsyncs (the row's "
+            f"unit); p50 = {in_floors:.2f} floors")
     if floor_key == "floor":
         line += (f" (one after the other {median([x['floor_serial'] for x in rounds]) * 1e3:.3f}"
                  f" ms, at once {median([x['floor_concurrent'] for x in rounds]) * 1e3:.3f} ms)")
@@ -559,10 +595,17 @@ def tail_note(rounds: list[dict[str, Any]], key: str, fsync_key: str = "fsync_p9
             f"{max(i['gc_longest'] for i in info) * 1e3:.1f} ms")
 
 
+def verdict(r: Row) -> str:
+    """met / NOT MET, and for a lone row the machine's floor in the row's unit
+    (``floor_verdict``)."""
+    limit = float(r.target.split()[1]) if r.floor is not None else 0.0  # "<= 2 fsyncs"
+    return floor_verdict(r.met, limit, r.floor, unit_us=r.peer * 1e3)  # r.peer: the unit, ms
+
+
 def row_line(r: Row, loop: str) -> str:
     number = "{:>12,.3f}" if r.unit == "ms" else "{:>12,.0f}"
     return (f"{r.key:<13} {loop:<8} {number.format(r.pybk)} {number.format(r.peer)} "
-            f"{r.unit:<10} {r.ratio:>7.2f} {r.target:>12}  {'met' if r.met else 'NOT MET'}")
+            f"{r.unit:<10} {r.ratio:>7.2f} {r.target:>12}  {verdict(r)}")
 
 
 def main() -> None:
@@ -621,6 +664,13 @@ def main() -> None:
                 print(f"{'':<13}   {loop}: {detail}")
     print("\nratio: pybk / peer (throughput rows, same run), pybk p50 / fsync p50 (lone rows), "
           "p99 / 5 ms (p99@half rows)")
+    floors = {r.key: r.floor_what for r in first if r.floor is not None}
+    if floors:
+        print("floor (lone rows, in the row's fsyncs, same run): the least a lone append "
+              "costs on this machine: "
+              + "; ".join(f"{key}: {what}" for key, what in floors.items())
+              + ". A target UNDER its floor cannot be met here; 'leaves N us' is what the "
+              "target leaves for everything but the floor (a request, its checks, its answer)")
 
 
 if __name__ == "__main__":

@@ -60,6 +60,7 @@ from typing import Any
 from _common import (
     GroupCommitFile,
     closed_loop,
+    floor_verdict,
     fsync_latencies,
     median,
     pct,
@@ -223,12 +224,13 @@ def lone_sync_writer(root: str, size: int, count: int) -> list[float]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def replica_floor_line(root: str, size: int, fsync: float, p50: float) -> str:
+def replica_floor_line(root: str, size: int, fsync: float, p50: float) -> tuple[str, float]:
     """What the disk alone makes a lone append wait for: the embedded WAL writes each record
     to 3 journals (E3/Qw3) and acknowledges on 2 (Qa2), so the floor is 2 journals' write +
     fdatasync, and in a steady run, where every append's third sync must also happen before
     the next append's syncs on a device that serializes them, 3 (``replica_sync_floor``: the
-    faster of one after the other and all at once)."""
+    faster of one after the other and all at once). (the line, the 3-journal floor in
+    fsyncs)."""
     floors = []
     for replicas in (2, 3):
         files = [RecordFile(os.path.join(root, f"floor-{replicas}-{i}.log"), preallocate=True,
@@ -245,7 +247,7 @@ def replica_floor_line(root: str, size: int, fsync: float, p50: float) -> str:
             f"{s2 * 1e3:.3f} ms, at once {c2 * 1e3:.3f} ms), 3 journals {min(s3, c3) * 1e3:.3f} ms "
             f"= {min(s3, c3) / fsync:.2f} fsyncs (one after the other {s3 * 1e3:.3f} ms, at once "
             f"{c3 * 1e3:.3f} ms); the lone writer's p50 = {p50 / min(s2, c2):.2f}x the 2-journal "
-            f"floor, {p50 / min(s3, c3):.2f}x the 3-journal one")
+            f"floor, {p50 / min(s3, c3):.2f}x the 3-journal one"), min(s3, c3) / fsync
 
 
 # -- a reader tailing a long log ----------------------------------------------------------------
@@ -366,6 +368,13 @@ def main() -> None:
               f"commits: {med['pybk'][many] / sql:.0f}x")
         ceil_mb = med["ceil"][many] * (size + 8) / 1e6
         pybk_mb = med["pybk"][many] * (size + 4) * 3 / 1e6
+        per_record = med["pybk"][1] / one
+        driver = med["floor"][1] / one
+        print(f"  like with like (both 1/append): {per_record:.2f}x: "
+              f"{floor_verdict(per_record >= 1.5, 1.5, driver, 'x')}: the driver alone, a "
+              f"future per record resolved with no I/O at all, makes {med['floor'][1]:,.0f}/s "
+              f"= {driver:.2f}x the ceiling: no system driven with a future per record "
+              "goes faster")
         print(f"  like with like (both {many}/call): {med['pybk'][many] / med['ceil'][many]:.2f}x:"
               f" pybk writes {pybk_mb:,.0f} MB/s (3 copies, one per bookie's journal, 2 of "
               f"their fdatasyncs awaited each round), the ceiling {ceil_mb:,.0f} MB/s (1 copy, "
@@ -408,7 +417,12 @@ def main() -> None:
               f"{len(lone) / min(args.duration, 2.0):,.0f} appends/s")
         print(f"lone writer, sync pybk.WAL.append: p50 {pct(sync_lone, 0.5) * 1e3:.3f} ms "
               f"= {pct(sync_lone, 0.5) / fsync:.2f} fsync latencies")
-        print(replica_floor_line(root, size, fsync, p50))
+        line, floor3 = replica_floor_line(root, size, fsync, p50)
+        print(line)
+        print(f"target (b), a lone writer's p50 <= 3 fsyncs: {p50 / fsync:.2f}: "
+              f"{floor_verdict(p50 / fsync <= 3, 3, floor3, ' fsyncs', fsync * 1e6)} "
+              "(the floor: 3 journals' syncs, as a steady lone writer's appends each wait for "
+              "the third sync of the one before on this disk)")
 
         if args.tail_records:
             t0 = time.perf_counter()

@@ -19,7 +19,14 @@ CASES = {
     "targets.py": (["--duration", "0.1", "--read-entries", "2000", "--loop", "both"],
                    [r"ceiling\s+asyncio\s+[\d,]+\s+[\d,]+ entries/s", r"client\s+uvloop",
                     r"tcp\s+asyncio\s+[\d,]+", r"lone tcp\s+asyncio",
-                    r"replicas' sync floor .*= [\d.]+ fsyncs; p50 = [\d.]+ floors",
+                    r"replicas' sync floor .*= [\d.]+ fsyncs \(the row's unit\); p50 = "
+                    r"[\d.]+ floors",
+                    # each lone row's verdict names the machine's floor when not met
+                    r"lone\s+asyncio\s+[\d.]+\s+[\d.]+ ms\s+[\d.]+\s+<= 2 fsyncs  (met|NOT MET; "
+                    r"(target UNDER the floor \([\d.]+\)|the floor \([\d.]+\) leaves -?\d+ us))",
+                    r"lone tcp\s+uvloop\s+[\d.]+\s+[\d.]+ ms\s+[\d.]+\s+<= 3 fsyncs  (met|NOT "
+                    r"MET; (target UNDER the floor|the floor))",
+                    r"floor \(lone rows, in the row's fsyncs, same run\)",
                     r"simplest Python replicas .* p50 [\d.]+ ms = [\d.]+ fsyncs; pybk p50 = "
                     r"[\d.]+x of it",
                     r"p99@half\s+asyncio",
@@ -43,7 +50,11 @@ CASES = {
                       [r"tcp / in-process\s+[\d.]+", r"in-process defaults differ"]),
     "wal_append.py": (["--duration", "0.1", "--rounds", "1", "--tail-records", "0"],
                       [r"1/append \|\s+[\d,]+", r"lone writer",
-                       r"replicas' sync floor .* 3 journals [\d.]+ ms"]),
+                       r"replicas' sync floor .* 3 journals [\d.]+ ms",
+                       r"target \(b\), a lone writer's p50 <= 3 fsyncs: [\d.]+: (met|NOT MET; "
+                       r"(target UNDER the floor|the floor))",
+                       r"like with like \(both 1/append\): [\d.]+x: (met|NOT MET; (target "
+                       r"ABOVE the ceiling|the ceiling)).* the driver alone"]),
     "checkpoint.py": (["--entries", "20000", "--ledgers", "20", "--changed", "1000",
                        "--active", "5", "--rounds", "1"], [r"delta vs base"]),
     "metrics_overhead.py": (["--duration", "0.1", "--rounds", "1", "--writers", "4",
@@ -83,3 +94,47 @@ def test_every_benchmark_is_covered_here_and_by_make_bench() -> None:
     target = makefile[makefile.index("\nbench:"):].split("\n\n")[0]
     assert {s for s in scripts if f"benchmarks/{s}" in target} == scripts
     assert "pybk bench" in target
+
+
+def _load_benchmark(name: str):  # type: ignore[no-untyped-def]
+    """A benchmark script as a module (its siblings, such as _common, importable)."""
+    import importlib.util
+
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # (its dataclasses look their module up there)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH))
+    return module
+
+
+def test_a_lone_rows_verdict_says_whether_its_target_is_under_the_machines_floor() -> None:
+    targets = _load_benchmark("targets")
+
+    def lone(p50_fsyncs: float, floor: float | None, target: str = "<= 2 fsyncs") -> str:
+        limit = float(target.split()[1])
+        unit_ms = 0.05
+        return str(targets.verdict(targets.Row(
+            "lone", "", p50_fsyncs * unit_ms, unit_ms, "ms", p50_fsyncs, target,
+            p50_fsyncs <= limit, floor=floor, floor_what="the replicas' syncs")))
+
+    assert lone(1.9, 1.8) == "met"
+    assert lone(2.5, None) == "NOT MET"
+    # the floor leaves (2 - 1.96) fsyncs of 50 us: 2 us for everything else
+    assert lone(5.8, 1.96) == "NOT MET; the floor (1.96) leaves 2 us"
+    assert lone(5.8, 2.4) == "NOT MET; target UNDER the floor (2.40)"
+    assert lone(12.0, 3.0, "<= 3 fsyncs") == "NOT MET; target UNDER the floor (3.00)"
+
+
+def test_a_throughput_targets_verdict_says_whether_the_driver_alone_could_reach_it() -> None:
+    common = _load_benchmark("_common")
+    assert common.floor_verdict(True, 1.5, 1.3, "x") == "met"
+    # the driver alone reaches 1.34x the ceiling: 1.5x is out of any system's reach
+    assert common.floor_verdict(False, 1.5, 1.34, "x") == (
+        "NOT MET; target ABOVE the ceiling (1.34x)")
+    assert common.floor_verdict(False, 1.5, 2.0, "x") == (
+        "NOT MET; the ceiling (2.00x) is above it")
