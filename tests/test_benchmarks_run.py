@@ -4,9 +4,11 @@ broken unnoticed. Nothing here is timed: the figures are only checked to be ther
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,7 @@ CASES = {
                     r"[\d.]+ floors",
                     # each lone row's verdict names the machine's floor when not met
                     r"lone\s+asyncio\s+[\d.]+\s+[\d.]+ ms\s+[\d.]+\s+<= 2 fsyncs  (met|NOT MET; "
-                    r"(target UNDER the floor \([\d.]+\)|the floor \([\d.]+\) leaves -?\d+ us))",
+                    r"(target UNDER the floor \([\d.]+\)|the floor \([\d.]+\) leaves \d+ us))",
                     r"lone tcp\s+uvloop\s+[\d.]+\s+[\d.]+ ms\s+[\d.]+\s+<= 3 fsyncs  (met|NOT "
                     r"MET; (target UNDER the floor|the floor))",
                     r"floor \(lone rows, in the row's fsyncs, same run\)",
@@ -96,9 +98,8 @@ def test_every_benchmark_is_covered_here_and_by_make_bench() -> None:
     assert "pybk bench" in target
 
 
-def _load_benchmark(name: str):  # type: ignore[no-untyped-def]
+def _load_benchmark(name: str) -> types.ModuleType:
     """A benchmark script as a module (its siblings, such as _common, importable)."""
-    import importlib.util
 
     sys.path.insert(0, str(BENCH))
     try:
