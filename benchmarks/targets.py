@@ -394,7 +394,6 @@ async def _one_round(root: Path, args: argparse.Namespace, loop: str, out: dict[
         for way in ("serial", "concurrent"):
             out[f"floor_{way}"] = min(units[f"floor_{way}_{kind}"] for kind in kinds)
         out["floor"] = min(out["floor_serial"], out["floor_concurrent"])
-        out["floor_kinds"] = sorted(kinds)
         out["fsync_p99"] = units["same_p99"]
         out["half"], out["half_info"] = await ledger_open_loop(client, out["e3"].rate / 2,
                                                                args.duration)
@@ -492,7 +491,7 @@ def rows_of(rounds: list[dict[str, Any]], settings: str, gc_setting: str) -> lis
               f"{fs_pre * 1e3:.3f} ms preallocated (the smaller is the unit; each measured "
               "between slices of the lone writer, on this thread and on a worker thread, the "
               f"smaller p50 kept); {med('lone'):,.0f} appends/s; "
-              f"{floor_note(rounds, 'lone', 'floor')}")
+              f"{floor_note(rounds, 'lone', 'floor', both=settings == 'defaults')}")
     rows.append(Row("lone", "lone writer p50, in process, in fsync latencies",
                     med("lone", p50) * 1e3, min(fs_same, fs_pre) * 1e3, "ms", r,
                     "<= 2 fsyncs", r <= 2, detail, floor=sync_floor(rounds, "floor"),
@@ -549,14 +548,15 @@ def sync_floor(rounds: list[dict[str, Any]], floor_key: str) -> float:
     return median([x[floor_key] / lone_unit(x, floor_key) for x in rounds])
 
 
-def floor_note(rounds: list[dict[str, Any]], key: str, floor_key: str) -> str:
+def floor_note(rounds: list[dict[str, Any]], key: str, floor_key: str, *,
+               both: bool = False) -> str:
     """The replicas' sync floor beside a lone row: what Qa = 2 journals' syncs cost on this
     disk whatever the product does (``replica_sync_floor``, on the faster file treatment),
-    in the row's own unit, and the p50 in those floors."""
+    in the row's own unit, and the p50 in those floors. ``both``: measured on the bookies'
+    own (appended) files as well as preallocated ones (in process, default settings)."""
     floor = median([x[floor_key] for x in rounds])
     in_floors = median([percentile(x[key].latencies, 0.5) / x[floor_key] for x in rounds])
-    treatments = ("a preallocated file and the bookies' own, the faster"
-                  if floor_key == "floor" and "same" in rounds[0]["floor_kinds"]
+    treatments = ("a preallocated file and the bookies' own, the faster" if both
                   else "preallocated files")
     line = (f"replicas' sync floor (2 journals' write + fdatasync on this disk, on "
             f"{treatments}; the faster of one after the other and both at once): "
