@@ -31,8 +31,8 @@ from pybk.bench import (
     percentile,
     plain_group_commit,
 )
-from pybk.eventloop import available_loops, run
-from pybk.protocol import DigestManager, master_key
+from pybk.runtime.eventloop import available_loops, run
+from pybk.wire import DigestManager, master_key
 
 __all__ = [
     "GroupCommitFile",
@@ -137,7 +137,7 @@ def loops_to_run(choice: str) -> list[str]:
 
 
 def run_on(loop: str, coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` on a new event loop of kind ``loop`` (``pybk.eventloop``)."""
+    """Run ``coro`` on a new event loop of kind ``loop`` (``pybk.runtime.eventloop``)."""
     return run(coro, loop)
 
 
@@ -223,7 +223,7 @@ def config_diff(a: Any, b: Any) -> list[str]:
 
 def server_settings(preallocate: bool = True) -> Any:
     """The ``BookieConfig`` of a ``pybk bookie`` process (the same object it builds)."""
-    from pybk.bookie.process import process_bookie_config
+    from pybk.server.process import process_bookie_config
 
     return process_bookie_config(preallocate=preallocate)
 

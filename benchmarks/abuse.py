@@ -47,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from abuse_kit import BookieUnderTest
 
 from pybk.client import Client
-from pybk.protocol import BookieInfoRequest, Status
 from pybk.transport.tcp import TcpTransport
+from pybk.wire import BookieInfoRequest, Status
 
 KiB, MiB = 1 << 10, 1 << 20
 

@@ -26,7 +26,7 @@ process (``journal_overlap_syncs``, ``OsFileSystem(sync_process=True)``), a batc
 to overlap synced on the loop's thread (``INLINE_SYNC_ALWAYS``), journal segments preallocated
 and written in place (``journal_preallocate``; ``--append-segments`` turns it off, and the
 ceiling's file with it), and the server's garbage-collector settings
-(``pybk.bookie.process.tune_gc_for_server``, applied once each bookie has started, after
+(``pybk.server.process.tune_gc_for_server``, applied once each bookie has started, after
 collecting what the previous configurations left).
 
 Targets (issue 2): with 256 writers >= 50% of the ceiling and >= 3x SQLite; a lone writer's
@@ -51,10 +51,10 @@ from _common import cpu_probe, fsync_latencies, median, pct, plain_group_commit,
 
 from pybk.bench import RecordFile
 from pybk.bookie import Bookie, BookieConfig
-from pybk.bookie.process import tune_gc_for_server
-from pybk.protocol import DigestManager, master_key
+from pybk.server.process import tune_gc_for_server
 from pybk.storage import OsFileSystem
 from pybk.storage.store import INLINE_SYNC_ALWAYS
+from pybk.wire import DigestManager, master_key
 
 KEY = master_key(b"bench")
 

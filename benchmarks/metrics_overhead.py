@@ -32,13 +32,13 @@ from prometheus_client import CollectorRegistry
 
 from pybk.bookie import Bookie, BookieConfig
 from pybk.client import Client
+from pybk.client.context import ClientConfig
 from pybk.cluster import LocalCluster
-from pybk.protocol import AddRequest, DigestManager, Response, master_key
-from pybk.replication.context import ClientConfig
 from pybk.stats import BookieStats
 from pybk.storage import OsFileSystem
 from pybk.storage.memfs import MemFileSystem
 from pybk.storage.store import INLINE_SYNC_ALWAYS
+from pybk.wire import AddRequest, DigestManager, Response, master_key
 
 KEY = master_key(b"bench")
 

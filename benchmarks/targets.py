@@ -97,8 +97,8 @@ from pybk import Client, LocalCluster
 from pybk.bench import RecordFile, replica_sync_floor
 from pybk.bench.ceiling import RECORD_HEADER
 from pybk.bench.tcp_floor import tcp_floor_servers
-from pybk.bookie.process import tune_gc_for_server
-from pybk.eventloop import available_loops
+from pybk.runtime.eventloop import available_loops
+from pybk.server.process import tune_gc_for_server
 
 SIZE = 100
 E3 = (3, 2, 2)

@@ -8,7 +8,7 @@ E=3 Qw=2 Qa=2, ``--window`` appends in flight (closed loop, ``LedgerHandle.appen
 1 KiB; entries/s and p50/p99 from the call to the acknowledgement. Like with like:
 
 * tcp: three ``pybk bookie`` processes on loopback, reached through ``TcpTransport``. Their
-  bookies run ``pybk.bookie.process.process_bookie_config()``: journal segments preallocated
+  bookies run ``pybk.server.process.process_bookie_config()``: journal segments preallocated
   (64 MiB, written in place), overlapped syncs through a sync helper process per bookie, a
   batch with nothing to overlap synced inline, and the server's GC settings.
 * in-process: a ``LocalCluster`` of 3 bookies given *the same* ``BookieConfig`` (one sync
@@ -44,9 +44,9 @@ from _common import (
 )
 
 from pybk.bookie import BookieConfig
-from pybk.bookie.process import tune_gc_for_server
 from pybk.client import Client
 from pybk.cluster import LocalCluster
+from pybk.server.process import tune_gc_for_server
 
 QUORUM = (3, 2, 2)
 MODES = ("in-process", "tcp", "in-process defaults")
@@ -90,7 +90,7 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"pipelined appends, E=3 Qw=2 Qa=2, window {args.window}, {args.duration:g} s per "
           f"measurement, median of {args.rounds} alternating rounds")
-    print("bookie settings, tcp and in-process alike: pybk.bookie.process."
+    print("bookie settings, tcp and in-process alike: pybk.server.process."
           "process_bookie_config() (preallocated 64 MiB segments written in place, "
           "overlapped syncs through a sync helper process per bookie, inline syncs when "
           "nothing overlaps) and tune_gc_for_server(); differs by construction: sockets + "

@@ -70,7 +70,7 @@ from _common import (
 
 import pybk
 from pybk.bench import RecordFile, replica_sync_floor
-from pybk.stream import envelope
+from pybk.logs import envelope
 
 # -- pybk ---------------------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import asyncio
 import tempfile
 
 from pybk.bookie import Bookie
-from pybk.protocol import (
+from pybk.wire import (
     AddRequest,
     DigestManager,
     FenceRequest,

@@ -5,6 +5,13 @@ Public names only; docs/api.md is the reference (every name, argument and error)
 
 from pybk import sync
 from pybk.client import Client, ClientConfig
+from pybk.client.placement import (
+    DefaultPlacementPolicy,
+    PlacementPolicy,
+    RackAwarePlacementPolicy,
+)
+from pybk.client.reader import LedgerEntry, ReadHandle
+from pybk.client.writer import LedgerHandle
 from pybk.cluster import LocalCluster
 from pybk.errors import (
     AlreadyTruncatedError,
@@ -33,16 +40,9 @@ from pybk.errors import (
     UnauthorizedError,
     WriterConflictError,
 )
+from pybk.logs import Log, LogReader, LogRecord, LogWriter, Namespace, Position
 from pybk.metadata.base import LedgerMetadata
 from pybk.ops import AutoRecoveryConfig
-from pybk.replication.placement import (
-    DefaultPlacementPolicy,
-    PlacementPolicy,
-    RackAwarePlacementPolicy,
-)
-from pybk.replication.reader import LedgerEntry, ReadHandle
-from pybk.replication.writer import LedgerHandle
-from pybk.stream import Log, LogReader, LogRecord, LogWriter, Namespace, Position
 from pybk.wal import WAL, AsyncWAL
 
 __version__ = "0.1.0"

@@ -20,7 +20,7 @@ a dead bookie's session would expire); ``start_bookie`` restarts it on the same 
 A bookie flipping to read-only (disk full, journal failure) is re-registered read-only.
 
 ``tune_gc=True`` sets the process's garbage collector as a ``pybk bookie`` process sets its
-own (:mod:`pybk.gctune`: what start-up built frozen, a gen-0 threshold of 50,000) once the
+own (:mod:`pybk.runtime.gctune`: what start-up built frozen, a gen-0 threshold of 50,000) once the
 bookies have started, and puts the previous settings back at :meth:`LocalCluster.close`. It is
 process-wide, so it is opt-in: an application that wants low tail latency from embedded
 bookies asks for it (or tunes its collector itself); see docs/performance.md.
@@ -38,10 +38,10 @@ from typing import Any
 
 from pybk.bookie.state import READ_ONLY, STOPPED
 from pybk.client import Client
+from pybk.client.context import ClientConfig
 from pybk.errors import BookieStateError, ClientClosedError
-from pybk.gctune import GcTuning
 from pybk.metadata.base import BookieRegistration, MetadataStore
-from pybk.replication.context import ClientConfig
+from pybk.runtime.gctune import GcTuning
 from pybk.storage.fs import FileSystem
 from pybk.transport.base import Transport
 from pybk.transport.local import LocalTransport
@@ -104,14 +104,15 @@ class LocalCluster:
         #: metrics and are exported in it
         self.metrics = metrics
         if metrics is not None:
-            from pybk.ops.metrics import AutoRecoveryCollector, BookieCollector
+            from pybk.bookie.metrics import BookieCollector
+            from pybk.ops.metrics import AutoRecoveryCollector
 
             metrics.register(BookieCollector(lambda: list(self._bookies.values())))
             metrics.register(AutoRecoveryCollector(
                 lambda: [(b, r.stats) for b, r in self._recoveries.items()]))
         self.transport = self.local_transport()
         self._started = False
-        #: apply :func:`pybk.gctune.tune_gc_for_server` once the bookies have started, and
+        #: apply :func:`pybk.runtime.gctune.tune_gc_for_server` once the bookies have started, and
         #: put the process's previous settings back at :meth:`close` (process-wide: opt-in)
         self.tune_gc = tune_gc
         self._gc = GcTuning()
@@ -251,9 +252,10 @@ class LocalCluster:
             store, own = store.session(), True
         elif isinstance(self._metadata_arg, str) or self._metadata_arg is None:
             from pybk.metadata import open_store
+            from pybk.metadata.registry import scheme_of
 
             uri = self._metadata_arg or f"sqlite:///{self.root}/metadata.db"
-            if not uri.startswith("memory://"):
+            if scheme_of(uri).shared:  # a memory store is the cluster's own, shared as is
                 store, own = open_store(uri), True
         recovery = AutoRecovery(
             store, self.transport, name=bookie_id, config=self._autorecovery_config,

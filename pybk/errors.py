@@ -6,7 +6,7 @@ BookKeeper's ``BKException.Code`` so that people who know BookKeeper find what t
 Bad input from a *caller* (a wrong argument) raises ``ValueError``/``TypeError`` naming the
 offending value; the classes here describe what the cluster, the network or the disk did.
 
-Every class carries a ``status`` (see :class:`pybk.protocol.Status`) so an error raised on a
+Every class carries a ``status`` (see :class:`pybk.wire.Status`) so an error raised on a
 bookie can travel over the wire and be raised again, as the same class, on the client.
 """
 
@@ -19,7 +19,7 @@ import enum
 class Status(enum.IntEnum):
     """Wire status codes: the one status table. Each non-OK code is one class below
     (``BKError.status``); :func:`error_for_status` and :func:`status_of` map between them.
-    ``pybk.protocol.Status`` is this same enum."""
+    ``pybk.wire.Status`` is this same enum."""
 
     OK = 0
     NO_SUCH_LEDGER = 1
@@ -46,7 +46,7 @@ class Status(enum.IntEnum):
     BOOKIE_STATE = 22
     PROTOCOL_ERROR = 23
     CLIENT_CLOSED = 24
-    # not sent by bookies: the metadata key/value namespace and the log layer (pybk.stream)
+    # not sent by bookies: the metadata key/value namespace and the log layer (pybk.logs)
     NO_SUCH_KEY = 25
     KEY_EXISTS = 26
     LOG_NOT_FOUND = 27

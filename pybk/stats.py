@@ -4,7 +4,8 @@ They are plain Python objects: the code that records into them runs on one event
 locks), pays a list increment and a ``bisect`` per observation, and imports nothing else.
 Nobody records unless a stats object was handed in (``Bookie(stats=...)``,
 ``Client(metrics=...)``): without one, the hot paths skip the timing altogether. Prometheus
-exposition lives in :mod:`pybk.ops.metrics`, which reads these objects when scraped.
+exposition lives in the collectors beside each part (``pybk.bookie.metrics``,
+``pybk.client.metrics``, ``pybk.ops.metrics``), which read these objects when scraped.
 """
 
 from __future__ import annotations

@@ -24,22 +24,19 @@ a background thread (``pybk.sync``).
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import os
 import pathlib
-import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
 from pybk.client import Client
+from pybk.client.context import ClientConfig
 from pybk.cluster import LocalCluster
-from pybk.dirlock import DirectoryLock
 from pybk.errors import LogExistsError, LogNotFoundError
-from pybk.replication.context import ClientConfig
-from pybk.stream import Log, LogWriter, Position, ReaderOptions, WriterOptions
-from pybk.sync import _LoopThread
+from pybk.logs import Log, LogWriter, Position, ReaderOptions, WriterOptions
+from pybk.runtime.dirlock import DirectoryLock
+from pybk.sync.runner import LoopThread
 
 __all__ = ["WAL", "AsyncWAL"]
 
@@ -92,7 +89,7 @@ class AsyncWAL:
             "ack_quorum": ack_quorum, "compression": compression, "roll_bytes": roll_bytes,
         }
         # check the knobs now, not after the bookies started
-        from pybk.stream.config import LogConfig
+        from pybk.logs.config import LogConfig
 
         LogConfig(**self._log_knobs)
         self._client_config = client_config
@@ -242,12 +239,12 @@ async def _pairs(
 
 class WAL:
     """The WAL for synchronous code (``with pybk.WAL(path) as wal:``); same arguments as
-    :class:`AsyncWAL`, plus ``loop``: the kind of that loop (:mod:`pybk.eventloop`;
+    :class:`AsyncWAL`, plus ``loop``: the kind of that loop (:mod:`pybk.runtime.eventloop`;
     ``"uvloop"`` needs ``pybk[speed]``). Calls hop to an event loop in a background thread."""
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *,
                  loop: str | None = None, **options: Any) -> None:
-        self._runner = _LoopThread(loop)
+        self._runner = LoopThread(loop)
         try:
             self._wal = self._runner.run(_open(AsyncWAL(path, **options)))
         except BaseException:
@@ -268,24 +265,9 @@ class WAL:
         return self._wal.log
 
     def append(self, data: bytes) -> Position:
-        """Append one record; returns its position once it is durable.
-
-        One hop to the loop's thread and one back (no task: the writer's future is chained
-        to a thread-safe one), since a lone writer's latency is mostly hops and fsyncs."""
-        if threading.current_thread() is self._runner.thread:
-            raise RuntimeError("pybk.WAL called from its own event loop thread")
-        done: concurrent.futures.Future[Position] = concurrent.futures.Future()
-
-        def start() -> None:
-            try:
-                fut = self._wal.append(data)
-            except BaseException as exc:
-                done.set_exception(exc)
-                return
-            fut.add_done_callback(partial(_chain, done))
-
-        self._runner.loop.call_soon_threadsafe(start)
-        return done.result()
+        """Append one record; returns its position once it is durable (one hop to the
+        loop's thread and one back)."""
+        return self._runner.resolve(partial(self._wal.append, data))
 
     def append_many(self, items: Sequence[bytes]) -> list[Position]:
         """Append several records; their positions once all are durable."""
@@ -298,16 +280,7 @@ class WAL:
     def replay(self, start: Position | None = None) -> Iterator[tuple[Position, bytes]]:
         """``(position, data)`` from ``start`` (default: the oldest kept) up to the last
         record acknowledged now; fetched a batch per thread hop."""
-        agen = self._wal._replay(start)
-        try:
-            while True:
-                batch = self._runner.run(_take(agen, 1024))
-                if not batch:
-                    return
-                yield from batch
-        finally:
-            with contextlib.suppress(RuntimeError):
-                self._runner.run(_aclose(agen))
+        return self._runner.iterate(self._wal._replay(start))
 
     def close(self) -> None:
         if self._closed:
@@ -325,35 +298,9 @@ class WAL:
         self.close()
 
 
-def _chain(done: concurrent.futures.Future[Position], fut: asyncio.Future[Position]) -> None:
-    if fut.cancelled():
-        done.cancel()
-    elif fut.exception() is not None:
-        done.set_exception(fut.exception())
-    else:
-        done.set_result(fut.result())
-
-
 async def _append_many(wal: AsyncWAL, items: Sequence[bytes]) -> list[Position]:
     return await wal.append_many(items)  # (on the loop's thread, where the writer lives)
 
 
 async def _open(wal: AsyncWAL) -> AsyncWAL:
     return await wal.open()
-
-
-async def _take(
-    agen: AsyncIterator[tuple[Position, bytes]], n: int
-) -> list[tuple[Position, bytes]]:
-    out: list[tuple[Position, bytes]] = []
-    async for item in agen:
-        out.append(item)
-        if len(out) >= n:
-            break
-    return out
-
-
-async def _aclose(agen: AsyncIterator[tuple[Position, bytes]]) -> None:
-    close = getattr(agen, "aclose", None)
-    if close is not None:
-        await close()

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from pybk.cli import spawn_bookie, wait_ready
 from pybk.client import Client
-from pybk.protocol import ReadRequest, Status
-from pybk.replication.context import ClientConfig
+from pybk.client.context import ClientConfig
 from pybk.testing.replicas import replication_problems
+from pybk.wire import ReadRequest, Status
 
 SESSION = 2.0  # seconds: a dead bookie's registration and candidacy lapse this fast
 RECOVERY_ARGS = [

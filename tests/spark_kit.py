@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pybk
-from pybk.stream import LogRecord
+from pybk.logs import LogRecord
 
 
 def pybk_cli(*args: str, timeout: float = 120.0) -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import uuid
 
-from pybk.protocol import DigestManager
 from pybk.storage import MemFileSystem
 from pybk.storage.store import LedgerStore, StoreConfig
+from pybk.wire import DigestManager
 
 IID = str(uuid.UUID(int=12, version=4))
 KEY = b"k" * 32

@@ -250,7 +250,7 @@ def test_open_loop_issues_in_ticks_on_either_loop_without_spinning(loop_name: st
     loops (uvloop fired a 0.5 ms timer at the next pass: the driver spun, one append a pass),
     and a tick finer than the loops' timers is refused."""
     from pybk.bench.drive import MIN_TICK
-    from pybk.eventloop import run
+    from pybk.runtime.eventloop import run
 
     async def scenario() -> tuple[int, int]:
         loop = asyncio.get_running_loop()
@@ -298,7 +298,7 @@ def test_tcp_floor_syncs_every_record_on_every_replica_and_stops_its_servers(
         tmp_path: Path, loop: str) -> None:
     """The lone TCP row's floor: each record it timed was written and synced by every
     server, and the server processes are gone when the block ends."""
-    from pybk.eventloop import run
+    from pybk.runtime.eventloop import run
 
     from .process_kit import children
 

@@ -1,6 +1,6 @@
-"""The event-loop seam (pybk.eventloop): asyncio by default, uvloop only when asked for, a clear
-error when it cannot be had; pybk's own loops (pybk.sync, pybk.WAL, a bookie process, the TCP
-client) running on uvloop."""
+"""The event-loop seam (pybk.runtime.eventloop): asyncio by default, uvloop only when asked
+for, a clear error when it cannot be had; pybk's own loops (pybk.sync, pybk.WAL, a bookie process,
+the TCP client) running on uvloop."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import uvloop
 
 import pybk
 from pybk.cli.processes import spawn_bookie, stop_pid, wait_ready
-from pybk.eventloop import LoopUnavailableError, available_loops, loop_factory, run
+from pybk.runtime.eventloop import LoopUnavailableError, available_loops, loop_factory, run
 
 pytestmark = pytest.mark.timeout(120)
 

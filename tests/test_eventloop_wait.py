@@ -1,5 +1,5 @@
-"""``pybk.eventloop.wait``: what ``asyncio.wait`` answers, and the same steps on the loop (so a
-simulated run that switched to it kept every trace)."""
+"""``pybk.runtime.eventloop.wait``: what ``asyncio.wait`` answers, and the same steps on the loop
+(so a simulated run that switched to it kept every trace)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pybk.eventloop import wait
+from pybk.runtime.eventloop import wait
 from pybk.sim import loop as simloop
 
 

@@ -1,4 +1,4 @@
-"""The garbage-collector settings pybk's entry points apply (``pybk.gctune``): never on
+"""The garbage-collector settings pybk's entry points apply (``pybk.runtime.gctune``): never on
 import, opt-in for an embedded cluster, and undone when the cluster closes."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pybk
-from pybk.gctune import SERVER_GC_THRESHOLD, GcTuning
+from pybk.runtime.gctune import SERVER_GC_THRESHOLD, GcTuning
 from pybk.storage import MemFileSystem
 
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import pybk
 from pybk import errors
-from pybk.protocol import (
+from pybk.wire import (
     DIGEST_TYPES,
     AddRequest,
     DigestManager,

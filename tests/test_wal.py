@@ -43,7 +43,7 @@ def test_append_replay_reopen_truncate(tmp_path: Path) -> None:
 
 def test_replay_streams_in_batches(tmp_path: Path) -> None:
     with pybk.WAL(tmp_path, roll_bytes=5000,
-                  writer_options=pybk.stream.WriterOptions(flush_records=100)) as wal:
+                  writer_options=pybk.logs.WriterOptions(flush_records=100)) as wal:
         ps = wal.append_many([b"%05d" % i for i in range(3000)])
         stream = wal.replay()
         first = next(stream)
@@ -119,7 +119,7 @@ def test_bad_input(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="quorum"):
         pybk.WAL(tmp_path, write_quorum=4)
     assert not (tmp_path / "LOCK").exists()  # refused before anything started
-    with pybk.WAL(tmp_path, writer_options=pybk.stream.WriterOptions(
+    with pybk.WAL(tmp_path, writer_options=pybk.logs.WriterOptions(
             max_record_bytes=1000)) as wal:
         with pytest.raises(RecordTooLargeError):
             wal.append(bytes(1001))

@@ -15,8 +15,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from logs_kit import until
 from process_kit import children
-from stream_kit import until
 
 import pybk
 from pybk import Position

@@ -195,7 +195,7 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
 
 
 def main(argv: list[str]) -> None:
-    from pybk.eventloop import run
+    from pybk.runtime.eventloop import run
 
     path, loop = argv
     run(_serve(path), loop)

@@ -24,7 +24,7 @@ from typing import Any
 from pybk.bench.ceiling import GroupCommitFile, fsync_latencies
 from pybk.bench.drive import Run, closed_loop, open_loop
 from pybk.bench.stats import LatencySummary, percentile
-from pybk.gctune import GcTuning
+from pybk.runtime.gctune import GcTuning
 
 __all__ = ["WriteBench", "WriteReport", "run_write_bench"]
 
@@ -139,7 +139,7 @@ async def _ceiling_run(directory: str, preallocate: bool, spec: WriteBench
         await log.close()
 
 
-GC_NOTE = ("garbage collector tuned as a bookie process tunes it (pybk.gctune: heap frozen "
+GC_NOTE = ("garbage collector tuned as a bookie process tunes it (pybk.runtime.gctune: heap frozen "
            "after start-up, gen-0 threshold 50,000)")
 
 
@@ -167,7 +167,7 @@ async def run_write_bench(spec: WriteBench, *, client: Any = None, root: str | N
     LocalCluster's defaults, and removed afterwards; ``sync_thread``: its journals sync on a
     thread of this process instead of a helper process each (to compare; not with
     ``server_settings``, whose overlapped syncs need the helper). ``tune_gc``: this process's
-    garbage collector as a bookie process sets it (:mod:`pybk.gctune`) for the
+    garbage collector as a bookie process sets it (:mod:`pybk.runtime.gctune`) for the
     measurement."""
     quorum = f"E{spec.ensemble}/Qw{spec.write_quorum}/Qa{spec.ack_quorum}"
     what = f"{quorum}, {spec.size} B entries, {spec.load()}, {spec.duration:g} s"
@@ -192,7 +192,7 @@ async def run_write_bench(spec: WriteBench, *, client: Any = None, root: str | N
             report.notes.append(GC_NOTE)
         return await _with_ceiling(report, directory, preallocate, spec, progress)
     from pybk.bookie import BookieConfig
-    from pybk.bookie.process import process_bookie_config
+    from pybk.server.process import process_bookie_config
 
     if sync_thread and server_settings:
         raise ValueError("overlapped syncs (server settings) need the sync helper process; "

@@ -1,6 +1,6 @@
 """The bookie: request handling over the storage engine (docs/contracts.md).
 
-``Bookie.handle(request)`` answers every request type of :mod:`pybk.protocol` with its
+``Bookie.handle(request)`` answers every request type of :mod:`pybk.wire` with its
 response; request-level failures become a status and a message, never an exception, and an
 unexpected exception becomes IO_ERROR with its text (the bookie keeps serving).
 
@@ -45,7 +45,15 @@ from pybk.errors import (
     status_of,
 )
 from pybk.metadata.base import MetadataStore
-from pybk.protocol import (
+from pybk.stats import BookieStats
+from pybk.storage.fs import FileSystem
+from pybk.storage.store import AddCallback as EntryCallback
+from pybk.storage.store import (
+    CompactionResult,
+    LedgerStore,
+    ResolveFuture,
+)
+from pybk.wire import (
     AddBatchRequest,
     AddCallback,
     AddOutcome,
@@ -70,14 +78,6 @@ from pybk.protocol import (
     add_ok,
     add_response,
     error_response,
-)
-from pybk.stats import BookieStats
-from pybk.storage.fs import FileSystem
-from pybk.storage.store import AddCallback as EntryCallback
-from pybk.storage.store import (
-    CompactionResult,
-    LedgerStore,
-    ResolveFuture,
 )
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ class Bookie:
         self._polls = LongPollWaiters()
         self._no_such_entry_on_io_error = NO_SUCH_ENTRY_ON_IO_ERROR in config.mutations
         #: requests, their latency and the journal's batches, recorded when given
-        #: (pybk.ops.metrics exports them); None: nothing is timed
+        #: (pybk.bookie.metrics exports them); None: nothing is timed
         self.stats = stats
         self._timers: list[asyncio.TimerHandle] = []
         self._tasks: set[asyncio.Task[Any]] = set()

@@ -41,7 +41,7 @@ def placement_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, placement: str, min_racks: int, strict_placement: bool,
                 **kwargs: Any) -> Any:
-        from pybk.replication.placement import (
+        from pybk.client.placement import (
             DefaultPlacementPolicy,
             PlacementPolicy,
             RackAwarePlacementPolicy,

@@ -20,7 +20,7 @@ import click
 import pybk
 from pybk.cli.common import Conn, fail, optional_client_options, stderr_console
 from pybk.errors import BKError
-from pybk.eventloop import DEFAULT_LOOP, LOOPS, LoopUnavailableError, run
+from pybk.runtime.eventloop import DEFAULT_LOOP, LOOPS, LoopUnavailableError, run
 
 __all__ = ["bench"]
 

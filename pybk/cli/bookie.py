@@ -12,15 +12,15 @@ from pybk.cli.autorecovery import autorecovery_options, placement_options
 from pybk.cli.common import Conn, client_options, fail, read_token, run_async
 from pybk.cli.limits import server_config_from, server_limit_options
 from pybk.errors import BKError
-from pybk.eventloop import DEFAULT_LOOP, LOOPS, LoopUnavailableError, loop_factory
 from pybk.metadata._common import check_rack
+from pybk.runtime.eventloop import DEFAULT_LOOP, LOOPS, LoopUnavailableError, loop_factory
 
 __all__ = ["bookie"]
 
 
 def http_options(fn: Any) -> Any:
     """``--http-port`` and the HTTP admin endpoint's bounds; passes ``http_port`` and
-    ``http_config`` (a pybk.ops.http.HttpConfig)."""
+    ``http_config`` (a pybk.server.http.HttpConfig)."""
     import functools
 
     @click.option("--http-port", type=click.IntRange(0, 65535), default=None,
@@ -40,7 +40,7 @@ def http_options(fn: Any) -> Any:
     def wrapper(*args: Any, http_port: int | None, http_token_file: str | None,
                 http_max_connections: int, http_max_requests: int, http_max_body: int,
                 http_keepalive: float, **kwargs: Any) -> Any:
-        from pybk.ops.http import HttpConfig
+        from pybk.server.http import HttpConfig
 
         config = HttpConfig(token=read_token(http_token_file),
                             max_connections=http_max_connections,
@@ -124,7 +124,7 @@ def bookie(
         return
     if not data or not metadata:
         raise click.UsageError("pybk bookie needs --data DIR and --metadata URI")
-    from pybk.bookie.process import BookieProcessConfig, run
+    from pybk.server.process import BookieProcessConfig, run
 
     config = BookieProcessConfig(
         data_dir=data,
@@ -212,7 +212,7 @@ def bookie_inspect(data_dir: str, as_json: bool) -> None:
     import dataclasses
 
     from pybk.bookie.inspect import inspect_data_dir
-    from pybk.dirlock import holder_of
+    from pybk.runtime.dirlock import holder_of
     from pybk.storage import OsFileSystem
 
     holder = holder_of(data_dir)

@@ -174,10 +174,16 @@ async def bounded(conn: Conn, aw: Awaitable[T], what: str = "not done") -> T:
 def require_existing_store(uri: str) -> None:
     """A ``sqlite:///path`` URI whose file does not exist is refused (click.BadParameter):
     client commands must not make a new, empty cluster out of a mistyped path."""
-    scheme, sep, rest = uri.partition("://")
-    if scheme == "sqlite" and sep and rest.startswith("/") and not Path(rest).exists():
+    from pybk.metadata.registry import parse_uri
+
+    try:
+        scheme, rest = parse_uri(uri)
+    except (TypeError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--metadata") from None
+    path = scheme.local_path(rest)
+    if path is not None and not path.exists():
         raise click.BadParameter(
-            f"{rest} does not exist (a cluster made with `pybk cluster up --root DIR` keeps "
+            f"{path} does not exist (a cluster made with `pybk cluster up --root DIR` keeps "
             "its metadata in DIR/metadata.db)", param_hint="--metadata")
 
 
@@ -224,9 +230,10 @@ class Conn:
 
         require_existing_store(self.metadata)
         options: dict[str, Any] = {}
-        if self.metadata.startswith("zk://") and self.timeout != float("inf"):
-            options["connect_timeout"] = max(0.1, self.timeout)
-            options["op_timeout"] = max(0.1, self.timeout)
+        if self.timeout != float("inf"):
+            from pybk.metadata.registry import scheme_of
+
+            options = scheme_of(self.metadata).timeout_options(self.timeout)
         return open_store(self.metadata, **options)
 
 

@@ -1,6 +1,6 @@
 """``pybk log``: create, list, show, append to, read, tail, truncate and delete logs.
 
-The logs are those of :mod:`pybk.stream` (named logs over chains of ledgers; docs/logs.md).
+The logs are those of :mod:`pybk.logs` (named logs over chains of ledgers; docs/logs.md).
 The conventions are the ``pybk ledger`` commands': ``--metadata URI`` and the TLS / token
 options, data on stdout and messages on stderr, exit status 1 with one line naming the cause
 when the operation fails, 2 for bad usage (a malformed position or log name is bad usage).
@@ -42,9 +42,9 @@ from pybk.cli.common import (
     write_data,
 )
 from pybk.errors import AlreadyTruncatedError, EndOfStreamError, RecordTooLargeError
-from pybk.stream.config import LogConfig, WriterOptions
-from pybk.stream.namespace import check_name
-from pybk.stream.position import LogRecord, Position
+from pybk.logs.config import LogConfig, WriterOptions
+from pybk.logs.namespace import check_name
+from pybk.logs.position import LogRecord, Position
 
 __all__ = ["log", "parse_position"]
 

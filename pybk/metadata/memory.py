@@ -33,7 +33,6 @@ from pybk.errors import (
     NoSuchKeyError,
     NoSuchLedgerError,
 )
-from pybk.eventloop import yield_now
 from pybk.metadata._common import (
     CallbackWatch,
     LockElection,
@@ -57,6 +56,7 @@ from pybk.metadata.base import (
     VersionedValue,
     Watch,
 )
+from pybk.runtime.eventloop import yield_now
 
 __all__ = [
     "BeforeOp",
@@ -68,7 +68,7 @@ BeforeOp = Callable[[str, object], Awaitable[None]]
 
 
 @dataclass
-class _State:
+class MemoryState:
     """Everything the sessions of one memory store share."""
 
     ledgers: dict[int, tuple[bytes, int]] = field(default_factory=dict)  # id -> (bytes, version)
@@ -118,9 +118,9 @@ class MemoryMetadataStore(MetadataStore):
         *,
         before_op: BeforeOp | None = None,
         after_op: BeforeOp | None = None,
-        _state: _State | None = None,
+        _state: MemoryState | None = None,
     ):
-        self._state = _state if _state is not None else _State()
+        self._state = _state if _state is not None else MemoryState()
         self._session_id = next(self._state.session_ids)
         self._closed = False
         self._my_watches: list[CallbackWatch] = []

@@ -3,7 +3,7 @@ endpoint and Prometheus metrics.
 
 * :mod:`.fragments`, :mod:`.replicator`: what a ledger's fragments hold and how one is
   re-replicated (sans policy: the placement policy is the client's,
-  :mod:`pybk.replication.placement`);
+  :mod:`pybk.client.placement`);
 * :mod:`.auditor`, :mod:`.worker`, :mod:`.autorecovery`: who finds under-replicated ledgers
   and who repairs them; :mod:`.settings`: the cluster-wide switches in the metadata store;
 * :mod:`.admin`: ``client.admin()``; :mod:`.http`: the bookie's HTTP admin endpoint;

@@ -17,14 +17,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pybk.client.context import ClientContext
 from pybk.errors import BKError, BookieStateError, LockedError
 from pybk.metadata.base import LedgerMetadata
 from pybk.ops.auditor import bookie_index, read_all_metadata
 from pybk.ops.replicator import Outcome, repair_ledger
 from pybk.ops.settings import AutoRecoverySettings
 from pybk.ops.worker import ledger_lock
-from pybk.protocol import BookieInfoRequest, BookieInfoResponse, Status
-from pybk.replication.context import ClientContext
+from pybk.wire import BookieInfoRequest, BookieInfoResponse, Status
 
 if TYPE_CHECKING:
     from pybk.client import Client

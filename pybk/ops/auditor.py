@@ -25,13 +25,15 @@ import logging
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Sequence
 
+from pybk.client.context import ClientContext
+from pybk.client.quorum import Quorums
 from pybk.errors import BKError, DigestMismatchError, NoSuchLedgerError, UnauthorizedError
 from pybk.metadata.base import LedgerMetadata, Watch
 from pybk.ops.config import AutoRecoveryConfig, AutoRecoveryStats
 from pybk.ops.fragments import fragments
 from pybk.ops.replicator import LedgerAccess, ledger_access
 from pybk.ops.settings import AutoRecoverySettings
-from pybk.protocol import (
+from pybk.wire import (
     ListEntriesRequest,
     ListEntriesResponse,
     ReadBatchRequest,
@@ -40,8 +42,6 @@ from pybk.protocol import (
     ReadResponse,
     Status,
 )
-from pybk.replication.context import ClientContext
-from pybk.replication.quorum import Quorums
 
 __all__ = ["Auditor", "bookie_index", "holds_all", "merged_ranges", "read_all_metadata"]
 

@@ -17,12 +17,12 @@ import logging
 import random
 from typing import Any
 
+from pybk.client.context import ClientConfig, ClientContext
 from pybk.metadata.base import Election, MetadataStore
 from pybk.ops.auditor import Auditor
 from pybk.ops.config import AutoRecoveryConfig, AutoRecoveryStats
 from pybk.ops.settings import AutoRecoverySettings
 from pybk.ops.worker import ReplicationWorker
-from pybk.replication.context import ClientConfig, ClientContext
 from pybk.transport.base import Transport
 
 __all__ = ["AutoRecovery"]

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
+from pybk.client.quorum import Quorums
 from pybk.metadata.base import LedgerMetadata
-from pybk.replication.quorum import Quorums
 
 __all__ = ["Fragment", "Repair", "fragments", "plan_repairs"]
 

@@ -29,6 +29,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from pybk.client.context import ClientContext
+from pybk.client.pipeline import batch_spans
+from pybk.client.placement import writable_nodes
+from pybk.client.quorum import Quorums
+from pybk.client.reader import summarize
+from pybk.client.recovery import recover
 from pybk.errors import (
     BKError,
     BookieUnavailableError,
@@ -42,7 +48,7 @@ from pybk.errors import (
 from pybk.errors import TimeoutError as BKTimeoutError
 from pybk.metadata.base import LedgerMetadata
 from pybk.ops.fragments import Fragment, Repair, plan_repairs
-from pybk.protocol import (
+from pybk.wire import (
     AddBatchRequest,
     AddLike,
     AddOutcome,
@@ -57,12 +63,6 @@ from pybk.protocol import (
     outcome_of,
     password_hash,
 )
-from pybk.replication.context import ClientContext
-from pybk.replication.pipeline import batch_spans
-from pybk.replication.placement import writable_nodes
-from pybk.replication.quorum import Quorums
-from pybk.replication.reader import summarize
-from pybk.replication.recovery import recover
 
 __all__ = [
     "ENSEMBLE_BEFORE_COPY_DURABLE",

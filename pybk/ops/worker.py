@@ -17,12 +17,12 @@ import asyncio
 import contextlib
 import logging
 
+from pybk.client.context import ClientContext
 from pybk.errors import BKError, ClientClosedError, LockedError
 from pybk.metadata.base import Watch
 from pybk.ops.config import AutoRecoveryConfig, AutoRecoveryStats
 from pybk.ops.replicator import Outcome, repair_ledger
 from pybk.ops.settings import AutoRecoverySettings
-from pybk.replication.context import ClientContext
 
 __all__ = ["ReplicationWorker", "ledger_lock"]
 

@@ -34,20 +34,20 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from pybk.client.quorum import Quorums
 from pybk.errors import BKError
 from pybk.metadata.base import LedgerMetadata
 from pybk.metadata.memory import MemoryMetadataStore
 from pybk.ops import AutoRecovery, AutoRecoveryConfig
 from pybk.ops.admin import Admin
 from pybk.ops.fragments import fragments
-from pybk.protocol import ListEntriesRequest, ListEntriesResponse, Status
-from pybk.replication.quorum import Quorums
 from pybk.sim.checker import Violation
 from pybk.sim.cluster import derive_rng
 from pybk.sim.workload import PASSWORD
 from pybk.storage.memfs import MemFileSystem
 from pybk.testing.replicas import replication_problems
 from pybk.transport.local import LocalTransport
+from pybk.wire import ListEntriesRequest, ListEntriesResponse, Status
 
 if TYPE_CHECKING:
     from pybk.sim.runner import SimRun

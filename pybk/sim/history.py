@@ -200,7 +200,7 @@ class History:
         return self._add("fault", target, f"FAULT {kind} {target} {detail}".rstrip(),
                          detail=kind + ("|" + detail if detail else ""))
 
-    # -- logs (pybk.stream: the log workload of pybk.sim.logs) ---------------------------------
+    # -- logs (pybk.logs: the log workload of pybk.sim.logs) ---------------------------------
     # ``detail`` holds the log's name, ``value`` a reader's instance number or a writer's epoch
 
     def log_writer_open(self, process: str, log: str, epoch: int, outcome: str,

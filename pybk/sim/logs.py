@@ -1,4 +1,4 @@
-"""The log workload: writers and tailing readers of a :mod:`pybk.stream` log under all faults,
+"""The log workload: writers and tailing readers of a :mod:`pybk.logs` log under all faults,
 and the log invariants.
 
 One log (``sim/simlog``) is made with the seed's topology, small rolls, sometimes zstd and a
@@ -74,7 +74,7 @@ class LogWorkload:
 
     async def start(self) -> None:
         run = self.run
-        from pybk.stream.meta import log_key
+        from pybk.logs.meta import log_key
 
         self._key = log_key(NAMESPACE, LOG_NAME)
         run.cluster.on_meta_applied.append(self._meta_applied)

@@ -43,7 +43,7 @@ from heapq import heapify, heappop, heappush
 from itertools import count
 from typing import Any, TypeVar
 
-from pybk.eventloop import yield_now
+from pybk.runtime.eventloop import yield_now
 
 __all__ = [
     "SimDeadlock",
@@ -199,7 +199,7 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
         heap in the same order as any timer, with no coroutine, timer handle or context copy.
         A waiter cancelled meanwhile leaves the heap entry to fire into nothing. (For
         ``delay <= 0`` ``asyncio.sleep`` takes a turn instead of a timer: await
-        :data:`pybk.eventloop.yield_now` for that.)"""
+        :data:`pybk.runtime.eventloop.yield_now` for that.)"""
         fut = self.create_future()
         self.deliver_at(self._now + delay, _resolve_unless_cancelled, (fut,))
         return fut

@@ -25,7 +25,7 @@ requests fail fast with ``BookieUnavailableError`` (connection refused).
 
 Adds travel the way they do in production: a bookie registered with its add path
 (``set_bookie(id, bookie.handle, bookie.add_request)``, what :class:`pybk.sim.SimCluster`
-does) gets every :class:`~pybk.protocol.AddRequest` / :class:`~pybk.protocol.AddBatchRequest`
+does) gets every :class:`~pybk.wire.AddRequest` / :class:`~pybk.wire.AddBatchRequest`
 through ``Bookie.add_request``, the entry point the in-process transport and the TCP server
 drive, and the client's ``Transport.add`` hears the outcome. A client endpoint is, per seed,
 either a current client (it sends a writer's batches as they are) or an old one that sends
@@ -59,7 +59,16 @@ from typing import Any
 
 from pybk.errors import BKError, BookieUnavailableError
 from pybk.errors import TimeoutError as BKTimeoutError
-from pybk.protocol import (
+from pybk.sim.loop import SimLoop
+from pybk.transport.base import (
+    Transport,
+    read_batch_by_singles,
+    settle_add,
+    split_batch,
+    split_callback,
+)
+from pybk.transport.deadlines import Deadlines
+from pybk.wire import (
     AddBatchRequest,
     AddBatchResponse,
     AddCallback,
@@ -78,15 +87,6 @@ from pybk.protocol import (
     add_response,
     outcome_of,
 )
-from pybk.sim.loop import SimLoop
-from pybk.transport.base import (
-    Transport,
-    read_batch_by_singles,
-    settle_add,
-    split_batch,
-    split_callback,
-)
-from pybk.transport.deadlines import Deadlines
 
 __all__ = ["AddObserver", "AddPath", "Handler", "NetConfig", "Observer", "SimNetwork",
            "SimTransport"]
@@ -613,7 +613,7 @@ def _observed(request: Request, response: Response) -> list[tuple[Request, Respo
 
 
 def _is_fence(request: Request) -> bool:
-    from pybk.protocol import FenceRequest, ReadRequest
+    from pybk.wire import FenceRequest, ReadRequest
 
     return isinstance(request, FenceRequest) or (
         isinstance(request, ReadRequest) and request.fence)
@@ -621,7 +621,7 @@ def _is_fence(request: Request) -> bool:
 
 def _is_entry_read(request: Request) -> bool:
     """A plain read of entries (not fencing, not a LAC read or long poll)."""
-    from pybk.protocol import LAST_ENTRY
+    from pybk.wire import LAST_ENTRY
 
     return isinstance(request, ReadBatchRequest) or (
         isinstance(request, ReadRequest) and not request.fence
@@ -629,7 +629,7 @@ def _is_entry_read(request: Request) -> bool:
 
 
 def _is_recovery_read(request: Request) -> bool:
-    from pybk.protocol import LAST_ENTRY
+    from pybk.wire import LAST_ENTRY
 
     return (isinstance(request, ReadRequest) and request.fence
             and request.entry_id != LAST_ENTRY)

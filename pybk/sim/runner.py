@@ -36,23 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pybk.bookie.inspect import inspect_data_dir
+from pybk.client.context import ClientConfig
 from pybk.errors import status_of
 from pybk.ops.auditor import merged_ranges
-from pybk.protocol import (
-    AddBatchRequest,
-    AddLike,
-    AddOutcome,
-    AddRequest,
-    DigestManager,
-    ListEntriesRequest,
-    ReadBatchRequest,
-    ReadBatchResponse,
-    ReadRequest,
-    Request,
-    Response,
-    Status,
-)
-from pybk.replication.context import ClientConfig
 from pybk.sim.autorecovery import AutoRecoverySim
 from pybk.sim.checker import Checker, Violation
 from pybk.sim.cluster import DATA_DIR, SimBookie, SimCluster, derive_rng
@@ -77,6 +63,20 @@ from pybk.sim.workload import (
     Writer,
 )
 from pybk.testing.mutations import NO_MUTATIONS, Mutations
+from pybk.wire import (
+    AddBatchRequest,
+    AddLike,
+    AddOutcome,
+    AddRequest,
+    DigestManager,
+    ListEntriesRequest,
+    ReadBatchRequest,
+    ReadBatchResponse,
+    ReadRequest,
+    Request,
+    Response,
+    Status,
+)
 
 __all__ = ["EXTENSIONS", "PROCESSES", "TOPOLOGIES", "Extension", "SimResult", "SimRun", "Stats",
            "run", "scenario_of"]

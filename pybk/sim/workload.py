@@ -9,7 +9,7 @@ timeout, a fenced ledger, a bookie gone...) as an application would: it records 
 on. Any other exception is a finding (``Process.unexpected``, invariant X1): a bug that raises
 instead of corrupting data is a bug all the same.
 
-The log workload (writers and tailing readers of a :mod:`pybk.stream` log) lives in
+The log workload (writers and tailing readers of a :mod:`pybk.logs` log) lives in
 :mod:`pybk.sim.logs`.
 """
 
@@ -92,7 +92,7 @@ class Workload:
     mean_recovery_interval: float = 6.0
     #: run auto-recovery (auditor and workers) and its liveness step and invariants
     autorecovery: bool = True
-    #: writers and tailing readers of one pybk.stream log (pybk.sim.logs)
+    #: writers and tailing readers of one pybk.logs log (pybk.sim.logs)
     log_writers: int = 1
     log_readers: int = 1
     #: log appends per virtual second (a quarter of them batches of 2-6 records)
@@ -380,7 +380,7 @@ class Reader(Process):
     A long poll the bookies answer at once without the entry (the ledger is fenced, its
     bookies are stopping) is followed by a LAC read and, until something changes, by polls
     spaced out exponentially up to the long-poll timeout: what the log reader
-    (:class:`pybk.stream.reader.LogReader`) does, rather than polling again at once, which
+    (:class:`pybk.logs.reader.LogReader`) does, rather than polling again at once, which
     would make as many rounds as the network's round trips allow until the ledger closes."""
 
     winds_down = False  # (stopped at once when faults stop: it has nothing to finish)

@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pybk.stream import envelope
-from pybk.stream.envelope import PackedEnvelope
+from pybk.logs import envelope
+from pybk.logs.envelope import PackedEnvelope
 
 __all__ = ["READ_SCHEMA", "PackedChunk", "envelope_arrays", "pack_batch", "read_batch"]
 

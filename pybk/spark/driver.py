@@ -8,10 +8,11 @@ import os
 import time
 
 from pybk.errors import KeyExistsError, LogExistsError, LogNotFoundError
+from pybk.logs.meta import LogMetadata
+from pybk.logs.publish import check_no_live_writer
+from pybk.metadata.registry import parse_uri
 from pybk.spark import runtime
 from pybk.spark.options import OptionError, SourceOptions
-from pybk.stream.meta import LogMetadata
-from pybk.stream.publish import check_no_live_writer
 
 __all__ = ["connect", "now_ms"]
 
@@ -28,11 +29,11 @@ def connect(opts: SourceOptions, *, create: bool = False, for_write: bool = Fals
     SQLite URI names no file), OptionError('log') when the log does not exist (and ``create``
     is off), OptionError('fenceWriter') when a write would meet a live writer."""
     uri = opts.metadata
-    if uri.startswith("sqlite://"):
-        path = uri[len("sqlite://"):]
-        if not os.path.isfile(path):
-            raise OptionError("metadata", f"no SQLite metadata file at {path} (is the cluster "
-                                          "up? `pybk cluster up --root DIR` prints its URI)")
+    scheme, rest = parse_uri(uri)
+    path = scheme.local_path(rest)
+    if path is not None and not os.path.isfile(path):
+        raise OptionError("metadata", f"no SQLite metadata file at {path} (is the cluster "
+                                      "up? `pybk cluster up --root DIR` prints its URI)")
     try:
         md = runtime.run(_fetch(opts, create), timeout=opts.metadata_timeout)
     except TimeoutError as exc:

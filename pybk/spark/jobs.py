@@ -38,13 +38,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pybk.errors import BKError, KeyExistsError, LogNotFoundError, NoSuchKeyError, NoSuchLedgerError
-from pybk.stream.meta import LogMetadata
+from pybk.logs.meta import LogMetadata
 
 if TYPE_CHECKING:
     from pybk.client import Client
+    from pybk.client.writer import LedgerHandle
+    from pybk.logs.config import LogConfig
     from pybk.metadata.base import MetadataStore
-    from pybk.replication.writer import LedgerHandle
-    from pybk.stream.config import LogConfig
 
 __all__ = [
     "ABORTED",
@@ -247,7 +247,7 @@ async def sweep_stale_jobs(client: Client, older_than_ms: int, now_ms: int) -> d
 
 
 class TaskLedgers:
-    """The task side: makes ledgers for a :class:`~pybk.stream.SegmentBuilder`, each listed
+    """The task side: makes ledgers for a :class:`~pybk.logs.SegmentBuilder`, each listed
     under the task before it exists, and refuses once the job is no longer open."""
 
     def __init__(self, client: Client, job: str, task: str, log_key: str,

@@ -44,9 +44,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pybk.stream.config import LogConfig
-from pybk.stream.namespace import check_name
-from pybk.stream.position import Position
+from pybk.logs.config import LogConfig
+from pybk.logs.namespace import check_name
+from pybk.logs.position import Position
+from pybk.metadata.registry import parse_uri, schemes
 
 __all__ = ["OptionError", "SourceOptions", "parse_options"]
 
@@ -146,25 +147,14 @@ def _float(options: Mapping[str, Any], name: str, default: float) -> float:
 def check_metadata_uri(uri: str) -> str:
     """The URI, or OptionError('metadata') when executors could not share it."""
     uri = uri.strip()
-    scheme, sep, rest = uri.partition("://")
-    if not sep or scheme not in ("sqlite", "zk", "memory"):
-        raise OptionError("metadata", f"expected sqlite:///abs/path.db or zk://host:port/root, "
-                                      f"got {uri!r}")
-    if scheme == "memory":
+    try:
+        scheme, _rest = parse_uri(uri)
+    except (TypeError, ValueError) as exc:
+        raise OptionError("metadata", str(exc)) from None
+    if not scheme.shared:
         raise OptionError("metadata", f"{uri!r} lives in one process; Spark's executors need "
-                                      "a shared store: sqlite:///abs/path.db or zk://...")
-    if scheme == "sqlite" and (not rest.startswith("/") or rest.endswith("/")):
-        raise OptionError("metadata", f"expected sqlite:///absolute/path/to/file.db, got "
-                                      f"{uri!r}")
-    if scheme == "zk":
-        hosts, slash, root = rest.partition("/")
-        ok = bool(hosts) and bool(slash) and bool(root.strip("/"))
-        for hp in hosts.split(","):
-            host, colon, port = hp.rpartition(":")
-            ok = ok and bool(colon and host and port.isdigit() and 0 < int(port) < 65536)
-        if not ok:
-            raise OptionError("metadata", f"expected zk://host:port[,host:port]/root, got "
-                                          f"{uri!r}")
+                                      "a shared store: " + ", ".join(
+                                          s.form for s in schemes() if s.shared))
     return uri
 
 

@@ -19,16 +19,16 @@ from typing import TYPE_CHECKING, Any
 from pyspark.sql.datasource import InputPartition
 
 from pybk.errors import AlreadyTruncatedError, NoSuchLedgerError
+from pybk.logs import envelope
+from pybk.logs.meta import TRUNCATED, LogMetadata, SegmentInfo
+from pybk.logs.position import Position
 from pybk.spark import runtime
 from pybk.spark.arrow import envelope_arrays, read_batch
 from pybk.spark.options import SourceOptions
-from pybk.stream import envelope
-from pybk.stream.meta import TRUNCATED, LogMetadata, SegmentInfo
-from pybk.stream.position import Position
 
 if TYPE_CHECKING:
     from pybk.client import Client
-    from pybk.replication.reader import ReadHandle
+    from pybk.client.reader import ReadHandle
 
 __all__ = ["FIRST", "SegmentRange", "TailFinder", "plan_ranges", "read_partition", "read_range"]
 

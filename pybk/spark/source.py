@@ -29,12 +29,12 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
+from pybk.logs.position import Position
 from pybk.spark import runtime
 from pybk.spark.driver import connect
 from pybk.spark.options import OptionError, SourceOptions, parse_options
 from pybk.spark.read import FIRST, SegmentRange, TailFinder, plan_ranges, read_partition
 from pybk.spark.write import TaskResult, WritePlan, abort_job, commit_job, prepare_write, write_task
-from pybk.stream.position import Position
 
 __all__ = ["READ_DDL", "PybkCommitMessage", "PybkDataSource"]
 
@@ -50,11 +50,11 @@ class PybkCommitMessage(WriterCommitMessage):
         self.result = result
 
 
-def _results(messages: Sequence[Any]) -> list[TaskResult | None]:
+def task_results(messages: Sequence[Any]) -> list[TaskResult | None]:
     return [m.result if isinstance(m, PybkCommitMessage) else None for m in messages]
 
 
-def _task_ids() -> tuple[int, int]:
+def task_ids() -> tuple[int, int]:
     from pyspark import TaskContext
 
     tc = TaskContext.get()
@@ -70,13 +70,13 @@ class PybkBatchWriter(DataSourceArrowWriter):
         self.plan = plan
 
     def write(self, iterator: Iterator[Any]) -> PybkCommitMessage:
-        partition, attempt = _task_ids()
+        partition, attempt = task_ids()
         built = write_task(self.plan, f"p{partition}-a{attempt}", iterator, partition)
         return PybkCommitMessage(TaskResult(self.plan.job, partition, attempt,
                                             tuple(b.to_doc() for b in built)))
 
     def commit(self, messages: Sequence[Any]) -> None:
-        commit_job(self.plan, _results(messages))
+        commit_job(self.plan, task_results(messages))
 
     def abort(self, messages: Sequence[Any]) -> None:
         abort_job(self.plan)

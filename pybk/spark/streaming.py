@@ -43,10 +43,12 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from pybk.logs.meta import TRUNCATED, LogMetadata
+from pybk.logs.position import Position
 from pybk.spark import jobs, runtime
 from pybk.spark.options import OptionError, SourceOptions
 from pybk.spark.read import FIRST, SegmentRange, TailFinder, plan_ranges, read_partition
-from pybk.spark.source import PybkCommitMessage, _results, _task_ids
+from pybk.spark.source import PybkCommitMessage, task_ids, task_results
 from pybk.spark.write import (
     TaskResult,
     WritePlan,
@@ -56,8 +58,6 @@ from pybk.spark.write import (
     publish_and_sweep,
     write_task,
 )
-from pybk.stream.meta import TRUNCATED, LogMetadata
-from pybk.stream.position import Position
 
 __all__ = ["PybkStreamReader", "PybkStreamWriter", "StreamWritePlan", "prepare_stream_write"]
 
@@ -224,7 +224,7 @@ class PybkStreamWriter(DataSourceStreamArrowWriter):
         self.plan = plan
 
     def write(self, iterator: Iterator[Any]) -> PybkCommitMessage:
-        partition, attempt = _task_ids()
+        partition, attempt = task_ids()
         batch_id, run = _task_batch()
         job = f"{self.plan.batch(batch_id)}/{run}"
         write = dataclasses.replace(self.plan.write, job=job)
@@ -246,7 +246,7 @@ class PybkStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: Sequence[Any], batchId: int) -> None:
         opts = self.plan.write.options
         group = self.plan.batch(batchId)
-        results = _results(messages)
+        results = task_results(messages)
         built = collect_built(results, lambda job: job.startswith(group + "/"))
 
         async def go() -> None:
@@ -263,7 +263,7 @@ class PybkStreamWriter(DataSourceStreamArrowWriter):
         opts = self.plan.write.options
 
         async def go() -> None:
-            ids = await self._job_ids(batchId, _results(messages))()
+            ids = await self._job_ids(batchId, task_results(messages))()
             await finish_and_sweep(opts, ids, jobs.ABORTED)
 
         runtime.run(go())

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pybk.spark.options import parse_options
-from pybk.spark.source import _task_ids
+from pybk.spark.source import task_ids
 from pybk.spark.write import TaskResult, WritePlan, abort_job, commit_job, prepare_write, write_task
 
 __all__ = ["LEDGER_ROWS", "RESULT_ROWS", "partition_writer", "write_partitions"]
@@ -34,7 +34,7 @@ def partition_writer(plan: WritePlan) -> Any:
     def write(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        partition, attempt = _task_ids()
+        partition, attempt = task_ids()
         built = write_task(plan, f"p{partition}-a{attempt}", batches, partition)
         if built:
             yield pa.RecordBatch.from_pylist(

@@ -2,7 +2,7 @@
 with the tasks' results (commit or abort).
 
 A task (:func:`write_task`) packs its partition's Arrow batches into envelopes and writes them
-with a :class:`~pybk.stream.SegmentBuilder` into ledgers of its own, each listed under the
+with a :class:`~pybk.logs.SegmentBuilder` into ledgers of its own, each listed under the
 task attempt before it exists (:mod:`pybk.spark.jobs`); none is a segment of the log, so no
 reader sees them. It returns their descriptions, which travel to the driver in the task's
 commit message. The driver (:func:`commit_job`) publishes every successful attempt's ledgers
@@ -20,13 +20,13 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pybk.logs.builder import BuiltSegment, SegmentBuilder
+from pybk.logs.config import LogConfig
+from pybk.logs.publish import PublishResult
 from pybk.spark import jobs, runtime
 from pybk.spark.arrow import is_binary_like, pack_batch
 from pybk.spark.driver import connect, now_ms
 from pybk.spark.options import SourceOptions
-from pybk.stream.builder import BuiltSegment, SegmentBuilder
-from pybk.stream.config import LogConfig
-from pybk.stream.publish import PublishResult
 
 __all__ = ["TaskResult", "WritePlan", "abort_job", "commit_job", "prepare_write", "write_task"]
 

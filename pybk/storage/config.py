@@ -19,7 +19,7 @@ JOURNAL_DIR: Final = "journal"
 #: ``journal_inline_sync_max`` for a bookie alone on its event loop: every batch syncs inline.
 INLINE_SYNC_ALWAYS: Final = sys.maxsize
 #: the longest ledger master key a bookie records (BookKeeper's is a 20-byte digest of the
-#: ledger's password; ``pybk.protocol.master_key`` gives 32 bytes). Checkpoints hold a key's
+#: ledger's password; ``pybk.wire.master_key`` gives 32 bytes). Checkpoints hold a key's
 #: length in 16 bits: a longer key taken from the network made every checkpoint fail
 MAX_MASTER_KEY_SIZE: Final = 1024
 

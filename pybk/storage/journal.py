@@ -82,7 +82,7 @@ from itertools import accumulate
 from typing import Any
 
 from pybk.errors import IOBookieError, JournalFailedError, ReadOnlyBookieError, fresh_copy
-from pybk.eventloop import yield_now
+from pybk.runtime.eventloop import yield_now
 from pybk.stats import BookieStats
 from pybk.storage.fs import FileHandle, FileSystem
 from pybk.storage.index import Position

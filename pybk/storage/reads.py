@@ -29,9 +29,9 @@ from pybk.storage.fs import FileSystem
 from pybk.storage.index import Index, LedgerState
 from pybk.storage.journal import segment_name
 from pybk.storage.records import (
-    _ENTRY_CRC,
-    _ENTRY_RECORD_IDS,
-    _ENTRY_TYPE,
+    ENTRY_CRC,
+    ENTRY_RECORD_IDS,
+    ENTRY_TYPE,
     RECORD_HEADER_SIZE,
     decode_entry_at,
     decode_entry_in,
@@ -42,7 +42,7 @@ __all__ = ["ReadsMixin"]
 #: a batched read reads two records of one segment with one pread when at most this many
 #: bytes lie between them (what a syscall costs against reading a few KiB more)
 _COALESCE: Final = 4096
-_RECORD_IDS_SIZE: Final = _ENTRY_RECORD_IDS.size
+_RECORD_IDS_SIZE: Final = ENTRY_RECORD_IDS.size
 _crc32c = crc32c.crc32c
 
 
@@ -127,8 +127,8 @@ class ReadsMixin:
         out: list[tuple[int, Status, bytes | None]] = []
         append = out.append
         errors: dict[int, BKError] = {}
-        unpack, crc32c = _ENTRY_RECORD_IDS.unpack_from, _crc32c
-        ok, entry_type, entry_crc, hsize = Status.OK, _ENTRY_TYPE, _ENTRY_CRC, RECORD_HEADER_SIZE
+        unpack, crc32c = ENTRY_RECORD_IDS.unpack_from, _crc32c
+        ok, entry_type, entry_crc, hsize = Status.OK, ENTRY_TYPE, ENTRY_CRC, RECORD_HEADER_SIZE
         total = 0
         i, n = 0, len(entry_ids)
         while i < n and (total < max_bytes or not out):

@@ -35,7 +35,7 @@ from typing import Any, Final
 import crc32c
 
 from pybk.errors import CorruptRecordError
-from pybk.protocol import ENTRY_HEADER, ENTRY_HEADER_SIZE
+from pybk.wire import ENTRY_HEADER, ENTRY_HEADER_SIZE
 
 __all__ = [
     "BATCH_HEADER",
@@ -107,8 +107,8 @@ _TYPE_CRC: Final = {t: crc32c.crc32c(bytes([t])) for t in RecordType}
 #: the member of each on-disk type value (a dict lookup: ``RecordType(v)`` goes through the
 #: enum machinery, once per record replayed)
 _TYPE_OF: Final = {int(t): t for t in RecordType}
-_ENTRY_CRC: Final = _TYPE_CRC[RecordType.ENTRY]
-_ENTRY_TYPE: Final = int(RecordType.ENTRY)
+ENTRY_CRC: Final = _TYPE_CRC[RecordType.ENTRY]
+ENTRY_TYPE: Final = int(RecordType.ENTRY)
 _pack_entry_header = RECORD_HEADER.pack
 _crc32c = crc32c.crc32c
 
@@ -165,7 +165,7 @@ def encode_entry(body: bytes) -> bytes:
     """An ENTRY record: the framed body as it came from the client, whose header holds the
     ledger and entry ids (the caller has checked them). The hot path: one crc, one pack, one
     concatenation."""
-    return _pack_entry_header(len(body), _crc32c(body, _ENTRY_CRC), _ENTRY_TYPE) + body
+    return _pack_entry_header(len(body), _crc32c(body, ENTRY_CRC), ENTRY_TYPE) + body
 
 
 def encode_master_key(ledger_id: int, key: bytes) -> bytes:
@@ -262,7 +262,7 @@ def _parse_payload(rtype: RecordType, payload: bytes, where: int, size: int, pat
                                  path=path, offset=where) from None
 
 
-_ENTRY_RECORD_IDS = struct.Struct(">IIBqq")  # record header, then the body's ledger, entry ids
+ENTRY_RECORD_IDS = struct.Struct(">IIBqq")  # record header, then the body's ledger, entry ids
 
 
 #: the piggybacked LAC in an entry body's header (ledger id, entry id, lac, length: ``>qqqq``);
@@ -285,16 +285,16 @@ def batch_items(data: bytes, pos: int, end: int, seg: int, path: str,
     items: list[tuple[int, int, tuple[int, int, int], int] | Record] = []
     append = items.append
     view = memoryview(data)
-    unpack = _ENTRY_RECORD_IDS.unpack_from
+    unpack = ENTRY_RECORD_IDS.unpack_from
     lac_of = LAC_IN_ENTRY_BODY.unpack_from
-    ids_end = _ENTRY_RECORD_IDS.size
+    ids_end = ENTRY_RECORD_IDS.size
     while pos < end:
         if end - pos >= ids_end:
             length, crc, rtype, lid, eid = unpack(data, pos)
             start = pos + RECORD_HEADER_SIZE
             stop = start + length
-            if (rtype == _ENTRY_TYPE and _ENTRY_IDS.size <= length and stop <= end
-                    and _crc32c(view[start:stop], _ENTRY_CRC) == crc):
+            if (rtype == ENTRY_TYPE and _ENTRY_IDS.size <= length and stop <= end
+                    and _crc32c(view[start:stop], ENTRY_CRC) == crc):
                 lac = lac_of(data, start)[0] if length >= ENTRY_HEADER_SIZE else -1
                 append((lid, eid, (seg, pos, stop - pos), lac))
                 pos = stop
@@ -309,12 +309,12 @@ def decode_entry_in(data: bytes, pos: int, size: int, path: str, offset: int, le
                     entry_id: int) -> bytes:
     """:func:`decode_entry_at` of the record at ``data[pos:pos + size]`` (read from file
     offset ``offset``), without slicing it out first: the body is the one copy made."""
-    if size >= _ENTRY_RECORD_IDS.size and pos + size <= len(data):
-        length, crc, rtype, lid, eid = _ENTRY_RECORD_IDS.unpack_from(data, pos)
-        if (rtype == _ENTRY_TYPE and length == size - RECORD_HEADER_SIZE and lid == ledger_id
+    if size >= ENTRY_RECORD_IDS.size and pos + size <= len(data):
+        length, crc, rtype, lid, eid = ENTRY_RECORD_IDS.unpack_from(data, pos)
+        if (rtype == ENTRY_TYPE and length == size - RECORD_HEADER_SIZE and lid == ledger_id
                 and eid == entry_id):
             body = data[pos + RECORD_HEADER_SIZE:pos + size]
-            if _crc32c(body, _ENTRY_CRC) == crc:
+            if _crc32c(body, ENTRY_CRC) == crc:
                 return body
     return decode_entry_at(data[pos:pos + size], path, offset, ledger_id, entry_id)
 
@@ -328,12 +328,12 @@ def decode_entry_at(data: bytes | memoryview, path: str, offset: int, ledger_id:
     case (a well-formed ENTRY record of the right ids) is checked with one unpack and one
     CRC, no record object; anything else goes through :func:`decode_record` for its error."""
     n = len(data)
-    if n >= _ENTRY_RECORD_IDS.size:
-        length, crc, rtype, lid, eid = _ENTRY_RECORD_IDS.unpack_from(data)
-        if (rtype == _ENTRY_TYPE and length == n - RECORD_HEADER_SIZE and lid == ledger_id
+    if n >= ENTRY_RECORD_IDS.size:
+        length, crc, rtype, lid, eid = ENTRY_RECORD_IDS.unpack_from(data)
+        if (rtype == ENTRY_TYPE and length == n - RECORD_HEADER_SIZE and lid == ledger_id
                 and eid == entry_id):
             body = bytes(data[RECORD_HEADER_SIZE:])
-            if _crc32c(body, _ENTRY_CRC) == crc:
+            if _crc32c(body, ENTRY_CRC) == crc:
                 return body
     if len(data) < RECORD_HEADER_SIZE:
         raise CorruptRecordError(f"{path}: short read of entry at offset {offset}",

@@ -25,7 +25,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pybk.errors import BookieStateError, CorruptRecordError
-from pybk.protocol import ENTRY_HEADER_SIZE
 from pybk.storage.fs import FileSystem
 from pybk.storage.index import Index
 from pybk.storage.records import (
@@ -40,6 +39,7 @@ from pybk.storage.records import (
     find_valid_batch_after,
     iter_records,
 )
+from pybk.wire import ENTRY_HEADER_SIZE
 
 __all__ = [
     "SegmentScan",

@@ -26,7 +26,6 @@ from collections.abc import Callable, Container
 from typing import Final
 
 from pybk.errors import BKError, ReadOnlyBookieError
-from pybk.protocol import parse_entry_header
 from pybk.stats import BookieStats
 from pybk.storage import compaction
 from pybk.storage.checkpoint import CHECKPOINT_FILE
@@ -43,6 +42,7 @@ from pybk.storage.index import Index, Position
 from pybk.storage.journal import Journal
 from pybk.storage.startup import ReplayReport, replay
 from pybk.storage.writes import AddCallback, BatchCallback, ResolveFuture, WritesMixin
+from pybk.wire import parse_entry_header
 
 __all__ = [
     "ACK_BEFORE_FSYNC", "DELTA_SKIPS_LEDGER_STATE", "INLINE_SYNC_ALWAYS",

@@ -38,7 +38,6 @@ from pybk.errors import (
     UnauthorizedError,
     fresh_copy,
 )
-from pybk.protocol import ENTRY_HEADER_SIZE, AddOutcome
 from pybk.storage.config import MAX_MASTER_KEY_SIZE
 from pybk.storage.index import LedgerState
 from pybk.storage.journal import Journal
@@ -53,6 +52,7 @@ from pybk.storage.records import (
     encode_fence,
     encode_master_key,
 )
+from pybk.wire import ENTRY_HEADER_SIZE, AddOutcome
 
 __all__ = ["AddCallback", "BatchCallback", "ResolveFuture", "WritesMixin"]
 
@@ -275,7 +275,7 @@ class WritesMixin(ReadsMixin):
                   master_key: bytes, recovery: bool, on_done: BatchCallback) -> None:
         """Store the framed entries ``bodies`` (entries ``entry_ids``) of one ledger:
         ``on_done(outcome)`` tells the outcome once, for the lot (see
-        :data:`pybk.protocol.AddOutcome`: None once every entry is durable *and* in the
+        :data:`pybk.wire.AddOutcome`: None once every entry is durable *and* in the
         index, else one error for all or one outcome per entry).
 
         The ledger's checks (deleted, key, fenced) run once and raise at once like
@@ -375,7 +375,7 @@ class WritesMixin(ReadsMixin):
             prev = eid
             # encode_entry's record, as two parts of the one join that makes the append
             size = len(body)
-            records.append(_pack_record_header(size, _crc32c(body, _ENTRY_CRC), _ENTRY_TYPE))
+            records.append(_pack_record_header(size, _crc32c(body, ENTRY_CRC), ENTRY_TYPE))
             records.append(body)
             ids.append(eid)
             where.append(i)
@@ -500,8 +500,8 @@ _unpack_entry_ids_lac = _ENTRY_IDS_LAC.unpack_from
 _pack_record_header = RECORD_HEADER.pack
 _crc32c = crc32c.crc32c
 #: an ENTRY record's CRC starts from its type byte's (see pybk.storage.records.encode_entry)
-_ENTRY_TYPE: Final = int(RecordType.ENTRY)
-_ENTRY_CRC: Final = crc32c.crc32c(bytes([_ENTRY_TYPE]))
+ENTRY_TYPE: Final = int(RecordType.ENTRY)
+ENTRY_CRC: Final = crc32c.crc32c(bytes([ENTRY_TYPE]))
 
 
 def _admit_run(ledger_id: int, st: LedgerState, entry_ids: Sequence[int],
@@ -538,8 +538,8 @@ def _admit_run(ledger_id: int, st: LedgerState, entry_ids: Sequence[int],
         return None
     lens = list(map(len, bodies))
     records: list[bytes] = [b""] * (2 * n)
-    records[::2] = map(_pack_record_header, lens, map(_crc32c, bodies, repeat(_ENTRY_CRC)),
-                       repeat(_ENTRY_TYPE))
+    records[::2] = map(_pack_record_header, lens, map(_crc32c, bodies, repeat(ENTRY_CRC)),
+                       repeat(ENTRY_TYPE))
     records[1::2] = bodies
     return (b"".join(records), ids, list(map(_add, lens, repeat(RECORD_HEADER_SIZE))),
             max(lacs))

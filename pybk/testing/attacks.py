@@ -26,8 +26,8 @@ import itertools
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
-from pybk.protocol import ReadRequest
 from pybk.transport import codec
+from pybk.wire import ReadRequest
 
 __all__ = [
     "Attack",

@@ -30,7 +30,14 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from pybk.errors import BKError, BookieUnavailableError, TimeoutError, error_for_status
-from pybk.protocol import (
+from pybk.transport.base import (
+    Transport,
+    read_batch_by_singles,
+    split_batch,
+    split_callback,
+)
+from pybk.transport.deadlines import Deadlines
+from pybk.wire import (
     AddBatchRequest,
     AddCallback,
     AddLike,
@@ -46,13 +53,6 @@ from pybk.protocol import (
     Status,
     error_response,
 )
-from pybk.transport.base import (
-    Transport,
-    read_batch_by_singles,
-    split_batch,
-    split_callback,
-)
-from pybk.transport.deadlines import Deadlines
 
 Action = Literal["hold", "fail", "drop", "before"]
 BeforeCallback = Callable[[str, Request], Awaitable[None]]
@@ -285,7 +285,7 @@ class HookedTransport(Transport):
     released later goes to ``inner`` with what is left of it.
 
     Adds are matched entry by entry, as if each entry of a batch were a single
-    :class:`~pybk.protocol.AddRequest` (that is what rules and predicates see, and what a
+    :class:`~pybk.wire.AddRequest` (that is what rules and predicates see, and what a
     hold parks): the entries no rule matches still travel together as one batch, each
     matched entry is acted on alone, and the batch's caller gets one outcome for the lot."""
 

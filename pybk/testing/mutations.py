@@ -21,9 +21,11 @@ from collections.abc import Iterable
 from typing import Final
 
 from pybk.bookie.bookie import NO_SUCH_ENTRY_ON_IO_ERROR
+from pybk.client.recovery import RECOVERY_READS_DONT_FENCE, RECOVERY_TIMEOUT_AS_ABSENT
+from pybk.client.writer import ACK_OUT_OF_ORDER
+from pybk.logs.reader import TAIL_READER_SKIPS_ON_ERROR
+from pybk.logs.writer import SEGMENT_COMPLETED_AT_STALE_LAC
 from pybk.ops.replicator import ENSEMBLE_BEFORE_COPY_DURABLE
-from pybk.replication.recovery import RECOVERY_READS_DONT_FENCE, RECOVERY_TIMEOUT_AS_ABSENT
-from pybk.replication.writer import ACK_OUT_OF_ORDER
 from pybk.storage.startup import REPLAY_DAMAGE_AS_TORN_TAIL
 from pybk.storage.store import (
     ACK_BEFORE_FSYNC,
@@ -31,8 +33,6 @@ from pybk.storage.store import (
     INLINE_SYNC_SKIPS_FSYNC,
     OVERLAP_ACK_BEFORE_SYNC,
 )
-from pybk.stream.reader import TAIL_READER_SKIPS_ON_ERROR
-from pybk.stream.writer import SEGMENT_COMPLETED_AT_STALE_LAC
 
 __all__ = [
     "ACK_BEFORE_FSYNC",

@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Collection, Sequence
 
+from pybk.client.quorum import Quorums
 from pybk.errors import BKError, DigestMismatchError, NoSuchLedgerError, UnauthorizedError
 from pybk.metadata.base import LedgerMetadata, MetadataStore
 from pybk.ops.fragments import fragments
 from pybk.ops.replicator import ledger_access
-from pybk.protocol import ReadBatchRequest, ReadBatchResponse, ReadRequest, ReadResponse, Status
-from pybk.replication.quorum import Quorums
 from pybk.transport.base import Transport
+from pybk.wire import ReadBatchRequest, ReadBatchResponse, ReadRequest, ReadResponse, Status
 
 __all__ = ["ledger_replication_problems", "replication_problems"]
 

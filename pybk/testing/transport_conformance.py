@@ -44,7 +44,8 @@ from pybk.errors import (
     TimeoutError,
     UnauthorizedError,
 )
-from pybk.protocol import (
+from pybk.transport.base import Transport
+from pybk.wire import (
     AddBatchRequest,
     AddOutcome,
     AddRequest,
@@ -60,7 +61,6 @@ from pybk.protocol import (
     Status,
     master_key,
 )
-from pybk.transport.base import Transport
 
 __all__ = [
     "BACKENDS",

@@ -3,9 +3,9 @@
 Two ways in, one contract:
 
 * :meth:`Transport.add` is the write path's typed add: it takes an
-  :class:`~pybk.protocol.AddRequest` or an :class:`~pybk.protocol.AddBatchRequest` (the entries
+  :class:`~pybk.wire.AddRequest` or an :class:`~pybk.wire.AddBatchRequest` (the entries
   of one ledger bound for one bookie) and calls ``on_done(outcome)`` exactly once, with an
-  :data:`~pybk.protocol.AddOutcome`: None (every entry is durable on the bookie), one
+  :data:`~pybk.wire.AddOutcome`: None (every entry is durable on the bookie), one
   :class:`pybk.errors.BKError` for all (the bookie refused, or could not be reached:
   :class:`~pybk.errors.BookieUnavailableError`; or no answer in time:
   :class:`~pybk.errors.TimeoutError`), or one outcome per entry of a batch. In process no
@@ -31,7 +31,7 @@ import asyncio
 from collections.abc import Callable
 
 from pybk.errors import BKError, BookieUnavailableError, status_of
-from pybk.protocol import (
+from pybk.wire import (
     AddBatchRequest,
     AddCallback,
     AddLike,
@@ -123,7 +123,7 @@ def split_callback(on_done: AddCallback, n: int,
 def read_batch_by_singles(
     send: Callable[[ReadRequest], asyncio.Future[Response]], request: ReadBatchRequest,
 ) -> asyncio.Future[Response]:
-    """A :class:`~pybk.protocol.ReadBatchRequest` answered by single reads through ``send``
+    """A :class:`~pybk.wire.ReadBatchRequest` answered by single reads through ``send``
     (a peer that does not take batches, a test hook acting on some entries): one entry of
     the answer per read, its status what the read said (UNAVAILABLE or TIMEOUT when it
     failed)."""

@@ -16,7 +16,6 @@ from __future__ import annotations
 import struct
 
 from pybk.errors import ProtocolError
-from pybk.protocol import AuthRequest, Request, Response
 from pybk.transport.messages import (
     DEFAULT_MAX_FRAME,
     FLAG_FENCE,
@@ -41,6 +40,7 @@ from pybk.transport.messages import (
     encode_response,
     error_response_for_op,
 )
+from pybk.wire import AuthRequest, Request, Response
 
 __all__ = [
     "DEFAULT_MAX_FRAME",

@@ -22,7 +22,9 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from pybk.errors import BKError, BookieUnavailableError, ClientClosedError, TimeoutError
-from pybk.protocol import (
+from pybk.transport.base import Transport, settle_add
+from pybk.transport.deadlines import Deadlines
+from pybk.wire import (
     AddBatchRequest,
     AddCallback,
     AddLike,
@@ -34,8 +36,6 @@ from pybk.protocol import (
     Status,
     add_response,
 )
-from pybk.transport.base import Transport, settle_add
-from pybk.transport.deadlines import Deadlines
 
 __all__ = ["LocalTransport"]
 

@@ -7,7 +7,7 @@ The format is documented in ``docs/protocol.md``; in short, every frame is::
     u32 length      bytes after this field (CRC + header + body)
     u32 crc32c      over header + body
     u8  version     1, or 2 for the operations protocol version 2 added (ADD_BATCH)
-    u8  op          pybk.protocol.Op
+    u8  op          pybk.wire.Op
     u16 flags       RESPONSE bit + per-operation flags
     u64 request id  chosen by the client, echoed in the response
     body            per (op, direction), big-endian, no trailing bytes
@@ -29,7 +29,7 @@ from typing import Any, Final
 import crc32c
 
 from pybk.errors import ProtocolError
-from pybk.protocol import (
+from pybk.wire import (
     AddBatchRequest,
     AddBatchResponse,
     AddRequest,

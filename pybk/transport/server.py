@@ -60,7 +60,6 @@ from typing import Any, Final
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from pybk.protocol import AddRequest, ReadRequest, Request, Response
 from pybk.transport.admission import Admission
 from pybk.transport.limits import REQUEST_OVERHEAD, ServerConfig
 from pybk.transport.listener import (
@@ -77,6 +76,7 @@ from pybk.transport.server_connection import (
     ServerConnection,
     is_long_poll,
 )
+from pybk.wire import AddRequest, ReadRequest, Request, Response
 
 __all__ = [
     "AddNowait",
@@ -88,7 +88,7 @@ __all__ = [
     "ServerStats",
 ]
 
-log = logging.getLogger("pybk.bookie.process")
+log = logging.getLogger("pybk.server.process")
 
 Handler = Callable[[Request], Awaitable[Response]]
 #: ``response_size(request) -> bytes`` of the answer's entry data (None: not known), so a

@@ -19,7 +19,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from pybk.errors import BKError, ProtocolError, status_of
-from pybk.protocol import (
+from pybk.transport import codec
+from pybk.transport.limits import REQUEST_OVERHEAD
+from pybk.wire import (
     AddBatchRequest,
     AddCallback,
     AddLike,
@@ -37,15 +39,13 @@ from pybk.protocol import (
     add_response,
     error_response,
 )
-from pybk.transport import codec
-from pybk.transport.limits import REQUEST_OVERHEAD
 
 if TYPE_CHECKING:
     from pybk.transport.server import BookieServer
 
 __all__ = ["SMALL", "SMALL_FLOOR", "AddNowait", "AddPath", "ServerConnection", "is_long_poll"]
 
-log = logging.getLogger("pybk.bookie.process")
+log = logging.getLogger("pybk.server.process")
 
 #: a request whose bytes are at most this is "small": it still starts when the bookie's
 #: budget is spent, as long as its connection holds at most SMALL_FLOOR (adds of a writer

@@ -34,7 +34,16 @@ from pybk.errors import (
     ProtocolError,
     TimeoutError,
 )
-from pybk.protocol import (
+from pybk.transport import codec
+from pybk.transport.base import (
+    Transport,
+    read_batch_by_singles,
+    settle_add,
+    split_batch,
+    split_callback,
+)
+from pybk.transport.deadlines import Deadlines
+from pybk.wire import (
     AddBatchRequest,
     AddCallback,
     AddLike,
@@ -50,15 +59,6 @@ from pybk.protocol import (
     add_outcome,
     error_response,
 )
-from pybk.transport import codec
-from pybk.transport.base import (
-    Transport,
-    read_batch_by_singles,
-    settle_add,
-    split_batch,
-    split_callback,
-)
-from pybk.transport.deadlines import Deadlines
 
 if TYPE_CHECKING:
     from pybk.metadata.base import MetadataStore

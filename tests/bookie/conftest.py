@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from pybk.bookie import Bookie, BookieConfig
-from pybk.protocol import AddRequest, DigestManager, ReadRequest, Status, master_key
 from pybk.storage import MemFileSystem
+from pybk.wire import AddRequest, DigestManager, ReadRequest, Status, master_key
 
 KEY = master_key(b"pw")
 DATA_DIR = "/data/b1"

@@ -7,8 +7,8 @@ import asyncio
 import random
 
 from pybk.bookie import Bookie, BookieConfig
-from pybk.protocol import AddRequest, AddResponse, FenceRequest, Response, Status
 from pybk.storage import MemFileSystem
+from pybk.wire import AddRequest, AddResponse, FenceRequest, Response, Status
 
 from .conftest import DATA_DIR, KEY, frame
 

@@ -10,7 +10,10 @@ from storage_kit import KEY as STORE_KEY
 from storage_kit import fill, open_store
 
 from pybk.errors import BadRequestError
-from pybk.protocol import (
+from pybk.storage import MemFileSystem
+from pybk.storage.records import encode_entry, encode_master_key
+from pybk.storage.store import MAX_MASTER_KEY_SIZE
+from pybk.wire import (
     AddRequest,
     DigestManager,
     FenceRequest,
@@ -18,9 +21,6 @@ from pybk.protocol import (
     Status,
     WriteLacRequest,
 )
-from pybk.storage import MemFileSystem
-from pybk.storage.records import encode_entry, encode_master_key
-from pybk.storage.store import MAX_MASTER_KEY_SIZE
 
 from .conftest import KEY, frame
 

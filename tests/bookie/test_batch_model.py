@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import rule
 
 from pybk.errors import status_of
-from pybk.protocol import (
+from pybk.wire import (
     AddBatchRequest,
     AddOutcome,
     FenceRequest,

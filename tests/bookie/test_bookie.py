@@ -13,7 +13,9 @@ import pytest
 from pybk.bookie import READ_ONLY, WRITABLE, Bookie, BookieConfig
 from pybk.errors import BookieStateError, CorruptRecordError
 from pybk.metadata import open_store
-from pybk.protocol import (
+from pybk.storage import MemFileSystem
+from pybk.testing.mutations import ACK_BEFORE_FSYNC, NO_SUCH_ENTRY_ON_IO_ERROR, Mutations
+from pybk.wire import (
     AddRequest,
     AuthRequest,
     BookieInfoRequest,
@@ -28,8 +30,6 @@ from pybk.protocol import (
     WriteLacRequest,
     master_key,
 )
-from pybk.storage import MemFileSystem
-from pybk.testing.mutations import ACK_BEFORE_FSYNC, NO_SUCH_ENTRY_ON_IO_ERROR, Mutations
 
 # --------------------------------------------------------------------------- basics
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from pybk.bookie import Bookie, BookieConfig
-from pybk.protocol import (
+from pybk.storage import MemFileSystem, SimulatedCrash
+from pybk.wire import (
     AddRequest,
     DigestManager,
     FenceRequest,
@@ -28,7 +29,6 @@ from pybk.protocol import (
     WriteLacRequest,
     master_key,
 )
-from pybk.storage import MemFileSystem, SimulatedCrash
 
 KEY = master_key(b"k")
 DIR = "/d"

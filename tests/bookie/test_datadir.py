@@ -14,7 +14,6 @@ from pybk.bookie import Bookie, BookieConfig
 from pybk.bookie.inspect import inspect_data_dir
 from pybk.cli import main
 from pybk.errors import ReadOnlyBookieError
-from pybk.protocol import Status
 from pybk.storage import OsFileSystem
 from pybk.storage.checkpoint import (
     CHECKPOINT_FILE,
@@ -24,6 +23,7 @@ from pybk.storage.checkpoint import (
 )
 from pybk.storage.index import Index
 from pybk.storage.journal import segment_name
+from pybk.wire import Status
 
 MUTATIONS = ("write", "create", "rename", "delete", "truncate", "fsync_dir")
 #: checkpoints stay deltas (the chain is what some tests damage)
@@ -179,7 +179,7 @@ async def test_pybk_bookie_inspect_on_real_files(tmp_path):
         disk_check_interval=0, checkpoint_interval=0, segment_size=1024),
         rng=random.Random(1))
     await bookie.start()
-    from pybk.protocol import DigestManager, master_key
+    from pybk.wire import DigestManager, master_key
     for eid in range(20):
         await bookie.add(1, eid, master_key(b"pw"), DigestManager(1).frame(eid, eid - 1, 0,
                                                                           b"x" * 50))

@@ -20,7 +20,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from pybk.bookie import Bookie, BookieConfig
 from pybk.bookie.inspect import inspect_data_dir
-from pybk.protocol import (
+from pybk.storage import MemFileSystem
+from pybk.wire import (
     AddRequest,
     DigestManager,
     FenceRequest,
@@ -30,7 +31,6 @@ from pybk.protocol import (
     WriteLacRequest,
     master_key,
 )
-from pybk.storage import MemFileSystem
 
 KEY = master_key(b"s")
 LEDGERS = st.integers(0, 3)

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from pybk.client.context import ClientConfig
 from pybk.cluster import LocalCluster
-from pybk.replication.context import ClientConfig
 from pybk.storage.memfs import MemFileSystem
 from pybk.testing import HookedTransport
 

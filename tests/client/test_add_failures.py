@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from pybk.client.context import DEFAULT_MAX_ENTRY_SIZE, ClientConfig
 from pybk.errors import (
     BKError,
     EntryTooLargeError,
@@ -29,9 +30,8 @@ from pybk.errors import (
     MetadataStoreError,
 )
 from pybk.metadata.memory import MemoryMetadataStore
-from pybk.protocol import AddCallback, AddLike, FenceRequest, Request, Response, master_key
-from pybk.replication.context import DEFAULT_MAX_ENTRY_SIZE, ClientConfig
 from pybk.transport.base import Transport
+from pybk.wire import AddCallback, AddLike, FenceRequest, Request, Response, master_key
 
 from .conftest import FAST, mem_cluster
 

@@ -16,7 +16,7 @@ import random
 import pytest
 
 from pybk.errors import BKError
-from pybk.protocol import AddRequest, Request, Status
+from pybk.wire import AddRequest, Request, Status
 
 from .conftest import mem_cluster
 

@@ -45,7 +45,7 @@ async def test_local_cluster_on_disk(tmp_path: pathlib.Path) -> None:
 
         # restart the crashed bookie on its directory: it still holds its entries
         await cluster.start_bookie(victim)
-        resp = await cluster.bookie(victim).handle(pybk.protocol.ListEntriesRequest(lh.id))
+        resp = await cluster.bookie(victim).handle(pybk.wire.ListEntriesRequest(lh.id))
         assert resp.ranges and resp.ranges[0][0] == 0
 
 

@@ -9,8 +9,8 @@ import asyncio
 from pybk.client import Client
 from pybk.metadata.base import BookieRegistration
 from pybk.metadata.memory import MemoryMetadataStore
-from pybk.protocol import AddCallback, AddLike, Request, Response
 from pybk.transport.base import Transport
+from pybk.wire import AddCallback, AddLike, Request, Response
 
 
 class Answering(Transport):

@@ -12,6 +12,8 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+from pybk.client.context import ClientConfig
+from pybk.client.writer import LedgerHandle
 from pybk.errors import (
     LedgerClosedError,
     LedgerFencedError,
@@ -20,9 +22,7 @@ from pybk.errors import (
 )
 from pybk.metadata.base import CLOSED, IN_RECOVERY
 from pybk.metadata.memory import MemoryMetadataStore
-from pybk.protocol import ListEntriesRequest, ListEntriesResponse, Op, Status
-from pybk.replication.context import ClientConfig
-from pybk.replication.writer import LedgerHandle
+from pybk.wire import ListEntriesRequest, ListEntriesResponse, Op, Status
 
 from .conftest import MetaGate, mem_cluster, until
 

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from pybk.errors import BookieUnavailableError, TimeoutError
-from pybk.protocol import AddRequest, AddResponse, DigestManager, Op, Status, master_key
+from pybk.wire import AddRequest, AddResponse, DigestManager, Op, Status, master_key
 
 from .conftest import mem_cluster
 

@@ -8,7 +8,7 @@ import builtins
 import pytest
 
 from pybk.errors import BookieUnavailableError, ClientClosedError, TimeoutError
-from pybk.protocol import (
+from pybk.wire import (
     BookieInfoRequest,
     BookieInfoResponse,
     ListEntriesRequest,

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from pybk.protocol import ReadRequest
-from pybk.replication.context import ClientConfig
+from pybk.client.context import ClientConfig
+from pybk.wire import ReadRequest
 
 PW = b"pw"
 

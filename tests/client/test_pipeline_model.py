@@ -1,4 +1,4 @@
-"""The sans-IO write pipeline (pybk.replication.pipeline) driven directly by hypothesis.
+"""The sans-IO write pipeline (pybk.client.pipeline) driven directly by hypothesis.
 
 No loop, no transport, no store: a state machine pushes entries, carries out the pipeline's
 actions, answers its batches in any order and any way (stored, refused, unreachable, fenced,
@@ -32,6 +32,15 @@ from hypothesis.stateful import (
     rule,
 )
 
+from pybk.client.pipeline import (
+    ChangeEnsemble,
+    Fail,
+    Resolve,
+    Send,
+    SendLac,
+    WritePipeline,
+)
+from pybk.client.quorum import Quorums, plan_ensemble_change
 from pybk.errors import (
     BKError,
     BookieUnavailableError,
@@ -41,15 +50,6 @@ from pybk.errors import (
     NotEnoughBookiesError,
     TimeoutError,
 )
-from pybk.replication.pipeline import (
-    ChangeEnsemble,
-    Fail,
-    Resolve,
-    Send,
-    SendLac,
-    WritePipeline,
-)
-from pybk.replication.quorum import Quorums, plan_ensemble_change
 
 QUORUMS = [(3, 2, 2), (3, 3, 2), (4, 3, 2), (3, 2, 1), (2, 2, 2), (5, 3, 3), (1, 1, 1)]
 RECOVERABLE = [IOBookieError, BookieUnavailableError, TimeoutError, EntryExistsError]

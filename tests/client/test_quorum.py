@@ -1,4 +1,4 @@
-"""Exhaustive/property tests of the sans-IO quorum rules (pybk.replication.quorum)."""
+"""Exhaustive/property tests of the sans-IO quorum rules (pybk.client.quorum)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pybk.errors import NotEnoughBookiesError
-from pybk.replication.quorum import (
+from pybk.client.quorum import (
     AckSet,
     Answer,
     CoverageSet,
@@ -21,6 +20,7 @@ from pybk.replication.quorum import (
     plan_ensemble_change,
     validate_quorums,
 )
+from pybk.errors import NotEnoughBookiesError
 
 SETTINGS = settings(derandomize=True, deadline=None, max_examples=300)
 

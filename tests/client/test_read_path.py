@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 import pybk
+from pybk.client.context import ClientConfig
 from pybk.errors import BookieUnavailableError, DigestMismatchError, NoSuchEntryError
-from pybk.protocol import AddRequest, DigestManager, Op, ReadBatchRequest, Status, master_key
-from pybk.replication.context import ClientConfig
+from pybk.wire import AddRequest, DigestManager, Op, ReadBatchRequest, Status, master_key
 
 from .conftest import mem_cluster, until
 
@@ -257,7 +257,7 @@ def test_tail_backs_off_while_its_ledger_is_fenced_but_not_closed(sim_cluster: A
     answered at once, without the entry. tail() then polls less and less often (up to the
     long-poll timeout) instead of as fast as the round trips allow, and still ends with the
     ledger once it is closed. (Virtual time: the count of polls over 20 s is exact.)"""
-    from pybk.protocol import FenceRequest, ReadRequest
+    from pybk.wire import FenceRequest, ReadRequest
 
     async def scenario(cluster: Any) -> tuple[int, list[bytes]]:
         config = ClientConfig(long_poll_timeout=1.0, speculative_read_delay=0)
@@ -306,7 +306,7 @@ def test_explicit_lac_is_not_sent_while_adds_carry_the_lac_on(sim_cluster: Any) 
     """BookKeeper's explicit-LAC policy: a writer adding more often than the interval sends
     no WriteLac (each add brings the bookies the LAC piggybacked); once it stops, its last
     LAC goes to the bookies within two intervals and a reader sees its last entry."""
-    from pybk.protocol import WriteLacRequest
+    from pybk.wire import WriteLacRequest
 
     async def scenario(cluster: Any) -> None:
         config = ClientConfig(explicit_lac_interval=0.2)

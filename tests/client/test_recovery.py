@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from pybk.client.context import ClientConfig
 from pybk.errors import (
     LedgerFencedError,
     LedgerRecoveryError,
@@ -21,7 +22,9 @@ from pybk.errors import (
     UnexpectedConditionError,
 )
 from pybk.metadata.base import CLOSED, IN_RECOVERY, OPEN
-from pybk.protocol import (
+from pybk.testing.hooks import is_fencing, is_recovery_add
+from pybk.testing.mutations import RECOVERY_READS_DONT_FENCE, Mutations
+from pybk.wire import (
     LAST_ENTRY,
     AddRequest,
     DigestManager,
@@ -32,9 +35,6 @@ from pybk.protocol import (
     Status,
     master_key,
 )
-from pybk.replication.context import ClientConfig
-from pybk.testing.hooks import is_fencing, is_recovery_add
-from pybk.testing.mutations import RECOVERY_READS_DONT_FENCE, Mutations
 
 from .conftest import mem_cluster, until
 

@@ -16,10 +16,10 @@ import random
 
 import pytest
 
+from pybk.client.quorum import Quorums
 from pybk.errors import LedgerRecoveryError, NotEnoughBookiesError
 from pybk.metadata.base import CLOSED, IN_RECOVERY
-from pybk.protocol import AddRequest, DigestManager, Status, master_key
-from pybk.replication.quorum import Quorums
+from pybk.wire import AddRequest, DigestManager, Status, master_key
 
 from .conftest import mem_cluster
 

@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from pybk.client.reader import ReadHandle
 from pybk.errors import (
     DigestMismatchError,
     EntryNotConfirmedError,
@@ -17,9 +18,8 @@ from pybk.errors import (
     UnauthorizedError,
 )
 from pybk.metadata.base import CLOSED, OPEN
-from pybk.protocol import DigestManager, Op
-from pybk.replication.reader import ReadHandle
 from pybk.testing.mutations import ACK_OUT_OF_ORDER, Mutations
+from pybk.wire import DigestManager, Op
 
 from .conftest import FAST, mem_cluster, until
 
@@ -255,7 +255,7 @@ async def test_append_many_checks_items_and_handles_empty() -> None:
 
 def test_client_and_config_reject_bad_arguments() -> None:
     from pybk.client import Client
-    from pybk.replication.context import ClientConfig
+    from pybk.client.context import ClientConfig
 
     with pytest.raises(ValueError, match="add_timeout"):
         ClientConfig(add_timeout=0)

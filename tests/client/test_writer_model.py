@@ -20,13 +20,13 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pybk.client.context import ClientConfig
+from pybk.client.quorum import Quorums
 from pybk.errors import BKError
 from pybk.metadata.base import BookieRegistration
 from pybk.metadata.memory import MemoryMetadataStore
-from pybk.protocol import AddRequest, AddResponse, Request, Response, Status, error_response
-from pybk.replication.context import ClientConfig
-from pybk.replication.quorum import Quorums
 from pybk.transport.base import Transport
+from pybk.wire import AddRequest, AddResponse, Request, Response, Status, error_response
 
 
 class ScriptedTransport(Transport):

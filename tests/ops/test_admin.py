@@ -6,12 +6,12 @@ import random
 
 import pytest
 
+from pybk.client.context import ClientConfig
 from pybk.cluster import LocalCluster
 from pybk.errors import BookieStateError, CorruptRecordError, IOBookieError
 from pybk.ops import BookieInfo
 from pybk.ops.replicator import repair_ledger
 from pybk.ops.settings import DELAY_KEY
-from pybk.replication.context import ClientConfig
 from pybk.storage.memfs import MemFileSystem
 from pybk.testing.replicas import replication_problems
 

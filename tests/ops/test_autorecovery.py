@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
+from pybk.client.context import ClientConfig
 from pybk.cluster import LocalCluster
 from pybk.errors import LedgerFencedError, UnauthorizedError
 from pybk.ops import AutoRecoveryConfig
 from pybk.ops.replicator import ENSEMBLE_BEFORE_COPY_DURABLE
-from pybk.protocol import Op, Status
-from pybk.replication.context import ClientConfig
 from pybk.storage.memfs import MemFileSystem
 from pybk.testing import HookedTransport
 from pybk.testing.metadata_conformance import wait_until
 from pybk.testing.replicas import replication_problems
+from pybk.wire import Op, Status
 
 BOUND = 20.0
 FAST = AutoRecoveryConfig(open_ledger_grace=0.5, worker_poll_interval=0.2, retry_backoff=0.2,
@@ -331,7 +331,7 @@ async def _clean(cluster: LocalCluster) -> bool:
 
 
 async def test_re_replication_keeps_a_rack_aware_ensemble_spread() -> None:
-    from pybk.replication.placement import RackAwarePlacementPolicy
+    from pybk.client.placement import RackAwarePlacementPolicy
 
     racks = {f"bookie-{i}": f"/dc/rack-{i % 3}" for i in range(6)}
     config = ClientConfig(add_timeout=2.0, read_timeout=2.0, speculative_read_delay=0.0,

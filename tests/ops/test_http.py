@@ -10,10 +10,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from pybk.bookie.process import BookieProcess, BookieProcessConfig
 from pybk.client import Client
 from pybk.metadata.memory import MemoryMetadataStore
-from pybk.ops.http import HttpConfig
+from pybk.server.http import HttpConfig
+from pybk.server.process import BookieProcess, BookieProcessConfig
 from pybk.testing.metadata_conformance import wait_until
 
 TOKEN = b"s3cret-token"

@@ -7,9 +7,9 @@ import random
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from pybk.client.context import ClientConfig
 from pybk.cluster import LocalCluster
 from pybk.ops import AutoRecoveryConfig
-from pybk.replication.context import ClientConfig
 from pybk.stats import Histogram
 from pybk.storage.memfs import MemFileSystem
 from pybk.testing.metadata_conformance import wait_until

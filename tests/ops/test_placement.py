@@ -10,10 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pybk.cluster import LocalCluster
-from pybk.errors import NotEnoughBookiesError
-from pybk.replication.context import ClientConfig
-from pybk.replication.placement import (
+from pybk.client.context import ClientConfig
+from pybk.client.placement import (
     DEFAULT_RACK,
     BookieNode,
     DefaultPlacementPolicy,
@@ -21,7 +19,9 @@ from pybk.replication.placement import (
     min_racks_per_write_set,
     write_sets,
 )
-from pybk.replication.quorum import plan_ensemble_change
+from pybk.client.quorum import plan_ensemble_change
+from pybk.cluster import LocalCluster
+from pybk.errors import NotEnoughBookiesError
 from pybk.storage.memfs import MemFileSystem
 
 
@@ -223,9 +223,9 @@ async def test_a_cluster_with_racks_places_every_ledger_across_racks() -> None:
 
 
 async def test_disk_weighted_placement_asks_the_bookies_and_caches_their_answers() -> None:
-    from pybk.protocol import Op
-    from pybk.replication.placement import writable_nodes
+    from pybk.client.placement import writable_nodes
     from pybk.testing import HookedTransport
+    from pybk.wire import Op
 
     config = ClientConfig(placement=DefaultPlacementPolicy(disk_weighted=True),
                           disk_usage_cache_ttl=30.0)
@@ -255,8 +255,8 @@ async def _nothing(bookie: str, request: object) -> None:
 
 
 async def test_reads_go_to_the_local_rack_first() -> None:
-    from pybk.protocol import Op
     from pybk.testing import HookedTransport
+    from pybk.wire import Op
 
     racks = {"bookie-0": "/dc/a", "bookie-1": "/dc/b", "bookie-2": "/dc/c"}
     async with LocalCluster("/c", 3, metadata="memory://", fs=MemFileSystem(), racks=racks,

@@ -44,7 +44,7 @@ def test_an_exception_inside_a_bookie_is_a_finding(monkeypatch: pytest.MonkeyPat
 
 def test_a_tail_readers_lac_read_that_raises_is_a_finding(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from pybk.replication.reader import ReadHandle
+    from pybk.client.reader import ReadHandle
 
     async def broken(self: ReadHandle) -> int:
         raise AttributeError("a bug in the reader's LAC read")

@@ -269,7 +269,7 @@ def test_a_timer_future_resumes_its_waiter_as_asyncio_sleep_would() -> None:
 
 
 def test_yield_now_gives_every_ready_callback_a_turn_as_sleep_0_does() -> None:
-    from pybk.eventloop import yield_now
+    from pybk.runtime.eventloop import yield_now
 
     async def steps(name: str, out: list[str], bare: bool) -> None:
         for i in range(3):

@@ -9,9 +9,9 @@ import pytest
 
 from pybk.errors import BookieUnavailableError
 from pybk.errors import TimeoutError as BKTimeoutError
-from pybk.protocol import ReadRequest, Request, Response, Status, error_response
 from pybk.sim.loop import run
 from pybk.sim.net import NetConfig, SimNetwork
+from pybk.wire import ReadRequest, Request, Response, Status, error_response
 
 
 class EchoBookie:

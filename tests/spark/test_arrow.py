@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pybk.logs import envelope
 from pybk.spark.arrow import envelope_arrays, pack_batch, read_batch
 from pybk.spark.options import OptionError, parse_options
-from pybk.stream import envelope
 
 rows = st.lists(st.tuples(st.binary(max_size=40), st.none() | st.binary(max_size=10)),
                 min_size=1, max_size=60)

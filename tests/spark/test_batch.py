@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pyspark.sql import functions as F
 
-from pybk.stream import COMPLETED, Position
+from pybk.logs import COMPLETED, Position
 
 N = 100_000
 PARTS = 8

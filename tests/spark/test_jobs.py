@@ -5,11 +5,11 @@ up after itself, and published ledgers are never swept."""
 from __future__ import annotations
 
 import pytest
-from stream_kit import mem_cluster
+from logs_kit import mem_cluster
 
 from pybk.errors import NoSuchLedgerError
+from pybk.logs import BuiltSegment
 from pybk.spark import jobs
-from pybk.stream import BuiltSegment
 
 KEY = "logs/default/l"
 

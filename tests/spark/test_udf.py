@@ -15,7 +15,7 @@ from pyspark.sql.functions import pandas_udf
 from pyspark.sql.types import BinaryType
 
 import pybk.spark
-from pybk.stream import Position
+from pybk.logs import Position
 
 
 def _events(spark: Any, n: int, parts: int) -> Any:

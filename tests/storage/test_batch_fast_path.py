@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from pybk.errors import BadRequestError, EntryExistsError
-from pybk.protocol import AddOutcome
 from pybk.storage import MemFileSystem
 from pybk.storage import writes as writes_mod
 from pybk.storage.records import encode_entry
 from pybk.storage.writes import _Admitted
+from pybk.wire import AddOutcome
 
 from ..storage_kit import KEY, body, open_store
 

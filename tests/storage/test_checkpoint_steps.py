@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from pybk.protocol import DigestManager
 from pybk.storage import MemFileSystem
 from pybk.storage.checkpoint import CheckpointEncoder, decode_checkpoint
 from pybk.storage.index import Index, Position
 from pybk.storage.store import LedgerStore, StoreConfig
+from pybk.wire import DigestManager
 
 IID = str(uuid.UUID(int=11, version=4))
 KEY = b"k" * 32

@@ -10,11 +10,11 @@ import uuid
 
 import pytest
 
-from pybk.protocol import DigestManager
 from pybk.storage import MemFileSystem
 from pybk.storage.fs import FileHandle
 from pybk.storage.journal import parse_segment_name
 from pybk.storage.store import LedgerStore, StoreConfig
+from pybk.wire import DigestManager
 
 IID = str(uuid.UUID(int=12, version=4))
 KEY = b"k" * 32

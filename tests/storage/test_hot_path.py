@@ -21,13 +21,13 @@ import uuid
 import pytest
 
 from pybk.errors import EntryExistsError, JournalFailedError
-from pybk.protocol import DigestManager
 from pybk.storage import MemFileSystem
 from pybk.storage.checkpoint import decode_checkpoint, encode_checkpoint
 from pybk.storage.index import Index, Location, Position
 from pybk.storage.journal import Journal
 from pybk.storage.records import encode_fence
 from pybk.storage.store import LedgerStore, StoreConfig
+from pybk.wire import DigestManager
 
 IID = str(uuid.UUID(int=7, version=4))
 KEY = b"k" * 32

@@ -10,11 +10,11 @@ import uuid
 import pytest
 
 from pybk.errors import BookieStateError, CorruptRecordError, JournalFailedError
-from pybk.protocol import DigestManager
 from pybk.storage import FileHandle, MemFileSystem
 from pybk.storage.journal import Journal, parse_segment_name, segment_name
 from pybk.storage.records import SEGMENT_HEADER_SIZE, encode_batch, encode_fence
 from pybk.storage.store import LedgerStore, StoreConfig
+from pybk.wire import DigestManager
 
 IID = str(uuid.UUID(int=99, version=4))
 

@@ -13,8 +13,8 @@ import random
 import pytest
 
 from pybk.bookie import Bookie
-from pybk.protocol import AddRequest, DigestManager, ReadRequest, Status, master_key
 from pybk.storage import MemFileSystem
+from pybk.wire import AddRequest, DigestManager, ReadRequest, Status, master_key
 
 KEY = master_key(b"")
 

@@ -15,9 +15,9 @@ from collections import Counter
 import pytest
 
 from pybk.errors import JournalFailedError
-from pybk.protocol import DigestManager
 from pybk.storage import MemFileSystem
 from pybk.storage.store import LedgerStore, StoreConfig
+from pybk.wire import DigestManager
 
 IID = str(uuid.UUID(int=9, version=4))
 KEY = b"k" * 32

@@ -10,11 +10,11 @@ import uuid
 import pytest
 
 from pybk.errors import CorruptRecordError, JournalFailedError, ReadOnlyBookieError
-from pybk.protocol import DigestManager
 from pybk.storage import MemFileSystem
 from pybk.storage.journal import PREP_CHUNK, PREP_SUFFIX, parse_segment_name
 from pybk.storage.records import SEGMENT_HEADER_SIZE
 from pybk.storage.store import LedgerStore, StoreConfig
+from pybk.wire import DigestManager
 
 IID = str(uuid.UUID(int=11, version=4))
 KEY = b"k" * 32

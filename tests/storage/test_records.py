@@ -10,7 +10,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pybk.errors import CorruptRecordError
-from pybk.protocol import DigestManager
 from pybk.storage.checkpoint import decode_checkpoint, encode_checkpoint
 from pybk.storage.index import Index, Location, Position
 from pybk.storage.records import (
@@ -32,6 +31,7 @@ from pybk.storage.records import (
     find_valid_batch_after,
     iter_records,
 )
+from pybk.wire import DigestManager
 
 IID = str(uuid.UUID(int=12345, version=4))
 

@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pybk.errors import CorruptRecordError
-from pybk.protocol import DigestManager
 from pybk.storage.index import Index
 from pybk.storage.memfs import MemFileSystem
 from pybk.storage.records import (
@@ -31,6 +30,7 @@ from pybk.storage.records import (
     iter_records,
 )
 from pybk.storage.replay import apply_record, piggyback_lac, scan_segment
+from pybk.wire import DigestManager
 
 IID = str(uuid.UUID(int=777, version=4))
 

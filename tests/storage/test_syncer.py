@@ -13,9 +13,9 @@ import pytest
 
 from pybk.bookie import READ_ONLY, Bookie, BookieConfig
 from pybk.errors import JournalFailedError, ReadOnlyBookieError
-from pybk.protocol import DigestManager, master_key
 from pybk.storage import OsFileSystem
 from pybk.storage.syncer import SyncProcess
+from pybk.wire import DigestManager, master_key
 
 KEY = master_key(b"sync")
 

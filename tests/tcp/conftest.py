@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from pybk.protocol import (
+from pybk.wire import (
     AddRequest,
     AddResponse,
     ReadRequest,

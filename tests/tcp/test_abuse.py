@@ -18,7 +18,6 @@ import trustme
 from abuse_kit import BookieUnderTest, wait_for
 
 from pybk.client import Client
-from pybk.protocol import BookieInfoRequest, ReadRequest, Status
 from pybk.testing.attacks import (
     LongPollFlood,
     ReconnectFlood,
@@ -27,6 +26,7 @@ from pybk.testing.attacks import (
 )
 from pybk.transport.tcp import TcpTransport
 from pybk.transport.tls import client_context
+from pybk.wire import BookieInfoRequest, ReadRequest, Status
 
 pytestmark = pytest.mark.integration
 

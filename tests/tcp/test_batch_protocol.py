@@ -17,7 +17,12 @@ import pytest
 
 from pybk.bookie import Bookie
 from pybk.errors import BKError, ProtocolError
-from pybk.protocol import (
+from pybk.storage import MemFileSystem
+from pybk.transport import messages
+from pybk.transport.codec import Connection, RequestReceived
+from pybk.transport.server import BookieServer
+from pybk.transport.tcp import TcpTransport
+from pybk.wire import (
     AddBatchRequest,
     AddOutcome,
     AddRequest,
@@ -29,11 +34,6 @@ from pybk.protocol import (
     Status,
     master_key,
 )
-from pybk.storage import MemFileSystem
-from pybk.transport import messages
-from pybk.transport.codec import Connection, RequestReceived
-from pybk.transport.server import BookieServer
-from pybk.transport.tcp import TcpTransport
 
 KEY = master_key(b"")
 pytestmark = pytest.mark.timeout(60)

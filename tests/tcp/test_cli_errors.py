@@ -147,7 +147,7 @@ async def test_a_crashed_bookie_is_logged_once_not_per_pending_add(tmp_path, cap
         lh = await cluster.client().create_ledger(3, 3, 3)
         victim = lh.metadata.ensembles[0][0]
         await cluster.stop_bookie(victim)
-        with caplog.at_level(logging.INFO, "pybk.replication.writer"):
+        with caplog.at_level(logging.INFO, "pybk.client.writer"):
             await asyncio.gather(*(lh.append(b"%d" % i) for i in range(50)))
         failed = [r.getMessage() for r in caplog.records if " failed: " in r.getMessage()]
         assert len(failed) == 1, failed

@@ -15,10 +15,10 @@ import asyncio
 import pytest
 
 from pybk.client import Client
+from pybk.client.context import ClientConfig
 from pybk.errors import BKError, BookieUnavailableError
 from pybk.metadata import open_store
-from pybk.protocol import BookieInfoRequest, Status
-from pybk.replication.context import ClientConfig
+from pybk.wire import BookieInfoRequest, Status
 
 from .conftest import wait_until, wait_until_async
 from .proc_cluster import ProcCluster

@@ -15,7 +15,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pybk.errors import ProtocolError
-from pybk.protocol import (
+from pybk.transport import codec, messages
+from pybk.transport.codec import (
+    Connection,
+    MessageRejected,
+    RequestReceived,
+    ResponseReceived,
+    encode_request,
+    encode_response,
+)
+from pybk.wire import (
     AddBatchRequest,
     AddBatchResponse,
     AddRequest,
@@ -38,15 +47,6 @@ from pybk.protocol import (
     Status,
     WriteLacRequest,
     WriteLacResponse,
-)
-from pybk.transport import codec, messages
-from pybk.transport.codec import (
-    Connection,
-    MessageRejected,
-    RequestReceived,
-    ResponseReceived,
-    encode_request,
-    encode_response,
 )
 
 FAST = settings(
@@ -132,7 +132,7 @@ def test_responses_round_trip_across_any_cut(msgs, cuts):
 
 
 def test_every_op_has_a_strategy():
-    """The round-trip strategies cover every operation in pybk.protocol.Op."""
+    """The round-trip strategies cover every operation in pybk.wire.Op."""
     seen_req = {
         type(r).op
         for r in [

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 
 from pybk.bookie import Bookie
-from pybk.protocol import AddRequest, DigestManager, ReadRequest, Status, master_key
 from pybk.storage import MemFileSystem
 from pybk.transport.server import BookieServer
 from pybk.transport.tcp import TcpTransport
+from pybk.wire import AddRequest, DigestManager, ReadRequest, Status, master_key
 
 KEY = master_key(b"")
 

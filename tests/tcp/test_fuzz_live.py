@@ -11,10 +11,10 @@ import crc32c
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pybk.protocol import AddRequest, AuthRequest, ReadLacRequest, ReadRequest, Status
 from pybk.transport import codec
 from pybk.transport.server import BookieServer, ServerConfig
 from pybk.transport.tcp import TcpTransport
+from pybk.wire import AddRequest, AuthRequest, ReadLacRequest, ReadRequest, Status
 
 from .conftest import StubBookie
 

@@ -147,7 +147,9 @@ def test_what_a_request_is_charged():
     it carries, batches' bodies included."""
     import dataclasses as dc
 
-    from pybk.protocol import (
+    from pybk.transport.limits import REQUEST_OVERHEAD as O
+    from pybk.transport.server import BookieServer
+    from pybk.wire import (
         AddRequest,
         BookieInfoRequest,
         Op,
@@ -155,8 +157,6 @@ def test_what_a_request_is_charged():
         ReadRequest,
         WriteLacRequest,
     )
-    from pybk.transport.limits import REQUEST_OVERHEAD as O
-    from pybk.transport.server import BookieServer
 
     sizes = {ReadRequest: 1000, ReadLacRequest: None}
     server = BookieServer(lambda r: None,  # type: ignore[arg-type, return-value]

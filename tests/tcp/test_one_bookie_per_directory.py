@@ -18,13 +18,13 @@ from abuse_kit import BookieUnderTest, wait_for
 from click.testing import CliRunner
 
 from pybk.bookie import BookieConfig
-from pybk.bookie.process import BookieProcess, BookieProcessConfig
 from pybk.cli import main
 from pybk.client import Client
-from pybk.dirlock import holder_of
 from pybk.errors import BookieStateError, LockedError
 from pybk.metadata import open_store
 from pybk.metadata.memory import MemoryMetadataStore
+from pybk.runtime.dirlock import holder_of
+from pybk.server.process import BookieProcess, BookieProcessConfig
 
 pytestmark = pytest.mark.integration
 

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pybk.errors import BookieUnavailableError, TimeoutError
-from pybk.protocol import AddRequest, AddResponse, Request, Response, Status
 from pybk.transport.server import BookieServer
 from pybk.transport.tcp import TcpTransport
+from pybk.wire import AddRequest, AddResponse, Request, Response, Status
 
 actions = st.lists(
     st.one_of(

@@ -6,9 +6,9 @@ import asyncio
 
 import pytest
 
-from pybk.protocol import AddRequest, Status
 from pybk.transport.server import BookieServer
 from pybk.transport.tcp import TcpTransport
+from pybk.wire import AddRequest, Status
 
 from .conftest import StubBookie
 

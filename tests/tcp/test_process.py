@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 
 from pybk.bookie import BookieConfig
-from pybk.bookie.process import BookieProcess, BookieProcessConfig
 from pybk.errors import BookieUnavailableError
 from pybk.metadata.memory import MemoryMetadataStore
-from pybk.protocol import BookieInfoRequest, Status
+from pybk.server.process import BookieProcess, BookieProcessConfig
 from pybk.transport.tcp import TcpTransport
+from pybk.wire import BookieInfoRequest, Status
 
 from .conftest import wait_until_async
 
@@ -67,7 +67,7 @@ async def test_registry_follows_the_bookie_state(tmp_path, capsys):
 
 async def test_token_protects_a_real_bookie(tmp_path, capsys):
     """No token / wrong token: refused, and the bookie holds nothing afterwards."""
-    from pybk.protocol import AddRequest, DigestManager, ListEntriesRequest, master_key
+    from pybk.wire import AddRequest, DigestManager, ListEntriesRequest, master_key
 
     store = MemoryMetadataStore()
     config = BookieProcessConfig(
@@ -182,7 +182,7 @@ def test_a_bookie_process_tunes_its_garbage_collector() -> None:
 
     code = (
         "import gc\n"
-        "from pybk.bookie.process import SERVER_GC_THRESHOLD, tune_gc_for_server\n"
+        "from pybk.server.process import SERVER_GC_THRESHOLD, tune_gc_for_server\n"
         "before = gc.get_threshold()\n"
         "tune_gc_for_server()\n"
         "assert gc.get_threshold() == SERVER_GC_THRESHOLD != before, gc.get_threshold()\n"

@@ -14,11 +14,11 @@ import pytest
 import trustme
 
 from pybk.errors import BookieUnavailableError, ProtocolError
-from pybk.protocol import AddRequest, AuthRequest, ReadRequest, Status
 from pybk.transport import codec
 from pybk.transport.server import BookieServer
 from pybk.transport.tcp import TcpTransport
 from pybk.transport.tls import client_context, server_context
+from pybk.wire import AddRequest, AuthRequest, ReadRequest, Status
 
 from .conftest import wait_until
 

@@ -16,10 +16,10 @@ import pytest
 from prometheus_client import generate_latest
 
 from pybk.errors import BookieUnavailableError, TimeoutError
-from pybk.protocol import AddRequest, AddResponse, ReadLacRequest, ReadRequest, Status
 from pybk.transport import codec
 from pybk.transport.server import BookieServer, ServerConfig
 from pybk.transport.tcp import TcpTransport, parse_address
+from pybk.wire import AddRequest, AddResponse, ReadLacRequest, ReadRequest, Status
 
 from .conftest import StubBookie, wait_until
 
@@ -461,7 +461,7 @@ async def test_backpressure_is_not_mistaken_for_slowloris(stub):
 
 async def test_largest_entry_round_trips_through_every_response_type():
     """An entry as large as the request cap allows still fits in READ and READ_LAC answers."""
-    from pybk.protocol import ReadLacResponse, ReadResponse
+    from pybk.wire import ReadLacResponse, ReadResponse
 
     key = bytes(32)
     overhead = len(codec.encode_request(1, AddRequest(1, 0, key, b""))) - 4

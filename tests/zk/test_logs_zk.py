@@ -10,8 +10,8 @@ import uuid
 import pytest
 
 from pybk import LedgerFencedError, LogExistsError, Position
+from pybk.client.context import ClientConfig
 from pybk.cluster import LocalCluster
-from pybk.replication.context import ClientConfig
 from pybk.storage.memfs import MemFileSystem
 from pybk.testing.zookeeper import ZooKeeperServer
 

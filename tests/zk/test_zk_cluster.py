@@ -25,9 +25,9 @@ import pytest
 from pybk import BKError, LedgerFencedError
 from pybk.cli import spawn_bookie, wait_ready
 from pybk.client import Client
+from pybk.client.context import ClientConfig
 from pybk.metadata import open_store
 from pybk.metadata.zookeeper import ZooKeeperMetadataStore
-from pybk.replication.context import ClientConfig
 from pybk.testing.zookeeper import ZooKeeperServer
 
 pytestmark = pytest.mark.integration

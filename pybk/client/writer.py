@@ -1,0 +1,691 @@
+"""The write path's driver: pipelined adds, in-order acks, ensemble changes, close.
+
+The rules live in :class:`pybk.client.pipeline.WritePipeline`, a sans-IO object (events
+in, actions out). :class:`AddPipeline` only carries out what it asks: it frames payloads
+(one digest per entry: the same body goes to every replica), hands the pipeline's
+:class:`~pybk.client.pipeline.Send` actions to the transport's typed add path (one
+request per bookie for the entries pushed in one loop iteration), feeds the bookies'
+outcomes back, settles the callers' futures, and runs the ensemble change (the metadata
+store's CAS, or recovery's local plan) when asked. It serves two users:
+
+* the writer (:class:`LedgerHandle`): ensemble changes are CAS-written to the metadata
+  store *before* any add that depends on them is acknowledged (rule R3);
+* recovery's write-back (``recovery=True``): adds carry the recovery flag (accepted on a
+  fenced ledger), and ensemble changes are kept locally until recovery closes the ledger.
+
+Per entry the cost is the framing and, for :meth:`AddPipeline.push`, the caller's future; a
+batch from :meth:`AddPipeline.push_many` has one future for all its entries. No task, no
+request object and no transport callback per entry.
+
+Nothing a bookie or the store does can leave a caller waiting: every way out (a transport
+that raises, a bug in a reply, a failed ensemble change) fails the pipeline, and failing it
+settles every pending future (tests/client/test_add_failures.py injects a failure at each
+point).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from pybk.client.pipeline import (
+    ChangeEnsemble,
+    Fail,
+    Resolve,
+    Send,
+    SendLac,
+    WritePipeline,
+)
+from pybk.client.placement import BookieNode, writable_nodes
+from pybk.client.quorum import Quorums, plan_ensemble_change
+from pybk.client.reader import LedgerEntry, read_range
+from pybk.errors import (
+    BKError,
+    EntryNotConfirmedError,
+    EntryTooLargeError,
+    LedgerClosedError,
+    LedgerFencedError,
+    MetadataVersionError,
+    NotEnoughBookiesError,
+    UnauthorizedError,
+    UnexpectedConditionError,
+    fresh_copy,
+)
+from pybk.metadata.base import CLOSED, IN_RECOVERY, OPEN, LedgerMetadata
+from pybk.wire import (
+    AddBatchRequest,
+    AddOutcome,
+    DigestManager,
+    Response,
+    WriteLacRequest,
+)
+
+if TYPE_CHECKING:
+    from pybk.client.context import ClientContext
+    from pybk.stats import ClientStats
+
+__all__ = ["ACK_OUT_OF_ORDER", "AddPipeline", "LedgerHandle"]
+
+log = logging.getLogger(__name__)
+
+#: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``):
+#: the writer acknowledges adds as soon as they reach Qa, not in entry-id order
+ACK_OUT_OF_ORDER: Final = "ack_out_of_order"
+
+
+class _Batch:
+    """The waiter of the last entry of a :meth:`AddPipeline.push_many`: one future for the
+    whole batch, resolved with its entry ids once the last one is confirmed."""
+
+    __slots__ = ("first", "future")
+
+    def __init__(self, first: int, future: asyncio.Future[list[int]]) -> None:
+        self.first = first
+        self.future = future
+
+
+class _Reply:
+    """The transport's ``on_done`` for one :class:`Send` (one per batch, not per entry)."""
+
+    __slots__ = ("pipeline", "send")
+
+    def __init__(self, pipeline: AddPipeline, send: Send) -> None:
+        self.pipeline = pipeline
+        self.send = send
+
+    def __call__(self, outcome: AddOutcome) -> None:
+        self.pipeline._on_reply(self.send, outcome)
+
+    def part(self, indices: list[int]) -> _Reply:
+        """The reply for the entries ``indices`` of this batch alone (a transport that splits
+        the batch lets each part answer as soon as it is done; see
+        ``pybk.transport.base.split_callback``)."""
+        send = self.send
+        return _Reply(self.pipeline, send._replace(
+            entry_ids=[send.entry_ids[i] for i in indices],
+            bodies=[send.bodies[i] for i in indices]))
+
+
+class AddPipeline:
+    """Pipelined adds to one ledger, acknowledged at Qa in entry-id order (the driver of
+    :class:`~pybk.client.pipeline.WritePipeline`; see the module docstring)."""
+
+    def __init__(
+        self,
+        ctx: ClientContext,
+        metadata: LedgerMetadata,
+        digest: DigestManager,
+        master_key: bytes,
+        *,
+        recovery: bool = False,
+        lac: int = -1,
+        length: int = 0,
+        explicit_lac_interval: float = 0.0,
+    ) -> None:
+        self.ctx = ctx
+        self.ledger_id = metadata.ledger_id
+        self.metadata = metadata
+        self.digest = digest
+        self._frame = digest.frame  # (bound once: push runs once per entry)
+        self.master_key = master_key
+        self.recovery = recovery
+        cfg = ctx.config
+        self.core = WritePipeline(
+            metadata.ledger_id,
+            Quorums(metadata.ensemble_size, metadata.write_quorum, metadata.ack_quorum),
+            metadata.ensembles, lac=lac, length=length, recovery=recovery,
+            max_batch_entries=cfg.add_batch_max_entries,
+            max_batch_bytes=cfg.add_batch_max_bytes,
+            explicit_lac_interval=explicit_lac_interval,
+            ack_out_of_order=ACK_OUT_OF_ORDER in cfg.mutations,
+        )
+        self._loop = asyncio.get_running_loop()
+        self._new_future = _future_maker(self._loop)
+        self._flush_scheduled = False
+        self._running = False
+        self._change_task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._idle: asyncio.Future[None] | None = None
+        self._timeout = cfg.add_timeout
+        self._write_quorum = metadata.write_quorum
+        #: the writer's add latency, errors and ensemble changes, when the client keeps
+        #: metrics (never a recovery's write-back)
+        self._stats: ClientStats | None = None if recovery else ctx.stats
+        if explicit_lac_interval > 0:
+            self.core.on_timer(self._loop.time())
+            self._arm_timer()
+
+    # -- what callers read -------------------------------------------------------------------
+
+    @property
+    def lac(self) -> int:
+        return self.core.lac
+
+    @property
+    def lap(self) -> int:
+        return self.core.lap
+
+    @property
+    def lac_length(self) -> int:
+        return self.core.lac_length
+
+    @property
+    def ensembles(self) -> dict[int, tuple[str, ...]]:
+        return self.core.ensembles
+
+    @property
+    def ensemble(self) -> list[str]:
+        return self.core.ensemble
+
+    @property
+    def ensemble_changes(self) -> int:
+        return self.core.ensemble_changes
+
+    @property
+    def error(self) -> BaseException | None:
+        return self.core.error
+
+    @property
+    def changing(self) -> bool:
+        return self.core.changing
+
+    # -- adding ------------------------------------------------------------------------------
+
+    def push(self, payload: bytes) -> asyncio.Future[int]:
+        """Frame ``payload`` as the next entry and queue it; the future holds its entry id."""
+        core = self.core
+        if core.error is not None:
+            raise fresh_copy(core.error)
+        length = core.length + len(payload)
+        fut: asyncio.Future[int] = self._new_future()
+        core.push(self._frame(core.lap + 1, core.lac, length, payload), length, fut)
+        if self._stats is not None:
+            fut.add_done_callback(_AddTimer(self._stats, self._loop.time()))
+        if not self._flush_scheduled:  # (_schedule, inlined: once per entry)
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        return fut
+
+    def push_framed(self, entry_id: int, body: bytes, length: int) -> asyncio.Future[int]:
+        """Queue an already framed entry (recovery write-back: the exact bytes read)."""
+        core = self.core
+        if core.error is not None:
+            raise fresh_copy(core.error)
+        if entry_id != core.lap + 1:
+            raise UnexpectedConditionError(
+                f"ledger {self.ledger_id}: write-back of entry {entry_id}, expected "
+                f"{core.lap + 1}")
+        fut: asyncio.Future[int] = self._loop.create_future()
+        core.push(body, length, fut)
+        self._schedule()
+        return fut
+
+    def push_many(self, payloads: Sequence[bytes]) -> asyncio.Future[list[int]]:
+        """Add several entries; one future (for the whole batch) holds their ids."""
+        core = self.core
+        if core.error is not None:
+            raise fresh_copy(core.error)
+        fut: asyncio.Future[list[int]] = self._loop.create_future()
+        if not payloads:
+            fut.set_result([])
+            return fut
+        if self._stats is not None:
+            fut.add_done_callback(_AddTimer(self._stats, self._loop.time()))
+        first = core.lap + 1
+        frame = self.digest.frame
+        push = core.push
+        length = core.length
+        last = len(payloads) - 1
+        waiter = _Batch(first, fut)
+        try:
+            for i, payload in enumerate(payloads):
+                length += len(payload)
+                push(frame(first + i, core.lac, length, payload), length,
+                     waiter if i == last else None)
+        except BKError as exc:  # the pipeline failed part way (no bookie left for an entry)
+            if not fut.done():
+                fut.set_exception(exc)
+        self._schedule()
+        return fut
+
+    def _schedule(self) -> None:
+        """Send what was pushed at the end of this loop iteration: the entries pushed until
+        then leave together, one request per bookie."""
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        self._run()
+
+    # -- carrying out the pipeline's actions -------------------------------------------------
+
+    def _run(self) -> None:
+        """Carry out every action the pipeline has decided, until it has none left.
+
+        Not re-entered: a transport may answer while it is handed a batch (a refusal, an
+        entry already held), and that answer's actions must come after the ones being
+        carried out (confirmations stay in entry order); the loop below picks them up."""
+        if self._running:
+            return
+        self._running = True
+        try:
+            self._run_actions()
+        finally:
+            self._running = False
+
+    def _run_actions(self) -> None:
+        core = self.core
+        actions = core.actions()
+        while actions:
+            for action in actions:
+                kind = type(action)
+                if kind is Resolve:
+                    _resolve(action)  # type: ignore[arg-type]
+                elif kind is Send:
+                    self._send(action)  # type: ignore[arg-type]
+                elif kind is Fail:
+                    _fail_waiters(action)  # type: ignore[arg-type]
+                elif kind is ChangeEnsemble:
+                    self._change_task = self._loop.create_task(self._change_loop())
+                elif kind is SendLac:
+                    self._send_lac(action)  # type: ignore[arg-type]
+            actions = core.actions()
+        if self._idle is not None and core.idle and not self._idle.done():
+            self._idle.set_result(None)
+
+    def _send(self, send: Send) -> None:
+        request = AddBatchRequest(self.ledger_id, self.master_key, send.entry_ids, send.bodies,
+                                  self.recovery)
+        try:
+            self.ctx.transport.add(send.bookie, request, _Reply(self, send), self._timeout)
+        except BKError as exc:  # a transport should answer through on_done; be safe anyway
+            self._on_reply(send, exc)
+        except Exception as exc:  # an exception nobody expected: a finding, and no hang
+            log.exception("ledger %s: the transport raised sending to %s", self.ledger_id,
+                          send.bookie)
+            self.core.fail(exc)
+
+    def _on_reply(self, send: Send, outcome: AddOutcome) -> None:
+        try:
+            self.core.on_reply(send, outcome)
+        except Exception as exc:  # a bug: fail loudly, never hang
+            log.exception("ledger %s: handling a reply from %s failed", self.ledger_id,
+                          send.bookie)
+            self.core.fail(exc)
+        self._run()
+
+    def _send_lac(self, action: SendLac) -> None:
+        body = self.digest.frame_lac(action.lac)
+        request = WriteLacRequest(self.ledger_id, action.lac, self.master_key, body)
+        for bookie in action.bookies:
+            fut = self.ctx.transport.send(bookie, request, self._timeout)
+            fut.add_done_callback(_ignore_result)
+
+    def fail(self, exc: BaseException) -> None:
+        """Put the pipeline in error: every pending and future add fails with ``exc``."""
+        if self.core.error is None:
+            log.info("ledger %s: adds fail from now on: %s", self.ledger_id, exc)
+        self.core.fail(exc)
+        self._run()
+
+    # -- explicit LAC ------------------------------------------------------------------------
+
+    def _arm_timer(self) -> None:
+        at = self.core.next_timer
+        if at is not None:
+            self._timer = self._loop.call_at(at, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self.core.on_timer(self._loop.time())
+        self._run()
+        self._arm_timer()
+
+    def stop_timer(self) -> None:
+        self.core.stop_timer()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # -- ensemble change ---------------------------------------------------------------------
+
+    async def _change_loop(self) -> None:
+        core = self.core
+        try:
+            while failed := core.take_failed():
+                for index, bookie in failed.items():
+                    log.info("ledger %s: bookie %s (slot %d) failed: %s", self.ledger_id,
+                             bookie, index, core.failure_causes.get(bookie, "?"))
+                writable = await writable_nodes(self.ctx)
+                if self.recovery:
+                    try:
+                        change = plan_ensemble_change(core.ensembles, core.lac, failed,
+                                                      writable, self.ctx.rng,
+                                                      self.ctx.policy, self._write_quorum)
+                    except NotEnoughBookiesError:
+                        core.write_around(failed)  # raises if Qa is out of reach
+                        log.info("ledger %s: writing around failed bookies %s (no spare)",
+                                 self.ledger_id, sorted(failed.values()))
+                        continue
+                    if change is not None:
+                        self._log_change(change.ensembles)
+                        core.ensemble_changed(change.ensembles)
+                else:
+                    ensembles = await self._commit_change(failed, writable)
+                    self._log_change(ensembles)
+                    core.ensemble_changed(ensembles)
+        except NotEnoughBookiesError as exc:
+            # name what made the change necessary: "no spare bookie" alone hides the cause
+            # (a TLS or auth problem, a crashed bookie...)
+            causes = "; ".join(f"{b}: {c}" for b, c in sorted(core.failure_causes.items()))
+            core.fail(NotEnoughBookiesError(f"{exc} (replacing failed bookies: {causes})"))
+        except BKError as exc:
+            core.fail(exc)
+        except Exception as exc:  # a bug or a store failure: fail loudly, never hang
+            log.exception("ledger %s: ensemble change failed", self.ledger_id)
+            core.fail(exc)
+        finally:
+            core.change_done()
+            self._run()
+
+    def _log_change(self, ensembles: dict[int, tuple[str, ...]]) -> None:
+        new = list(ensembles[max(ensembles)])
+        if new != self.core.ensemble and self._stats is not None:
+            self._stats.ensemble_changes += 1
+        if new != self.core.ensemble:
+            log.info("ledger %s: ensemble %s -> %s from entry %d", self.ledger_id,
+                     self.core.ensemble, new, max(ensembles))
+
+    async def _commit_change(self, failed: dict[int, str],
+                             writable: Sequence[BookieNode]) -> dict[int, tuple[str, ...]]:
+        """CAS the new ensemble into the metadata (the one place a writer changes it)."""
+        lac, rng, placement = self.core.lac, self.ctx.rng, self.ctx.policy
+        write_quorum = self._write_quorum
+
+        def transform(md: LedgerMetadata) -> LedgerMetadata | None:
+            if md.state != OPEN:
+                return None
+            change = plan_ensemble_change(md.ensembles, lac, failed, writable, rng, placement,
+                                          write_quorum)
+            if change is None:
+                return None
+            return md.with_changes(ensembles=change.ensembles)
+
+        md = await self.ctx.store.update_ledger(self.ledger_id, transform)
+        if md.state == CLOSED:
+            raise LedgerClosedError(
+                f"ledger {self.ledger_id} was closed by another client (recovered at "
+                f"last entry {md.last_entry_id}) during an ensemble change"
+            )
+        if md.state == IN_RECOVERY:
+            raise LedgerFencedError(
+                f"ledger {self.ledger_id} is being recovered by another client"
+            )
+        self.metadata = md
+        return {k: tuple(v) for k, v in md.ensembles.items()}
+
+    # -- draining ----------------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Wait until no add is pending (each acknowledged or failed) and no ensemble change
+        runs."""
+        while not self.core.idle or self._flush_scheduled:
+            if self._flush_scheduled:
+                await asyncio.sleep(0)  # (the pushes of this iteration leave first)
+                continue
+            self._idle = self._loop.create_future()
+            await self._idle
+            self._idle = None
+        if self._change_task is not None and not self._change_task.done():
+            await self._change_task
+
+    def _check(self) -> None:
+        """Assert the pipeline's invariants (tests call this)."""
+        self.core._check()
+
+
+class _AddTimer:
+    """Done-callback of an append (or a batch of them) when the client keeps metrics (the
+    waiters' exceptions are retrieved by the driver anyway: looking costs nothing here)."""
+
+    __slots__ = ("started", "stats")
+
+    def __init__(self, stats: ClientStats, started: float) -> None:
+        self.stats = stats
+        self.started = started
+
+    def __call__(self, fut: asyncio.Future[Any]) -> None:
+        stats = self.stats
+        if fut.cancelled() or fut.exception() is not None:
+            stats.add_errors += 1
+            return
+        stats.adds += 1
+        stats.add_latency.observe(fut.get_loop().time() - self.started)
+
+
+def _future_maker(loop: asyncio.AbstractEventLoop) -> Callable[[], asyncio.Future[Any]]:
+    """``loop.create_future`` as the cheapest call that makes the same future: asyncio's own
+    loops make a plain ``asyncio.Future(loop=loop)`` through a Python method (a frame per
+    append); a partial builds it in C. A loop with its own ``create_future`` (uvloop, a
+    test's) keeps it."""
+    if type(loop).create_future is asyncio.BaseEventLoop.create_future:
+        return functools.partial(asyncio.Future, loop=loop)
+    return loop.create_future
+
+
+def _resolve(action: Resolve) -> None:
+    waiters = action.waiters
+    if len(waiters) > 4 and None not in waiters:  # each its own future: one C pass
+        try:
+            deque(map(_set_result, waiters, range(action.first, action.last + 1)), maxlen=0)
+            return
+        except (asyncio.InvalidStateError, TypeError):
+            pass  # a cancelled future or a batch's waiter: the checked loop below settles
+            # the rest (those set already are done, so it skips them)
+    eid = action.first
+    for waiter in waiters:
+        if waiter is not None:
+            if type(waiter) is _Batch:
+                fut = waiter.future
+                if not fut.done():
+                    fut.set_result(list(range(waiter.first, eid + 1)))
+            elif not waiter.done():
+                waiter.set_result(eid)
+        eid += 1
+
+
+#: ``Future.set_result`` unbound (a C function on the loop's own futures; a waiter of another
+#: type makes it raise TypeError, and _resolve falls back to the checked loop)
+_set_result = asyncio.Future.set_result
+
+
+def _fail_waiters(action: Fail) -> None:
+    for waiter in action.waiters:
+        fut: Any = waiter.future if type(waiter) is _Batch else waiter
+        if not fut.done():
+            fut.set_exception(fresh_copy(action.error))
+            fut.exception()  # the caller may never look; do not warn
+
+
+class LedgerHandle:
+    """A ledger open for writing by this client (the only writer).
+
+    ``append`` assigns the entry id at once and returns a future that resolves to it once
+    Qa bookies of its write set hold it durably and every earlier entry is acknowledged.
+    An add that fails with :class:`LedgerFencedError` or a timeout is *indeterminate*: the
+    entry may still turn out to be part of the ledger after recovery.
+    """
+
+    def __init__(
+        self,
+        ctx: ClientContext,
+        metadata: LedgerMetadata,
+        digest: DigestManager,
+        master_key: bytes,
+        password: bytes,
+    ) -> None:
+        self._ctx = ctx
+        self._pipeline = AddPipeline(ctx, metadata, digest, master_key,
+                                     explicit_lac_interval=ctx.config.explicit_lac_interval)
+        self._digest = digest
+        self._password = password
+        self._closing = False
+        self._closed = False
+        self._max_entry = ctx.config.max_entry_size
+
+    # -- properties --------------------------------------------------------------------------
+
+    @property
+    def id(self) -> int:
+        return self._pipeline.ledger_id
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._pipeline.metadata
+
+    @property
+    def last_add_pushed(self) -> int:
+        return self._pipeline.lap
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._pipeline.lac
+
+    @property
+    def length(self) -> int:
+        """Bytes confirmed so far."""
+        return self._pipeline.lac_length
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @property
+    def ensemble_changes(self) -> int:
+        return self._pipeline.ensemble_changes
+
+    # -- adds --------------------------------------------------------------------------------
+
+    def append(self, data: bytes | bytearray | memoryview) -> asyncio.Future[int]:
+        """Add one entry; returns a future of its entry id (assigned now).
+
+        Refused before an id is taken (nothing half done): a non-bytes payload (TypeError),
+        one over ``ClientConfig.max_entry_size`` (:class:`pybk.EntryTooLargeError`), a closed
+        handle (LedgerClosedError), a failed one (its error)."""
+        if type(data) is not bytes:
+            if not isinstance(data, bytes | bytearray | memoryview):
+                raise TypeError(f"append() takes bytes, not {type(data).__name__}")
+            data = bytes(data)
+        if len(data) > self._max_entry:
+            raise self._too_large(len(data))
+        if self._closing:
+            raise LedgerClosedError(f"ledger {self.id}: this handle is closed")
+        return self._pipeline.push(data)
+
+    async def append_many(self, items: Sequence[bytes | bytearray | memoryview]) -> list[int]:
+        """Add several entries (pipelined, one request per bookie); returns their entry ids
+        once all are durable. Every item is checked (like :meth:`append`) before any id is
+        taken."""
+        return await self.append_many_nowait(items)
+
+    def append_many_nowait(
+        self, items: Sequence[bytes | bytearray | memoryview]
+    ) -> asyncio.Future[list[int]]:
+        """:meth:`append_many` without the coroutine: the ids are taken now and the future
+        (one for the whole batch) resolves to them once all are durable."""
+        payloads = []
+        limit = self._max_entry
+        for item in items:
+            if type(item) is not bytes:
+                if not isinstance(item, bytes | bytearray | memoryview):
+                    raise TypeError(
+                        f"append_many() takes bytes items, not {type(item).__name__}")
+                item = bytes(item)
+            if len(item) > limit:
+                raise self._too_large(len(item))
+            payloads.append(item)
+        if self._closing:
+            raise LedgerClosedError(f"ledger {self.id}: this handle is closed")
+        return self._pipeline.push_many(payloads)
+
+    def _too_large(self, size: int) -> EntryTooLargeError:
+        return EntryTooLargeError(
+            f"ledger {self.id}: an entry of {size} bytes is over max_entry_size "
+            f"({self._max_entry} bytes, ClientConfig.max_entry_size); nothing was added")
+
+    async def read(self, first: int, last: int) -> list[LedgerEntry]:
+        """Read back confirmed entries ``first..last`` (``last <= last_add_confirmed``)."""
+        for name, value in (("first", first), ("last", last)):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int, not {value!r}")
+        if first < 0 or last < first:
+            raise ValueError(f"bad range {first}..{last}")
+        if last > self.last_add_confirmed:
+            raise EntryNotConfirmedError(
+                f"ledger {self.id} has no confirmed entry {last}: its last add confirmed is "
+                f"{self.last_add_confirmed}"
+            )
+        entries, _lac = await read_range(self._ctx, self.metadata, self._digest, first, last)
+        return entries
+
+    # -- close -------------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Wait for pending adds, then CAS-close the ledger at the last confirmed entry.
+
+        If another client already closed it at the same entry and length, that is success;
+        a different close raises MetadataVersionError. A handle whose adds were fenced (the
+        ledger is being or was recovered by someone else) closes locally only.
+        """
+        if self._closed:
+            return
+        self._closing = True
+        p = self._pipeline
+        p.stop_timer()
+        await p.drain()
+        self._closed = True
+        if isinstance(p.error, LedgerFencedError | LedgerClosedError | UnauthorizedError):
+            return
+        lac, length = p.lac, p.lac_length
+        ledger_id = self.id
+
+        def transform(md: LedgerMetadata) -> LedgerMetadata | None:
+            if md.state == CLOSED:
+                if md.last_entry_id == lac and md.length == length:
+                    return None
+                raise MetadataVersionError(
+                    f"ledger {ledger_id} was closed by another client at last entry "
+                    f"{md.last_entry_id} (length {md.length}), but this writer confirmed "
+                    f"up to {lac} (length {length})"
+                )
+            return md.with_changes(state=CLOSED, last_entry_id=lac, length=length)
+
+        p.metadata = await self._ctx.store.update_ledger(ledger_id, transform)
+        if p.error is None:
+            p.fail(LedgerClosedError(f"ledger {ledger_id} is closed"))
+
+    async def __aenter__(self) -> LedgerHandle:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _check(self) -> None:
+        self._pipeline._check()
+
+    def __repr__(self) -> str:
+        return (
+            f"<LedgerHandle {self.id} lac={self.last_add_confirmed} "
+            f"lap={self.last_add_pushed} closed={self._closed}>"
+        )
+
+
+def _ignore_result(fut: asyncio.Future[Response]) -> None:
+    if not fut.cancelled():
+        fut.exception()

@@ -1,0 +1,38 @@
+"""Logs over chains of ledgers (DistributedLog's model): namespaces, positions, record
+batching, the single writer and tailing readers. The format and semantics are in
+docs/logs.md.
+
+``client.namespace("default")`` gives a :class:`Namespace`; ``await ns.create_log(name)`` /
+``open_log(name)`` a :class:`Log`; ``await log.writer()`` its :class:`LogWriter` and
+``log.reader(start)`` a :class:`LogReader` of :class:`LogRecord` s at :class:`Position` s.
+"""
+
+from pybk.logs.builder import BuiltSegment, SegmentBuilder
+from pybk.logs.config import LogConfig, ReaderOptions, WriterOptions
+from pybk.logs.log import Log
+from pybk.logs.meta import COMPLETED, IN_PROGRESS, TRUNCATED, LogMetadata, SegmentInfo
+from pybk.logs.namespace import Namespace
+from pybk.logs.position import LogRecord, Position
+from pybk.logs.publish import PublishResult
+from pybk.logs.reader import LogReader
+from pybk.logs.writer import LogWriter
+
+__all__ = [
+    "COMPLETED",
+    "IN_PROGRESS",
+    "TRUNCATED",
+    "BuiltSegment",
+    "Log",
+    "LogConfig",
+    "LogMetadata",
+    "LogReader",
+    "LogRecord",
+    "LogWriter",
+    "Namespace",
+    "Position",
+    "PublishResult",
+    "ReaderOptions",
+    "SegmentBuilder",
+    "SegmentInfo",
+    "WriterOptions",
+]

@@ -1,0 +1,150 @@
+"""The knobs of a log: what is stored with it (:class:`LogConfig`) and what each writer and
+reader picks for itself (:class:`WriterOptions`, :class:`ReaderOptions`).
+
+Every value is checked when the object is made, with the knob named, so a mistake is a
+ValueError at the call that made it, not a surprise at the thousandth append.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pybk.client.quorum import validate_quorums
+from pybk.logs.envelope import CODECS, HEADER_SIZE, MAX_RAW_SIZE, PER_RECORD_OVERHEAD
+from pybk.wire import DIGEST_TYPES
+
+__all__ = ["LogConfig", "ReaderOptions", "WriterOptions"]
+
+
+def _positive(name: str, value: Any, *, optional: bool = False, allow_float: bool = False) -> None:
+    if value is None and optional:
+        return
+    ok = isinstance(value, int | float) if allow_float else isinstance(value, int)
+    if isinstance(value, bool) or not ok:
+        raise TypeError(f"{name} must be {'a number' if allow_float else 'an int'}, got {value!r}")
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0{' or None' if optional else ''}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """What a log is made of; stored in its metadata when the log is created.
+
+    Segments are ledgers with this ensemble and these quorums (DistributedLog's defaults:
+    E=3, Qw=3, Qa=2; ``Namespace.create_log`` defaults to E=3, Qw=2, Qa=2). A writer rolls to
+    a new segment once the current one holds ``roll_bytes`` bytes, ``roll_entries`` entries or
+    is ``roll_seconds`` old (checked when it writes); ``None`` turns a rule off. Retention
+    (``retention_seconds``, ``retention_bytes``) drops the oldest completed segments when
+    a writer rolls: segments completed longer ago than the age, and as many oldest ones as
+    needed to bring the completed segments under the size. Both default to None (keep all
+    until ``truncate``).
+    """
+
+    ensemble_size: int = 3
+    write_quorum: int = 2
+    ack_quorum: int = 2
+    digest_type: str = "CRC32C"
+    compression: str = "none"
+    roll_bytes: int | None = 64 << 20
+    roll_entries: int | None = None
+    roll_seconds: float | None = None
+    retention_seconds: float | None = None
+    retention_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        validate_quorums(self.ensemble_size, self.write_quorum, self.ack_quorum)
+        if self.digest_type not in DIGEST_TYPES:
+            raise ValueError(
+                f"digest_type must be one of {', '.join(DIGEST_TYPES)}, not {self.digest_type!r}"
+            )
+        if self.compression not in CODECS:
+            raise ValueError(
+                f"compression must be one of {', '.join(CODECS)}, not {self.compression!r}"
+            )
+        _positive("roll_bytes", self.roll_bytes, optional=True)
+        _positive("roll_entries", self.roll_entries, optional=True)
+        _positive("roll_seconds", self.roll_seconds, optional=True, allow_float=True)
+        _positive("retention_seconds", self.retention_seconds, optional=True, allow_float=True)
+        _positive("retention_bytes", self.retention_bytes, optional=True)
+
+    @property
+    def codec(self) -> int:
+        return CODECS[self.compression]
+
+    def to_doc(self) -> dict[str, Any]:
+        return {
+            "ensemble_size": self.ensemble_size,
+            "write_quorum": self.write_quorum,
+            "ack_quorum": self.ack_quorum,
+            "digest_type": self.digest_type,
+            "compression": self.compression,
+            "roll_bytes": self.roll_bytes,
+            "roll_entries": self.roll_entries,
+            "roll_seconds": self.roll_seconds,
+            "retention_seconds": self.retention_seconds,
+            "retention_bytes": self.retention_bytes,
+        }
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> LogConfig:
+        return cls(**{k: doc[k] for k in cls().to_doc()})
+
+
+@dataclass(frozen=True)
+class WriterOptions:
+    """Batching and limits of one writer (not stored with the log).
+
+    Records are packed into one envelope (one ledger entry) until it holds ``flush_bytes``
+    bytes or ``flush_records`` records, or ``flush_delay`` seconds passed since its first
+    record; ``flush_delay=0`` (the default) sends it at the end of the current pass of the
+    event loop, so everything appended in one pass (by one loop or by many tasks woken
+    together) shares an entry and a lone writer waits for nothing. A record above
+    ``max_record_bytes`` or a batch whose envelope would exceed ``max_envelope_bytes`` is
+    refused (RecordTooLargeError) before anything is sent. ``max_pending_bytes`` bounds the
+    bytes appended but not yet acknowledged, each record counted with its 4 bytes of length
+    (12 with a txid) (slow bookies cannot make a writer hold unbounded memory): an append
+    beyond it raises TooManyRequestsError.
+    """
+
+    flush_bytes: int = 128 << 10
+    flush_records: int = 10_000
+    flush_delay: float = 0.0
+    max_record_bytes: int = 1 << 20
+    max_envelope_bytes: int = 4 << 20
+    max_pending_bytes: int = 256 << 20
+
+    def __post_init__(self) -> None:
+        for name in ("flush_bytes", "flush_records", "max_record_bytes", "max_envelope_bytes",
+                     "max_pending_bytes"):
+            _positive(name, getattr(self, name))
+        if isinstance(self.flush_delay, bool) or not isinstance(self.flush_delay, int | float):
+            raise TypeError(f"flush_delay must be a number, got {self.flush_delay!r}")
+        if self.flush_delay < 0:
+            raise ValueError(f"flush_delay must be >= 0, got {self.flush_delay!r}")
+        if self.max_envelope_bytes > MAX_RAW_SIZE:
+            raise ValueError(
+                f"max_envelope_bytes must be <= {MAX_RAW_SIZE}, got {self.max_envelope_bytes}"
+            )
+        room = self.max_envelope_bytes - HEADER_SIZE - PER_RECORD_OVERHEAD - 8
+        if self.max_record_bytes > room:
+            raise ValueError(
+                f"max_record_bytes ({self.max_record_bytes}) must leave room for the envelope "
+                f"around it: at most max_envelope_bytes - {HEADER_SIZE + PER_RECORD_OVERHEAD + 8}"
+                f" = {room}"
+            )
+
+
+@dataclass(frozen=True)
+class ReaderOptions:
+    """Read-ahead of one reader: ``read_ahead_entries`` entries (envelopes) per read, one
+    read in flight ahead of the records being handed out, so a reader holds at most about
+    ``2 * read_ahead_entries`` envelopes whatever the log's length. ``long_poll_timeout`` is
+    how long one wait for the tail's next entry lasts on the bookies."""
+
+    read_ahead_entries: int = 16
+    long_poll_timeout: float = 1.0
+
+    def __post_init__(self) -> None:
+        _positive("read_ahead_entries", self.read_ahead_entries)
+        _positive("long_poll_timeout", self.long_poll_timeout, allow_float=True)

@@ -1,0 +1,170 @@
+"""A named log: open its writer, make readers, look at its segments and ends.
+
+A :class:`Log` is a cheap handle (a name in a namespace and a client); nothing is held
+open until a writer or a reader is made.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from pybk.errors import NoSuchLedgerError
+from pybk.logs import envelope
+from pybk.logs.builder import BuiltSegment, LedgerFactory, SegmentBuilder
+from pybk.logs.config import ReaderOptions, WriterOptions
+from pybk.logs.meta import LogMetadata, SegmentInfo
+from pybk.logs.position import Position, make_position
+from pybk.logs.publish import PublishResult, publish_segments
+from pybk.logs.reader import LogReader
+from pybk.logs.truncation import plan_truncation
+from pybk.logs.writer import LogWriter
+
+if TYPE_CHECKING:
+    from pybk.logs.catalog import LogCatalog
+
+__all__ = ["Log"]
+
+
+class Log:
+    """One log of a namespace (see :meth:`pybk.logs.Namespace.open_log`)."""
+
+    def __init__(self, catalog: LogCatalog, rng: random.Random) -> None:
+        self._cat = catalog
+        self._rng = rng
+
+    @property
+    def name(self) -> str:
+        return self._cat.name
+
+    @property
+    def namespace(self) -> str:
+        return self._cat.namespace
+
+    async def writer(
+        self, options: WriterOptions | None = None, *, label: str | None = None, **knobs: object
+    ) -> LogWriter:
+        """Open the log's single writer (``async with await log.writer() as w``).
+
+        Fences any earlier writer and recovers what it left (see :mod:`pybk.logs.writer`).
+        ``label`` names this writer in the metadata and in other writers' errors; batching
+        knobs go in ``options`` or as keywords (``flush_bytes=...``, see WriterOptions).
+        Raises WriterConflictError when another writer opened the log at the same moment."""
+        if options is None:
+            options = WriterOptions(**knobs)  # type: ignore[arg-type]
+        elif knobs:
+            raise TypeError("give WriterOptions or keyword knobs, not both")
+        if label is None:
+            label = f"writer-{self._rng.getrandbits(32):08x}"
+        elif not isinstance(label, str):
+            raise TypeError(f"label must be a str, not {type(label).__name__}")
+        return await LogWriter.open(self._cat, options, label)
+
+    def reader(
+        self,
+        start: Position | None = None,
+        *,
+        txid: int | None = None,
+        stop_at: Position | None = None,
+        stop_at_acknowledged: bool = False,
+        options: ReaderOptions | None = None,
+    ) -> LogReader:
+        """Records from ``start`` (default: the oldest kept) or from the first record with a
+        txid >= ``txid``, following the tail until the end of stream, or up to ``stop_at``
+        inclusive. ``async for rec in log.reader(...)``.
+
+        ``stop_at_acknowledged``: ``stop_at`` is known acknowledged (a writer's own last
+        position), so entries up to it are read without waiting for the bookies' LAC."""
+        return LogReader(self._cat, start=start, txid=txid, stop_at=stop_at,
+                         stop_at_acknowledged=stop_at_acknowledged, options=options)
+
+    async def metadata(self) -> LogMetadata:
+        """The log's metadata record as stored now."""
+        return await self._cat.read()
+
+    async def segments(self) -> list[SegmentInfo]:
+        """Every segment, oldest first: sequence number, ledger id, state, counts."""
+        return list((await self._cat.read()).segments)
+
+    async def last_position(self) -> Position | None:
+        """The last record's position (acknowledged and visible to readers), None when the
+        log holds none. For the in-progress segment this asks its bookies for the LAC."""
+        md = await self._cat.read()
+        tail = md.segments[-1] if md.segments else None
+        if tail is not None and tail.in_progress:
+            try:
+                rh = await self._cat.client.open_ledger(tail.ledger_id, recovery=False)
+            except NoSuchLedgerError:
+                rh = None
+            if rh is not None and rh.last_add_confirmed >= 0:
+                lac = rh.last_add_confirmed
+                (entry,) = await rh.read(lac, lac)
+                header = envelope.decode_header(entry.data)
+                pos = make_position(tail.seq, lac, header.count - 1)
+                tb = md.truncated_before
+                return None if tb is not None and pos < tb else pos
+        return md.last_position()
+
+    async def first_position(self) -> Position | None:
+        """The first record kept (None when the log holds none)."""
+        last = await self.last_position()
+        if last is None:
+            return None
+        async with self.reader(stop_at=last, stop_at_acknowledged=True,
+                               options=ReaderOptions(read_ahead_entries=1)) as reader:
+            batch = await reader.read_batch(1)
+        return batch[0].position if batch else None
+
+    async def truncate(self, before: Position) -> None:
+        """Drop every record before ``before`` without being the writer (a writer's
+        :meth:`~pybk.logs.LogWriter.truncate` does the same under its lock). ``before``
+        may be at most just past the last record."""
+        if not isinstance(before, Position):
+            raise TypeError(f"truncate(before=...) takes a Position, not {type(before).__name__}")
+        md = await self._cat.read()
+        if md.truncated_before is not None and before <= md.truncated_before:
+            return
+        last = await self.last_position()
+        if last is None or before > last.next_slot():
+            raise ValueError(
+                f"cannot truncate log {self.name!r} before {before}: its last record is {last}"
+            )
+        md = await self._cat.update(lambda cur: plan_truncation(cur, before))
+        await self._cat.purge_truncated(md)
+
+    async def segment_builder(
+        self,
+        *,
+        custom_metadata: Mapping[str, bytes] | None = None,
+        create_ledger: LedgerFactory | None = None,
+        **knobs: int,
+    ) -> SegmentBuilder:
+        """A :class:`~pybk.logs.builder.SegmentBuilder` for this log: records written into
+        ledgers of their own with the log's quorums and codec, invisible to readers until
+        :meth:`publish` adds them (bulk loads; a Spark job's tasks). ``knobs``:
+        ``flush_bytes``, ``flush_records``, ``max_envelope_bytes``, ``max_pending_bytes``."""
+        md = await self._cat.read()
+        return SegmentBuilder(self._cat.client, self._cat.key, md.config,
+                              custom_metadata=custom_metadata, create_ledger=create_ledger,
+                              **knobs)
+
+    async def publish(
+        self,
+        segments: Sequence[BuiltSegment],
+        *,
+        origin: str = "",
+        sink: tuple[str, int] | None = None,
+        fence_writer: bool = False,
+    ) -> PublishResult:
+        """Add built segments at the end of the log, all in one compare-and-set (see
+        :mod:`pybk.logs.publish`): only while no writer has an in-progress segment
+        (WriterConflictError) unless ``fence_writer``; idempotent for the same ledgers, the
+        same ``origin`` or a ``sink`` batch id already published."""
+        return await publish_segments(
+            self._cat, segments, origin=origin, sink=sink, fence_writer=fence_writer,
+            label=f"publisher-{self._rng.getrandbits(32):08x}",
+        )
+
+    def __repr__(self) -> str:
+        return f"<Log {self.namespace}/{self.name}>"

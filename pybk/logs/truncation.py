@@ -1,0 +1,77 @@
+"""Truncation and retention as pure decisions on a log's metadata.
+
+Truncating a log before a position is two steps (DistributedLog's, made durable in order):
+
+1. one compare-and-set marks every segment wholly before the position ``truncated`` and
+   records the position as the log's ``truncated_before``: from then on no reader returns a
+   record before it (a segment holding the position is *partially* truncated: readers skip
+   its records before the position);
+2. the truncated segments' ledgers are deleted, then a second compare-and-set drops them from
+   the list. A crash in between leaves ``truncated`` segments that the next writer (or the
+   next truncation) purges; deleting a ledger twice is harmless.
+
+Retention (a log's ``retention_seconds`` / ``retention_bytes``) is a truncation whose
+position is the start of the first segment kept, chosen by :func:`plan_retention`.
+"""
+
+from __future__ import annotations
+
+from pybk.logs.meta import COMPLETED, TRUNCATED, LogMetadata, SegmentInfo
+from pybk.logs.position import Position
+
+__all__ = ["plan_retention", "plan_truncation", "truncated_segments"]
+
+
+def plan_truncation(md: LogMetadata, before: Position) -> LogMetadata | None:
+    """The metadata after truncating before ``before``; None when nothing changes (the log
+    is already truncated at or after it)."""
+    if md.truncated_before is not None and before <= md.truncated_before:
+        return None
+    segments: list[SegmentInfo] = []
+    for s in md.segments:
+        if s.state == COMPLETED and _wholly_before(s, before):
+            s = s.with_changes(state=TRUNCATED)
+        segments.append(s)
+    return md.with_changes(segments=tuple(segments), truncated_before=before)
+
+
+def _wholly_before(s: SegmentInfo, before: Position) -> bool:
+    if s.seq < before.segment:
+        return True
+    if s.seq > before.segment:
+        return False
+    last = s.last_position
+    return last is None or last < before
+
+
+def truncated_segments(md: LogMetadata) -> list[SegmentInfo]:
+    """Segments whose ledgers are to be deleted."""
+    return [s for s in md.segments if s.state == TRUNCATED]
+
+
+def plan_retention(md: LogMetadata, now_ms: int) -> Position | None:
+    """Where retention truncates now: the start of the first segment kept, or None.
+
+    Only completed segments go, oldest first: those completed more than ``retention_seconds``
+    ago, then as many more as needed to bring the completed segments' bytes under
+    ``retention_bytes``. The in-progress segment always stays."""
+    cfg = md.config
+    if cfg.retention_seconds is None and cfg.retention_bytes is None:
+        return None
+    done = [s for s in md.live_segments if s.state == COMPLETED]
+    drop = 0
+    if cfg.retention_seconds is not None:
+        cutoff = now_ms - int(cfg.retention_seconds * 1000)
+        while drop < len(done) and done[drop].mtime_ms < cutoff:
+            drop += 1
+    if cfg.retention_bytes is not None:
+        total = sum(s.bytes for s in done[drop:])
+        while drop < len(done) and total > cfg.retention_bytes:
+            total -= done[drop].bytes
+            drop += 1
+    if drop == 0:
+        return None
+    before = Position(done[drop - 1].seq + 1, 0, 0)
+    if md.truncated_before is not None and before <= md.truncated_before:
+        return None
+    return before
