@@ -25,7 +25,7 @@ from pybk.bench import (
 )
 from pybk.bench.tcp_floor import FloorServers, tcp_floor_servers
 from pybk.cli import main
-from pybk.cli.processes import spawn_bookie, stop_pid, wait_ready
+from pybk.server.processes import spawn_bookie, stop_pid, wait_ready
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -12,8 +12,8 @@ import pytest
 import uvloop
 
 import pybk
-from pybk.cli.processes import spawn_bookie, stop_pid, wait_ready
 from pybk.runtime.eventloop import LoopUnavailableError, available_loops, loop_factory, run
+from pybk.server.processes import spawn_bookie, stop_pid, wait_ready
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -32,6 +32,7 @@ FLOORS: dict[str, int] = {
     "logs": 6,
     "ops": 6,
     # the server and the embedded facades
+    "clusters": 0,  # the shape every cluster has (a Protocol; imports nothing of pybk)
     "cluster": 7,
     "server": 8,
     "sync": 8,

@@ -20,7 +20,7 @@ from process_kit import children
 
 import pybk
 from pybk import Position
-from pybk.cli.processes import pid_alive
+from pybk.server.processes import pid_alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -24,8 +24,8 @@ from pybk.cli.bookie import bookie
 from pybk.cli.cluster import cluster
 from pybk.cli.ledger import ledger
 from pybk.cli.log import log
-from pybk.cli.processes import spawn_bookie, stop_pid, wait_ready
 from pybk.cli.simulate import simulate
+from pybk.server.processes import spawn_bookie, stop_pid, wait_ready
 
 __all__ = ["main", "spawn_bookie", "stop_pid", "wait_ready"]
 

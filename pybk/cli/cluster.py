@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import click
 
 from pybk.cli.common import fail, stderr_console
-from pybk.cli.processes import is_our_bookie, pid_alive, spawn_bookie, stop_pid, wait_ready
+from pybk.server.cluster import (
+    STATE_FILE,
+    ProcessCluster,
+    load_state,
+    running_bookies,
+    stop_recorded,
+)
 
 __all__ = ["cluster"]
-
-_STATE_FILE = "cluster.json"
-
-
-def _load_state(root: Path) -> dict[str, Any]:
-    path = root / _STATE_FILE
-    if not path.exists():
-        return {}
-    state: dict[str, Any] = json.loads(path.read_text())
-    return state
-
 
 @click.group()
 def cluster() -> None:
@@ -53,17 +46,6 @@ def cluster_up(
 
     Prints the metadata URI on stdout (use it as --metadata); PIDs go to ROOT/cluster.json.
     """
-    root_path = Path(root).resolve()
-    root_path.mkdir(parents=True, exist_ok=True)
-    previous = _load_state(root_path)
-    alive = [
-        b for b, info in previous.get("bookies", {}).items()
-        if pid_alive(info["pid"]) and is_our_bookie(info["pid"], b)
-    ]  # fmt: skip
-    if alive:
-        fail(f"a cluster is already running under {root_path} ({', '.join(alive)}); "
-              f"run `pybk cluster down --root {root}` first")  # fmt: skip
-    metadata = f"sqlite://{root_path / 'metadata.db'}"
     extra: list[str] = []
     for flag, value in (
         ("--auth-token-file", auth_token_file),
@@ -76,28 +58,22 @@ def cluster_up(
     if require_client_cert:
         extra.append("--require-client-cert")
     console = stderr_console()
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    ids = [f"bookie-{i}" for i in range(1, bookies + 1)]
-    for bookie_id in ids:
-        procs[bookie_id] = spawn_bookie(root_path, bookie_id, metadata, extra_args=extra)
-    state: dict[str, Any] = {"metadata": metadata, "bookies": {}}
-    for b, p in procs.items():
-        state["bookies"][b] = {"pid": p.pid, "data": str(root_path / "bookies" / b)}
-    (root_path / _STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+    procs = ProcessCluster(root, bookies, extra_args=extra, ready_timeout=ready_timeout)
+
+    def ready(bookie_id: str, info: dict[str, Any]) -> None:
+        console.print(f"{bookie_id} ready at {info['address']} (pid {info['pid']})")
+
+    alive = running_bookies(procs.root)
+    if alive:
+        fail(f"a cluster is already running under {procs.root} ({', '.join(alive)}); "
+             f"run `pybk cluster down --root {root}` first")
     try:
         with console.status(f"waiting for {bookies} bookies to register"):
-            for bookie_id in ids:
-                info = wait_ready(root_path, bookie_id, procs[bookie_id], ready_timeout)
-                state["bookies"][bookie_id]["address"] = info["address"]
-                console.print(f"{bookie_id} ready at {info['address']} (pid {info['pid']})")
+            procs.start(on_ready=ready)
     except RuntimeError as exc:
-        for p in procs.values():
-            if p.poll() is None:
-                stop_pid(p.pid, 5.0)
         fail(str(exc))
-    (root_path / _STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
     console.print(f"cluster up; stop it with: pybk cluster down --root {root}")
-    click.echo(metadata)
+    click.echo(procs.metadata)
 
 
 @cluster.command("down")
@@ -106,15 +82,6 @@ def cluster_up(
 def cluster_down(root: str, timeout: float) -> None:
     """Stop the bookies recorded under ROOT (SIGTERM, then SIGKILL after --timeout)."""
     root_path = Path(root).resolve()
-    state = _load_state(root_path)
-    if not state:
-        fail(f"no cluster recorded under {root_path} (no {_STATE_FILE})")
-    for bookie_id, info in sorted(state.get("bookies", {}).items()):
-        pid = int(info["pid"])
-        if not pid_alive(pid) or not is_our_bookie(pid, bookie_id):
-            click.echo(f"{bookie_id} (pid {pid}): not running", err=True)
-            continue
-        click.echo(f"{bookie_id} (pid {pid}): {stop_pid(pid, timeout)}", err=True)
-    (root_path / _STATE_FILE).unlink()
-
-
+    if not load_state(root_path):
+        fail(f"no cluster recorded under {root_path} (no {STATE_FILE})")
+    stop_recorded(root_path, timeout, report=lambda line: click.echo(line, err=True))

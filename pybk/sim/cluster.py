@@ -196,6 +196,11 @@ class SimCluster:
                 BookieRegistration(bookie_id, "", state == READ_ONLY))
         asyncio.get_running_loop().create_task(task)
 
+    async def stop_bookie(self, bookie_id: str) -> None:
+        """:class:`pybk.clusters.AsyncCluster`'s crash-stop: :meth:`crash_bookie` losing
+        what was not synced."""
+        await self.crash_bookie(bookie_id, "drop")
+
     async def crash_bookie(self, bookie_id: str, mode: str = "drop") -> None:
         """Kill -9 plus power cut: the process dies and unsynced data goes per ``mode``."""
         await self.crash_now(bookie_id, mode)
@@ -235,14 +240,20 @@ class SimCluster:
             sb.status = "down"
         return await self.start_bookie(bookie_id)
 
-    async def start(self) -> None:
+    async def start(self) -> SimCluster:
         for bid in self.bookie_ids:
             await self.start_bookie(bid)
+        return self
 
     # -- clients -----------------------------------------------------------------------------
 
-    def client(self, name: str, config: Any = None) -> Any:
-        """A pybk Client on this cluster, talking through the simulated network as ``name``."""
+    def client(self, name: str | None = None, config: Any = None) -> Any:
+        """A pybk Client on this cluster, talking through the simulated network as ``name``
+        (default: ``client-N``, the next unused N)."""
+        if name is None:
+            name = f"client-{len(self.clients) + 1}"
+            while name in self.clients:
+                name += "'"
         from pybk.client import Client
 
         kwargs: dict[str, Any] = {"transport": self.network.endpoint(name),

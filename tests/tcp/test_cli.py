@@ -260,8 +260,8 @@ async def test_a_bookie_process_sync_helper_ends_with_it(tmp_path, how):
     socket close and exits."""
     import signal
 
-    from pybk.cli.processes import pid_alive as _pid_alive
-    from pybk.cli.processes import spawn_bookie, wait_ready
+    from pybk.server.processes import pid_alive as _pid_alive
+    from pybk.server.processes import spawn_bookie, wait_ready
 
     from .conftest import wait_until
 

@@ -1,0 +1,186 @@
+"""A cluster of ``pybk bookie`` processes under one directory: what ``pybk cluster up``
+starts, and a :class:`pybk.clusters.Cluster` for synchronous code and tests.
+
+Bookies run as detached processes on free loopback ports, with SQLite metadata at
+``root/metadata.db``; their PIDs, data directories and addresses are recorded in
+``root/cluster.json`` so another process (``pybk cluster down``) can stop them, by PID and
+only after checking that the PID is still that bookie.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pybk.server.processes import (
+    is_our_bookie,
+    pid_alive,
+    spawn_bookie,
+    stop_pid,
+    wait_ready,
+)
+
+__all__ = ["STATE_FILE", "ProcessCluster", "load_state", "running_bookies", "stop_recorded"]
+
+STATE_FILE = "cluster.json"
+
+
+def load_state(root: Path) -> dict[str, Any]:
+    """What ``root/cluster.json`` records ({} when nothing is)."""
+    path = root / STATE_FILE
+    if not path.exists():
+        return {}
+    state: dict[str, Any] = json.loads(path.read_text())
+    return state
+
+
+def running_bookies(root: Path) -> list[str]:
+    """The recorded bookies whose processes still run."""
+    return [b for b, info in load_state(root).get("bookies", {}).items()
+            if pid_alive(info["pid"]) and is_our_bookie(info["pid"], b)]
+
+
+def stop_recorded(root: Path, timeout: float,
+                  report: Callable[[str], None] = lambda _line: None) -> None:
+    """Stop every bookie recorded under ``root`` (SIGTERM, SIGKILL after ``timeout``) and
+    forget them; ``report`` gets one line per bookie."""
+    for bookie_id, info in sorted(load_state(root).get("bookies", {}).items()):
+        pid = int(info["pid"])
+        if not pid_alive(pid) or not is_our_bookie(pid, bookie_id):
+            report(f"{bookie_id} (pid {pid}): not running")
+            continue
+        report(f"{bookie_id} (pid {pid}): {stop_pid(pid, timeout)}")
+    (root / STATE_FILE).unlink(missing_ok=True)
+
+
+class ProcessCluster:
+    """``bookies`` ``pybk bookie`` processes under ``root`` (see the module doc).
+
+    ``with ProcessCluster(root) as cluster:`` starts them and waits until each is ready;
+    ``extra_args`` go to every ``pybk bookie`` (TLS, tokens, limits)."""
+
+    def __init__(self, root: str | os.PathLike[str], bookies: int | Sequence[str] = 3, *,
+                 extra_args: Sequence[str] = (), ready_timeout: float = 60.0,
+                 stop_timeout: float = 15.0) -> None:
+        self.root = Path(root).resolve()
+        ids = ([f"bookie-{i}" for i in range(1, bookies + 1)] if isinstance(bookies, int)
+               else list(bookies))
+        if not ids or len(set(ids)) != len(ids):
+            raise ValueError(f"bookies must name at least one bookie, each once: {bookies!r}")
+        for bookie_id in ids:
+            if not bookie_id or "/" in bookie_id or bookie_id.startswith("."):
+                raise ValueError(f"bad bookie id {bookie_id!r}: a file name, no '/'")
+        self._ids = ids
+        self.extra_args = list(extra_args)
+        self.ready_timeout = ready_timeout
+        self.stop_timeout = stop_timeout
+        self.metadata = f"sqlite://{self.root / 'metadata.db'}"
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._state: dict[str, Any] = {"metadata": self.metadata, "bookies": {}}
+        self._clients: list[Any] = []
+
+    @property
+    def bookie_ids(self) -> list[str]:
+        return list(self._ids)
+
+    def address(self, bookie_id: str) -> str:
+        """Where a started bookie listens (``host:port``)."""
+        return str(self._state["bookies"][bookie_id]["address"])
+
+    def pid(self, bookie_id: str) -> int:
+        return int(self._state["bookies"][bookie_id]["pid"])
+
+    def bookie_dir(self, bookie_id: str) -> Path:
+        return self.root / "bookies" / bookie_id
+
+    def _save(self) -> None:
+        (self.root / STATE_FILE).write_text(json.dumps(self._state, indent=2) + "\n")
+
+    def start(self, on_ready: Callable[[str, dict[str, Any]], None] | None = None,
+              ) -> ProcessCluster:
+        """Start every bookie and wait until each is ready (RuntimeError, with the log's
+        tail, if one dies or is not ready in ``ready_timeout``; the others are stopped)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        alive = running_bookies(self.root)
+        if alive:
+            raise RuntimeError(f"a cluster is already running under {self.root} "
+                               f"({', '.join(alive)})")
+        for bookie_id in self._ids:
+            self._spawn(bookie_id)
+        self._save()
+        try:
+            for bookie_id in self._ids:
+                info = self._wait(bookie_id)
+                if on_ready is not None:
+                    on_ready(bookie_id, info)
+        except RuntimeError:
+            self.close()
+            raise
+        self._save()
+        return self
+
+    def _spawn(self, bookie_id: str) -> None:
+        proc = spawn_bookie(self.root, bookie_id, self.metadata, extra_args=self.extra_args)
+        self._procs[bookie_id] = proc
+        self._state["bookies"][bookie_id] = {"pid": proc.pid,
+                                             "data": str(self.bookie_dir(bookie_id))}
+
+    def _wait(self, bookie_id: str) -> dict[str, Any]:
+        info = wait_ready(self.root, bookie_id, self._procs[bookie_id], self.ready_timeout)
+        self._state["bookies"][bookie_id]["address"] = info["address"]
+        return info
+
+    def client(self, **kwargs: Any) -> Any:
+        """A synchronous client of these bookies (:class:`pybk.sync.Client`; closed with the
+        cluster). ``kwargs``: :class:`pybk.Client`'s (e.g. ``auth_token=``, ``tls=``)."""
+        from pybk.sync.client import Client
+
+        client = Client(self.metadata, **kwargs)
+        self._clients.append(client)
+        return client
+
+    def stop_bookie(self, bookie_id: str) -> None:
+        """SIGKILL one bookie and reap it; its registration lapses with its lease."""
+        proc = self._procs.pop(bookie_id, None)
+        if proc is None:
+            raise ValueError(f"bookie {bookie_id!r} is not running in this cluster")
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=self.stop_timeout)
+
+    def start_bookie(self, bookie_id: str) -> None:
+        """Start a stopped bookie again on its data and wait until it is ready."""
+        if bookie_id not in self._ids:
+            raise ValueError(f"no bookie {bookie_id!r} in this cluster")
+        if bookie_id in self._procs and self._procs[bookie_id].poll() is None:
+            raise ValueError(f"bookie {bookie_id!r} is running")
+        self._spawn(bookie_id)
+        self._wait(bookie_id)
+        self._save()
+
+    def close(self) -> None:
+        """Close the clients handed out, stop every bookie (SIGTERM, then SIGKILL after
+        ``stop_timeout``) and forget them. Idempotent."""
+        for client in self._clients:
+            client.close()
+        self._clients.clear()
+        for proc in self._procs.values():
+            if proc.poll() is None:
+                stop_pid(proc.pid, self.stop_timeout)
+            proc.wait()
+        self._procs.clear()
+        (self.root / STATE_FILE).unlink(missing_ok=True)
+
+    def __enter__(self) -> ProcessCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ProcessCluster {self.root} {len(self._procs)}/{len(self._ids)} running>"
