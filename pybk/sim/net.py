@@ -57,9 +57,10 @@ from math import log as _log
 from types import CoroutineType as _CoroutineType
 from typing import Any
 
-from pybk.errors import BKError, BookieUnavailableError
+from pybk.errors import BKError, BookieUnavailableError, ProtocolError
 from pybk.errors import TimeoutError as BKTimeoutError
 from pybk.sim.loop import SimLoop
+from pybk.sim.wire import WireRejected, damage, decode_request, decode_response
 from pybk.transport.base import (
     Transport,
     read_batch_by_singles,
@@ -68,6 +69,7 @@ from pybk.transport.base import (
     split_callback,
 )
 from pybk.transport.deadlines import Deadlines
+from pybk.transport.messages import encode_request, encode_response
 from pybk.wire import (
     AddBatchRequest,
     AddBatchResponse,
@@ -76,6 +78,7 @@ from pybk.wire import (
     AddOutcome,
     AddRequest,
     AddResponse,
+    AuthRequest,
     ReadBatchRequest,
     ReadBatchResponse,
     ReadRequest,
@@ -114,11 +117,14 @@ class NetConfig:
     #: The chance that a client endpoint is an old client, which sends each entry of a
     #: writer's batch as a single add (the bookie must serve both; drawn per endpoint).
     single_add_clients: float = 0.25
+    #: Carry every message as bytes through the production codec (:mod:`pybk.sim.wire`);
+    #: off, message objects are handed over as they are (what the simulator did before)
+    wire: bool = True
 
     def quiet(self) -> NetConfig:
         """The same latencies without any message faults (the heal phase)."""
         return NetConfig(self.latency_min, self.latency_mean, default_timeout=self.default_timeout,
-                         single_add_clients=self.single_add_clients)
+                         single_add_clients=self.single_add_clients, wire=self.wire)
 
 
 class _Pending:
@@ -369,6 +375,7 @@ class SimNetwork:
         conn = self._conns.get((client, bookie_id))
         if conn is None:
             conn = self._conns[(client, bookie_id)] = _Conn()
+        msg: Request | bytes = encode_request(seq, request) if self.config.wire else request
         if self._bookies.get(bookie_id) is None:
             # Connection refused, after a round trip.
             loop.call_later(2 * self._latency(), pending.on_fail,
@@ -394,7 +401,7 @@ class SimNetwork:
             self._count("lost_entry_read")
             self._trace(f"net lost entry read {client}->{bookie_id}")
             return
-        self._transmit(client, bookie_id, conn, conn.gen, True, seq, request)
+        self._transmit(client, bookie_id, conn, conn.gen, True, seq, msg)
 
     def _expire(self, conn: _Conn, seq: int, bookie_id: str, request: Request,
                 limit: float) -> None:
@@ -431,10 +438,14 @@ class SimNetwork:
                 return
             if cfg.corrupt and rng.random() < cfg.corrupt:
                 self._count("corrupt")
-                self._trace(f"net corrupt {src}->{dst}: crc caught, connection closed")
-                loop.call_later(self._latency(), self._reset_if, client, bookie_id, conn, gen,
-                                "corrupt frame")
-                return
+                if type(msg) is bytes:  # a real bit flip, for the receiver's CRC to catch
+                    self._trace(f"net corrupt {src}->{dst}: a bit flipped")
+                    msg = damage(msg, rng)
+                else:
+                    self._trace(f"net corrupt {src}->{dst}: crc caught, connection closed")
+                    loop.call_later(self._latency(), self._reset_if, client, bookie_id, conn,
+                                    gen, "corrupt frame")
+                    return
             if cfg.reset and rng.random() < cfg.reset:
                 self._count("reset")
                 self._reset(client, bookie_id, "reset")
@@ -461,16 +472,24 @@ class SimNetwork:
         else:
             if arrival > last:
                 conn.last_arrival_back = arrival
-            self._deliver_at(arrival, self._arrive_response, (conn, gen, seq, msg))
+            self._deliver_at(arrival, self._arrive_response,
+                             (client, bookie_id, conn, gen, seq, msg))
 
     def _reset_if(self, client: str, bookie_id: str, conn: _Conn, gen: int, why: str) -> None:
         if conn.gen == gen:
             self._reset(client, bookie_id, why)
 
     def _arrive_request(self, client: str, bookie_id: str, conn: _Conn, gen: int, seq: int,
-                        request: Request) -> None:
+                        msg: Request | bytes) -> None:
         if conn.gen != gen:
             return  # the connection was reset meanwhile: the request died with it
+        if type(msg) is bytes:
+            decoded = self._decode(client, bookie_id, conn, gen, msg, seq, decode_request)
+            if decoded is None:
+                return
+            request: Request = decoded
+        else:
+            request = msg  # type: ignore[assignment]
         handler = self._bookies.get(bookie_id)
         if handler is None:
             self._reset(client, bookie_id, "bookie down")
@@ -505,7 +524,14 @@ class SimNetwork:
                 watch(bookie_id, client, request, outcome)
             if self.observers:
                 self._observe_add(bookie_id, client, request, outcome)
-            self._transmit(client, bookie_id, conn, gen, False, seq, outcome)
+            answer: object = outcome
+            if self.config.wire:
+                try:
+                    answer = encode_response(seq, add_response(request, outcome))
+                except Exception as exc:  # an answer the codec cannot carry: a finding
+                    self._unencodable(client, bookie_id, conn, gen, request, exc)
+                    return
+            self._transmit(client, bookie_id, conn, gen, False, seq, answer)
 
         try:
             adder(request, reply)
@@ -535,7 +561,41 @@ class SimNetwork:
             for single, answer in _observed(job.request, response):
                 for observer in self.observers:
                     observer(bookie_id, job.client, single, answer)
-        self._transmit(job.client, bookie_id, job.conn, job.gen, False, job.seq, response)
+        sent: object = response
+        if self.config.wire:
+            try:
+                sent = encode_response(job.seq, response)
+            except Exception as exc:  # an answer the codec cannot carry: a finding
+                self._unencodable(job.client, bookie_id, job.conn, job.gen, job.request, exc)
+                return
+        self._transmit(job.client, bookie_id, job.conn, job.gen, False, job.seq, sent)
+
+    def _unencodable(self, client: str, bookie_id: str, conn: _Conn, gen: int,
+                     request: Request, exc: Exception) -> None:
+        """A bookie's answer the wire cannot carry: the server would fail to send it and
+        close the connection; a finding for the simulator."""
+        self._count("unencodable_answer")
+        self._trace(f"net {bookie_id} answered {type(request).__name__} unencodably: {exc}")
+        if self.on_handler_error is not None:
+            self.on_handler_error(bookie_id, request, exc)
+        self._reset_if(client, bookie_id, conn, gen, "unencodable answer")
+
+    def _decode(self, client: str, bookie_id: str, conn: _Conn, gen: int, frame: bytes,
+                seq: int, decode: Callable[[bytes, int], Any]) -> Any:
+        """``decode(frame, seq)``, or None after what the receiver does with a frame that
+        does not decode: a damaged one (the CRC caught it) closes the connection; one that
+        arrived whole yet does not decode as sent is a codec bug, a finding."""
+        try:
+            return decode(frame, seq)
+        except ProtocolError as exc:
+            self._trace(f"net {client}<->{bookie_id}: {exc}, connection closed")
+            self._reset_if(client, bookie_id, conn, gen, "damaged frame")
+        except WireRejected as exc:
+            self._count("codec_rejected")
+            if self.on_handler_error is not None:
+                self.on_handler_error(bookie_id, AuthRequest(b"(undecodable frame)"), exc)
+            self._reset_if(client, bookie_id, conn, gen, "undecodable frame")
+        return None
 
     def _raised(self, job: _Serving, exc: Exception) -> None:
         """A bookie must never raise from handle(): a finding (the connection resets, as a
@@ -548,9 +608,14 @@ class SimNetwork:
         if self._incarnation.get(bookie_id) == job.incarnation:
             self._reset_if(job.client, bookie_id, job.conn, job.gen, "handler raised")
 
-    def _arrive_response(self, conn: _Conn, gen: int, seq: int, answer: object) -> None:
+    def _arrive_response(self, client: str, bookie_id: str, conn: _Conn, gen: int, seq: int,
+                         answer: object) -> None:
         if conn.gen != gen:
             return
+        if type(answer) is bytes:
+            answer = self._decode(client, bookie_id, conn, gen, answer, seq, decode_response)
+            if answer is None:
+                return
         pending = conn.pending.pop(seq, None)
         if pending is not None:
             self._deadlines.discard(pending.token)
