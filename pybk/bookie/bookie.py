@@ -45,6 +45,7 @@ from pybk.errors import (
     status_of,
 )
 from pybk.metadata.base import MetadataStore
+from pybk.runtime import sometimes
 from pybk.stats import BookieStats
 from pybk.storage.fs import FileSystem
 from pybk.storage.store import AddCallback as EntryCallback
@@ -81,6 +82,12 @@ from pybk.wire import (
 )
 
 log = logging.getLogger(__name__)
+
+_RECOVERY_ON_FULL_DISK = sometimes.point(
+    "bookie.recovery_add_on_full_disk",
+    "a bookie read-only for its disk still took a recovery add (how a ledger gets sealed)")
+_LONG_POLL_FENCED = sometimes.point(
+    "bookie.long_poll_ended_by_fence", "a parked long poll was answered because of a fence")
 
 #: a batched read's answer stops once its entries add up to this many bytes (it must fit one
 #: frame: 5 MiB by default, answers get 64 KiB of slack; at least one entry is answered)
@@ -448,6 +455,8 @@ class Bookie:
                 self._disk_full and not recovery):
             on_done(self._add_refusal(recovery))
             return
+        if self._disk_full:
+            _RECOVERY_ON_FULL_DISK()
         try:
             store.add_entry(ledger_id, entry_id, body, master_key, recovery, on_done)
         except Exception as exc:
@@ -578,6 +587,8 @@ class Bookie:
                 raise NoSuchLedgerError(f"ledger {lid} was deleted on this bookie")
             st = store.index.get(lid)
             if st is not None and (st.lac > previous_lac or st.fenced):
+                if st.lac <= previous_lac:
+                    _LONG_POLL_FENCED()
                 break
             if self._journal_failed or self._state == STOPPED:
                 break

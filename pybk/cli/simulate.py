@@ -194,6 +194,7 @@ def _sweep(seeds: str | None, faults_spec: str, duration: float, bookies: int | 
     table.add_row("faults", ", ".join(f"{k}={v}" for k, v in summary.faults().items()) or "-")
     table.add_row("coverage", ", ".join(f"{k}={v}" for k, v in summary.coverage().items()
                                         if not k.startswith("config_")) or "-")
+    table.add_row("sometimes points never reached", ", ".join(summary.never_reached()) or "none")
     table.add_row("violations", ", ".join(f"{k}={v}" for k, v in summary.invariants().items())
                   or "none")
     console.print(table)

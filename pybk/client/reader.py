@@ -35,6 +35,7 @@ from pybk.errors import (
     error_for_status,
 )
 from pybk.metadata.base import LedgerMetadata
+from pybk.runtime import sometimes
 from pybk.runtime.eventloop import wait
 from pybk.wire import (
     LAST_ENTRY,
@@ -66,6 +67,9 @@ __all__ = [
     "read_range",
     "summarize",
 ]
+
+_SPECULATIVE = sometimes.point(
+    "client.speculative_read", "a read asked the next replica because the first was slow")
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +196,7 @@ async def read_entry(
             done, _ = await wait(list(pending), wait_for, first=True)
             if not done:
                 ask_next()  # speculative: the current replica is slow
+                _SPECULATIVE()
                 if ctx.stats is not None:
                     ctx.stats.speculative_reads += 1
                 continue

@@ -40,6 +40,7 @@ from pybk.errors import (
 )
 from pybk.errors import TimeoutError as BKTimeoutError
 from pybk.metadata.base import CLOSED, IN_RECOVERY, OPEN, LedgerMetadata
+from pybk.runtime import sometimes
 from pybk.runtime.eventloop import wait
 from pybk.wire import LAST_ENTRY, DecodedEntry, DigestManager, ReadRequest, ReadResponse, Status
 
@@ -56,6 +57,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_ABSENT = sometimes.point(
+    "client.recovery_entry_proven_absent",
+    "recovery proved an entry absent from Qw - Qa + 1 negative answers of its write set")
 
 #: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``):
 #: recovery's forward reads (after the LAC) do not fence (BookKeeper issue #2614)
@@ -165,6 +170,7 @@ async def recovery_read(
                 elif response.status in (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER):
                     errors.append(f"{bookie}: {Status(response.status).name}")
                     if decision.answer(index, Answer.ABSENT) is EntryState.ABSENT:
+                        _ABSENT()
                         return None
                 else:
                     errors.append(f"{bookie}: {Status(response.status).name} {response.message}")

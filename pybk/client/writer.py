@@ -56,6 +56,7 @@ from pybk.errors import (
     fresh_copy,
 )
 from pybk.metadata.base import CLOSED, IN_RECOVERY, OPEN, LedgerMetadata
+from pybk.runtime import sometimes
 from pybk.wire import (
     AddBatchRequest,
     AddOutcome,
@@ -71,6 +72,9 @@ if TYPE_CHECKING:
 __all__ = ["ACK_OUT_OF_ORDER", "AddPipeline", "LedgerHandle"]
 
 log = logging.getLogger(__name__)
+
+_ENSEMBLE_CHANGED = sometimes.point(
+    "client.ensemble_change", "a writer replaced a bookie and resent what it held")
 
 #: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``):
 #: the writer acknowledges adds as soon as they reach Qa, not in entry-id order
@@ -396,6 +400,8 @@ class AddPipeline:
 
     def _log_change(self, ensembles: dict[int, tuple[str, ...]]) -> None:
         new = list(ensembles[max(ensembles)])
+        if new != self.core.ensemble:
+            _ENSEMBLE_CHANGED()
         if new != self.core.ensemble and self._stats is not None:
             self._stats.ensemble_changes += 1
         if new != self.core.ensemble:

@@ -39,6 +39,7 @@ from pybk.bookie.inspect import inspect_data_dir
 from pybk.client.context import ClientConfig
 from pybk.errors import status_of
 from pybk.ops.auditor import merged_ranges
+from pybk.runtime import sometimes
 from pybk.sim.autorecovery import AutoRecoverySim
 from pybk.sim.checker import Checker, Violation
 from pybk.sim.cluster import DATA_DIR, SimBookie, SimCluster, derive_rng
@@ -78,8 +79,11 @@ from pybk.wire import (
     Status,
 )
 
-__all__ = ["EXTENSIONS", "PROCESSES", "TOPOLOGIES", "Extension", "SimResult", "SimRun", "Stats",
-           "run", "scenario_of"]
+__all__ = ["EXTENSIONS", "PROCESSES", "SOMETIMES", "TOPOLOGIES", "Extension", "SimResult",
+           "SimRun", "Stats", "run", "scenario_of"]
+
+#: the prefix of coverage markers that count protocol code's sometimes points
+SOMETIMES = "sometimes:"
 
 TOPOLOGIES: tuple[tuple[int, int, int], ...] = ((3, 3, 2), (3, 2, 2), (5, 3, 2), (2, 2, 1),
                                                 (4, 3, 3))
@@ -855,7 +859,9 @@ def run(
     thresholds = gc.get_threshold()
     gc.set_threshold(_GC_THRESHOLD, *thresholds[1:])
     try:
-        loop.run_main(r.main())
+        with sometimes.recording() as reached:
+            loop.run_main(r.main())
+        r.coverage.update({f"{SOMETIMES}{name}": n for name, n in reached.items()})
     except (SimDeadlock, SimTimeLimit) as exc:
         error = f"{type(exc).__name__}: {exc}"
         r.log(f"RUN ERROR {error}")

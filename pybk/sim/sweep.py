@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
+from pybk.runtime import sometimes
 from pybk.sim.faults import Faults
-from pybk.sim.runner import run
+from pybk.sim.runner import SOMETIMES, run
 
 __all__ = [
     "CI_DURATION",
@@ -97,6 +98,11 @@ class SweepSummary:
         for s in self.seeds:
             total.update(s.coverage)
         return dict(sorted(total.items()))
+
+    def never_reached(self) -> list[str]:
+        """The sometimes points (pybk.runtime.sometimes) that no seed of the sweep hit."""
+        hit = {k.removeprefix(SOMETIMES) for k in self.coverage() if k.startswith(SOMETIMES)}
+        return sorted(set(sometimes.declared()) - hit)
 
     def invariants(self) -> dict[str, int]:
         total: Counter[str] = Counter()

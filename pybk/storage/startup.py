@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from pybk.errors import CorruptRecordError
+from pybk.runtime import sometimes
 from pybk.storage.checkpointer import Checkpointer
 from pybk.storage.config import StoreConfig
 from pybk.storage.fs import FileSystem
@@ -26,6 +27,9 @@ from pybk.storage.records import SEGMENT_HEADER_SIZE, Record, decode_segment_hea
 from pybk.storage.replay import SegmentScan, apply_record, scan_segment
 
 __all__ = ["REPLAY_DAMAGE_AS_TORN_TAIL", "ReplayReport", "Replayed", "replay"]
+
+_TORN_TAIL = sometimes.point(
+    "storage.torn_tail_truncated", "start-up cut a journal segment's torn tail after a crash")
 
 #: mutation switch (a name in ``StoreConfig.mutations``; registry: ``pybk.testing.mutations``):
 #: replay takes damage in the middle of a segment (followed by valid batches) for a torn tail
@@ -121,6 +125,7 @@ async def replay(fs: FileSystem, journal_dir: str, instance_id: str, config: Sto
             continue
         if scan.torn_bytes or scan.zero_tail:
             if scan.torn_bytes:
+                _TORN_TAIL()
                 report.torn_tails += 1
                 report.torn_bytes += scan.torn_bytes
             report.zero_tail_bytes += scan.zero_tail
