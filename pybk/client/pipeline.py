@@ -158,6 +158,7 @@ class WritePipeline:
         max_batch_bytes: int = 1 << 20,
         explicit_lac_interval: float = 0.0,
         ack_out_of_order: bool = False,
+        count_stale_replies: bool = False,
     ) -> None:
         self.ledger_id = ledger_id
         self.quorums = quorums
@@ -213,6 +214,8 @@ class WritePipeline:
         #: when :meth:`on_timer` wants to be called next (loop time), None: never
         self.next_timer: float | None = None
         self._ack_out_of_order = ack_out_of_order
+        #: mutation (a broken build): replies from a slot's replaced bookie still count
+        self._count_stale_replies = count_stale_replies
         e = quorums.ensemble_size
         #: write set of each entry id modulo E (the striping schedule, precomputed)
         self._write_sets = [quorums.write_set(i) for i in range(e)]
@@ -266,7 +269,8 @@ class WritePipeline:
         """A bookie answered ``send``. Stale replies (the slot changed hands since) and
         answers for entries no longer pending are ignored."""
         slot = send.slot
-        if send.epoch < self._slot_epoch[slot] or self.error is not None:
+        if ((send.epoch < self._slot_epoch[slot] and not self._count_stale_replies)
+                or self.error is not None):
             return
         if outcome is None:
             self._ack(slot, send.entry_ids)

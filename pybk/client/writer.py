@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     from pybk.client.context import ClientContext
     from pybk.stats import ClientStats
 
-__all__ = ["ACK_OUT_OF_ORDER", "AddPipeline", "LedgerHandle"]
+__all__ = ["ACK_OUT_OF_ORDER", "COUNTS_REPLACED_BOOKIES_ACKS", "AddPipeline", "LedgerHandle"]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +79,8 @@ _ENSEMBLE_CHANGED = sometimes.point(
 #: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``):
 #: the writer acknowledges adds as soon as they reach Qa, not in entry-id order
 ACK_OUT_OF_ORDER: Final = "ack_out_of_order"
+#: mutation switch: a reply from a bookie the writer already replaced still counts as an ack
+COUNTS_REPLACED_BOOKIES_ACKS: Final = "counts_replaced_bookies_acks"
 
 
 class _Batch:
@@ -146,6 +148,7 @@ class AddPipeline:
             max_batch_bytes=cfg.add_batch_max_bytes,
             explicit_lac_interval=explicit_lac_interval,
             ack_out_of_order=ACK_OUT_OF_ORDER in cfg.mutations,
+            count_stale_replies=COUNTS_REPLACED_BOOKIES_ACKS in cfg.mutations,
         )
         self._loop = asyncio.get_running_loop()
         self._new_future = _future_maker(self._loop)

@@ -15,6 +15,9 @@ Invariants (research/reliability.md 2.3 and 3.6); each violation names its code:
   LAC may run ahead of the writer's acks, but never ahead of the entries Qa bookies had
   acknowledged (TLA+ NoDirtyReads).
 * **L6/I8** in-order acks: ok(n) completes after ok(n-1).
+* **I15** a writer acknowledges an entry only once Qa bookies of its write set, as the ledger
+  metadata names it when each answered, acknowledged it (an answer from a bookie the writer
+  had already replaced is no vote).
 * **L7** the LAC a reader observes through one ledger handle never decreases (a handle opened
   later reads the LAC afresh from the bookies that answer and may start lower, as in
   BookKeeper).
@@ -104,7 +107,8 @@ class Checker:
 
     #: the event streams the checks walk, each in history order: (name, kinds)
     _STREAMS = (("reads", ("read", "bookie_served")),
-                ("lacs", ("create", "lac", "add_done", "close_invoke", "bookie_ack", "metadata")),
+                ("lacs", ("create", "lac", "add_done", "close_invoke", "bookie_ack", "metadata",
+                          "ensembles")),
                 ("bookies", ("bookie_ack", "bookie_absent", "fault")),
                 ("liveness", ("liveness",)),
                 ("index_mismatch", ("index_mismatch",)),
@@ -284,10 +288,19 @@ class Checker:
         bookie_acks: dict[tuple[int, int], set[str]] = defaultdict(set)
         qa: dict[int, int] = {}
         exempt: set[int] = set()  # being recovered, or written in batches
+        #: ledger -> (E, Qw, [(first entry, ensemble)]) as its metadata names them now
+        layouts: dict[int, _Layout] = {}
         for ev in self.streams["lacs"]:
             lid = ev.ledger
             kind = ev.kind
+            if kind == "ensembles":
+                layouts[lid] = _layout(ev.detail)
+                continue
             if kind == "bookie_ack":
+                layout = layouts.get(lid)
+                if (ev.detail != "recovery" and layout is not None
+                        and ev.process not in _write_set(layout, ev.entry)):
+                    continue  # not of the entry's write set now: no quorum vote
                 bookie_acks[(lid, ev.entry)].add(ev.process)
                 need = max(1, qa.get(lid, 1))
                 while len(bookie_acks.get((lid, quorum_frontier[lid] + 1), ())) >= need:
@@ -299,6 +312,16 @@ class Checker:
                     exempt.add(lid)
                 continue
             if kind == "add_done":
+                layout = layouts.get(lid)
+                if ev.outcome == OK and layout is not None:
+                    ws = _write_set(layout, ev.entry)
+                    voters = {b for b in bookie_acks.get((lid, ev.entry), ()) if b in ws}
+                    if len(voters) < qa.get(lid, 1):
+                        self._v("I15", lid, ev.entry,
+                                f"the writer acknowledged entry {ev.entry} with "
+                                f"{len(voters)} acks from its write set "
+                                f"({', '.join(sorted(voters)) or 'none'}), under Qa "
+                                f"{qa.get(lid, 1)}", ev)
                 if ev.outcome == OK:
                     acked[lid].add(ev.entry)
                     while ack_frontier[lid] + 1 in acked[lid]:
@@ -373,3 +396,29 @@ def check(history: History, *, beyond_tolerance: bool = False) -> list[Violation
 
 
 __all__ = ["FAIL", "INFO", "OK", "Checker", "Violation", "check"]
+
+
+#: (E, Qw, [(first entry, ensemble), ...] ascending): a ledger's striping as its metadata says
+_Layout = tuple[int, int, list[tuple[int, tuple[str, ...]]]]
+
+
+def _layout(detail: str) -> _Layout:
+    """Parse what :meth:`History.ensembles` recorded."""
+    sizes, _, rest = detail.partition("|")
+    e, _, qw = sizes.partition("/")
+    segments = []
+    for part in rest.split(";"):
+        first, _, bookies = part.partition(":")
+        segments.append((int(first), tuple(bookies.split(","))))
+    return int(e), int(qw), segments
+
+
+def _write_set(layout: _Layout, entry: int) -> set[str]:
+    """The bookies that hold ``entry`` under ``layout``."""
+    e, qw, segments = layout
+    ensemble = segments[0][1]
+    for first, bookies in segments:
+        if first > entry:
+            break
+        ensemble = bookies
+    return {ensemble[(entry + i) % e] for i in range(qw)}

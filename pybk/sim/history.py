@@ -11,7 +11,7 @@ Outcomes follow Jepsen: ``ok`` (it happened), ``fail`` (it definitely did not ha
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -173,11 +173,22 @@ class History:
 
     # -- bookies (observed by the simulated network and the restart audit) ---------------------
 
-    def bookie_acked(self, bookie: str, ledger: int, entry: int) -> Event:
-        ev = self._add("bookie_ack", bookie, f"{bookie} acked L{ledger}:{entry}",
-                       ledger=ledger, entry=entry)
+    def bookie_acked(self, bookie: str, ledger: int, entry: int, recovery: bool = False) -> Event:
+        """``recovery``: a recovery's write-back (it may go to replacements the recovery keeps
+        to itself until its close names them)."""
+        ev = self._add("bookie_ack", bookie, f"{bookie} acked L{ledger}:{entry}"
+                       + (" (recovery)" if recovery else ""),
+                       ledger=ledger, entry=entry, detail="recovery" if recovery else "")
         self.acks.setdefault(bookie, []).append(ev)
         return ev
+
+    def ensembles(self, ledger: int, ensemble_size: int, write_quorum: int,
+                  ensembles: Mapping[int, tuple[str, ...]]) -> Event:
+        """The ledger's metadata now names these ensembles (each from its first entry)."""
+        detail = f"{ensemble_size}/{write_quorum}|" + ";".join(
+            f"{first}:{','.join(bookies)}" for first, bookies in sorted(ensembles.items()))
+        return self._add("ensembles", "meta", f"meta L{ledger} ensembles {detail}",
+                         ledger=ledger, detail=detail)
 
     def bookie_absent(self, bookie: str, ledger: int, entry: int, how: str) -> Event:
         return self._add("bookie_absent", bookie, f"{bookie} says L{ledger}:{entry} absent "

@@ -31,13 +31,13 @@ import gc
 import hashlib
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pybk.bookie.inspect import inspect_data_dir
 from pybk.client.context import ClientConfig
-from pybk.errors import status_of
+from pybk.errors import BKError, status_of
 from pybk.ops.auditor import merged_ranges
 from pybk.runtime import sometimes
 from pybk.sim.autorecovery import AutoRecoverySim
@@ -262,6 +262,8 @@ class SimRun:
                                   bookie_config=self.config.bookie_config(mutations))
         self.cluster.on_bookie_started.append(self._audit_restart)
         self.cluster.on_meta_applied.append(self._meta_applied)
+        #: ledger -> the ensembles its metadata named when last recorded in the history
+        self._ensembles_seen: dict[int, Mapping[int, tuple[str, ...]]] = {}
         network = self.cluster.network
         network.add_observers.append(self._observe_add)
         network.reply_observers.append(self._observe)
@@ -318,6 +320,16 @@ class SimRun:
             self.sent_adds.update((lid, e) for e in req.entry_ids)  # type: ignore[union-attr]
 
     def _meta_applied(self, op: str, key: object) -> None:
+        if op in ("create_ledger", "write_ledger") and isinstance(key, int):
+            try:
+                md = self.cluster.store.peek_ledger(key)
+            except (KeyError, BKError):
+                return
+            ens = md.ensembles
+            if self._ensembles_seen.get(key) != ens:  # (most writes change other things)
+                self._ensembles_seen[key] = ens
+                self.history.ensembles(key, md.ensemble_size, md.write_quorum, ens)
+            return
         if op == "delete_ledger" and isinstance(key, int) and key not in self.deleted:
             self.deleted.add(key)
             self.history.delete("meta", key, "applied")
@@ -340,7 +352,7 @@ class SimRun:
         for i, entry in enumerate(ids):
             result = outcome if whole else outcome[i]  # type: ignore[index]
             if result is None:
-                self.history.bookie_acked(bookie, lid, entry)
+                self.history.bookie_acked(bookie, lid, entry, req.recovery)
                 if req.recovery:
                     self.cover("recovery_write_back")
             elif status_of(result) == Status.FENCED:  # type: ignore[arg-type]
@@ -815,6 +827,7 @@ def _not_held(entries: list[int], held: Any) -> list[int]:
 
 #: the collector's youngest-generation threshold during a run (the default is 700)
 _GC_THRESHOLD = 50_000
+
 
 
 def run(

@@ -18,7 +18,7 @@ from pybk.testing import mutations
 #: every invariant but liveness (I12): what a broken build must be caught by
 SAFETY = frozenset({
     "L1", "L2", "L3", "L4", "L5", "L6", "L7", "L8", "L9", "I1", "I3", "I5", "I7", "I9",
-    "I10", "I11", "I14", "R1", "R2", "X1", "LG1", "LG2", "LG3", "LG4", "LG5",
+    "I10", "I11", "I14", "I15", "R1", "R2", "X1", "LG1", "LG2", "LG3", "LG4", "LG5",
 })
 
 #: where each broken build must show up
@@ -27,6 +27,8 @@ EXPECTED = {
     mutations.RECOVERY_READS_DONT_FENCE: {"L1", "L8"},
     mutations.NO_SUCH_ENTRY_ON_IO_ERROR: {"I9", "L1"},
     mutations.ACK_OUT_OF_ORDER: {"L6"},
+    # a replaced bookie's late reply counted: an entry acknowledged short of its quorum
+    mutations.COUNTS_REPLACED_BOOKIES_ACKS: {"I15"},
     mutations.DELTA_SKIPS_LEDGER_STATE: {"I14"},
     mutations.ENSEMBLE_BEFORE_COPY_DURABLE: {"R1", "R2"},
     # acknowledged without a durable copy: a crash loses what a bookie said it held
