@@ -233,7 +233,7 @@ async def tcp_bookies(root: Path, count: int = 3, *, loop: str = "asyncio",
                       extra_args: Sequence[str] = ()) -> AsyncIterator[str]:
     """``count`` ``pybk bookie`` processes on loopback (free ports, SQLite metadata under
     ``root``), each on event loop ``loop``; yields the metadata URI; stops them by PID."""
-    from pybk.cli.processes import spawn_bookie, wait_ready
+    from pybk.server.processes import spawn_bookie, wait_ready
 
     metadata = f"sqlite://{root / 'metadata.db'}"
     args = ["--loop", loop, *extra_args]

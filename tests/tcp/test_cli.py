@@ -63,8 +63,10 @@ def test_operation_failure_is_one_line_and_exit_1(tmp_path):
     assert result.output.strip().splitlines() == [
         result.output.strip().splitlines()[0]
     ] and result.output.startswith("pybk: error: NoSuchLedgerError")
-    result = runner.invoke(main, ["ledger", "list", "--metadata", "bogus://x"])
-    assert result.exit_code == 1 and "ValueError" in result.output
+    # a malformed metadata URI is a usage error (exit 2) naming the URI, not a failure
+    for bad in ("bogus://x", "sqlite://tmp/x", "/tmp/x"):
+        result = runner.invoke(main, ["ledger", "list", "--metadata", bad])
+        assert result.exit_code == 2 and f"bad metadata URI {bad!r}" in result.output
     result = runner.invoke(main, ["ledger", "append", "x", "--metadata", uri, "--timeout", "20"])
     assert result.exit_code == 1 and "NotEnoughBookiesError" in result.output
     result = runner.invoke(main, ["ledger", "list", "--metadata", uri, "--timeout", "0.000001"])
