@@ -10,20 +10,7 @@ run everything in memory, and ``transport_wrapper=pybk.testing.HookedTransport``
 or drop requests per bookie through ``cluster.transport.hooks`` (or wrap a private transport
 from :meth:`LocalCluster.local_transport`).
 
-The bookies are objects of this process: a client reaches them through the cluster's
-in-process transport (:meth:`LocalCluster.client`, or ``transport=cluster.transport``), never
-through the metadata store's registry (in-process bookies register without a network
-address).
-
-``stop_bookie`` is a crash-stop (``bookie.crash()``, then the registration is removed, as
-a dead bookie's session would expire); ``start_bookie`` restarts it on the same directory.
-A bookie flipping to read-only (disk full, journal failure) is re-registered read-only.
-
-``tune_gc=True`` sets the process's garbage collector as a ``pybk bookie`` process sets its
-own (:mod:`pybk.runtime.gctune`: what start-up built frozen, a gen-0 threshold of 50,000) once the
-bookies have started, and puts the previous settings back at :meth:`LocalCluster.close`. It is
-process-wide, so it is opt-in: an application that wants low tail latency from embedded
-bookies asks for it (or tunes its collector itself); see docs/performance.md.
+Design notes: docs/internals.md, "pybk/cluster.py".
 """
 
 from __future__ import annotations

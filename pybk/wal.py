@@ -9,16 +9,7 @@ writer left, and replays everything that was acknowledged. A second process open
 path while the first holds it gets LockedError naming the holder's pid: the lock is an
 ``flock`` on ``path/LOCK``, which the kernel releases when its holder dies, however it dies.
 
-``pybk.WAL(name="app", metadata="zk://..." | "sqlite:///...")`` uses bookies that run
-elsewhere (found through that metadata store); there, exclusion is the log's writer lock: a
-newer WAL of the same name fences an older one, whose next append fails with
-LedgerFencedError.
-
-``append`` returns once the record is durable on the ack quorum; ``replay(start)`` streams
-``(position, data)`` from ``start`` (default: the oldest record kept) up to the last record
-acknowledged when it was called; ``truncate(before)`` drops everything before a position.
-:class:`AsyncWAL` has the same methods as coroutines; :class:`WAL` runs it on an event loop in
-a background thread (``pybk.sync``).
+Design notes: docs/internals.md, "pybk/wal.py".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Real BookKeeper and Pulsar data-loss bugs (research/reliability.md, section 1.2) as named
+"""Real BookKeeper and Pulsar data-loss bugs (each named by its upstream issue) as named
 scenarios: a fixed fault schedule, a topology, a load and a configuration each, for
 ``test_bug_replays.py``. Each must pass on pybk; where a mutation switch re-introduces the
 broken rule, the same scenario run with it must violate ``expect``.

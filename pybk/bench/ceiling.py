@@ -11,7 +11,7 @@ disk, so the file gets the same treatment as the bookie's journal segments:
   fdatasync flushes data only (what ``pybk bookie``'s preallocated segments get; a bookie
   also pays for making the next segment while it writes, this loop never does).
 
-Records are framed as the journal's ceiling in research/perf.md: a 4-byte big-endian length, a
+Records are framed as a journal's simplest ceiling: a 4-byte big-endian length, a
 4-byte CRC32C of the payload, the payload.
 """
 

@@ -5,23 +5,8 @@ A lone writer's append over TCP waits for ``Qa`` bookie processes to take the en
 the machine's: a message across loopback wakes a process on another (virtual) CPU, each process
 leaves its event loop's wait and enters it again, and on a 2-core VM the replicas' processes
 take turns on the cores. This module measures that machine part with the simplest program that
-does what a bookie must, so the lone-writer row compares pybk with it in the same run:
-
-* ``replicas`` server processes, each on the event loop the row runs on (asyncio or uvloop),
-  each with one preallocated file; for every length-prefixed record received: one ``pwrite``
-  in place, one ``fdatasync``, an 8-byte answer. No protocol, no checks, no index, no batching;
-* a client on the running loop that sends one CRC-framed record (``frame_records``) to every
-  server and waits for every answer, one record in flight, timed from just before the first
-  send to the last answer.
-
-What it leaves out, and pybk does not: framing and parsing a request, the digest, the ledger's
-checks, the bookie's index, the answers' accounting, timeouts. So it is a floor, not a peer
-doing the same work: pybk at 1.0x of it would cost nothing of its own.
-
-    python -m pybk.bench.tcp_floor PATH LOOP
-
-runs one server: it prints its port, serves until EOF on its stdin, then prints how many
-records it wrote and synced (the client checks each timed record reached every server).
+does what a bookie must, so the lone-writer row compares pybk with it in the same run (listed
+in docs/internals.md, "pybk/bench/tcp_floor.py").
 """
 
 from __future__ import annotations

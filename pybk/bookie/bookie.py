@@ -4,20 +4,8 @@
 response; request-level failures become a status and a message, never an exception, and an
 unexpected exception becomes IO_ERROR with its text (the bookie keeps serving).
 
-What the bookie adds on top of :class:`pybk.storage.store.LedgerStore`:
-
-* identity (rule R4): a cookie with an instance id in the data directory and, when a
-  metadata store is given, in the store too; an emptied or swapped directory refuses to start;
-* state: ``writable`` / ``read-only`` (disk above the watermark, ENOSPC, or a failed journal)
-  / ``stopped``, with a human-readable reason and a callback on every change. While
-  read-only because of the disk, *recovery* adds are still accepted (they are how a recovering
-  client re-replicates entries; BookKeeper lets high-priority writes through too); after a
-  journal failure nothing is written any more;
-* long polls: a read with ``previous_lac`` and ``timeout > 0`` waits (loop timers) until the
-  ledger's LAC passes ``previous_lac``, the ledger is fenced or deleted, or the timeout; it
-  answers OK with the bookie's LAC and entry ``previous_lac + 1`` when held (``body=None``
-  when not, e.g. on timeout);
-* garbage collection against the metadata (``collect_garbage``) and compaction.
+What the bookie adds on top of :class:`pybk.storage.store.LedgerStore` (listed in
+docs/internals.md, "pybk/bookie/bookie.py").
 """
 
 from __future__ import annotations

@@ -1,38 +1,10 @@
 """The quorum write pipeline, sans-IO: events in, actions out (the h11 / aioquic style).
 
 :class:`WritePipeline` holds every rule of BookKeeper's add path (``PendingAddOp``,
-``sendAddSuccessCallbacks``, ``ensembleChangeLoop``, research/bookkeeper.md 2.2-2.4) and
+``sendAddSuccessCallbacks``, ``ensembleChangeLoop`` in BookKeeper's client) and
 nothing else: no awaits, no transport, no metadata store, no clock. An async driver
-(:class:`pybk.client.writer.AddPipeline`) feeds it events and carries out what it asks:
-
-events (methods)                       actions (:meth:`WritePipeline.actions`)
-------------------------------------   ------------------------------------------------
-``push(body, length, waiter)``         :class:`Send`: entries for one bookie, one batch
-``on_reply(send, outcome)``            :class:`Resolve`: entries confirmed, in id order
-``take_failed()`` / ``ensemble_changed``  :class:`ChangeEnsemble`: a bookie failed; the
-``write_around(failed)`` (recovery)       driver CAS-writes a new ensemble and tells back
-``change_done()``                      :class:`Fail`: the pipeline failed; settle these
-``fail(error)``                        :class:`SendLac`: send an explicit LAC (idle writer)
-``on_timer(now)``
-
-Batching: entries pushed before the driver next asks for :meth:`actions` (in practice, within
-one event-loop iteration) leave as one :class:`Send` per bookie of their write sets, capped
-at ``max_batch_entries`` / ``max_batch_bytes``. A bookie's reply settles the whole batch at
-once (``outcome``: None, one error for all, or one outcome per entry).
-
-Rules kept here (and checked by :meth:`_check` and tests/client/test_pipeline_model.py):
-
-* an entry goes to the Qw bookies of its write set; it is confirmed once Qa of them acked it
-  *and* every earlier entry is confirmed (so the LAC only grows, one entry at a time);
-* a reply from a slot that was given to another bookie since it was sent is ignored (epochs);
-* LedgerFencedError / UnauthorizedError from a bookie fail the pipeline (the ledger was
-  recovered, or the key is wrong); any other error replaces that bookie: while a change is in
-  progress nothing is confirmed and new entries are queued, not sent; once the new ensemble is
-  in, entries of the replaced slots are resent to the new bookies (their old acks dropped);
-* recovery write-back without a spare bookie writes around the failed slots as long as every
-  pending entry can still reach Qa (BookKeeper's delayed ensemble change);
-* once failed, every pending entry is settled with the error, exactly once, and every later
-  push refuses at once.
+(:class:`pybk.client.writer.AddPipeline`) feeds it events and carries out what it asks (listed
+in docs/internals.md, "pybk/client/pipeline.py").
 """
 
 from __future__ import annotations

@@ -11,16 +11,7 @@ reports) into candidates. Three questions are asked of a policy:
   change) and when auto-recovery moves a lost bookie's fragment elsewhere;
 * :meth:`~PlacementPolicy.read_order` for the replicas a read tries (local rack first).
 
-Policies:
-
-* :class:`DefaultPlacementPolicy`: random among writable bookies, optionally weighted by free
-  disk (``disk_weighted=True``; a bookie weighs at most ``max_weight_multiple`` times the
-  median, so an empty new bookie does not take every new ledger at once).
-* :class:`RackAwarePlacementPolicy`: bookies have a location ``/region/rack``; each write set
-  (the ``Qw`` consecutive slots, cyclically, an entry is written to) spans at least
-  ``min_racks_per_write_quorum`` racks whenever the candidates allow it. ``strict=True``
-  refuses (NotEnoughBookiesError) an ensemble or replacement that cannot; otherwise the
-  policy settles for the most racks it can get. Reads try replicas on ``local_rack`` first.
+Design notes: docs/internals.md, "pybk/client/placement.py".
 """
 
 from __future__ import annotations

@@ -9,16 +9,8 @@ what an ensemble change writes into the metadata. The async drivers in
 so the rules can be checked exhaustively (``tests/client/test_quorum.py``).
 
 Rules (Apache BookKeeper, ``RoundRobinDistributionSchedule``, ``AckSet``,
-``RRQuorumCoverageSet``, ``ReadOpBase``, ``EnsembleUtils``):
-
-* write set of entry ``e``: ensemble indices ``(e + i) % E`` for ``i < Qw``;
-* an add is acknowledged at ``Qa`` distinct acks of its write set; it can no longer reach
-  ``Qa`` once ``failures > Qw - Qa``;
-* a LAC/fence read is *covered* when every one of the E write sets has fewer than ``Qa``
-  bookies whose answer is unknown (so no write set can hold an unseen acknowledged entry);
-* recovery: an entry exists once any replica returns it with a good digest; it is absent
-  once ``Qw - Qa + 1`` bookies of its write set say NoSuchEntry/NoSuchLedger; anything else
-  leaves it unknown, and recovery must fail rather than guess.
+``RRQuorumCoverageSet``, ``ReadOpBase``, ``EnsembleUtils``) (listed in docs/internals.md,
+"pybk/client/quorum.py").
 """
 
 from __future__ import annotations

@@ -1,25 +1,7 @@
 """Ledger recovery: fence the last ensemble, find the end, write it back, close.
 
-BookKeeper's ``ReadOnlyLedgerHandle.recover`` / ``LedgerRecoveryOp``, step by step:
-
-1. CAS the metadata to IN_RECOVERY (already CLOSED: nothing to do).
-2. Fencing LAC reads (``ReadRequest(LAST_ENTRY, fence=True)``) to every bookie of the last
-   ensemble, until the answers cover every write set and at least one is valid.
-3. ``LAC = max(max LAC heard, first entry of the last ensemble - 1)``.
-4. Read forward from LAC+1 with recovery reads that *also fence* (rule R1, BookKeeper
-   #2614). An entry exists when any replica returns it with a good digest; it is absent
-   after ``Qw - Qa + 1`` NoSuchEntry/NoSuchLedger answers from its write set; any other
-   outcome fails recovery with LedgerRecoveryError and the ledger stays IN_RECOVERY: a
-   "don't know" is never turned into "doesn't exist" (#2908).
-5. Write each recovered entry back to its whole write set with recovery adds (the exact
-   bytes read: duplicates are byte-identical, R10), acknowledged at Qa; a failed bookie is
-   replaced locally and the change is recorded at close.
-6. Stop at the first absent entry and CAS-close with its predecessor as last entry. If
-   someone else closed it meanwhile, adopt their close; if an ensemble was added meanwhile,
-   fail with UnexpectedConditionError.
-
-Reads always go to the ensembles recorded when recovery started (the fenced bookies),
-never to local replacements, which hold nothing and would answer NoSuchEntry.
+BookKeeper's ``ReadOnlyLedgerHandle.recover`` / ``LedgerRecoveryOp``, step by step (listed in
+docs/internals.md, "pybk/client/recovery.py").
 """
 
 from __future__ import annotations

@@ -6,21 +6,8 @@ in, actions out). :class:`AddPipeline` only carries out what it asks: it frames 
 :class:`~pybk.client.pipeline.Send` actions to the transport's typed add path (one
 request per bookie for the entries pushed in one loop iteration), feeds the bookies'
 outcomes back, settles the callers' futures, and runs the ensemble change (the metadata
-store's CAS, or recovery's local plan) when asked. It serves two users:
-
-* the writer (:class:`LedgerHandle`): ensemble changes are CAS-written to the metadata
-  store *before* any add that depends on them is acknowledged (rule R3);
-* recovery's write-back (``recovery=True``): adds carry the recovery flag (accepted on a
-  fenced ledger), and ensemble changes are kept locally until recovery closes the ledger.
-
-Per entry the cost is the framing and, for :meth:`AddPipeline.push`, the caller's future; a
-batch from :meth:`AddPipeline.push_many` has one future for all its entries. No task, no
-request object and no transport callback per entry.
-
-Nothing a bookie or the store does can leave a caller waiting: every way out (a transport
-that raises, a bug in a reply, a failed ensemble change) fails the pipeline, and failing it
-settles every pending future (tests/client/test_add_failures.py injects a failure at each
-point).
+store's CAS, or recovery's local plan) when asked. It serves two users (listed in
+docs/internals.md, "pybk/client/writer.py").
 """
 
 from __future__ import annotations

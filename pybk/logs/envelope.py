@@ -4,31 +4,8 @@ Why: a ledger entry costs a request per replica, a journal record and an index s
 bookie; a 100-byte record alone in an entry would be dominated by that. The writer therefore
 batches records into one *envelope* per entry (DistributedLog's ``EnvelopedEntryWriter``).
 
-Layout (big-endian header of 32 bytes, then the stored body)::
-
-    offset size field
-         0    2 magic b"PE"
-         2    1 format version: 1, or 2 for an envelope whose records carry keys; a reader
-                refuses any other with CorruptRecordError
-         3    1 flags: bits 0-2 codec (0 none, 1 zstd); bit 3 TXIDS (the body has txids);
-                bit 4 KEYS (version 2 only: the body has record keys)
-         4    4 count: records in the envelope (>= 1)
-         8    8 first_index: records before this envelope in its segment
-        16    8 max_txid: the largest txid in the log up to this envelope (-1: none yet)
-        24    4 raw_size: the body's length before compression
-        28    4 CRC32C of bytes 0..27 and of the stored body
-        32    . stored body (compressed with the codec, or raw)
-
-The raw body is ``count`` record lengths (uint32, little-endian), then ``count`` txids (int64,
-little-endian, -1 for a record without one) when TXIDS is set, then, when KEYS is set,
-``count`` key lengths (int32, little-endian, -1 for a record without a key) and the keys'
-bytes one after the other, then the records' bytes one after the other. Lengths sit apart
-from the data so they are written and read as one array (no per-record packing), which keeps
-the per-record cost of batching small. Writers use version 1 unless some record has a key, so
-logs without keys stay readable by every reader of version 1.
-
-``first_index`` and ``max_txid`` let a new writer complete a crashed writer's segment from its
-last entry alone (its record count and the log's highest txid), without reading it through.
+Layout (big-endian header of 32 bytes, then the stored body) (listed in docs/internals.md,
+"pybk/logs/envelope.py").
 """
 
 from __future__ import annotations

@@ -6,26 +6,8 @@ epoch and the truncation point always change together and never half-way.
 
 Stored at ``logs/<namespace>/<name>`` in the store's key/value namespace as
 ``b"PYBKLOG" + header(format u16, crc32c u32, length u32) + JSON`` (format 1; any other
-format or a bad checksum is CorruptRecordError). The JSON document::
-
-    {"namespace", "name", "config": {LogConfig}, "ctime_ms",
-     "epoch": writer lock epoch (each writer that opens the log takes epoch + 1),
-     "writer": who holds it (a label), "next_seq": the next segment's sequence number,
-     "segments": [{"seq", "ledger", "state", "last_entry", "last_slot", "records", "bytes",
-                   "max_txid", "ctime_ms", "mtime_ms", "origin"?}, ...]   (ascending seq),
-     "allocated": [ledger ids created ahead by the writer of this epoch, not yet segments],
-     "truncated_before": [segment, entry, slot] or null,
-     "end_of_stream": bool,
-     "deleting": bool (delete_log started: the log is gone for readers and writers),
-     "sinks"?: {sink id: [last batch id, ms]} (publishers that commit numbered batches)}
-
-``origin`` (a segment published whole by :mod:`pybk.logs.publish`: who published it, e.g.
-a Spark job) and ``sinks`` are stored only when set, so a record without them is byte for
-byte what format 1 always was, and readers that predate them ignore them.
-
-Segment states: ``in-progress`` (its writer may still add; readers stop at the LAC),
-``completed`` (sealed: the ledger is closed at ``last_entry``), ``truncated`` (every record is
-before the truncation point; its ledger is being deleted).
+format or a bad checksum is CorruptRecordError). The JSON document (listed in
+docs/internals.md, "pybk/logs/meta.py").
 """
 
 from __future__ import annotations

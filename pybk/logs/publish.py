@@ -5,25 +5,8 @@ Why one CAS: a bulk writer (a Spark job of many tasks) must make everything it w
 at once or not at all. Readers see a segment only once the log's metadata names it, so ledgers
 that are not yet segments are invisible; the publish is the one moment they all appear.
 
-The rules (docs/logs.md, "Publishing segments built elsewhere"):
-
-* Published segments go after the last segment, only while the log has **no in-progress
-  segment**: a live writer (or one that died without closing) owns the tail, and records
-  cannot be put after records it may still acknowledge. Publishing then fails with
-  WriterConflictError naming that writer, and changes nothing. With ``fence_writer=True`` the
-  publisher instead does what a new writer does: it takes the writer lock (epoch + 1), which
-  fences the old writer, recovers and completes its segment, and publishes after it in a CAS
-  that also checks the epoch is still its own.
-* A writer that opens after a publish starts its segment after the published ones. The
-  publish takes no lock otherwise: its CAS checks there is no in-progress segment, so it
-  cannot land between a writer's segments.
-* Each ledger is checked before the CAS: it is closed, tagged as this log's
-  (``pybk.log``), and its length, last entry and last envelope (record count, last slot)
-  agree with the description. A description that does not is a ValueError; nothing changes.
-* Idempotent: the same ledgers published again (a CAS whose reply was lost) change nothing;
-  an ``origin`` already on a segment of the log, or a ``sink`` batch id at or below the last
-  one that sink published, is a replay: nothing is added and the given ledgers are deleted.
-* A log marked ended refuses (EndOfStreamError); retention runs after the publish.
+The rules (docs/logs.md, "Publishing segments built elsewhere") (listed in docs/internals.md,
+"pybk/logs/publish.py").
 """
 
 from __future__ import annotations

@@ -7,21 +7,7 @@ current segment's ledger; when the ledger acknowledges the entry (Qa bookies, in
 every record's future gets its ``Position(segment, entry, slot)``. Per record the writer keeps
 a reference and a future; lengths are packed as one array per envelope.
 
-Rolling: once the segment holds ``roll_bytes`` / ``roll_entries`` or is ``roll_seconds`` old,
-the writer stops pushing to it, waits for its entries, closes its ledger, then completes it and
-adds the next segment in one compare-and-set. Records appended meanwhile are sealed into
-batches that wait in order and go to the new segment. The next ledger is made ahead of time
-(once the segment is half full) and recorded in the metadata's ``allocated`` list, so a roll
-costs two metadata writes, not a ledger creation.
-
-Takeover (:meth:`LogWriter.open`): the new writer takes the writer lock by CAS (the log's
-epoch + 1; a concurrent opener that loses gets WriterConflictError), then recovers the
-in-progress segment with a recovery open of its ledger (fencing: the old writer's next add,
-and every add it has pending, fails with LedgerFencedError) and completes it at the recovered
-last entry, reading only that entry's envelope header for the record count and highest txid
-(or deletes it when empty). Ledgers the old writer had made ahead are deleted, a truncation it
-left half done is finished, and a new segment is started. Every later metadata change of the
-old writer fails, because its epoch is no longer the log's.
+Design notes: docs/internals.md, "pybk/logs/writer.py".
 """
 
 from __future__ import annotations

@@ -2,22 +2,7 @@
 ensemble (BookKeeper's ``LedgerFragmentReplicator`` + the worker's ledger logic).
 
 For each slot of the ledger that names a bookie of its under-replication mark
-(:func:`~pybk.ops.fragments.plan_repairs`):
-
-* **replace** (the bookie is gone): the placement policy picks a target that keeps the
-  fragment's write sets spread; every entry the slot held is read from the surviving
-  replicas of its write set (digest checked) and written to the target with a *recovery
-  add*; only once **every** copy is acknowledged (durable on the target) is the slot swapped
-  in the metadata, by compare-and-set (a concurrent repair that got there first makes ours
-  a no-op). A copy that cannot complete leaves the metadata untouched.
-* **verify** (the bookie is there but was reported missing or damaged entries): each entry
-  it should hold is read from it; the absent ones are copied back to it in place; a damaged
-  one (bad digest, I/O error) makes the slot a *replace*; an unreachable bookie is retried
-  later (a partition is not a loss).
-
-An *open* last fragment (the ledger is still being written) is not copied: the writer may
-replace the bookie itself at its next add. The caller waits a grace period, then
-:func:`repair_ledger` recovers the ledger (fences the writer and closes it) and copies.
+(:func:`~pybk.ops.fragments.plan_repairs`) (listed in docs/internals.md, "pybk/ops/replicator.py").
 """
 
 from __future__ import annotations

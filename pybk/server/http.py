@@ -1,37 +1,7 @@
 """The bookie's HTTP admin endpoint (``pybk bookie --http-port N``), on aiohttp, served by
 the bookie's own event loop.
 
-===========================================================  =====  ===========================
-path                                                         verb   answer (JSON unless noted)
-===========================================================  =====  ===========================
-``/heartbeat``                                               GET    ``OK`` (text)
-``/metrics``                                                 GET    Prometheus text format
-``/api/v1/bookie/info``                                      GET    this bookie: id, address,
-                                                                    state, reason, rack, disk,
-                                                                    ledgers
-``/api/v1/bookie/list_bookies?type=rw|ro``                   GET    live bookies
-``/api/v1/ledger/list?print_metadata=true&bookie=ID``        GET    ledger ids (or metadata)
-``/api/v1/ledger/metadata?ledger_id=N``                      GET    one ledger's metadata
-``/api/v1/autorecovery/list_under_replicated_ledger``        GET    marked ledger -> missing
-  ``?missingreplica=ID&excludingmissingreplica=ID``                 bookies
-``/api/v1/autorecovery/status``                              GET    enabled, auditor, delay,
-                                                                    marks, repairs in progress
-``/api/v1/autorecovery/status?enabled=true|false``           PUT    switch replication
-``/api/v1/autorecovery/who_is_auditor``                      GET    the elected auditor
-``/api/v1/autorecovery/trigger_audit``                       PUT    ask for an audit now
-``/api/v1/autorecovery/lost_bookie_recovery_delay``          GET    the delay
-``/api/v1/autorecovery/lost_bookie_recovery_delay``          PUT    ``{"delay_seconds": 30}``
-``/api/v1/autorecovery/decommission``                        PUT    ``{"bookie_src": ID}``:
-                                                                    starts it (202)
-``/api/v1/autorecovery/decommission?bookie_src=ID``          GET    its progress
-===========================================================  =====  ===========================
-
-Mutating requests (PUT) need ``Authorization: Bearer <token>`` when a token is configured.
-Errors are JSON ``{"error": ..., "type": ...}`` with 400 (bad input), 401, 404 (unknown path
-or ledger), 405, 409 (the bookie to decommission still runs), 413 (body too large), 429 (too
-many jobs), 503 (too many requests in flight). Every resource a peer can make the endpoint
-hold is bounded (:class:`HttpConfig`): connections, requests in flight, request body size,
-header sizes, idle keep-alive time, decommission jobs.
+Design notes: docs/internals.md, "pybk/server/http.py".
 """
 
 from __future__ import annotations

@@ -6,18 +6,7 @@ bookie itself never does: an exclusive lock on the data directory for the proces
 refused before it reads a byte, whatever its id), registering in the metadata store's bookie
 registry (the SQLite and ZooKeeper stores keep the registration alive by heartbeat /
 session), flipping the registry's read-only flag when the bookie's state changes, and a
-clean shutdown on SIGTERM:
-
-1. stop accepting connections and reading requests;
-2. let in-flight requests finish (bounded by a grace period; the rest fail: their clients see
-   the connection drop, which is an indeterminate outcome they already handle);
-3. ``bookie.stop()`` (drain, sync, checkpoint, close files);
-4. deregister (only if this process registered: a refused duplicate never takes the live
-   bookie off the list), close the store, release the directory lock.
-
-Readiness is announced once the bookie is registered: one JSON line on stdout
-(``{"event": "ready", "bookie_id": ..., "address": "host:port", "pid": ...}``) and, when asked,
-the same JSON written atomically to a ready file, so a parent process can wait on either.
+clean shutdown on SIGTERM (listed in docs/internals.md, "pybk/server/process.py").
 """
 
 from __future__ import annotations

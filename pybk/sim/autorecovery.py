@@ -8,23 +8,8 @@ delays, duplicates, reordering). During the safety phase one of them is crashed 
 (its session expires: the other takes the auditor's role) and later restarted. Knobs are
 drawn from the seed (lost-bookie delay, grace period for open ledgers, a periodic scrub).
 
-In the liveness phase, after the ledgers were recovered (:meth:`AutoRecoverySim.settle`):
-
-1. an audit with a scrub is triggered, and re-replication must converge: every mark cleared,
-   no closed ledger naming a bookie that is not live, then one more audit finding nothing;
-2. a bookie is lost for good (crashed, its disk wiped, never restarted) and decommissioned
-   through the admin API while the workers run;
-3. once nothing names it any more, the end state is checked at once (no audit in between).
-
-Invariants (safety; violations go to the run's result like the checker's):
-
-* **R1**, at the instant a worker (or the admin) swaps a bookie into a slot of a closed
-  fragment: the new bookie already holds every entry of that slot (durably: the bookie's
-  index lists an entry only once its journal batch was synced).
-* **R2**, at the end: every entry of every closed ledger is held by each of the ``Qw`` bookies
-  of its write set, all of them live, with a good digest (``pybk.testing.replicas``).
-
-Convergence that does not happen within the liveness bound is a liveness failure (I12).
+In the liveness phase, after the ledgers were recovered (:meth:`AutoRecoverySim.settle`)
+(listed in docs/internals.md, "pybk/sim/autorecovery.py").
 """
 
 from __future__ import annotations

@@ -1,41 +1,8 @@
 """The invariant checker: turns a recorded :class:`~pybk.sim.history.History` into violations.
 
-Invariants (research/reliability.md 2.3 and 3.6); each violation names its code:
-
-* **L1/I1/I2** no lost acks: a closed ledger's last entry is >= every acknowledged entry, and
-  the final read returns each acknowledged payload.
-* **L2** no phantom or aborted reads: every payload read was sent by the writer for that entry,
-  and never by an add that definitely failed.
-* **L3/I5** one payload per entry id, in every read and every bookie reply.
-* **L4** closed contents are 0..last with no holes (every entry up to last was attempted and
-  the final read has all of them).
-* **L5/I3** no dirty reads: a tailing reader never gets an entry above the LAC it was shown; a
-  LAC a reader sees was acknowledged to the writer before it was seen. Exempt only what a
-  recovery can still change, and a writer's batches (acknowledged to it as a whole): there a
-  LAC may run ahead of the writer's acks, but never ahead of the entries Qa bookies had
-  acknowledged (TLA+ NoDirtyReads).
-* **L6/I8** in-order acks: ok(n) completes after ok(n-1).
-* **I15** a writer acknowledges an entry only once Qa bookies of its write set, as the ledger
-  metadata names it when each answered, acknowledged it (an answer from a bookie the writer
-  had already replaced is no vote).
-* **L7** the LAC a reader observes through one ledger handle never decreases (a handle opened
-  later reads the LAC afresh from the bookies that answer and may start lower, as in
-  BookKeeper).
-* **I7** closed ledgers never change: every close/recovery/metadata view agrees on last entry.
-* **L8/I6** fencing: the old writer never gets an ok for an entry beyond what a completed
-  recovery sealed (an ok for an entry inside the sealed range may legitimately arrive late).
-* **L9** log level: a payload belongs to one ledger only.
-* **I9/I10/I11** bookie honesty and journal replay: a bookie that acknowledged an add never
-  later says the entry is absent (after a restart or otherwise; an injected fsync failure on
-  that bookie makes it I11), and never serves bytes that fail the digest.
-* **I12** liveness after heal (recorded by the runner as liveness events).
-* **X1** an exception nobody expected, in a bookie, a client, a reader or the workload (not
-  one the injected faults explain: :data:`pybk.sim.findings.EXPECTED`), with its traceback.
-* **I14** a bookie's index checkpoint chain plus the journal after it is the index a rebuild
-  from its segments gives (the runner inspects each undamaged bookie's data directory at the
-  end, ``pybk.bookie.inspect``).
-
-I13 (determinism) compares two runs and lives in the runner/tests, not here.
+Each violation names the invariant it breaks (the safety properties of BookKeeper's TLA+ model
+and of Jepsen-style checkers); the invariants are listed in docs/internals.md,
+"pybk/sim/checker.py", and docs/simulation.md.
 """
 
 from __future__ import annotations

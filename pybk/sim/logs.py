@@ -10,19 +10,7 @@ fencing the old one. **Log readers** follow the tail from the oldest record or f
 they stopped, and start again after an error. In the liveness phase a last writer takes the
 log over (recovering what the others left) and appends, and a last reader reads the whole log.
 
-Every append, read, reader start and truncation (as stored in the log's metadata, seen from
-outside) is in the history, and :func:`check_logs` judges it:
-
-* **LG1** every record in the log (acknowledged, or read by anyone) is read back exactly once
-  and in position order by every reader whose range covers it, and by the last reader;
-* **LG2** positions strictly increase: a writer's acknowledged positions in append order, a
-  reader's positions in read order;
-* **LG3** nothing before a truncation point is returned by a reader started after it;
-* **LG4** after a takeover, the new writer's records follow every record an older writer had
-  acknowledged;
-* **LG5** a record read is one that was appended, at the position its append was given, and
-  never one whose append definitely failed (refused before anything was queued); one record
-  per position.
+Design notes: docs/internals.md, "pybk/sim/logs.py".
 """
 
 from __future__ import annotations

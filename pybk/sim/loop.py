@@ -4,29 +4,7 @@ Why a loop and not a mocked clock: the protocol code (client, bookie, journal, m
 the running loop's ``time()``, ``call_later()``, ``sleep()``, futures and tasks and nothing
 else, so swapping the loop is enough to make a run a pure function of its seed.
 
-How it works: :class:`SimLoop` is a ``BaseEventLoop`` with its own scheduler
-(``_run_once``): ready callbacks run in FIFO order; when none is ready the clock is set
-*exactly* to the ``when`` of the earliest timer, and every timer due then runs. Timers sit in a
-heap of ``(when, sequence, handle)`` tuples, so timers due at the same instant run in the order
-they were made, compared at C speed (the stdlib heap compares handles in Python and leaves the
-order of equal deadlines to the heap). A run is a few hundred thousand loop turns, so the turn
-itself is kept short: no selector, no debug checks, handles built without the stdlib's
-per-handle debug probes.
-
-What it refuses, loudly: threads (``run_in_executor``, ``call_soon_threadsafe`` from another
-thread), real sockets, pipes, subprocesses, DNS. A run in which nothing is runnable and no timer
-is pending raises :class:`SimDeadlock` naming the virtual time and the tasks still waiting.
-
-Time can also be made to pass with nothing running: :meth:`SimLoop.stall` (the loop's thread
-blocked, e.g. an fsync made inline on it) and :meth:`SimLoop.jump` (a clock jump: every timer
-that fell due meanwhile runs late, at once).
-
-Private parts of ``asyncio`` used (stable 3.11-3.13): ``BaseEventLoop._run_once``,
-``_ready``, ``_stopping``, ``_closed``, ``_thread_id``, ``_check_closed``,
-``_check_running``, ``_asyncgen_firstiter_hook``, ``_process_events``, ``_write_to_self``,
-``_timer_handle_cancelled``, ``asyncio.events._set_running_loop``, and the slots of
-``asyncio.Handle``/``TimerHandle``. ``run_forever`` is the stdlib's less the debug mode's
-coroutine origin tracking (the loop has no debug mode: handles carry no tracebacks).
+Design notes: docs/internals.md, "pybk/sim/loop.py".
 """
 
 from __future__ import annotations

@@ -5,45 +5,10 @@ Every client gets its own endpoint (:meth:`SimNetwork.endpoint`); every bookie i
 Messages travel on per-(client, bookie) connections, like TCP: in order (unless the reorder
 knob is on), each direction delayed by a sampled latency.
 
-Fault model (research/reliability.md 3.5), all drawn from one injected ``random.Random``:
+The fault model (the network faults of Jepsen and FoundationDB's simulator: drop, duplicate,
+reorder, corrupt, reset, partitions, pauses) draws from one injected ``random.Random``.
 
-* **drop**: the message vanishes; the caller sees a timeout (``pybk.TimeoutError``).
-* **duplicate**: a request is delivered twice (the second copy later); bookies must be
-  idempotent.
-* **reorder**: a message may overtake earlier ones on its connection.
-* **corrupt**: modelled as "the frame CRC caught it": the receiver closes the connection, so
-  every request pending on it fails with ``BookieUnavailableError``.
-* **reset**: the connection is reset at once (``BookieUnavailableError``).
-* **partitions**: directed links are blocked (messages dropped); symmetric, asymmetric,
-  isolate-one and swizzle-clog are built from :meth:`block`/:meth:`unblock` by
-  :mod:`pybk.sim.faults`.
-* **pause**: a paused node's traffic (both directions) is held and released on resume, which
-  is how a frozen process looks from the outside (its adds arrive late, after its timeouts).
-
-A crashed bookie resets its connections (the kernel answers RST for a dead process) and new
-requests fail fast with ``BookieUnavailableError`` (connection refused).
-
-Adds travel the way they do in production: a bookie registered with its add path
-(``set_bookie(id, bookie.handle, bookie.add_request)``, what :class:`pybk.sim.SimCluster`
-does) gets every :class:`~pybk.wire.AddRequest` / :class:`~pybk.wire.AddBatchRequest`
-through ``Bookie.add_request``, the entry point the in-process transport and the TCP server
-drive, and the client's ``Transport.add`` hears the outcome. A client endpoint is, per seed,
-either a current client (it sends a writer's batches as they are) or an old one that sends
-each entry as a single add (``NetConfig.single_add_clients``): both paths of the bookie run.
-Timeouts use the one deadline mechanism of every transport (:mod:`pybk.transport.deadlines`).
-
-Observers see every response a bookie *produced* (delivered or not): the checker uses them for
-bookie-honesty invariants (an OK add is a durability promise even if the reply is lost). A
-batch is observed entry by entry, as the single adds it is made of; ``add_observers`` and
-``reply_observers`` see the same answers as they are (a batch once, the outcome as the add
-path reported it), which spares a watcher that can take a batch whole (the runner) a made-up
-request and response object per entry. Send observers see every
-request a client sends, before any fault (the runner learns which adds ever left a client).
-
-Cost: a run moves thousands of messages, so a message is moved without a closure (the timer
-carries its arguments), and a request other than an add is answered without a task: the
-bookie's handler coroutine is stepped by hand (``_Serving``), resumed when the future it
-waits on is done; most requests are answered without ever waiting.
+Design notes: docs/internals.md, "pybk/sim/net.py".
 """
 
 from __future__ import annotations

@@ -6,22 +6,7 @@ store, the simulated network) and per-subsystem ``random.Random`` objects derive
 seed. What the seed decides is a :class:`~pybk.sim.scenario.Scenario` (topology, bookie count,
 configuration, workload, network fault rates and the schedule of faults); a scenario given
 in its place (``scenario=``, a replay file, a shrunk failure) runs the same way. A run has
-two phases (TigerBeetle's VOPR):
-
-1. **safety**: the workload's processes run while the scheduled faults are injected (each
-   kind by its handler in :data:`pybk.sim.injectors.HANDLERS`), limited by the fault atlas;
-2. **liveness**: faults stop, the network heals, bookies restart (at most Qa-1 stay down),
-   every ledger is recovered and read back, a new ledger must take writes, and each
-   extension (:data:`EXTENSIONS`: the log workload, auto-recovery) checks its own progress,
-   all within a bound of virtual time.
-
-Then the :mod:`~pybk.sim.checker` and the extensions judge the recorded history. The trace
-(one line per event, stamped with virtual time) is identical for identical arguments, byte
-for byte.
-
-Extending a run: a process kind is a :class:`~pybk.sim.workload.Process` subclass spawned with
-:meth:`SimRun.spawn`; a module with processes, a liveness condition and invariants of its own
-is an :class:`Extension`, registered in :data:`EXTENSIONS` by name.
+two phases (TigerBeetle's VOPR) (listed in docs/internals.md, "pybk/sim/runner.py").
 """
 
 from __future__ import annotations

@@ -11,22 +11,7 @@ A batch write's job is a random id; a streaming sink's micro-batch ``N`` run by 
 is ``<sink>.b<N>/<R>`` (``<sink>`` a hash of the sink id), so that every run's attempt at a
 batch can be listed (``list_jobs(store, "<sink>.b<N>")``).
 
-A task takes a ledger id from the store first, records it in its list, and only then creates
-the ledger under that id (``Client.create_ledger(ledger_id=...)``): so every ledger a task
-may have made is listed before it exists, even if the task's process is killed the next
-instant. After creating one, the task reads the job's state: if the job is no longer open
-(committed or aborted while this attempt ran: a straggler, a speculative copy) it deletes what
-it made and fails.
-
-The driver's commit publishes the winning attempts' ledgers (one CAS on the log), then marks
-the job committed, then sweeps: every listed ledger that is not a segment of the log is
-deleted, and the lists go. Abort marks the job aborted and sweeps the same way (it may get
-``None`` for messages of tasks Spark cancelled; the lists still name their ledgers). Why this
-order is enough: a task that read "open" after creating a ledger had listed it before the
-driver changed the state, so the sweep that follows the change sees it; a task that read
-anything else deletes its own. Finished job records stay an hour (stragglers read them), then
-the next job's start removes them; :func:`sweep_stale_jobs` (``pybk.spark.sweep_jobs``) aborts and
-sweeps jobs whose driver died (still open after a given age).
+Design notes: docs/internals.md, "pybk/spark/jobs.py".
 """
 
 from __future__ import annotations

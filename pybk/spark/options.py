@@ -5,35 +5,7 @@ into :class:`SourceOptions`, and every mistake is an :class:`OptionError` (a Val
 message starts with the option's name as a user writes it (``option 'metadata': ...``), raised
 when the query is planned, before any task runs.
 
-=========================  ==========  ======================================================
-option                     default     meaning
-=========================  ==========  ======================================================
-``metadata``               (required)  the metadata URI: ``sqlite:///abs/path.db`` or
-                                       ``zk://host:port/root`` (``memory://`` cannot be
-                                       shared with executors and is refused)
-``log``                    (required)  the log's name (or ``load(name)`` / ``save(name)``)
-``namespace``              default     the log's namespace
-``metadataTimeout``        15          seconds to reach the metadata store on the driver
-``createLog``              false       write: create the log when missing, with
-                                       ``ensembleSize`` (3), ``writeQuorum`` (2),
-                                       ``ackQuorum`` (2), ``compression`` (none),
-                                       ``rollBytes`` (64 MiB)
-``fenceWriter``            false       write: publish even while a writer holds the log,
-                                       fencing it (its segment is completed first)
-``batchBytes``             1048576     write: records per envelope (ledger entry), in bytes
-``maxInFlightBytes``       67108864    write: envelopes sent and not yet acknowledged, per
-                                       task
-``sinkId``                 (see doc)   streaming write: who publishes the batches (default:
-                                       the query's checkpoint location)
-``startingPosition``       earliest    read: ``earliest``, ``latest`` or ``seg:entry:slot``
-                                       (inclusive)
-``endingPosition``         latest      batch read: ``latest`` or ``seg:entry:slot``
-                                       (exclusive)
-``maxRecordsPerTrigger``   (none)      streaming read: at most this many records per
-                                       micro-batch
-``maxPartitionBytes``      134217728   read: a segment larger than this is split into
-                                       partitions of entry ranges
-=========================  ==========  ======================================================
+Design notes: docs/internals.md, "pybk/spark/options.py".
 """
 
 from __future__ import annotations

@@ -1,26 +1,7 @@
 """Structured Streaming with pybk logs: a source whose offsets are positions, and a sink that
 publishes each micro-batch once, whatever is replayed.
 
-**Source.** An offset is ``{"log": "logs/<ns>/<name>", "position": "seg:entry:slot"}``: the
-position of the next record to read, so a micro-batch reads ``[start, end)``. The latest offset
-is just after the last acknowledged record (the in-progress segment's LAC, read without
-disturbing its writer); ``maxRecordsPerTrigger`` caps a batch at that many records, counted
-from the envelopes' headers (each says how many records of its segment come before it, so the
-cut is found by a binary search over entries, without reading records). Positions are stable
-(a record's position never changes), so a query restarted from its checkpoint re-plans the
-batch it had not committed from the same offsets and reads the same records: none lost, none
-twice. ``trigger(availableNow=True)`` records the tail when the query starts and stops there.
-A checkpoint made for another log is refused.
-
-**Sink.** Each micro-batch is a job of its own per query run (``<sink>.b<batch id>/<run id>``):
-tasks write ledgers as a batch write does, and the driver's commit publishes them with
-``sink=(sinkId, batch id)``, in the same CAS that records the batch id in the log's metadata;
-a batch id at or below the last one recorded (Spark replays the last batch after a restart)
-publishes nothing and its ledgers are deleted. The commit then sweeps every run's attempt at
-that batch (a run that died mid-batch left its ledgers listed). ``sinkId`` defaults to the
-query's checkpoint location. Spark makes the stream writer anew for each commit, so nothing
-of a run lives in the writer object: ids come from the tasks (the batch id and the run id are
-local properties of every micro-batch task).
+Design notes: docs/internals.md, "pybk/spark/streaming.py".
 """
 
 from __future__ import annotations

@@ -9,35 +9,7 @@ compared); a new base is written once the deltas add up to a fraction of the bas
 (``StoreConfig.checkpoint_delta_ratio``), which keeps the full rewrites' cost proportional to
 the changes too.
 
-Every file, base or delta, is the whole story up to its journal position when read after the
-files before it: start-up loads the base, applies its deltas in sequence and replays the
-journal after the last one's position. Files are CRC-framed and versioned; each names its
-*generation* (the base it extends) and its sequence number, so a delta left over from an older
-base is never applied to a newer one, and a missing or damaged file in the chain is damage
-(the store then rebuilds the index from the segments, as for a damaged base).
-
-Layout (big-endian), version 3::
-
-    header   magic "PYBKIDX\\0", version u16, crc32c u32 (of magic, version, length and
-             payload), payload length u64
-    payload  kind u8 (0 base, 1 delta), generation u64, seq u32 (0 for a base),
-             position: segment u64, offset u64, batch seq u64,
-             dead segment count u32, ledger count u32, dead segment seqs u64...,
-             ledgers: id i64, flags u8, piggybacked LAC i64, explicit LAC i64,
-                      key length u16, LAC body length u32, key, LAC body,
-                      dense run: first id i64, slot count n u32, segments u32 * n,
-                                 offsets u64 * n, sizes u32 * n (size 0: a hole),
-                      row count u32, rows (id i64, segment u64, offset u64, size u32)...,
-             deleted range count u32, deleted ledger id ranges (first i64, last i64)...,
-             live segment count u32, live bytes per segment (segment u64, bytes u64)...
-
-The ledgers are the ones held, their entries as ``EntryIndex`` keeps them: a dense run as
-three columns (written and read whole, at C speed) and rows (a base: the sparse entries; a
-delta: the entries changed other than in its new slots). Deleted ledgers are only ids, as
-ranges (a base: every deleted ledger; a delta: the ones deleted since the file before it).
-The live bytes per segment (compaction's measure) are written too, so loading does not sum
-them entry by entry. Version 2 (read, never written) had rows only, kept a deleted ledger as a
-ledger with the "deleted" flag, and no ranges or live bytes.
+Design notes: docs/internals.md, "pybk/storage/checkpoint.py".
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ class FileHandle(abc.ABC):
         failure, same fatal contract), or False without touching anything when this file
         system cannot or should not sync on the caller's thread (callers then ``await
         sync()``). Why: handing a sync to a thread and back costs ~80 us on a VM whose idle
-        vCPU must be woken (research/perf.md 3c), about half a lone small fdatasync; for a
+        vCPU must be woken (docs/performance.md), about half a lone small fdatasync; for a
         batch of one or two records the caller is better off blocking for the sync itself.
         The default declines."""
         return False
@@ -100,7 +100,7 @@ class FileSystem(abc.ABC):
         replace its bytes there (a write past the end extends it) and the file keeps its
         length. Why: a journal segment preallocated with zeros and synced is then written
         without changing the file's size or allocating blocks, so each ``fdatasync`` flushes
-        the data alone, with no file system journal commit (research/perf.md section 2). Raises
+        the data alone, with no file system journal commit (docs/performance.md). Raises
         ``FileNotFoundError``; ``ValueError`` if ``offset`` is outside the file."""
 
     @abc.abstractmethod

@@ -9,66 +9,7 @@ An idle journal never delays a lone append: the writer task wakes on the next lo
 and, if nothing else arrived during that iteration, writes at once. While appends keep arriving
 every iteration it keeps gathering, up to ``max_wait`` seconds (loop time) or the batch limits.
 
-Overlapped (``overlap_syncs``): when a sync returns and appends are waiting, the next batch is
-written and its sync *started* (``FileHandle.start_sync``) before the synced batch is completed
-(index updates, answers), so the loop's per-entry work runs while the disk syncs. With nothing
-waiting to be completed, a buffer of at least ``2 * overlap_split_min`` entries is written in
-two halves: the second half then overlaps the first one's completion, and from there two
-cohorts of closed-loop writers take turns. Halves must be big: a smaller one costs an extra
-sync and two process hand-offs for less work than it hides (measured here with 100 B entries:
-halves of 128 records gained 9-21%, of 64 records anything from -25% to +10%), so a synced
-batch of fewer than ``overlap_split_min`` entries is completed before the next write, and the
-two cohorts merge back into one when the load drops. Both thresholds count entries, not
-records: a batched add's entries go to the journal as one record of many (its ``weight``).
-Counted in records, a journal fed by batching clients never overlapped: its batches held one
-to a few records of hundreds of entries each. A split cuts the buffer between records, where
-about half the entries lie. With inline syncs (below) an overlap still starts only from a
-split: an inline sync blocks the loop, so nothing arrives while it runs, and the batch is
-answered before the next one is written (measured with ``pybk bookie``'s settings in process
-at 1024 in flight: 1,726 inline syncs, 4 splits, no overlap). Batches stay serial (a batch is
-written only after the previous sync returned) and an answer still comes only after the sync
-covering it. It pays only where a sync can start while the loop is busy: a helper process
-(:mod:`pybk.storage.syncer`), or the simulator's disks; a sync thread first has to win the GIL.
-
-A batch of at most ``inline_sync_max`` records is synced on the loop's own thread
-(``FileHandle.sync_inline``): the batch then pays one fdatasync instead of a sync plus two
-thread hand-offs. It is off (0) unless the owner says this journal is alone on its event loop
-(a bookie process, which syncs a batch inline when it has nothing to overlap it with): several
-journals on one loop (an
-in-process cluster) keep the sync thread so their syncs overlap on the device. For a journal
-alone on its loop the thread buys little under CPython's GIL: the sync thread must take the
-GIL to start the fdatasync and again to report back, so while the loop is busy (answering the
-last batch, reading requests) the sync waits for it rather than overlapping it; measured with
-256 writers, inline syncs gave about 1.4x the entries/s.
-The choice is explicit configuration, never inferred from process-wide state, so a run's
-scheduling does not depend on what else the process did before (the simulator relies on it).
-
-Preallocated segments (``preallocate``): a segment file is made ahead of use under a temporary
-name (``<segment>.prep``): its header, then zeros up to ``segment_size``, synced; the next one
-is made in the background (in chunks, the loop serving between them) once the current one is
-half full. Rotation renames it into place and writes it in place (``FileSystem.open_rewrite``),
-so a batch's fdatasync flushes the data alone: the file's size and block map do not change, and
-the file system's own journal is not committed (measured here, fdatasync after a write: a lone
-100 B record 0.11 -> 0.08 ms, 12.8 KB 0.18 -> 0.10 ms, 256 KB 0.49 -> 0.27 ms; research/perf.md
-section 2 has the same effect for 4 KiB). BookKeeper preallocates its journal for the same
-reason (``journalPreAllocSizeMB``). The disk is written twice over, though (zeros, then
-data): measured with 1 KiB entries, zero-filled segments gave 1 writer +40%, 16 writers
-+50-85% entries/s, but 256 writers (190 MB/s of journal) -20%, the zeros' flush competing with
-the data's. So a segment is zero-filled only while the journal writes less than
-``zero_fill_below`` bytes/s (measured on the loop clock when the active segment is half full);
-above, its blocks are only reserved (``FileHandle.allocate``, ``posix_fallocate``): no data
-written, a smaller gain per sync (the reserved blocks are converted as they are written), no
-loss (the same 256-writer run: +0%; 1 writer +25%). The first segment is zero-filled. The zero
-tail of the active segment is not data: replay cuts it (``SegmentScan.zero_tail``). A segment is
-rotated only once its data reaches ``segment_size``, the preallocated length (the batch that
-crosses it extends the file), and a failed write cuts the file back to its last batch, so a
-sealed segment never ends in zeros and one that does is still reported as corrupt. Never a
-recycled old segment: its stale batches past the tail could pass for data.
-
-Each append's future resolves only after the fsync that covers it. A failed fsync is fatal:
-Linux may already have dropped the dirty pages, so a retry could "succeed" with the data gone
-(fsyncgate). Every waiter covered by it, and every later append, fails with
-JournalFailedError and the owner is told through ``on_fatal``.
+Design notes: docs/internals.md, "pybk/storage/journal.py".
 """
 
 from __future__ import annotations

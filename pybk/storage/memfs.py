@@ -1,25 +1,8 @@
 """An in-memory FileSystem that models what a crash does to files.
 
 Used by the storage tests (crash-point enumeration, stateful tests) and by the simulator. It
-follows the persistence model of the ALICE and LazyFS work (research/reliability.md 3.4):
-
-* File content: every file (inode) has *durable* bytes (as of its last successful sync) and
-  *current* bytes. The unsynced change is the range where they differ: appended bytes, or
-  bytes written in place over a preallocated file (``open_rewrite``). A crash keeps the durable
-  bytes plus, depending on the mode, none of the change (``drop``), a random prefix of it cut
-  at any byte (``torn``), or a random subset of its sectors (``reorder``; a lost sector keeps
-  its durable bytes, zeros past the durable end). A truncation below the durable length is
-  metadata: a crash before the next sync undoes the whole unsynced change.
-* Directory entries: creations, renames and deletions are durable only after an
-  ``fsync_dir`` of their directory. A crash keeps none (``drop``) or a random in-order prefix
-  (``torn``/``reorder``) of each directory's pending changes.
-* A failed fsync (``fail_next_fsync``) behaves like Linux: it reports EIO *and* the unsynced
-  bytes are lost for good (the pages are marked clean), so a retried sync "succeeds" while the
-  data is gone. Code that retries and acknowledges is caught by this.
-
-Nothing here touches the OS, threads or the wall clock; ``sync`` yields to the event loop
-(``wait(sync_delay)``: ``asyncio.sleep`` unless another is given), so under the simulator slow
-disks cost virtual time only.
+follows the persistence model of the ALICE and LazyFS work (OSDI 2014; LazyFS, 2023) (listed in
+docs/internals.md, "pybk/storage/memfs.py").
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ per ``OsFileSystem`` (bulk syncs, see ``FileSystem.open_append``, on a second on
 event loop keeps serving while the disk works, and each sync costs exactly one loop wake-up
 (the executor future), never one per record. Several bookies in one
 process each get their own ``OsFileSystem`` and so sync in parallel (syncs on different files
-overlap on the device; see research/perf.md section 2).
+overlap on the device; see docs/performance.md).
 
 With ``sync_process=True`` the data syncs go to a helper process instead
 (:mod:`pybk.storage.syncer`): a sync thread must win the GIL from a busy loop before its

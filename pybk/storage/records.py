@@ -2,7 +2,7 @@
 
 A segment file is::
 
-    segment header   magic "PYBKSEG\\0", format version u16, segment seq u64,
+    segment header   magic "PYBKSEG\0", format version u16, segment seq u64,
                      bookie instance id (16 bytes), CRC32C u32 over the preceding bytes
     batch*           one per group commit (one write + one fdatasync)
 
@@ -11,16 +11,7 @@ A batch is::
     magic u32, batch seq u64 (0, 1, 2... within the segment), payload length u32,
     CRC32C u32 over the first 16 header bytes and the payload; then the payload = records
 
-A record is::
-
-    payload length u32, CRC32C u32 over (type byte + payload), type u8, payload
-
-Why two levels of checksum: the batch CRC tells replay exactly which group commit is intact
-(only the last batch of the active segment can ever be unsynced, so a bad batch followed by
-nothing valid is a torn tail, a bad batch followed by a good one is corruption). The record
-CRC lets a read verify one entry without reading its whole batch.
-
-Everything here is pure functions over bytes: no I/O.
+Design notes: docs/internals.md, "pybk/storage/records.py".
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """The journal's read side at start-up: verify and scan segments, classify damage.
 
 Because group commit is serial (journal.py), only the last batch of the *active* segment can
-ever be unsynced when the process dies. Hence:
-
-* a bad batch (torn, garbage, failed CRC) followed by nothing valid, at the end of the last
-  segment, is a torn tail: truncate it and count it;
-* nothing but zeros after the last batch of the last segment is its unused preallocated space
-  (journal.py) or the room of a lost unsynced batch: cut, counted apart (``zero_tail``), not
-  damage. A sealed segment never ends in zeros (the journal rotates a preallocated segment
-  only once its data reaches the preallocated length), so there zeros are corruption like any
-  other bad batch;
-* a bad batch followed by a valid batch, or a bad batch anywhere in an older segment, is
-  corruption: refuse to start with CorruptRecordError naming file and offset (unless the
-  operator allowed suspect segments; then the segment is used up to the bad point only).
-
-A new segment is created (header written and synced) before its first batch, so a last
-segment whose header is missing or torn and that holds nothing more was cut off while being
-created: it is dropped too.
+ever be unsynced when the process dies. Hence (listed in docs/internals.md,
+"pybk/storage/replay.py").
 """
 
 from __future__ import annotations

@@ -8,18 +8,7 @@ sees them; ``LocalCluster(..., transport_wrapper=HookedTransport)`` puts them in
 embedded cluster's bookies.
 
 A rule matches requests by bookie and optionally by operation, ledger, entry, or any
-predicate, and then:
-
-* ``hold``: queue the request until the test calls :meth:`Rule.release` (or
-  :meth:`Rule.fail_held` / :meth:`Rule.drop_held`);
-* ``fail``: answer at once with an error status (a response from "the bookie") or raise
-  :class:`pybk.errors.BookieUnavailableError` (``status=None``);
-* ``drop``: never deliver: the caller sees its timeout;
-* ``before``: run an async callback, then deliver (e.g. to wait on an ``asyncio.Event``).
-
-Rules are checked in the order they were added; the first live match wins. A rule with
-``times=n`` retires after n matches. Every rule counts its matches and can be awaited
-(:meth:`Rule.wait_matched`) so a test waits on the condition, not on the clock.
+predicate, and then (listed in docs/internals.md, "pybk/testing/hooks.py").
 """
 
 from __future__ import annotations

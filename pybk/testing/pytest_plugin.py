@@ -4,27 +4,7 @@ Kept cheap to import: it loads in every pytest run where pybk is installed, so h
 are imported inside the fixtures. It needs no other plugin: every fixture here is a plain
 (synchronous) fixture, so it works whether or not pytest-asyncio is installed.
 
-* ``pybk_seed``: the seed for simulated runs (``--pybk-seed N``, default 0).
-* ``sim_cluster``: a deterministic simulated cluster (:class:`pybk.testing.SimTestCluster`):
-  ``sim_cluster.run(scenario)`` runs ``async def scenario(cluster)`` in virtual time, from a
-  plain test function.
-* ``sync_local_cluster``: for plain (synchronous) tests: ``sync_local_cluster(bookies=3,
-  **kwargs)`` returns a started :class:`pybk.sync.LocalCluster` under ``tmp_path``, closed
-  when the test ends::
-
-      def test_roundtrip(sync_local_cluster):
-          client = sync_local_cluster().client()
-          lh = client.create_ledger()
-          lh.append(b"x")
-          assert lh.read(0, 0)[0].data == b"x"
-
-* ``local_cluster``: for ``async def`` tests: ``local_cluster(bookies=3, **kwargs)`` returns
-  an unstarted :class:`pybk.LocalCluster` under ``tmp_path``, to use as ``async with``.
-  Running ``async def`` tests needs an async test runner: pytest-asyncio (``asyncio_mode =
-  "auto"``, or ``@pytest.mark.asyncio`` on each test in its strict mode) or anyio's plugin
-  (``@pytest.mark.anyio``). Without one, use ``sync_local_cluster``.
-
-See docs/api.md ("Testing your code") and docs/simulation.md.
+Design notes: docs/internals.md, "pybk/testing/pytest_plugin.py".
 """
 
 from __future__ import annotations

@@ -3,30 +3,8 @@
 In the spirit of ``trio.testing.check_two_way_stream``: describe how to run real bookies
 behind your transport with a :class:`TransportBackend` (start them, crash one, silence one,
 run a coroutine on the loop the transport needs), and :func:`run_check` exercises the
-contract of :mod:`pybk.transport.base`:
-
-* ``add`` of a single add and of a batch (striped ids, shared body objects) stores exactly
-  those bytes and calls ``on_done`` exactly once with None;
-* a batch whose entries fare differently gets one outcome per entry (a conflicting entry
-  fails alone); a batch the bookie refuses as a whole fails every entry with the error class
-  the bookie meant (UnauthorizedError, LedgerFencedError), and a recovery batch is taken on a
-  fenced ledger;
-* ``send`` of an add answers with a response (the older form still works);
-* a batched read answers each entry (stored, absent) in request order, with the bookie's LAC;
-* requests answer with their own responses, however many are in flight;
-* an unknown or crashed bookie is BookieUnavailableError; a bookie that does not answer is
-  TimeoutError after the request's timeout, never a hang; adds in flight when a bookie dies
-  settle once each;
-* a closed transport refuses new requests with a BKError.
-
-Typical pytest use (no async plugin needed: a backend runs each check on its own loop)::
-
-    @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
-    def test_transport_conformance(check):
-        run_check(MyBackend, check)
-
-The backends pybk ships (in-process, TCP on loopback, the simulated network, and the
-simulated network as an old client sending single adds) are :data:`BACKENDS`.
+contract of :mod:`pybk.transport.base` (listed in docs/internals.md,
+"pybk/testing/transport_conformance.py").
 """
 
 from __future__ import annotations

@@ -1,27 +1,6 @@
 """The transport seam: how a request reaches a bookie.
 
-Two ways in, one contract:
-
-* :meth:`Transport.add` is the write path's typed add: it takes an
-  :class:`~pybk.wire.AddRequest` or an :class:`~pybk.wire.AddBatchRequest` (the entries
-  of one ledger bound for one bookie) and calls ``on_done(outcome)`` exactly once, with an
-  :data:`~pybk.wire.AddOutcome`: None (every entry is durable on the bookie), one
-  :class:`pybk.errors.BKError` for all (the bookie refused, or could not be reached:
-  :class:`~pybk.errors.BookieUnavailableError`; or no answer in time:
-  :class:`~pybk.errors.TimeoutError`), or one outcome per entry of a batch. In process no
-  response object is made (the bookie's journal completion calls ``on_done`` directly); over
-  TCP the answer frame is decoded straight into the outcome.
-* :meth:`Transport.send` carries every other request and returns a future of its response
-  (whose ``status`` may be non-OK: the bookie answered with an error), or fails with
-  BookieUnavailableError or TimeoutError. A transport never raises any other exception type
-  for a bookie's misbehaviour.
-
-The in-process transport (:mod:`pybk.transport.local`), TCP (:mod:`pybk.transport.tcp`) and
-the simulator's network (:mod:`pybk.sim.net`) implement both natively and drive the same bookie
-entry point (``Bookie.add_request``); all three use one deadline mechanism
-(:mod:`pybk.transport.deadlines`). A transport that only implements :meth:`send` (a test's
-scripted one, say) gets a working :meth:`Transport.add` that sends each entry as a single add.
-The conformance suite :mod:`pybk.testing.transport_conformance` checks an implementation.
+Two ways in, one contract (listed in docs/internals.md, "pybk/transport/base.py").
 """
 
 from __future__ import annotations

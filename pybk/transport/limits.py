@@ -2,23 +2,8 @@
 hold has a bound here, and every bound is a ``pybk bookie`` option (see docs/protocol.md,
 "Limits").
 
-What a peer can make the server hold, and what bounds it:
-
-* connections: ``max_connections`` in all (lowered at start to what the open-file limit
-  allows after ``fd_reserve`` descriptors kept for the bookie's own files), at most
-  ``max_connections_per_ip`` from one address, and at most ``max_unauthenticated`` that have
-  not proven themselves yet (a TLS handshake under way, or no AUTH yet on a bookie with a
-  token), each of which must do so within ``tls_handshake_timeout`` / ``auth_timeout``;
-* requests: ``max_in_flight`` started per connection, ``max_queued_bytes`` read ahead of
-  them (the server keeps reading while it starts nothing, so a peer that closes is noticed);
-* bytes in flight (request bodies being stored, answers not yet taken by the peer):
-  ``connection_budget`` per connection and ``bookie_budget`` for all of them; a request
-  starts only when its bytes fit (a single one always fits an idle connection);
-* long polls: each waits at most ``long_poll_max_timeout``, at most ``max_long_polls`` wait
-  at once;
-* time: a frame must arrive whole within ``frame_timeout``, a peer must take our answers
-  (some progress) within ``write_timeout``, a quiet connection is closed after
-  ``idle_timeout``; TCP keepalive (``keepalive`` seconds idle) finds peers that vanished.
+What a peer can make the server hold, and what bounds it (listed in docs/internals.md,
+"pybk/transport/limits.py").
 """
 
 from __future__ import annotations

@@ -2,21 +2,8 @@
 
 Pure functions from messages to frame bytes and from frame bytes to messages (the framing
 state machine that cuts a byte stream into frames is :class:`pybk.transport.codec.Connection`).
-The format is documented in ``docs/protocol.md``; in short, every frame is::
-
-    u32 length      bytes after this field (CRC + header + body)
-    u32 crc32c      over header + body
-    u8  version     1, or 2 for the operations protocol version 2 added (ADD_BATCH)
-    u8  op          pybk.wire.Op
-    u16 flags       RESPONSE bit + per-operation flags
-    u64 request id  chosen by the client, echoed in the response
-    body            per (op, direction), big-endian, no trailing bytes
-
-Decoding is strict and allocation-bounded: every count or byte-string length is checked
-against the bytes still unread, and unknown flags and statuses are refused
-(:class:`pybk.errors.ProtocolError`). The messages of the write path (ADD, ADD_BATCH) have
-fast encoders and decoders that give the same bytes and the same refusals as the generic ones
-(tests/tcp/test_codec.py checks both on arbitrary input).
+The format is documented in ``docs/protocol.md``; in short, every frame is (listed in
+docs/internals.md, "pybk/transport/messages.py").
 """
 
 from __future__ import annotations

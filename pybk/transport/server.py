@@ -6,42 +6,7 @@
 Every bound is a field of :class:`pybk.transport.limits.ServerConfig` (and a ``pybk bookie``
 option); docs/protocol.md lists them.
 
-* **Pipelining**: every request runs as its own task (adds through the bookie's fast path,
-  without one); responses go out as they complete (out of order, matched by request id),
-  all responses ready in one loop iteration are written with **one** ``write()``.
-* **Bytes in flight**: a request starts only when its bytes (an add's body, a read's
-  expected answer, as the bookie's index tells) fit the connection's budget and the
-  bookie's; answers the peer has not taken yet count until they leave our buffers. So a peer
-  pipelining reads it never takes holds at most one budget, not one answer per request.
-  A long poll's piggybacked entry is dropped from its answer (the reader then reads it)
-  when it does not fit.
-* **Noticing a closed peer**: the server keeps reading while it starts nothing (in-flight
-  cap, budgets), up to ``max_queued_bytes`` read ahead, so a peer that closes is seen at
-  once and its long polls cancelled; past that, a timer asks the kernel whether the peer
-  has closed (TCP state CLOSE-WAIT). A large read first asks the kernel the same (a burst
-  sent just before hanging up is not even decoded), and most long polls of one burst start
-  a few ms late, never if the close comes meanwhile. TCP keepalive finds peers that
-  vanished.
-* **Long polls** wait at most ``long_poll_max_timeout``; past ``max_long_polls`` waiting,
-  a connection holding many waits for a slot (its polls unstarted), one holding few is
-  answered at once.
-* **Connections** are judged at ``accept()`` (:mod:`pybk.transport.listener`), before any
-  TLS handshake: global, per-address and unauthenticated caps with fair displacement
-  (:mod:`pybk.transport.admission`); the global cap is lowered to what the open-file limit
-  allows after a reserve for the bookie's own files. :meth:`BookieServer.shed` closes
-  connections when the bookie itself runs out of descriptors.
-* **Hostile peers**: a frame over the cap, a bad CRC or any framing damage closes *that*
-  connection (and is counted); a well-framed but malformed body gets a PROTOCOL_ERROR response.
-  A frame must complete within ``frame_timeout`` of its first byte (slowloris), a peer must
-  take some of our answers within ``write_timeout``, a quiet connection is closed after
-  ``idle_timeout``. Refusals and accept failures are logged at most once per
-  ``log_interval`` (:class:`pybk.transport.ratelog.RateLimitedLog`).
-* **Authentication**: with a token configured, a connection may only send AUTH (frames capped
-  at 4 KiB) until it authenticates; anything else is answered UNAUTHORIZED and the connection
-  closed, without reaching the handler. Tokens are compared with ``hmac.compare_digest``.
-
-Counters of every such event are in :attr:`BookieServer.stats` and in a per-server
-prometheus ``CollectorRegistry`` (:attr:`BookieServer.registry`).
+Design notes: docs/internals.md, "pybk/transport/server.py".
 """
 
 from __future__ import annotations

@@ -10,13 +10,7 @@ contract so the replication code reacts exactly as it does in-process:
 * no answer within the request's timeout -> :class:`pybk.errors.TimeoutError`;
 * the peer breaks the framing -> the connection is dropped (BookieUnavailableError).
 
-After a failed connection attempt the next attempt waits for a backoff (doubling up to
-``backoff_max``); requests sent meanwhile fail at once with BookieUnavailableError, which is
-what lets a writer replace the bookie quickly instead of queueing behind a dead address.
-
-With ``auth_token``, AUTH is the first frame of every connection. A refused token resolves
-every request pending on that connection to an UNAUTHORIZED response (the client raises
-UnauthorizedError), not a transport failure: retrying another bookie would not help.
+Design notes: docs/internals.md, "pybk/transport/tcp.py".
 """
 
 from __future__ import annotations

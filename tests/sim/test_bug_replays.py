@@ -1,5 +1,5 @@
 """Real BookKeeper and Pulsar data-loss bugs, replayed as named scenarios (tests/bug_replays.py,
-research/reliability.md section 1.2): each passes on pybk and, where a mutation switch
+each named by its upstream issue): each passes on pybk and, where a mutation switch
 re-introduces the rule the bug broke, fails with it, violating the invariant that names the
 loss.
 
