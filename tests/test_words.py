@@ -23,7 +23,6 @@ OVER_LIMIT: dict[str, int] = {
     "client/writer.py": 687,
     "transport/server_connection.py": 690,
     "storage/writes.py": 705,
-    "sim/net.py": 720,
     "cli/log.py": 740,
     "storage/journal.py": 742,
     "bookie/bookie.py": 761,

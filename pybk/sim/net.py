@@ -16,14 +16,25 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
 from functools import partial
 from math import log as _log
 from types import CoroutineType as _CoroutineType
 from typing import Any
 
-from pybk.errors import BKError, BookieUnavailableError, ProtocolError
+from pybk.errors import BookieUnavailableError, ProtocolError
 from pybk.errors import TimeoutError as BKTimeoutError
+from pybk.sim.links import (
+    AddPending,
+    Conn,
+    FuturePending,
+    NetConfig,
+    Pending,
+    answer_future,
+    is_entry_read,
+    is_fence,
+    is_recovery_read,
+    observed,
+)
 from pybk.sim.loop import SimLoop
 from pybk.sim.wire import WireRejected, damage, decode_request, decode_response
 from pybk.transport.base import (
@@ -37,21 +48,14 @@ from pybk.transport.deadlines import Deadlines
 from pybk.transport.messages import encode_request, encode_response
 from pybk.wire import (
     AddBatchRequest,
-    AddBatchResponse,
     AddCallback,
     AddLike,
     AddOutcome,
     AddRequest,
-    AddResponse,
     AuthRequest,
     ReadBatchRequest,
-    ReadBatchResponse,
-    ReadRequest,
-    ReadResponse,
     Request,
     Response,
-    Status,
-    add_outcome,
     add_response,
     outcome_of,
 )
@@ -64,96 +68,6 @@ Handler = Callable[[Request], Awaitable[Response]]
 AddPath = Callable[[AddLike, AddCallback], None]
 Observer = Callable[[str, str, Request, Response], None]
 AddObserver = Callable[[str, str, AddLike, AddOutcome], None]
-
-
-@dataclass
-class NetConfig:
-    """Knobs of the simulated network (probabilities are per message)."""
-
-    latency_min: float = 0.0005
-    latency_mean: float = 0.002  # mean of the exponential part added to latency_min
-    drop: float = 0.0
-    duplicate: float = 0.0
-    reorder: float = 0.0
-    corrupt: float = 0.0
-    reset: float = 0.0
-    #: Used when a caller passes ``timeout=None``: a dropped message must still end somehow.
-    default_timeout: float = 10.0
-    #: The chance that a client endpoint is an old client, which sends each entry of a
-    #: writer's batch as a single add (the bookie must serve both; drawn per endpoint).
-    single_add_clients: float = 0.25
-    #: Carry every message as bytes through the production codec (:mod:`pybk.sim.wire`);
-    #: off, message objects are handed over as they are (what the simulator did before)
-    wire: bool = True
-
-    def quiet(self) -> NetConfig:
-        """The same latencies without any message faults (the heal phase)."""
-        return NetConfig(self.latency_min, self.latency_mean, default_timeout=self.default_timeout,
-                         single_add_clients=self.single_add_clients, wire=self.wire)
-
-
-class _Pending:
-    """A request on its way: settled once, by its answer, a reset or its deadline."""
-
-    __slots__ = ("token",)
-    token: int
-
-    def on_answer(self, answer: object) -> None:
-        raise NotImplementedError
-
-    def on_fail(self, exc: BKError) -> None:
-        raise NotImplementedError
-
-
-class _FuturePending(_Pending):
-    """A request whose caller waits on a future (``SimNetwork.send``)."""
-
-    __slots__ = ("fut",)
-
-    def __init__(self, fut: asyncio.Future[Response]) -> None:
-        self.fut = fut
-        self.token = 0
-
-    def on_answer(self, answer: object) -> None:
-        fut = self.fut
-        if not fut.done():
-            fut.set_result(answer)  # type: ignore[arg-type]
-
-    def on_fail(self, exc: BKError) -> None:
-        fut = self.fut
-        if not fut.done():
-            fut.set_exception(exc)
-
-
-class _AddPending(_Pending):
-    """An add whose caller hears the outcome through its callback (``SimNetwork.add``)."""
-
-    __slots__ = ("count", "on_done")
-
-    def __init__(self, request: AddLike, on_done: AddCallback) -> None:
-        self.count = len(request.bodies) if type(request) is AddBatchRequest else 1
-        self.on_done = on_done
-        self.token = 0
-
-    def on_answer(self, outcome: object) -> None:
-        if isinstance(outcome, AddResponse | AddBatchResponse):  # a plain handler's answer
-            outcome = add_outcome(outcome, self.count)
-        settle_add(self.on_done, outcome)  # type: ignore[arg-type]
-
-    def on_fail(self, exc: BKError) -> None:
-        settle_add(self.on_done, exc)
-
-
-class _Conn:
-    """One (client, bookie) connection: a generation number and the requests pending on it."""
-
-    __slots__ = ("gen", "last_arrival_back", "last_arrival_fwd", "pending")
-
-    def __init__(self) -> None:
-        self.gen = 0
-        self.pending: dict[int, _Pending] = {}
-        self.last_arrival_fwd = 0.0
-        self.last_arrival_back = 0.0
 
 
 class SimNetwork:
@@ -174,7 +88,7 @@ class SimNetwork:
         self._adders: dict[str, AddPath | None] = {}
         self._deadlines = Deadlines()
         self._incarnation: dict[str, int] = {}
-        self._conns: dict[tuple[str, str], _Conn] = {}
+        self._conns: dict[tuple[str, str], Conn] = {}
         self._blocked: dict[tuple[str, str], bool] = {}
         self._paused: dict[str, list[Callable[[], None]]] = {}
         self._dead_clients: dict[str, bool] = {}
@@ -285,11 +199,11 @@ class SimNetwork:
 
     # -- sending -----------------------------------------------------------------------------
 
-    def _conn(self, client: str, bookie_id: str) -> _Conn:
+    def _conn(self, client: str, bookie_id: str) -> Conn:
         key = (client, bookie_id)
         conn = self._conns.get(key)
         if conn is None:
-            conn = self._conns[key] = _Conn()
+            conn = self._conns[key] = Conn()
         return conn
 
     def _reset(self, client: str, bookie_id: str, why: str) -> None:
@@ -317,18 +231,18 @@ class SimNetwork:
         if type(request) is AddRequest or type(request) is AddBatchRequest:
             # an add asked for as a request: the add path, its outcome put in a response
             self.add(client, bookie_id, request,
-                     lambda outcome: _answer(fut, request, outcome), timeout)
+                     lambda outcome: answer_future(fut, request, outcome), timeout)
             return fut
-        self._start(client, bookie_id, request, timeout, _FuturePending(fut))
+        self._start(client, bookie_id, request, timeout, FuturePending(fut))
         return fut
 
     def add(self, client: str, bookie_id: str, request: AddLike, on_done: AddCallback,
             timeout: float | None) -> None:
         """Carry an add to the bookie's add path; ``on_done(outcome)`` once."""
-        self._start(client, bookie_id, request, timeout, _AddPending(request, on_done))
+        self._start(client, bookie_id, request, timeout, AddPending(request, on_done))
 
     def _start(self, client: str, bookie_id: str, request: Request, timeout: float | None,
-               pending: _Pending) -> None:
+               pending: Pending) -> None:
         if self._dead_clients and self._dead_clients.get(client):
             return  # a dead process sends nothing and hears nothing, ever
         loop = self._loop or self._bind_loop()
@@ -339,7 +253,7 @@ class SimNetwork:
             watch(client, bookie_id, request)
         conn = self._conns.get((client, bookie_id))
         if conn is None:
-            conn = self._conns[(client, bookie_id)] = _Conn()
+            conn = self._conns[(client, bookie_id)] = Conn()
         msg: Request | bytes = encode_request(seq, request) if self.config.wire else request
         if self._bookies.get(bookie_id) is None:
             # Connection refused, after a round trip.
@@ -350,25 +264,25 @@ class SimNetwork:
         limit = self.config.default_timeout if timeout is None else timeout
         pending.token = self._deadlines.add(
             limit, lambda: self._expire(conn, seq, bookie_id, request, limit))
-        if self.lose_next_fence and self.lose_next_fence.get(bookie_id) and _is_fence(request):
+        if self.lose_next_fence and self.lose_next_fence.get(bookie_id) and is_fence(request):
             self.lose_next_fence[bookie_id] -= 1
             self._count("lost_fence")
             self._trace(f"net lost fencing {type(request).__name__} {client}->{bookie_id}")
             return
         if (self.lose_recovery_reads
                 and self.lose_recovery_reads.get(bookie_id, -1.0) > loop.time()
-                and _is_recovery_read(request)):
+                and is_recovery_read(request)):
             self._count("lost_recovery_read")
             self._trace(f"net lost recovery read {client}->{bookie_id}")
             return
         if (self.lose_entry_reads and self.lose_entry_reads.get(client, -1.0) > loop.time()
-                and _is_entry_read(request)):
+                and is_entry_read(request)):
             self._count("lost_entry_read")
             self._trace(f"net lost entry read {client}->{bookie_id}")
             return
         self._transmit(client, bookie_id, conn, conn.gen, True, seq, msg)
 
-    def _expire(self, conn: _Conn, seq: int, bookie_id: str, request: Request,
+    def _expire(self, conn: Conn, seq: int, bookie_id: str, request: Request,
                 limit: float) -> None:
         pending = conn.pending.pop(seq, None)
         if pending is not None:
@@ -376,7 +290,7 @@ class SimNetwork:
                 BKTimeoutError(f"{bookie_id}: no answer to {type(request).__name__} in {limit}s")
             )
 
-    def _transmit(self, client: str, bookie_id: str, conn: _Conn, gen: int, forward: bool,
+    def _transmit(self, client: str, bookie_id: str, conn: Conn, gen: int, forward: bool,
                   seq: int, msg: Any) -> None:
         """Move one message (a request if ``forward``, else an answer) through the fault
         model: held while either end is paused, dropped on a blocked link, then the
@@ -440,11 +354,11 @@ class SimNetwork:
             self._deliver_at(arrival, self._arrive_response,
                              (client, bookie_id, conn, gen, seq, msg))
 
-    def _reset_if(self, client: str, bookie_id: str, conn: _Conn, gen: int, why: str) -> None:
+    def _reset_if(self, client: str, bookie_id: str, conn: Conn, gen: int, why: str) -> None:
         if conn.gen == gen:
             self._reset(client, bookie_id, why)
 
-    def _arrive_request(self, client: str, bookie_id: str, conn: _Conn, gen: int, seq: int,
+    def _arrive_request(self, client: str, bookie_id: str, conn: Conn, gen: int, seq: int,
                         msg: Request | bytes) -> None:
         if conn.gen != gen:
             return  # the connection was reset meanwhile: the request died with it
@@ -472,7 +386,7 @@ class SimNetwork:
         _Serving(self, coro, incarnation, client, bookie_id, conn, gen, seq, request).step()
 
     def _serve_add(self, adder: AddPath, incarnation: int, client: str, bookie_id: str,
-                   conn: _Conn, gen: int, seq: int, request: AddLike) -> None:
+                   conn: Conn, gen: int, seq: int, request: AddLike) -> None:
         """The bookie's add path, as the TCP server drives it: no task, the outcome comes
         from the journal's completion and goes back on the connection."""
         answered = False
@@ -523,7 +437,7 @@ class SimNetwork:
         for watch in self.reply_observers:
             watch(bookie_id, job.client, job.request, response)
         if self.observers:
-            for single, answer in _observed(job.request, response):
+            for single, answer in observed(job.request, response):
                 for observer in self.observers:
                     observer(bookie_id, job.client, single, answer)
         sent: object = response
@@ -535,7 +449,7 @@ class SimNetwork:
                 return
         self._transmit(job.client, bookie_id, job.conn, job.gen, False, job.seq, sent)
 
-    def _unencodable(self, client: str, bookie_id: str, conn: _Conn, gen: int,
+    def _unencodable(self, client: str, bookie_id: str, conn: Conn, gen: int,
                      request: Request, exc: Exception) -> None:
         """A bookie's answer the wire cannot carry: the server would fail to send it and
         close the connection; a finding for the simulator."""
@@ -545,7 +459,7 @@ class SimNetwork:
             self.on_handler_error(bookie_id, request, exc)
         self._reset_if(client, bookie_id, conn, gen, "unencodable answer")
 
-    def _decode(self, client: str, bookie_id: str, conn: _Conn, gen: int, frame: bytes,
+    def _decode(self, client: str, bookie_id: str, conn: Conn, gen: int, frame: bytes,
                 seq: int, decode: Callable[[bytes, int], Any]) -> Any:
         """``decode(frame, seq)``, or None after what the receiver does with a frame that
         does not decode: a damaged one (the CRC caught it) closes the connection; one that
@@ -554,7 +468,7 @@ class SimNetwork:
             return decode(frame, seq)
         except ProtocolError as exc:
             self._trace(f"net {client}<->{bookie_id}: {exc}, connection closed")
-            self._reset_if(client, bookie_id, conn, gen, "damaged frame")
+            self._reset_if(client, bookie_id, conn, gen, "corrupt frame")
         except WireRejected as exc:
             self._count("codec_rejected")
             if self.on_handler_error is not None:
@@ -573,7 +487,7 @@ class SimNetwork:
         if self._incarnation.get(bookie_id) == job.incarnation:
             self._reset_if(job.client, bookie_id, job.conn, job.gen, "handler raised")
 
-    def _arrive_response(self, client: str, bookie_id: str, conn: _Conn, gen: int, seq: int,
+    def _arrive_response(self, client: str, bookie_id: str, conn: Conn, gen: int, seq: int,
                          answer: object) -> None:
         if conn.gen != gen:
             return
@@ -599,7 +513,7 @@ class _Serving:
                  "seq")
 
     def __init__(self, net: SimNetwork, coro: Coroutine[Any, Any, Response], incarnation: int,
-                 client: str, bookie_id: str, conn: _Conn, gen: int, seq: int,
+                 client: str, bookie_id: str, conn: Conn, gen: int, seq: int,
                  request: Request) -> None:
         self.net = net
         self.coro = coro
@@ -627,53 +541,6 @@ class _Serving:
         else:  # a future: resume once it is done (its result is read by the coroutine)
             waiting._asyncio_future_blocking = False
             waiting.add_done_callback(self.step)
-
-
-def _observed(request: Request, response: Response) -> list[tuple[Request, Response]]:
-    """What observers see of one answered request: a batched read entry by entry, as the
-    single reads it stands for (the checker's bookie-honesty invariants judge each)."""
-    if not isinstance(request, ReadBatchRequest):
-        return [(request, response)]
-    lid = request.ledger_id
-    if not isinstance(response, ReadBatchResponse) or response.status != Status.OK:
-        return [(ReadRequest(lid, e), ReadResponse(response.status, lid, e))
-                for e in request.entry_ids]
-    return [(ReadRequest(lid, e), ReadResponse(status, lid, e, body, response.lac))
-            for e, status, body in response.entries]
-
-
-def _is_fence(request: Request) -> bool:
-    from pybk.wire import FenceRequest, ReadRequest
-
-    return isinstance(request, FenceRequest) or (
-        isinstance(request, ReadRequest) and request.fence)
-
-
-def _is_entry_read(request: Request) -> bool:
-    """A plain read of entries (not fencing, not a LAC read or long poll)."""
-    from pybk.wire import LAST_ENTRY
-
-    return isinstance(request, ReadBatchRequest) or (
-        isinstance(request, ReadRequest) and not request.fence
-        and request.previous_lac is None and request.entry_id != LAST_ENTRY)
-
-
-def _is_recovery_read(request: Request) -> bool:
-    from pybk.wire import LAST_ENTRY
-
-    return (isinstance(request, ReadRequest) and request.fence
-            and request.entry_id != LAST_ENTRY)
-
-
-def _answer(fut: asyncio.Future[Response], request: AddLike, outcome: AddOutcome) -> None:
-    """Settle a ``send`` of an add: unreachable and timed out are exceptions, like for any
-    request; what the bookie said is its response."""
-    if fut.done():
-        return
-    if isinstance(outcome, BookieUnavailableError | BKTimeoutError):
-        fut.set_exception(outcome)
-    else:
-        fut.set_result(add_response(request, outcome))
 
 
 class SimTransport(Transport):
