@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_RACK",
+    "RACK_PLAN_IGNORES_WRAP",
     "BookieNode",
     "DefaultPlacementPolicy",
     "PlacementPolicy",
@@ -47,6 +48,10 @@ DEFAULT_RACK: Final = "/default-region/default-rack"
 
 #: Search steps the rack-aware policy spends on one ensemble before settling for less.
 _SEARCH_BUDGET: Final = 20_000
+
+#: mutation switch (a name in ``mutations``; registry: ``pybk.testing.mutations``): the
+#: rack plan forgets the write sets that wrap around the ensemble's end
+RACK_PLAN_IGNORES_WRAP: Final = "rack_plan_ignores_wrap"
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,9 +249,12 @@ class RackAwarePlacementPolicy(DefaultPlacementPolicy):
 
     def __init__(self, *, min_racks_per_write_quorum: int = 2, strict: bool = False,
                  racks: Mapping[str, str] | None = None, local_rack: str | None = None,
-                 disk_weighted: bool = False, max_weight_multiple: float = 3.0) -> None:
+                 disk_weighted: bool = False, max_weight_multiple: float = 3.0,
+                 mutations: frozenset[str] = frozenset()) -> None:
         super().__init__(disk_weighted=disk_weighted, max_weight_multiple=max_weight_multiple,
                          local_rack=local_rack)
+        #: deliberately broken builds for the simulator's checks (empty in production)
+        self.mutations = mutations
         if min_racks_per_write_quorum < 1:
             raise ValueError(
                 f"min_racks_per_write_quorum must be >= 1, got {min_racks_per_write_quorum}")
@@ -269,7 +277,8 @@ class RackAwarePlacementPolicy(DefaultPlacementPolicy):
         wanted = min(self.min_racks, write_quorum)
         best = min(wanted, len(by_rack))
         for target in range(best, 0, -1):
-            plan = _rack_plan(by_rack, ensemble_size, write_quorum, target, rng)
+            plan = _rack_plan(by_rack, ensemble_size, write_quorum, target, rng,
+                              wrap=RACK_PLAN_IGNORES_WRAP not in self.mutations)
             if plan is not None:
                 if self.strict and target < wanted:
                     break
@@ -317,7 +326,7 @@ class RackAwarePlacementPolicy(DefaultPlacementPolicy):
 
 
 def _rack_plan(by_rack: Mapping[str, list[BookieNode]], size: int, write_quorum: int,
-               target: int, rng: random.Random) -> list[str] | None:
+               target: int, rng: random.Random, wrap: bool = True) -> list[str] | None:
     """A rack for each ensemble slot such that every cyclic window of ``write_quorum`` slots
     spans at least ``target`` racks and no rack is used more often than it has bookies;
     None when there is none (or the search budget ran out). Depth-first, racks tried in an
@@ -334,7 +343,8 @@ def _rack_plan(by_rack: Mapping[str, list[BookieNode]], size: int, write_quorum:
     def place(pos: int) -> bool:
         nonlocal steps
         if pos == size:  # the windows that wrap around the end
-            return all(window_ok(s) for s in range(max(0, size - write_quorum + 1), size))
+            return not wrap or all(window_ok(s)
+                                   for s in range(max(0, size - write_quorum + 1), size))
         order = names[:]
         rng.shuffle(order)
         order.sort(key=lambda r: -capacity[r])

@@ -371,13 +371,7 @@ _Layout = tuple[int, int, list[tuple[int, tuple[str, ...]]]]
 
 def _layout(detail: str) -> _Layout:
     """Parse what :meth:`History.ensembles` recorded."""
-    sizes, _, rest = detail.partition("|")
-    e, _, qw = sizes.partition("/")
-    segments = []
-    for part in rest.split(";"):
-        first, _, bookies = part.partition(":")
-        segments.append((int(first), tuple(bookies.split(","))))
-    return int(e), int(qw), segments
+    return History.parse_ensembles(detail)
 
 
 def _write_set(layout: _Layout, entry: int) -> set[str]:

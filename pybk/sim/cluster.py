@@ -103,6 +103,10 @@ class SimCluster:
         self._meta_rng = self.rng("meta")
         self.clients: dict[str, Any] = {}
         self.on_bookie_started: list[Callable[[SimBookie], Any]] = []
+        #: bookie id -> the network location it registers with (rack-aware placement)
+        self.racks: dict[str, str] = {}
+        #: the placement policy of the clients made from here on (None: the default)
+        self.placement: Any = None
 
     def rng(self, name: str) -> random.Random:
         return derive_rng(self.seed, name)
@@ -179,9 +183,13 @@ class SimCluster:
         bookie.on_state_change = lambda state, b=bookie_id: self._state_changed(b, state)
         self.network.set_bookie(bookie_id, bookie.handle, bookie.add_request)
         read_only = getattr(bookie, "state", WRITABLE) == READ_ONLY
-        await self.admin.register_bookie(BookieRegistration(bookie_id, "", read_only))
+        await self.admin.register_bookie(self.registration(bookie_id, read_only))
         self._log(f"{bookie_id} started (incarnation {sb.incarnation}, state {bookie.state})")
         return True
+
+    def registration(self, bookie_id: str, read_only: bool) -> BookieRegistration:
+        """What a bookie registers: in-process (no address), with its rack if it has one."""
+        return BookieRegistration(bookie_id, "", read_only, self.racks.get(bookie_id, ""))
 
     def _state_changed(self, bookie_id: str, state: str) -> None:
         self._log(f"{bookie_id} state -> {state}")
@@ -192,8 +200,7 @@ class SimCluster:
         if state == STOPPED:
             task = self.admin.unregister_bookie(bookie_id)
         else:
-            task = self.admin.register_bookie(
-                BookieRegistration(bookie_id, "", state == READ_ONLY))
+            task = self.admin.register_bookie(self.registration(bookie_id, state == READ_ONLY))
         asyncio.get_running_loop().create_task(task)
 
     async def stop_bookie(self, bookie_id: str) -> None:
@@ -261,6 +268,8 @@ class SimCluster:
         cfg = config if config is not None else self.client_config
         if cfg is not None:
             kwargs["config"] = cfg
+        if self.placement is not None:
+            kwargs["placement"] = self.placement
         client = Client(self.store.session(), **kwargs)
         self.clients[name] = client
         return client

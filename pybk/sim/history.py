@@ -190,6 +190,17 @@ class History:
         return self._add("ensembles", "meta", f"meta L{ledger} ensembles {detail}",
                          ledger=ledger, detail=detail)
 
+    @staticmethod
+    def parse_ensembles(detail: str) -> tuple[int, int, list[tuple[int, tuple[str, ...]]]]:
+        """(E, Qw, [(first entry, ensemble), ...] ascending) from an ``ensembles`` event."""
+        sizes, _, rest = detail.partition("|")
+        e, _, qw = sizes.partition("/")
+        segments = []
+        for part in rest.split(";"):
+            first, _, bookies = part.partition(":")
+            segments.append((int(first), tuple(bookies.split(","))))
+        return int(e), int(qw), segments
+
     def bookie_absent(self, bookie: str, ledger: int, entry: int, how: str) -> Event:
         return self._add("bookie_absent", bookie, f"{bookie} says L{ledger}:{entry} absent "
                          f"({how})", ledger=ledger, entry=entry, detail=how)

@@ -36,6 +36,7 @@ from pybk.sim.injectors import HANDLERS
 from pybk.sim.logs import LogWorkload
 from pybk.sim.loop import SimDeadlock, SimLoop, SimTimeLimit
 from pybk.sim.net import NetConfig
+from pybk.sim.racks import RackPlacementSim
 from pybk.sim.scenario import Scenario, draw_schedule
 from pybk.sim.workload import (
     PASSWORD,
@@ -106,6 +107,7 @@ class Extension(Protocol):
 EXTENSIONS: dict[str, Callable[[SimRun], Extension | None]] = {
     "autorecovery": AutoRecoverySim.for_run,
     "logs": LogWorkload.for_run,
+    "racks": RackPlacementSim.for_run,
 }
 
 
@@ -542,12 +544,10 @@ class SimRun:
         self.cluster.bookies[b].fs.sync_delay = self.config.sync_delay
 
     async def reregister(self) -> None:
-        from pybk.metadata.base import BookieRegistration
-
         for bid in self.cluster.up_bookies():
             bookie = self.cluster.bookies[bid].bookie
             read_only = bookie is not None and bookie.state != "writable"
-            await self.cluster.admin.register_bookie(BookieRegistration(bid, "", read_only))
+            await self.cluster.admin.register_bookie(self.cluster.registration(bid, read_only))
 
     async def restore_cas(self) -> None:
         self.cluster.meta_cas_rate = 0.0
