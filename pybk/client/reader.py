@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from pybk.client.quorum import Answer, CoverageSet, Quorums
 from pybk.errors import (
@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from pybk.stats import ClientStats
 
 __all__ = [
+    "LEDGER_TAIL_SKIPS_ON_ERROR",
     "LedgerEntry",
     "ReadHandle",
     "consume",
@@ -67,6 +68,10 @@ __all__ = [
     "read_range",
     "summarize",
 ]
+
+#: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``): a
+#: ledger's ``tail()`` that swallows a failed read and skips the range it asked for
+LEDGER_TAIL_SKIPS_ON_ERROR: Final = "ledger_tail_skips_on_error"
 
 _SPECULATIVE = sometimes.point(
     "client.speculative_read", "a read asked the next replica because the first was slow")
@@ -724,7 +729,14 @@ class ReadHandle:
                 if next_id <= self._lac:
                     backoff = 0.0
                     last = min(self._lac, next_id + self._ctx.config.read_batch_size - 1)
-                    for entry in await self._read(next_id, last):
+                    try:
+                        entries = await self._read(next_id, last)
+                    except BKError:
+                        if LEDGER_TAIL_SKIPS_ON_ERROR not in self._ctx.config.mutations:
+                            raise
+                        next_id = last + 1  # the broken build: the range is skipped
+                        continue
+                    for entry in entries:
                         yield entry
                         next_id = entry.entry_id + 1
                     continue

@@ -79,6 +79,7 @@ class Checker:
                 ("bookies", ("bookie_ack", "bookie_absent", "fault")),
                 ("liveness", ("liveness",)),
                 ("index_mismatch", ("index_mismatch",)),
+                ("tail_gap", ("tail_gap",)),
                 ("exception", ("exception",)))
 
     def _index(self) -> None:
@@ -130,6 +131,9 @@ class Checker:
         self._check_lac()
         self._check_bookies()
         self._check_liveness()
+        for ev in self.streams["tail_gap"]:
+            self._v("L10", ev.ledger, ev.entry,
+                    f"{ev.process}'s tail() skipped entries {ev.entry}..{ev.value - 1}", ev)
         for ev in self.streams["index_mismatch"]:
             self._v("I14", -1, -1, f"bookie {ev.process}: index checkpoint {ev.detail}", ev)
         for ev in self.streams["exception"]:

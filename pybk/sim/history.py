@@ -165,6 +165,11 @@ class History:
                          f"{error}", ledger=ledger, entry=entry, detail=error,
                          outcome="final" if final else "")
 
+    def tail_gap(self, process: str, ledger: int, expected: int, got: int) -> Event:
+        """A ledger's ``tail()`` yielded ``got`` where ``expected`` was next."""
+        return self._add("tail_gap", process, f"{process} tail of L{ledger} went from entry "
+                         f"{expected - 1} to {got}", ledger=ledger, entry=expected, value=got)
+
     def lac(self, process: str, ledger: int, lac: int, handle: int = 0) -> Event:
         """``process`` saw ``lac`` through its ledger handle number ``handle`` (BookKeeper
         keeps a handle's LAC from going back; a handle opened later may start lower)."""

@@ -409,6 +409,9 @@ class Reader(Process):
             self.client.open_ledger(lid, password=PASSWORD, recovery=False), 10.0)
         self.handles += 1
         handle = self.handles
+        if self.rng.random() < 0.5:
+            await self._follow(rh, lid, handle)
+            return
         nxt = 0
         polls = 0
         seen = -2
@@ -454,6 +457,32 @@ class Reader(Process):
                 if loop.time() - started < 0.1:  # answered at once (a tenth of the timeout)
                     self.cover("long_poll_answered_early")
                     backoff = min(max(backoff * 2, 0.01), 1.0)
+
+
+    async def _follow(self, rh: Any, lid: int, handle: int) -> None:
+        """The ledger through ``ReadHandle.tail()``, as an application follows one: each
+        entry in order, none skipped, until the ledger closes."""
+        self.cover("ledger_tail_api")
+        agen = rh.tail(0)
+        expected = 0
+        seen = -2
+        try:
+            while not self.stopping and expected < 10_000:
+                self.ops += 1
+                try:
+                    ent = await within(agen.__anext__(), 10.0)
+                except StopAsyncIteration:
+                    return
+                lac = rh.last_add_confirmed
+                if lac != seen:
+                    self.h.lac(self.name, lid, lac, handle)
+                    seen = lac
+                if ent.entry_id != expected:
+                    self.h.tail_gap(self.name, lid, expected, ent.entry_id)
+                self.h.read(self.name, lid, ent.entry_id, ent.data, lac, recovery=False)
+                expected = ent.entry_id + 1
+        finally:
+            await agen.aclose()
 
 
 class Recoverer(Process):

@@ -18,7 +18,7 @@ from pybk.testing import mutations
 #: every invariant but liveness (I12): what a broken build must be caught by
 SAFETY = frozenset({
     "L1", "L2", "L3", "L4", "L5", "L6", "L7", "L8", "L9", "I1", "I3", "I5", "I7", "I9",
-    "I10", "I11", "I14", "I15", "P1", "R1", "R2", "X1", "LG1", "LG2", "LG3", "LG4", "LG5",
+    "I10", "I11", "I14", "I15", "P1", "L10", "R1", "R2", "X1", "LG1", "LG2", "LG3", "LG4", "LG5",
 })
 
 #: where each broken build must show up
@@ -31,6 +31,8 @@ EXPECTED = {
     mutations.COUNTS_REPLACED_BOOKIES_ACKS: {"I15"},
     # a rack plan that forgets the wrap-around write sets puts one on a single rack
     mutations.RACK_PLAN_IGNORES_WRAP: {"P1"},
+    # a ledger tail that swallows a failed read skips the range
+    mutations.LEDGER_TAIL_SKIPS_ON_ERROR: {"L10"},
     mutations.DELTA_SKIPS_LEDGER_STATE: {"I14"},
     mutations.ENSEMBLE_BEFORE_COPY_DURABLE: {"R1", "R2"},
     # acknowledged without a durable copy: a crash loses what a bookie said it held
