@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from pybk.client.context import ClientConfig, ClientContext
 from pybk.client.placement import PlacementPolicy, refresh_topology, writable_nodes
 from pybk.client.quorum import validate_quorums
-from pybk.client.reader import LedgerEntry, ReadHandle, read_lac_covered
+from pybk.client.reader import LedgerEntry, ReadHandle
+from pybk.client.reads import read_lac_covered
 from pybk.client.recovery import recover
 from pybk.client.writer import LedgerHandle
 from pybk.errors import (

@@ -11,7 +11,7 @@ import logging
 from typing import TYPE_CHECKING, Final
 
 from pybk.client.quorum import Answer, CoverageSet, EntryState, RecoveryReadDecision
-from pybk.client.reader import drop_pending, in_order, lac_answer, quorums_of, read_entry
+from pybk.client.reads import drop_pending, in_order, lac_answer, quorums_of, read_entry
 from pybk.client.writer import AddPipeline
 from pybk.errors import (
     BKError,

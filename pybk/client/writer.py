@@ -29,7 +29,7 @@ from pybk.client.pipeline import (
 )
 from pybk.client.placement import BookieNode, writable_nodes
 from pybk.client.quorum import Quorums, plan_ensemble_change
-from pybk.client.reader import LedgerEntry, read_range
+from pybk.client.reads import LedgerEntry, read_range
 from pybk.errors import (
     BKError,
     EntryNotConfirmedError,

@@ -18,7 +18,7 @@ from pybk.client.context import ClientContext
 from pybk.client.pipeline import batch_spans
 from pybk.client.placement import writable_nodes
 from pybk.client.quorum import Quorums
-from pybk.client.reader import summarize
+from pybk.client.reads import summarize
 from pybk.client.recovery import recover
 from pybk.errors import (
     BKError,
