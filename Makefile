@@ -36,6 +36,10 @@ system-deps:
 	  echo "installing Debian's zookeeper package"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends zookeeper >/dev/null; \
 	fi
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  echo "installing Debian's chromium (the simulator's reports are rendered in tests)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
+	fi
 	@if ! command -v java >/dev/null 2>&1; then \
 	  echo "installing Debian's openjdk-17-jre-headless (Java for Spark)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless >/dev/null; \

@@ -47,12 +47,15 @@ __all__ = ["simulate"]
               help="With --seed: write the run's scenario (its resolved faults) to this file.")
 @click.option("--replay", "replay", default=None, type=click.Path(exists=True, dir_okay=False),
               help="Run a scenario file (written by --shrink or --save).")
+@click.option("--report", "report_dir", default=None, metavar="DIR",
+              help="With --seed: write the run's timeline.html, history.jsonl and plots to DIR.")
 @click.option("--spark", "spark_master", default=None, metavar="MASTER",
               help="Run the seeds on Spark executors (e.g. local[2]; needs pybk[spark]).")
 def simulate(seeds: str | None, seed: int | None, faults_spec: str, duration: float,
              bookies: int | None, workers: int | None, mutation: str, verbose: bool,
              shrink: bool, invariant: str | None, max_runs: int, out: str | None,
-             save: str | None, replay: str | None, spark_master: str | None) -> None:
+             save: str | None, replay: str | None, report_dir: str | None,
+             spark_master: str | None) -> None:
     """Run deterministic simulations of whole clusters with injected faults."""
     from pybk.sim.faults import Faults
 
@@ -65,9 +68,9 @@ def simulate(seeds: str | None, seed: int | None, faults_spec: str, duration: fl
         _replay(replay, mutations, verbose)
     if seed is not None:
         _one_seed(seed, bookies, duration, faults_spec, mutations, verbose, shrink, invariant,
-                  max_runs, out, save)
-    if shrink or save:
-        raise click.UsageError("--shrink and --save go with --seed")
+                  max_runs, out, save, report_dir)
+    if shrink or save or report_dir:
+        raise click.UsageError("--shrink, --save and --report go with --seed")
     _sweep(seeds, faults_spec, duration, bookies, mutations, workers, spark_master)
 
 
@@ -100,13 +103,19 @@ def _replay(path: str, mutations: tuple[str, ...], verbose: bool) -> None:
 
 def _one_seed(seed: int, bookies: int | None, duration: float, faults_spec: str,
               mutations: tuple[str, ...], verbose: bool, shrink: bool, invariant: str | None,
-              max_runs: int, out: str | None, save: str | None) -> None:
+              max_runs: int, out: str | None, save: str | None,
+              report_dir: str | None = None) -> None:
     from pybk.sim.faults import Faults
     from pybk.sim.runner import run
 
     r = run(seed, bookies=bookies, duration=duration, faults=Faults.parse(faults_spec),
-            mutations=mutations)
+            mutations=mutations, keep_history=report_dir is not None)
     _print_run(r, verbose)
+    if report_dir is not None:
+        from pybk.sim.report import write_report
+
+        for path in write_report(r, report_dir):
+            click.echo(f"report: {path}")
     if save and r.scenario is not None:
         r.scenario.save(save)
         click.echo(f"scenario written to {save} (pybk simulate --replay {save})")

@@ -146,6 +146,8 @@ class SimResult:
     scenario: Scenario | None = None
     #: the run replayed a scenario (a file, a shrunk failure) rather than a seed's draw
     replayed: bool = False
+    #: every event of the run, when asked for (``run(keep_history=True)``: reports)
+    history: list[Any] | None = None
 
     def command(self) -> str:
         """The shell command that replays this run. ``--bookies`` appears only when the run
@@ -175,6 +177,8 @@ class SimResult:
                              f"{self.faults_spec} --duration {self.duration:g}"
                              + (f" --mutation {','.join(self.mutations)}"
                                 if self.mutations else "") + " --shrink")
+                lines.append(f"  pictures:  {self.command().removesuffix(' --verbose')} "
+                             f"--report sim-report-{self.seed}")
         return "\n".join(lines)
 
 
@@ -827,6 +831,7 @@ def run(
     liveness_bound: float = 60.0,
     max_steps: int = 400_000,
     scenario: Scenario | None = None,
+    keep_history: bool = False,
 ) -> SimResult:
     """Run one seed and check it. See the module docstring; API.md has the contract.
 
@@ -898,7 +903,8 @@ def run(
                        faults_spec=scenario.faults_spec, duration=scenario.duration,
                        mutations=tuple(scenario.mutations), error=error,
                        bookies_given=bookies is not None, config=scenario.config,
-                       scenario=scenario, replayed=replayed)
+                       scenario=scenario, replayed=replayed,
+                       history=list(r.history.events) if keep_history else None)
     # The run's objects sit in reference cycles (the run, its loop, its tasks): left alone,
     # the next run's end-of-run collection walks and frees all of them. The history is most
     # of them and nothing reads it once checked (the result keeps the trace, not the events):
