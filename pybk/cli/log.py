@@ -8,7 +8,9 @@ Ctrl-C stops a command with exit status 130 (128 + SIGINT), after an ``append`` 
 its writer and printed every position that was acknowledged.
 
 ``--timeout`` bounds each wait on the cluster (opening the log, each acknowledgement, each
-batch read), never the wait for input on stdin nor ``tail``'s wait for new records.
+batch read), never the wait for input on stdin; ``tail`` waits for new records without a
+bound unless ``--timeout`` is given, and then gives up after that long with none (as
+``pybk ledger tail`` does).
 """
 
 from __future__ import annotations
@@ -16,16 +18,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import functools
 import json
 import os
-import queue
 import socket
 import sys
-import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import UTC, datetime
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 import click
 
@@ -41,6 +40,7 @@ from pybk.cli.common import (
     with_client,
     write_data,
 )
+from pybk.cli.stdin import StdinLines, from_args
 from pybk.errors import AlreadyTruncatedError, EndOfStreamError, RecordTooLargeError
 from pybk.logs.config import LogConfig, WriterOptions
 from pybk.logs.namespace import check_name
@@ -53,8 +53,6 @@ T = TypeVar("T")
 #: records appended but not yet printed (acknowledged or not) by one ``append``; bounds
 #: what the command holds while its input runs ahead of the bookies
 _APPEND_WINDOW = 4096
-#: bytes read from stdin at a time by ``append -``
-_STDIN_CHUNK = 1 << 16
 #: records fetched per read by ``read`` and ``tail``
 _READ_BATCH = 1000
 
@@ -365,98 +363,6 @@ def log_show(conn: Conn, name: str, namespace: str, as_json: bool) -> None:
 # -- append ----------------------------------------------------------------------------------
 
 
-class _StdinLines:
-    """Records from a binary stream, one per line (the newline removed), read a chunk at a
-    time on a daemon thread, so the writer's loop runs (and acknowledges, and prints) while
-    the input is quiet, and a Ctrl-C never waits for a read that may never return. A line
-    longer than ``limit`` bytes is refused before it is all in memory."""
-
-    def __init__(self, stream: IO[bytes], limit: int) -> None:
-        self._stream = stream
-        self._limit = limit
-        self._asks: queue.SimpleQueue[Callable[[bytes | BaseException], object] | None] = (
-            queue.SimpleQueue()
-        )
-        self._thread: threading.Thread | None = None
-
-    def _serve(self) -> None:
-        read = _chunk_reader(self._stream)
-        while True:
-            answer = self._asks.get()
-            if answer is None:
-                return
-            try:
-                chunk: bytes | BaseException = read(_STDIN_CHUNK)
-            except Exception as exc:  # handed to the loop, which raises it
-                chunk = exc
-            try:
-                answer(chunk)
-            except RuntimeError:  # the loop is gone (the command ended)
-                return
-            if not chunk:
-                return
-
-    async def _read(self) -> bytes:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[bytes] = loop.create_future()
-
-        def settle(chunk: bytes | BaseException) -> None:
-            if fut.done():
-                return
-            if isinstance(chunk, BaseException):
-                fut.set_exception(chunk)
-            else:
-                fut.set_result(chunk)
-
-        self._asks.put(lambda chunk: loop.call_soon_threadsafe(settle, chunk))
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name="pybk-stdin", daemon=True)
-            self._thread.start()
-        return await fut
-
-    async def batches(self) -> AsyncGenerator[list[bytes], None]:
-        partial = bytearray()
-        try:
-            while True:
-                chunk = await self._read()
-                if not chunk:
-                    if partial:
-                        yield [bytes(partial)]
-                    return
-                partial += chunk
-                if b"\n" not in chunk:
-                    self._check(partial)
-                    continue
-                *lines, rest = bytes(partial).split(b"\n")
-                partial = bytearray(rest)
-                self._check(partial)
-                yield lines
-        finally:
-            self._asks.put(None)
-
-    def _check(self, partial: bytearray) -> None:
-        if len(partial) > self._limit:
-            raise RecordTooLargeError(
-                f"a line of stdin is longer than {self._limit} bytes (the largest record)"
-            )
-
-
-def _chunk_reader(stream: IO[bytes]) -> Callable[[int], bytes]:
-    """What returns the bytes available (waiting for some): ``os.read`` on the descriptor
-    when there is one, so a read left blocked when the command ends holds no lock that the
-    interpreter's exit would wait for (a buffered stream's does); else ``read1``."""
-    try:
-        fd = stream.fileno()
-    except (AttributeError, OSError, ValueError):  # an in-memory stream (tests)
-        read1: Callable[[int], bytes] | None = getattr(stream, "read1", None)
-        return read1 if read1 is not None else stream.readline
-    return functools.partial(os.read, fd)
-
-
-async def _from_args(records: list[bytes]) -> AsyncGenerator[list[bytes], None]:
-    yield records
-
-
 def _writer_label() -> str:
     return f"pybk-cli@{socket.gethostname()}:{os.getpid()}"
 
@@ -572,14 +478,15 @@ def log_append(
     come, so a pipe can feed a long-running append.
     """
     if records == ("-",):
-        source = _StdinLines(sys.stdin.buffer, WriterOptions().max_record_bytes)
+        source = StdinLines(sys.stdin.buffer, WriterOptions().max_record_bytes,
+                            RecordTooLargeError, "the largest record")
         batches = source.batches()
     elif records:
         if "-" in records:
             raise click.UsageError("'-' (records from stdin) cannot be mixed with RECORDS")
-        batches = _from_args([r.encode() for r in records])
+        batches = from_args([r.encode() for r in records])
     elif end_of_stream:
-        batches = _from_args([])
+        batches = from_args([])
     else:
         raise click.UsageError("nothing to append: give RECORDS, or '-' to read lines from stdin")
     count, last = _run(_append(conn, namespace, name, batches, txid,
@@ -683,15 +590,24 @@ def log_read(
 @_FORMAT
 def log_tail(conn: Conn, name: str, namespace: str, start: Position | None, fmt: str) -> None:
     """Follow NAME, printing records as they are acknowledged, until the log is marked
-    ended (`pybk log append --end-of-stream`); Ctrl-C stops it (exit status 130).
+    ended (`pybk log append --end-of-stream`).
 
-    --timeout bounds opening the log, not the wait for new records."""
+    Without --timeout it follows for as long as the log goes on (opening it is bounded by
+    the default 30 s); with --timeout SECONDS it gives up (exit 1) when no new record
+    arrives for that long. Ctrl-C stops it (exit 130)."""
 
     async def go() -> None:
         async with conn.client() as client:
             lg = await _bounded(conn, client.namespace(namespace).open_log(name))
             async with lg.reader(start) as reader:
-                while batch := await reader.read_batch(_READ_BATCH):
+                while True:
+                    if conn.timeout_given:
+                        batch = await bounded(conn, reader.read_batch(_READ_BATCH),
+                                              f"no new record in log {name!r}")
+                    else:
+                        batch = await reader.read_batch(_READ_BATCH)
+                    if not batch:
+                        return
                     _emit(batch, fmt)
 
     _run(go())
@@ -728,8 +644,14 @@ def log_truncate(conn: Conn, name: str, namespace: str, before: Position) -> Non
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def log_delete(conn: Conn, name: str, namespace: str, yes: bool) -> None:
     """Delete NAME and its ledgers. A writer still writing it is fenced (its next append
-    fails); readers get LogNotFoundError."""
+    fails); readers get LogNotFoundError. A log that does not exist is reported (exit 1)
+    before anything is asked."""
     if not yes:
+
+        async def exists(client: Any) -> None:
+            await client.namespace(namespace).open_log(name)  # LogNotFoundError
+
+        _run(with_client(conn, exists))
         click.confirm(f"delete log {name!r} of namespace {namespace!r}?", abort=True, err=True)
 
     async def go(client: Any) -> None:
