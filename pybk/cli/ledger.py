@@ -108,8 +108,9 @@ def ledger_append(
     """Write DATA (one entry per argument; '-' reads lines from stdin) to a NEW ledger.
 
     A ledger has one writer, so appending creates the ledger; its id is printed on stdout
-    at once, then the entries are appended (with '-', each line as it arrives, so `pybk
-    ledger tail` can follow a live pipe) and the ledger is closed (unless --no-close).
+    at once (also when an append then fails: the ledger exists), then the entries are
+    appended (with '-', each line as it arrives, so `pybk ledger tail` can follow a live
+    pipe) and the ledger is closed (unless --no-close), sealed at what was acknowledged.
     --timeout bounds each wait on the cluster, never the wait for stdin.
     """
     batches, total = _entries_from(data, count, size)
