@@ -29,9 +29,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DATA_DIR",
+    "WALL_EPOCH",
     "SimBookie",
     "SimCluster",
-    "WALL_EPOCH",
     "derive_rng",
 ]
 

@@ -5,11 +5,15 @@ faults to a handful that still violate the same invariant, written as a scenario
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 from click.testing import CliRunner
 
 from pybk import sim
+from pybk.cli import main
+from pybk.sim.faults import NET_KINDS
 from pybk.sim.scenario import FORMAT, Scenario
 from pybk.sim.shrink import ddmin, shrink
 
@@ -48,6 +52,24 @@ def test_a_seeded_bug_shrinks_to_a_handful_of_faults(tmp_path: Path) -> None:
     assert doc["format"] == FORMAT and doc["mutations"] == [MUTATION]
     replayed = sim.run(0, scenario=Scenario.load(path))
     assert invariant in {v.invariant for v in replayed.violations}
+    # the report names only the faults left, and its reproduce line is a command that does
+    left = {e.kind for e in result.scenario.events}
+    head = replayed.report().splitlines()[0]
+    events = re.search(r"events=(\S*)", head)
+    assert events is not None, head
+    named = {n.rsplit("x", 1)[0] for n in events.group(1).split(",") if n}
+    assert named == left and left <= {e.kind for e in r.scenario.events}, (head, left)
+    rates = {k for k in NET_KINDS if doc["plan"][k]}
+    assert all(f"{k}=" not in head for k in set(NET_KINDS) - rates), head
+    assert set(doc["faults"].split(",")) - {"beyond", "none"} == left | rates, doc["faults"]
+    reproduce = next(line for line in replayed.report().splitlines()
+                     if line.strip().startswith("reproduce:"))
+    command = shlex.split(reproduce.split("reproduce:", 1)[1])
+    assert command == ["pybk", "simulate", "--replay", str(path),
+                       "--mutation", MUTATION, "--verbose"], command
+    again = CliRunner().invoke(main, command[1:])
+    assert again.exit_code == 1, again.output
+    assert f"expected {invariant}: violated (reproduced)" in again.output
     # without the broken build the same scenario passes: the faults alone lose nothing
     assert sim.run(0, scenario=Scenario.load(path).copy(mutations=())).ok
 
