@@ -23,7 +23,6 @@ import os
 import socket
 import sys
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import click
@@ -40,6 +39,7 @@ from pybk.cli.common import (
     with_client,
     write_data,
 )
+from pybk.cli.log_show import pos_str, print_show, show_doc
 from pybk.cli.stdin import StdinLines, from_args
 from pybk.errors import AlreadyTruncatedError, EndOfStreamError, RecordTooLargeError
 from pybk.logs.config import LogConfig, WriterOptions
@@ -222,7 +222,7 @@ def log_list(conn: Conn, namespace: str, as_json: bool) -> None:
                 "records_completed": sum(s.records for s in md.live_segments
                                          if s.is_completed),
                 "in_progress": any(s.in_progress for s in md.segments),
-                "truncated_before": _pos_str(md.truncated_before),
+                "truncated_before": pos_str(md.truncated_before),
                 "end_of_stream": md.end_of_stream,
                 "writer": md.writer or None,
             })  # fmt: skip
@@ -237,100 +237,6 @@ def log_list(conn: Conn, namespace: str, as_json: bool) -> None:
 
 
 # -- show ------------------------------------------------------------------------------------
-
-
-def _pos_str(pos: Position | None) -> str | None:
-    return None if pos is None else str(pos)
-
-
-def _show_doc(md: Any, first: Position | None, last: Position | None) -> dict[str, Any]:
-    segments = []
-    for s in md.segments:
-        known = not s.in_progress  # an in-progress segment's counts are known at completion
-        segments.append({
-            "seq": s.seq,
-            "ledger_id": s.ledger_id,
-            "state": s.state,
-            "records": s.records if known else None,
-            "bytes": s.bytes if known else None,
-            "last_position": _pos_str(s.last_position) if known else None,
-            "max_txid": (s.max_txid if s.max_txid >= 0 else None) if known else None,
-            "ctime_ms": s.ctime_ms,
-            "mtime_ms": s.mtime_ms,
-        })  # fmt: skip
-    return {
-        "namespace": md.namespace,
-        "name": md.name,
-        "ctime_ms": md.ctime_ms,
-        "config": md.config.to_doc(),
-        "writer": md.writer or None,
-        "epoch": md.epoch,
-        "next_seq": md.next_seq,
-        "segments": segments,
-        "allocated": list(md.allocated),
-        "first_position": _pos_str(first),
-        "last_position": _pos_str(last),
-        "max_txid": md.max_txid if md.max_txid >= 0 else None,
-        "truncated_before": _pos_str(md.truncated_before),
-        "end_of_stream": md.end_of_stream,
-        "version": md.version,
-    }
-
-
-def _when(ms: int) -> str:
-    if ms <= 0:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _opt(value: Any, unit: str = "") -> str:
-    return "-" if value is None else f"{value:,}{unit}"
-
-
-def _print_show(doc: dict[str, Any]) -> None:
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(highlight=False)
-    cfg = doc["config"]
-    about = Table.grid(padding=(0, 2))
-    about.add_column(style="bold")
-    about.add_column()
-    about.add_row("log", f"{doc['namespace']}/{doc['name']} "
-                         f"(created {_when(doc['ctime_ms'])} UTC)")
-    about.add_row("quorums", f"E={cfg['ensemble_size']} Qw={cfg['write_quorum']} "
-                             f"Qa={cfg['ack_quorum']}, digest {cfg['digest_type']}")
-    about.add_row("compression", cfg["compression"])
-    about.add_row("roll", f"bytes {_opt(cfg['roll_bytes'])}, entries {_opt(cfg['roll_entries'])}"
-                          f", seconds {_opt(cfg['roll_seconds'])}")
-    about.add_row("retention", f"seconds {_opt(cfg['retention_seconds'])}, "
-                               f"bytes {_opt(cfg['retention_bytes'])}")
-    about.add_row("writer", f"{doc['writer'] or '-'} (epoch {doc['epoch']})")
-    about.add_row("first position", doc["first_position"] or "- (no records)")
-    about.add_row("last position", doc["last_position"] or "- (no records)")
-    about.add_row("max txid", _opt(doc["max_txid"]))
-    about.add_row("truncated before", doc["truncated_before"] or "-")
-    about.add_row("end of stream", "yes" if doc["end_of_stream"] else "no")
-    console.print(about)
-    table = Table("seq", "ledger", "state", "records", "bytes", "last", "max txid",
-                  "modified (UTC)", title="segments", box=box.SIMPLE_HEAD,
-                  pad_edge=False, collapse_padding=True)
-    for column in table.columns:
-        column.no_wrap = True
-    for s in doc["segments"]:
-        table.add_row(
-            str(s["seq"]), str(s["ledger_id"]), s["state"],
-            "?" if s["records"] is None else f"{s['records']:,}",
-            "?" if s["bytes"] is None else f"{s['bytes']:,}",
-            s["last_position"] or ("?" if s["state"] == "in-progress" else "-"),
-            "-" if s["max_txid"] is None else str(s["max_txid"]),
-            _when(s["mtime_ms"]),
-        )  # fmt: skip
-    if doc["segments"]:
-        console.print(table)
-    else:
-        console.print("no segments")
 
 
 @log.command("show")
@@ -350,14 +256,14 @@ def log_show(conn: Conn, name: str, namespace: str, as_json: bool) -> None:
         last = await lg.last_position()
         first = await lg.first_position() if last is not None else None
         md = await lg.metadata()
-        return _show_doc(md, first, last)
+        return show_doc(md, first, last)
 
     doc = _run(with_client(conn, go))
     if as_json:
         with _printing():
             _out(json.dumps(doc, indent=2))
     else:
-        _print_show(doc)  # (rich ends the command quietly if stdout is closed)
+        print_show(doc)  # (rich ends the command quietly if stdout is closed)
 
 
 # -- append ----------------------------------------------------------------------------------
