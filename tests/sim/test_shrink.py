@@ -14,8 +14,8 @@ from click.testing import CliRunner
 from pybk import sim
 from pybk.cli import main
 from pybk.sim.faults import NET_KINDS
-from pybk.sim.scenario import FORMAT, Scenario
-from pybk.sim.shrink import ddmin, shrink
+from pybk.sim.scenario import FORMAT, FaultEvent, Scenario
+from pybk.sim.shrink import ddmin, remaining_faults, shrink
 
 #: a seed the broken build fails on (searched once: the first of the CI seeds at this
 #: duration that fails with the switch; the test checks it still does)
@@ -91,3 +91,27 @@ def test_the_command_line_saves_and_replays_a_scenario(tmp_path: Path) -> None:
     bad.write_text('{"format": "something else"}')
     refused = runner.invoke(main, ["simulate", "--replay", str(bad)])
     assert refused.exit_code == 2 and "not a scenario file" in refused.output
+
+
+def test_what_remains_of_a_plan_and_a_replays_command(tmp_path: Path) -> None:
+    r = sim.run(3, duration=2.0, faults=sim.Faults.parse("crash,partition,wipe,drop"))
+    assert r.scenario is not None
+    scenario = r.scenario.copy()
+    scenario.plan.events = ["crash", "partition", "wipe"]
+    scenario.plan.weights = {"crash": 2, "partition": 4, "wipe": 1}
+    scenario.plan.drop, scenario.plan.reset = 0.01, 0.0
+    scenario.events = [FaultEvent(0.5, "partition", 7)]
+    plan, spec = remaining_faults(scenario)
+    assert (plan.events, plan.weights, plan.drop) == (["partition"], {"partition": 4}, 0.01)
+    assert spec == "drop,partition"
+    scenario.plan.drop = 0.0
+    scenario.events = []
+    assert remaining_faults(scenario)[1] == "none"
+    # a replayed run names the file it came from; without one it says how to make one
+    unsaved = sim.run(3, scenario=r.scenario)
+    assert unsaved.command().startswith("pybk simulate --replay PATH --verbose, PATH a file")
+    path = tmp_path / "a b.json"
+    r.scenario.save(path)
+    loaded = sim.run(3, scenario=Scenario.load(path))
+    assert shlex.split(loaded.command()) == ["pybk", "simulate", "--replay", str(path),
+                                             "--verbose"]
