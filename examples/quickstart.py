@@ -1,10 +1,11 @@
 """pybk quickstart: a replicated ledger, a bookie crash, fencing and recovery, step by step.
 
 Run it with ``make demo`` (or ``python examples/quickstart.py``). It starts an embedded
-3-bookie cluster in a temporary directory (real files, SQLite metadata), writes entries to
-a ledger striped over the bookies (E=3, Qw=2, Qa=2), crashes a bookie in the middle of the
-stream, opens the ledger with recovery from a second client, shows that the first writer is
-fenced, and reads everything back. It exits non-zero if anything does not verify.
+cluster of 4 bookies in a temporary directory (real files, SQLite metadata), writes entries
+to a ledger striped over 3 of them (E=3, Qw=2, Qa=2; the fourth replaces the one that
+dies), crashes a bookie in the middle of the stream, opens the ledger with recovery from a
+second client, shows that the first writer is fenced, and reads everything back. It exits
+non-zero if anything does not verify.
 """
 
 from __future__ import annotations
@@ -33,11 +34,11 @@ async def main(root: str) -> int:
         if not ok:
             failures.append(what)
 
-    step(f"starting a 3-bookie cluster under {root}")
+    step(f"starting a cluster of 4 bookies under {root}")
     async with pybk.LocalCluster(root, bookies=3) as cluster:
-        print(f"   bookies: {', '.join(cluster.bookie_ids)}")
-        spare = await cluster.add_bookie()
-        print(f"   plus {spare}, so one bookie is spare when another one dies")
+        await cluster.add_bookie()
+        print(f"   bookies: {', '.join(cluster.bookie_ids)} (a ledger's ensemble is 3 of "
+              f"these {len(cluster.bookie_ids)}, so one is spare when another one dies)")
 
         writer = cluster.client()
         step("creating a ledger: ensemble 3, write quorum 2, ack quorum 2")

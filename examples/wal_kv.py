@@ -20,10 +20,10 @@ How it works:
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
-import sys
 import tempfile
 from pathlib import Path
 
@@ -121,8 +121,15 @@ class KVStore:
         self.close()
 
 
-def main() -> None:
-    directory = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="wal-kv-")
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="examples/wal_kv.py",
+        description="A key-value store made durable by pybk.WAL: rebuilt from its snapshot "
+                    "and WAL at start, then changed some more. Run it twice on one DIR.")
+    parser.add_argument("dir", nargs="?", metavar="DIR",
+                        help="where the store lives (default: a new temp directory)")
+    args = parser.parse_args(argv)
+    directory = args.dir if args.dir is not None else tempfile.mkdtemp(prefix="wal-kv-")
     rng = random.Random()
     with KVStore(directory, snapshot_every=500) as kv:
         print(f"{directory}: {len(kv.state)} keys after start-up "

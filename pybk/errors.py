@@ -311,9 +311,23 @@ class BookieStoppedError(BookieStateError, BookieUnavailableError):
 
 class LockedError(BKError):
     """A resource is held by someone else: e.g. an embedded WAL directory opened by another
-    process (the message names the holder)."""
+    process (the message names the holder). ``pid`` is the holder's process id when it is
+    known (a directory lock's holder), else None."""
 
     status = Status.LOCKED
+
+    def __init__(self, *args: object, pid: int | None = None) -> None:
+        super().__init__(*args)
+        #: the process id of the holder (None when unknown)
+        self.pid = pid
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # (pickled across processes, e.g. to a Spark driver: the pid goes with it)
+        return (_locked_error, (self.args, self.pid))
+
+
+def _locked_error(args: tuple[object, ...], pid: int | None) -> LockedError:
+    return LockedError(*args, pid=pid)
 
 
 _BY_STATUS: dict[int, type[BKError]] = {}
@@ -349,6 +363,8 @@ def fresh_copy(exc: BaseException) -> BaseException:
         new = type(exc)(*exc.args)
     except Exception:
         return exc
+    if isinstance(exc, LockedError) and isinstance(new, LockedError):
+        new.pid = exc.pid
     new.__cause__ = exc.__cause__
     return new
 

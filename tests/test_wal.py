@@ -4,6 +4,7 @@ truncation, the directory lock (this process and another), and bad input."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 import textwrap
@@ -76,10 +77,23 @@ async def test_async_wal(tmp_path: Path) -> None:
 
 
 def test_a_second_opener_in_this_process_is_refused(tmp_path: Path) -> None:
-    with pybk.WAL(tmp_path), pytest.raises(LockedError, match=r"in use by process \d+"):
+    with pybk.WAL(tmp_path), pytest.raises(LockedError, match=r"in use by process \d+") as no:
         pybk.WAL(tmp_path)
+    assert no.value.pid == os.getpid()
     with pybk.WAL(tmp_path) as wal:  # released on close
         wal.append(b"x")
+
+
+def test_a_locked_errors_pid_survives_copies_and_pickling() -> None:
+    import pickle
+
+    from pybk.errors import error_for_status, fresh_copy
+
+    assert LockedError("held").pid is None  # (a holder that is not a process)
+    err = LockedError("in use by process 42", pid=42)
+    for copy in (pickle.loads(pickle.dumps(err)), fresh_copy(err)):
+        assert isinstance(copy, LockedError) and copy.pid == 42 and str(copy) == str(err)
+    assert error_for_status(err.status, "over the wire").pid is None
 
 
 def test_a_second_process_is_refused_with_the_holders_pid(tmp_path: Path) -> None:
@@ -96,8 +110,9 @@ def test_a_second_process_is_refused_with_the_holders_pid(tmp_path: Path) -> Non
     try:
         assert holder.stdout is not None and holder.stdin is not None
         assert holder.stdout.readline().strip() == "ready"
-        with pytest.raises(LockedError, match=f"process {holder.pid}"):
+        with pytest.raises(LockedError, match=f"process {holder.pid}") as refused:
             pybk.WAL(tmp_path)
+        assert refused.value.pid == holder.pid
         holder.stdin.write("done\n")
         holder.stdin.flush()
         assert holder.wait(60) == 0

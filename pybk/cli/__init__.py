@@ -1,6 +1,7 @@
 """The ``pybk`` command (also ``python -m pybk``), one module per command group.
 
-``common`` holds what the commands share (connection options, exit conventions), ``processes``
+``common`` holds what the commands share (connection options, exit conventions), ``stdin``
+lines of stdin as they arrive, ``log_show`` what `pybk log show` prints, ``processes``
 starting and stopping bookie processes; ``bench``, ``bookie``, ``cluster``, ``ledger``,
 ``log``, ``autorecovery`` and ``simulate`` are the command groups (``admin`` adds the operator
 commands to ``bookie`` and ``ledger``). This is the outermost layer: it reads the environment,

@@ -21,7 +21,14 @@ from typing import Any
 
 import click
 
-from pybk.cli.common import Conn, client_options, fail, run_async, with_client
+from pybk.cli.common import (
+    Conn,
+    check_metadata_uri,
+    client_options,
+    fail,
+    run_async,
+    with_client,
+)
 
 __all__ = ["autorecovery", "autorecovery_options", "make_autorecovery_config",
            "placement_options"]
@@ -113,7 +120,8 @@ def make_autorecovery_config(**given: Any) -> Any:
 
 
 @click.group(invoke_without_command=True)
-@click.option("--metadata", envvar="PYBK_METADATA", help="Metadata store URI.")
+@click.option("--metadata", envvar="PYBK_METADATA", callback=check_metadata_uri,
+              help="Metadata store URI.")
 @click.option("--name", help="This instance's name in the auditor election (default: "
                              "host name and pid).")
 @click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), help="CA bundle.")

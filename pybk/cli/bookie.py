@@ -9,7 +9,14 @@ from typing import Any
 import click
 
 from pybk.cli.autorecovery import autorecovery_options, placement_options
-from pybk.cli.common import Conn, client_options, fail, read_token, run_async
+from pybk.cli.common import (
+    Conn,
+    check_metadata_uri,
+    client_options,
+    fail,
+    read_token,
+    run_async,
+)
 from pybk.cli.limits import server_config_from, server_limit_options
 from pybk.errors import BKError
 from pybk.metadata._common import check_rack
@@ -55,7 +62,8 @@ def http_options(fn: Any) -> Any:
 @click.option("--data", type=click.Path(file_okay=False), help="Data directory (created).")
 @click.option("--port", type=click.IntRange(0, 65535), default=3181, show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
-@click.option("--metadata", envvar="PYBK_METADATA", help="Metadata store URI.")
+@click.option("--metadata", envvar="PYBK_METADATA", callback=check_metadata_uri,
+              help="Metadata store URI.")
 @click.option("--bookie-id", help="Stable identity (default host:port; needed with --port 0).")
 @click.option("--advertised-host", help="Host name to register (default: --host).")
 @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False))

@@ -34,6 +34,7 @@ __all__ = [
     "Conn",
     "StdoutClosed",
     "bounded",
+    "check_metadata_uri",
     "client_options",
     "echo_data",
     "fail",
@@ -171,6 +172,22 @@ async def bounded(conn: Conn, aw: Awaitable[T], what: str = "not done") -> T:
         ) from None
 
 
+def check_metadata_uri(ctx: click.Context | None, param: click.Parameter | None,
+                       value: str | None) -> str | None:
+    """The callback of every ``--metadata`` option: a malformed URI (``sqlite://tmp/x``,
+    ``foo://bar``, a bare path) is bad usage (exit 2) naming the URI and the expected forms,
+    before the command does anything."""
+    if not value:
+        return value
+    from pybk.metadata.registry import parse_uri
+
+    try:
+        parse_uri(value)
+    except (TypeError, ValueError) as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    return value
+
+
 def require_existing_store(uri: str) -> None:
     """A ``sqlite:///path`` URI whose file does not exist is refused (click.BadParameter):
     client commands must not make a new, empty cluster out of a mistyped path."""
@@ -280,6 +297,7 @@ def _client_options(fn: Callable[..., Any], *, metadata_required: bool) -> Calla
         "--metadata",
         envvar="PYBK_METADATA",
         required=metadata_required,
+        callback=check_metadata_uri,
         help="Metadata store URI (sqlite:///abs/path.db, zk://host:port/root); env PYBK_METADATA.",
     )
     @click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False), help="CA bundle.")

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
+import contextlib
 import json
 import sys
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import click
@@ -20,7 +21,9 @@ from pybk.cli.common import (
     with_client,
     write_data,
 )
-from pybk.errors import NoSuchEntryError
+from pybk.cli.stdin import StdinLines, from_args
+from pybk.client.context import DEFAULT_MAX_ENTRY_SIZE
+from pybk.errors import EntryTooLargeError, NoSuchEntryError
 
 __all__ = ["ledger"]
 
@@ -56,16 +59,28 @@ def ledger_create(
     click.echo(run_async(with_client(conn, go)))
 
 
-def _entries_from(data: tuple[str, ...], count: int | None, size: int) -> list[bytes]:
+def _entries_from(data: tuple[str, ...], count: int | None,
+                  size: int) -> tuple[AsyncGenerator[list[bytes], None], int | None]:
+    """The entries to append, in batches as they come, and how many there are (None: as
+    many lines as stdin gives)."""
     if data and count:
         raise click.UsageError("give DATA arguments or --count, not both")
     if data == ("-",):
-        return [line.rstrip(b"\n") for line in sys.stdin.buffer]
+        lines = StdinLines(sys.stdin.buffer, DEFAULT_MAX_ENTRY_SIZE, EntryTooLargeError,
+                           "the largest entry")
+        return lines.batches(), None
     if data:
-        return [d.encode() for d in data]
+        if "-" in data:
+            raise click.UsageError("'-' (entries from stdin) cannot be mixed with DATA")
+        return from_args([d.encode() for d in data]), len(data)
     if count:
-        return [(b"%08d:" % i).ljust(size, b".")[: max(size, 9)] for i in range(count)]
+        return from_args([(b"%08d:" % i).ljust(size, b".")[: max(size, 9)]
+                          for i in range(count)]), count
     raise click.UsageError("nothing to append: give DATA arguments, '-' for stdin, or --count")
+
+
+#: entries in flight at once (sent before waiting for their acknowledgements)
+_APPEND_BATCH = 256
 
 
 @ledger.command("append")
@@ -92,43 +107,55 @@ def ledger_append(
 ) -> None:
     """Write DATA (one entry per argument; '-' reads lines from stdin) to a NEW ledger.
 
-    A ledger has one writer, so appending creates the ledger; prints the ledger id on
-    stdout, then closes it (unless --no-close).
+    A ledger has one writer, so appending creates the ledger; its id is printed on stdout
+    at once (also when an append then fails: the ledger exists), then the entries are
+    appended (with '-', each line as it arrives, so `pybk ledger tail` can follow a live
+    pipe) and the ledger is closed (unless --no-close), sealed at what was acknowledged.
+    --timeout bounds each wait on the cluster, never the wait for stdin.
     """
-    entries = _entries_from(data, count, size)
+    batches, total = _entries_from(data, count, size)
+    appended = 0
 
-    async def go(client: Any) -> int:
+    async def go() -> int:
+        nonlocal appended
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
-        lh = await client.create_ledger(
-            ensemble_size=ensemble,
-            write_quorum=write_quorum,
-            ack_quorum=ack_quorum,
-            password=password.encode(),
-        )
-        console = stderr_console()
-        with Progress(
-            *Progress.get_default_columns()[:1],
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeRemainingColumn(),
-            console=console,
-            transient=True,
-            disable=not console.is_terminal,  # no bar (nor its blank line) in pipes and logs
-        ) as progress:
-            task = progress.add_task(f"ledger {lh.id}", total=len(entries))
-            batch = 256
-            for i in range(0, len(entries), batch):
-                chunk = entries[i : i + batch]
-                await asyncio.gather(*(lh.append(e) for e in chunk))
-                progress.advance(task, len(chunk))
-        if close:
-            await lh.close()
-        return int(lh.id)
+        async with conn.client() as client:
+            lh = await bounded(conn, client.create_ledger(
+                ensemble_size=ensemble, write_quorum=write_quorum, ack_quorum=ack_quorum,
+                password=password.encode()), "ledger not created")
+            echo_data(str(lh.id))
+            console = stderr_console()
+            try:
+                with Progress(
+                    *Progress.get_default_columns()[:1],
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeRemainingColumn(),
+                    console=console,
+                    transient=True,
+                    disable=not console.is_terminal,  # no bar (nor its blank line) in pipes
+                ) as progress:
+                    task = progress.add_task(f"ledger {lh.id}", total=total)
+                    async with contextlib.aclosing(batches):
+                        async for entries in batches:
+                            for i in range(0, len(entries), _APPEND_BATCH):
+                                chunk = entries[i : i + _APPEND_BATCH]
+                                await bounded(conn, lh.append_many_nowait(chunk),
+                                              f"entries of ledger {lh.id} not acknowledged")
+                                appended += len(chunk)
+                                progress.advance(task, len(chunk))
+            except BaseException:
+                if close:  # after a failure or Ctrl-C too: sealed at what was acknowledged
+                    with contextlib.suppress(Exception):
+                        await bounded(conn, lh.close(), f"ledger {lh.id} not closed")
+                raise
+            if close:
+                await bounded(conn, lh.close(), f"ledger {lh.id} not closed")
+            return int(lh.id)
 
-    ledger_id = run_async(with_client(conn, go))
-    click.echo(ledger_id)
-    click.echo(f"appended {len(entries)} entries to ledger {ledger_id}", err=True)
+    ledger_id = run_async(go())
+    click.echo(f"appended {appended} entries to ledger {ledger_id}", err=True)
 
 
 def _emit(entry: Any, fmt: str) -> None:
@@ -244,7 +271,8 @@ def _metadata_doc(md: Any) -> dict[str, Any]:
 @client_options
 @click.argument("ledger_id", type=click.IntRange(0))
 def ledger_show(conn: Conn, ledger_id: int) -> None:
-    """Print LEDGER_ID's metadata as JSON."""
+    """Print LEDGER_ID's metadata as JSON (ctime_ms: when it was created, in milliseconds
+    since the epoch)."""
 
     async def go(client: Any) -> Any:
         return await client.ledger_metadata(ledger_id)
@@ -273,8 +301,14 @@ def ledger_recover(conn: Conn, ledger_id: int, password: str) -> None:
 @click.argument("ledger_id", type=click.IntRange(0))
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def ledger_delete(conn: Conn, ledger_id: int, yes: bool) -> None:
-    """Delete LEDGER_ID (its entries are garbage-collected on the bookies)."""
+    """Delete LEDGER_ID (its entries are garbage-collected on the bookies). A ledger that
+    does not exist is reported (exit 1) before anything is asked."""
     if not yes:
+
+        async def exists(client: Any) -> None:
+            await client.ledger_metadata(ledger_id)  # NoSuchLedgerError
+
+        run_async(with_client(conn, exists))
         click.confirm(f"delete ledger {ledger_id}?", abort=True, err=True)
 
     async def go(client: Any) -> None:

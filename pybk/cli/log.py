@@ -8,7 +8,9 @@ Ctrl-C stops a command with exit status 130 (128 + SIGINT), after an ``append`` 
 its writer and printed every position that was acknowledged.
 
 ``--timeout`` bounds each wait on the cluster (opening the log, each acknowledgement, each
-batch read), never the wait for input on stdin nor ``tail``'s wait for new records.
+batch read), never the wait for input on stdin; ``tail`` waits for new records without a
+bound unless ``--timeout`` is given, and then gives up after that long with none (as
+``pybk ledger tail`` does).
 """
 
 from __future__ import annotations
@@ -16,16 +18,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import functools
 import json
 import os
-import queue
 import socket
 import sys
-import threading
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from datetime import UTC, datetime
-from typing import IO, Any, TypeVar
+from typing import Any, TypeVar
 
 import click
 
@@ -41,6 +39,8 @@ from pybk.cli.common import (
     with_client,
     write_data,
 )
+from pybk.cli.log_show import pos_str, print_show, show_doc
+from pybk.cli.stdin import StdinLines, from_args
 from pybk.errors import AlreadyTruncatedError, EndOfStreamError, RecordTooLargeError
 from pybk.logs.config import LogConfig, WriterOptions
 from pybk.logs.namespace import check_name
@@ -53,8 +53,6 @@ T = TypeVar("T")
 #: records appended but not yet printed (acknowledged or not) by one ``append``; bounds
 #: what the command holds while its input runs ahead of the bookies
 _APPEND_WINDOW = 4096
-#: bytes read from stdin at a time by ``append -``
-_STDIN_CHUNK = 1 << 16
 #: records fetched per read by ``read`` and ``tail``
 _READ_BATCH = 1000
 
@@ -224,7 +222,7 @@ def log_list(conn: Conn, namespace: str, as_json: bool) -> None:
                 "records_completed": sum(s.records for s in md.live_segments
                                          if s.is_completed),
                 "in_progress": any(s.in_progress for s in md.segments),
-                "truncated_before": _pos_str(md.truncated_before),
+                "truncated_before": pos_str(md.truncated_before),
                 "end_of_stream": md.end_of_stream,
                 "writer": md.writer or None,
             })  # fmt: skip
@@ -239,100 +237,6 @@ def log_list(conn: Conn, namespace: str, as_json: bool) -> None:
 
 
 # -- show ------------------------------------------------------------------------------------
-
-
-def _pos_str(pos: Position | None) -> str | None:
-    return None if pos is None else str(pos)
-
-
-def _show_doc(md: Any, first: Position | None, last: Position | None) -> dict[str, Any]:
-    segments = []
-    for s in md.segments:
-        known = not s.in_progress  # an in-progress segment's counts are known at completion
-        segments.append({
-            "seq": s.seq,
-            "ledger_id": s.ledger_id,
-            "state": s.state,
-            "records": s.records if known else None,
-            "bytes": s.bytes if known else None,
-            "last_position": _pos_str(s.last_position) if known else None,
-            "max_txid": (s.max_txid if s.max_txid >= 0 else None) if known else None,
-            "ctime_ms": s.ctime_ms,
-            "mtime_ms": s.mtime_ms,
-        })  # fmt: skip
-    return {
-        "namespace": md.namespace,
-        "name": md.name,
-        "ctime_ms": md.ctime_ms,
-        "config": md.config.to_doc(),
-        "writer": md.writer or None,
-        "epoch": md.epoch,
-        "next_seq": md.next_seq,
-        "segments": segments,
-        "allocated": list(md.allocated),
-        "first_position": _pos_str(first),
-        "last_position": _pos_str(last),
-        "max_txid": md.max_txid if md.max_txid >= 0 else None,
-        "truncated_before": _pos_str(md.truncated_before),
-        "end_of_stream": md.end_of_stream,
-        "version": md.version,
-    }
-
-
-def _when(ms: int) -> str:
-    if ms <= 0:
-        return "-"
-    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _opt(value: Any, unit: str = "") -> str:
-    return "-" if value is None else f"{value:,}{unit}"
-
-
-def _print_show(doc: dict[str, Any]) -> None:
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(highlight=False)
-    cfg = doc["config"]
-    about = Table.grid(padding=(0, 2))
-    about.add_column(style="bold")
-    about.add_column()
-    about.add_row("log", f"{doc['namespace']}/{doc['name']} "
-                         f"(created {_when(doc['ctime_ms'])} UTC)")
-    about.add_row("quorums", f"E={cfg['ensemble_size']} Qw={cfg['write_quorum']} "
-                             f"Qa={cfg['ack_quorum']}, digest {cfg['digest_type']}")
-    about.add_row("compression", cfg["compression"])
-    about.add_row("roll", f"bytes {_opt(cfg['roll_bytes'])}, entries {_opt(cfg['roll_entries'])}"
-                          f", seconds {_opt(cfg['roll_seconds'])}")
-    about.add_row("retention", f"seconds {_opt(cfg['retention_seconds'])}, "
-                               f"bytes {_opt(cfg['retention_bytes'])}")
-    about.add_row("writer", f"{doc['writer'] or '-'} (epoch {doc['epoch']})")
-    about.add_row("first position", doc["first_position"] or "- (no records)")
-    about.add_row("last position", doc["last_position"] or "- (no records)")
-    about.add_row("max txid", _opt(doc["max_txid"]))
-    about.add_row("truncated before", doc["truncated_before"] or "-")
-    about.add_row("end of stream", "yes" if doc["end_of_stream"] else "no")
-    console.print(about)
-    table = Table("seq", "ledger", "state", "records", "bytes", "last", "max txid",
-                  "modified (UTC)", title="segments", box=box.SIMPLE_HEAD,
-                  pad_edge=False, collapse_padding=True)
-    for column in table.columns:
-        column.no_wrap = True
-    for s in doc["segments"]:
-        table.add_row(
-            str(s["seq"]), str(s["ledger_id"]), s["state"],
-            "?" if s["records"] is None else f"{s['records']:,}",
-            "?" if s["bytes"] is None else f"{s['bytes']:,}",
-            s["last_position"] or ("?" if s["state"] == "in-progress" else "-"),
-            "-" if s["max_txid"] is None else str(s["max_txid"]),
-            _when(s["mtime_ms"]),
-        )  # fmt: skip
-    if doc["segments"]:
-        console.print(table)
-    else:
-        console.print("no segments")
 
 
 @log.command("show")
@@ -352,109 +256,17 @@ def log_show(conn: Conn, name: str, namespace: str, as_json: bool) -> None:
         last = await lg.last_position()
         first = await lg.first_position() if last is not None else None
         md = await lg.metadata()
-        return _show_doc(md, first, last)
+        return show_doc(md, first, last)
 
     doc = _run(with_client(conn, go))
     if as_json:
         with _printing():
             _out(json.dumps(doc, indent=2))
     else:
-        _print_show(doc)  # (rich ends the command quietly if stdout is closed)
+        print_show(doc)  # (rich ends the command quietly if stdout is closed)
 
 
 # -- append ----------------------------------------------------------------------------------
-
-
-class _StdinLines:
-    """Records from a binary stream, one per line (the newline removed), read a chunk at a
-    time on a daemon thread, so the writer's loop runs (and acknowledges, and prints) while
-    the input is quiet, and a Ctrl-C never waits for a read that may never return. A line
-    longer than ``limit`` bytes is refused before it is all in memory."""
-
-    def __init__(self, stream: IO[bytes], limit: int) -> None:
-        self._stream = stream
-        self._limit = limit
-        self._asks: queue.SimpleQueue[Callable[[bytes | BaseException], object] | None] = (
-            queue.SimpleQueue()
-        )
-        self._thread: threading.Thread | None = None
-
-    def _serve(self) -> None:
-        read = _chunk_reader(self._stream)
-        while True:
-            answer = self._asks.get()
-            if answer is None:
-                return
-            try:
-                chunk: bytes | BaseException = read(_STDIN_CHUNK)
-            except Exception as exc:  # handed to the loop, which raises it
-                chunk = exc
-            try:
-                answer(chunk)
-            except RuntimeError:  # the loop is gone (the command ended)
-                return
-            if not chunk:
-                return
-
-    async def _read(self) -> bytes:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[bytes] = loop.create_future()
-
-        def settle(chunk: bytes | BaseException) -> None:
-            if fut.done():
-                return
-            if isinstance(chunk, BaseException):
-                fut.set_exception(chunk)
-            else:
-                fut.set_result(chunk)
-
-        self._asks.put(lambda chunk: loop.call_soon_threadsafe(settle, chunk))
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name="pybk-stdin", daemon=True)
-            self._thread.start()
-        return await fut
-
-    async def batches(self) -> AsyncGenerator[list[bytes], None]:
-        partial = bytearray()
-        try:
-            while True:
-                chunk = await self._read()
-                if not chunk:
-                    if partial:
-                        yield [bytes(partial)]
-                    return
-                partial += chunk
-                if b"\n" not in chunk:
-                    self._check(partial)
-                    continue
-                *lines, rest = bytes(partial).split(b"\n")
-                partial = bytearray(rest)
-                self._check(partial)
-                yield lines
-        finally:
-            self._asks.put(None)
-
-    def _check(self, partial: bytearray) -> None:
-        if len(partial) > self._limit:
-            raise RecordTooLargeError(
-                f"a line of stdin is longer than {self._limit} bytes (the largest record)"
-            )
-
-
-def _chunk_reader(stream: IO[bytes]) -> Callable[[int], bytes]:
-    """What returns the bytes available (waiting for some): ``os.read`` on the descriptor
-    when there is one, so a read left blocked when the command ends holds no lock that the
-    interpreter's exit would wait for (a buffered stream's does); else ``read1``."""
-    try:
-        fd = stream.fileno()
-    except (AttributeError, OSError, ValueError):  # an in-memory stream (tests)
-        read1: Callable[[int], bytes] | None = getattr(stream, "read1", None)
-        return read1 if read1 is not None else stream.readline
-    return functools.partial(os.read, fd)
-
-
-async def _from_args(records: list[bytes]) -> AsyncGenerator[list[bytes], None]:
-    yield records
 
 
 def _writer_label() -> str:
@@ -572,14 +384,15 @@ def log_append(
     come, so a pipe can feed a long-running append.
     """
     if records == ("-",):
-        source = _StdinLines(sys.stdin.buffer, WriterOptions().max_record_bytes)
+        source = StdinLines(sys.stdin.buffer, WriterOptions().max_record_bytes,
+                            RecordTooLargeError, "the largest record")
         batches = source.batches()
     elif records:
         if "-" in records:
             raise click.UsageError("'-' (records from stdin) cannot be mixed with RECORDS")
-        batches = _from_args([r.encode() for r in records])
+        batches = from_args([r.encode() for r in records])
     elif end_of_stream:
-        batches = _from_args([])
+        batches = from_args([])
     else:
         raise click.UsageError("nothing to append: give RECORDS, or '-' to read lines from stdin")
     count, last = _run(_append(conn, namespace, name, batches, txid,
@@ -683,15 +496,24 @@ def log_read(
 @_FORMAT
 def log_tail(conn: Conn, name: str, namespace: str, start: Position | None, fmt: str) -> None:
     """Follow NAME, printing records as they are acknowledged, until the log is marked
-    ended (`pybk log append --end-of-stream`); Ctrl-C stops it (exit status 130).
+    ended (`pybk log append --end-of-stream`).
 
-    --timeout bounds opening the log, not the wait for new records."""
+    Without --timeout it follows for as long as the log goes on (opening it is bounded by
+    the default 30 s); with --timeout SECONDS it gives up (exit 1) when no new record
+    arrives for that long. Ctrl-C stops it (exit 130)."""
 
     async def go() -> None:
         async with conn.client() as client:
             lg = await _bounded(conn, client.namespace(namespace).open_log(name))
             async with lg.reader(start) as reader:
-                while batch := await reader.read_batch(_READ_BATCH):
+                while True:
+                    if conn.timeout_given:
+                        batch = await bounded(conn, reader.read_batch(_READ_BATCH),
+                                              f"no new record in log {name!r}")
+                    else:
+                        batch = await reader.read_batch(_READ_BATCH)
+                    if not batch:
+                        return
                     _emit(batch, fmt)
 
     _run(go())
@@ -728,8 +550,14 @@ def log_truncate(conn: Conn, name: str, namespace: str, before: Position) -> Non
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def log_delete(conn: Conn, name: str, namespace: str, yes: bool) -> None:
     """Delete NAME and its ledgers. A writer still writing it is fenced (its next append
-    fails); readers get LogNotFoundError."""
+    fails); readers get LogNotFoundError. A log that does not exist is reported (exit 1)
+    before anything is asked."""
     if not yes:
+
+        async def exists(client: Any) -> None:
+            await client.namespace(namespace).open_log(name)  # LogNotFoundError
+
+        _run(with_client(conn, exists))
         click.confirm(f"delete log {name!r} of namespace {namespace!r}?", abort=True, err=True)
 
     async def go(client: Any) -> None:

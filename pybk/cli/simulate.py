@@ -1,8 +1,9 @@
 """``pybk simulate``: run many simulated seeds and print what they found; shrink a failing
 seed to a minimal scenario; replay a scenario file.
 
-Registered on the ``pybk`` click group by :mod:`pybk.cli`. A sweep prints a progress bar, a
-summary table (seeds, virtual seconds, operations, faults by kind, the configurations drawn,
+Registered on the ``pybk`` click group by :mod:`pybk.cli`. A sweep draws a progress bar on
+stderr (only on a terminal, as ``pybk ledger append`` does) and prints on stdout a summary
+table (seeds, virtual seconds, operations, faults by kind, the configurations drawn,
 coverage markers, violations, seeds per minute, CPU seconds per seed, virtual-to-real ratio)
 and, for each failing seed, its report and the exact command that reproduces it. Exit status
 1 when any seed failed.
@@ -161,7 +162,8 @@ def _sweep(seeds: str | None, faults_spec: str, duration: float, bookies: int | 
 
     from pybk.sim.sweep import parse_seeds, sweep
 
-    console = Console()
+    console = Console()  # the summary: data, on stdout
+    errors = Console(stderr=True)  # the progress bar: on stderr, and only on a terminal
     try:
         seed_list = parse_seeds(seeds or "0..99")
     except ValueError as exc:
@@ -169,7 +171,8 @@ def _sweep(seeds: str | None, faults_spec: str, duration: float, bookies: int | 
 
     failed: list[int] = []
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console) as progress:
+                  TimeElapsedColumn(), console=errors, transient=True,
+                  disable=not errors.is_terminal) as progress:
         task = progress.add_task("simulating", total=len(seed_list))
 
         def on_result(res: object) -> None:

@@ -42,6 +42,7 @@ __all__ = [
     "check_value",
     "election_lock",
     "merge_missing",
+    "stamped",
 ]
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,14 @@ def check_ledger_id(ledger_id: object) -> int:
     if isinstance(ledger_id, bool) or not isinstance(ledger_id, int) or ledger_id < 0:
         raise ValueError(f"ledger id must be a non-negative int, got {ledger_id!r}")
     return ledger_id
+
+
+def stamped(metadata: LedgerMetadata, now: float) -> LedgerMetadata:
+    """``metadata`` as a backend creates it: its creation time ``now`` (wall-clock seconds)
+    recorded in ``ctime_ms``, unless the caller gave one."""
+    if metadata.ctime_ms:
+        return metadata
+    return metadata.with_changes(ctime_ms=int(now * 1000))
 
 
 def check_metadata(metadata: object) -> LedgerMetadata:

@@ -1,4 +1,5 @@
-"""In-process metadata store: asyncio only, no threads, no clock, so the simulator can run it.
+"""In-process metadata store: asyncio only, no threads, so the simulator can run it; its one
+clock (``clock``, the wall clock by default) stamps a new ledger's creation time.
 
 Several :class:`MemoryMetadataStore` objects may share one state (``store.session()``): each
 is one *session*, like one ZooKeeper client. A bookie registration belongs to the session
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -47,6 +49,7 @@ from pybk.metadata._common import (
     check_value,
     election_lock,
     merge_missing,
+    stamped,
 )
 from pybk.metadata.base import (
     BookieRegistration,
@@ -118,9 +121,12 @@ class MemoryMetadataStore(MetadataStore):
         *,
         before_op: BeforeOp | None = None,
         after_op: BeforeOp | None = None,
+        clock: Callable[[], float] | None = None,
         _state: MemoryState | None = None,
     ):
         self._state = _state if _state is not None else MemoryState()
+        #: wall-clock seconds, stamped on a ledger it creates (the simulator gives its own)
+        self.clock: Callable[[], float] = clock if clock is not None else time.time
         self._session_id = next(self._state.session_ids)
         self._closed = False
         self._my_watches: list[CallbackWatch] = []
@@ -132,9 +138,11 @@ class MemoryMetadataStore(MetadataStore):
     # -- sessions ----------------------------------------------------------------------------
 
     def session(self) -> MemoryMetadataStore:
-        """Another client of the same store, with its own session (and the same fault hooks)."""
+        """Another client of the same store, with its own session (and the same fault hooks
+        and clock)."""
         return MemoryMetadataStore(
-            before_op=self.before_op, after_op=self.after_op, _state=self._state
+            before_op=self.before_op, after_op=self.after_op, clock=self.clock,
+            _state=self._state,
         )
 
     @property
@@ -231,6 +239,7 @@ class MemoryMetadataStore(MetadataStore):
 
     async def create_ledger(self, metadata: LedgerMetadata) -> LedgerMetadata:
         check_metadata(metadata)
+        metadata = stamped(metadata, self.clock())
         data = metadata.to_bytes()
         await self._enter("create_ledger", metadata.ledger_id)
         st = self._state

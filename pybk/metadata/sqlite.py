@@ -53,6 +53,7 @@ from pybk.metadata._common import (
     check_value,
     election_lock,
     merge_missing,
+    stamped,
 )
 from pybk.metadata.base import (
     BookieRegistration,
@@ -256,6 +257,7 @@ class SqliteMetadataStore(MetadataStore):
 
     async def create_ledger(self, metadata: LedgerMetadata) -> LedgerMetadata:
         check_metadata(metadata)
+        metadata = stamped(metadata, time.time())
         data = metadata.to_bytes()
         lid = metadata.ledger_id
 

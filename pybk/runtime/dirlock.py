@@ -35,7 +35,8 @@ class DirectoryLock:
         return self._fd is not None
 
     def acquire(self) -> None:
-        """Take the lock now or raise LockedError naming the holder's pid."""
+        """Take the lock now or raise LockedError naming the holder's pid (also its
+        ``pid``: None when the file does not say)."""
         fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -44,7 +45,8 @@ class DirectoryLock:
             os.close(fd)
             raise LockedError(
                 f"{self.what} {self.file.parent} is in use by process {holder} "
-                f"(it holds {self.file}); only one process may use it at a time"
+                f"(it holds {self.file}); only one process may use it at a time",
+                pid=int(holder) if holder.isdigit() else None,
             ) from None
         except BaseException:
             os.close(fd)

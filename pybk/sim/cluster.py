@@ -29,12 +29,21 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DATA_DIR",
+    "WALL_EPOCH",
     "SimBookie",
     "SimCluster",
     "derive_rng",
 ]
 
 DATA_DIR = "/bookie"
+#: the simulated machines' wall clock at virtual time 0 (as ``SimRun.wall_clock``'s)
+WALL_EPOCH = 1_700_000_000.0
+
+
+def _wall_clock() -> float:
+    """The wall clock the metadata store stamps creation times with: the epoch plus the
+    running loop's (virtual) time, so a run's metadata is the same on every replay."""
+    return WALL_EPOCH + asyncio.get_running_loop().time()
 
 
 def derive_rng(seed: int, name: str) -> random.Random:
@@ -84,7 +93,8 @@ class SimCluster:
         self.seed = seed
         self._log = log or (lambda line: None)
         self._count = count or (lambda kind: None)
-        self.store = MemoryMetadataStore(before_op=self._before_op, after_op=self._after_op)
+        self.store = MemoryMetadataStore(before_op=self._before_op, after_op=self._after_op,
+                                         clock=_wall_clock)
         self.admin = self.store.session()
         self.admin.before_op = None  # the simulator's own bookkeeping is never faulted
         #: called as ``listener(op, key)`` after each metadata operation was applied (the

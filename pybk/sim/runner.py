@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import hashlib
+import shlex
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -152,12 +153,17 @@ class SimResult:
     def command(self) -> str:
         """The shell command that replays this run. ``--bookies`` appears only when the run
         was given one: a count drawn from the seed is drawn again (passing it explicitly
-        changes what the seed draws, so the run would differ)."""
+        changes what the seed draws, so the run would differ). A replayed scenario is run
+        again from the file it came from (saved first, if it has none)."""
+        mutation = f" --mutation {','.join(self.mutations)}" if self.mutations else ""
         if self.replayed:
-            return "pybk simulate --replay <the scenario file> --verbose"
+            source = self.scenario.source if self.scenario is not None else ""
+            if not source:
+                return ("pybk simulate --replay PATH --verbose, PATH a file the run's "
+                        "scenario was saved to (SimResult.scenario.save(PATH))")
+            return f"pybk simulate --replay {shlex.quote(source)}{mutation} --verbose"
         extra = f" --bookies {self.bookies}" if self.bookies_given else ""
-        if self.mutations:
-            extra += f" --mutation {','.join(self.mutations)}"
+        extra += mutation
         return (f"pybk simulate --seed {self.seed} --faults {self.faults_spec} "
                 f"--duration {self.duration:g}{extra} --verbose")
 

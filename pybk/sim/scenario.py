@@ -122,6 +122,9 @@ class Scenario:
     #: the invariant a shrunk failure violates ("" for a plain run)
     expect: str = ""
     note: str = ""
+    #: the file it was loaded from or last saved to ("" if none; not part of the file):
+    #: what a replay's "reproduce" command names
+    source: str = field(default="", compare=False)
 
     def to_doc(self) -> dict[str, Any]:
         plan = asdict(self.plan)
@@ -167,15 +170,19 @@ class Scenario:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())
+        self.source = str(path)
 
     @classmethod
     def load(cls, path: str | Path) -> Scenario:
-        return cls.from_json(Path(path).read_text())
+        out = cls.from_json(Path(path).read_text())
+        out.source = str(path)
+        return out
 
     def copy(self, **changes: Any) -> Scenario:
         """A copy to run again (events made fresh), with ``changes`` applied."""
         doc = self.to_doc()
         out = Scenario.from_doc(json.loads(json.dumps(doc)))
+        out.source = self.source
         for name, value in changes.items():
             setattr(out, name, value)
         return out

@@ -10,7 +10,9 @@ scenario, so "still fails" is a fact, not a guess):
 3. the workload and configuration: fewer processes of each kind, no deleter, no truncations,
    single adds, no frequent checkpoints, plain segments, a serial journal;
 4. the duration: cut to just after the last fault, then halved while it still fails;
-5. the schedule once more (fewer processes may need fewer faults).
+5. the schedule once more (fewer processes may need fewer faults);
+6. the fault plan and spec narrowed to the faults left (:func:`remaining_faults`), so the
+   report's header and the file name only those.
 
 The result is a :class:`~pybk.sim.scenario.Scenario` with ``expect`` set to the invariant:
 ``Scenario.save(path)`` writes it, ``pybk simulate --replay path`` runs it.
@@ -23,9 +25,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from pybk.sim.faults import NET_KINDS, FaultPlan
 from pybk.sim.scenario import FaultEvent, Scenario
 
-__all__ = ["ShrinkResult", "ddmin", "shrink"]
+__all__ = ["ShrinkResult", "ddmin", "remaining_faults", "shrink"]
 
 T = TypeVar("T")
 
@@ -123,6 +126,11 @@ def shrink(
             return True
         return False
 
+    def only_what_remains() -> None:
+        plan, spec = remaining_faults(result.scenario)
+        if plan != result.scenario.plan or spec != result.scenario.faults_spec:
+            try_change(f"faults -> {spec}", plan=plan, faults_spec=spec)
+
     def shrink_events() -> None:
         before = len(result.scenario.events)
 
@@ -174,5 +182,19 @@ def shrink(
             break
         duration = half
     shrink_events()
+    only_what_remains()
     result.scenario = result.scenario.copy(expect=invariant)
     return result
+
+
+def remaining_faults(scenario: Scenario) -> tuple[FaultPlan, str]:
+    """``scenario``'s fault plan and spec narrowed to the faults it still injects: the event
+    kinds left in its schedule (their weights kept) and the network faults whose rates are
+    not zero (what a report header and ``--faults`` should name for a shrunk scenario)."""
+    plan = scenario.plan
+    kinds = {e.kind for e in scenario.events}
+    events = [k for k in plan.events if k in kinds] + sorted(kinds - set(plan.events))
+    narrowed = dataclasses.replace(plan, events=events,
+                                   weights={k: plan.weights.get(k, 1) for k in events})
+    spec = ",".join([k for k in NET_KINDS if getattr(plan, k)] + events) or "none"
+    return narrowed, spec + (",beyond" if plan.beyond_tolerance else "")

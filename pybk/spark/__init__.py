@@ -12,13 +12,19 @@ DataFrame pipeline, and simulations fanned out over executors. See docs/spark.md
     pybk.spark.simulate(spark, seeds=range(1000), faults="all")   # one row per seed
 """
 
-from pybk.spark.jobs import JobClosedError
-from pybk.spark.maintenance import sweep_jobs
-from pybk.spark.options import OptionError
-from pybk.spark.session import local_session
-from pybk.spark.simulate import simulate
-from pybk.spark.source import PybkDataSource
-from pybk.spark.udf import write_partitions
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pybk.spark.jobs import JobClosedError
+    from pybk.spark.maintenance import sweep_jobs
+    from pybk.spark.options import OptionError
+    from pybk.spark.session import local_session
+    from pybk.spark.simulate import simulate
+    from pybk.spark.source import PybkDataSource
+    from pybk.spark.udf import write_partitions
 
 __all__ = [
     "JobClosedError",
@@ -29,3 +35,28 @@ __all__ = [
     "sweep_jobs",
     "write_partitions",
 ]
+
+#: where each public name lives: imported when first used, so that importing the package
+#: (as ``python -m pybk.spark.daemon`` does before it forks workers) starts no thread
+_HOMES = {
+    "JobClosedError": "pybk.spark.jobs",
+    "OptionError": "pybk.spark.options",
+    "PybkDataSource": "pybk.spark.source",
+    "local_session": "pybk.spark.session",
+    "simulate": "pybk.spark.simulate",
+    "sweep_jobs": "pybk.spark.maintenance",
+    "write_partitions": "pybk.spark.udf",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'pybk.spark' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

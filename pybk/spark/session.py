@@ -5,7 +5,9 @@ What it sets, and why (docs/spark.md): ``PYSPARK_PYTHON`` to this interpreter (o
 Spark's Python workers start whatever ``python3`` is on PATH, without pybk or pyarrow);
 ``SPARK_LOCAL_IP`` and the driver's host to loopback; the UI off; the driver JVM's JIT flags
 that cut its start-up by a third (``-XX:+UseSerialGC -XX:TieredStopAtLevel=1``); shuffle
-partitions and parallelism to the cores asked for; and the ``pybk`` data source registered.
+partitions and parallelism to the cores asked for; PySpark's worker daemon made quiet about
+workers whose output Spark stopped reading (``df.show(5)``, the session stopped:
+:mod:`pybk.spark.daemon`); and the ``pybk`` data source registered.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ def local_session(
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.driver.bindAddress", "127.0.0.1")
             .config("spark.driver.extraJavaOptions", JVM_FLAGS)
+            .config("spark.python.daemon.module", "pybk.spark.daemon")
         )
     for key, value in (conf or {}).items():
         builder = builder.config(key, value)

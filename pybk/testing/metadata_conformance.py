@@ -22,6 +22,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -55,6 +56,7 @@ __all__ = [
     "check_cookies",
     "check_corrupt_metadata_is_an_error",
     "check_create_read_round_trip",
+    "check_create_records_the_creation_time",
     "check_delete_and_list",
     "check_id_allocation_unique_under_concurrency",
     "check_read_only_flag",
@@ -264,6 +266,20 @@ async def check_create_read_round_trip(backend: MetadataBackend) -> None:
         pass
     else:
         raise AssertionError("reading a missing ledger did not raise NoSuchLedgerError")
+
+
+async def check_create_records_the_creation_time(backend: MetadataBackend) -> None:
+    """A ledger created without a creation time gets the store's wall clock at creation (a
+    given one is kept: :func:`check_create_read_round_trip`)."""
+    store = await backend.open()
+    lid = await store.allocate_ledger_id()
+    before = int(time.time() * 1000)
+    created = await store.create_ledger(sample_metadata(lid, ctime_ms=0))
+    after = int(time.time() * 1000)
+    assert before - 1000 <= created.ctime_ms <= after + 1000, (before, created.ctime_ms, after)
+    assert (await store.read_ledger(lid)).ctime_ms == created.ctime_ms
+    updated = await store.update_ledger(lid, lambda md: md.with_changes(length=7))
+    assert updated.ctime_ms == created.ctime_ms  # (an update keeps it)
 
 
 async def check_cas_conflict(backend: MetadataBackend) -> None:
@@ -851,6 +867,7 @@ async def check_values_bad_arguments(backend: MetadataBackend) -> None:
 
 CHECKS: list[Callable[[MetadataBackend], Awaitable[None]]] = [
     check_create_read_round_trip,
+    check_create_records_the_creation_time,
     check_cas_conflict,
     check_update_loop_under_concurrent_updaters,
     check_delete_and_list,

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -50,6 +51,7 @@ from pybk.metadata._common import (
     check_registration,
     check_value,
     merge_missing,
+    stamped,
 )
 from pybk.metadata.base import (
     BookieRegistration,
@@ -218,6 +220,7 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     async def create_ledger(self, metadata: LedgerMetadata) -> LedgerMetadata:
         check_metadata(metadata)
+        metadata = stamped(metadata, time.time())
         lid = metadata.ledger_id
         try:
             await self._bridge.call(
