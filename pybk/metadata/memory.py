@@ -6,9 +6,8 @@ is one *session*, like one ZooKeeper client. A bookie registration belongs to th
 that made it and lives until ``unregister_bookie``, ``close()`` or ``expire_session()`` —
 the in-memory stand-in for "the bookie stopped heartbeating / its session expired".
 
-Ledger metadata is kept serialized (``LedgerMetadata.to_bytes``), so every read parses and
-checks it exactly like the durable backends do, and tests can damage it with
-:meth:`MemoryMetadataStore.corrupt_ledger`.
+Ledger metadata is kept serialized (``LedgerMetadata.to_bytes``): every read parses and
+checks it as the durable backends do (:meth:`MemoryMetadataStore.corrupt_ledger` damages it).
 
 Fault hooks for the simulator: ``before_op(op, key)`` is awaited before every operation; it
 may sleep (stall the store) or raise (e.g. ``MetadataStoreError``) to fail the operation
