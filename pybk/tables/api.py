@@ -24,7 +24,7 @@ from pybk.tables.engine import TablesEngine
 from pybk.tables.errors import NamespaceExistsError, NamespaceNotFoundError
 from pybk.tables.mvcc import KeyValue
 
-__all__ = ["AsyncTables", "AsyncTable", "Tables", "Table"]
+__all__ = ["AsyncTable", "AsyncTables", "Table", "Tables"]
 
 Op = tuple[Any, ...]
 
@@ -100,7 +100,7 @@ class AsyncTables:
         self.path = pathlib.Path(path) if path is not None else None
         self._metadata = metadata
         self._bookies = bookies
-        self._knobs = {"ensemble_size": ensemble_size, "write_quorum": write_quorum,
+        self._knobs: dict[str, Any] = {"ensemble_size": ensemble_size, "write_quorum": write_quorum,
                        "ack_quorum": ack_quorum}
         from pybk.logs.config import LogConfig
 
@@ -116,13 +116,14 @@ class AsyncTables:
     async def open(self) -> AsyncTables:
         try:
             if self.path is not None:
-                from pybk.wal import embedded_bookie_config
+                from pybk.bookie import BookieConfig
 
                 self.path.mkdir(parents=True, exist_ok=True)
                 self._lock = DirectoryLock(self.path, "tables directory")
                 self._lock.acquire()
                 options = dict(self._cluster_options)
-                options.setdefault("bookie_config", embedded_bookie_config())
+                options.setdefault(  # as the embedded WAL's bookies (pybk/wal.py)
+                    "bookie_config", BookieConfig(journal_preallocate=True, segment_size=16 << 20))
                 self._cluster = LocalCluster(self.path, self._bookies,
                                              client_config=self._client_config, **options)
                 await self._cluster.start()

@@ -25,7 +25,7 @@ from pybk.tables.errors import (
 )
 from pybk.tables.hashing import RangeSpec, split_ranges
 
-__all__ = ["NamespaceInfo", "TableInfo", "TableCatalog", "check_table_name"]
+__all__ = ["NamespaceInfo", "TableCatalog", "TableInfo", "check_table_name"]
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,127}")
 _ROOT = "tables"

@@ -16,8 +16,16 @@ from typing import Any
 
 from pybk.tables.errors import TableBadRequestError
 
-__all__ = ["Command", "check_command", "decode", "encode", "TARGETS", "COMPARE_OPS",
-           "INT64_MIN", "INT64_MAX"]
+__all__ = [
+    "COMPARE_OPS",
+    "INT64_MAX",
+    "INT64_MIN",
+    "TARGETS",
+    "Command",
+    "check_command",
+    "decode",
+    "encode",
+]
 
 Command = tuple[Any, ...]
 TARGETS = frozenset({"version", "create_revision", "mod_revision", "value"})

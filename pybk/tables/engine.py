@@ -21,7 +21,7 @@ from pybk.tables.hashing import range_for
 from pybk.tables.mvcc import KeyValue
 from pybk.tables.range import RangeOwner, log_names
 
-__all__ = ["TablesEngine", "LOG_NAMESPACE"]
+__all__ = ["LOG_NAMESPACE", "TablesEngine"]
 
 #: the log namespace holding every range's logs
 LOG_NAMESPACE = "tables"

@@ -5,9 +5,15 @@ from __future__ import annotations
 
 from pybk.errors import BKError
 
-__all__ = ["TableError", "NamespaceNotFoundError", "NamespaceExistsError",
-           "TableNotFoundError", "TableExistsError", "TableBadRequestError",
-           "RangeFencedError"]
+__all__ = [
+    "NamespaceExistsError",
+    "NamespaceNotFoundError",
+    "RangeFencedError",
+    "TableBadRequestError",
+    "TableError",
+    "TableExistsError",
+    "TableNotFoundError",
+]
 
 
 class TableError(BKError):

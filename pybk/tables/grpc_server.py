@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
-from bookkeeper.proto import (  # type: ignore[import-untyped]
+from bookkeeper.proto import (
     common_pb2,
     kv_pb2,
     kv_rpc_pb2,
@@ -77,7 +77,8 @@ def status_of(exc: BaseException, *, stream: bool = False) -> int:
     if isinstance(exc, TableBadRequestError | TypeError):
         return int(storage_pb2.BAD_REQUEST)
     if isinstance(exc, ValueError):
-        return int(storage_pb2.INVALID_STREAM_NAME if stream else storage_pb2.INVALID_NAMESPACE_NAME)
+        return int(storage_pb2.INVALID_STREAM_NAME if stream
+                   else storage_pb2.INVALID_NAMESPACE_NAME)
     if isinstance(exc, _TRANSIENT):
         return int(storage_pb2.INTERNAL_SERVER_ERROR)
     return int(storage_pb2.FAILURE)

@@ -12,8 +12,15 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-__all__ = ["KEY_HASH_SEED", "FIRST_RANGE_ID", "RangeSpec", "key_hash", "murmur3_x64_128",
-           "split_ranges", "range_for"]
+__all__ = [
+    "FIRST_RANGE_ID",
+    "KEY_HASH_SEED",
+    "RangeSpec",
+    "key_hash",
+    "murmur3_x64_128",
+    "range_for",
+    "split_ranges",
+]
 
 KEY_HASH_SEED = 383242705
 FIRST_RANGE_ID = 1024

@@ -44,7 +44,10 @@ class KeyValue:
 
 def _kv(row: Row) -> KeyValue:
     key, value, num, crev, mrev, ver = row
-    return KeyValue(key, num if value is None else value, ver, crev, mrev)
+    if value is None:
+        assert num is not None
+        return KeyValue(key, num, ver, crev, mrev)
+    return KeyValue(key, value, ver, crev, mrev)
 
 
 _CMP = {
@@ -82,7 +85,8 @@ class MVCCStore:
 
     def scan(self, start: bytes | None, end: bytes | None, limit: int | None) -> list[KeyValue]:
         """Keys in ``[start, end)`` in byte order, at most ``limit``."""
-        sql, args = "SELECT key, value, num, crev, mrev, ver FROM kv WHERE 1", []  # type: list[Any]
+        sql = "SELECT key, value, num, crev, mrev, ver FROM kv WHERE 1"
+        args: list[Any] = []
         if start is not None:
             sql += " AND key >= ?"
             args.append(start)

@@ -247,7 +247,7 @@ class RangeOwner:
             cw.append(json.dumps({"rows": [_row_json(r) for r in rows[i:i + _CHUNK_ROWS]]},
                                  separators=(",", ":")).encode())
         await cw.append(json.dumps({"end": rev}).encode())
-        await cw.truncate((await head))
+        await cw.truncate(await head)
         if upto is not None:
             await w.truncate(upto.next_slot())
         self.checkpoint_revision = rev
