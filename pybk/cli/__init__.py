@@ -26,6 +26,7 @@ from pybk.cli.ledger import ledger
 from pybk.cli.log import log
 from pybk.cli.processes import spawn_bookie, stop_pid, wait_ready
 from pybk.cli.simulate import simulate
+from pybk.cli.table import table
 
 __all__ = ["main", "spawn_bookie", "stop_pid", "wait_ready"]
 
@@ -58,5 +59,6 @@ ledger.add_command(ledger_under_replicated)
 main.add_command(autorecovery)
 main.add_command(cluster)
 main.add_command(ledger)
+main.add_command(table)
 main.add_command(log)
 main.add_command(simulate)
