@@ -62,7 +62,8 @@ class MVCCStore:
     def __init__(self, path: str | None = None) -> None:
         # a memory journal, not none: a failed command (a txn half done) is rolled back
         self._db = sqlite3.connect(path or ":memory:", isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=MEMORY" if path is None else "PRAGMA journal_mode=WAL")
+        mode = "MEMORY" if path is None else "WAL"
+        self._db.execute(f"PRAGMA journal_mode={mode}")
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS kv (key BLOB PRIMARY KEY, value BLOB, num INTEGER,"
             " crev INTEGER NOT NULL, mrev INTEGER NOT NULL, ver INTEGER NOT NULL)")

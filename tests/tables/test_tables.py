@@ -122,7 +122,7 @@ async def test_a_crash_loses_nothing_acknowledged() -> None:
         for k, v in acked.items():
             kv = await t2.get(k)
             assert kv is not None and kv.value == v and kv.mod_revision == revs[k]
-        before, range_rev = await t2.get_at(b"k0")
+        _, range_rev = await t2.get_at(b"k0")
         rev = await t2.put(b"k0", b"new")
         assert rev > range_rev  # the range's revisions go on from where the dead owner's ended
         kv0, served_at = await t2.get_at(b"k0")
