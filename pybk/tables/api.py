@@ -48,14 +48,17 @@ class AsyncTable:
         """Store ``value``; returns the revision it was applied at, once it is durable."""
         return int(await self._engine.execute(self.info, ("put", key, value)))
 
-    async def get(self, key: bytes | str) -> KeyValue | None:
-        """The key's value, version and revisions (None when absent)."""
-        return (await self.get_at(key))[0]
+    async def get(self, key: bytes | str, *, stale: bool = False) -> KeyValue | None:
+        """The key's value, version and revisions (None when absent). Linearizable; with
+        ``stale=True``, what this process has applied, without checking that it still owns
+        the key's range (no metadata read)."""
+        return (await self.get_at(key, stale=stale))[0]
 
-    async def get_at(self, key: bytes | str) -> tuple[KeyValue | None, int]:
+    async def get_at(self, key: bytes | str, *,
+                     stale: bool = False) -> tuple[KeyValue | None, int]:
         """``get``, with the range's revision the read was served at."""
         k = key.encode() if isinstance(key, str) else bytes(key)
-        return await self._engine.get(self.info, k)
+        return await self._engine.get(self.info, k, stale=stale)
 
     async def delete(self, key: bytes | str) -> bool:
         """Remove the key; whether it existed."""
@@ -74,11 +77,11 @@ class AsyncTable:
             self.info, ("txn", tuple(compare), tuple(success), tuple(failure))))
 
     async def scan(self, start: bytes | None = None, end: bytes | None = None,
-                   limit: int | None = None) -> AsyncIterator[KeyValue]:
+                   limit: int | None = None, *, stale: bool = False) -> AsyncIterator[KeyValue]:
         """Keys in ``[start, end)`` in byte order, at most ``limit``."""
         if limit is not None and (not isinstance(limit, int) or limit < 0):
             raise ValueError(f"limit must be an int >= 0, not {limit!r}")
-        for kv in await self._engine.scan(self.info, start, end, limit):
+        for kv in await self._engine.scan(self.info, start, end, limit, stale=stale):
             yield kv
 
     async def checkpoint(self) -> list[int]:
@@ -224,8 +227,8 @@ class Table:
     def put(self, key: bytes | str, value: bytes | str) -> int:
         return self._runner.run(self._t.put(key, value))
 
-    def get(self, key: bytes | str) -> KeyValue | None:
-        return self._runner.run(self._t.get(key))
+    def get(self, key: bytes | str, *, stale: bool = False) -> KeyValue | None:
+        return self._runner.run(self._t.get(key, stale=stale))
 
     def delete(self, key: bytes | str) -> bool:
         return self._runner.run(self._t.delete(key))

@@ -16,7 +16,7 @@ from typing import Any
 from pybk.client import Client
 from pybk.tables.catalog import NamespaceInfo, TableCatalog, TableInfo
 from pybk.tables.command import Command, check_command
-from pybk.tables.errors import TableBadRequestError
+from pybk.tables.errors import RangeFencedError, TableBadRequestError
 from pybk.tables.hashing import range_for
 from pybk.tables.mvcc import KeyValue
 from pybk.tables.range import RangeOwner, log_names
@@ -91,14 +91,35 @@ class TablesEngine:
                         f"txn keys {key!r} and {k!r} are in different ranges of the table")
         return await owner.submit(cmd)
 
-    async def get(self, table: TableInfo, key: bytes) -> tuple[KeyValue | None, int]:
-        """The key (or None) and the range's revision the read was served at."""
+    async def get(self, table: TableInfo, key: bytes, *,
+                  stale: bool = False) -> tuple[KeyValue | None, int]:
+        """The key (or None) and the range's revision the read was served at.
+
+        Linearizable unless ``stale``: the owner first checks that it still owns the range
+        (one metadata read); if another server took it over, this one takes it back (and
+        catches up) before answering. ``stale=True`` answers from what this server has
+        applied, without the check."""
         owner = await self.owner_for(table, key)
+        if not stale:
+            try:
+                await owner.confirm_owner()
+            except RangeFencedError:
+                owner = await self.owner_for(table, key)  # taken back, caught up
         return owner.get(key), owner.revision
 
     async def scan(self, table: TableInfo, start: bytes | None, end: bytes | None,
-                   limit: int | None) -> list[KeyValue]:
-        owners = [await self.owner(table, r.range_id) for r in table.ranges]
+                   limit: int | None, *, stale: bool = False) -> list[KeyValue]:
+        """Keys in ``[start, end)`` of every range, merged in key order (each range read
+        as :meth:`get` reads it; the ranges are not read at one instant)."""
+        owners = []
+        for r in table.ranges:
+            owner = await self.owner(table, r.range_id)
+            if not stale:
+                try:
+                    await owner.confirm_owner()
+                except RangeFencedError:
+                    owner = await self.owner(table, r.range_id)
+            owners.append(owner)
         parts = [o.scan(start, end, limit) for o in owners]
         merged = heapq.merge(*parts, key=lambda kv: kv.key)
         out = []

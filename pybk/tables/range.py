@@ -84,6 +84,7 @@ class RangeOwner:
         self._on_event = on_event or (lambda name, value: None)
         self.store = MVCCStore()
         self._writer: LogWriter | None = None
+        self._cmd_log: Log | None = None
         self._ckpt_writer: LogWriter | None = None
         self._next_rev = 1
         #: revision -> (command, caller's future, acknowledged position or None)
@@ -103,6 +104,7 @@ class RangeOwner:
         cmd_name, ckpt_name = log_names(self.table_id, self.range_id)
         cmd_log = await _open_or_create(self._ns, cmd_name, self._knobs)
         ckpt_log = await _open_or_create(self._ns, ckpt_name, self._knobs)
+        self._cmd_log = cmd_log
         self._writer = await cmd_log.writer(label=self._label)
         self._ckpt_writer = await ckpt_log.writer(label=self._label)
         await self._restore(ckpt_log, self._ckpt_writer.last_position)
@@ -212,6 +214,18 @@ class RangeOwner:
     def scan(self, start: bytes | None, end: bytes | None, limit: int | None) -> list[KeyValue]:
         self._check_serving()
         return self.store.scan(start, end, limit)
+
+    async def confirm_owner(self) -> None:
+        """Check that no other server has taken the range over (the log's writer epoch is
+        still this owner's): a read served after this reflects every write acknowledged
+        before it began, by anyone (a new owner bumps the epoch before it acknowledges
+        anything). RangeFencedError otherwise."""
+        self._check_serving()
+        assert self._cmd_log is not None and self._writer is not None
+        md = await self._cmd_log.metadata()
+        if md.epoch != self._writer.epoch:
+            self._fail(LedgerFencedError(f"the range's log is at writer epoch {md.epoch}"))
+            self._check_serving()
 
     def _check_serving(self) -> None:
         if self.failed is not None:
