@@ -10,7 +10,16 @@ from typing import Any
 import click
 
 from pybk.cli.common import fail, stderr_console
-from pybk.cli.processes import is_our_bookie, pid_alive, spawn_bookie, stop_pid, wait_ready
+from pybk.cli.processes import (
+    is_our_bookie,
+    is_our_table_server,
+    pid_alive,
+    spawn_bookie,
+    spawn_table_server,
+    stop_pid,
+    wait_file,
+    wait_ready,
+)
 
 __all__ = ["cluster"]
 
@@ -39,6 +48,10 @@ def cluster() -> None:
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False))
 @click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False))
 @click.option("--require-client-cert", is_flag=True, help="Mutual TLS.")
+@click.option("--tables", is_flag=True,
+              help="Also start a table server (BookKeeper's table-service gRPC; pybk[tables]).")
+@click.option("--tables-port", type=click.IntRange(0, 65535), default=4181, show_default=True,
+              help="The table server's port (0: any free one).")
 def cluster_up(
     root: str,
     bookies: int,
@@ -48,6 +61,8 @@ def cluster_up(
     tls_key: str | None,
     tls_ca: str | None,
     require_client_cert: bool,
+    tables: bool,
+    tables_port: int,
 ) -> None:
     """Start BOOKIES bookie processes on free loopback ports with SQLite metadata under ROOT.
 
@@ -95,6 +110,25 @@ def cluster_up(
             if p.poll() is None:
                 stop_pid(p.pid, 5.0)
         fail(str(exc))
+    if tables:
+        tls = []
+        if tls_cert and tls_key:
+            tls = ["--tls-cert", str(Path(tls_cert).resolve()),
+                   "--tls-key", str(Path(tls_key).resolve())]
+        proc = spawn_table_server(root_path, metadata, port=tables_port, extra_args=tls)
+        state["tables"] = {"pid": proc.pid}
+        (root_path / _STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+        try:
+            info = wait_file(root_path / "run" / "tables.ready", proc,
+                             root_path / "logs" / "tables.log", ready_timeout)
+        except RuntimeError as exc:
+            for p in [*procs.values(), proc]:
+                if p.poll() is None:
+                    stop_pid(p.pid, 5.0)
+            fail(str(exc))
+        state["tables"]["address"] = f"{info['host']}:{info['port']}"
+        console.print(f"table server ready at bk://{info['host']}:{info['port']} "
+                      f"(pid {proc.pid})")
     (root_path / _STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
     console.print(f"cluster up; stop it with: pybk cluster down --root {root}")
     click.echo(metadata)
@@ -109,6 +143,10 @@ def cluster_down(root: str, timeout: float) -> None:
     state = _load_state(root_path)
     if not state:
         fail(f"no cluster recorded under {root_path} (no {_STATE_FILE})")
+    if "tables" in state:  # first: it writes to the bookies
+        pid = int(state["tables"]["pid"])
+        if pid_alive(pid) and is_our_table_server(pid):
+            click.echo(f"table server (pid {pid}): {stop_pid(pid, timeout)}", err=True)
     for bookie_id, info in sorted(state.get("bookies", {}).items()):
         pid = int(info["pid"])
         if not pid_alive(pid) or not is_our_bookie(pid, bookie_id):
