@@ -221,9 +221,11 @@ class RangeOwner:
         before it began, by anyone (a new owner bumps the epoch before it acknowledges
         anything). RangeFencedError otherwise."""
         self._check_serving()
-        assert self._cmd_log is not None and self._writer is not None
-        md = await self._cmd_log.metadata()
-        if md.epoch != self._writer.epoch:
+        log, writer = self._cmd_log, self._writer
+        assert log is not None and writer is not None
+        md = await log.metadata()
+        self._check_serving()  # (it may have stopped meanwhile)
+        if md.epoch != writer.epoch:
             self._fail(LedgerFencedError(f"the range's log is at writer epoch {md.epoch}"))
             self._check_serving()
 
