@@ -55,9 +55,11 @@ def table() -> None:
               help="Requests served at once; more wait in gRPC's queue.")
 @click.option("--checkpoint-every", type=click.IntRange(1), default=10_000, show_default=True,
               help="Checkpoint a range after this many commands.")
+@click.option("--http-port", type=click.IntRange(0, 65535), default=None,
+              help="Also serve /heartbeat, /metrics, /api/v1/tables/ranges on this port.")
 def serve(metadata: str | None, path: str | None, host: str, port: int,
           ready_file: str | None, tls_cert: str | None, tls_key: str | None,
-          max_in_flight: int, checkpoint_every: int) -> None:
+          max_in_flight: int, checkpoint_every: int, http_port: int | None) -> None:
     """Serve BookKeeper's table-service protocol (RootRange, Table, MetaRange services)."""
     if (metadata is None) == (path is None):
         raise click.UsageError("give --metadata URI or --path DIR (one of them)")
@@ -76,12 +78,19 @@ def serve(metadata: str | None, path: str | None, host: str, port: int,
 
     async def main() -> None:
         from pybk.tables.api import AsyncTables
+        from pybk.tables.http import TableHttp
+        from pybk.tables.metrics import TableStats
 
-        tables = AsyncTables(path, metadata=metadata, checkpoint_every=checkpoint_every)
+        stats = TableStats()
+        tables = AsyncTables(path, metadata=metadata, checkpoint_every=checkpoint_every,
+                             on_event=stats.event)
         async with tables:
             server = TableGrpcServer(tables.engine, host=host, port=port,
-                                     max_in_flight=max_in_flight, tls=creds)
+                                     max_in_flight=max_in_flight, tls=creds, stats=stats)
             await server.start()
+            http = None
+            if http_port is not None:
+                http = await TableHttp(tables.engine, stats, host=host, port=http_port).start()
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             with contextlib.suppress(NotImplementedError, RuntimeError):
@@ -89,11 +98,14 @@ def serve(metadata: str | None, path: str | None, host: str, port: int,
             try:
                 if ready_file is not None:
                     _write_ready(ready_file, {"host": host, "port": server.port,
-                                              "pid": os.getpid()})
+                                              "pid": os.getpid(),
+                                              "http_port": None if http is None else http.port})
                 echo_data(f"{host}:{server.port}")
                 await stop.wait()
             finally:
                 await server.stop(1.0)
+                if http is not None:
+                    await http.stop()
 
     run_async(main())
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import pathlib
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 from pybk.client import Client
@@ -97,7 +97,8 @@ class AsyncTables:
                  metadata: str | None = None, bookies: int = 3, ensemble_size: int = 3,
                  write_quorum: int = 3, ack_quorum: int = 2, checkpoint_every: int = 10_000,
                  client_config: ClientConfig | None = None,
-                 cluster_options: dict[str, Any] | None = None) -> None:
+                 cluster_options: dict[str, Any] | None = None,
+                 on_event: Callable[[str, float], None] | None = None) -> None:
         if (path is None) == (metadata is None):
             raise TypeError("Tables needs a directory (embedded) or metadata=URI, one of them")
         self.path = pathlib.Path(path) if path is not None else None
@@ -109,6 +110,7 @@ class AsyncTables:
 
         LogConfig(**self._knobs)
         self._checkpoint_every = checkpoint_every
+        self._on_event = on_event  # ("checkpoint_seconds" | "recovery_seconds", seconds)
         self._client_config = client_config
         self._cluster_options = dict(cluster_options or {})
         self._lock: DirectoryLock | None = None
@@ -136,7 +138,8 @@ class AsyncTables:
                 self._client = Client(self._metadata, config=self._client_config)
                 await self._client.start()
             self._engine = TablesEngine(self._client, log_knobs=self._knobs,
-                                        checkpoint_every=self._checkpoint_every)
+                                        checkpoint_every=self._checkpoint_every,
+                                        on_event=self._on_event)
         except BaseException:
             await self._shutdown()
             raise

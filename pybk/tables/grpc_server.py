@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -49,6 +50,7 @@ from pybk.tables.errors import (
     TableExistsError,
     TableNotFoundError,
 )
+from pybk.tables.metrics import TableStats
 from pybk.tables.mvcc import KeyValue
 
 __all__ = ["TableGrpcServer", "status_of"]
@@ -84,15 +86,22 @@ def status_of(exc: BaseException, *, stream: bool = False) -> int:
     return int(storage_pb2.FAILURE)
 
 
-async def _answer(make: Callable[[int], T], work: Awaitable[T], *, stream: bool = False) -> T:
+async def _answer(make: Callable[[int], T], work: Awaitable[T], *, stream: bool = False,
+                  stats: TableStats | None = None, op: str = "") -> T:
     """``work``'s response, or ``make(code)`` for its failure (logged unless expected)."""
+    t0 = time.perf_counter()
     try:
-        return await work
+        resp = await work
     except (BKError, ValueError, TypeError) as exc:
         code = status_of(exc, stream=stream)
         if code in (storage_pb2.FAILURE, storage_pb2.INTERNAL_SERVER_ERROR):
             log.warning("table request failed (code %s): %r", code, exc)
+        if stats is not None:
+            stats.failure(storage_pb2.StatusCode.Name(code))
         return make(code)
+    if stats is not None:
+        stats.op(op, time.perf_counter() - t0)
+    return resp
 
 
 def _default_stream_conf(num_ranges: int) -> Any:
@@ -207,8 +216,9 @@ def _header(code: int, request: Any) -> Any:
 
 
 class _Tables(kv_rpc_pb2_grpc.TableServiceServicer):  # type: ignore[misc]
-    def __init__(self, engine: TablesEngine) -> None:
+    def __init__(self, engine: TablesEngine, stats: TableStats) -> None:
         self.engine = engine
+        self.stats = stats
 
     async def _table(self, request: Any, context: Any) -> TableInfo:
         return await self.engine.catalog.table_by_id(_stream_id(request, context))
@@ -225,7 +235,8 @@ class _Tables(kv_rpc_pb2_grpc.TableServiceServicer):  # type: ignore[misc]
                     resp.prev_kv.CopyFrom(_kv(prev))
             await self.engine.execute(table, ("put", request.key, request.value))
             return resp
-        return await _answer(lambda c: make(header=_header(c, request)), work())
+        return await _answer(lambda c: make(header=_header(c, request)), work(),
+                             stats=self.stats, op="put")
 
     async def Range(self, request: Any, context: Any) -> Any:
         make = kv_rpc_pb2.RangeResponse
@@ -247,7 +258,8 @@ class _Tables(kv_rpc_pb2_grpc.TableServiceServicer):  # type: ignore[misc]
             if not request.count_only:
                 resp.kvs.extend(_kv(kv) for kv in kvs)
             return resp
-        return await _answer(lambda c: make(header=_header(c, request)), work())
+        return await _answer(lambda c: make(header=_header(c, request)), work(),
+                             stats=self.stats, op="range")
 
     async def Delete(self, request: Any, context: Any) -> Any:
         make = kv_rpc_pb2.DeleteRangeResponse
@@ -264,7 +276,8 @@ class _Tables(kv_rpc_pb2_grpc.TableServiceServicer):  # type: ignore[misc]
             if prev is not None:
                 resp.prev_kvs.append(_kv(prev))
             return resp
-        return await _answer(lambda c: make(header=_header(c, request)), work())
+        return await _answer(lambda c: make(header=_header(c, request)), work(),
+                             stats=self.stats, op="delete")
 
     async def Increment(self, request: Any, context: Any) -> Any:
         make = kv_rpc_pb2.IncrementResponse
@@ -276,7 +289,8 @@ class _Tables(kv_rpc_pb2_grpc.TableServiceServicer):  # type: ignore[misc]
             if request.get_total:
                 resp.total_amount = total
             return resp
-        return await _answer(lambda c: make(header=_header(c, request)), work())
+        return await _answer(lambda c: make(header=_header(c, request)), work(),
+                             stats=self.stats, op="increment")
 
     async def Txn(self, request: Any, context: Any) -> Any:
         make = kv_rpc_pb2.TxnResponse
@@ -288,7 +302,8 @@ class _Tables(kv_rpc_pb2_grpc.TableServiceServicer):  # type: ignore[misc]
                 "txn", compares, [_op(o) for o in request.success],
                 [_op(o) for o in request.failure]))
             return make(header=_header(storage_pb2.SUCCESS, request), succeeded=bool(ok))
-        return await _answer(lambda c: make(header=_header(c, request)), work())
+        return await _answer(lambda c: make(header=_header(c, request)), work(),
+                             stats=self.stats, op="txn")
 
 
 _C = kv_rpc_pb2.Compare
@@ -356,8 +371,10 @@ class TableGrpcServer:
 
     def __init__(self, engine: TablesEngine, *, host: str = "127.0.0.1", port: int = 4181,
                  max_in_flight: int = 1024, max_message_bytes: int = 4 << 20,
-                 tls: grpc.ServerCredentials | None = None) -> None:
+                 tls: grpc.ServerCredentials | None = None,
+                 stats: TableStats | None = None) -> None:
         self.engine = engine
+        self.stats = stats or TableStats()
         self.host = host
         self.port = port
         self._tls = tls
@@ -379,7 +396,8 @@ class TableGrpcServer:
                                                                 self._server)
         storage_pb2_grpc.add_StorageContainerServiceServicer_to_server(
             _Containers(self.host, self.port), self._server)
-        kv_rpc_pb2_grpc.add_TableServiceServicer_to_server(_Tables(self.engine), self._server)
+        kv_rpc_pb2_grpc.add_TableServiceServicer_to_server(_Tables(self.engine, self.stats),
+                                                          self._server)
         await self._server.start()
         return self
 

@@ -30,13 +30,16 @@ from logs_kit import mem_cluster  # noqa: E402
 
 from pybk.tables import AsyncTable, TablesEngine  # noqa: E402
 from pybk.tables.grpc_server import TableGrpcServer  # noqa: E402
+from pybk.tables.http import TableHttp  # noqa: E402
+from pybk.tables.metrics import TableStats  # noqa: E402
 
 T = TypeVar("T")
 
 
 class Served:
-    def __init__(self, engine: TablesEngine, port: int) -> None:
+    def __init__(self, engine: TablesEngine, port: int, stats: TableStats) -> None:
         self.engine = engine
+        self.stats = stats
         self.uri = f"bk://127.0.0.1:{port}"
         self.target = f"127.0.0.1:{port}"
 
@@ -51,10 +54,11 @@ class Served:
 @pytest.fixture
 async def served() -> AsyncIterator[Served]:
     async with mem_cluster() as cluster:
-        engine = TablesEngine(cluster.client())
-        server = await TableGrpcServer(engine, port=0).start()
+        stats = TableStats()
+        engine = TablesEngine(cluster.client(), on_event=stats.event)
+        server = await TableGrpcServer(engine, port=0, stats=stats).start()
         try:
-            yield Served(engine, server.port)
+            yield Served(engine, server.port, stats)
         finally:
             await server.stop(None)
             await engine.close()
@@ -215,3 +219,38 @@ async def test_txn_and_active_ranges_through_the_generated_stubs(served: Served)
             assert ranges.ranges[0].props.range_id == 1024
 
     await served.run(body)
+
+
+async def test_metrics_and_admin_endpoint(served: Served) -> None:
+    def body() -> None:
+        settings = served.settings()
+        bk_admin.Client(storage_client_settings=settings).namespaces().create("m")
+        bk_admin.Client(storage_client_settings=settings).namespace("m").create("t")
+        tbl = bk_kv.Client(storage_client_settings=settings, namespace="m").table("t")
+        tbl.put(b"k", b"v")
+        tbl.get(b"k")
+        with pytest.raises(bkx.BadRequest):
+            tbl.incr(b"k", 1)
+
+    await served.run(body)
+    http = await TableHttp(served.engine, served.stats, port=0).start()
+    try:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session:
+            base = f"http://127.0.0.1:{http.port}"
+            async with session.get(f"{base}/heartbeat") as r:
+                assert await r.text() == "OK"
+            async with session.get(f"{base}/metrics") as r:
+                text = await r.text()
+            async with session.get(f"{base}/api/v1/tables/ranges") as r:
+                ranges = await r.json()
+    finally:
+        await http.stop()
+    assert 'pybk_table_ops_total{op="put"} 1.0' in text
+    assert 'pybk_table_ops_total{op="range"} 1.0' in text
+    assert 'pybk_table_failures_total{code="BAD_REQUEST"} 1.0' in text
+    assert "pybk_table_recovery_seconds_count" in text
+    owned = [line for line in text.splitlines() if line.startswith("pybk_table_ranges_owned")]
+    assert owned and float(owned[0].split()[-1]) == len(ranges) >= 1
+    assert {"table", "range", "revision", "checkpoint_revision", "replayed"} <= set(ranges[0])
