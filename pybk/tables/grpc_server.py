@@ -36,9 +36,11 @@ from bookkeeper.proto import (
 from pybk.errors import (
     BKError,
     BookieUnavailableError,
+    LedgerFencedError,
     MetadataStoreError,
     NotEnoughBookiesError,
     TimeoutError,
+    WriterConflictError,
 )
 from pybk.tables.catalog import TableInfo
 from pybk.tables.engine import TablesEngine
@@ -59,8 +61,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 #: failures that go away by themselves: the client retries them (in-band 500)
-_TRANSIENT = (RangeFencedError, BookieUnavailableError, NotEnoughBookiesError, TimeoutError,
-              MetadataStoreError)
+_TRANSIENT = (RangeFencedError, LedgerFencedError, WriterConflictError, BookieUnavailableError,
+              NotEnoughBookiesError, TimeoutError, MetadataStoreError)
 #: the most keys one Range (scan) answers, whatever its limit says
 MAX_SCAN_KEYS = 10_000
 DEFAULT_RANGES = 4

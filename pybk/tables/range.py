@@ -158,7 +158,12 @@ class RangeOwner:
         if self._writer is None:
             raise TableError("the range is not open")
         rev = self._next_rev
-        appended = self._writer.append(encode(cmd), txid=rev)
+        try:
+            appended = self._writer.append(encode(cmd), txid=rev)
+        except (LedgerFencedError, WriterConflictError) as exc:  # the writer already knew
+            self._fail(exc)
+            self._check_serving()
+            raise
         self._next_rev = rev + 1
         result: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[rev] = (cmd, result, None)

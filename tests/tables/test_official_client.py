@@ -28,8 +28,9 @@ from bookkeeper.proto import (  # noqa: E402
 from bookkeeper.types import StorageClientSettings  # noqa: E402
 from logs_kit import mem_cluster  # noqa: E402
 
+import pybk  # noqa: E402
 from pybk.tables import AsyncTable, TablesEngine  # noqa: E402
-from pybk.tables.grpc_server import TableGrpcServer  # noqa: E402
+from pybk.tables.grpc_server import TableGrpcServer, status_of  # noqa: E402
 from pybk.tables.http import TableHttp  # noqa: E402
 from pybk.tables.metrics import TableStats  # noqa: E402
 
@@ -254,3 +255,61 @@ async def test_metrics_and_admin_endpoint(served: Served) -> None:
     owned = [line for line in text.splitlines() if line.startswith("pybk_table_ranges_owned")]
     assert owned and float(owned[0].split()[-1]) == len(ranges) >= 1
     assert {"table", "range", "revision", "checkpoint_revision", "replayed"} <= set(ranges[0])
+
+
+@pytest.mark.parametrize("exc, code", [
+    (pybk.NamespaceNotFoundError("x"), storage_pb2.NAMESPACE_NOT_FOUND),
+    (pybk.NamespaceExistsError("x"), storage_pb2.NAMESPACE_EXISTS),
+    (pybk.TableNotFoundError("x"), storage_pb2.STREAM_NOT_FOUND),
+    (pybk.TableExistsError("x"), storage_pb2.STREAM_EXISTS),
+    (pybk.TableBadRequestError("x"), storage_pb2.BAD_REQUEST),
+    (TypeError("x"), storage_pb2.BAD_REQUEST),
+    (pybk.RangeFencedError("x"), storage_pb2.INTERNAL_SERVER_ERROR),  # retried: taken back
+    (pybk.BookieUnavailableError("x"), storage_pb2.INTERNAL_SERVER_ERROR),
+    (pybk.LedgerClosedError("x"), storage_pb2.FAILURE),  # not retried for 60 s
+])
+def test_each_failure_has_the_code_the_client_expects(exc: Exception, code: int) -> None:
+    assert status_of(exc) == code
+
+
+def test_bad_names_are_invalid_names() -> None:
+    assert status_of(ValueError("bad"), stream=False) == storage_pb2.INVALID_NAMESPACE_NAME
+    assert status_of(ValueError("bad"), stream=True) == storage_pb2.INVALID_STREAM_NAME
+
+
+async def test_bad_names_through_the_client(served: Served) -> None:
+    def body() -> None:
+        client = bk_admin.Client(storage_client_settings=served.settings())
+        with pytest.raises(bkx.BKGrpcCallError) as e:
+            client.namespaces().create("no/slash")
+        assert e.value.bk_status_code == storage_pb2.INVALID_NAMESPACE_NAME
+
+    await served.run(body)
+
+
+async def test_tls(tmp_path: Any) -> None:
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    creds = grpc.ssl_server_credentials([(cert.private_key_pem.bytes(),
+                                          cert.cert_chain_pems[0].bytes())])
+    async with mem_cluster() as cluster:
+        engine = TablesEngine(cluster.client())
+        server = await TableGrpcServer(engine, port=0, tls=creds).start()
+        try:
+            def body() -> None:
+                channel_creds = grpc.ssl_channel_credentials(ca.cert_pem.bytes())
+                with grpc.secure_channel(f"127.0.0.1:{server.port}", channel_creds) as ch:
+                    root = storage_pb2_grpc.RootRangeServiceStub(ch)
+                    resp = root.GetNamespace(storage_pb2.GetNamespaceRequest(name="none"))
+                    assert resp.code == storage_pb2.NAMESPACE_NOT_FOUND
+                with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:  # plain: refused
+                    root = storage_pb2_grpc.RootRangeServiceStub(ch)
+                    with pytest.raises(grpc.RpcError):
+                        root.GetNamespace(storage_pb2.GetNamespaceRequest(name="none"),
+                                          timeout=5)
+
+            await asyncio.to_thread(body)
+        finally:
+            await server.stop(None)
+            await engine.close()
