@@ -98,7 +98,8 @@ class AsyncTables:
                  write_quorum: int = 3, ack_quorum: int = 2, checkpoint_every: int = 10_000,
                  client_config: ClientConfig | None = None,
                  cluster_options: dict[str, Any] | None = None,
-                 on_event: Callable[[str, float], None] | None = None) -> None:
+                 on_event: Callable[[str, float], None] | None = None,
+                 follower: bool = False) -> None:
         if (path is None) == (metadata is None):
             raise TypeError("Tables needs a directory (embedded) or metadata=URI, one of them")
         self.path = pathlib.Path(path) if path is not None else None
@@ -111,6 +112,7 @@ class AsyncTables:
         LogConfig(**self._knobs)
         self._checkpoint_every = checkpoint_every
         self._on_event = on_event  # ("checkpoint_seconds" | "recovery_seconds", seconds)
+        self._follower = follower  # reads only, from followers of the ranges (stale)
         self._client_config = client_config
         self._cluster_options = dict(cluster_options or {})
         self._lock: DirectoryLock | None = None
@@ -139,7 +141,7 @@ class AsyncTables:
                 await self._client.start()
             self._engine = TablesEngine(self._client, log_knobs=self._knobs,
                                         checkpoint_every=self._checkpoint_every,
-                                        on_event=self._on_event)
+                                        on_event=self._on_event, follower=self._follower)
         except BaseException:
             await self._shutdown()
             raise

@@ -16,7 +16,8 @@ from typing import Any
 from pybk.client import Client
 from pybk.tables.catalog import NamespaceInfo, TableCatalog, TableInfo
 from pybk.tables.command import Command, check_command
-from pybk.tables.errors import RangeFencedError, TableBadRequestError
+from pybk.tables.errors import RangeFencedError, TableBadRequestError, TableError
+from pybk.tables.follower import RangeFollower
 from pybk.tables.hashing import range_for
 from pybk.tables.mvcc import KeyValue
 from pybk.tables.range import RangeOwner, log_names
@@ -32,7 +33,8 @@ class TablesEngine:
 
     def __init__(self, client: Client, *, log_knobs: dict[str, Any] | None = None,
                  checkpoint_every: int = 10_000, label: str | None = None,
-                 on_event: Callable[[str, float], None] | None = None) -> None:
+                 on_event: Callable[[str, float], None] | None = None,
+                 follower: bool = False) -> None:
         self.client = client
         self.catalog = TableCatalog(client.store)
         self._ns = client.namespace(LOG_NAMESPACE)
@@ -42,6 +44,9 @@ class TablesEngine:
         self._on_event = on_event
         self._ranges: dict[tuple[int, int], RangeOwner] = {}
         self._opening: dict[tuple[int, int], asyncio.Future[RangeOwner]] = {}
+        #: reads only, from followers of the ranges (stale; no range is taken over)
+        self.follower = follower
+        self._followers: dict[tuple[int, int], asyncio.Future[RangeFollower]] = {}
 
     # -- ranges ------------------------------------------------------------------------------
 
@@ -69,6 +74,20 @@ class TablesEngine:
             return owner
         return await asyncio.shield(pending)
 
+    async def follower_of(self, table: TableInfo, range_id: int) -> RangeFollower:
+        """The range's follower (opened on first use: checkpoint, then the log's tail)."""
+        key = (table.table_id, range_id)
+        fut = self._followers.get(key)
+        if fut is None:
+            fut = self._followers[key] = asyncio.ensure_future(RangeFollower(
+                self._ns, table.table_id, range_id, log_knobs=self._knobs).open())
+        try:
+            return await asyncio.shield(fut)
+        except BaseException:
+            if fut.done():
+                self._followers.pop(key, None)
+            raise
+
     def owned(self) -> list[RangeOwner]:
         return list(self._ranges.values())
 
@@ -80,6 +99,8 @@ class TablesEngine:
     async def execute(self, table: TableInfo, cmd: Command) -> Any:
         """Check ``cmd``, append it to its range's log, return its applied result. A txn's
         keys must all be in one range (as in BookKeeper, where a txn is per routing key)."""
+        if self.follower:
+            raise TableError("a follower serves reads only")
         cmd = check_command(cmd)
         key = _routing_key(cmd)
         owner = await self.owner_for(table, key)
@@ -98,7 +119,11 @@ class TablesEngine:
         Linearizable unless ``stale``: the owner first checks that it still owns the range
         (one metadata read); if another server took it over, this one takes it back (and
         catches up) before answering. ``stale=True`` answers from what this server has
-        applied, without the check."""
+        applied, without the check. A follower engine answers every read from the range's
+        follower (stale: behind the owner, never ahead)."""
+        if self.follower:
+            f = await self.follower_of(table, range_for(table.ranges, key).range_id)
+            return f.get(key), f.revision
         owner = await self.owner_for(table, key)
         if not stale:
             try:
@@ -111,6 +136,10 @@ class TablesEngine:
                    limit: int | None, *, stale: bool = False) -> list[KeyValue]:
         """Keys in ``[start, end)`` of every range, merged in key order (each range read
         as :meth:`get` reads it; the ranges are not read at one instant)."""
+        if self.follower:
+            parts = [(await self.follower_of(table, r.range_id)).scan(start, end, limit)
+                     for r in table.ranges]
+            return _merge(parts, limit)
         owners = []
         for r in table.ranges:
             owner = await self.owner(table, r.range_id)
@@ -120,14 +149,7 @@ class TablesEngine:
                 except RangeFencedError:
                     owner = await self.owner(table, r.range_id)
             owners.append(owner)
-        parts = [o.scan(start, end, limit) for o in owners]
-        merged = heapq.merge(*parts, key=lambda kv: kv.key)
-        out = []
-        for kv in merged:
-            out.append(kv)
-            if limit is not None and len(out) >= limit:
-                break
-        return out
+        return _merge([o.scan(start, end, limit) for o in owners], limit)
 
     async def checkpoint(self, table: TableInfo) -> list[int]:
         return [await (await self.owner(table, r.range_id)).checkpoint() for r in table.ranges]
@@ -157,12 +179,27 @@ class TablesEngine:
         owners, self._ranges = list(self._ranges.values()), {}
         for o in owners:
             await o.close()
+        followers, self._followers = list(self._followers.values()), {}
+        for fut in followers:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                await fut.result().close()
+            else:
+                fut.cancel()
 
     async def abandon(self) -> None:
         """Stop serving at once, completing nothing (as a crash would)."""
         owners, self._ranges = list(self._ranges.values()), {}
         for o in owners:
             await o.abandon()
+
+
+def _merge(parts: list[list[KeyValue]], limit: int | None) -> list[KeyValue]:
+    out = []
+    for kv in heapq.merge(*parts, key=lambda kv: kv.key):
+        out.append(kv)
+        if limit is not None and len(out) >= limit:
+            break
+    return out
 
 
 def _txn_keys(cmd: Command) -> list[bytes]:

@@ -35,7 +35,7 @@ from pybk.tables.command import Command, decode, encode
 from pybk.tables.errors import RangeFencedError, TableError
 from pybk.tables.mvcc import KeyValue, MVCCStore, Row
 
-__all__ = ["RangeOwner", "log_names"]
+__all__ = ["RangeOwner", "load_checkpoint", "log_names", "open_or_create"]
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def log_names(table_id: int, range_id: int) -> tuple[str, str]:
     return f"r-{table_id}-{range_id}", f"c-{table_id}-{range_id}"
 
 
-async def _open_or_create(ns: Namespace, name: str, knobs: dict[str, Any]) -> Log:
+async def open_or_create(ns: Namespace, name: str, knobs: dict[str, Any]) -> Log:
     try:
         return await ns.open_log(name)
     except LogNotFoundError:
@@ -67,6 +67,26 @@ def _row_json(r: Row) -> list[Any]:
 def _row(j: list[Any]) -> Row:
     return (base64.b64decode(j[0]), None if j[1] is None else base64.b64decode(j[1]),
             j[2], j[3], j[4], j[5])
+
+
+async def load_checkpoint(ckpt_log: Log, last: Position | None) -> tuple[int, list[Row]] | None:
+    """The newest checkpoint whose footer is in the checkpoint log up to ``last``: its
+    revision and rows (None: no complete checkpoint)."""
+    if last is None:
+        return None
+    best: tuple[int, list[Row]] | None = None
+    current: tuple[int, list[Row]] | None = None
+    async with ckpt_log.reader(None, stop_at=last, stop_at_acknowledged=True) as reader:
+        while batch := await reader.read_batch(_READ_BATCH):
+            for rec in batch:
+                doc = json.loads(rec.data)
+                if "begin" in doc:
+                    current = (doc["begin"], [])
+                elif "rows" in doc and current is not None:
+                    current[1].extend(_row(j) for j in doc["rows"])
+                elif "end" in doc and current is not None and current[0] == doc["end"]:
+                    best, current = current, None
+    return best
 
 
 class RangeOwner:
@@ -102,8 +122,8 @@ class RangeOwner:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         cmd_name, ckpt_name = log_names(self.table_id, self.range_id)
-        cmd_log = await _open_or_create(self._ns, cmd_name, self._knobs)
-        ckpt_log = await _open_or_create(self._ns, ckpt_name, self._knobs)
+        cmd_log = await open_or_create(self._ns, cmd_name, self._knobs)
+        ckpt_log = await open_or_create(self._ns, ckpt_name, self._knobs)
         self._cmd_log = cmd_log
         self._writer = await cmd_log.writer(label=self._label)
         self._ckpt_writer = await ckpt_log.writer(label=self._label)
@@ -126,24 +146,10 @@ class RangeOwner:
         return self
 
     async def _restore(self, ckpt_log: Log, last: Position | None) -> None:
-        """Load the newest checkpoint whose footer is in the checkpoint log."""
-        if last is None:
-            return
-        best: tuple[int, list[Row]] | None = None
-        current: tuple[int, list[Row]] | None = None
-        async with ckpt_log.reader(None, stop_at=last, stop_at_acknowledged=True) as reader:
-            while batch := await reader.read_batch(_READ_BATCH):
-                for rec in batch:
-                    doc = json.loads(rec.data)
-                    if "begin" in doc:
-                        current = (doc["begin"], [])
-                    elif "rows" in doc and current is not None:
-                        current[1].extend(_row(j) for j in doc["rows"])
-                    elif "end" in doc and current is not None and current[0] == doc["end"]:
-                        best, current = current, None
-        if best is not None:
-            self.store.restore(best[0], best[1])
-            self.checkpoint_revision = best[0]
+        found = await load_checkpoint(ckpt_log, last)
+        if found is not None:
+            self.store.restore(*found)
+            self.checkpoint_revision = found[0]
 
     # -- commands ----------------------------------------------------------------------------
 

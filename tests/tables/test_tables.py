@@ -258,3 +258,38 @@ def test_tables_arguments_are_checked() -> None:
         pybk.AsyncTables()
     with pytest.raises(TypeError, match="directory"):
         pybk.AsyncTables("/tmp/x", metadata="sqlite:///x.db")
+
+
+async def test_a_follower_reads_behind_the_owner_never_ahead_and_across_truncation() -> None:
+    async with mem_cluster() as cluster:
+        owner = _engine(cluster, checkpoint_every=5)
+        t = await _table(owner, ranges=1)
+        for i in range(12):
+            await t.put(b"k", b"%d" % i)
+        follower = TablesEngine(cluster.client(), follower=True)
+        ft = AsyncTable(follower, t.info)
+        with pytest.raises(pybk.TableError, match="reads only"):
+            await ft.put(b"k", b"x")
+
+        async def follower_sees(value: bytes) -> None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            while True:
+                kv = await ft.get(b"k")
+                if kv is not None and kv.value == value:
+                    return
+                assert loop.time() < deadline, (kv, value)
+                await asyncio.sleep(0.005)
+
+        await follower_sees(b"11")
+        for i in range(12, 40):  # checkpoints every 5: the log is truncated under the follower
+            await t.put(b"k", b"%d" % i)
+            kv, rev = await ft.get_at(b"k")
+            _, own_rev = await t.get_at(b"k")
+            assert rev <= own_rev  # behind, never ahead
+            assert kv is not None and int(kv.value) <= i
+        await follower_sees(b"39")
+        assert (await owner.owned()[0].confirm_owner()) is None  # never fenced by it
+        assert [kv.key async for kv in ft.scan()] == [b"k"]
+        await follower.close()
+        await owner.close()
