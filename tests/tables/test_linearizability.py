@@ -126,3 +126,54 @@ async def test_switching_off_the_owners_read_check_is_caught(
             caught += 1
             break
     assert caught, "stale reads from a fenced owner went unnoticed in 10 seeds"
+
+
+async def _put_lost_in_a_crash(*, mutate: bool, monkeypatch: pytest.MonkeyPatch) -> list[Op]:
+    """put a (acknowledged); put b held at the bookies; a read; the owner dies and b's adds
+    are lost; a new owner reads. The history of key k."""
+    from pybk.testing.hooks import is_normal_add
+
+    if mutate:  # the mutation: a command is visible before its append is acknowledged
+        original = RangeOwner.submit
+
+        def apply_first(self: RangeOwner, cmd: tuple[Any, ...]) -> Any:
+            fut = original(self, cmd)
+            rev = self.store.revision
+            self.store.apply(rev + 1, cmd)
+            self.store.revision = rev  # (so the acknowledgement still applies it)
+            return fut
+
+        monkeypatch.setattr(RangeOwner, "submit", apply_first)
+    async with mem_cluster() as cluster:
+        loop = asyncio.get_running_loop()
+        e1 = TablesEngine(cluster.client())
+        await e1.create_namespace("default")
+        t1 = AsyncTable(e1, await e1.catalog.create_table("default", "t", 1))
+        h: list[Op] = []
+        c = loop.time()
+        await t1.put(b"k", b"a")
+        h.append(Op("put", b"a", None, c, loop.time()))
+        hold = cluster.transport.hooks.hold(predicate=is_normal_add)
+        pending = asyncio.ensure_future(t1.put(b"k", b"b"))
+        await hold.wait_held()
+        h.append(Op("put", b"b", None, loop.time(), None))  # its outcome: unknown
+        c = loop.time()
+        kv = await t1.get(b"k", stale=True)
+        h.append(Op("get", None, None if kv is None else kv.value, c, loop.time()))
+        await e1.abandon()  # the owner dies; b's adds never reach a disk
+        hold.drop_held()
+        hold.remove(release=False)
+        await asyncio.gather(pending, return_exceptions=True)
+        e2 = TablesEngine(cluster.client())
+        t2 = AsyncTable(e2, t1.info)
+        c = loop.time()
+        kv = await t2.get(b"k")
+        h.append(Op("get", None, None if kv is None else kv.value, c, loop.time()))
+        await e2.close()
+        return h
+
+
+async def test_applying_before_the_log_acknowledges_is_caught(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert check(await _put_lost_in_a_crash(mutate=False, monkeypatch=monkeypatch))
+    assert not check(await _put_lost_in_a_crash(mutate=True, monkeypatch=monkeypatch))
