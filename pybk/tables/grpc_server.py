@@ -40,6 +40,7 @@ from pybk.errors import (
     MetadataStoreError,
     NotEnoughBookiesError,
     TimeoutError,
+    TooManyRequestsError,
     WriterConflictError,
 )
 from pybk.tables.catalog import TableInfo
@@ -62,7 +63,7 @@ T = TypeVar("T")
 
 #: failures that go away by themselves: the client retries them (in-band 500)
 _TRANSIENT = (RangeFencedError, LedgerFencedError, WriterConflictError, BookieUnavailableError,
-              NotEnoughBookiesError, TimeoutError, MetadataStoreError)
+              NotEnoughBookiesError, TimeoutError, MetadataStoreError, TooManyRequestsError)
 #: the most keys one Range (scan) answers, whatever its limit says
 MAX_SCAN_KEYS = 10_000
 DEFAULT_RANGES = 4

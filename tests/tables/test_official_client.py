@@ -29,6 +29,7 @@ from bookkeeper.types import StorageClientSettings  # noqa: E402
 from logs_kit import mem_cluster  # noqa: E402
 
 import pybk  # noqa: E402
+from pybk.errors import TooManyRequestsError  # noqa: E402
 from pybk.tables import AsyncTable, TablesEngine  # noqa: E402
 from pybk.tables.grpc_server import TableGrpcServer, status_of  # noqa: E402
 from pybk.tables.http import TableHttp  # noqa: E402
@@ -266,6 +267,7 @@ async def test_metrics_and_admin_endpoint(served: Served) -> None:
     (TypeError("x"), storage_pb2.BAD_REQUEST),
     (pybk.RangeFencedError("x"), storage_pb2.INTERNAL_SERVER_ERROR),  # retried: taken back
     (pybk.BookieUnavailableError("x"), storage_pb2.INTERNAL_SERVER_ERROR),
+    (TooManyRequestsError("x"), storage_pb2.INTERNAL_SERVER_ERROR),  # backpressure: retried
     (pybk.LedgerClosedError("x"), storage_pb2.FAILURE),  # not retried for 60 s
 ])
 def test_each_failure_has_the_code_the_client_expects(exc: Exception, code: int) -> None:
