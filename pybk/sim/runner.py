@@ -51,6 +51,7 @@ from pybk.sim.logs import LogWorkload
 from pybk.sim.loop import SimDeadlock, SimLoop, SimTimeLimit
 from pybk.sim.net import NetConfig
 from pybk.sim.scenario import Scenario, draw_schedule
+from pybk.sim.tables import TableWorkload
 from pybk.sim.workload import (
     PASSWORD,
     Deleter,
@@ -117,6 +118,7 @@ class Extension(Protocol):
 EXTENSIONS: dict[str, Callable[[SimRun], Extension | None]] = {
     "autorecovery": AutoRecoverySim.for_run,
     "logs": LogWorkload.for_run,
+    "tables": TableWorkload.for_run,
 }
 
 

@@ -64,7 +64,7 @@ class TablesEngine:
             pending = asyncio.ensure_future(RangeOwner(
                 self._ns, table.table_id, range_id, log_knobs=self._knobs,
                 checkpoint_every=self.checkpoint_every, label=self._label,
-                on_event=self._on_event).open())
+                on_event=self._on_event, mutations=self.client.config.mutations).open())
             self._opening[key] = pending
             try:
                 owner = await asyncio.shield(pending)

@@ -19,7 +19,7 @@ import base64
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final
 
 from pybk.errors import (
     LedgerFencedError,
@@ -35,7 +35,13 @@ from pybk.tables.command import Command, decode, encode
 from pybk.tables.errors import RangeFencedError, TableError
 from pybk.tables.mvcc import KeyValue, MVCCStore, Row
 
-__all__ = ["RangeOwner", "load_checkpoint", "log_names", "open_or_create"]
+__all__ = ["APPLY_BEFORE_ACK", "RangeOwner", "load_checkpoint", "log_names", "open_or_create"]
+
+#: mutation switch, read from ``ClientConfig.mutations``: a command is applied (visible to
+#: reads) when it is appended, before the log acknowledges it; a crash then loses what readers
+#: saw. (Not yet in pybk.testing.mutations.KNOWN: the CI seeds do not run the table workload,
+#: and every switch there must be caught by them.)
+APPLY_BEFORE_ACK: Final = "tables_apply_before_ack"
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +101,8 @@ class RangeOwner:
     def __init__(self, ns: Namespace, table_id: int, range_id: int, *,
                  log_knobs: dict[str, Any] | None = None, checkpoint_every: int = 10_000,
                  label: str = "table server",
-                 on_event: Callable[[str, float], None] | None = None) -> None:
+                 on_event: Callable[[str, float], None] | None = None,
+                 mutations: frozenset[str] = frozenset()) -> None:
         self._ns = ns
         self.table_id, self.range_id = table_id, range_id
         self._knobs = dict(log_knobs or {})
@@ -115,6 +122,8 @@ class RangeOwner:
         self.failed: BaseException | None = None
         self.replayed = 0
         self.checkpoint_revision = 0
+        self._apply_early = APPLY_BEFORE_ACK in mutations
+        self._early: dict[int, tuple[str, Any]] = {}  # (the mutation's results)
 
     # -- opening: take over, restore, replay ---------------------------------------------------
 
@@ -171,6 +180,13 @@ class RangeOwner:
             self._check_serving()
             raise
         self._next_rev = rev + 1
+        if self._apply_early:  # the mutation: applied (visible) now, before the log has it
+            early: Any = None
+            try:
+                early = ("ok", self.store.apply(rev, cmd))
+            except TableError as exc:
+                early = ("error", exc)
+            self._early[rev] = early
         result: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._pending[rev] = (cmd, result, None)
         appended.add_done_callback(lambda f: self._acknowledged(rev, f))
@@ -185,6 +201,9 @@ class RangeOwner:
         if entry is None:
             return
         self._pending[rev] = (entry[0], entry[1], fut.result())
+        if self._apply_early:
+            self._acknowledged_early(rev)
+            return
         # apply in revision order: entries are acknowledged in order, but be exact
         while (nxt := self.store.revision + 1) in self._pending and self._pending[nxt][2]:
             cmd, result, pos = self._pending.pop(nxt)
@@ -201,6 +220,17 @@ class RangeOwner:
         if (self._since_checkpoint >= self.checkpoint_every and self._checkpointing is None
                 and self.failed is None):
             self._checkpointing = asyncio.ensure_future(self._auto_checkpoint())
+
+    def _acknowledged_early(self, rev: int) -> None:
+        """(The mutation) the result of a command applied when it was appended."""
+        _, result, pos = self._pending.pop(rev)
+        kind, value = self._early.pop(rev)
+        if not result.done():
+            if kind == "error":
+                result.set_exception(value)
+            else:
+                result.set_result(value)
+        self._applied_pos = pos
 
     def _fail(self, exc: BaseException) -> None:
         if self.failed is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -128,23 +129,16 @@ async def test_switching_off_the_owners_read_check_is_caught(
     assert caught, "stale reads from a fenced owner went unnoticed in 10 seeds"
 
 
-async def _put_lost_in_a_crash(*, mutate: bool, monkeypatch: pytest.MonkeyPatch) -> list[Op]:
+async def _put_lost_in_a_crash(*, mutate: bool) -> list[Op]:
     """put a (acknowledged); put b held at the bookies; a read; the owner dies and b's adds
     are lost; a new owner reads. The history of key k."""
+    from logs_kit import FAST
+
+    from pybk.tables.range import APPLY_BEFORE_ACK
     from pybk.testing.hooks import is_normal_add
 
-    if mutate:  # the mutation: a command is visible before its append is acknowledged
-        original = RangeOwner.submit
-
-        def apply_first(self: RangeOwner, cmd: tuple[Any, ...]) -> Any:
-            fut = original(self, cmd)
-            rev = self.store.revision
-            self.store.apply(rev + 1, cmd)
-            self.store.revision = rev  # (so the acknowledgement still applies it)
-            return fut
-
-        monkeypatch.setattr(RangeOwner, "submit", apply_first)
-    async with mem_cluster() as cluster:
+    config = replace(FAST, mutations=frozenset({APPLY_BEFORE_ACK} if mutate else ()))
+    async with mem_cluster(config=config) as cluster:
         loop = asyncio.get_running_loop()
         e1 = TablesEngine(cluster.client())
         await e1.create_namespace("default")
@@ -173,7 +167,6 @@ async def _put_lost_in_a_crash(*, mutate: bool, monkeypatch: pytest.MonkeyPatch)
         return h
 
 
-async def test_applying_before_the_log_acknowledges_is_caught(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    assert check(await _put_lost_in_a_crash(mutate=False, monkeypatch=monkeypatch))
-    assert not check(await _put_lost_in_a_crash(mutate=True, monkeypatch=monkeypatch))
+async def test_applying_before_the_log_acknowledges_is_caught() -> None:
+    assert check(await _put_lost_in_a_crash(mutate=False))
+    assert not check(await _put_lost_in_a_crash(mutate=True))  # the switch APPLY_BEFORE_ACK
