@@ -43,6 +43,20 @@ from pybk.errors import (
 from pybk.logs import Log, LogReader, LogRecord, LogWriter, Namespace, Position
 from pybk.metadata.base import LedgerMetadata
 from pybk.ops import AutoRecoveryConfig
+from pybk.tables import (
+    AsyncTable,
+    AsyncTables,
+    KeyValue,
+    NamespaceExistsError,
+    NamespaceNotFoundError,
+    RangeFencedError,
+    Table,
+    TableBadRequestError,
+    TableError,
+    TableExistsError,
+    TableNotFoundError,
+    Tables,
+)
 from pybk.wal import WAL, AsyncWAL
 
 __version__ = "0.1.0"
@@ -50,6 +64,8 @@ __version__ = "0.1.0"
 __all__ = [
     "WAL",
     "AlreadyTruncatedError",
+    "AsyncTable",
+    "AsyncTables",
     "AsyncWAL",
     "AutoRecoveryConfig",
     "BKError",
@@ -62,6 +78,7 @@ __all__ = [
     "EndOfStreamError",
     "EntryNotConfirmedError",
     "EntryTooLargeError",
+    "KeyValue",
     "LedgerClosedError",
     "LedgerEntry",
     "LedgerExistsError",
@@ -80,15 +97,24 @@ __all__ = [
     "MetadataStoreError",
     "MetadataVersionError",
     "Namespace",
+    "NamespaceExistsError",
+    "NamespaceNotFoundError",
     "NoSuchEntryError",
     "NoSuchLedgerError",
     "NotEnoughBookiesError",
     "PlacementPolicy",
     "Position",
     "RackAwarePlacementPolicy",
+    "RangeFencedError",
     "ReadHandle",
     "ReadOnlyBookieError",
     "RecordTooLargeError",
+    "Table",
+    "TableBadRequestError",
+    "TableError",
+    "TableExistsError",
+    "TableNotFoundError",
+    "Tables",
     "TimeoutError",
     "UnauthorizedError",
     "WriterConflictError",

@@ -57,6 +57,9 @@ CASES = {
                        r"(target UNDER the floor|the floor))",
                        r"like with like \(both 1/append\): [\d.]+x: (met|NOT MET; (target "
                        r"ABOVE the ceiling|the ceiling)).* the driver alone"]),
+    "table_ops.py": (["--duration", "0.3", "--gets", "50", "--no-etcd"],
+                     [r"pybk tables \(E3 Qw3 Qa2\)\s+\d+", r"SQLite \(1 writer, FULL\)\s+\d+",
+                      r"target: get p50 < 1 ms in process: [\d.]+ ms -> (met|NOT MET)"]),
     "checkpoint.py": (["--entries", "20000", "--ledgers", "20", "--changed", "1000",
                        "--active", "5", "--rounds", "1"], [r"delta vs base"]),
     "metrics_overhead.py": (["--duration", "0.1", "--rounds", "1", "--writers", "4",

@@ -36,6 +36,7 @@ FLOORS: dict[str, int] = {
     "cluster": 7,
     "server": 8,
     "sync": 8,
+    "tables": 8,  # key/value tables on logs and their gRPC server (beside server/ and sync/)
     "wal": 9,
     "__init__": 10,
     # the outer floor: may import anything; nothing below imports them

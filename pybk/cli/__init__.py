@@ -26,6 +26,7 @@ from pybk.cli.cluster import cluster
 from pybk.cli.ledger import ledger
 from pybk.cli.log import log
 from pybk.cli.simulate import simulate
+from pybk.cli.table import table
 from pybk.server.processes import spawn_bookie, stop_pid, wait_ready
 
 __all__ = ["main", "spawn_bookie", "stop_pid", "wait_ready"]
@@ -59,5 +60,6 @@ ledger.add_command(ledger_under_replicated)
 main.add_command(autorecovery)
 main.add_command(cluster)
 main.add_command(ledger)
+main.add_command(table)
 main.add_command(log)
 main.add_command(simulate)

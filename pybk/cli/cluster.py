@@ -32,6 +32,10 @@ def cluster() -> None:
 @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False))
 @click.option("--tls-ca", type=click.Path(exists=True, dir_okay=False))
 @click.option("--require-client-cert", is_flag=True, help="Mutual TLS.")
+@click.option("--tables", is_flag=True,
+              help="Also start a table server (BookKeeper's table-service gRPC; pybk[tables]).")
+@click.option("--tables-port", type=click.IntRange(0, 65535), default=4181, show_default=True,
+              help="The table server's port (0: any free one).")
 def cluster_up(
     root: str,
     bookies: int,
@@ -41,6 +45,8 @@ def cluster_up(
     tls_key: str | None,
     tls_ca: str | None,
     require_client_cert: bool,
+    tables: bool,
+    tables_port: int,
 ) -> None:
     """Start BOOKIES bookie processes on free loopback ports with SQLite metadata under ROOT.
 
@@ -58,10 +64,16 @@ def cluster_up(
     if require_client_cert:
         extra.append("--require-client-cert")
     console = stderr_console()
-    procs = ProcessCluster(root, bookies, extra_args=extra, ready_timeout=ready_timeout)
+    tls = (["--tls-cert", str(Path(tls_cert).resolve()), "--tls-key", str(Path(tls_key).resolve())]
+           if tls_cert and tls_key else [])
+    procs = ProcessCluster(root, bookies, extra_args=extra, ready_timeout=ready_timeout,
+                           tables_port=tables_port if tables else None, tables_args=tls)
 
-    def ready(bookie_id: str, info: dict[str, Any]) -> None:
-        console.print(f"{bookie_id} ready at {info['address']} (pid {info['pid']})")
+    def ready(name: str, info: dict[str, Any]) -> None:
+        if name == "tables":
+            console.print(f"table server ready at bk://{info['address']} (pid {info['pid']})")
+        else:
+            console.print(f"{name} ready at {info['address']} (pid {info['pid']})")
 
     alive = running_bookies(procs.root)
     if alive:

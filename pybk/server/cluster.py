@@ -19,9 +19,12 @@ from typing import Any
 
 from pybk.server.processes import (
     is_our_bookie,
+    is_our_table_server,
     pid_alive,
     spawn_bookie,
+    spawn_table_server,
     stop_pid,
+    wait_file,
     wait_ready,
 )
 
@@ -48,7 +51,13 @@ def running_bookies(root: Path) -> list[str]:
 def stop_recorded(root: Path, timeout: float,
                   report: Callable[[str], None] = lambda _line: None) -> None:
     """Stop every bookie recorded under ``root`` (SIGTERM, SIGKILL after ``timeout``) and
-    forget them; ``report`` gets one line per bookie."""
+    forget them; ``report`` gets one line per bookie (and the table server, stopped first:
+    it writes to the bookies)."""
+    tables = load_state(root).get("tables")
+    if tables is not None:
+        pid = int(tables["pid"])
+        if pid_alive(pid) and is_our_table_server(pid):
+            report(f"table server (pid {pid}): {stop_pid(pid, timeout)}")
     for bookie_id, info in sorted(load_state(root).get("bookies", {}).items()):
         pid = int(info["pid"])
         if not pid_alive(pid) or not is_our_bookie(pid, bookie_id):
@@ -62,11 +71,13 @@ class ProcessCluster:
     """``bookies`` ``pybk bookie`` processes under ``root`` (see the module doc).
 
     ``with ProcessCluster(root) as cluster:`` starts them and waits until each is ready;
-    ``extra_args`` go to every ``pybk bookie`` (TLS, tokens, limits)."""
+    ``extra_args`` go to every ``pybk bookie`` (TLS, tokens, limits). ``tables_port`` not None
+    also starts ``pybk table serve`` on that port (0: a free one) with ``tables_args``."""
 
     def __init__(self, root: str | os.PathLike[str], bookies: int | Sequence[str] = 3, *,
                  extra_args: Sequence[str] = (), ready_timeout: float = 60.0,
-                 stop_timeout: float = 15.0) -> None:
+                 stop_timeout: float = 15.0, tables_port: int | None = None,
+                 tables_args: Sequence[str] = ()) -> None:
         self.root = Path(root).resolve()
         ids = ([f"bookie-{i}" for i in range(1, bookies + 1)] if isinstance(bookies, int)
                else list(bookies))
@@ -83,6 +94,11 @@ class ProcessCluster:
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._state: dict[str, Any] = {"metadata": self.metadata, "bookies": {}}
         self._clients: list[Any] = []
+        self.tables_port = tables_port
+        self.tables_args = list(tables_args)
+        self._tables: subprocess.Popen[bytes] | None = None
+        #: where the table server listens (``host:port``), once started
+        self.tables_address: str | None = None
 
     @property
     def bookie_ids(self) -> list[str]:
@@ -118,11 +134,26 @@ class ProcessCluster:
                 info = self._wait(bookie_id)
                 if on_ready is not None:
                     on_ready(bookie_id, info)
+            if self.tables_port is not None:
+                self._start_tables(on_ready)
         except RuntimeError:
             self.close()
             raise
         self._save()
         return self
+
+    def _start_tables(self, on_ready: Callable[[str, dict[str, Any]], None] | None) -> None:
+        proc = spawn_table_server(self.root, self.metadata, port=self.tables_port or 0,
+                                  extra_args=self.tables_args)
+        self._tables = proc
+        self._state["tables"] = {"pid": proc.pid}
+        self._save()
+        info = wait_file(self.root / "run" / "tables.ready", proc,
+                         self.root / "logs" / "tables.log", self.ready_timeout)
+        self.tables_address = f"{info['host']}:{info['port']}"
+        self._state["tables"]["address"] = self.tables_address
+        if on_ready is not None:
+            on_ready("tables", {"address": self.tables_address, "pid": proc.pid})
 
     def _spawn(self, bookie_id: str) -> None:
         proc = spawn_bookie(self.root, bookie_id, self.metadata, extra_args=self.extra_args)
@@ -169,6 +200,11 @@ class ProcessCluster:
         for client in self._clients:
             client.close()
         self._clients.clear()
+        if self._tables is not None:  # (first: it writes to the bookies)
+            if self._tables.poll() is None:
+                stop_pid(self._tables.pid, self.stop_timeout)
+            self._tables.wait()
+            self._tables = None
         for proc in self._procs.values():
             if proc.poll() is None:
                 stop_pid(proc.pid, self.stop_timeout)

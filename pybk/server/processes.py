@@ -82,6 +82,48 @@ def spawn_bookie(
         )
 
 
+def spawn_table_server(root: Path, metadata: str, *, port: int = 4181,
+                       extra_args: list[str] | None = None) -> subprocess.Popen[bytes]:
+    """Start ``pybk table serve`` as a detached process (log ``logs/tables.log``, ready file
+    ``run/tables.ready`` holding its host, port and pid)."""
+    logs, run_dir = root / "logs", root / "run"
+    for d in (logs, run_dir):
+        d.mkdir(parents=True, exist_ok=True)
+    ready = run_dir / "tables.ready"
+    ready.unlink(missing_ok=True)
+    args = [sys.executable, "-m", "pybk", "table", "serve", "--metadata", metadata,
+            "--port", str(port), "--ready-file", str(ready), *(extra_args or [])]
+    with open(logs / "tables.log", "ab") as log:
+        return subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True)
+
+
+def wait_file(path: Path, proc: subprocess.Popen[bytes], log: Path,
+              timeout: float) -> dict[str, Any]:
+    """Wait (bounded) for a JSON ready file; RuntimeError with the log's tail if the process
+    died or the time ran out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            info: dict[str, Any] = json.loads(path.read_text())
+            return info
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+    raise RuntimeError(f"{path.name} did not appear within {timeout:g}s:\n{tail}")
+
+
+def is_our_table_server(pid: int) -> bool:
+    """Guard against PID reuse: the process must be ``pybk table serve``."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return pid_alive(pid)
+    return b"table" in args and b"serve" in args
+
+
 def _limit_open_files(n: int) -> Any:
     def limit() -> None:
         import resource

@@ -39,6 +39,7 @@ from pybk.sim.loop import SimDeadlock, SimLoop, SimTimeLimit
 from pybk.sim.net import NetConfig
 from pybk.sim.racks import RackPlacementSim
 from pybk.sim.scenario import Scenario, draw_schedule
+from pybk.sim.tables import TableWorkload
 from pybk.sim.workload import (
     PASSWORD,
     Deleter,
@@ -109,6 +110,7 @@ EXTENSIONS: dict[str, Callable[[SimRun], Extension | None]] = {
     "autorecovery": AutoRecoverySim.for_run,
     "logs": LogWorkload.for_run,
     "racks": RackPlacementSim.for_run,
+    "tables": TableWorkload.for_run,
 }
 
 

@@ -99,6 +99,8 @@ class Workload:
     log_rate: float = 8.0
     #: the log writer truncates the log now and then
     log_truncates: bool = True
+    #: table servers with their clients on one range (pybk.sim.tables; opt in, not drawn)
+    table_clients: int = 0
 
     @classmethod
     def small(cls) -> Workload:
