@@ -36,6 +36,7 @@ from pybk.metadata.base import MetadataStore
 from pybk.runtime import sometimes
 from pybk.stats import BookieStats
 from pybk.storage.fs import FileSystem
+from pybk.storage.reads import READ_MAX_ABSENT
 from pybk.storage.store import AddCallback as EntryCallback
 from pybk.storage.store import (
     CompactionResult,
@@ -80,6 +81,9 @@ _LONG_POLL_FENCED = sometimes.point(
 #: a batched read's answer stops once its entries add up to this many bytes (it must fit one
 #: frame: 5 MiB by default, answers get 64 KiB of slack; at least one entry is answered)
 READ_BATCH_MAX_BYTES: Final = 4 << 20
+#: bytes a batched read's answer costs per entry besides its body (its tuple, status and id,
+#: on the wire and in memory): an answer of absent ids is charged to the budgets too
+READ_ENTRY_COST: Final = 64
 
 #: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``):
 #: the bookie answers NoSuchEntry when reading an entry fails with an I/O or checksum error
@@ -609,14 +613,23 @@ class Bookie:
         store = self.store
         if store is None:
             return None
-        if isinstance(request, ReadBatchRequest):  # its answer stops at READ_BATCH_MAX_BYTES
+        if isinstance(request, ReadBatchRequest):
+            # its answer stops at READ_BATCH_MAX_BYTES or READ_MAX_ABSENT ids not held; every
+            # id answered costs READ_ENTRY_COST besides its bytes (an absent one too)
             st = store.index.get(request.ledger_id)
             if st is None:
                 return 0
-            total = 0
+            total = absent = 0
+            get = st.entries.get
             for eid in request.entry_ids:
-                loc = st.entries.get(eid)
-                total += 0 if loc is None else loc[2]
+                loc = get(eid)
+                if loc is None:
+                    total += READ_ENTRY_COST
+                    absent += 1
+                    if absent >= READ_MAX_ABSENT:
+                        break
+                else:
+                    total += READ_ENTRY_COST + loc[2]
                 if total >= READ_BATCH_MAX_BYTES:
                     return READ_BATCH_MAX_BYTES
             return total

@@ -37,11 +37,14 @@ from pybk.storage.records import (
     decode_entry_in,
 )
 
-__all__ = ["ReadsMixin"]
+__all__ = ["READ_MAX_ABSENT", "ReadsMixin"]
 
 #: a batched read reads two records of one segment with one pread when at most this many
 #: bytes lie between them (what a syscall costs against reading a few KiB more)
 _COALESCE: Final = 4096
+#: a batched read's answer stops after this many ids the index does not hold (the reader
+#: asks for the rest again): what one request can make the bookie look up for nothing
+READ_MAX_ABSENT: Final = 1024
 _RECORD_IDS_SIZE: Final = ENTRY_RECORD_IDS.size
 _crc32c = crc32c.crc32c
 
@@ -105,13 +108,16 @@ class ReadsMixin:
         return decode_entry_at(data, path, offset, ledger_id, entry_id)
 
     def read_many(self, ledger_id: int, entry_ids: Sequence[int], max_bytes: int,
+                  max_absent: int = READ_MAX_ABSENT,
                   ) -> tuple[list[tuple[int, Status, bytes | None]], dict[int, BKError]]:
         """The batched read: ``(entries, errors)``. ``entries`` holds ``(entry id, status,
         body)`` for a prefix of ``entry_ids`` (the form a batched read's answer carries);
         ``errors`` maps the position in ``entries`` of each entry that failed (absent,
         unknown, corrupt, I/O: each fails alone, its status that error's) to its error. Each
         body is verified like :meth:`read`. Stops once the bodies reach ``max_bytes`` (at
-        least one entry is read). Records near each other in one segment (a batch a writer
+        least one entry is read), and once ``max_absent`` ids were not held (answering
+        an id costs a lookup even when it carries no bytes: a request of absent ids is
+        budgeted by their count). Records near each other in one segment (a batch a writer
         sent, neighbours in a group commit) are read with one ``pread``. NoSuchLedgerError (or
         UnknownLedgerStateError) for the whole ledger is raised.
 
@@ -129,9 +135,9 @@ class ReadsMixin:
         errors: dict[int, BKError] = {}
         unpack, crc32c = ENTRY_RECORD_IDS.unpack_from, _crc32c
         ok, entry_type, entry_crc, hsize = Status.OK, ENTRY_TYPE, ENTRY_CRC, RECORD_HEADER_SIZE
-        total = 0
+        total = absent = 0
         i, n = 0, len(entry_ids)
-        while i < n and (total < max_bytes or not out):
+        while i < n and (total < max_bytes or not out) and absent < max_absent:
             eid = entry_ids[i]
             k = eid - first
             if 0 <= k < dense and sizes[k]:
@@ -142,6 +148,7 @@ class ReadsMixin:
                     err = self._absent_error(ledger_id, eid)
                     errors[len(out)] = err
                     append((eid, status_of(err), None))
+                    absent += 1
                     i += 1
                     continue
                 total += self._read_one(ledger_id, eid, loc, out, errors)
@@ -179,7 +186,7 @@ class ReadsMixin:
                 continue
             got = min(len(data), end - start)
             m = i
-            while m < j and (total < max_bytes or not out):
+            while m < j and (total < max_bytes or not out) and absent < max_absent:
                 e = entry_ids[m]
                 m += 1
                 k = e - first
@@ -189,6 +196,7 @@ class ReadsMixin:
                         err = self._absent_error(ledger_id, e)
                         errors[len(out)] = err
                         append((e, status_of(err), None))
+                        absent += 1
                     else:
                         total += self._read_one(ledger_id, e, loc, out, errors)
                     continue
@@ -281,11 +289,15 @@ class ReadsMixin:
         return 0
 
     def _absent_error(self, ledger_id: int, entry_id: int) -> BKError:
+        """:meth:`_absent`'s error, made and not raised: a batched read answers many absent
+        ids, and a raised-and-caught exception per id left a reference cycle each (its
+        traceback holds the frame that holds it) for the collector to find."""
         what = f"ledger {ledger_id} entry {entry_id} is not on this bookie"
-        try:
-            self._absent(what, NoSuchEntryError)
-        except BKError as exc:
-            return exc
+        if self.suspect:
+            return UnknownLedgerStateError(
+                f"{what}, but this bookie started with suspect journal segments "
+                f"({', '.join(self.suspect)}) and may have lost it: unknown, not absent")
+        return NoSuchEntryError(what)
 
     def read_range(self, ledger_id: int, first: int, last: int) -> list[tuple[int, bytes]]:
         """(entry id, body) for the entries held in [first, last], ascending; each verified

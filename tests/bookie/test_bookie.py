@@ -636,3 +636,22 @@ async def test_segment_header_lost_to_fsync_eio_never_blocks_a_later_start(harne
     await h.start()
     for e in (0, 1):
         assert await h.read(1, e) == (Status.OK, h.frame(1, e))
+
+
+async def test_a_batched_read_of_absent_ids_is_charged_and_stops_early(harness):
+    """Issue 34, item 2: every id of a batched read counts against the byte budgets (its
+    answer costs something even when the entry is absent), and the answer stops after
+    READ_MAX_ABSENT ids not held."""
+    from pybk.bookie.bookie import READ_ENTRY_COST
+    from pybk.storage.reads import READ_MAX_ABSENT
+
+    await harness.add(1, 0)
+    request = ReadBatchRequest(1, [0, *range(10, 10 + 65536)])
+    hint = harness.bookie.response_size_hint(request)
+    assert hint >= READ_MAX_ABSENT * READ_ENTRY_COST  # was 0 beyond the one entry held
+    assert hint <= (READ_MAX_ABSENT + 1) * READ_ENTRY_COST + 4096
+    resp = await harness.bookie.handle(request)
+    assert isinstance(resp, ReadBatchResponse) and resp.status == Status.OK
+    assert len(resp.entries) == 1 + READ_MAX_ABSENT
+    assert resp.entries[0][1] == Status.OK
+    assert {st for _e, st, _b in resp.entries[1:]} == {Status.NO_SUCH_ENTRY}

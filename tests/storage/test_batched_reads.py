@@ -143,3 +143,29 @@ async def test_an_unreadable_stretch_is_tried_once_then_entry_by_entry() -> None
     out, errors = s.read_many(1, list(range(40)), 1 << 20)
     assert set(errors) == {3} and len(out) == 40
     assert len(failed) == 2, failed
+
+
+async def test_absent_ids_cost_a_lookup_each_and_leave_no_garbage() -> None:
+    """A request of 65,536 ids the bookie does not hold (issue 34, item 2): the answer stops
+    after READ_MAX_ABSENT of them (the reader asks for the rest again), and answering them
+    raises nothing, so no reference cycle per id is left for the collector."""
+    import gc
+
+    from pybk.storage.reads import READ_MAX_ABSENT
+
+    s = await open_store(MemFileSystem())
+    await fill(s, 1, range(3))
+    ids = list(range(1000, 1000 + 65536))
+    gc.collect()
+    gc.disable()
+    try:
+        out, errors = s.read_many(1, ids, 1 << 20)
+        assert len(out) == READ_MAX_ABSENT and len(errors) == READ_MAX_ABSENT
+        assert all(st == Status.NO_SUCH_ENTRY and b is None for _e, st, b in out)
+        assert [e for e, _s, _b in out] == ids[:READ_MAX_ABSENT]
+        del out, errors
+        assert gc.collect() < 50  # was 7 objects of cyclic garbage per absent id
+    finally:
+        gc.enable()
+    out, _errors = s.read_many(1, [0, 5, 1, 6, 2], 1 << 20, max_absent=1)
+    assert [e for e, _s, _b in out] == [0, 5]  # held ids before the limit are answered
