@@ -37,6 +37,11 @@ def http_options(fn: Any) -> Any:
                   help="Token the endpoint's mutating (PUT) requests must bear.")
     @click.option("--http-max-connections", type=click.IntRange(1), default=64,
                   show_default=True)
+    @click.option("--http-max-connections-per-ip", type=click.IntRange(1), default=8,
+                  show_default=True, help="Connections from one address.")
+    @click.option("--http-allow-open-admin", is_flag=True,
+                  help="Serve mutating requests with no token on a non-loopback address "
+                       "(default: refused unless --http-token-file; on loopback, allowed).")
     @click.option("--http-max-requests", type=click.IntRange(1), default=32,
                   show_default=True, help="Requests in flight at once.")
     @click.option("--http-max-body", type=click.IntRange(1), default=64 << 10,
@@ -45,12 +50,15 @@ def http_options(fn: Any) -> Any:
                   show_default=True, help="Seconds an idle connection is kept open.")
     @functools.wraps(fn)
     def wrapper(*args: Any, http_port: int | None, http_token_file: str | None,
-                http_max_connections: int, http_max_requests: int, http_max_body: int,
+                http_max_connections: int, http_max_connections_per_ip: int,
+                http_allow_open_admin: bool, http_max_requests: int, http_max_body: int,
                 http_keepalive: float, **kwargs: Any) -> Any:
         from pybk.server.http import HttpConfig
 
         config = HttpConfig(token=read_token(http_token_file),
                             max_connections=http_max_connections,
+                            max_connections_per_ip=http_max_connections_per_ip,
+                            allow_open_admin=http_allow_open_admin,
                             max_requests_in_flight=http_max_requests,
                             max_body_bytes=http_max_body, keepalive_timeout=http_keepalive)
         return fn(*args, http_port=http_port, http_config=config, **kwargs)

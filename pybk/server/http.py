@@ -1,6 +1,9 @@
 """The bookie's HTTP admin endpoint (``pybk bookie --http-port N``), on aiohttp, served by
 the bookie's own event loop.
 
+Secure by default: with no token, mutating requests are served on loopback only; HTTPS
+when the bookie has TLS; health paths never refused for load (docs/operations.md).
+
 Design notes: docs/internals.md, "pybk/server/http.py".
 """
 
@@ -8,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import logging
 import socket
@@ -29,6 +33,10 @@ __all__ = ["AdminHttpServer", "HttpConfig", "metadata_json"]
 
 log = logging.getLogger(__name__)
 
+#: paths served whatever the load: a busy admin client must not make the bookie look dead
+_HEALTH_PATHS = frozenset({"/heartbeat", "/metrics"})
+_INT64_MAX = (1 << 63) - 1
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -41,6 +49,10 @@ class HttpConfig:
     #: required (as a Bearer token) by mutating requests; None: no authentication
     token: bytes | None = None
     max_connections: int = 64
+    #: connections from one address (the rest stay for other clients, health checks)
+    max_connections_per_ip: int = 8
+    #: serve mutating requests with no token on a non-loopback address (off: refused, 403)
+    allow_open_admin: bool = False
     max_requests_in_flight: int = 32
     max_body_bytes: int = 64 << 10
     #: longest request line / header field
@@ -52,8 +64,8 @@ class HttpConfig:
     log_interval: float = 10.0
 
     def __post_init__(self) -> None:
-        for name in ("max_connections", "max_requests_in_flight", "max_body_bytes",
-                     "max_header_bytes", "max_jobs"):
+        for name in ("max_connections", "max_connections_per_ip", "max_requests_in_flight",
+                     "max_body_bytes", "max_header_bytes", "max_jobs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.keepalive_timeout <= 0:
@@ -91,7 +103,8 @@ class AdminHttpServer:
         self._listener: Listener | None = None
         self._address: tuple[str, int] | None = None
         self._warnings: RateLimitedLog | None = None
-        self._handshakes: set[asyncio.Task[Any]] = set()
+        #: connections in their TLS handshake (or not yet made), and their peer's address
+        self._handshakes: dict[asyncio.Task[Any], str] = {}
         #: connections refused at the cap, requests refused for load (tests, operators)
         self.refused = {"connections": 0, "requests": 0}
 
@@ -137,21 +150,64 @@ class AdminHttpServer:
         self._warnings = RateLimitedLog(log, cfg.log_interval, loop.time)
         self._listener = Listener(sockets, self._accepted, self._accept_failed)
         self._listener.start()
+        if self._admin is not None:
+            log.warning("HTTP admin endpoint on %s://%s:%d: %s",
+                        "https" if self._ssl is not None else "http", host, port,
+                        self.admin_policy())
+
+    def admin_policy(self) -> str:
+        """Who may change the cluster through this endpoint, in words (logged at start)."""
+        if self.config.token is not None:
+            return "mutating requests need the bearer token"
+        if self.config.allow_open_admin:
+            return "NO TOKEN: anyone who reaches this port can change the cluster"
+        if _is_loopback(self.config.host):
+            return "no token: mutating requests only from this host (loopback)"
+        return "no token: mutating requests refused (configure a token file)"
+
+    def _mutation_refusal(self, request: web.Request) -> web.Response | None:
+        """The answer refusing a mutating request, or None if it may run."""
+        token = self.config.token
+        if token is None:
+            if self.config.allow_open_admin or _is_loopback(self.config.host):
+                return None
+            return _error(403, "mutating requests are refused: this endpoint has no token "
+                          "(--http-token-file) and does not listen on loopback only",
+                          "Forbidden")
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"),
+                                   b"Bearer " + token):
+            return _error(401, "a mutating request needs 'Authorization: Bearer <token>'",
+                          "Unauthorized")
+        return None
 
     def _accepted(self, sock: socket.socket, peer_ip: str) -> None:
         assert self._runner is not None and self._runner.server is not None
         server = self._runner.server
-        if len(server.connections) + len(self._handshakes) >= self.config.max_connections:
+        if (len(server.connections) + len(self._handshakes) >= self.config.max_connections
+                or self.connections_from(peer_ip) >= self.config.max_connections_per_ip):
             self.refused["connections"] += 1
             sock.close()
             return
         loop = asyncio.get_running_loop()
         task = loop.create_task(loop.connect_accepted_socket(server, sock, ssl=self._ssl))
-        self._handshakes.add(task)
+        self._handshakes[task] = peer_ip
         task.add_done_callback(self._handshake_done)
 
+    def connections_from(self, peer_ip: str) -> int:
+        """Connections open (or being made) from ``peer_ip``: at most ``max_connections``
+        to look at, so counted when asked rather than kept in step with every close."""
+        assert self._runner is not None and self._runner.server is not None
+        n = sum(ip == peer_ip for ip in self._handshakes.values())
+        for handler in self._runner.server.connections:
+            transport = handler.transport
+            peer = transport.get_extra_info("peername") if transport is not None else None
+            if peer and peer[0] == peer_ip:
+                n += 1
+        return n
+
     def _handshake_done(self, task: asyncio.Task[Any]) -> None:
-        self._handshakes.discard(task)
+        self._handshakes.pop(task, None)
         if not task.cancelled() and task.exception() is not None:
             log.debug("HTTP connection failed before its first request: %r", task.exception())
 
@@ -186,15 +242,15 @@ class AdminHttpServer:
 
     @web.middleware
     async def _guard(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path in _HEALTH_PATHS:  # cheap, and never refused for load
+            return await handler(request)
         if self._in_flight >= self.config.max_requests_in_flight:
             self.refused["requests"] += 1
             return _error(503, "too many requests in flight", "TooManyRequests")
-        if request.method == "PUT" and self.config.token is not None:
-            given = request.headers.get("Authorization", "")
-            expected = b"Bearer " + self.config.token
-            if not hmac.compare_digest(given.encode(), expected):
-                return _error(401, "a mutating request needs 'Authorization: Bearer <token>'",
-                              "Unauthorized")
+        if request.method == "PUT":
+            refusal = self._mutation_refusal(request)
+            if refusal is not None:
+                return refusal
         self._in_flight += 1
         try:
             return await handler(request)
@@ -370,9 +426,20 @@ def _int_param(request: web.Request, name: str) -> int:
         value = int(text)
     except ValueError:
         raise ValueError(f"{name} must be an integer, not {text[:40]!r}") from None
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, not {value}")
+    if not 0 <= value <= _INT64_MAX:
+        raise ValueError(f"{name} must be between 0 and {_INT64_MAX}, not {text[:40]}")
     return value
+
+
+def _is_loopback(host: str) -> bool:
+    """Whether ``host`` (a listening address) is reachable from this machine only."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
 
 
 async def _json_body(request: web.Request) -> dict[str, Any]:

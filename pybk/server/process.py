@@ -291,7 +291,10 @@ class BookieProcess:
         server = AdminHttpServer(
             http_cfg, registry=self.registry,
             admin=self._client.admin() if admin_paths and self._client is not None else None,
-            info=self._info)
+            info=self._info,
+            # the admin endpoint carries a bearer token: HTTPS when the bookie has TLS (the
+            # metrics-only port stays plain HTTP for scrapers)
+            ssl_context=self._ssl if admin_paths else None)
         await server.start()
         self._http.append(server)
         host, bound = server.address
