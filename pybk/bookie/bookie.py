@@ -22,6 +22,7 @@ from pybk.bookie.cookie import check_cookie
 from pybk.bookie.longpoll import LongPollWaiters
 from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE, BookieState
 from pybk.errors import (
+    BadRequestError,
     BKError,
     BookieStateError,
     BookieStoppedError,
@@ -34,6 +35,7 @@ from pybk.errors import (
 )
 from pybk.metadata.base import MetadataStore
 from pybk.runtime import sometimes
+from pybk.runtime.ratelog import RateLimitedLog
 from pybk.stats import BookieStats
 from pybk.storage.fs import FileSystem
 from pybk.storage.reads import READ_MAX_ABSENT
@@ -81,6 +83,10 @@ _LONG_POLL_FENCED = sometimes.point(
 #: a batched read's answer stops once its entries add up to this many bytes (it must fit one
 #: frame: 5 MiB by default, answers get 64 KiB of slack; at least one entry is answered)
 READ_BATCH_MAX_BYTES: Final = 4 << 20
+#: seconds between two log lines of one kind of error a remote request can cause
+REMOTE_LOG_INTERVAL: Final = 10.0
+#: the highest entry id (entry ids are signed 64-bit on the wire)
+MAX_ENTRY_ID: Final = (1 << 63) - 1
 #: bytes a batched read's answer costs per entry besides its body (its tuple, status and id,
 #: on the wire and in memory): an answer of absent ids is charged to the budgets too
 READ_ENTRY_COST: Final = 64
@@ -137,6 +143,16 @@ class Bookie:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._last_cp_pos: object = None
         self._fs_closed = False
+        #: errors a remote request can cause, logged at most once per interval per kind
+        self._remote_log: RateLimitedLog | None = None
+
+    def _remote_error(self, kind: str, detail: str) -> None:
+        """Log an error a remote request caused (a damaged entry read, an unexpected
+        failure), rate-limited: a peer repeating the request cannot fill the log."""
+        if self._remote_log is None:
+            self._remote_log = RateLimitedLog(log, REMOTE_LOG_INTERVAL,
+                                              asyncio.get_running_loop().time)
+        self._remote_log.event(f"bookie {self.bookie_id}: {kind}", detail, logging.ERROR)
 
     @staticmethod
     def _new_os_fs(config: BookieConfig) -> FileSystem:
@@ -427,8 +443,8 @@ class Bookie:
         if isinstance(exc, BKError):
             return error_response(request, status_of(exc), str(exc))
         # never crash the bookie on one request; an exception nobody expected is a finding
-        log.error("bookie %s: unexpected error handling %r", self.bookie_id, request,
-                  exc_info=exc)
+        self._remote_error("unexpected errors handling requests",
+                           f"{type(exc).__name__}: {exc} on {request!r:.200}")
         return error_response(request, status_of(exc), f"unexpected {type(exc).__name__}: {exc}")
 
     def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes, body: bytes,
@@ -499,8 +515,8 @@ class Bookie:
         error (the writer replaces the bookie)."""
         if isinstance(exc, BKError):
             return exc
-        log.error("bookie %s: unexpected error adding (%s, %s)", self.bookie_id, ledger_id,
-                  entry_id, exc_info=exc)
+        self._remote_error("unexpected errors adding entries",
+                           f"({ledger_id}, {entry_id}): {type(exc).__name__}: {exc}")
         return IOBookieError(f"unexpected {type(exc).__name__}: {exc}")
 
     def add(self, ledger_id: int, entry_id: int, master_key: bytes, body: bytes,
@@ -535,7 +551,7 @@ class Bookie:
         except (CorruptRecordError, IOBookieError) as exc:
             if self._no_such_entry_on_io_error:  # a broken build (mutation switch)
                 raise NoSuchEntryError(str(exc)) from None
-            log.error("bookie %s: %s", self.bookie_id, exc)
+            self._remote_error("damaged or unreadable entries read", str(exc))
             raise
 
     def _read_batch(self, req: ReadBatchRequest) -> ReadBatchResponse:
@@ -550,12 +566,15 @@ class Bookie:
                 if self._no_such_entry_on_io_error:  # a broken build (mutation switch)
                     out[index] = (out[index][0], Status.NO_SUCH_ENTRY, None)
                 else:
-                    log.error("bookie %s: %s", self.bookie_id, err)
+                    self._remote_error("damaged or unreadable entries read", str(err))
         return ReadBatchResponse(Status.OK, lid, store.lac(lid), tuple(out))
 
     async def _read(self, req: ReadRequest) -> ReadResponse:
         store = self._store()
         lid = req.ledger_id
+        if req.previous_lac is not None and req.previous_lac >= MAX_ENTRY_ID:
+            raise BadRequestError(f"ledger {lid}: previous_lac {req.previous_lac} leaves no "
+                                  "entry id to wait for (entry ids are below 2^63-1)")
         if req.fence:
             await store.fence(lid, req.master_key)
         if req.previous_lac is not None and req.timeout > 0:

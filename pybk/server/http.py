@@ -26,8 +26,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from pybk.errors import BKError, BookieStateError, NoSuchLedgerError
 from pybk.metadata.base import LedgerMetadata
 from pybk.ops.admin import Admin
+from pybk.runtime.ratelog import RateLimitedLog
 from pybk.transport.listener import Listener, bind_sockets
-from pybk.transport.ratelog import RateLimitedLog
 
 __all__ = ["AdminHttpServer", "HttpConfig", "metadata_json"]
 

@@ -25,6 +25,7 @@ from typing import Any, Final
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from pybk.runtime.ratelog import RateLimitedLog
 from pybk.transport.admission import Admission
 from pybk.transport.limits import REQUEST_OVERHEAD, ServerConfig
 from pybk.transport.listener import (
@@ -34,7 +35,6 @@ from pybk.transport.listener import (
     open_file_limit,
     set_keepalive,
 )
-from pybk.transport.ratelog import RateLimitedLog
 from pybk.transport.server_connection import (
     AddNowait,
     AddPath,
@@ -208,6 +208,14 @@ class BookieServer:
             "long_polls": self.long_polls,
             "connection_cap": self.admission.max_total,
         }
+
+    def remote_event(self, kind: str, detail: str, level: int = logging.WARNING) -> None:
+        """Log an event a remote peer can cause at will, at most once per ``log_interval``
+        per ``kind`` (with a count of the rest): a peer cannot fill the bookie's log."""
+        if self.warnings is not None:
+            self.warnings.event(kind, detail, level)
+        else:  # (not started: no loop clock yet)
+            log.log(level, "%s: %s", kind, detail)
 
     async def start(self) -> None:
         self._loop = loop = asyncio.get_running_loop()

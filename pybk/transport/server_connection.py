@@ -45,7 +45,6 @@ if TYPE_CHECKING:
 
 __all__ = ["SMALL", "SMALL_FLOOR", "AddNowait", "AddPath", "ServerConnection", "is_long_poll"]
 
-log = logging.getLogger("pybk.server.process")
 
 #: a request whose bytes are at most this is "small": it still starts when the bookie's
 #: budget is spent, as long as its connection holds at most SMALL_FLOOR (adds of a writer
@@ -214,7 +213,8 @@ class ServerConnection(asyncio.Protocol):
             events = self.codec.receive_data(data)
         except ProtocolError as exc:
             self.server.stats.incr(_classify(exc))
-            log.info("closing connection from %s: %s", self.peer_ip, exc)
+            self.server.remote_event("closing connections after protocol errors",
+                                     f"{self.peer_ip}: {exc}", logging.INFO)
             self.abort()
             return
         now = self.loop.time()
@@ -471,7 +471,9 @@ class ServerConnection(asyncio.Protocol):
         except Exception as exc:
             server.stats.incr("handler_error")
             if not isinstance(exc, BKError):
-                log.exception("handler failed on %r", request)
+                self.server.remote_event("request handler failed",
+                                         f"{type(exc).__name__}: {exc} on {request!r:.200}",
+                                         logging.ERROR)
             message = str(exc) if isinstance(exc, BKError) else f"internal error: {exc!r}"
             response = error_response(request, status_of(exc), message)
         finally:
@@ -506,7 +508,8 @@ class ServerConnection(asyncio.Protocol):
                     self.close_after_flush()
             return
         self.server.stats.incr("auth_failed")
-        log.info("authentication failed from %s", self.peer_ip)
+        self.server.remote_event("authentication failed", f"from {self.peer_ip}",
+                                 logging.INFO)
         self._respond(request_id, AuthResponse(Status.UNAUTHORIZED, "authentication failed"))
         self.close_after_flush()
 
@@ -533,7 +536,8 @@ class ServerConnection(asyncio.Protocol):
         try:
             frame = codec.encode_response(request_id, response)
         except (ValueError, TypeError) as exc:  # a handler bug; tell the client, keep serving
-            log.error("cannot encode response %r: %s", response, exc)
+            self.server.remote_event("cannot encode a response",
+                                     f"{response!r:.200}: {exc}", logging.ERROR)
             frame = codec.encode_response(
                 request_id,
                 codec.error_response_for_op(response.op, Status.GENERIC_ERROR, str(exc)),
@@ -654,7 +658,8 @@ class ServerConnection(asyncio.Protocol):
             reason = "peer_closed"
         if reason is not None:
             self.server.stats.incr(reason)
-            log.info("closing connection from %s: %s", self.peer_ip, reason)
+            self.server.remote_event("closing connections", f"{self.peer_ip}: {reason}",
+                                     logging.INFO)
             self.abort()
 
 

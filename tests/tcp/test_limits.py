@@ -9,6 +9,7 @@ import click
 import pytest
 
 from pybk.cli.limits import ByteSize, server_config_from
+from pybk.runtime.ratelog import RateLimitedLog
 from pybk.transport.admission import (
     CONNECTION_CAP,
     PER_IP_CAP,
@@ -16,7 +17,6 @@ from pybk.transport.admission import (
     Admission,
 )
 from pybk.transport.limits import ServerConfig
-from pybk.transport.ratelog import RateLimitedLog
 
 
 def _fill(a: Admission, ip: str, n: int, unproven: bool = False) -> None:

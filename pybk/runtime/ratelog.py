@@ -1,6 +1,6 @@
-"""Warnings about events a peer can cause at will (refused connections, failed accepts),
-logged at most once per interval with a count, so an attack cannot fill the disk with the
-bookie's log."""
+"""Log lines about events a peer can cause at will (refused connections, failed accepts,
+malformed requests, handler failures), logged at most once per interval per kind with a
+count, so an attack cannot fill the disk with the bookie's log."""
 
 from __future__ import annotations
 
@@ -25,11 +25,14 @@ class RateLimitedLog:
         self._last: dict[str, float] = {}
         self._suppressed: collections.Counter[str] = collections.Counter()
         self._detail: dict[str, str] = {}
+        self._level: dict[str, int] = {}
         #: warnings actually written (tests and operators: the log stays small)
         self.emitted = 0
 
-    def event(self, kind: str, detail: str) -> None:
-        """One event of ``kind``; ``detail`` says what happened (the newest is reported)."""
+    def event(self, kind: str, detail: str, level: int = logging.WARNING) -> None:
+        """One event of ``kind``; ``detail`` says what happened (the newest is reported),
+        logged at ``level``."""
+        self._level[kind] = level
         now = self.clock()
         last = self._last.get(kind)
         if last is None or now - last >= self.interval:
@@ -47,13 +50,15 @@ class RateLimitedLog:
 
     def _emit(self, kind: str, detail: str, now: float, repeat: bool = False) -> None:
         held = self._suppressed.pop(kind, 0)
+        level = self._level.get(kind, logging.WARNING)
         if repeat:
-            self.logger.warning("%s: %d more in the last %.0f s (latest: %s)",
-                                kind, held, self.interval, detail)
+            self.logger.log(level, "%s: %d more in the last %.0f s (latest: %s)",
+                            kind, held, self.interval, detail)
         elif held:
-            self.logger.warning("%s: %s (and %d more since the last report)", kind, detail, held)
+            self.logger.log(level, "%s: %s (and %d more since the last report)", kind, detail,
+                            held)
         else:
-            self.logger.warning("%s: %s (further ones reported at most every %.0f s)",
-                                kind, detail, self.interval)
+            self.logger.log(level, "%s: %s (further ones reported at most every %.0f s)",
+                            kind, detail, self.interval)
         self._last[kind] = now
         self.emitted += 1
