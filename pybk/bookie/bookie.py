@@ -21,6 +21,7 @@ from pybk.bookie.config import BookieConfig
 from pybk.bookie.cookie import check_cookie
 from pybk.bookie.longpoll import LongPollWaiters
 from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE, BookieState
+from pybk.bookie.unknown import UnknownLedgerCheck
 from pybk.errors import (
     BadRequestError,
     BKError,
@@ -121,6 +122,10 @@ class Bookie:
         self.fs = fs
         self.config = config
         self.cookie_store = cookie_store
+        #: checks requests about ledgers not held here against the metadata (or None)
+        self.unknown_ledgers = (UnknownLedgerCheck(cookie_store)
+                                if cookie_store is not None and config.check_unknown_ledgers
+                                else None)
         self.rng = rng or random.Random()
         self.instance_id = ""
         self.store: LedgerStore | None = None
@@ -533,9 +538,19 @@ class Bookie:
         with the outcome put in a response (for callers that want one)."""
         self.add_request(request, _Respond(request, reply))
 
+    async def _fence_ledger(self, store: LedgerStore, ledger_id: int, key: bytes) -> None:
+        """Fence durably; a ledger not held here only if the metadata vouches for it."""
+        check = self.unknown_ledgers
+        if (check is not None and store.index.get(ledger_id) is None
+                and not store.index.is_deleted(ledger_id)):
+            await check.check(ledger_id, key, "a fence")
+            if self.store is not store:
+                raise BookieStoppedError(f"bookie {self.bookie_id} stopped during a fence")
+        await store.fence(ledger_id, key)
+
     async def _fence(self, req: FenceRequest) -> FenceResponse:
         store = self._store()
-        await store.fence(req.ledger_id, req.master_key)
+        await self._fence_ledger(store, req.ledger_id, req.master_key)
         return FenceResponse(Status.OK, req.ledger_id, lac=store.lac(req.ledger_id))
 
     async def _write_lac(self, req: WriteLacRequest) -> WriteLacResponse:
@@ -576,7 +591,7 @@ class Bookie:
             raise BadRequestError(f"ledger {lid}: previous_lac {req.previous_lac} leaves no "
                                   "entry id to wait for (entry ids are below 2^63-1)")
         if req.fence:
-            await store.fence(lid, req.master_key)
+            await self._fence_ledger(store, lid, req.master_key)
         if req.previous_lac is not None and req.timeout > 0:
             return await self._long_poll(store, req, req.previous_lac)
         if req.previous_lac is not None:

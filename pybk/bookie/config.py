@@ -26,6 +26,10 @@ class BookieConfig(StoreConfig):
     disk_check_interval: float = 10.0
     #: how often the index is checkpointed when the journal moved (seconds); <= 0: only on stop
     checkpoint_interval: float = 60.0
+    #: a fence of a ledger this bookie does not hold is served only if the metadata holds the
+    #: ledger (and its master key, when kept, matches): pybk.bookie.unknown. Needs the
+    #: bookie's metadata store; off, any peer may fence (and so squat) ids not handed out yet
+    check_unknown_ledgers: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -64,3 +64,40 @@ async def test_remote_errors_are_clean_answers_and_their_log_lines_rate_limited(
     log = bookie.log()
     assert "cannot encode" not in log and "Traceback" not in log
     assert log.count("protocol errors") <= 3, log[-2000:]
+
+
+async def test_fences_of_ledgers_not_yet_created_cannot_squat_them(bookie_factory) -> None:
+    """Issue 34, item 5: ledger ids come in ascending blocks, and a FENCE for a ledger the
+    bookie did not know recorded the key it carried: fencing the next 200 ids made every one
+    of the next ledgers fail ("master key does not match"). Now such a fence is refused
+    ("unknown", never "absent") unless the metadata holds the ledger, and with the metadata's
+    master key, a fence under another key is refused too."""
+    from pybk.client import Client
+    from pybk.wire import FenceRequest
+
+    bookie = await bookie_factory().astart()
+    async with Client(bookie.metadata) as client:
+        first = await client.create_ledger(1, 1, 1)
+        await first.append(b"x")
+        transport = _transport(bookie)
+        try:
+            for lid in range(first.id + 1, first.id + 201):
+                r = await transport.send("b1", FenceRequest(lid, master_key(b"guess")), 10)
+                assert r.status == Status.UNKNOWN_LEDGER_STATE, (lid, r)
+                r = await transport.send("b1", ReadRequest(lid, -1, fence=True,
+                                                           master_key=master_key(b"g")), 10)
+                assert r.status == Status.UNKNOWN_LEDGER_STATE, (lid, r)
+            for _ in range(20):  # the next ledgers are their creator's
+                lh = await client.create_ledger(1, 1, 1, password=b"pw")
+                await lh.append(b"mine")
+                await lh.close()
+            # a ledger that exists, fenced under another key than its metadata's: refused
+            lh = await client.create_ledger(1, 1, 1, password=b"pw")
+            r = await transport.send("b1", FenceRequest(lh.id, master_key(b"guess")), 10)
+            assert r.status in (Status.UNAUTHORIZED, Status.UNKNOWN_LEDGER_STATE), r
+            await lh.append(b"still mine")
+            # recovery by the owner still fences (the metadata vouches for the ledger)
+            rh = await client.open_ledger(lh.id, password=b"pw")
+            assert rh.last_add_confirmed == 0
+        finally:
+            await transport.close()
