@@ -37,7 +37,7 @@ class DirectoryLock:
     def acquire(self) -> None:
         """Take the lock now or raise LockedError naming the holder's pid (also its
         ``pid``: None when the file does not say)."""
-        fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(self.file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -121,7 +121,7 @@ class ProcessCluster:
               ) -> ProcessCluster:
         """Start every bookie and wait until each is ready (RuntimeError, with the log's
         tail, if one dies or is not ready in ``ready_timeout``; the others are stopped)."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         alive = running_bookies(self.root)
         if alive:
             raise RuntimeError(f"a cluster is already running under {self.root} "

@@ -185,7 +185,8 @@ class BookieProcess:
             log.warning("%s", warning)
         self.store = self._store_arg or open_store(
             cfg.metadata, **session_options(cfg.metadata, cfg.session_timeout))
-        await asyncio.to_thread(Path(cfg.data_dir).mkdir, parents=True, exist_ok=True)
+        await asyncio.to_thread(Path(cfg.data_dir).mkdir, mode=0o700, parents=True,
+                                exist_ok=True)
         # before anything reads or writes the directory: a second bookie on it (even with
         # another id) is refused here, and the lock lasts as long as this process
         self._lock.acquire()

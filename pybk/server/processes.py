@@ -58,8 +58,9 @@ def spawn_bookie(
     data = root / "bookies" / bookie_id
     logs = root / "logs"
     run_dir = root / "run"
-    for d in (data, logs, run_dir):
-        d.mkdir(parents=True, exist_ok=True)
+    # the owner's alone: data and master keys (docs/operations.md)
+    for d in (root, root / "bookies", data, logs, run_dir):
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
     ready = run_dir / f"{bookie_id}.ready"
     ready.unlink(missing_ok=True)
     args = [

@@ -32,6 +32,11 @@ from pybk.storage.fs import FileHandle, FileSystem
 from pybk.storage.syncer import SyncProcess, start_sync_process
 from pybk.storage.syncthread import SyncThread
 
+#: a bookie's files and directories are its owner's alone: entries, and master keys in
+#: journal records and checkpoints, are not for other local users (docs/operations.md)
+FILE_MODE = 0o600
+DIR_MODE = 0o700
+
 __all__ = [
     "OsFileSystem",
 ]
@@ -47,7 +52,7 @@ class _OsFileHandle(FileHandle):
         self._bulk = bulk
         if offset is None:
             self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
-                               0o644)
+                               FILE_MODE)
             self._size = os.fstat(self._fd).st_size
         else:
             self._fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
@@ -185,7 +190,7 @@ class OsFileSystem(FileSystem):
         return _OsFileHandle(self, path, offset)
 
     def makedirs(self, path: str) -> None:
-        os.makedirs(path, exist_ok=True)
+        os.makedirs(path, mode=DIR_MODE, exist_ok=True)
 
     def rename(self, src: str, dst: str) -> None:
         self._forget(src)
