@@ -274,6 +274,46 @@ async def test_cookie_of_another_bookie_is_refused(harness_cls):
         await h.start()
 
 
+async def test_a_bookie_refuses_metadata_that_does_not_know_it(harness_cls):
+    """Issue 34, item 10: the metadata database was lost and made anew; the bookie whose
+    cookie names the old cluster used to adopt its old data silently (and new ledgers then
+    collided with old ids). It refuses, naming the cluster it belongs to."""
+    from pybk.bookie.cookie import CLUSTER_KEY
+
+    old = open_store("memory://")
+    h = harness_cls(cookie_store=old)
+    await h.start()
+    await h.add(1, 0)
+    await h.bookie.stop()
+    cluster = (await old.read_value(CLUSTER_KEY)).value.decode()
+    h.cookie_store = open_store("memory://")  # the metadata, lost and made anew
+    with pytest.raises(BookieStateError, match=f"(belongs to|of) cluster {cluster}"):
+        await h.start()
+    h.cookie_store = old  # with its own metadata it starts, its data intact
+    await h.start()
+    assert await h.read(1, 0) == (Status.OK, h.frame(1, 0))
+
+
+async def test_a_cookie_from_before_cluster_ids_learns_its_cluster_or_is_refused(harness_cls):
+    from pybk.bookie.cookie import decode_cookie, encode_cookie
+
+    store = open_store("memory://")
+    h = harness_cls(cookie_store=store)
+    await h.start()
+    iid = h.bookie.instance_id
+    await h.bookie.stop()
+    legacy = encode_cookie("b1", iid)  # no cluster: an older pybk's cookie
+    await h.fs.write_file_atomic(h.DATA_DIR + "/COOKIE", legacy)
+    await store.write_cookie("b1", legacy)
+    await h.start()  # known to its metadata: it learns the cluster id
+    await h.bookie.stop()
+    assert decode_cookie(h.fs.read_file(h.DATA_DIR + "/COOKIE"), "x")["cluster"]
+    await h.fs.write_file_atomic(h.DATA_DIR + "/COOKIE", legacy)
+    h.cookie_store = open_store("memory://")  # lost metadata, legacy cookie: refused
+    with pytest.raises(BookieStateError, match="has no cookie for this bookie"):
+        await h.start()
+
+
 async def test_restart_keeps_instance_id(harness):
     iid = harness.bookie.instance_id
     assert len(iid) == 36
