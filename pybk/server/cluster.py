@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from pybk.errors import LockedError
+from pybk.runtime.dirlock import DirectoryLock
 from pybk.server.processes import (
     is_our_bookie,
     is_our_table_server,
@@ -122,24 +124,35 @@ class ProcessCluster:
         """Start every bookie and wait until each is ready (RuntimeError, with the log's
         tail, if one dies or is not ready in ``ready_timeout``; the others are stopped)."""
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        alive = running_bookies(self.root)
-        if alive:
-            raise RuntimeError(f"a cluster is already running under {self.root} "
-                               f"({', '.join(alive)})")
-        for bookie_id in self._ids:
-            self._spawn(bookie_id)
-        self._save()
+        # one start at a time under a root: from the check that nothing runs there until
+        # every bookie is recorded (two starts at once both used to pass the check, and the
+        # second's state file hid the first's bookies from `pybk cluster down`)
+        lock = DirectoryLock(self.root, "cluster root")
         try:
+            lock.acquire()
+        except LockedError as exc:
+            raise RuntimeError(f"another cluster is starting under {self.root}: {exc}") from None
+        try:
+            alive = running_bookies(self.root)
+            if alive:
+                raise RuntimeError(f"a cluster is already running under {self.root} "
+                                   f"({', '.join(alive)})")
             for bookie_id in self._ids:
-                info = self._wait(bookie_id)
-                if on_ready is not None:
-                    on_ready(bookie_id, info)
-            if self.tables_port is not None:
-                self._start_tables(on_ready)
-        except RuntimeError:
-            self.close()
-            raise
-        self._save()
+                self._spawn(bookie_id)
+            self._save()
+            try:
+                for bookie_id in self._ids:
+                    info = self._wait(bookie_id)
+                    if on_ready is not None:
+                        on_ready(bookie_id, info)
+                if self.tables_port is not None:
+                    self._start_tables(on_ready)
+            except RuntimeError:
+                self.close()
+                raise
+            self._save()
+        finally:
+            lock.release()
         return self
 
     def _start_tables(self, on_ready: Callable[[str, dict[str, Any]], None] | None) -> None:
