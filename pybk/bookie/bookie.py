@@ -20,8 +20,9 @@ from typing import Any, Final
 from pybk.bookie.config import BookieConfig
 from pybk.bookie.cookie import check_cookie
 from pybk.bookie.longpoll import LongPollWaiters
+from pybk.bookie.sizing import READ_BATCH_MAX_BYTES, answer_size
 from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE, BookieState
-from pybk.bookie.unknown import UnknownLedgerCheck
+from pybk.bookie.unknown import UnknownLedgerCheck, fence_checked
 from pybk.errors import (
     BadRequestError,
     BKError,
@@ -39,7 +40,6 @@ from pybk.runtime import sometimes
 from pybk.runtime.ratelog import RateLimitedLog
 from pybk.stats import BookieStats
 from pybk.storage.fs import FileSystem
-from pybk.storage.reads import READ_MAX_ABSENT
 from pybk.storage.store import AddCallback as EntryCallback
 from pybk.storage.store import (
     CompactionResult,
@@ -81,16 +81,10 @@ _RECOVERY_ON_FULL_DISK = sometimes.point(
 _LONG_POLL_FENCED = sometimes.point(
     "bookie.long_poll_ended_by_fence", "a parked long poll was answered because of a fence")
 
-#: a batched read's answer stops once its entries add up to this many bytes (it must fit one
-#: frame: 5 MiB by default, answers get 64 KiB of slack; at least one entry is answered)
-READ_BATCH_MAX_BYTES: Final = 4 << 20
 #: seconds between two log lines of one kind of error a remote request can cause
 REMOTE_LOG_INTERVAL: Final = 10.0
 #: the highest entry id (entry ids are signed 64-bit on the wire)
 MAX_ENTRY_ID: Final = (1 << 63) - 1
-#: bytes a batched read's answer costs per entry besides its body (its tuple, status and id,
-#: on the wire and in memory): an answer of absent ids is charged to the budgets too
-READ_ENTRY_COST: Final = 64
 
 #: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``):
 #: the bookie answers NoSuchEntry when reading an entry fails with an I/O or checksum error
@@ -538,19 +532,9 @@ class Bookie:
         with the outcome put in a response (for callers that want one)."""
         self.add_request(request, _Respond(request, reply))
 
-    async def _fence_ledger(self, store: LedgerStore, ledger_id: int, key: bytes) -> None:
-        """Fence durably; a ledger not held here only if the metadata vouches for it."""
-        check = self.unknown_ledgers
-        if (check is not None and store.index.get(ledger_id) is None
-                and not store.index.is_deleted(ledger_id)):
-            await check.check(ledger_id, key, "a fence")
-            if self.store is not store:
-                raise BookieStoppedError(f"bookie {self.bookie_id} stopped during a fence")
-        await store.fence(ledger_id, key)
-
     async def _fence(self, req: FenceRequest) -> FenceResponse:
         store = self._store()
-        await self._fence_ledger(store, req.ledger_id, req.master_key)
+        await fence_checked(self.unknown_ledgers, store, req.ledger_id, req.master_key)
         return FenceResponse(Status.OK, req.ledger_id, lac=store.lac(req.ledger_id))
 
     async def _write_lac(self, req: WriteLacRequest) -> WriteLacResponse:
@@ -591,7 +575,7 @@ class Bookie:
             raise BadRequestError(f"ledger {lid}: previous_lac {req.previous_lac} leaves no "
                                   "entry id to wait for (entry ids are below 2^63-1)")
         if req.fence:
-            await self._fence_ledger(store, lid, req.master_key)
+            await fence_checked(self.unknown_ledgers, store, lid, req.master_key)
         if req.previous_lac is not None and req.timeout > 0:
             return await self._long_poll(store, req, req.previous_lac)
         if req.previous_lac is not None:
@@ -641,48 +625,8 @@ class Bookie:
 
     def response_size_hint(self, request: Request) -> int | None:
         """Bytes of entry data the answer to ``request`` will carry, from the index alone
-        (no disk access): the TCP server admits reads against its byte budgets with it.
-        0 for an entry this bookie lacks; None when it cannot tell (stopped, or a request it
-        does not size)."""
-        store = self.store
-        if store is None:
-            return None
-        if isinstance(request, ReadBatchRequest):
-            # its answer stops at READ_BATCH_MAX_BYTES or READ_MAX_ABSENT ids not held; every
-            # id answered costs READ_ENTRY_COST besides its bytes (an absent one too)
-            st = store.index.get(request.ledger_id)
-            if st is None:
-                return 0
-            total = absent = 0
-            get = st.entries.get
-            for eid in request.entry_ids:
-                loc = get(eid)
-                if loc is None:
-                    total += READ_ENTRY_COST
-                    absent += 1
-                    if absent >= READ_MAX_ABSENT:
-                        break
-                else:
-                    total += READ_ENTRY_COST + loc[2]
-                if total >= READ_BATCH_MAX_BYTES:
-                    return READ_BATCH_MAX_BYTES
-            return total
-        if isinstance(request, ReadRequest):
-            entry_id = request.entry_id
-        elif isinstance(request, ReadLacRequest):
-            entry_id = -1
-        else:
-            return None
-        st = store.index.get(request.ledger_id)
-        if st is None:
-            return 0
-        if entry_id == -1:
-            entry_id = st.entries.last
-        loc = st.entries.get(entry_id) if entry_id >= 0 else None
-        size = 0 if loc is None else loc[2]
-        if isinstance(request, ReadLacRequest) and st.explicit_lac_body:
-            size += len(st.explicit_lac_body)
-        return size
+        (:func:`pybk.bookie.sizing.answer_size`); None when stopped."""
+        return None if self.store is None else answer_size(self.store, request)
 
     def _read_lac(self, req: ReadLacRequest) -> ReadLacResponse:
         store = self._store()

@@ -25,8 +25,9 @@ from pybk.errors import (
     UnknownLedgerStateError,
 )
 from pybk.metadata.base import MetadataStore
+from pybk.storage.store import LedgerStore
 
-__all__ = ["UNKNOWN_LEDGER_CHECKS", "UnknownLedgerCheck"]
+__all__ = ["UNKNOWN_LEDGER_CHECKS", "UnknownLedgerCheck", "fence_checked"]
 
 #: metadata reads for unknown ledgers in flight at once, per bookie
 UNKNOWN_LEDGER_CHECKS: Final = 64
@@ -65,3 +66,13 @@ class UnknownLedgerCheck:
         if md.master_key and not hmac.compare_digest(md.master_key, master_key):
             self.refused += 1
             raise UnauthorizedError(f"{what} of ledger {ledger_id}: master key does not match")
+
+
+async def fence_checked(check: UnknownLedgerCheck | None, store: LedgerStore, ledger_id: int,
+                        key: bytes) -> None:
+    """Fence durably (``store.fence``); a ledger ``store`` does not hold only once ``check``
+    (None: no check) let it."""
+    if (check is not None and store.index.get(ledger_id) is None
+            and not store.index.is_deleted(ledger_id)):
+        await check.check(ledger_id, key, "a fence")
+    await store.fence(ledger_id, key)

@@ -23,9 +23,7 @@ import contextlib
 import functools
 import json
 import logging
-import os
 import sqlite3
-import stat
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -65,6 +63,7 @@ from pybk.metadata.base import (
     VersionedValue,
     Watch,
 )
+from pybk.metadata.files import private_file
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -72,28 +71,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-
-def _private_file(path: str) -> None:
-    """Create the database file readable and writable by its owner only (it holds every
-    ledger's master key: anyone who reads it can forge adds and fences); an existing file
-    of ours, and its WAL and shared-memory files, lose any access by others. SQLite gives
-    the files it creates beside the database the database's own mode."""
-    if not path or path == ":memory:" or path.startswith("file:"):
-        return
-    for name, create in ((path, True), (path + "-wal", False), (path + "-shm", False)):
-        try:
-            fd = os.open(name, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0),
-                         0o600)
-        except OSError:
-            continue  # absent, or not ours to open: sqlite3 reports what matters
-        try:
-            st = os.fstat(fd)
-            mode = stat.S_IMODE(st.st_mode)
-            if st.st_uid == os.geteuid() and mode & 0o077:
-                os.fchmod(fd, mode & ~0o077)
-        finally:
-            os.close(fd)
 T = TypeVar("T")
 
 SCHEMA_VERSION = 2  # 2: bookies.rack, locks
@@ -210,11 +187,9 @@ class SqliteMetadataStore(MetadataStore):
         return self._conn
 
     def _open_connection(self) -> sqlite3.Connection:
-        _private_file(self.path)
-        conn = sqlite3.connect(
-            self.path, timeout=self._busy_timeout, isolation_level=None,
-            check_same_thread=False,
-        )
+        private_file(self.path)
+        conn = sqlite3.connect(self.path, timeout=self._busy_timeout, isolation_level=None,
+                               check_same_thread=False)
         try:
             (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
             if str(mode).lower() != "wal":  # e.g. a filesystem without shared memory

@@ -8,6 +8,7 @@ verified (record CRC, ids) before it is returned.
 
 from __future__ import annotations
 
+import enum
 import functools
 import posixpath
 from collections.abc import Sequence
@@ -37,7 +38,7 @@ from pybk.storage.records import (
     decode_entry_in,
 )
 
-__all__ = ["READ_MAX_ABSENT", "ReadsMixin"]
+__all__ = ["READ_MAX_ABSENT", "Held", "ReadsMixin"]
 
 #: a batched read reads two records of one segment with one pread when at most this many
 #: bytes lie between them (what a syscall costs against reading a few KiB more)
@@ -53,6 +54,14 @@ _crc32c = crc32c.crc32c
 def _segment_path(journal_dir: str, seq: int) -> str:
     """A segment's path (every read names one: made once, not per read)."""
     return posixpath.join(journal_dir, segment_name(seq))
+
+
+class Held(enum.Enum):
+    """How an add's body compares with the copy of its entry held (:meth:`compare_held`)."""
+
+    SAME = "same"
+    DIFFERENT = "different"
+    DAMAGED = "damaged"  # unreadable or failing its checksum: the add repairs it
 
 
 class ReadsMixin:
@@ -106,6 +115,22 @@ class ReadsMixin:
                 f"reading ledger {ledger_id} entry {entry_id} from {path}@{offset}: {exc}"
             ) from None
         return decode_entry_at(data, path, offset, ledger_id, entry_id)
+
+    def compare_held(self, ledger_id: int, st: LedgerState, entry_id: int,
+                     body: bytes) -> Held:
+        """How ``body`` compares with the held copy of ``entry_id``. The index's record size
+        decides first, with no disk access: a body of another length differs. Only a body
+        of the stored length is read back and compared, so checking a duplicate add reads
+        at most the bytes the request carried (a small body claiming a large held entry
+        cannot make the bookie read that entry back)."""
+        loc = st.entries.get(entry_id)
+        if loc is None or loc[2] != RECORD_HEADER_SIZE + len(body):
+            return Held.DIFFERENT
+        try:
+            stored = self.read(ledger_id, entry_id)
+        except (CorruptRecordError, IOBookieError):
+            return Held.DAMAGED
+        return Held.SAME if stored == body else Held.DIFFERENT
 
     def read_many(self, ledger_id: int, entry_ids: Sequence[int], max_bytes: int,
                   max_absent: int = READ_MAX_ABSENT,

@@ -30,7 +30,6 @@ import crc32c
 from pybk.errors import (
     BadRequestError,
     BKError,
-    CorruptRecordError,
     EntryExistsError,
     IOBookieError,
     LedgerFencedError,
@@ -41,7 +40,7 @@ from pybk.errors import (
 from pybk.storage.config import MAX_MASTER_KEY_SIZE
 from pybk.storage.index import LedgerState
 from pybk.storage.journal import Journal
-from pybk.storage.reads import ReadsMixin
+from pybk.storage.reads import Held, ReadsMixin
 from pybk.storage.records import (
     RECORD_HEADER,
     RECORD_HEADER_SIZE,
@@ -55,11 +54,6 @@ from pybk.storage.records import (
 from pybk.wire import ENTRY_HEADER_SIZE, AddOutcome
 
 __all__ = ["AddCallback", "BatchCallback", "ResolveFuture", "WritesMixin"]
-
-#: how a duplicate add's body compares with the copy held (:meth:`WritesMixin._compare_held`)
-_SAME: Final = object()
-_DIFFERENT: Final = object()
-_DAMAGED: Final = object()
 
 log = logging.getLogger(__name__)
 
@@ -364,9 +358,9 @@ class WritesMixin(ReadsMixin):
                         batch.waiting(i))
                 continue
             if (eid < end or sparse) and eid in entries:
-                held = self._compare_held(ledger_id, st, eid, body)
-                if held is not _DAMAGED:
-                    if held is _DIFFERENT:
+                held = self.compare_held(ledger_id, st, eid, body)
+                if held is not Held.DAMAGED:
+                    if held is Held.DIFFERENT:
                         batch.refuse(i, EntryExistsError(
                             f"ledger {ledger_id} entry {eid} exists with different bytes"))
                     else:
@@ -405,34 +399,16 @@ class WritesMixin(ReadsMixin):
                       lac: int, on_done: AddCallback) -> None:
         """An add of an entry the index already holds: identical bytes are a durable no-op,
         different bytes an error; a damaged local copy is replaced (repair)."""
-        held = self._compare_held(ledger_id, st, entry_id, body)
-        if held is _DAMAGED:  # the local copy is damaged: store the new copy (repair)
+        held = self.compare_held(ledger_id, st, entry_id, body)
+        if held is Held.DAMAGED:  # the local copy is damaged: store the new copy (repair)
             rec = encode_entry(body)
             self.journal.append_nowait(rec, (ledger_id, entry_id, lac, len(rec), on_done, st))
             st.pending[entry_id] = body
             return
-        if held is _DIFFERENT:
+        if held is Held.DIFFERENT:
             raise EntryExistsError(
                 f"ledger {ledger_id} entry {entry_id} exists with different bytes")
         _notify(on_done, None, ledger_id, entry_id)
-
-    def _compare_held(self, ledger_id: int, st: LedgerState, entry_id: int,
-                      body: bytes) -> object:
-        """How ``body`` compares with the held copy of ``entry_id``: :data:`_SAME`,
-        :data:`_DIFFERENT` or :data:`_DAMAGED` (unreadable or failing its checksum).
-
-        The index's record size decides first, with no disk access: a body of another length
-        differs. Only a body of the stored length is compared byte for byte, so checking a
-        duplicate reads at most the bytes the request carried (a peer cannot make the bookie
-        read a large entry back by sending a small body that claims its id)."""
-        loc = st.entries.get(entry_id)
-        if loc is None or loc[2] != RECORD_HEADER_SIZE + len(body):
-            return _DIFFERENT
-        try:
-            stored = self.read(ledger_id, entry_id)
-        except (CorruptRecordError, IOBookieError):
-            return _DAMAGED
-        return _SAME if stored == body else _DIFFERENT
 
     def fence(self, ledger_id: int, master_key: bytes) -> Awaitable[None]:
         """Fence durably (creating the ledger, fenced, if unknown). Takes effect at once; the

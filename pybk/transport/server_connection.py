@@ -13,9 +13,9 @@ import asyncio
 import collections
 import dataclasses
 import hmac
-import logging
 import socket
 from collections.abc import Callable
+from logging import ERROR, INFO
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from pybk.errors import BKError, ProtocolError, status_of
@@ -44,8 +44,6 @@ if TYPE_CHECKING:
     from pybk.transport.server import BookieServer
 
 __all__ = ["SMALL", "SMALL_FLOOR", "AddNowait", "AddPath", "ServerConnection", "is_long_poll"]
-
-
 #: a request whose bytes are at most this is "small": it still starts when the bookie's
 #: budget is spent, as long as its connection holds at most SMALL_FLOOR (adds of a writer
 #: keep flowing while hostile connections sit on the budget)
@@ -213,8 +211,7 @@ class ServerConnection(asyncio.Protocol):
             events = self.codec.receive_data(data)
         except ProtocolError as exc:
             self.server.stats.incr(_classify(exc))
-            self.server.remote_event("closing connections after protocol errors",
-                                     f"{self.peer_ip}: {exc}", logging.INFO)
+            self.server.remote_event("protocol errors", f"{self.peer_ip}: {exc}", INFO)
             self.abort()
             return
         now = self.loop.time()
@@ -471,9 +468,7 @@ class ServerConnection(asyncio.Protocol):
         except Exception as exc:
             server.stats.incr("handler_error")
             if not isinstance(exc, BKError):
-                self.server.remote_event("request handler failed",
-                                         f"{type(exc).__name__}: {exc} on {request!r:.200}",
-                                         logging.ERROR)
+                server.remote_event("handler failures", f"{exc!r} on {request!r:.200}", ERROR)
             message = str(exc) if isinstance(exc, BKError) else f"internal error: {exc!r}"
             response = error_response(request, status_of(exc), message)
         finally:
@@ -508,8 +503,7 @@ class ServerConnection(asyncio.Protocol):
                     self.close_after_flush()
             return
         self.server.stats.incr("auth_failed")
-        self.server.remote_event("authentication failed", f"from {self.peer_ip}",
-                                 logging.INFO)
+        self.server.remote_event("authentication failed", f"from {self.peer_ip}", INFO)
         self._respond(request_id, AuthResponse(Status.UNAUTHORIZED, "authentication failed"))
         self.close_after_flush()
 
@@ -536,8 +530,7 @@ class ServerConnection(asyncio.Protocol):
         try:
             frame = codec.encode_response(request_id, response)
         except (ValueError, TypeError) as exc:  # a handler bug; tell the client, keep serving
-            self.server.remote_event("cannot encode a response",
-                                     f"{response!r:.200}: {exc}", logging.ERROR)
+            self.server.remote_event("unencodable answers", f"{response!r:.200}: {exc}", ERROR)
             frame = codec.encode_response(
                 request_id,
                 codec.error_response_for_op(response.op, Status.GENERIC_ERROR, str(exc)),
@@ -658,8 +651,7 @@ class ServerConnection(asyncio.Protocol):
             reason = "peer_closed"
         if reason is not None:
             self.server.stats.incr(reason)
-            self.server.remote_event("closing connections", f"{self.peer_ip}: {reason}",
-                                     logging.INFO)
+            self.server.remote_event("closing connections", f"{self.peer_ip}: {reason}", INFO)
             self.abort()
 
 

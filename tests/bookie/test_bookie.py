@@ -682,7 +682,7 @@ async def test_a_batched_read_of_absent_ids_is_charged_and_stops_early(harness):
     """Issue 34, item 2: every id of a batched read counts against the byte budgets (its
     answer costs something even when the entry is absent), and the answer stops after
     READ_MAX_ABSENT ids not held."""
-    from pybk.bookie.bookie import READ_ENTRY_COST
+    from pybk.bookie.sizing import READ_ENTRY_COST
     from pybk.storage.reads import READ_MAX_ABSENT
 
     await harness.add(1, 0)
