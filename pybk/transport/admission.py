@@ -7,11 +7,12 @@ counts against the small ``max_unproven`` budget until it has done so: authentic
 connections can therefore never be crowded out by unauthenticated ones, which hold at most
 that budget.
 
-A cap that is full does not lock a newcomer out for good: if one address holds at least two
+A cap that is full does not lock a newcomer out: if one address holds at least two
 connections more (of the full kind) than the newcomer's address, one of that address's
-connections is displaced to make room (the caller closes it). So an attacker holding the
-caps from a few addresses is pushed back by every other address that connects, and an
-address can only be refused because others hold no more than it does.
+connections is displaced to make room (the caller closes it). Otherwise the newcomer takes
+the place of the oldest connection that has not proven itself (or, with none, of the oldest
+that has sent nothing): thousands of addresses holding one silent connection each cannot
+lock a client with a token or certificate out, since it proves itself before it is oldest.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ class Decision:
     refused: str | None = None
     displace_ip: str | None = None
     unproven_only: bool = False
+    #: refused unless the caller displaces the oldest unproven connection (``unproven_only``)
+    #: or, when none, the oldest that has sent nothing
+    oldest: bool = False
 
 
 ADMIT = Decision()
@@ -60,12 +64,12 @@ class Admission:
             top = _top(self.unproven_per_ip)
             if top is not None and top[1] >= self.unproven_per_ip[ip] + 2:
                 return Decision(displace_ip=top[0], unproven_only=True)
-            return Decision(UNPROVEN_BUDGET)
+            return Decision(UNPROVEN_BUDGET, unproven_only=True, oldest=True)
         if self.total >= self.max_total:
             top = _top(self.per_ip)
             if top is not None and top[1] >= self.per_ip[ip] + 2:
                 return Decision(displace_ip=top[0])
-            return Decision(CONNECTION_CAP)
+            return Decision(CONNECTION_CAP, unproven_only=self.unproven > 0, oldest=True)
         return ADMIT
 
     def add(self, ip: str, unproven: bool) -> None:

@@ -98,8 +98,11 @@ class Listener:
         on_accept: Callable[[socket.socket, str], None],
         on_error: Callable[[OSError], None],
         retry_delay: float = 0.1,
+        batch: int = ACCEPT_BATCH,
     ) -> None:
         self.sockets = sockets
+        #: connections accepted per readiness callback
+        self.batch = max(1, batch)
         self.on_accept = on_accept
         self.on_error = on_error
         self.retry_delay = retry_delay
@@ -126,7 +129,7 @@ class Listener:
         self.start()
 
     def _ready(self, sock: socket.socket) -> None:
-        for _ in range(ACCEPT_BATCH):
+        for _ in range(self.batch):
             try:
                 conn, address = sock.accept()
             except (BlockingIOError, InterruptedError):

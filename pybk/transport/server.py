@@ -29,6 +29,7 @@ from pybk.runtime.ratelog import RateLimitedLog
 from pybk.transport.admission import Admission
 from pybk.transport.limits import REQUEST_OVERHEAD, ServerConfig
 from pybk.transport.listener import (
+    ACCEPT_BATCH,
     Listener,
     bind_sockets,
     open_descriptors,
@@ -163,6 +164,10 @@ class BookieServer:
         self.stats.gauges = self._gauges
         self._conns: dict[ServerConnection, None] = {}  # (ordered: oldest first)
         self._by_ip: dict[str, dict[ServerConnection, None]] = {}  # the same, by address
+        #: connections in arrival order that may still be unproven / silent (entries that no
+        #: longer are, or are released, are dropped when met: :meth:`_displace_oldest`)
+        self._unproven_order: dict[ServerConnection, None] = {}
+        self._silent_order: dict[ServerConnection, None] = {}
         cfg = self.config
         self.admission = Admission(cfg.max_connections, cfg.max_connections_per_ip,
                                    cfg.max_unauthenticated)
@@ -224,7 +229,14 @@ class BookieServer:
         sockname = self._sockets[0].getsockname()
         self._address = (str(sockname[0]), int(sockname[1]))
         self._refresh_descriptor_cap(initial=True)
-        self._listener = Listener(self._sockets, self._on_accept, self._on_accept_error)
+        # with connections that must prove themselves, few accepts per loop turn: a newcomer
+        # may displace the oldest unproven one, and a client's connection must get the turns
+        # to prove itself (its TLS handshake or AUTH read) before max_unauthenticated newer
+        # ones could have displaced it
+        unproven = self.ssl_context is not None or self.auth_token is not None
+        batch = max(1, self.config.max_unauthenticated // 16) if unproven else ACCEPT_BATCH
+        self._listener = Listener(self._sockets, self._on_accept, self._on_accept_error,
+                                  batch=min(batch, ACCEPT_BATCH))
         self._listener.start()
         self._sweeper = loop.create_task(self._sweep())
 
@@ -243,8 +255,9 @@ class BookieServer:
             return
         unproven = self.ssl_context is not None or self.auth_token is not None
         decision = self.admission.decide(peer_ip, unproven)
-        if decision.displace_ip is not None and self._displace(decision.displace_ip,
-                                                                decision.unproven_only):
+        if (decision.displace_ip is not None and self._displace(
+                decision.displace_ip, decision.unproven_only)) or (
+                decision.oldest and self._displace_oldest(decision.unproven_only)):
             decision = self.admission.decide(peer_ip, unproven)
         if decision.refused is not None or decision.displace_ip is not None:
             self._refuse(sock, decision.refused or "refused_connection_cap", peer_ip)
@@ -252,6 +265,9 @@ class BookieServer:
         conn = ServerConnection(self, peer_ip, unproven)
         self._conns[conn] = None
         self._by_ip.setdefault(peer_ip, {})[conn] = None
+        self._silent_order[conn] = None
+        if unproven:
+            self._unproven_order[conn] = None
         self.admission.add(peer_ip, unproven)
         self.stats.incr("accepted")
         self.stats.set_open(len(self._conns))
@@ -315,6 +331,26 @@ class BookieServer:
         victim.release()  # its place is free now (its transport closes on the next loop turn)
         return True
 
+    def _displace_oldest(self, unproven_only: bool) -> bool:
+        """Close the oldest connection still unproven (``unproven_only``) or, else, the
+        oldest that has sent nothing (no answer written, nothing in flight) to make room."""
+        order = self._unproven_order if unproven_only else self._silent_order
+        while order:
+            conn = next(iter(order))
+            del order[conn]
+            if conn.released or (not conn.unproven if unproven_only else (
+                    conn.written or conn.in_flight or conn.queue)):
+                continue  # (it has proven itself or spoken: never unproven or silent again)
+            self.stats.incr("displaced")
+            if self.warnings is not None:
+                self.warnings.event("displaced connections", "closed the oldest "
+                                    f"{'unproven' if unproven_only else 'silent'} one "
+                                    f"({conn.peer_ip}) to make room")
+            conn.abort()
+            conn.release()
+            return True
+        return False
+
     def _on_accept_error(self, exc: OSError) -> None:
         self.stats.incr("accept_errors")
         if self.warnings is not None:
@@ -325,6 +361,8 @@ class BookieServer:
             self.shed(max(1, self.config.fd_reserve // 4), f"accept(): {exc.strerror}")
 
     def _release(self, conn: ServerConnection) -> None:
+        self._unproven_order.pop(conn, None)
+        self._silent_order.pop(conn, None)
         if self._conns.pop(conn, "absent") is None:
             same_ip = self._by_ip.get(conn.peer_ip)
             if same_ip is not None:
