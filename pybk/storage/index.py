@@ -83,6 +83,7 @@ def empty_columns() -> EntryColumns:
 #: an id at most this far past the dense run's end extends the run (leaving holes); further
 #: ones go to the sparse part
 MAX_GAP: Final = 64
+_HOLES: Final = 16  # holes per entry held the dense run takes (more: sparse, bounded memory)
 _ZEROS: Final = memoryview(bytes(8 * MAX_GAP))
 
 
@@ -197,7 +198,7 @@ class EntryIndex:
         if not n and entry_id >= 0:
             self.first = self.end = entry_id
             i = 0
-        if n <= i <= n + MAX_GAP:
+        if n <= i <= n + MAX_GAP and self.holes + i - n <= _HOLES * (n - self.holes) + MAX_GAP:
             gap = i - n
             if gap:  # (zero bytes, no array made: striped ledgers leave a hole every few ids)
                 self.segs.frombytes(_ZEROS[: 4 * gap])
@@ -229,7 +230,8 @@ class EntryIndex:
         first = ids[0]
         end = self.end if n else first
         k = len(ids)
-        if first < end or first < 0 or first - end > MAX_GAP:
+        if first < end or first < 0 or first - end > MAX_GAP or (
+                self.holes + ids[-1] - end + 1 - k > _HOLES * (n - self.holes + k) + MAX_GAP):
             return False
         if ids[-1] - first == k - 1:  # consecutive: the striping-free case (E == Qw)
             if not n:
