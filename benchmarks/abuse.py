@@ -24,6 +24,13 @@ and their ratio (goal: at least 0.5); the longest a *new* client took to be answ
 the attack (probed every 2 s); the bookie's peak RSS (VmHWM, goal: under 512 MiB), its
 descriptors and state at the end. ``--scale`` multiplies the attack sizes.
 
+``--per-attack`` runs each attack on its own against a fresh bookie, the four above and the
+second round's (duplicate batched adds of a held 1 MiB entry, batched reads of absent ids,
+fences of ledgers not created yet, 250 addresses reconnecting), while a normal client
+connects every 0.5 s to create a ledger, append and read; per attack it prints the bookie's
+peak RSS, its longest event-loop stall (``pybk_loop_stall_seconds_max``) and the normal
+client's success rate and latency beside the same client on an idle bookie.
+
 To measure another checkout of pybk (e.g. before a change), run this script with
 ``PYTHONPATH=/path/to/that/checkout`` from another directory: the bookie and the attacker run
 ``python -m pybk`` from a temporary directory, so they import whatever that path holds.
@@ -56,7 +63,12 @@ KiB, MiB = 1 << 10, 1 << 20
 # ----------------------------------------------------------------------------- the attacker
 
 
-ATTACKS = ("polls", "reads", "silent", "reconnect")
+ATTACKS = ("polls", "reads", "silent", "reconnect", "dupadds", "absent", "fences",
+           "addresses")
+#: the first round's attacks: what the combined run (without --per-attack) runs by default
+FIRST_ROUND = ("polls", "reads", "silent", "reconnect")
+#: the many-addresses attack's sources (127.0.1.1 .. 127.0.1.250)
+MANY = tuple(f"127.0.1.{i}" for i in range(1, 251))
 
 
 async def _attack(host: str, port: int, ledger_id: int, scale: float, seconds: float,
@@ -82,8 +94,13 @@ async def _attack(host: str, port: int, ledger_id: int, scale: float, seconds: f
     if "reconnect" in which:
         attacks.append(ReconnectFlood(host, port, count=n(1024), pause=0.05,
                                       local_addresses=("127.0.0.2", "127.0.0.3")))
+    if "addresses" in which:
+        attacks.append(ReconnectFlood(host, port, count=len(MANY), pause=0.01,
+                                      local_addresses=MANY))
     for attack in attacks:
         await attack.start()
+    requests = [asyncio.ensure_future(_requests(host, port, ledger_id, kind, n(8), seconds))
+                for kind in ("dupadds", "absent", "fences") if kind in which]
     print(json.dumps({"event": "attacking"}), flush=True)
     loop = asyncio.get_running_loop()
     end = loop.time() + seconds
@@ -98,6 +115,9 @@ async def _attack(host: str, port: int, ledger_id: int, scale: float, seconds: f
         polls.append(flood)
         await asyncio.sleep(1.0)
     stats: dict[str, int] = {}
+    for done in await asyncio.gather(*requests):
+        for key, value in done.items():
+            stats[key] = stats.get(key, 0) + value
     for attack in [*attacks, *polls]:
         for key, value in attack.stats.items():
             name = f"{type(attack).__name__}.{key}"
@@ -107,6 +127,55 @@ async def _attack(host: str, port: int, ledger_id: int, scale: float, seconds: f
         print(json.dumps({"event": "done", "stats": stats}), flush=True)
     except BrokenPipeError:  # the benchmark is gone
         pass
+
+
+async def _requests(host: str, port: int, ledger_id: int, kind: str, connections: int,
+                    seconds: float) -> dict[str, int]:
+    """The second round's costly requests, ``connections`` connections of 8 in flight each:
+    ``dupadds`` (65,536 small bodies claiming entry 0 of ``ledger_id``, held as 1 MiB),
+    ``absent`` (65,536 ids the bookie does not hold), ``fences`` (ids not created yet)."""
+    from pybk.wire import (
+        AddBatchRequest,
+        DigestManager,
+        FenceRequest,
+        ReadBatchRequest,
+        master_key,
+    )
+
+    key = master_key(b"")
+    small = DigestManager(ledger_id).frame(0, -1, 0, b"x" * 4)
+    counts: dict[str, int] = {}
+    loop = asyncio.get_running_loop()
+    end = loop.time() + seconds
+    next_id = [ledger_id + 1000]
+
+    def request() -> Any:
+        if kind == "dupadds":
+            return AddBatchRequest(ledger_id, key, [0] * 65536, [small] * 65536)
+        if kind == "absent":
+            return ReadBatchRequest(ledger_id, list(range(1 << 20, (1 << 20) + 65536)))
+        next_id[0] += 1
+        return FenceRequest(next_id[0], master_key(b"guess"))
+
+    async def one(transport: TcpTransport) -> None:
+        while loop.time() < end:
+            try:
+                response = await transport.send("b1", request(), 30.0)
+                name = f"{kind}.{Status(response.status).name}"
+            except Exception as exc:
+                name = f"{kind}.{type(exc).__name__}"
+            counts[name] = counts.get(name, 0) + 1
+
+    async def resolve(_bookie_id: str) -> str:
+        return f"{host}:{port}"
+
+    transports = [TcpTransport(resolve) for _ in range(connections)]
+    try:
+        await asyncio.gather(*(one(t) for t in transports for _ in range(8)))
+    finally:
+        for t in transports:
+            await t.close()
+    return counts
 
 
 # ------------------------------------------------------------------------ the normal client
@@ -242,6 +311,93 @@ async def _run(root: Path, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+async def _normal_client(metadata: str, stop: asyncio.Event) -> list[float | None]:
+    """Every 0.5 s a new client: create a ledger, append, read it back; seconds it took
+    (None: failed or not within 5 s)."""
+    took: list[float | None] = []
+
+    async def once() -> None:
+        async with Client(metadata) as client:
+            lh = await client.create_ledger(1, 1, 1)
+            await lh.append(b"probe")
+            await lh.close()
+            rh = await client.open_ledger(lh.id, recovery=False)
+            [entry] = await rh.read(0, 0)
+            assert entry.data == b"probe"
+
+    while not stop.is_set():
+        began = time.perf_counter()
+        try:
+            await asyncio.wait_for(once(), 5.0)
+            took.append(time.perf_counter() - began)
+        except Exception:
+            took.append(None)
+        try:
+            await asyncio.wait_for(stop.wait(), 0.5)
+        except TimeoutError:
+            pass
+    return took
+
+
+async def _one_attack(root: Path, args: argparse.Namespace, attack: str) -> dict[str, Any]:
+    """One attack (or "idle") against a fresh bookie, the normal client beside it."""
+    bookie = BookieUnderTest(root / attack, "--segment-mb", "4", open_files=args.open_files)
+    await bookie.astart()
+    attacker = None
+    try:
+        async with Client(bookie.metadata) as client:
+            big = await client.create_ledger(1, 1, 1)
+            await big.append(os.urandom(MiB))  # held as 1 MiB: what dupadds claim, reads ask
+            await big.close()
+        if attack != "idle":
+            attacker = await asyncio.create_subprocess_exec(
+                sys.executable, __file__, "--attacker", bookie.address, "--ledger", str(big.id),
+                "--scale", str(args.scale), "--seconds", str(args.seconds + 5),
+                "--attacks", attack, "--nice", str(args.attacker_nice),
+                cwd=root, stdout=asyncio.subprocess.PIPE)
+            assert attacker.stdout is not None
+            line = await asyncio.wait_for(attacker.stdout.readline(), 120)
+            assert b"attacking" in line, line
+        stop = asyncio.Event()
+        probe = asyncio.create_task(_normal_client(bookie.metadata, stop))
+        await asyncio.sleep(args.seconds)
+        stop.set()
+        took = await probe
+        try:
+            stall = (await bookie.ametrics()).get("pybk_loop_stall_seconds_max", float("nan"))
+        except Exception:  # the metrics port is just another socket to starve
+            stall = float("nan")
+        return {"attack": attack, "peak_rss": bookie.peak_rss(), "stall": stall, "took": took}
+    finally:
+        if attacker is not None:
+            if attacker.returncode is None:
+                attacker.kill()
+            await attacker.wait()
+        bookie.kill()
+
+
+def _print_per_attack(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    import pybk
+
+    print(f"pybk from {Path(pybk.__file__).parent}; a fresh bookie per attack, "
+          f"{args.seconds:g} s each at scale {args.scale:g} (attacker at nice "
+          f"{args.attacker_nice}); normal client: a new connection every 0.5 s creating a "
+          "ledger, appending and reading")
+    print(f"{'attack':>10} {'peak RSS':>9} {'stall ms':>9} {'client ok':>10} {'p50 ms':>8} "
+          f"{'p99 ms':>8} {'p50 x idle':>10}")
+    idle_p50 = float("nan")
+    for row in rows:
+        ok = sorted(t for t in row["took"] if t is not None)
+        rate = len(ok) / len(row["took"]) if row["took"] else 0.0
+        p50 = ok[len(ok) // 2] * 1e3 if ok else float("nan")
+        p99 = ok[min(len(ok) - 1, int(len(ok) * 0.99))] * 1e3 if ok else float("nan")
+        if row["attack"] == "idle":
+            idle_p50 = p50
+        print(f"{row['attack']:>10} {row['peak_rss'] / MiB:>6.0f} MiB {row['stall'] * 1e3:>9.1f} "
+              f"{rate:>9.0%} {p50:>8.1f} {p99:>8.1f} {p50 / idle_p50:>10.2f}")
+    sys.stdout.flush()
+
+
 def _print(result: dict[str, Any], args: argparse.Namespace) -> None:
     import pybk
 
@@ -280,7 +436,9 @@ def main() -> None:
     ap.add_argument("--open-files", type=int, default=1024,
                     help="RLIMIT_NOFILE (soft and hard) of the bookie process")
     ap.add_argument("--scale", type=float, default=1.0, help="multiplies the attack sizes")
-    ap.add_argument("--attacks", default=",".join(ATTACKS),
+    ap.add_argument("--per-attack", action="store_true",
+                    help="each attack on its own against a fresh bookie (see above)")
+    ap.add_argument("--attacks", default=None,
                     help=f"which attacks run (a comma-separated subset of {','.join(ATTACKS)})")
     ap.add_argument("--attacker-nice", type=int, default=10,
                     help="niceness of the attacker process (0: the same as the bookie's)")
@@ -288,7 +446,8 @@ def main() -> None:
     ap.add_argument("--attacker", metavar="HOST:PORT", help=argparse.SUPPRESS)
     ap.add_argument("--ledger", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    args.attacks = tuple(a for a in args.attacks.split(",") if a)
+    chosen = args.attacks or ",".join(ATTACKS if args.per_attack else FIRST_ROUND)
+    args.attacks = tuple(a for a in chosen.split(",") if a)
     unknown = set(args.attacks) - set(ATTACKS)
     if unknown:
         ap.error(f"unknown attacks {sorted(unknown)}; choose from {','.join(ATTACKS)}")
@@ -300,6 +459,13 @@ def main() -> None:
                             args.attacks))
         return
     with tempfile.TemporaryDirectory(prefix="pybk-abuse-") as tmp:
+        if args.per_attack:
+            async def each() -> list[dict[str, Any]]:
+                return [await _one_attack(Path(tmp), args, attack)
+                        for attack in ("idle", *args.attacks)]
+
+            _print_per_attack(asyncio.run(each()), args)
+            return
         result = asyncio.run(_run(Path(tmp), args))
     _print(result, args)
 

@@ -23,10 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import Gauge
+
 from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE
 from pybk.metadata.base import BookieRegistration, MetadataStore
 from pybk.runtime.dirlock import DirectoryLock
 from pybk.runtime.gctune import SERVER_GC_THRESHOLD, tune_gc_for_server
+from pybk.runtime.loopwatch import LoopWatch
 from pybk.storage.store import INLINE_SYNC_ALWAYS
 from pybk.transport.listener import raise_open_file_limit
 from pybk.transport.server import BookieServer, ServerConfig
@@ -168,6 +171,7 @@ class BookieProcess:
         self.autorecovery: Any = None  # pybk.ops.AutoRecovery when enabled
         self._client: Any = None  # the pybk.Client of the admin endpoint and auto-recovery
         self.registry: Any = None
+        self.loop_watch = LoopWatch()
         self._lock = DirectoryLock(config.data_dir, "bookie data directory")
         #: this process put the bookie in the registry (only then does it take it out)
         self._registered = False
@@ -221,6 +225,10 @@ class BookieProcess:
         host = cfg.advertise()
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.registry = self.server.registry
+        self.loop_watch.start()
+        stall = Gauge("pybk_loop_stall_seconds_max", "the longest the event loop was held "
+                      "(a timer's lateness, since start)", registry=self.registry)
+        stall.set_function(lambda: self.loop_watch.max_stall)
         if stats is not None:
             from pybk.bookie.metrics import BookieCollector
 
@@ -356,6 +364,7 @@ class BookieProcess:
     async def stop(self) -> None:
         """Clean shutdown (see the module doc for the order)."""
         self._stop.set()
+        self.loop_watch.stop()
         if self.autorecovery is not None:
             await self.autorecovery.stop()
         for http in self._http:
