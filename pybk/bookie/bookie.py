@@ -644,6 +644,9 @@ class Bookie:
         message = self._reason
         if self.store is not None and self.store.suspect:
             message += "; suspect segments: " + ", ".join(self.store.suspect)
+        if self.store is not None and self.store.damaged:  # (found by the scrubber)
+            message += f"; {len(self.store.damaged)} damaged entries, e.g. " + ", ".join(
+                f"{lid}:{eid}" for lid, eid in list(self.store.damaged)[:5])
         return BookieInfoResponse(Status.OK, self.bookie_id, free, total, self._state, message)
 
     # ================================================================== admin

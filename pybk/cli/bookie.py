@@ -17,7 +17,7 @@ from pybk.cli.common import (
     read_token,
     run_async,
 )
-from pybk.cli.limits import server_config_from, server_limit_options
+from pybk.cli.limits import ByteSize, server_config_from, server_limit_options
 from pybk.errors import BKError
 from pybk.metadata._common import check_rack
 from pybk.runtime.eventloop import DEFAULT_LOOP, LOOPS, LoopUnavailableError, loop_factory
@@ -82,6 +82,8 @@ def http_options(fn: Any) -> Any:
 @click.option("--ready-file", type=click.Path(dir_okay=False), help="Write JSON here when ready.")
 @click.option("--stop-grace", type=float, default=10.0, show_default=True)
 @click.option("--metrics-port", type=click.IntRange(0, 65535), help="Prometheus HTTP port.")
+@click.option("--scrub-rate", type=ByteSize(), default="8MiB", show_default=True,
+              help="Bytes a second the local scrubber verifies (0: none).")
 @click.option("--segment-mb", type=click.IntRange(1, 1 << 16), default=64, show_default=True,
               help="Journal segment size in MiB.")
 @click.option("--preallocate/--no-preallocate", default=True, show_default=True,
@@ -117,6 +119,7 @@ def bookie(
     ready_file: str | None,
     stop_grace: float,
     metrics_port: int | None,
+    scrub_rate: int,
     segment_mb: int,
     preallocate: bool,
     rack: str,
@@ -157,6 +160,7 @@ def bookie(
         ready_file=ready_file,
         stop_grace=stop_grace,
         metrics_port=metrics_port,
+        scrub_rate=scrub_rate,
         segment_size=segment_mb << 20,
         preallocate=preallocate,
         rack=rack,

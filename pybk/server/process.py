@@ -30,6 +30,7 @@ from pybk.metadata.base import BookieRegistration, MetadataStore
 from pybk.runtime.dirlock import DirectoryLock
 from pybk.runtime.gctune import SERVER_GC_THRESHOLD, tune_gc_for_server
 from pybk.runtime.loopwatch import LoopWatch
+from pybk.storage.scrub import Scrubber
 from pybk.storage.store import INLINE_SYNC_ALWAYS
 from pybk.transport.listener import raise_open_file_limit
 from pybk.transport.server import BookieServer, ServerConfig
@@ -67,6 +68,9 @@ class BookieProcessConfig:
     server_config: ServerConfig | None = None
     bookie_config: Any = None  # pybk.bookie.BookieConfig
     metrics_port: int | None = None  # serve /metrics (and /heartbeat) only, on host:port
+    #: the local scrubber verifies every stored record at most this many bytes a second
+    #: (pybk.storage.scrub; damage marks the ledger under-replicated); 0: no scrubber
+    scrub_rate: float = 8 << 20
     #: the HTTP admin endpoint (pybk.server.http) on this port; None: none
     http_port: int | None = None
     #: its bounds and token (a pybk.server.http.HttpConfig; host/port are filled in)
@@ -172,6 +176,8 @@ class BookieProcess:
         self._client: Any = None  # the pybk.Client of the admin endpoint and auto-recovery
         self.registry: Any = None
         self.loop_watch = LoopWatch()
+        self.scrubber: Scrubber | None = None
+        self._marks: set[asyncio.Task[None]] = set()
         self._lock = DirectoryLock(config.data_dir, "bookie data directory")
         #: this process put the bookie in the registry (only then does it take it out)
         self._registered = False
@@ -225,6 +231,7 @@ class BookieProcess:
         host = cfg.advertise()
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.registry = self.server.registry
+        self._start_scrubber()
         self.loop_watch.start()
         stall = Gauge("pybk_loop_stall_seconds_max", "the longest the event loop was held "
                       "(a timer's lateness, since start)", registry=self.registry)
@@ -289,6 +296,28 @@ class BookieProcess:
             recovery = self.autorecovery
             self.registry.register(AutoRecoveryCollector(
                 lambda: [(self.bookie_id, recovery.stats)]))
+
+    def _start_scrubber(self) -> None:
+        """Verify every stored record in the background; damage is reported by the bookie's
+        info and metrics and marks the ledger under-replicated (auto-recovery copies it)."""
+        store = self.bookie.store
+        if not self.config.scrub_rate or store is None:
+            return
+        self.scrubber = Scrubber(store, rate=self.config.scrub_rate, on_damage=self._damaged)
+        self.scrubber.start()
+        damaged = Gauge("pybk_bookie_damaged_entries", "entries the scrubber found damaged "
+                        "(not repaired yet)", registry=self.registry)
+        damaged.set_function(lambda: len(store.damaged))
+
+    def _damaged(self, ledger_id: int, entry_id: int, what: str) -> None:
+        log.error("bookie %s: scrubber: ledger %d entry %d is damaged (%s): marking the ledger "
+                  "under-replicated", self.bookie_id, ledger_id, entry_id, what)
+        if self.store is None:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self.store.mark_under_replicated(ledger_id, [self.bookie_id]))
+        self._marks.add(task)
+        task.add_done_callback(self._marks.discard)
 
     async def _start_http(self, port: int, *, admin_paths: bool) -> str:
         from dataclasses import replace
@@ -365,6 +394,8 @@ class BookieProcess:
         """Clean shutdown (see the module doc for the order)."""
         self._stop.set()
         self.loop_watch.stop()
+        if self.scrubber is not None:
+            await self.scrubber.stop()
         if self.autorecovery is not None:
             await self.autorecovery.stop()
         for http in self._http:

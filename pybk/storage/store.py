@@ -103,6 +103,8 @@ class LedgerStore(WritesMixin):
         self._dead: list[int] = []  # segments retired by compaction, not yet known deleted
         self.checkpointer = Checkpointer(fs, data_dir)
         self.suspect: list[str] = []
+        #: entries the scrubber found damaged: (ledger, entry) -> what (pybk.storage.scrub)
+        self.damaged: dict[tuple[int, int], str] = {}
         #: set when the store opened read-only (disk full at start-up)
         self.read_only_reason = ""
         self.journal = Journal(
