@@ -19,6 +19,14 @@ from pybk.wire import BookieInfoRequest, Status
 pytestmark = pytest.mark.integration
 
 
+def _flip(path: Path, offset: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
 async def test_a_flipped_byte_in_a_sealed_segment_is_reported_and_marked(tmp_path: Path) -> None:
     bookie = await BookieUnderTest(tmp_path / "r", "--segment-mb", "1").astart()
     async with Client(bookie.metadata) as client:
@@ -28,11 +36,7 @@ async def test_a_flipped_byte_in_a_sealed_segment_is_reported_and_marked(tmp_pat
     bookie.stop()
     journal = bookie.root / "bookies" / "b1" / "journal"
     first = sorted(n for n in os.listdir(journal) if n.endswith(".seg"))[0]
-    with open(journal / first, "r+b") as f:  # a sealed segment the checkpoint covers
-        f.seek(200 << 10)
-        byte = f.read(1)
-        f.seek(200 << 10)
-        f.write(bytes([byte[0] ^ 0xFF]))
+    _flip(journal / first, 200 << 10)  # a sealed segment the checkpoint covers
     await bookie.astart()
 
     async def damaged() -> bool:
