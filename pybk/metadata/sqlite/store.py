@@ -11,8 +11,8 @@ Several processes on one machine may share the file:
 All SQLite calls run on one dedicated thread per store (one connection, FIFO), never on the
 event loop. Liveness of bookies is a lease: a registration carries an expiry that this store
 refreshes from a heartbeat task; a registration whose owner stopped heartbeating is simply not
-listed once it expires. Watches poll: one cheap query of a change counter per interval while
-any ledger watch exists, plus the live bookie list while any bookie watch exists.
+listed once it expires. Watches poll (:mod:`.watches`); the file's schema and shared SQL are
+in :mod:`.schema`, locks in :mod:`.locks`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import logging
 import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from pybk.errors import (
@@ -40,7 +40,6 @@ from pybk.errors import (
     NoSuchLedgerError,
 )
 from pybk.metadata._common import (
-    CallbackWatch,
     LockElection,
     check_bookie_id,
     check_expected_marks,
@@ -62,39 +61,27 @@ from pybk.metadata.base import (
     VersionedValue,
     Watch,
 )
+from pybk.metadata.sqlite.locks import lock_row, release_lock, release_locks, take_lock
+from pybk.metadata.sqlite.schema import (
+    UPSERT_BOOKIE,
+    bump,
+    bump_bookies,
+    counter,
+    immediate,
+    ledger_version,
+    live_bookies,
+    open_connection,
+    parse_missing,
+    refresh_registrations,
+    set_counter,
+    value_version,
+)
+from pybk.metadata.sqlite.watches import WatchPoller
 
-__all__ = [
-    "SCHEMA_VERSION",
-    "SqliteMetadataStore",
-]
+__all__ = ["SqliteMetadataStore"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("pybk.metadata.sqlite")
 T = TypeVar("T")
-
-SCHEMA_VERSION = 2  # 2: bookies.rack, locks
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS ledgers (
-    id INTEGER PRIMARY KEY, data BLOB NOT NULL, version INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS bookies (
-    bookie_id TEXT PRIMARY KEY, address TEXT NOT NULL, read_only INTEGER NOT NULL,
-    owner TEXT NOT NULL, expires_at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS cookies (bookie_id TEXT PRIMARY KEY, cookie BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS under_replicated (ledger_id INTEGER PRIMARY KEY, missing TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS kv (
-    key TEXT PRIMARY KEY, value BLOB NOT NULL, version INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS locks (
-    name TEXT PRIMARY KEY, owner TEXT NOT NULL, holder TEXT NOT NULL, expires_at REAL NOT NULL);
-INSERT OR IGNORE INTO counters VALUES ('next_ledger_id', 0), ('version', 0), ('changes', 0);
-"""
-
-_UPSERT_BOOKIE = """
-INSERT INTO bookies (bookie_id, address, read_only, owner, expires_at, rack)
-VALUES (?, ?, ?, ?, ?, ?)
-ON CONFLICT (bookie_id) DO UPDATE SET address = excluded.address,
-    read_only = excluded.read_only, owner = excluded.owner, expires_at = excluded.expires_at,
-    rack = excluded.rack
-"""
 
 
 class SqliteMetadataStore(MetadataStore):
@@ -145,17 +132,8 @@ class SqliteMetadataStore(MetadataStore):
         self._own: dict[str, BookieRegistration] = {}
         #: locks this store holds: name -> (owner label, wall-clock expiry it last wrote)
         self._held: dict[str, tuple[str, float]] = {}
-        self._lock_watches: dict[str, list[CallbackWatch]] = {}
-        self._seen_locks: dict[str, str | None] = {}  # lock name -> holder last seen
         self._heartbeat: asyncio.Task[None] | None = None
-        self._poller: asyncio.Task[None] | None = None
-        self._ledger_watches: dict[int, list[CallbackWatch]] = {}
-        self._bookie_watches: list[CallbackWatch] = []
-        self._seen: dict[int, int | None] = {}  # ledger id -> last version seen (None = absent)
-        self._value_watches: dict[str, list[CallbackWatch]] = {}
-        self._seen_values: dict[str, int | None] = {}  # key -> last version seen (None = absent)
-        #: Completed watch polls (tests wait on it; a gauge for operators).
-        self.polls = 0
+        self._watches = WatchPoller(self._run, poll_interval=poll_interval, name=self.owner[:8])
 
     # -- thread plumbing ---------------------------------------------------------------------
 
@@ -172,7 +150,9 @@ class SqliteMetadataStore(MetadataStore):
             pause = 0.002
             while True:
                 try:
-                    self._conn = self._open_connection()
+                    self._conn = open_connection(
+                        self.path, busy_timeout=self._busy_timeout,
+                        synchronous=self._synchronous)
                     break
                 except sqlite3.OperationalError as exc:
                     code = getattr(exc, "sqlite_errorcode", 0) & 0xFF  # primary result code
@@ -183,35 +163,6 @@ class SqliteMetadataStore(MetadataStore):
                     time.sleep(pause)  # on the store's own thread, never the event loop
                     pause = min(pause * 2, 0.1)
         return self._conn
-
-    def _open_connection(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            self.path, timeout=self._busy_timeout, isolation_level=None,
-            check_same_thread=False,
-        )
-        try:
-            (mode,) = conn.execute("PRAGMA journal_mode=WAL").fetchone()
-            if str(mode).lower() != "wal":  # e.g. a filesystem without shared memory
-                log.warning("%s: WAL mode unavailable (journal_mode=%s)", self.path, mode)
-            conn.execute(f"PRAGMA synchronous={self._synchronous}")
-            (found,) = conn.execute("PRAGMA user_version").fetchone()
-            if found > SCHEMA_VERSION:
-                raise MetadataStoreError(
-                    f"{self.path}: metadata schema version {found} is newer than this "
-                    f"pybk understands ({SCHEMA_VERSION})"
-                )
-            with _immediate(conn):
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                columns = {row[1] for row in conn.execute("PRAGMA table_info(bookies)")}
-                if "rack" not in columns:  # a version 1 file: registrations gain a location
-                    conn.execute("ALTER TABLE bookies ADD COLUMN rack TEXT NOT NULL DEFAULT ''")
-                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        except BaseException:
-            conn.close()
-            raise
-        return conn
 
     async def _run(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(conn)`` on the store's thread; map SQLite failures to pybk errors."""
@@ -245,9 +196,9 @@ class SqliteMetadataStore(MetadataStore):
             block = self._id_block
 
             def claim(conn: sqlite3.Connection) -> list[int]:
-                with _immediate(conn):
-                    first = _counter(conn, "next_ledger_id")
-                    _set_counter(conn, "next_ledger_id", first + block)
+                with immediate(conn):
+                    first = counter(conn, "next_ledger_id")
+                    set_counter(conn, "next_ledger_id", first + block)
                 return list(range(first, first + block))
 
             claimed = await self._run("allocate_ledger_id", claim)
@@ -260,17 +211,17 @@ class SqliteMetadataStore(MetadataStore):
         lid = metadata.ledger_id
 
         def create(conn: sqlite3.Connection) -> int:
-            with _immediate(conn):
+            with immediate(conn):
                 if conn.execute("SELECT 1 FROM ledgers WHERE id = ?", (lid,)).fetchone():
                     raise LedgerExistsError(f"ledger {lid} already exists")
-                version = _bump(conn)
+                version = bump(conn)
                 conn.execute("INSERT INTO ledgers VALUES (?, ?, ?)", (lid, data, version))
-                if _counter(conn, "next_ledger_id") <= lid:
-                    _set_counter(conn, "next_ledger_id", lid + 1)
+                if counter(conn, "next_ledger_id") <= lid:
+                    set_counter(conn, "next_ledger_id", lid + 1)
                 return version
 
         version = await self._run("create_ledger", create)
-        self._changed_here(lid, version)
+        self._watches.ledger_returned(lid, version, changed=True)
         return metadata.with_changes(version=version)
 
     async def read_ledger(self, ledger_id: int) -> LedgerMetadata:
@@ -286,7 +237,7 @@ class SqliteMetadataStore(MetadataStore):
         if row is None:
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist")
         md = LedgerMetadata.from_bytes(row[0], row[1])
-        self._seen[ledger_id] = row[1]
+        self._watches.ledger_returned(ledger_id, row[1], changed=False)
         return md
 
     async def write_ledger(self, metadata: LedgerMetadata, expected_version: int) -> LedgerMetadata:
@@ -295,38 +246,38 @@ class SqliteMetadataStore(MetadataStore):
         lid = metadata.ledger_id
 
         def cas(conn: sqlite3.Connection) -> int:
-            with _immediate(conn):
-                current = _ledger_version(conn, lid)
+            with immediate(conn):
+                current = ledger_version(conn, lid)
                 if current != expected_version:
                     raise MetadataVersionError(
                         f"ledger {lid}: version {expected_version} is stale (store has {current})"
                     )
-                version = _bump(conn)
+                version = bump(conn)
                 conn.execute(
                     "UPDATE ledgers SET data = ?, version = ? WHERE id = ?", (data, version, lid)
                 )
                 return version
 
         version = await self._run("write_ledger", cas)
-        self._changed_here(lid, version)
+        self._watches.ledger_returned(lid, version, changed=True)
         return metadata.with_changes(version=version)
 
     async def delete_ledger(self, ledger_id: int, expected_version: int | None = None) -> None:
         check_ledger_id(ledger_id)
 
         def delete(conn: sqlite3.Connection) -> None:
-            with _immediate(conn):
-                current = _ledger_version(conn, ledger_id)
+            with immediate(conn):
+                current = ledger_version(conn, ledger_id)
                 if expected_version is not None and current != expected_version:
                     raise MetadataVersionError(
                         f"ledger {ledger_id}: version {expected_version} is stale "
                         f"(store has {current})"
                     )
                 conn.execute("DELETE FROM ledgers WHERE id = ?", (ledger_id,))
-                _bump(conn)
+                bump(conn)
 
         await self._run("delete_ledger", delete)
-        self._changed_here(ledger_id, None)
+        self._watches.ledger_returned(ledger_id, None, changed=True)
 
     async def list_ledgers(self) -> list[int]:
         def ids(conn: sqlite3.Connection) -> list[int]:
@@ -341,15 +292,15 @@ class SqliteMetadataStore(MetadataStore):
         data = check_value(key, value)
 
         def create(conn: sqlite3.Connection) -> int:
-            with _immediate(conn):
+            with immediate(conn):
                 if conn.execute("SELECT 1 FROM kv WHERE key = ?", (key,)).fetchone():
                     raise KeyExistsError(f"key {key!r} already exists")
-                version = _bump(conn)
+                version = bump(conn)
                 conn.execute("INSERT INTO kv VALUES (?, ?, ?)", (key, data, version))
                 return version
 
         version = await self._run("create_value", create)
-        self._value_changed_here(key, version)
+        self._watches.value_returned(key, version, changed=True)
         return VersionedValue(key, data, version)
 
     async def read_value(self, key: str) -> VersionedValue:
@@ -362,7 +313,7 @@ class SqliteMetadataStore(MetadataStore):
         row = await self._run("read_value", read)
         if row is None:
             raise NoSuchKeyError(f"key {key!r} does not exist")
-        self._seen_values[key] = row[1]
+        self._watches.value_returned(key, row[1], changed=False)
         return VersionedValue(key, row[0], row[1])
 
     async def write_value(
@@ -372,37 +323,37 @@ class SqliteMetadataStore(MetadataStore):
         data = check_value(key, value)
 
         def cas(conn: sqlite3.Connection) -> int:
-            with _immediate(conn):
-                current = _value_version(conn, key)
+            with immediate(conn):
+                current = value_version(conn, key)
                 if current != expected_version:
                     raise MetadataVersionError(
                         f"key {key!r}: version {expected_version} is stale (store has {current})"
                     )
-                version = _bump(conn)
+                version = bump(conn)
                 conn.execute(
                     "UPDATE kv SET value = ?, version = ? WHERE key = ?", (data, version, key)
                 )
                 return version
 
         version = await self._run("write_value", cas)
-        self._value_changed_here(key, version)
+        self._watches.value_returned(key, version, changed=True)
         return VersionedValue(key, data, version)
 
     async def delete_value(self, key: str, expected_version: int | None = None) -> None:
         check_key(key)
 
         def delete(conn: sqlite3.Connection) -> None:
-            with _immediate(conn):
-                current = _value_version(conn, key)
+            with immediate(conn):
+                current = value_version(conn, key)
                 if expected_version is not None and current != expected_version:
                     raise MetadataVersionError(
                         f"key {key!r}: version {expected_version} is stale (store has {current})"
                     )
                 conn.execute("DELETE FROM kv WHERE key = ?", (key,))
-                _bump(conn)
+                bump(conn)
 
         await self._run("delete_value", delete)
-        self._value_changed_here(key, None)
+        self._watches.value_returned(key, None, changed=True)
 
     async def list_keys(self, prefix: str = "") -> list[str]:
         check_prefix(prefix)
@@ -422,18 +373,7 @@ class SqliteMetadataStore(MetadataStore):
 
     def watch_value(self, key: str, callback: Callable[[str], None]) -> Watch:
         check_key(key)
-
-        def forget(w: CallbackWatch) -> None:
-            lst = self._value_watches.get(key, [])
-            if w in lst:
-                lst.remove(w)
-            if not lst:
-                self._value_watches.pop(key, None)
-
-        w = CallbackWatch(asyncio.get_running_loop(), lambda: callback(key), forget)
-        self._value_watches.setdefault(key, []).append(w)
-        self._ensure_poller()
-        return w
+        return self._watches.watch_value(key, lambda: callback(key))
 
     # -- bookies -----------------------------------------------------------------------------
 
@@ -443,11 +383,12 @@ class SqliteMetadataStore(MetadataStore):
         owner, ttl = self.owner, self.ttl
 
         def upsert(conn: sqlite3.Connection) -> None:
-            with _immediate(conn):
+            with immediate(conn):
                 conn.execute(
-                    _UPSERT_BOOKIE,
+                    UPSERT_BOOKIE,
                     (r.bookie_id, r.address, int(r.read_only), owner, time.time() + ttl, r.rack),
                 )
+                bump_bookies(conn)
 
         await self._run("register_bookie", upsert)
         self._own[r.bookie_id] = r
@@ -464,13 +405,17 @@ class SqliteMetadataStore(MetadataStore):
         self._own.pop(bookie_id, None)
 
         def delete(conn: sqlite3.Connection) -> None:
-            with _immediate(conn):
-                conn.execute("DELETE FROM bookies WHERE bookie_id = ?", (bookie_id,))
+            with immediate(conn):
+                cur = conn.execute("DELETE FROM bookies WHERE bookie_id = ?", (bookie_id,))
+                if cur.rowcount:
+                    bump_bookies(conn)
 
         await self._run("unregister_bookie", delete)
 
     async def list_bookies(self) -> list[BookieRegistration]:
-        return await self._run("list_bookies", _live_bookies)
+        bookies, version, at = await self._run("list_bookies", live_bookies)
+        self._watches.returned_bookies = (version, at)
+        return bookies
 
     async def _heartbeat_loop(self) -> None:
         """Refresh our registrations' expiry; re-create any that lapsed (e.g. after a pause),
@@ -480,7 +425,7 @@ class SqliteMetadataStore(MetadataStore):
             await asyncio.sleep(self.heartbeat_interval)
             self._expire_held_locks()
             refresh = functools.partial(
-                _refresh_registrations, regs=list(self._own.values()), owner=owner, ttl=self.ttl,
+                refresh_registrations, regs=list(self._own.values()), owner=owner, ttl=self.ttl,
                 locks=sorted(self._held),
             )
             try:
@@ -506,128 +451,16 @@ class SqliteMetadataStore(MetadataStore):
     def _lost_lock(self, name: str) -> None:
         if self._held.pop(name, None) is not None:
             log.warning("SQLite metadata %s: lost lock %s (lease not renewed)", self.path, name)
-            self._lock_changed_here(name, None)
+            self._watches.lock_lost(name)
 
-    # -- watches -----------------------------------------------------------------------------
-
-    def _changed_here(self, ledger_id: int, version: int | None) -> None:
-        """A change made through this store: watchers here hear of it at once (the poller
-        only reports versions that differ from what this store last saw, its own writes
-        included)."""
-        self._seen[ledger_id] = version
-        for w in list(self._ledger_watches.get(ledger_id, ())):
-            w.fire()
-
-    def _value_changed_here(self, key: str, version: int | None) -> None:
-        self._seen_values[key] = version
-        for w in list(self._value_watches.get(key, ())):
-            w.fire()
+    # -- watches (see .watches for the guarantee and how each baseline is kept) ---------------
 
     def watch_ledger(self, ledger_id: int, callback: Callable[[int], None]) -> Watch:
         check_ledger_id(ledger_id)
-
-        def forget(w: CallbackWatch) -> None:
-            lst = self._ledger_watches.get(ledger_id, [])
-            if w in lst:
-                lst.remove(w)
-            if not lst:
-                self._ledger_watches.pop(ledger_id, None)
-
-        w = CallbackWatch(asyncio.get_running_loop(), lambda: callback(ledger_id), forget)
-        self._ledger_watches.setdefault(ledger_id, []).append(w)
-        self._ensure_poller()
-        return w
+        return self._watches.watch_ledger(ledger_id, lambda: callback(ledger_id))
 
     def watch_bookies(self, callback: Callable[[], None]) -> Watch:
-        def forget(w: CallbackWatch) -> None:
-            if w in self._bookie_watches:
-                self._bookie_watches.remove(w)
-
-        w = CallbackWatch(asyncio.get_running_loop(), callback, forget)
-        self._bookie_watches.append(w)
-        self._ensure_poller()
-        return w
-
-    def _ensure_poller(self) -> None:
-        if self._closed:
-            raise ClientClosedError(f"SQLite metadata store {self.path} is closed")
-        if self._poller is None or self._poller.done():
-            self._poller = asyncio.get_running_loop().create_task(
-                self._poll_loop(), name=f"pybk-sqlite-watch-{self.owner[:8]}"
-            )
-
-    async def _poll_loop(self) -> None:
-        """Compare versions / the live bookie set with what watchers last saw.
-
-        Ledger baselines are the versions this store last read or wrote (so a change made by
-        someone else between the caller's read and its watch is still reported), else the
-        version found on the first poll. Idle cost: one counter query per interval.
-        """
-        last_changes = -1
-        last_bookies: list[BookieRegistration] | None = None
-        while not self._closed and (
-            self._ledger_watches or self._bookie_watches or self._value_watches
-            or self._lock_watches
-        ):
-            watched = sorted(self._ledger_watches)
-            keys = sorted(self._value_watches)
-            lock_names = sorted(self._lock_watches)
-            want_bookies = bool(self._bookie_watches)
-            force = any(lid not in self._seen for lid in watched) or any(
-                k not in self._seen_values for k in keys
-            )
-            poll = functools.partial(
-                _poll_changes,
-                watched=watched,
-                keys=keys,
-                force=force,
-                last_changes=last_changes,
-                want_bookies=want_bookies,
-                lock_names=lock_names,
-            )
-            try:
-                changes, versions, key_versions, bookies, holders = await self._run(
-                    "watch poll", poll)
-            except ClientClosedError:
-                return
-            except (MetadataStoreError, CorruptRecordError) as exc:
-                log.warning("metadata watch poll failed: %s", exc)
-                await asyncio.sleep(self.poll_interval)
-                continue
-            if versions is not None:
-                for lid in watched:
-                    now = versions.get(lid)
-                    if lid not in self._seen:
-                        self._seen[lid] = now
-                    elif self._seen[lid] != now:
-                        self._seen[lid] = now
-                        for w in list(self._ledger_watches.get(lid, ())):
-                            w.fire()
-            if key_versions is not None:
-                for key in keys:
-                    now_v = key_versions.get(key)
-                    if key not in self._seen_values:
-                        self._seen_values[key] = now_v
-                    elif self._seen_values[key] != now_v:
-                        self._seen_values[key] = now_v
-                        for w in list(self._value_watches.get(key, ())):
-                            w.fire()
-            for name in lock_names:  # every poll: a lease lapses without any write
-                now_h = holders.get(name)
-                if name not in self._seen_locks:
-                    self._seen_locks[name] = now_h
-                elif self._seen_locks[name] != now_h:
-                    self._seen_locks[name] = now_h
-                    for w in list(self._lock_watches.get(name, ())):
-                        w.fire()
-            last_changes = changes
-            self.polls += 1
-            if bookies is not None:
-                if last_bookies is not None and bookies != last_bookies:
-                    for bw in list(self._bookie_watches):
-                        bw.fire()
-                last_bookies = bookies
-            await asyncio.sleep(self.poll_interval)
+        return self._watches.watch_bookies(callback)
 
     # -- under-replication marks ---------------------------------------------------------------
 
@@ -638,11 +471,11 @@ class SqliteMetadataStore(MetadataStore):
         added = list(missing_bookies)
 
         def merge(conn: sqlite3.Connection) -> None:
-            with _immediate(conn):
+            with immediate(conn):
                 row = conn.execute(
                     "SELECT missing FROM under_replicated WHERE ledger_id = ?", (ledger_id,)
                 ).fetchone()
-                existing = _parse_missing(row[0], ledger_id) if row else []
+                existing = parse_missing(row[0], ledger_id) if row else []
                 conn.execute(
                     "INSERT OR REPLACE INTO under_replicated VALUES (?, ?)",
                     (ledger_id, json.dumps(merge_missing(existing, added))),
@@ -653,7 +486,7 @@ class SqliteMetadataStore(MetadataStore):
     async def list_under_replicated(self) -> dict[int, list[str]]:
         def marks(conn: sqlite3.Connection) -> dict[int, list[str]]:
             rows = conn.execute("SELECT ledger_id, missing FROM under_replicated ORDER BY 1")
-            return {lid: _parse_missing(m, lid) for lid, m in rows}
+            return {lid: parse_missing(m, lid) for lid, m in rows}
 
         return await self._run("list_under_replicated", marks)
 
@@ -664,11 +497,11 @@ class SqliteMetadataStore(MetadataStore):
         want = check_expected_marks(expected)
 
         def clear(conn: sqlite3.Connection) -> bool:
-            with _immediate(conn):
+            with immediate(conn):
                 row = conn.execute(
                     "SELECT missing FROM under_replicated WHERE ledger_id = ?", (ledger_id,)
                 ).fetchone()
-                if row is None or (want is not None and _parse_missing(row[0], ledger_id) != want):
+                if row is None or (want is not None and parse_missing(row[0], ledger_id) != want):
                     return False
                 conn.execute("DELETE FROM under_replicated WHERE ledger_id = ?", (ledger_id,))
                 return True
@@ -680,57 +513,31 @@ class SqliteMetadataStore(MetadataStore):
     async def try_lock(self, name: str, owner: str) -> bool:
         check_key(name)
         check_owner(owner)
-        holder, ttl = self.owner, self.ttl
-
-        def take(conn: sqlite3.Connection) -> float | None:
-            now = time.time()
-            with _immediate(conn):
-                row = conn.execute(
-                    "SELECT holder, expires_at FROM locks WHERE name = ?", (name,)
-                ).fetchone()
-                if row is not None and row[0] != holder and row[1] > now:
-                    return None
-                conn.execute(
-                    "INSERT OR REPLACE INTO locks VALUES (?, ?, ?, ?)",
-                    (name, owner, holder, now + ttl),
-                )
-                _bump_changes(conn)
-                return now + ttl
-
-        expiry = await self._run("try_lock", take)
+        take = functools.partial(take_lock, name=name, owner=owner, holder=self.owner,
+                                 ttl=self.ttl)
+        expiry, version, at, changed = await self._run("try_lock", take)
+        self._watches.lock_returned(name, version, at, changed=changed)
         if expiry is None:
             return False
-        fresh = name not in self._held
         self._held[name] = (owner, expiry)
         self._ensure_heartbeat()
-        if fresh:
-            self._lock_changed_here(name, holder)
         return True
 
     async def unlock(self, name: str) -> None:
         check_key(name)
-        holder = self.owner
         if self._held.pop(name, None) is None:
             return
-
-        def release(conn: sqlite3.Connection) -> None:
-            with _immediate(conn):
-                conn.execute("DELETE FROM locks WHERE name = ? AND holder = ?", (name, holder))
-                _bump_changes(conn)
-
-        self._lock_changed_here(name, None)
-        await self._run("unlock", release)
+        self._watches.lock_lost(name)  # not holding it any more, whatever the file says
+        release = functools.partial(release_lock, name=name, holder=self.owner)
+        version, at = await self._run("unlock", release)
+        if version is not None:
+            self._watches.lock_returned(name, version, at, changed=True)
 
     async def lock_owner(self, name: str) -> str | None:
         check_key(name)
-
-        def owner(conn: sqlite3.Connection) -> str | None:
-            row = conn.execute(
-                "SELECT owner FROM locks WHERE name = ? AND expires_at > ?", (name, time.time())
-            ).fetchone()
-            return None if row is None else str(row[0])
-
-        return await self._run("lock_owner", owner)
+        owner, version, at = await self._run("lock_owner", functools.partial(lock_row, name=name))
+        self._watches.lock_returned(name, version, at, changed=False)
+        return owner
 
     async def list_locks(self, prefix: str = "") -> dict[str, str]:
         check_prefix(prefix)
@@ -743,29 +550,18 @@ class SqliteMetadataStore(MetadataStore):
 
         return await self._run("list_locks", held)
 
+    @property
+    def polls(self) -> int:
+        """Completed watch polls (tests wait on it; a gauge for operators)."""
+        return self._watches.polls
+
     def holds_lock(self, name: str) -> bool:
         held = self._held.get(name)
         return not self._closed and held is not None and held[1] > time.time()
 
     def watch_lock(self, name: str, callback: Callable[[str], None]) -> Watch:
         check_key(name)
-
-        def forget(w: CallbackWatch) -> None:
-            lst = self._lock_watches.get(name, [])
-            if w in lst:
-                lst.remove(w)
-            if not lst:
-                self._lock_watches.pop(name, None)
-
-        w = CallbackWatch(asyncio.get_running_loop(), lambda: callback(name), forget)
-        self._lock_watches.setdefault(name, []).append(w)
-        self._ensure_poller()
-        return w
-
-    def _lock_changed_here(self, name: str, holder: str | None) -> None:
-        self._seen_locks[name] = holder
-        for w in list(self._lock_watches.get(name, ())):
-            w.fire()
+        return self._watches.watch_lock(name, lambda: callback(name))
 
     def election(self, name: str, candidate: str) -> Election:
         return LockElection(self, name, candidate, retry_interval=self.heartbeat_interval)
@@ -793,7 +589,7 @@ class SqliteMetadataStore(MetadataStore):
         value = bytes(cookie)
 
         def write(conn: sqlite3.Connection) -> None:
-            with _immediate(conn):
+            with immediate(conn):
                 conn.execute("INSERT OR REPLACE INTO cookies VALUES (?, ?)", (bookie_id, value))
 
         await self._run("write_cookie", write)
@@ -802,7 +598,7 @@ class SqliteMetadataStore(MetadataStore):
         check_bookie_id(bookie_id)
 
         def delete(conn: sqlite3.Connection) -> None:
-            with _immediate(conn):
+            with immediate(conn):
                 conn.execute("DELETE FROM cookies WHERE bookie_id = ?", (bookie_id,))
 
         await self._run("delete_cookie", delete)
@@ -813,7 +609,7 @@ class SqliteMetadataStore(MetadataStore):
         """Overwrite a ledger's stored bytes (tests: readers must raise CorruptRecordError)."""
 
         def write(conn: sqlite3.Connection) -> None:
-            with _immediate(conn):
+            with immediate(conn):
                 conn.execute("UPDATE ledgers SET data = ? WHERE id = ?", (data, ledger_id))
 
         await self._run("corrupt_ledger", write)
@@ -830,16 +626,17 @@ class SqliteMetadataStore(MetadataStore):
         concurrent work): ids and versions are never handed out twice, marks are canonical."""
 
         def check(conn: sqlite3.Connection) -> None:
-            next_id, version = _counter(conn, "next_ledger_id"), _counter(conn, "version")
+            next_id, version = counter(conn, "next_ledger_id"), counter(conn, "version")
             max_id, max_version = conn.execute(
                 "SELECT max(id), max(version) FROM ledgers"
             ).fetchone()
             assert max_id is None or max_id < next_id, (max_id, next_id)
             assert max_version is None or max_version <= version, (max_version, version)
-            (max_kv,) = conn.execute("SELECT max(version) FROM kv").fetchone()
-            assert max_kv is None or max_kv <= version, (max_kv, version)
+            for table in ("kv", "locks"):
+                (top,) = conn.execute(f"SELECT max(version) FROM {table}").fetchone()
+                assert top is None or top <= version, (table, top, version)
             for lid, missing in conn.execute("SELECT ledger_id, missing FROM under_replicated"):
-                marks = _parse_missing(missing, lid)
+                marks = parse_missing(missing, lid)
                 assert marks == sorted(set(marks)), (lid, marks)
 
         await self._run("check_invariants", check)
@@ -863,15 +660,14 @@ class SqliteMetadataStore(MetadataStore):
             owner = self.owner
 
             def delete(conn: sqlite3.Connection) -> None:
-                with _immediate(conn):
+                with immediate(conn):
                     for b in own:
                         conn.execute(
                             "DELETE FROM bookies WHERE bookie_id = ? AND owner = ?", (b, owner)
                         )
-                    for name in held:
-                        conn.execute(
-                            "DELETE FROM locks WHERE name = ? AND holder = ?", (name, owner))
-                    _bump_changes(conn)
+                    release_locks(conn, held, owner)
+                    if own:
+                        bump_bookies(conn)
 
             try:
                 await self._run("close", delete)
@@ -883,22 +679,12 @@ class SqliteMetadataStore(MetadataStore):
         if self._closed:
             return
         self._closed = True
-        for task in (self._heartbeat, self._poller):
-            if task is not None and not task.done():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        for lst in list(self._ledger_watches.values()):
-            for w in list(lst):
-                w.cancel()
-        for bw in list(self._bookie_watches):
-            bw.cancel()
-        for vl in list(self._value_watches.values()):
-            for w in list(vl):
-                w.cancel()
-        for ll in list(self._lock_watches.values()):
-            for w in list(ll):
-                w.cancel()
+        task = self._heartbeat
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self._watches.stop()
 
         def close_conn() -> None:
             if self._conn is not None:
@@ -908,143 +694,3 @@ class SqliteMetadataStore(MetadataStore):
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, close_conn)
         self._executor.shutdown(wait=False)
-
-
-# -- SQL helpers (run on the store thread) ------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
-    """One write transaction: take the write lock first, so compare and write are atomic."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-    except BaseException:
-        if conn.in_transaction:  # SQLite may already have rolled back (e.g. disk full)
-            conn.execute("ROLLBACK")
-        raise
-    conn.execute("COMMIT")
-
-
-def _counter(conn: sqlite3.Connection, name: str) -> int:
-    row = conn.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()
-    if row is None:
-        raise CorruptRecordError(f"metadata database: counter {name!r} is missing")
-    return int(row[0])
-
-
-def _set_counter(conn: sqlite3.Connection, name: str, value: int) -> None:
-    conn.execute("UPDATE counters SET value = ? WHERE name = ?", (value, name))
-
-
-def _bump(conn: sqlite3.Connection) -> int:
-    """Next store-wide version (never reused, so a re-created ledger never matches a stale
-    CAS), and tick the change counter watchers poll."""
-    version = _counter(conn, "version") + 1
-    _set_counter(conn, "version", version)
-    conn.execute("UPDATE counters SET value = value + 1 WHERE name = 'changes'")
-    return version
-
-
-def _ledger_version(conn: sqlite3.Connection, ledger_id: int) -> int:
-    row = conn.execute("SELECT version FROM ledgers WHERE id = ?", (ledger_id,)).fetchone()
-    if row is None:
-        raise NoSuchLedgerError(f"ledger {ledger_id} does not exist")
-    return int(row[0])
-
-
-def _value_version(conn: sqlite3.Connection, key: str) -> int:
-    row = conn.execute("SELECT version FROM kv WHERE key = ?", (key,)).fetchone()
-    if row is None:
-        raise NoSuchKeyError(f"key {key!r} does not exist")
-    return int(row[0])
-
-
-def _live_bookies(conn: sqlite3.Connection) -> list[BookieRegistration]:
-    rows = conn.execute(
-        "SELECT bookie_id, address, read_only, rack FROM bookies WHERE expires_at > ?"
-        " ORDER BY bookie_id",
-        (time.time(),),
-    )
-    return [BookieRegistration(b, a, bool(ro), str(rack)) for b, a, ro, rack in rows]
-
-
-def _refresh_registrations(
-    conn: sqlite3.Connection, *, regs: list[BookieRegistration], owner: str, ttl: float,
-    locks: list[str],
-) -> tuple[set[str], float]:
-    """Renew our registrations and the leases of our locks; returns the locks still ours
-    and their new expiry."""
-    now = time.time()
-    kept: set[str] = set()
-    with _immediate(conn):
-        for r in regs:
-            conn.execute(
-                _UPSERT_BOOKIE
-                + " WHERE bookies.owner = excluded.owner OR bookies.expires_at <= ?",
-                (r.bookie_id, r.address, int(r.read_only), owner, now + ttl, r.rack, now),
-            )
-        for name in locks:
-            cur = conn.execute(
-                "UPDATE locks SET expires_at = ? WHERE name = ? AND holder = ? AND expires_at > ?",
-                (now + ttl, name, owner, now),
-            )
-            if cur.rowcount:
-                kept.add(name)
-    return kept, now + ttl
-
-
-def _bump_changes(conn: sqlite3.Connection) -> None:
-    conn.execute("UPDATE counters SET value = value + 1 WHERE name = 'changes'")
-
-
-def _poll_changes(
-    conn: sqlite3.Connection,
-    *,
-    watched: list[int],
-    keys: list[str],
-    force: bool,
-    last_changes: int,
-    want_bookies: bool,
-    lock_names: list[str],
-) -> tuple[
-    int, dict[int, int] | None, dict[str, int] | None, list[BookieRegistration] | None,
-    dict[str, str],
-]:
-    """One watch poll: the change counter; versions of watched ledgers and keys only if
-    something changed (or a new watch needs a baseline); the live bookies if anyone watches
-    them."""
-    changes = _counter(conn, "changes")
-    versions: dict[int, int] | None = None
-    key_versions: dict[str, int] | None = None
-    if force or changes != last_changes:
-        if watched:
-            marks = ",".join("?" * len(watched))
-            versions = dict(
-                conn.execute(f"SELECT id, version FROM ledgers WHERE id IN ({marks})", watched)
-            )
-        if keys:
-            marks = ",".join("?" * len(keys))
-            key_versions = dict(
-                conn.execute(f"SELECT key, version FROM kv WHERE key IN ({marks})", keys)
-            )
-    bookies = _live_bookies(conn) if want_bookies else None
-    holders: dict[str, str] = {}
-    if lock_names:
-        marks = ",".join("?" * len(lock_names))
-        holders = {
-            str(n): str(h) for n, h in conn.execute(
-                f"SELECT name, holder FROM locks WHERE name IN ({marks}) AND expires_at > ?",
-                [*lock_names, time.time()])
-        }
-    return changes, versions, key_versions, bookies, holders
-
-
-def _parse_missing(text: str, ledger_id: int) -> list[str]:
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise CorruptRecordError(f"under-replication mark of ledger {ledger_id}: {exc}") from exc
-    if not isinstance(value, list) or not all(isinstance(b, str) for b in value):
-        raise CorruptRecordError(f"under-replication mark of ledger {ledger_id}: not a list")
-    return value
