@@ -88,6 +88,10 @@ class MemoryState:
     #: readers of an unchanged ledger share one parse (the auditor and the workers read
     #: every ledger again and again)
     parsed: dict[int, tuple[bytes, int, LedgerMetadata]] = field(default_factory=dict)
+    #: ticks on every change of the bookie registry, and of each lock (a watch set after a
+    #: read compares them with what the read returned)
+    bookies_version: int = 0
+    lock_versions: dict[str, int] = field(default_factory=dict)
 
     def bump_version(self) -> int:
         self.next_version += 1
@@ -102,10 +106,12 @@ class MemoryState:
             w.fire()
 
     def bookies_changed(self) -> None:
+        self.bookies_version += 1
         for w in list(self.bookie_watches):
             w.fire()
 
     def lock_changed(self, name: str) -> None:
+        self.lock_versions[name] = self.lock_versions.get(name, 0) + 1
         for w in list(self.lock_watches.get(name, ())):
             w.fire()
 
@@ -128,6 +134,12 @@ class MemoryMetadataStore(MetadataStore):
         self.after_op: BeforeOp | None = after_op
         #: seconds between a candidate's retries when a lock watch was missed (store faults)
         self.election_retry = 1.0
+        # what this session last returned to a caller, per subject (the watch guarantee:
+        # a watch set later fires at once when the subject changed since)
+        self._returned_ledgers: dict[int, int | None] = {}
+        self._returned_values: dict[str, int | None] = {}
+        self._returned_locks: dict[str, int] = {}
+        self._returned_bookies: int | None = None
 
     # -- sessions ----------------------------------------------------------------------------
 
@@ -239,6 +251,7 @@ class MemoryMetadataStore(MetadataStore):
         version = st.bump_version()
         st.ledgers[metadata.ledger_id] = (data, version)
         st.next_id = max(st.next_id, metadata.ledger_id + 1)
+        self._returned_ledgers[metadata.ledger_id] = version
         await self._applied("create_ledger", metadata.ledger_id)
         return metadata.with_changes(version=version)
 
@@ -248,7 +261,9 @@ class MemoryMetadataStore(MetadataStore):
         try:
             data, version = self._state.ledgers[ledger_id]
         except KeyError:
+            self._returned_ledgers[ledger_id] = None
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+        self._returned_ledgers[ledger_id] = version
         return self._parse(ledger_id, data, version)
 
     async def write_ledger(self, metadata: LedgerMetadata, expected_version: int) -> LedgerMetadata:
@@ -267,6 +282,7 @@ class MemoryMetadataStore(MetadataStore):
             )
         version = st.bump_version()
         st.ledgers[lid] = (data, version)
+        self._returned_ledgers[lid] = version
         st.ledger_changed(lid)
         await self._applied("write_ledger", lid)
         return metadata.with_changes(version=version)
@@ -285,6 +301,7 @@ class MemoryMetadataStore(MetadataStore):
             )
         del st.ledgers[ledger_id]
         st.parsed.pop(ledger_id, None)
+        self._returned_ledgers[ledger_id] = None
         st.ledger_changed(ledger_id)
         await self._applied("delete_ledger", ledger_id)
 
@@ -311,6 +328,7 @@ class MemoryMetadataStore(MetadataStore):
 
     async def list_bookies(self) -> list[BookieRegistration]:
         await self._enter("list_bookies")
+        self._returned_bookies = self._state.bookies_version
         return [reg for _, (reg, _) in sorted(self._state.bookies.items())]
 
     # -- watches -----------------------------------------------------------------------------
@@ -331,6 +349,10 @@ class MemoryMetadataStore(MetadataStore):
         w = CallbackWatch(asyncio.get_running_loop(), lambda: callback(ledger_id), forget)
         watches.setdefault(ledger_id, []).append(w)
         self._my_watches.append(w)
+        if ledger_id in self._returned_ledgers:
+            now = self._state.ledgers.get(ledger_id)
+            if self._returned_ledgers[ledger_id] != (None if now is None else now[1]):
+                w.fire()  # changed since this session last returned it
         return w
 
     def watch_bookies(self, callback: Callable[[], None]) -> Watch:
@@ -345,6 +367,8 @@ class MemoryMetadataStore(MetadataStore):
         w = CallbackWatch(asyncio.get_running_loop(), callback, forget)
         watches.append(w)
         self._my_watches.append(w)
+        if self._returned_bookies not in (None, self._state.bookies_version):
+            w.fire()
         return w
 
     # -- under-replication marks ---------------------------------------------------------------
@@ -381,11 +405,11 @@ class MemoryMetadataStore(MetadataStore):
         await self._enter("try_lock", name)
         st = self._state
         held = st.locks.get(name)
-        if held is not None:
-            return held[1] == self._session_id
-        st.locks[name] = (owner, self._session_id)
-        st.lock_changed(name)
-        return True
+        if held is None:
+            st.locks[name] = (owner, self._session_id)
+            st.lock_changed(name)
+        self._returned_locks[name] = st.lock_versions.get(name, 0)
+        return held is None or held[1] == self._session_id
 
     async def unlock(self, name: str) -> None:
         check_key(name)
@@ -395,11 +419,13 @@ class MemoryMetadataStore(MetadataStore):
         if held is not None and held[1] == self._session_id:
             del st.locks[name]
             st.lock_changed(name)
+            self._returned_locks[name] = st.lock_versions[name]
 
     async def lock_owner(self, name: str) -> str | None:
         check_key(name)
         await self._enter("lock_owner", name)
         held = self._state.locks.get(name)
+        self._returned_locks[name] = self._state.lock_versions.get(name, 0)
         return None if held is None else held[0]
 
     async def list_locks(self, prefix: str = "") -> dict[str, str]:
@@ -427,6 +453,9 @@ class MemoryMetadataStore(MetadataStore):
         w = CallbackWatch(asyncio.get_running_loop(), lambda: callback(name), forget)
         watches.setdefault(name, []).append(w)
         self._my_watches.append(w)
+        seen = self._returned_locks.get(name)
+        if seen is not None and seen != self._state.lock_versions.get(name, 0):
+            w.fire()
         return w
 
     def election(self, name: str, candidate: str) -> Election:
@@ -465,6 +494,7 @@ class MemoryMetadataStore(MetadataStore):
             raise KeyExistsError(f"key {key!r} already exists")
         version = st.bump_version()
         st.values[key] = (data, version)
+        self._returned_values[key] = version
         st.value_changed(key)
         await self._applied("create_value", key)
         return VersionedValue(key, data, version)
@@ -475,7 +505,9 @@ class MemoryMetadataStore(MetadataStore):
         try:
             data, version = self._state.values[key]
         except KeyError:
+            self._returned_values[key] = None
             raise NoSuchKeyError(f"key {key!r} does not exist") from None
+        self._returned_values[key] = version
         return VersionedValue(key, data, version)
 
     async def write_value(
@@ -495,6 +527,7 @@ class MemoryMetadataStore(MetadataStore):
             )
         version = st.bump_version()
         st.values[key] = (data, version)
+        self._returned_values[key] = version
         st.value_changed(key)
         await self._applied("write_value", key)
         return VersionedValue(key, data, version)
@@ -512,6 +545,7 @@ class MemoryMetadataStore(MetadataStore):
                 f"key {key!r}: version {expected_version} is stale (store has {current})"
             )
         del st.values[key]
+        self._returned_values[key] = None
         st.value_changed(key)
         await self._applied("delete_value", key)
 
@@ -536,6 +570,10 @@ class MemoryMetadataStore(MetadataStore):
         w = CallbackWatch(asyncio.get_running_loop(), lambda: callback(key), forget)
         watches.setdefault(key, []).append(w)
         self._my_watches.append(w)
+        if key in self._returned_values:
+            now = self._state.values.get(key)
+            if self._returned_values[key] != (None if now is None else now[1]):
+                w.fire()
         return w
 
     # -- lifecycle -----------------------------------------------------------------------------

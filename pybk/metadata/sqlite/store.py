@@ -424,9 +424,10 @@ class SqliteMetadataStore(MetadataStore):
         while self._own or self._held:
             await asyncio.sleep(self.heartbeat_interval)
             self._expire_held_locks()
+            renewing = dict(self._held)
             refresh = functools.partial(
                 refresh_registrations, regs=list(self._own.values()), owner=owner, ttl=self.ttl,
-                locks=sorted(self._held),
+                locks=sorted(renewing),
             )
             try:
                 kept, expiry = await self._run("heartbeat", refresh)
@@ -435,7 +436,9 @@ class SqliteMetadataStore(MetadataStore):
                 continue
             except ClientClosedError:
                 return
-            for name in list(self._held):
+            for name, taken in renewing.items():
+                if self._held.get(name) is not taken:
+                    continue  # released or taken again while renewing: that take stands
                 if name in kept:
                     self._held[name] = (self._held[name][0], expiry)
                 else:  # taken over after our lease lapsed, or removed by hand
