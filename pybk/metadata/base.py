@@ -397,6 +397,15 @@ class MetadataStore(abc.ABC):
         (a registration made, removed, flipped read-only, or lapsed with its owner). A
         change since this store's last ``list_bookies`` counts (the watch guarantee)."""
 
+    async def sync_watches(self) -> bool:
+        """Return once every watch this store had set when called is established: compared
+        with the store's state at least once (a polling backend polled it, ZooKeeper's watch
+        reported). True when there was something to wait for (a caller that read before
+        that may read once more); False when every watch was established already (the
+        default, for backends whose watches are established when set). Bounded: a watch
+        that cannot be established in reasonable time is given up on, and True returned."""
+        return False
+
     # -- under-replication marks (used by auto-recovery, a later wave) ------------------------
 
     @abc.abstractmethod

@@ -465,6 +465,10 @@ class SqliteMetadataStore(MetadataStore):
     def watch_bookies(self, callback: Callable[[], None]) -> Watch:
         return self._watches.watch_bookies(callback)
 
+    async def sync_watches(self) -> bool:
+        """Wait for the poll that compares every watch set so far (bounded by 100 polls)."""
+        return await self._watches.established(max(1.0, 100 * self.poll_interval))
+
     # -- under-replication marks ---------------------------------------------------------------
 
     async def mark_under_replicated(self, ledger_id: int, missing_bookies: list[str]) -> None:

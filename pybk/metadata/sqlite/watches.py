@@ -154,6 +154,7 @@ class WatchPoller:
         self.closed = False
         #: completed polls (tests wait on it; a gauge for operators)
         self.polls = 0
+        self._polled = asyncio.Event()
 
     # -- making watches ------------------------------------------------------------------------
 
@@ -267,6 +268,7 @@ class WatchPoller:
             last_changes = p.counters["changes"]
             self._last, self._last_at = p.counters, p.now
             self.polls += 1
+            self._polled.set()
             await asyncio.sleep(self.poll_interval)
 
     def _compare(self, p: _Poll, ledgers: dict[int, list[PolledWatch]],
@@ -296,6 +298,28 @@ class WatchPoller:
             if _bookies_changed(w, p):
                 w.fire()
             w.saw(p.counters["bookies"], p.now)
+
+    async def established(self, bound: float) -> bool:
+        """Wait (at most ``bound`` seconds) until every watch existing now was compared with
+        the file once; True when some had not been."""
+        waiting = [w for registry in (self.ledgers, self.values, self.locks)
+                   for lst in registry.values() for w in lst if w.fresh]
+        waiting += [w for w in self.bookies if w.fresh]
+        if not waiting:
+            return False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + bound
+        while any(w.fresh and not w.cancelled for w in waiting) and not self.closed:
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            self._polled.clear()
+            try:
+                async with asyncio.timeout(left):
+                    await self._polled.wait()
+            except TimeoutError:
+                break
+        return True
 
     async def stop(self) -> None:
         self.closed = True

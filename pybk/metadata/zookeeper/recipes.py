@@ -93,6 +93,8 @@ class DataWatches(Generic[K]):
         self.recipes: dict[K, _Recipe] = {}
         self.seen: dict[K, Seen] = {}
         self._pending: dict[CallbackWatch, Seen] = {}  # not yet compared with the node
+        #: set whenever a DataWatch reports (``established`` waits on it)
+        self.progress = asyncio.Event()
 
     def saw(self, key: K, state: Any, after: int) -> None:
         """This store returned ``state`` for ``key`` (``after``: a zxid seen before it)."""
@@ -139,6 +141,7 @@ class DataWatches(Generic[K]):
     def _event(self, key: K, recipe: _Recipe, version: Any) -> None:
         first = recipe.version is UNSEEN
         recipe.version = version
+        self.progress.set()
         if recipe.stopped:
             return
         if not first:
@@ -170,6 +173,10 @@ class DataWatches(Generic[K]):
         if stat is None or int(stat.pzxid) > after:
             w.fire()
 
+    def waiting(self) -> list[CallbackWatch]:
+        """The watches not yet compared with their node."""
+        return list(self._pending)
+
     def fire(self, key: K) -> None:
         for w in list(self.watches.get(key, ())):
             w.fire()
@@ -200,6 +207,8 @@ class ChildrenWatches:
         self._after: dict[CallbackWatch, int] = {}
         self._now: list[Any] = [UNSEEN] * len(paths)
         self._wake: list[asyncio.Event] = []
+        #: set whenever a directory reports (``established`` waits on it)
+        self.progress = asyncio.Event()
 
     def watch(self, callback: Callable[[], None]) -> CallbackWatch:
         loop = self._bridge.watch_loop()
@@ -247,6 +256,10 @@ class ChildrenWatches:
             self._report(i, int(stat.pzxid))
             await wake.wait()
 
+    def waiting(self) -> bool:
+        """Whether some watch has not been compared with every directory yet."""
+        return bool(self.watches) and any(now is UNSEEN for now in self._now)
+
     def rearm(self) -> None:
         """A new session: the server forgot our watches; read every directory again."""
         for wake in self._wake:
@@ -254,6 +267,7 @@ class ChildrenWatches:
 
     def _report(self, i: int, pzxid: int) -> None:
         self._now[i] = pzxid
+        self.progress.set()
         for w in list(self.watches):
             self._compare(w, i, pzxid)
 

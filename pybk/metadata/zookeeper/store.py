@@ -528,6 +528,30 @@ class ZooKeeperMetadataStore(MetadataStore):
         """Two kazoo ChildrenWatches per store (writable, read-only), shared by all watches."""
         return self._bookie_watchers.watch(callback)
 
+    async def sync_watches(self) -> bool:
+        """Wait until every watch set so far had its first report (at most ``op_timeout``)."""
+        groups = (self._ledger_watchers, self._value_watchers, self._lock_watchers)
+        waiting = [w for g in groups for w in g.waiting()]
+        children = self._bookie_watchers
+        if not waiting and not children.waiting():
+            return False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.op_timeout
+        while not self._bridge.closed and (
+                children.waiting() or any(w in g.waiting() for g in groups for w in waiting)):
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            for g in (*groups, children):
+                g.progress.clear()
+            wakers = [asyncio.ensure_future(g.progress.wait()) for g in (*groups, children)]
+            try:
+                await asyncio.wait(wakers, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t in wakers:
+                    t.cancel()
+        return True
+
     # -- locks and elections -------------------------------------------------------------------
 
     async def try_lock(self, name: str, owner: str) -> bool:
