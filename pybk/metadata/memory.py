@@ -21,9 +21,7 @@ so concurrent read-modify-write loops really interleave.
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 
 from pybk.errors import (
     ClientClosedError,
@@ -56,6 +54,8 @@ from pybk.metadata.base import (
     VersionedValue,
     Watch,
 )
+from pybk.metadata.memory_state import MemoryState
+from pybk.metadata.memory_watches import UNKNOWN, PolledDelivery, WatchPoller
 from pybk.runtime.eventloop import yield_now
 
 __all__ = [
@@ -67,55 +67,6 @@ __all__ = [
 BeforeOp = Callable[[str, object], Awaitable[None]]
 
 
-@dataclass
-class MemoryState:
-    """Everything the sessions of one memory store share."""
-
-    ledgers: dict[int, tuple[bytes, int]] = field(default_factory=dict)  # id -> (bytes, version)
-    next_id: int = 0
-    next_version: int = 0  # versions are store-wide so a re-created ledger never reuses one
-    bookies: dict[str, tuple[BookieRegistration, int]] = field(default_factory=dict)  # -> owner
-    under_replicated: dict[int, list[str]] = field(default_factory=dict)
-    cookies: dict[str, bytes] = field(default_factory=dict)
-    values: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # key -> (value, version)
-    value_watches: dict[str, list[CallbackWatch]] = field(default_factory=dict)
-    ledger_watches: dict[int, list[CallbackWatch]] = field(default_factory=dict)
-    bookie_watches: list[CallbackWatch] = field(default_factory=list)
-    locks: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (owner, session)
-    lock_watches: dict[str, list[CallbackWatch]] = field(default_factory=dict)
-    session_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
-    #: id -> (the stored bytes, version, their parse): metadata objects are immutable, so
-    #: readers of an unchanged ledger share one parse (the auditor and the workers read
-    #: every ledger again and again)
-    parsed: dict[int, tuple[bytes, int, LedgerMetadata]] = field(default_factory=dict)
-    #: ticks on every change of the bookie registry, and of each lock (a watch set after a
-    #: read compares them with what the read returned)
-    bookies_version: int = 0
-    lock_versions: dict[str, int] = field(default_factory=dict)
-
-    def bump_version(self) -> int:
-        self.next_version += 1
-        return self.next_version
-
-    def ledger_changed(self, ledger_id: int) -> None:
-        for w in list(self.ledger_watches.get(ledger_id, ())):
-            w.fire()
-
-    def value_changed(self, key: str) -> None:
-        for w in list(self.value_watches.get(key, ())):
-            w.fire()
-
-    def bookies_changed(self) -> None:
-        self.bookies_version += 1
-        for w in list(self.bookie_watches):
-            w.fire()
-
-    def lock_changed(self, name: str) -> None:
-        self.lock_versions[name] = self.lock_versions.get(name, 0) + 1
-        for w in list(self.lock_watches.get(name, ())):
-            w.fire()
-
-
 class MemoryMetadataStore(MetadataStore):
     """A :class:`MetadataStore` held in this process's memory (``memory://``)."""
 
@@ -124,9 +75,12 @@ class MemoryMetadataStore(MetadataStore):
         *,
         before_op: BeforeOp | None = None,
         after_op: BeforeOp | None = None,
+        watch_delivery: PolledDelivery | None = None,
         _state: MemoryState | None = None,
     ):
         self._state = _state if _state is not None else MemoryState()
+        if watch_delivery is not None:
+            self._state.poller = WatchPoller(watch_delivery)
         self._session_id = next(self._state.session_ids)
         self._closed = False
         self._my_watches: list[CallbackWatch] = []
@@ -148,6 +102,12 @@ class MemoryMetadataStore(MetadataStore):
         return MemoryMetadataStore(
             before_op=self.before_op, after_op=self.after_op, _state=self._state
         )
+
+    @property
+    def polled(self) -> bool:
+        """Whether watches poll (a :class:`PolledDelivery` was given) instead of firing at
+        once."""
+        return self._state.poller is not None
 
     @property
     def session_id(self) -> int:
@@ -349,10 +309,17 @@ class MemoryMetadataStore(MetadataStore):
         w = CallbackWatch(asyncio.get_running_loop(), lambda: callback(ledger_id), forget)
         watches.setdefault(ledger_id, []).append(w)
         self._my_watches.append(w)
-        if ledger_id in self._returned_ledgers:
-            now = self._state.ledgers.get(ledger_id)
-            if self._returned_ledgers[ledger_id] != (None if now is None else now[1]):
-                w.fire()  # changed since this session last returned it
+        st = self._state
+
+        def version() -> int | None:
+            now = st.ledgers.get(ledger_id)
+            return None if now is None else now[1]
+
+        returned = self._returned_ledgers.get(ledger_id, UNKNOWN)
+        if st.poller is not None:
+            st.poller.add(w, version, returned)
+        elif returned is not UNKNOWN and returned != version():
+            w.fire()  # changed since this session last returned it
         return w
 
     def watch_bookies(self, callback: Callable[[], None]) -> Watch:
@@ -367,7 +334,11 @@ class MemoryMetadataStore(MetadataStore):
         w = CallbackWatch(asyncio.get_running_loop(), callback, forget)
         watches.append(w)
         self._my_watches.append(w)
-        if self._returned_bookies not in (None, self._state.bookies_version):
+        st = self._state
+        if st.poller is not None:
+            st.poller.add(w, lambda: st.bookies_version,
+                          UNKNOWN if self._returned_bookies is None else self._returned_bookies)
+        elif self._returned_bookies not in (None, st.bookies_version):
             w.fire()
         return w
 
@@ -453,8 +424,12 @@ class MemoryMetadataStore(MetadataStore):
         w = CallbackWatch(asyncio.get_running_loop(), lambda: callback(name), forget)
         watches.setdefault(name, []).append(w)
         self._my_watches.append(w)
+        st = self._state
         seen = self._returned_locks.get(name)
-        if seen is not None and seen != self._state.lock_versions.get(name, 0):
+        if st.poller is not None:
+            st.poller.add(w, lambda: st.lock_versions.get(name, 0),
+                          UNKNOWN if seen is None else seen)
+        elif seen is not None and seen != st.lock_versions.get(name, 0):
             w.fire()
         return w
 
@@ -570,10 +545,17 @@ class MemoryMetadataStore(MetadataStore):
         w = CallbackWatch(asyncio.get_running_loop(), lambda: callback(key), forget)
         watches.setdefault(key, []).append(w)
         self._my_watches.append(w)
-        if key in self._returned_values:
-            now = self._state.values.get(key)
-            if self._returned_values[key] != (None if now is None else now[1]):
-                w.fire()
+        st = self._state
+
+        def version() -> int | None:
+            now = st.values.get(key)
+            return None if now is None else now[1]
+
+        returned = self._returned_values.get(key, UNKNOWN)
+        if st.poller is not None:
+            st.poller.add(w, version, returned)
+        elif returned is not UNKNOWN and returned != version():
+            w.fire()
         return w
 
     # -- lifecycle -----------------------------------------------------------------------------
