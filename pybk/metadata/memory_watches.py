@@ -24,10 +24,13 @@ from typing import Any
 
 from pybk.metadata._common import CallbackWatch
 
-__all__ = ["UNKNOWN", "PolledDelivery", "WatchPoller"]
+__all__ = ["UNKNOWN", "WATCH_BASELINE_AT_FIRST_POLL", "PolledDelivery", "WatchPoller"]
 
 #: a baseline to be taken at the first poll (the mutation)
 UNKNOWN: Any = object()
+#: mutation switch: each watch's baseline is what its first poll sees (the old SQLite and
+#: ZooKeeper bug), not what its session last returned or what was there when it was set
+WATCH_BASELINE_AT_FIRST_POLL = "watch_baseline_at_first_poll"
 
 
 @dataclass
