@@ -10,8 +10,9 @@ much as ZooKeeper's watches arrive: a watch is *established* some time after it 
 Each watch keeps the baseline the watch guarantee asks for: the version its session last
 returned for the subject, else the version when the watch was set. ``baseline_at_first_poll``
 puts back the old bug of the persistent backends (the baseline taken at the watch's first
-poll, so a change between the set and that poll is never reported): a mutation, for showing
-that the simulator finds what that bug breaks.
+poll, so a change between the set and that poll is never reported): a deliberately broken
+setting, for showing that the checks find what that bug breaks (the adversarial watch
+conformance does; the simulator's sweep does not yet, see docs/simulation.md).
 """
 
 from __future__ import annotations
@@ -24,13 +25,10 @@ from typing import Any
 
 from pybk.metadata._common import CallbackWatch
 
-__all__ = ["UNKNOWN", "WATCH_BASELINE_AT_FIRST_POLL", "PolledDelivery", "WatchPoller"]
+__all__ = ["UNKNOWN", "PolledDelivery", "WatchPoller"]
 
 #: a baseline to be taken at the first poll (the mutation)
 UNKNOWN: Any = object()
-#: mutation switch: each watch's baseline is what its first poll sees (the old SQLite and
-#: ZooKeeper bug), not what its session last returned or what was there when it was set
-WATCH_BASELINE_AT_FIRST_POLL = "watch_baseline_at_first_poll"
 
 
 @dataclass

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from pybk.bookie.inspect import inspect_data_dir
 from pybk.client.context import ClientConfig
 from pybk.errors import status_of
-from pybk.metadata.memory_watches import WATCH_BASELINE_AT_FIRST_POLL, PolledDelivery
+from pybk.metadata.memory_watches import PolledDelivery
 from pybk.ops.auditor import merged_ranges
 from pybk.runtime import sometimes
 from pybk.sim.autorecovery import AutoRecoverySim
@@ -261,7 +261,7 @@ class SimRun:
         self.cluster = SimCluster(self.seed, self.n, net=net, log=self.log,
                                   count=self.count_fault, client_config=self._client_config(),
                                   bookie_config=self.config.bookie_config(mutations),
-                                  watch_delivery=self._watch_delivery(mutations))
+                                  watch_delivery=self._watch_delivery())
         self.cluster.on_bookie_started.append(self._audit_restart)
         self.cluster.on_meta_applied.append(self._meta_applied)
         network = self.cluster.network
@@ -273,7 +273,7 @@ class SimRun:
             ext for ext in (make(self) for _name, make in sorted(EXTENSIONS.items()))
             if ext is not None]
 
-    def _watch_delivery(self, mutations: Mutations) -> PolledDelivery | None:
+    def _watch_delivery(self) -> PolledDelivery | None:
         """How metadata watches arrive: at once, or (the plan's switch) as real backends
         deliver them, with a poll interval and an establishment delay drawn from a stream
         of their own (the other draws of the seed stay as they were)."""
@@ -282,8 +282,7 @@ class SimRun:
         rng = derive_rng(self.seed, "watches")
         return PolledDelivery(
             poll_interval=rng.choice((0.02, 0.05, 0.2)),
-            establish_delay=rng.choice((0.0, 0.05, 0.3)), rng=rng,
-            baseline_at_first_poll=WATCH_BASELINE_AT_FIRST_POLL in mutations)
+            establish_delay=rng.choice((0.0, 0.05, 0.3)), rng=rng)
 
     # -- trace -------------------------------------------------------------------------------
 
