@@ -29,6 +29,7 @@ __all__ = [
     "bump",
     "bump_bookies",
     "bump_changes",
+    "connect",
     "counter",
     "counters",
     "immediate",
@@ -71,6 +72,29 @@ ON CONFLICT (bookie_id) DO UPDATE SET address = excluded.address,
     read_only = excluded.read_only, owner = excluded.owner, expires_at = excluded.expires_at,
     rack = excluded.rack
 """
+
+
+def connect(path: str, *, busy_timeout: float, synchronous: str) -> sqlite3.Connection:
+    """:func:`open_connection`, retried while the file is busy.
+
+    Several stores (often several processes) may open a new file at the same moment. The
+    switch to WAL mode then needs a lock that two connections can each be waiting to
+    upgrade to; SQLite resolves such a deadlock by answering SQLITE_BUSY at once instead
+    of invoking the busy timeout, so initialisation is retried (bounded by the busy
+    timeout, with a growing pause) rather than failing the caller's first operation."""
+    deadline = time.monotonic() + busy_timeout
+    pause = 0.002
+    while True:
+        try:
+            return open_connection(path, busy_timeout=busy_timeout, synchronous=synchronous)
+        except sqlite3.OperationalError as exc:
+            code = getattr(exc, "sqlite_errorcode", 0) & 0xFF  # primary result code
+            if code not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                raise
+            if time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)  # on the store's own thread, never the event loop
+            pause = min(pause * 2, 0.1)
 
 
 def open_connection(path: str, *, busy_timeout: float, synchronous: str) -> sqlite3.Connection:

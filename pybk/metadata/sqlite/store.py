@@ -21,7 +21,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import functools
-import json
 import logging
 import sqlite3
 import time
@@ -35,7 +34,6 @@ from pybk.errors import (
     KeyExistsError,
     LedgerExistsError,
     MetadataStoreError,
-    MetadataVersionError,
     NoSuchKeyError,
     NoSuchLedgerError,
 )
@@ -51,7 +49,6 @@ from pybk.metadata._common import (
     check_registration,
     check_value,
     election_lock,
-    merge_missing,
 )
 from pybk.metadata.base import (
     BookieRegistration,
@@ -61,20 +58,18 @@ from pybk.metadata.base import (
     VersionedValue,
     Watch,
 )
+from pybk.metadata.sqlite import records
 from pybk.metadata.sqlite.locks import lock_row, release_lock, release_locks, take_lock
 from pybk.metadata.sqlite.schema import (
     UPSERT_BOOKIE,
     bump,
     bump_bookies,
+    connect,
     counter,
     immediate,
-    ledger_version,
     live_bookies,
-    open_connection,
-    parse_missing,
     refresh_registrations,
     set_counter,
-    value_version,
 )
 from pybk.metadata.sqlite.watches import WatchPoller
 
@@ -138,30 +133,10 @@ class SqliteMetadataStore(MetadataStore):
     # -- thread plumbing ---------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
-        """The store's connection, opened and initialised on first use.
-
-        Several stores (often several processes) may open a new file at the same moment. The
-        switch to WAL mode then needs a lock that two connections can each be waiting to
-        upgrade to; SQLite resolves such a deadlock by answering SQLITE_BUSY at once instead
-        of invoking the busy timeout, so initialisation is retried (bounded by the busy
-        timeout, with a growing pause) rather than failing the caller's first operation."""
+        """The store's connection, opened and initialised on first use (on its thread)."""
         if self._conn is None:
-            deadline = time.monotonic() + self._busy_timeout
-            pause = 0.002
-            while True:
-                try:
-                    self._conn = open_connection(
-                        self.path, busy_timeout=self._busy_timeout,
-                        synchronous=self._synchronous)
-                    break
-                except sqlite3.OperationalError as exc:
-                    code = getattr(exc, "sqlite_errorcode", 0) & 0xFF  # primary result code
-                    if code not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
-                        raise
-                    if time.monotonic() + pause > deadline:
-                        raise
-                    time.sleep(pause)  # on the store's own thread, never the event loop
-                    pause = min(pause * 2, 0.1)
+            self._conn = connect(self.path, busy_timeout=self._busy_timeout,
+                                 synchronous=self._synchronous)
         return self._conn
 
     async def _run(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -245,19 +220,9 @@ class SqliteMetadataStore(MetadataStore):
         data = metadata.to_bytes()
         lid = metadata.ledger_id
 
-        def cas(conn: sqlite3.Connection) -> int:
-            with immediate(conn):
-                current = ledger_version(conn, lid)
-                if current != expected_version:
-                    raise MetadataVersionError(
-                        f"ledger {lid}: version {expected_version} is stale (store has {current})"
-                    )
-                version = bump(conn)
-                conn.execute(
-                    "UPDATE ledgers SET data = ?, version = ? WHERE id = ?", (data, version, lid)
-                )
-                return version
-
+        cas = functools.partial(records.cas_row, table="ledgers", column="data", id_column="id",
+                                ident=lid, data=data, expected=expected_version,
+                                what=f"ledger {lid}")
         version = await self._run("write_ledger", cas)
         self._watches.ledger_returned(lid, version, changed=True)
         return metadata.with_changes(version=version)
@@ -265,17 +230,9 @@ class SqliteMetadataStore(MetadataStore):
     async def delete_ledger(self, ledger_id: int, expected_version: int | None = None) -> None:
         check_ledger_id(ledger_id)
 
-        def delete(conn: sqlite3.Connection) -> None:
-            with immediate(conn):
-                current = ledger_version(conn, ledger_id)
-                if expected_version is not None and current != expected_version:
-                    raise MetadataVersionError(
-                        f"ledger {ledger_id}: version {expected_version} is stale "
-                        f"(store has {current})"
-                    )
-                conn.execute("DELETE FROM ledgers WHERE id = ?", (ledger_id,))
-                bump(conn)
-
+        delete = functools.partial(records.delete_row, table="ledgers", id_column="id",
+                                   ident=ledger_id, expected=expected_version,
+                                   what=f"ledger {ledger_id}")
         await self._run("delete_ledger", delete)
         self._watches.ledger_returned(ledger_id, None, changed=True)
 
@@ -322,19 +279,9 @@ class SqliteMetadataStore(MetadataStore):
         check_key(key)
         data = check_value(key, value)
 
-        def cas(conn: sqlite3.Connection) -> int:
-            with immediate(conn):
-                current = value_version(conn, key)
-                if current != expected_version:
-                    raise MetadataVersionError(
-                        f"key {key!r}: version {expected_version} is stale (store has {current})"
-                    )
-                version = bump(conn)
-                conn.execute(
-                    "UPDATE kv SET value = ?, version = ? WHERE key = ?", (data, version, key)
-                )
-                return version
-
+        cas = functools.partial(records.cas_row, table="kv", column="value", id_column="key",
+                                ident=key, data=data, expected=expected_version,
+                                what=f"key {key!r}")
         version = await self._run("write_value", cas)
         self._watches.value_returned(key, version, changed=True)
         return VersionedValue(key, data, version)
@@ -342,16 +289,8 @@ class SqliteMetadataStore(MetadataStore):
     async def delete_value(self, key: str, expected_version: int | None = None) -> None:
         check_key(key)
 
-        def delete(conn: sqlite3.Connection) -> None:
-            with immediate(conn):
-                current = value_version(conn, key)
-                if expected_version is not None and current != expected_version:
-                    raise MetadataVersionError(
-                        f"key {key!r}: version {expected_version} is stale (store has {current})"
-                    )
-                conn.execute("DELETE FROM kv WHERE key = ?", (key,))
-                bump(conn)
-
+        delete = functools.partial(records.delete_row, table="kv", id_column="key", ident=key,
+                                   expected=expected_version, what=f"key {key!r}")
         await self._run("delete_value", delete)
         self._watches.value_returned(key, None, changed=True)
 
@@ -469,51 +408,25 @@ class SqliteMetadataStore(MetadataStore):
         """Wait for the poll that compares every watch set so far (bounded by 100 polls)."""
         return await self._watches.established(max(1.0, 100 * self.poll_interval))
 
-    # -- under-replication marks ---------------------------------------------------------------
+    # -- under-replication marks (SQL in .records) ---------------------------------------------
 
     async def mark_under_replicated(self, ledger_id: int, missing_bookies: list[str]) -> None:
         check_ledger_id(ledger_id)
         for b in missing_bookies:
             check_bookie_id(b)
-        added = list(missing_bookies)
-
-        def merge(conn: sqlite3.Connection) -> None:
-            with immediate(conn):
-                row = conn.execute(
-                    "SELECT missing FROM under_replicated WHERE ledger_id = ?", (ledger_id,)
-                ).fetchone()
-                existing = parse_missing(row[0], ledger_id) if row else []
-                conn.execute(
-                    "INSERT OR REPLACE INTO under_replicated VALUES (?, ?)",
-                    (ledger_id, json.dumps(merge_missing(existing, added))),
-                )
-
-        await self._run("mark_under_replicated", merge)
+        await self._run("mark_under_replicated", functools.partial(
+            records.merge_mark, ledger_id=ledger_id, added=list(missing_bookies)))
 
     async def list_under_replicated(self) -> dict[int, list[str]]:
-        def marks(conn: sqlite3.Connection) -> dict[int, list[str]]:
-            rows = conn.execute("SELECT ledger_id, missing FROM under_replicated ORDER BY 1")
-            return {lid: parse_missing(m, lid) for lid, m in rows}
-
-        return await self._run("list_under_replicated", marks)
+        return await self._run("list_under_replicated", records.list_marks)
 
     async def clear_under_replicated(
         self, ledger_id: int, expected: Sequence[str] | None = None
     ) -> bool:
         check_ledger_id(ledger_id)
         want = check_expected_marks(expected)
-
-        def clear(conn: sqlite3.Connection) -> bool:
-            with immediate(conn):
-                row = conn.execute(
-                    "SELECT missing FROM under_replicated WHERE ledger_id = ?", (ledger_id,)
-                ).fetchone()
-                if row is None or (want is not None and parse_missing(row[0], ledger_id) != want):
-                    return False
-                conn.execute("DELETE FROM under_replicated WHERE ledger_id = ?", (ledger_id,))
-                return True
-
-        return await self._run("clear_under_replicated", clear)
+        return bool(await self._run("clear_under_replicated", functools.partial(
+            records.clear_mark, ledger_id=ledger_id, want=want)))
 
     # -- locks and elections -------------------------------------------------------------------
 
@@ -576,77 +489,40 @@ class SqliteMetadataStore(MetadataStore):
     async def election_leader(self, name: str) -> str | None:
         return await self.lock_owner(election_lock(name))
 
-    # -- cookies -------------------------------------------------------------------------------
+    # -- cookies (SQL in .records) ----------------------------------------------------------------
 
     async def read_cookie(self, bookie_id: str) -> bytes | None:
         check_bookie_id(bookie_id)
-
-        def read(conn: sqlite3.Connection) -> bytes | None:
-            row = conn.execute(
-                "SELECT cookie FROM cookies WHERE bookie_id = ?", (bookie_id,)
-            ).fetchone()
-            return None if row is None else bytes(row[0])
-
-        return await self._run("read_cookie", read)
+        return await self._run("read_cookie", functools.partial(
+            records.read_cookie, bookie_id=bookie_id))
 
     async def write_cookie(self, bookie_id: str, cookie: bytes) -> None:
         check_bookie_id(bookie_id)
         if not isinstance(cookie, bytes | bytearray):
             raise TypeError(f"cookie must be bytes, got {type(cookie).__name__}")
-        value = bytes(cookie)
-
-        def write(conn: sqlite3.Connection) -> None:
-            with immediate(conn):
-                conn.execute("INSERT OR REPLACE INTO cookies VALUES (?, ?)", (bookie_id, value))
-
-        await self._run("write_cookie", write)
+        await self._run("write_cookie", functools.partial(
+            records.write_cookie, bookie_id=bookie_id, cookie=bytes(cookie)))
 
     async def delete_cookie(self, bookie_id: str) -> None:
         check_bookie_id(bookie_id)
-
-        def delete(conn: sqlite3.Connection) -> None:
-            with immediate(conn):
-                conn.execute("DELETE FROM cookies WHERE bookie_id = ?", (bookie_id,))
-
-        await self._run("delete_cookie", delete)
+        await self._run("delete_cookie", functools.partial(
+            records.delete_cookie, bookie_id=bookie_id))
 
     # -- test hooks / lifecycle ----------------------------------------------------------------
 
     async def corrupt_ledger(self, ledger_id: int, data: bytes) -> None:
         """Overwrite a ledger's stored bytes (tests: readers must raise CorruptRecordError)."""
-
-        def write(conn: sqlite3.Connection) -> None:
-            with immediate(conn):
-                conn.execute("UPDATE ledgers SET data = ? WHERE id = ?", (data, ledger_id))
-
-        await self._run("corrupt_ledger", write)
+        await self._run("corrupt_ledger", functools.partial(
+            records.overwrite_ledger, ledger_id=ledger_id, data=data))
 
     async def raw_ledger(self, ledger_id: int) -> bytes:
-        def read(conn: sqlite3.Connection) -> bytes:
-            return bytes(conn.execute("SELECT data FROM ledgers WHERE id = ?", (ledger_id,))
-                         .fetchone()[0])
-
-        return await self._run("raw_ledger", read)
+        return await self._run("raw_ledger", functools.partial(
+            records.raw_ledger, ledger_id=ledger_id))
 
     async def check_invariants(self) -> None:
         """Assert the file's invariants (the ``_check()`` habit; tests call it after
         concurrent work): ids and versions are never handed out twice, marks are canonical."""
-
-        def check(conn: sqlite3.Connection) -> None:
-            next_id, version = counter(conn, "next_ledger_id"), counter(conn, "version")
-            max_id, max_version = conn.execute(
-                "SELECT max(id), max(version) FROM ledgers"
-            ).fetchone()
-            assert max_id is None or max_id < next_id, (max_id, next_id)
-            assert max_version is None or max_version <= version, (max_version, version)
-            for table in ("kv", "locks"):
-                (top,) = conn.execute(f"SELECT max(version) FROM {table}").fetchone()
-                assert top is None or top <= version, (table, top, version)
-            for lid, missing in conn.execute("SELECT ledger_id, missing FROM under_replicated"):
-                marks = parse_missing(missing, lid)
-                assert marks == sorted(set(marks)), (lid, marks)
-
-        await self._run("check_invariants", check)
+        await self._run("check_invariants", records.check_invariants)
 
     async def crash(self) -> None:
         """Stop at once without unregistering (an in-process kill -9 of the owner): the
