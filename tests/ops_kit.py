@@ -134,3 +134,131 @@ async def lost_bookie_is_re_replicated(root: Path, metadata: str) -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
+
+
+# -- the lost auditor, in process ---------------------------------------------------------------
+
+#: seconds within which a lost bookie's ledgers must be re-replicated; the periodic bookie
+#: check (an hour by default) must play no part
+LOST_AUDITOR_BOUND = 20.0
+
+
+async def lost_auditor_trial(root: Path, metadata: str | None = None) -> float:
+    """LocalCluster(5 bookies, autorecovery, default auto-recovery settings), six ledgers
+    E3/Qw3/Qa2 of 200 entries; the bookie next to the elected auditor is stopped and its
+    directory deleted (LocalCluster stops its auto-recovery before unregistering it, so a
+    new auditor's first check may still see it). Returns the seconds until no ledger names
+    it and no mark is left."""
+    from pybk.cluster import LocalCluster
+    from pybk.metadata.base import LedgerMetadata
+
+    config = ClientConfig(add_timeout=5.0, read_timeout=5.0)
+    async with LocalCluster(root, 5, metadata=metadata, autorecovery=True,
+                            client_config=config) as cluster:
+        client = cluster.client()
+        ledgers = []
+        for n in range(6):
+            lh = await client.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2)
+            await lh.append_many([b"ledger %d entry %d" % (n, i) for i in range(200)])
+            await lh.close()
+            ledgers.append(lh.id)
+
+        async def one_auditor() -> bool:
+            return sum(r.is_auditor for r in cluster.recoveries.values()) == 1
+
+        await until(one_auditor, 30.0, "one elected auditor")
+        auditor = next(b for b, r in cluster.recoveries.items() if r.is_auditor)
+        store = cluster.store
+
+        def names(md: LedgerMetadata) -> bool:
+            return any(auditor in e for e in md.ensembles.values())
+
+        if not any([names(await store.read_ledger(lid)) for lid in ledgers]):
+            return 0.0  # the auditor's bookie holds nothing: nothing to repair
+        started = time.monotonic()
+        await cluster.stop_bookie(auditor)
+        shutil.rmtree(cluster.bookie_dir(auditor))  # gone for good
+
+        async def repaired() -> bool:
+            if await store.list_under_replicated():
+                return False
+            return not any([names(await store.read_ledger(lid)) for lid in ledgers])
+
+        await until(repaired, LOST_AUDITOR_BOUND,
+                    f"the ledgers of {auditor} (the auditor's bookie) to be re-replicated")
+        took = time.monotonic() - started
+        assert await replication_problems(store, cluster.transport) == []
+        return took
+
+
+# -- the lost auditor, with real processes killed by SIGKILL --------------------------------------
+
+#: auto-recovery next to each bookie with the default hourly bookie check: only the watch
+#: can make the new auditor notice in time
+LOST_AUDITOR_ARGS = [
+    "--autorecovery", "--session-timeout", str(SESSION), "--lost-bookie-delay", "0",
+    "--worker-poll-interval", "0.5", "--open-ledger-grace", "1",
+    "--ledger-check-interval", "0", "--bookie-check-interval", "3600",
+]  # fmt: skip
+
+
+async def killed_auditor_trials(root: Path, metadata: str, trials: int,
+                                bound: float = LOST_AUDITOR_BOUND) -> list[float]:
+    """Five ``pybk bookie --autorecovery`` processes and six ledgers E3/Qw3/Qa2; ``trials``
+    times: SIGKILL the process of the elected auditor's bookie, delete its directory, wait
+    (bounded) until no ledger names it and no mark is left, start a fresh bookie in its
+    place. Returns the seconds each repair took after the kill."""
+    from pybk.metadata import open_store
+    from pybk.ops import AutoRecoveryConfig
+
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    took: list[float] = []
+    election = AutoRecoveryConfig().election
+    store = open_store(metadata)
+    try:
+        for n in range(5):
+            procs[f"bookie-{n}"] = spawn_bookie(root, f"bookie-{n}", metadata,
+                                                extra_args=LOST_AUDITOR_ARGS)
+        for b, p in procs.items():
+            await asyncio.to_thread(wait_ready, root, b, p, 60.0)
+        async with Client(metadata, config=ClientConfig(add_timeout=5.0,
+                                                         read_timeout=5.0)) as client:
+            ledgers = []
+            for n in range(6):
+                lh = await client.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2)
+                await lh.append_many([b"ledger %d entry %d" % (n, i) for i in range(200)])
+                await lh.close()
+                ledgers.append(lh.id)
+            for trial in range(trials):
+                async def elected() -> bool:
+                    return await store.election_leader(election) in procs
+
+                await until(elected, 30.0, "an auditor among the live bookies")
+                victim = str(await store.election_leader(election))
+                started = time.monotonic()
+                os.kill(procs[victim].pid, signal.SIGKILL)
+                procs.pop(victim).wait(10)
+                shutil.rmtree(root / "bookies" / victim)
+
+                async def repaired(victim: str = victim) -> bool:
+                    if await store.list_under_replicated():
+                        return False
+                    for lid in ledgers:
+                        md = await store.read_ledger(lid)
+                        if any(victim in e for e in md.ensembles.values()):
+                            return False
+                    return True
+
+                await until(repaired, bound, f"trial {trial}: the ledgers of {victim} "
+                            "(the killed auditor's bookie) to be re-replicated")
+                took.append(time.monotonic() - started)
+                fresh = f"bookie-r{trial}"
+                procs[fresh] = spawn_bookie(root, fresh, metadata, extra_args=LOST_AUDITOR_ARGS)
+                await asyncio.to_thread(wait_ready, root, fresh, procs[fresh], 60.0)
+            assert await replication_problems(store, client.transport) == []
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait(10)
+        await store.close()
+    return took

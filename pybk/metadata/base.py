@@ -4,7 +4,8 @@ One small interface, three backends (``memory://``, ``sqlite:///path``, ``zk://h
 Nothing here is ZooKeeper-specific: versions are opaque integers that change on every write,
 liveness is "the registration disappears when its owner stops heartbeating or its session
 ends", and watches are callbacks that may coalesce several changes into one call (a watcher
-always re-reads; it never trusts a delta).
+always re-reads; it never trusts a delta) and never miss one (the watch guarantee, in
+:class:`MetadataStore`).
 
 All updates of existing ledger metadata go through :meth:`MetadataStore.update_ledger`, the
 one read-check-transform-CAS retry loop (BookKeeper's ``MetadataUpdateLoop``).
@@ -285,7 +286,24 @@ class Election(abc.ABC):
 
 
 class MetadataStore(abc.ABC):
-    """Ledger metadata, ledger ids, bookie registry and watches."""
+    """Ledger metadata, ledger ids, bookie registry and watches.
+
+    **The watch guarantee** (every backend, checked by ``pybk.testing.watch_conformance``):
+    a watch fires at least once for every change committed after the state this store last
+    returned to a caller for that subject (the bookie registry, a ledger, a value, a lock,
+    an election's lock), or, when this store never returned that subject, after the watch
+    was set. Extra fires are allowed (a watcher re-reads); a missed change never is. A
+    change and its undoing (a bookie that goes and comes back, a lock taken and released)
+    between two looks is still a change: backends compare versions or counters, never the
+    current state with a remembered one. A registration or lock whose owner died counts as
+    changed when its session or lease ends.
+
+    So a caller may read, then watch, in that order, and act on every fire by reading
+    again. What counts as returning a subject: ``read_ledger``/``create_ledger``/
+    ``write_ledger``/``delete_ledger`` for a ledger, the value calls for a key,
+    ``list_bookies`` (and ``writable_bookies``/``read_only_bookies``) for the registry,
+    ``lock_owner``/``try_lock``/``unlock`` for a lock (``list_locks`` does not count).
+    """
 
     #: Seconds between polls for backends that watch by polling.
     poll_interval: float = 0.05
@@ -370,11 +388,23 @@ class MetadataStore(abc.ABC):
     @abc.abstractmethod
     def watch_ledger(self, ledger_id: int, callback: Callable[[int], None]) -> Watch:
         """Call ``callback(ledger_id)`` (on the event loop) after the ledger's metadata changes
-        or it is deleted. Several changes may produce one call."""
+        or it is deleted. Several changes may produce one call. See the watch guarantee
+        (class doc): a change since this store's last read of the ledger counts."""
 
     @abc.abstractmethod
     def watch_bookies(self, callback: Callable[[], None]) -> Watch:
-        """Call ``callback()`` (on the event loop) after the set of live bookies changes."""
+        """Call ``callback()`` (on the event loop) after the set of live bookies changes
+        (a registration made, removed, flipped read-only, or lapsed with its owner). A
+        change since this store's last ``list_bookies`` counts (the watch guarantee)."""
+
+    async def sync_watches(self) -> bool:
+        """Return once every watch this store had set when called is established: compared
+        with the store's state at least once (a polling backend polled it, ZooKeeper's watch
+        reported). True when there was something to wait for (a caller that read before
+        that may read once more); False when every watch was established already (the
+        default, for backends whose watches are established when set). Bounded: a watch
+        that cannot be established in reasonable time is given up on, and True returned."""
+        return False
 
     # -- under-replication marks (used by auto-recovery, a later wave) ------------------------
 

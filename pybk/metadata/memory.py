@@ -21,10 +21,8 @@ so concurrent read-modify-write loops really interleave.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 
 from pybk.errors import (
     ClientClosedError,
@@ -58,6 +56,8 @@ from pybk.metadata.base import (
     VersionedValue,
     Watch,
 )
+from pybk.metadata.memory_state import MemoryState
+from pybk.metadata.memory_watches import UNKNOWN, PolledDelivery, WatchPoller
 from pybk.runtime.eventloop import yield_now
 
 __all__ = [
@@ -69,49 +69,6 @@ __all__ = [
 BeforeOp = Callable[[str, object], Awaitable[None]]
 
 
-@dataclass
-class MemoryState:
-    """Everything the sessions of one memory store share."""
-
-    ledgers: dict[int, tuple[bytes, int]] = field(default_factory=dict)  # id -> (bytes, version)
-    next_id: int = 0
-    next_version: int = 0  # versions are store-wide so a re-created ledger never reuses one
-    bookies: dict[str, tuple[BookieRegistration, int]] = field(default_factory=dict)  # -> owner
-    under_replicated: dict[int, list[str]] = field(default_factory=dict)
-    cookies: dict[str, bytes] = field(default_factory=dict)
-    values: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # key -> (value, version)
-    value_watches: dict[str, list[CallbackWatch]] = field(default_factory=dict)
-    ledger_watches: dict[int, list[CallbackWatch]] = field(default_factory=dict)
-    bookie_watches: list[CallbackWatch] = field(default_factory=list)
-    locks: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (owner, session)
-    lock_watches: dict[str, list[CallbackWatch]] = field(default_factory=dict)
-    session_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
-    #: id -> (the stored bytes, version, their parse): metadata objects are immutable, so
-    #: readers of an unchanged ledger share one parse (the auditor and the workers read
-    #: every ledger again and again)
-    parsed: dict[int, tuple[bytes, int, LedgerMetadata]] = field(default_factory=dict)
-
-    def bump_version(self) -> int:
-        self.next_version += 1
-        return self.next_version
-
-    def ledger_changed(self, ledger_id: int) -> None:
-        for w in list(self.ledger_watches.get(ledger_id, ())):
-            w.fire()
-
-    def value_changed(self, key: str) -> None:
-        for w in list(self.value_watches.get(key, ())):
-            w.fire()
-
-    def bookies_changed(self) -> None:
-        for w in list(self.bookie_watches):
-            w.fire()
-
-    def lock_changed(self, name: str) -> None:
-        for w in list(self.lock_watches.get(name, ())):
-            w.fire()
-
-
 class MemoryMetadataStore(MetadataStore):
     """A :class:`MetadataStore` held in this process's memory (``memory://``)."""
 
@@ -121,11 +78,14 @@ class MemoryMetadataStore(MetadataStore):
         before_op: BeforeOp | None = None,
         after_op: BeforeOp | None = None,
         clock: Callable[[], float] | None = None,
+        watch_delivery: PolledDelivery | None = None,
         _state: MemoryState | None = None,
     ):
         self._state = _state if _state is not None else MemoryState()
         #: wall-clock seconds, stamped on a ledger it creates (the simulator gives its own)
         self.clock: Callable[[], float] = clock if clock is not None else time.time
+        if watch_delivery is not None:
+            self._state.poller = WatchPoller(watch_delivery)
         self._session_id = next(self._state.session_ids)
         self._closed = False
         self._my_watches: list[CallbackWatch] = []
@@ -133,6 +93,12 @@ class MemoryMetadataStore(MetadataStore):
         self.after_op: BeforeOp | None = after_op
         #: seconds between a candidate's retries when a lock watch was missed (store faults)
         self.election_retry = 1.0
+        # what this session last returned to a caller, per subject (the watch guarantee:
+        # a watch set later fires at once when the subject changed since)
+        self._returned_ledgers: dict[int, int | None] = {}
+        self._returned_values: dict[str, int | None] = {}
+        self._returned_locks: dict[str, int] = {}
+        self._returned_bookies: int | None = None
 
     # -- sessions ----------------------------------------------------------------------------
 
@@ -143,6 +109,12 @@ class MemoryMetadataStore(MetadataStore):
             before_op=self.before_op, after_op=self.after_op, clock=self.clock,
             _state=self._state,
         )
+
+    @property
+    def polled(self) -> bool:
+        """Whether watches poll (a :class:`PolledDelivery` was given) instead of firing at
+        once."""
+        return self._state.poller is not None
 
     @property
     def session_id(self) -> int:
@@ -247,6 +219,7 @@ class MemoryMetadataStore(MetadataStore):
         version = st.bump_version()
         st.ledgers[metadata.ledger_id] = (data, version)
         st.next_id = max(st.next_id, metadata.ledger_id + 1)
+        self._returned_ledgers[metadata.ledger_id] = version
         await self._applied("create_ledger", metadata.ledger_id)
         return metadata.with_changes(version=version)
 
@@ -256,7 +229,9 @@ class MemoryMetadataStore(MetadataStore):
         try:
             data, version = self._state.ledgers[ledger_id]
         except KeyError:
+            self._returned_ledgers[ledger_id] = None
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
+        self._returned_ledgers[ledger_id] = version
         return self._parse(ledger_id, data, version)
 
     async def write_ledger(self, metadata: LedgerMetadata, expected_version: int) -> LedgerMetadata:
@@ -275,6 +250,7 @@ class MemoryMetadataStore(MetadataStore):
             )
         version = st.bump_version()
         st.ledgers[lid] = (data, version)
+        self._returned_ledgers[lid] = version
         st.ledger_changed(lid)
         await self._applied("write_ledger", lid)
         return metadata.with_changes(version=version)
@@ -293,6 +269,7 @@ class MemoryMetadataStore(MetadataStore):
             )
         del st.ledgers[ledger_id]
         st.parsed.pop(ledger_id, None)
+        self._returned_ledgers[ledger_id] = None
         st.ledger_changed(ledger_id)
         await self._applied("delete_ledger", ledger_id)
 
@@ -319,6 +296,7 @@ class MemoryMetadataStore(MetadataStore):
 
     async def list_bookies(self) -> list[BookieRegistration]:
         await self._enter("list_bookies")
+        self._returned_bookies = self._state.bookies_version
         return [reg for _, (reg, _) in sorted(self._state.bookies.items())]
 
     # -- watches -----------------------------------------------------------------------------
@@ -339,6 +317,17 @@ class MemoryMetadataStore(MetadataStore):
         w = CallbackWatch(asyncio.get_running_loop(), lambda: callback(ledger_id), forget)
         watches.setdefault(ledger_id, []).append(w)
         self._my_watches.append(w)
+        st = self._state
+
+        def version() -> int | None:
+            now = st.ledgers.get(ledger_id)
+            return None if now is None else now[1]
+
+        returned = self._returned_ledgers.get(ledger_id, UNKNOWN)
+        if st.poller is not None:
+            st.poller.add(w, version, returned)
+        elif returned is not UNKNOWN and returned != version():
+            w.fire()  # changed since this session last returned it
         return w
 
     def watch_bookies(self, callback: Callable[[], None]) -> Watch:
@@ -353,6 +342,12 @@ class MemoryMetadataStore(MetadataStore):
         w = CallbackWatch(asyncio.get_running_loop(), callback, forget)
         watches.append(w)
         self._my_watches.append(w)
+        st = self._state
+        if st.poller is not None:
+            st.poller.add(w, lambda: st.bookies_version,
+                          UNKNOWN if self._returned_bookies is None else self._returned_bookies)
+        elif self._returned_bookies not in (None, st.bookies_version):
+            w.fire()
         return w
 
     # -- under-replication marks ---------------------------------------------------------------
@@ -389,11 +384,11 @@ class MemoryMetadataStore(MetadataStore):
         await self._enter("try_lock", name)
         st = self._state
         held = st.locks.get(name)
-        if held is not None:
-            return held[1] == self._session_id
-        st.locks[name] = (owner, self._session_id)
-        st.lock_changed(name)
-        return True
+        if held is None:
+            st.locks[name] = (owner, self._session_id)
+            st.lock_changed(name)
+        self._returned_locks[name] = st.lock_versions.get(name, 0)
+        return held is None or held[1] == self._session_id
 
     async def unlock(self, name: str) -> None:
         check_key(name)
@@ -403,11 +398,13 @@ class MemoryMetadataStore(MetadataStore):
         if held is not None and held[1] == self._session_id:
             del st.locks[name]
             st.lock_changed(name)
+            self._returned_locks[name] = st.lock_versions[name]
 
     async def lock_owner(self, name: str) -> str | None:
         check_key(name)
         await self._enter("lock_owner", name)
         held = self._state.locks.get(name)
+        self._returned_locks[name] = self._state.lock_versions.get(name, 0)
         return None if held is None else held[0]
 
     async def list_locks(self, prefix: str = "") -> dict[str, str]:
@@ -435,6 +432,13 @@ class MemoryMetadataStore(MetadataStore):
         w = CallbackWatch(asyncio.get_running_loop(), lambda: callback(name), forget)
         watches.setdefault(name, []).append(w)
         self._my_watches.append(w)
+        st = self._state
+        seen = self._returned_locks.get(name)
+        if st.poller is not None:
+            st.poller.add(w, lambda: st.lock_versions.get(name, 0),
+                          UNKNOWN if seen is None else seen)
+        elif seen is not None and seen != st.lock_versions.get(name, 0):
+            w.fire()
         return w
 
     def election(self, name: str, candidate: str) -> Election:
@@ -473,6 +477,7 @@ class MemoryMetadataStore(MetadataStore):
             raise KeyExistsError(f"key {key!r} already exists")
         version = st.bump_version()
         st.values[key] = (data, version)
+        self._returned_values[key] = version
         st.value_changed(key)
         await self._applied("create_value", key)
         return VersionedValue(key, data, version)
@@ -483,7 +488,9 @@ class MemoryMetadataStore(MetadataStore):
         try:
             data, version = self._state.values[key]
         except KeyError:
+            self._returned_values[key] = None
             raise NoSuchKeyError(f"key {key!r} does not exist") from None
+        self._returned_values[key] = version
         return VersionedValue(key, data, version)
 
     async def write_value(
@@ -503,6 +510,7 @@ class MemoryMetadataStore(MetadataStore):
             )
         version = st.bump_version()
         st.values[key] = (data, version)
+        self._returned_values[key] = version
         st.value_changed(key)
         await self._applied("write_value", key)
         return VersionedValue(key, data, version)
@@ -520,6 +528,7 @@ class MemoryMetadataStore(MetadataStore):
                 f"key {key!r}: version {expected_version} is stale (store has {current})"
             )
         del st.values[key]
+        self._returned_values[key] = None
         st.value_changed(key)
         await self._applied("delete_value", key)
 
@@ -544,6 +553,17 @@ class MemoryMetadataStore(MetadataStore):
         w = CallbackWatch(asyncio.get_running_loop(), lambda: callback(key), forget)
         watches.setdefault(key, []).append(w)
         self._my_watches.append(w)
+        st = self._state
+
+        def version() -> int | None:
+            now = st.values.get(key)
+            return None if now is None else now[1]
+
+        returned = self._returned_values.get(key, UNKNOWN)
+        if st.poller is not None:
+            st.poller.add(w, version, returned)
+        elif returned is not UNKNOWN and returned != version():
+            w.fire()
         return w
 
     # -- lifecycle -----------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from pybk.metadata.base import MetadataStore
-from pybk.metadata.memory import MemoryState
+from pybk.metadata.memory_state import MemoryState
 from pybk.metadata.registry import parse_uri, scheme_of
 
 __all__ = ["MemoryDirectory", "open_store", "session_options"]

@@ -5,8 +5,10 @@ It runs two checks and marks what they find with
 :meth:`~pybk.metadata.base.MetadataStore.mark_under_replicated` (the ledger and the bookies
 it lacks), then bumps the marks counter the replication workers watch:
 
-* **bookie check**, on every change of the bookie registry, on an audit request, and every
-  ``bookie_check_interval``: a bookie named by some ledger's ensemble but absent from the
+* **bookie check**, on every change of the bookie registry (the registry's watch is set
+  before the first check, and the first check runs again once the store's watches are
+  established), on an audit request, and every ``bookie_check_interval`` (a safety net, not
+  the mechanism): a bookie named by some ledger's ensemble but absent from the
   registry is *lost* once it has stayed absent ``lost_bookie_recovery_delay`` seconds
   (read-only bookies are not lost); then every ledger naming it is marked. An audit
   request marks lost bookies at once, whatever the delay.
@@ -133,6 +135,7 @@ class Auditor:
         interval = self.config.ledger_check_interval
         next_ledger_check = loop.time() + interval if interval > 0 else float("inf")
         self._seen_requests = await self.settings.audit_requests()
+        established = False
         try:
             while True:
                 self._wake.clear()
@@ -154,6 +157,16 @@ class Auditor:
                     self.stats.last_error = f"audit: {type(exc).__name__}: {exc}"
                     log.warning("auditor: check failed: %s", exc)
                     next_due = min(loop.time() + self.config.retry_backoff, next_due)
+                if not established:
+                    # the first check may have run before the store's watches were
+                    # established (a polling backend, a ZooKeeper watch on its way): once
+                    # they are, look once more, so that nothing between the two is left to
+                    # the periodic check (the watch guarantee covers it too; this is a
+                    # second line for backends that only approach it)
+                    established = True
+                    if await self.ctx.store.sync_watches():
+                        log.info("auditor: watches established; checking again")
+                        continue
                 wait = min(next_due, next_ledger_check) - loop.time()
                 wait = min(max(wait, 0.0), self.config.bookie_check_interval)
                 with contextlib.suppress(TimeoutError):

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE
 from pybk.metadata.base import BookieRegistration
 from pybk.metadata.memory import MemoryMetadataStore
+from pybk.metadata.memory_watches import PolledDelivery
 from pybk.sim.loop import sleep
 from pybk.sim.net import NetConfig, SimNetwork
 from pybk.storage.memfs import MemFileSystem
@@ -87,6 +88,7 @@ class SimCluster:
         count: Callable[[str], None] | None = None,
         bookie_config: Any = None,
         client_config: Any = None,
+        watch_delivery: PolledDelivery | None = None,
     ) -> None:
         if bookies < 1:
             raise ValueError(f"bookies must be >= 1, not {bookies}")
@@ -94,7 +96,7 @@ class SimCluster:
         self._log = log or (lambda line: None)
         self._count = count or (lambda kind: None)
         self.store = MemoryMetadataStore(before_op=self._before_op, after_op=self._after_op,
-                                         clock=_wall_clock)
+                                         clock=_wall_clock, watch_delivery=watch_delivery)
         self.admin = self.store.session()
         self.admin.before_op = None  # the simulator's own bookkeeping is never faulted
         #: called as ``listener(op, key)`` after each metadata operation was applied (the

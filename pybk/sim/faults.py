@@ -75,6 +75,9 @@ class Faults:
     beyond_tolerance: bool = False
     #: Mean seconds between scheduled fault events in the safety phase.
     mean_interval: float = 1.5
+    #: Metadata watches delivered as real backends deliver them (established late, polled,
+    #: coalesced; :mod:`pybk.metadata.memory_watches`) instead of at the instant of a change.
+    polled_watches: bool = False
 
     def __post_init__(self) -> None:
         unknown = [k for k in self.kinds if k not in ALL_KINDS]
@@ -109,15 +112,18 @@ class Faults:
         """``all``, ``none``, ``network``, ``process``, ``disk``, ``beyond`` or a comma list of
         kinds/groups (``beyond`` adds the beyond-tolerance regime)."""
         kinds: list[str] = []
-        beyond = False
+        beyond = polled = False
         for part in filter(None, (p.strip() for p in spec.split(","))):
             if part == "beyond":
                 beyond = True
                 continue
+            if part == "polled_watches":
+                polled = True
+                continue
             group = {"all": ALL_KINDS, "none": (), "network": cls.network().kinds,
                      "process": cls.process().kinds, "disk": cls.disk().kinds}.get(part)
             kinds.extend(group if group is not None else (part,))
-        return cls(tuple(dict.fromkeys(kinds)), beyond_tolerance=beyond)
+        return cls(tuple(dict.fromkeys(kinds)), beyond_tolerance=beyond, polled_watches=polled)
 
     def spec(self) -> str:
         if set(self.kinds) == set(ALL_KINDS):
@@ -126,12 +132,14 @@ class Faults:
             text = "none"
         else:
             text = ",".join(self.kinds)
-        return text + (",beyond" if self.beyond_tolerance else "")
+        return (text + (",beyond" if self.beyond_tolerance else "")
+                + (",polled_watches" if self.polled_watches else ""))
 
     def swarm(self, rng: random.Random) -> FaultPlan:
         """The concrete plan of one seed: a random subset of the allowed kinds, random rates."""
         plan = FaultPlan(beyond_tolerance=self.beyond_tolerance,
-                         mean_interval=self.mean_interval * rng.choice((0.5, 1.0, 2.0)))
+                         mean_interval=self.mean_interval * rng.choice((0.5, 1.0, 2.0)),
+                         polled_watches=self.polled_watches)
         enabled = [k for k in self.kinds if rng.random() < 0.7]
         focus = [m for m in FOCUS_MIXES if set(m) <= set(self.kinds)]
         if focus and rng.random() < 0.5:
@@ -159,6 +167,7 @@ class FaultPlan:
     reset: float = 0.0
     events: list[str] = field(default_factory=list)
     weights: dict[str, int] = field(default_factory=dict)
+    polled_watches: bool = False
 
     def describe(self) -> str:
         parts = [f"{f.name}={getattr(self, f.name)}" for f in fields(self)
@@ -166,4 +175,6 @@ class FaultPlan:
         parts.append("events=" + ",".join(f"{k}x{self.weights[k]}" for k in self.events))
         if self.beyond_tolerance:
             parts.append("beyond_tolerance")
+        if self.polled_watches:
+            parts.append("polled_watches")
         return " ".join(parts)

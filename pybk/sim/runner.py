@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from pybk.bookie.inspect import inspect_data_dir
 from pybk.client.context import ClientConfig
 from pybk.errors import BKError, status_of
+from pybk.metadata.memory_watches import PolledDelivery
 from pybk.ops.auditor import merged_ranges
 from pybk.runtime import sometimes
 from pybk.sim.autorecovery import AutoRecoverySim
@@ -258,7 +259,8 @@ class SimRun:
                         reset=self.plan.reset)
         self.cluster = SimCluster(self.seed, self.n, net=net, log=self.log,
                                   count=self.count_fault, client_config=self._client_config(),
-                                  bookie_config=self.config.bookie_config(mutations))
+                                  bookie_config=self.config.bookie_config(mutations),
+                                  watch_delivery=self._watch_delivery())
         self.cluster.on_bookie_started.append(self._audit_restart)
         self.cluster.on_meta_applied.append(self._meta_applied)
         #: ledger -> the ensembles its metadata named when last recorded in the history
@@ -271,6 +273,17 @@ class SimRun:
         self.extensions: list[Extension] = [
             ext for ext in (make(self) for _name, make in sorted(EXTENSIONS.items()))
             if ext is not None]
+
+    def _watch_delivery(self) -> PolledDelivery | None:
+        """How metadata watches arrive: at once, or (the plan's switch) as real backends
+        deliver them, with a poll interval and an establishment delay drawn from a stream
+        of their own (the other draws of the seed stay as they were)."""
+        if not self.plan.polled_watches:
+            return None
+        rng = derive_rng(self.seed, "watches")
+        return PolledDelivery(
+            poll_interval=rng.choice((0.02, 0.05, 0.2)),
+            establish_delay=rng.choice((0.0, 0.05, 0.3)), rng=rng)
 
     # -- trace -------------------------------------------------------------------------------
 

@@ -6,7 +6,8 @@
 * :class:`SimTestCluster` / :class:`SimCluster`: a deterministic simulated cluster (virtual
   time, faults; the ``sim_cluster`` pytest fixture);
 * conformance suites any implementation of a seam can run: :mod:`.metadata_conformance`
-  (MetadataStore), :mod:`.fs_conformance` (FileSystem), :mod:`.transport_conformance`
+  (MetadataStore) and its adversarial watch section :mod:`.watch_conformance`,
+  :mod:`.fs_conformance` (FileSystem), :mod:`.transport_conformance`
   (Transport: ``run_transport_check(MyBackend, check)`` for each of ``TRANSPORT_CHECKS``);
 * :mod:`.zookeeper`: a real ZooKeeper server on a free port for tests;
 * :class:`Mutations` (:mod:`.mutations`): deliberately broken builds for checker tests.

@@ -112,14 +112,17 @@ class MetadataBackend(abc.ABC):
 
 
 class MemoryBackend(MetadataBackend):
-    """``memory://``: clients are sessions of one shared state."""
+    """``memory://``: clients are sessions of one shared state. ``watch_delivery``: a
+    :class:`~pybk.metadata.memory_watches.PolledDelivery` makes watches poll."""
 
     bound = 2.0
 
-    def __init__(self) -> None:
+    def __init__(self, watch_delivery: object = None) -> None:
         from pybk.metadata.memory import MemoryMetadataStore
+        from pybk.metadata.memory_watches import PolledDelivery
 
-        self._root = MemoryMetadataStore()
+        assert watch_delivery is None or isinstance(watch_delivery, PolledDelivery)
+        self._root = MemoryMetadataStore(watch_delivery=watch_delivery)
         self._opened: list[MetadataStore] = []
 
     async def open(self) -> MetadataStore:

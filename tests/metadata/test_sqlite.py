@@ -70,7 +70,7 @@ async def test_file_is_in_wal_mode_with_a_schema_version(tmp_path: Path) -> None
     await store.close()
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
     conn.close()
 
 
@@ -279,13 +279,15 @@ async def test_bookie_watch_fires_when_a_lease_lapses_without_any_write(tmp_path
     bookie = SqliteMetadataStore(path, ttl=0.5, heartbeat_interval=0.1)
     watcher = SqliteMetadataStore(path, poll_interval=0.02)
     await bookie.register_bookie(BookieRegistration("bk", "h:1"))
+    assert await watcher.writable_bookies() == ["bk"]  # the watch's baseline
     fired = asyncio.Event()
     watcher.watch_bookies(fired.set)
 
-    async def baseline_taken() -> bool:  # the poller has seen the live bookie once
-        return watcher.polls >= 1
+    async def polled() -> bool:
+        return watcher.polls >= 3
 
-    await wait_until(baseline_taken, 5.0, "the watcher's first poll")
+    await wait_until(polled, 5.0, "the watcher's polls")
+    assert not fired.is_set(), "fired with nothing changed since the caller's read"
     await bookie.crash()  # no unregister: the row stays, only its lease runs out
     await asyncio.wait_for(fired.wait(), 10.0)
     assert await watcher.writable_bookies() == []

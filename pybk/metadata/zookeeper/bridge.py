@@ -288,6 +288,11 @@ class KazooBridge:
         except NoNodeError:
             return []
 
+    def last_zxid(self) -> int:
+        """The zxid of the newest server response this client has seen: every change
+        committed after it has a greater one (watches compare with it)."""
+        return int(getattr(self.zk, "last_zxid", 0) or 0)
+
     # -- kazoo recipes (watches) -----------------------------------------------------------------
 
     def watch_loop(self) -> asyncio.AbstractEventLoop:

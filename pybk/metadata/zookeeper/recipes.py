@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from kazoo.exceptions import NoNodeError
-from kazoo.recipe.watchers import ChildrenWatch, DataWatch
+from kazoo.recipe.watchers import DataWatch
 
 from pybk.errors import BKError, ClientClosedError
 from pybk.metadata._common import CallbackWatch
@@ -31,7 +31,9 @@ from pybk.metadata.base import Election
 from pybk.metadata.zookeeper.bridge import KazooBridge
 from pybk.metadata.zookeeper.paths import CANDIDATE_PREFIX
 
-__all__ = ["UNSEEN", "ChildrenWatches", "DataWatches", "ZkElection", "election_leader"]
+__all__ = [
+    "UNSEEN", "ChildrenWatches", "DataWatches", "Seen", "ZkElection", "election_leader", "mzxid_of",
+]
 
 log = logging.getLogger("pybk.metadata.zookeeper")
 
@@ -41,40 +43,68 @@ K = TypeVar("K", bound=Hashable)
 UNSEEN: Any = object()
 
 
+@dataclass(frozen=True)
+class Seen:
+    """What a watch compares with first: the state this store last returned for its node
+    (the node's ``mzxid``, None when absent, or UNSEEN when never returned) and a zxid this
+    store had seen before that state (or before the watch, when UNSEEN): a change after it
+    has a greater zxid."""
+
+    state: Any
+    after: int
+
+
 @dataclass
 class _Recipe:
     """State of the one DataWatch a store keeps for a watched node."""
 
-    baseline: Any  # version this store last saw when the recipe was made, or UNSEEN
-    version: Any = UNSEEN  # version the DataWatch last reported
+    version: Any = UNSEEN  # state the DataWatch last reported
     stopped: bool = False
+
+
+def mzxid_of(data: bytes | None, stat: Any) -> int | None:
+    """A node's state for watches: the zxid of its last change (None when absent). It
+    grows with every change, a re-creation included, so a change and its undoing still
+    leave a new value."""
+    return None if stat is None else int(stat.mzxid)
 
 
 class DataWatches(Generic[K]):
     """Watches on znodes named by keys of type ``K`` (ledger ids, keys, lock names).
 
-    ``version_of(data, stat)`` turns a DataWatch report into the version compared with what
-    this store last saw (``seen[key]``, kept up to date by the store's own reads and
-    writes), so a change made between a caller's read and its watch is still reported.
+    Each watch first compares the node's state, once its DataWatch reports it, with what
+    this store last returned for the node (``seen[key]``, kept by the store's own reads and
+    writes), so a change made between a caller's read and its watch, or before the
+    DataWatch is established, is still reported. A node absent both then and now may have
+    been made and removed meanwhile: its parent's ``pzxid`` (the zxid of its last child
+    change) tells, at the price of a fire when a sibling changed.
     """
 
     def __init__(
         self,
         bridge: KazooBridge,
         path_of: Callable[[K], str],
-        version_of: Callable[[bytes | None, Any], Any],
+        version_of: Callable[[bytes | None, Any], Any] = mzxid_of,
     ) -> None:
         self._bridge = bridge
         self._path_of = path_of
         self._version_of = version_of
         self.watches: dict[K, list[CallbackWatch]] = {}
         self.recipes: dict[K, _Recipe] = {}
-        self.seen: dict[K, Any] = {}
+        self.seen: dict[K, Seen] = {}
+        self._pending: dict[CallbackWatch, Seen] = {}  # not yet compared with the node
+        #: set whenever a DataWatch reports (``established`` waits on it)
+        self.progress = asyncio.Event()
+
+    def saw(self, key: K, state: Any, after: int) -> None:
+        """This store returned ``state`` for ``key`` (``after``: a zxid seen before it)."""
+        self.seen[key] = Seen(state, after)
 
     def watch(self, key: K, fire: Callable[[], None]) -> CallbackWatch:
         loop = self._bridge.watch_loop()
 
         def forget(w: CallbackWatch) -> None:
+            self._pending.pop(w, None)
             lst = self.watches.get(key, [])
             if w in lst:
                 lst.remove(w)
@@ -86,17 +116,19 @@ class DataWatches(Generic[K]):
 
         w = CallbackWatch(loop, fire, forget, threadsafe=True)
         self.watches.setdefault(key, []).append(w)
+        base = self.seen.get(key) or Seen(UNSEEN, self._bridge.last_zxid())
         recipe = self.recipes.get(key)
         if recipe is None:
-            recipe = _Recipe(baseline=self.seen.get(key, UNSEEN))
+            recipe = _Recipe()
             self.recipes[key] = recipe
+            self._pending[w] = base
             path = self._path_of(key)
             on_data = functools.partial(self._on_data, key, recipe)
             self._bridge.add_recipe(lambda: DataWatch(self._bridge.zk, path, on_data))
-        elif recipe.version is not UNSEEN and self.seen.get(key, UNSEEN) not in (
-            UNSEEN, recipe.version,
-        ):
-            w.fire()  # the caller read a version other than the one the watch knows
+        elif recipe.version is UNSEEN:
+            self._pending[w] = base
+        else:
+            self._compare(key, w, base, recipe.version)
         return w
 
     def _on_data(self, key: K, recipe: _Recipe, data: bytes | None, stat: Any, *_: Any) -> bool:
@@ -109,10 +141,41 @@ class DataWatches(Generic[K]):
     def _event(self, key: K, recipe: _Recipe, version: Any) -> None:
         first = recipe.version is UNSEEN
         recipe.version = version
-        if first and recipe.baseline in (UNSEEN, version):
-            return  # the first look: nothing changed since the caller last read
-        if not recipe.stopped:
+        self.progress.set()
+        if recipe.stopped:
+            return
+        if not first:
             self.fire(key)
+            return
+        for w in list(self.watches.get(key, ())):
+            base = self._pending.pop(w, None)
+            if base is not None:
+                self._compare(key, w, base, version)
+
+    def _compare(self, key: K, w: CallbackWatch, base: Seen, now: Any) -> None:
+        """Fire ``w`` if the node changed after ``base``, its state now being ``now``."""
+        if now is not None:
+            if (base.state is UNSEEN and now > base.after) or (
+                    base.state is not UNSEEN and now != base.state):
+                w.fire()
+        elif base.state not in (UNSEEN, None):
+            w.fire()  # removed since
+        else:
+            self._bridge.spawn(self._parent_changed(key, w, base.after))
+
+    async def _parent_changed(self, key: K, w: CallbackWatch, after: int) -> None:
+        parent = self._path_of(key).rsplit("/", 1)[0] or "/"
+        try:
+            stat = await self._bridge.call("watch", "exists", parent)
+        except BKError:
+            w.fire()  # cannot tell: the watcher re-reads
+            return
+        if stat is None or int(stat.pzxid) > after:
+            w.fire()
+
+    def waiting(self) -> list[CallbackWatch]:
+        """The watches not yet compared with their node."""
+        return list(self._pending)
 
     def fire(self, key: K) -> None:
         for w in list(self.watches.get(key, ())):
@@ -129,13 +192,23 @@ class DataWatches(Generic[K]):
 
 
 class ChildrenWatches:
-    """Watches on the children of a fixed set of directories, shared by every watch."""
+    """Watches on the children of a fixed set of directories (the bookie registry), shared
+    by every watch. A directory's state is its ``pzxid`` (the zxid of its last child
+    change): a bookie that goes and comes back still moves it. Each watch compares it with
+    what this store last returned (``seen``, set by ``list_bookies``), else with the zxid it
+    had seen before the watch."""
 
     def __init__(self, bridge: KazooBridge, paths: list[str]) -> None:
         self._bridge = bridge
         self._paths = paths
         self.watches: list[CallbackWatch] = []
-        self._established = False
+        self.seen: Seen | None = None  # state: a tuple of pzxids, one per path
+        self._base: dict[CallbackWatch, list[Any]] = {}  # per watch: pzxid per path
+        self._after: dict[CallbackWatch, int] = {}
+        self._now: list[Any] = [UNSEEN] * len(paths)
+        self._wake: list[asyncio.Event] = []
+        #: set whenever a directory reports (``established`` waits on it)
+        self.progress = asyncio.Event()
 
     def watch(self, callback: Callable[[], None]) -> CallbackWatch:
         loop = self._bridge.watch_loop()
@@ -143,28 +216,69 @@ class ChildrenWatches:
         def forget(w: CallbackWatch) -> None:
             if w in self.watches:
                 self.watches.remove(w)
+            self._base.pop(w, None)
+            self._after.pop(w, None)
 
         w = CallbackWatch(loop, callback, forget, threadsafe=True)
         self.watches.append(w)
-        if not self._established:
-            self._established = True
-            for path in self._paths:
-                first = [True]
-
-                def on_children(children: list[str], first: list[bool] = first) -> bool:
-                    if self._bridge.closed:
-                        return False
-                    if first[0]:
-                        first[0] = False
-                    else:
-                        self._bridge.schedule(self.fire)
-                    return True
-
-                def make(path: str = path, fn: Any = on_children) -> Any:
-                    return ChildrenWatch(self._bridge.zk, path, fn)
-
-                self._bridge.add_recipe(make)
+        seen = self.seen or Seen(UNSEEN, self._bridge.last_zxid())
+        self._base[w] = list(seen.state) if seen.state is not UNSEEN else [UNSEEN] * len(
+            self._paths)
+        self._after[w] = seen.after
+        if not self._wake:
+            self._wake = [asyncio.Event() for _ in self._paths]
+            for i in range(len(self._paths)):
+                self._bridge.spawn(self._follow(i))
+        for i, now in enumerate(self._now):
+            if now is not UNSEEN:
+                self._compare(w, i, now)
         return w
+
+    async def _follow(self, i: int) -> None:
+        """Read directory ``i`` with a watch, report its pzxid, wait for the watch (or a
+        lost connection, a new session), again; until the store closes."""
+        path, wake = self._paths[i], self._wake[i]
+
+        def trigger(_event: Any) -> None:  # a kazoo thread
+            self._bridge.schedule(wake.set)
+
+        while not self._bridge.closed:
+            wake.clear()
+            try:
+                _, stat = await self._bridge.call(
+                    "watch_bookies", "get_children", path, watch=trigger, include_data=True)
+            except ClientClosedError:
+                return
+            except BKError as exc:
+                log.warning("ZooKeeper bookie watch on %s: %s; retrying", path, exc)
+                await asyncio.sleep(0.1)
+                continue
+            self._report(i, int(stat.pzxid))
+            await wake.wait()
+
+    def waiting(self) -> bool:
+        """Whether some watch has not been compared with every directory yet."""
+        return bool(self.watches) and any(now is UNSEEN for now in self._now)
+
+    def rearm(self) -> None:
+        """A new session: the server forgot our watches; read every directory again."""
+        for wake in self._wake:
+            wake.set()
+
+    def _report(self, i: int, pzxid: int) -> None:
+        self._now[i] = pzxid
+        self.progress.set()
+        for w in list(self.watches):
+            self._compare(w, i, pzxid)
+
+    def _compare(self, w: CallbackWatch, i: int, now: int) -> None:
+        base = self._base.get(w)
+        if base is None:
+            return
+        was = base[i]
+        if (was is UNSEEN and now > self._after.get(w, 0)) or (was is not UNSEEN and now != was):
+            w.fire()
+        base[i] = now
 
     def fire(self) -> None:
         for w in list(self.watches):

@@ -66,6 +66,7 @@ from pybk.metadata.zookeeper.paths import BASE_DIRS, Layout, ledger_id_from
 from pybk.metadata.zookeeper.recipes import (
     ChildrenWatches,
     DataWatches,
+    Seen,
     ZkElection,
     election_leader,
 )
@@ -78,20 +79,11 @@ log = logging.getLogger("pybk.metadata.zookeeper")
 _KEY_MARK = b"\x01"
 
 
-def _ledger_version(data: bytes | None, stat: Any) -> int | None:
-    return None if stat is None else int(stat.version)
-
-
 def _key_version(data: bytes | None, stat: Any) -> int | None:
-    """A parent-only node counts as absent."""
+    """A key's state for watches: a parent-only node counts as absent."""
     if stat is None or not bytes(data or b"").startswith(_KEY_MARK):
         return None
     return int(stat.mzxid)
-
-
-def _lock_version(data: bytes | None, stat: Any) -> int | None:
-    """A lock changes hands when its node is made again (a new czxid)."""
-    return None if stat is None else int(stat.czxid)
 
 
 class ZooKeeperMetadataStore(MetadataStore):
@@ -131,12 +123,10 @@ class ZooKeeperMetadataStore(MetadataStore):
         self._id_lock = asyncio.Lock()  # one block claim at a time per store
         self._own: dict[str, BookieRegistration] = {}
         self._held: dict[str, int] = {}  # lock name -> session id it was taken in
-        self._ledger_watchers: DataWatches[int] = DataWatches(
-            self._bridge, self._layout.ledger, _ledger_version)
+        self._ledger_watchers: DataWatches[int] = DataWatches(self._bridge, self._layout.ledger)
         self._value_watchers: DataWatches[str] = DataWatches(
             self._bridge, self._layout.kv, _key_version)
-        self._lock_watchers: DataWatches[str] = DataWatches(
-            self._bridge, self._layout.lock, _lock_version)
+        self._lock_watchers: DataWatches[str] = DataWatches(self._bridge, self._layout.lock)
         self._bookie_watchers = ChildrenWatches(
             self._bridge, [self._layout.bookies(False), self._layout.bookies(True)])
         self._elections: list[ZkElection] = []
@@ -174,6 +164,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         self._value_watchers.fire_all()
         self._lock_watchers.fire_all()
         self._bookie_watchers.fire()
+        self._bookie_watchers.rearm()
 
     async def _reregister(self) -> None:
         if self.before_reregister is not None:
@@ -222,26 +213,29 @@ class ZooKeeperMetadataStore(MetadataStore):
         check_metadata(metadata)
         metadata = stamped(metadata, time.time())
         lid = metadata.ledger_id
+        before = self._bridge.last_zxid()
         try:
-            await self._bridge.call(
+            _, stat = await self._bridge.call(
                 "create_ledger", "create", self._layout.ledger(lid), metadata.to_bytes(),
-                makepath=True, expect=(NodeExistsError,),
+                makepath=True, include_data=True, expect=(NodeExistsError,),
             )
         except NodeExistsError:
             raise LedgerExistsError(f"ledger {lid} already exists") from None
-        self._ledger_watchers.seen[lid] = 0
+        self._ledger_watchers.saw(lid, stat.mzxid, before)
         return metadata.with_changes(version=0)
 
     async def read_ledger(self, ledger_id: int) -> LedgerMetadata:
         check_ledger_id(ledger_id)
+        before = self._bridge.last_zxid()
         try:
             data, stat = await self._bridge.call(
                 "read_ledger", "get", self._layout.ledger(ledger_id), expect=(NoNodeError,)
             )
         except NoNodeError:
+            self._ledger_watchers.saw(ledger_id, None, before)
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
         md = LedgerMetadata.from_bytes(data, stat.version)
-        self._ledger_watchers.seen[ledger_id] = stat.version
+        self._ledger_watchers.saw(ledger_id, stat.mzxid, before)
         return md
 
     async def write_ledger(self, metadata: LedgerMetadata, expected_version: int) -> LedgerMetadata:
@@ -250,6 +244,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         if expected_version < 0:  # ZooKeeper reads version -1 as "any version": never a CAS
             await self.read_ledger(lid)  # NoSuchLedgerError when absent, like the others
             raise MetadataVersionError(f"ledger {lid}: version {expected_version} is stale")
+        before = self._bridge.last_zxid()
         try:
             stat = await self._bridge.call(
                 "write_ledger", "set", self._layout.ledger(lid), metadata.to_bytes(),
@@ -261,7 +256,7 @@ class ZooKeeperMetadataStore(MetadataStore):
             ) from None
         except NoNodeError:
             raise NoSuchLedgerError(f"ledger {lid} does not exist") from None
-        self._ledger_watchers.seen[lid] = stat.version
+        self._ledger_watchers.saw(lid, stat.mzxid, before)
         return metadata.with_changes(version=stat.version)
 
     async def delete_ledger(self, ledger_id: int, expected_version: int | None = None) -> None:
@@ -271,6 +266,7 @@ class ZooKeeperMetadataStore(MetadataStore):
             raise MetadataVersionError(
                 f"ledger {ledger_id}: version {expected_version} is stale"
             )
+        before = self._bridge.last_zxid()
         try:
             await self._bridge.call(
                 "delete_ledger", "delete", self._layout.ledger(ledger_id),
@@ -283,7 +279,7 @@ class ZooKeeperMetadataStore(MetadataStore):
             ) from None
         except NoNodeError:
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from None
-        self._ledger_watchers.seen[ledger_id] = None
+        self._ledger_watchers.saw(ledger_id, None, before)
 
     async def list_ledgers(self) -> list[int]:
         return [lid for lid, _ in await self._walk("list_ledgers", self._layout.p("ledgers"), "L")]
@@ -306,6 +302,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         check_key(key)
         data = check_value(key, value)
         path = self._layout.kv(key)
+        before = self._bridge.last_zxid()
         for _ in range(20):
             try:
                 _, stat = await self._bridge.call(
@@ -329,14 +326,19 @@ class ZooKeeperMetadataStore(MetadataStore):
                     )
                 except (BadVersionError, NoNodeError):
                     continue
-            self._value_watchers.seen[key] = stat.mzxid
+            self._value_watchers.saw(key, stat.mzxid, before)
             return VersionedValue(key, data, stat.mzxid)
         raise MetadataStoreError(f"could not create key {key!r}: contention")
 
     async def read_value(self, key: str) -> VersionedValue:
         check_key(key)
-        data, stat = await self._get_key("read_value", key)
-        self._value_watchers.seen[key] = stat.mzxid
+        before = self._bridge.last_zxid()
+        try:
+            data, stat = await self._get_key("read_value", key)
+        except NoSuchKeyError:
+            self._value_watchers.saw(key, None, before)
+            raise
+        self._value_watchers.saw(key, stat.mzxid, before)
         return VersionedValue(key, data, stat.mzxid)
 
     async def write_value(
@@ -344,6 +346,7 @@ class ZooKeeperMetadataStore(MetadataStore):
     ) -> VersionedValue:
         check_key(key)
         data = check_value(key, value)
+        before = self._bridge.last_zxid()
         _, stat = await self._get_key("write_value", key)
         if stat.mzxid != expected_version:
             raise MetadataVersionError(
@@ -360,12 +363,13 @@ class ZooKeeperMetadataStore(MetadataStore):
             ) from None
         except NoNodeError:
             raise NoSuchKeyError(f"key {key!r} does not exist") from None
-        self._value_watchers.seen[key] = new.mzxid
+        self._value_watchers.saw(key, new.mzxid, before)
         return VersionedValue(key, data, new.mzxid)
 
     async def delete_value(self, key: str, expected_version: int | None = None) -> None:
         check_key(key)
         path = self._layout.kv(key)
+        before = self._bridge.last_zxid()
         for _ in range(20):
             _, stat = await self._get_key("delete_value", key)
             if expected_version is not None and stat.mzxid != expected_version:
@@ -385,7 +389,7 @@ class ZooKeeperMetadataStore(MetadataStore):
                     )
             except (BadVersionError, NoNodeError, NotEmptyError):
                 continue  # changed meanwhile: look again (a CAS then fails on the mzxid)
-            self._value_watchers.seen[key] = None
+            self._value_watchers.saw(key, None, before)
             return
         raise MetadataStoreError(f"could not delete key {key!r}: contention")
 
@@ -483,9 +487,14 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     async def list_bookies(self) -> list[BookieRegistration]:
         found: dict[str, BookieRegistration] = {}
+        before = self._bridge.last_zxid()
+        pzxids: list[int] = []
         for ro in (False, True):  # read-only wins while a flip is half done
             base = self._layout.bookies(ro)
-            names = await self._bridge.children("list_bookies", base)
+            names, stat = await self._bridge.call(
+                "list_bookies", "get_children", base, include_data=True)
+            names = sorted(names)
+            pzxids.append(int(stat.pzxid))
 
             async def get(name: str, base: str = base) -> bytes | None:
                 try:
@@ -507,6 +516,7 @@ class ZooKeeperMetadataStore(MetadataStore):
                         f"ZooKeeper registration of bookie {name}: {exc}"
                     ) from exc
                 found[name] = BookieRegistration(name, address, ro, rack)
+        self._bookie_watchers.seen = Seen(tuple(pzxids), before)  # what watches compare with
         return [found[b] for b in sorted(found)]
 
     # -- watches -------------------------------------------------------------------------------
@@ -521,6 +531,30 @@ class ZooKeeperMetadataStore(MetadataStore):
         """Two kazoo ChildrenWatches per store (writable, read-only), shared by all watches."""
         return self._bookie_watchers.watch(callback)
 
+    async def sync_watches(self) -> bool:
+        """Wait until every watch set so far had its first report (at most ``op_timeout``)."""
+        groups = (self._ledger_watchers, self._value_watchers, self._lock_watchers)
+        waiting = [w for g in groups for w in g.waiting()]
+        children = self._bookie_watchers
+        if not waiting and not children.waiting():
+            return False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.op_timeout
+        while not self._bridge.closed and (
+                children.waiting() or any(w in g.waiting() for g in groups for w in waiting)):
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            for g in (*groups, children):
+                g.progress.clear()
+            wakers = [asyncio.ensure_future(g.progress.wait()) for g in (*groups, children)]
+            try:
+                await asyncio.wait(wakers, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for t in wakers:
+                    t.cancel()
+        return True
+
     # -- locks and elections -------------------------------------------------------------------
 
     async def try_lock(self, name: str, owner: str) -> bool:
@@ -528,13 +562,15 @@ class ZooKeeperMetadataStore(MetadataStore):
         check_owner(owner)
         path = self._layout.lock(name)
         await self._bridge.ensure_started()
+        before = self._bridge.last_zxid()
         for _ in range(20):
             session = self._bridge.session_id
             try:
-                await self._bridge.call(
+                _, stat = await self._bridge.call(
                     "try_lock", "create", path, owner.encode(), ephemeral=True, makepath=True,
-                    expect=(NodeExistsError,),
+                    include_data=True, expect=(NodeExistsError,),
                 )
+                self._lock_watchers.saw(name, stat.mzxid, before)
                 self._took_lock(name, session)
                 return True
             except NodeExistsError:
@@ -543,6 +579,7 @@ class ZooKeeperMetadataStore(MetadataStore):
                 _, stat = await self._bridge.call("try_lock", "get", path, expect=(NoNodeError,))
             except NoNodeError:
                 continue  # released meanwhile: try again
+            self._lock_watchers.saw(name, stat.mzxid, before)
             if stat.ephemeralOwner == self._bridge.session_id:
                 self._took_lock(name, self._bridge.session_id)
                 return True
@@ -567,25 +604,32 @@ class ZooKeeperMetadataStore(MetadataStore):
             return
         self._lock_watchers.fire(name)
         path = self._layout.lock(name)
+        before = self._bridge.last_zxid()
         try:
             _, stat = await self._bridge.call("unlock", "get", path, expect=(NoNodeError,))
         except NoNodeError:
+            self._lock_watchers.saw(name, None, before)
             return
         if stat.ephemeralOwner != session:
+            self._lock_watchers.saw(name, stat.mzxid, before)
             return  # not ours any more
         with contextlib.suppress(NoNodeError, BadVersionError, NotEmptyError):
             await self._bridge.call(
                 "unlock", "delete", path, version=stat.version,
                 expect=(NoNodeError, BadVersionError, NotEmptyError),
             )
+            self._lock_watchers.saw(name, None, before)
 
     async def lock_owner(self, name: str) -> str | None:
         check_key(name)
+        before = self._bridge.last_zxid()
         try:
             data, stat = await self._bridge.call(
                 "lock_owner", "get", self._layout.lock(name), expect=(NoNodeError,))
         except NoNodeError:
+            self._lock_watchers.saw(name, None, before)
             return None
+        self._lock_watchers.saw(name, stat.mzxid, before)
         if stat.ephemeralOwner == 0:
             return None  # a parent node of deeper locks
         return bytes(data).decode(errors="replace")
