@@ -230,8 +230,10 @@ class EntryIndex:
         first = ids[0]
         end = self.end if n else first
         k = len(ids)
+        # the hole budget is :meth:`put`'s, id by id (the same layout either way): here for the
+        # first id, and below for the rest when a later gap could exceed what an id adds
         if first < end or first < 0 or first - end > MAX_GAP or (
-                self.holes + ids[-1] - end + 1 - k > _HOLES * (n - self.holes + k) + MAX_GAP):
+                self.holes + first - end > _HOLES * (n - self.holes) + MAX_GAP):
             return False
         if ids[-1] - first == k - 1:  # consecutive: the striping-free case (E == Qw)
             if not n:
@@ -251,10 +253,11 @@ class EntryIndex:
         szs: list[int] = []
         cur = end
         holes = 0
+        held = n - self.holes
         for eid, off, size in zip(ids, offsets, sizes, strict=True):
             gap = eid - cur
             if gap:
-                if gap > MAX_GAP:
+                if gap > MAX_GAP or self.holes + holes + gap > _HOLES * held + MAX_GAP:
                     return False
                 segs += (0,) * gap
                 offs += (0,) * gap
@@ -263,6 +266,7 @@ class EntryIndex:
             segs.append(seg)
             offs.append(off)
             szs.append(size)
+            held += 1
             cur = eid + 1
         if not n:
             self.first = self.end = end
@@ -287,8 +291,8 @@ class EntryIndex:
             # that is not)
             if not all(map(_eq, islice(ids, q, None), map(_add, ids, repeat(p)))):
                 continue
-            if max(map(_sub, islice(ids, 1, q + 1), ids)) - 1 > MAX_GAP:
-                return False
+            if max(map(_sub, islice(ids, 1, q + 1), ids)) - 1 > min(MAX_GAP, _HOLES):
+                return False  # (gaps of at most _HOLES: an id pays for its gap, as in put)
             m = ids[-1] + 1 - end
             segs = array("I", bytes(4 * m))
             offs = array("Q", bytes(8 * m))
