@@ -19,6 +19,7 @@ from typing import Any, Final
 
 from pybk.bookie.config import BookieConfig
 from pybk.bookie.cookie import check_cookie
+from pybk.bookie.gc import GarbageCollector, GcResult, metadata_liveness
 from pybk.bookie.longpoll import LongPollWaiters
 from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE, BookieState
 from pybk.errors import (
@@ -133,6 +134,8 @@ class Bookie:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._last_cp_pos: object = None
         self._fs_closed = False
+        #: the garbage collector (pybk.bookie.gc), while started with a metadata store
+        self.gc: GarbageCollector | None = None
 
     @staticmethod
     def _new_os_fs(config: BookieConfig) -> FileSystem:
@@ -208,6 +211,10 @@ class Bookie:
             self._set_state(READ_ONLY, store.read_only_reason)
         else:
             self._set_state(WRITABLE, "started")
+        if self.cookie_store is not None:
+            meta = self.cookie_store
+            self.gc = GarbageCollector(self, metadata_liveness(meta), meta.list_ledgers)
+            self.gc.start()
         self._check_disk()
         loop = asyncio.get_running_loop()
         if self.config.disk_check_interval > 0:
@@ -222,6 +229,8 @@ class Bookie:
         if self._state == STOPPED:
             return
         self._set_state(STOPPED, "stopped")
+        if self.gc is not None:
+            await self.gc.drain()  # a compaction under way ends its steps first
         self._cancel_background()
         store = self.store
         try:
@@ -249,6 +258,8 @@ class Bookie:
             self._fs_closed = True
 
     def _cancel_background(self) -> None:
+        if self.gc is not None:
+            self.gc.abandon()
         for t in self._timers:
             t.cancel()
         self._timers.clear()
@@ -293,6 +304,16 @@ class Bookie:
     def disk_usage(self) -> tuple[int, int]:
         return self.fs.disk_usage(self.data_dir)
 
+    @property
+    def disk_full(self) -> bool:
+        """Read-only because of the disk (recoverable by freeing space)."""
+        return self._disk_full
+
+    @property
+    def journal_failed(self) -> bool:
+        """Read-only for good (until a restart)."""
+        return self._journal_failed
+
     def _check_disk(self) -> None:
         if self._state == STOPPED:
             return
@@ -311,6 +332,8 @@ class Bookie:
             self._disk_full = False
             self._refresh_state(
                 f"disk usage {used:.0%} back below the {low:.0%} low-water mark")
+        if self.gc is not None and (self._disk_full or used >= self.config.gc_disk_pressure):
+            self.gc.disk_pressure()  # collect and compact now (a no-op while a run is on)
 
     def _disk_timer(self) -> None:
         if self._state == STOPPED:
@@ -661,10 +684,20 @@ class Bookie:
         """Delete a ledger's data on this bookie (journaled tombstone; durable on return)."""
         await self._store().delete_ledger(ledger_id)
 
+    async def run_gc(self, *, force: bool = True) -> GcResult:
+        """One run of the garbage collector now (the scheduled run's code; ``force``: major
+        compaction too). Raises BookieStateError without a metadata store to ask."""
+        self._store()
+        if self.gc is None:
+            raise BookieStateError(f"bookie {self.bookie_id} has no metadata store: "
+                                   "nothing to collect against")
+        return await self.gc.run(force=force)
+
     async def collect_garbage(
         self, is_live: Callable[[int], Awaitable[bool]], *, compact: bool = True
     ) -> list[int]:
-        """Delete local ledgers the metadata no longer has, then compact.
+        """Delete local ledgers ``is_live`` calls gone, then compact (``run_gc`` is the
+        scheduled collector's run, against the metadata store).
 
         ``is_live(ledger_id)`` asks the metadata; it is asked twice per candidate, the second
         time right before deleting (rule R8: never delete on a stale or transient answer).

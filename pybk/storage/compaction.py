@@ -12,7 +12,7 @@ segments may still hold its entries, which a rebuild from the segments must not 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,7 @@ class CompactionResult:
     segments_compacted: list[int] = field(default_factory=list)
     entries_moved: int = 0
     bytes_freed: int = 0
+    bytes_moved: int = 0  # bytes re-appended (live entries and ledger metadata)
     skipped_corrupt: list[int] = field(default_factory=list)
 
 
@@ -51,9 +52,12 @@ def segment_usage(store: LedgerStore) -> dict[int, tuple[int, int]]:
     return out
 
 
-async def compact(store: LedgerStore, threshold: float) -> CompactionResult:
+async def compact(store: LedgerStore, threshold: float,
+                  pace: Callable[[int], Awaitable[None]] | None = None) -> CompactionResult:
     """Rewrite ``store``'s sealed segments whose live fraction is below ``threshold`` (see
-    the module docstring). Safe against a crash at any step."""
+    the module docstring). Safe against a crash at any step. ``pace(nbytes)`` is awaited
+    after each segment that re-appended ``nbytes`` (the garbage collector's throttle); a
+    wholly dead segment re-appends next to nothing."""
     result = CompactionResult()
     async with store.checkpointer.lock:
         cp = await store._checkpoint_locked()
@@ -65,12 +69,15 @@ async def compact(store: LedgerStore, threshold: float) -> CompactionResult:
         chosen: list[int] = []
         for _, seq in sorted(candidates):
             try:
-                moved = _rewrite_segment(store, seq, futs)
+                moved, nbytes = _rewrite_segment(store, seq, futs)
             except (CorruptRecordError, OSError):
                 result.skipped_corrupt.append(seq)
                 continue
             chosen.append(seq)
             result.entries_moved += moved
+            result.bytes_moved += nbytes
+            if pace is not None and nbytes:
+                await pace(nbytes)
         if not chosen:
             return result
         await asyncio.gather(*futs)
@@ -88,9 +95,11 @@ async def compact(store: LedgerStore, threshold: float) -> CompactionResult:
     return result
 
 
-def _rewrite_segment(store: LedgerStore, seq: int, futs: list[Awaitable[None]]) -> int:
+def _rewrite_segment(store: LedgerStore, seq: int,
+                     futs: list[Awaitable[None]]) -> tuple[int, int]:
     """Verify every record of segment ``seq``; re-append its live entries and the current
-    metadata of every ledger it mentions. Raises before appending anything if damaged."""
+    metadata of every ledger it mentions (entries moved, bytes appended). Raises before
+    appending anything if damaged."""
     records: list[Record] = []
     scan_segment(
         store.fs, store.journal_path(seq), seq, store.instance_id, start=None, batch_seq=0,
@@ -129,4 +138,4 @@ def _rewrite_segment(store: LedgerStore, seq: int, futs: list[Awaitable[None]]) 
                         None))
     for data, tag in out:
         futs.append(store.journal.append(data, tag))
-    return sum(1 for _, tag in out if tag is not None)
+    return sum(1 for _, tag in out if tag is not None), sum(len(d) for d, _ in out)

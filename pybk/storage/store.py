@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import posixpath
-from collections.abc import Callable, Container
+from collections.abc import Awaitable, Callable, Container
 from typing import Final
 
 from pybk.errors import BKError, ReadOnlyBookieError
@@ -199,11 +199,14 @@ class LedgerStore(WritesMixin):
         """seq -> (live bytes, file bytes) for the sealed segments."""
         return compaction.segment_usage(self)
 
-    async def compact(self, threshold: float | None = None) -> CompactionResult:
+    async def compact(self, threshold: float | None = None, *,
+                      pace: Callable[[int], Awaitable[None]] | None = None,
+                      ) -> CompactionResult:
         """Rewrite sealed segments whose live fraction is below ``threshold`` (default: the
-        config's); see :mod:`pybk.storage.compaction`. Safe against a crash at any step."""
+        config's), awaiting ``pace(nbytes)`` after each (a throttle); see
+        :mod:`pybk.storage.compaction`. Safe against a crash at any step."""
         return await compaction.compact(
-            self, self.config.compaction_threshold if threshold is None else threshold)
+            self, self.config.compaction_threshold if threshold is None else threshold, pace)
 
     # ================================================================== invariants
 
