@@ -163,7 +163,7 @@ class GarbageCollector:
         if rate > 0 and not self._stopping.is_set():
             try:
                 await asyncio.wait_for(self._stopping.wait(), nbytes / rate)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     def _arm(self, delay: float) -> None:
