@@ -96,6 +96,7 @@ class GcStats:
     ledgers_removed: int = 0
     bytes_reclaimed: int = 0
     entries_moved: int = 0
+    segments_compacted: int = 0
     minor_compactions: int = 0
     major_compactions: int = 0
     seconds: float = 0.0
@@ -118,6 +119,9 @@ class GarbageCollector:
         self.is_live = is_live
         self.list_ledgers = list_ledgers
         self.stats = GcStats()
+        #: told ``(ledger_id)`` right before a collected ledger is deleted (the simulator
+        #: checks each against the metadata's history)
+        self.on_collect: Callable[[int], None] | None = None
         self._first_seen: dict[int, float] = {}
         self._lock = asyncio.Lock()
         self._timer: asyncio.TimerHandle | None = None
@@ -240,6 +244,7 @@ class GarbageCollector:
             st.ledgers_removed += len(result.ledgers_removed)
             st.bytes_reclaimed += result.bytes_reclaimed
             st.entries_moved += result.entries_moved
+            st.segments_compacted += len(result.segments_compacted)
             st.last_result = result
             if result.ledgers_removed or result.segments_compacted:
                 log.info("bookie %s: gc removed %d ledgers, compacted %d segments "
@@ -285,6 +290,8 @@ class GarbageCollector:
             store = self.bookie.store
             if store is None:
                 return
+            if self.on_collect is not None:
+                self.on_collect(lid)
             await store.delete_ledger(lid)
             result.ledgers_removed.append(lid)
 
