@@ -20,6 +20,7 @@ from typing import Any, Final
 from pybk.bookie.config import BookieConfig
 from pybk.bookie.cookie import check_cookie
 from pybk.bookie.gc import GarbageCollector, GcResult, metadata_liveness
+from pybk.bookie.gcremote import GcRemote
 from pybk.bookie.longpoll import LongPollWaiters
 from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE, BookieState
 from pybk.errors import (
@@ -136,6 +137,7 @@ class Bookie:
         self._fs_closed = False
         #: the garbage collector (pybk.bookie.gc), while started with a metadata store
         self.gc: GarbageCollector | None = None
+        self._gc_remote: GcRemote | None = None
 
     @staticmethod
     def _new_os_fs(config: BookieConfig) -> FileSystem:
@@ -215,6 +217,8 @@ class Bookie:
             meta = self.cookie_store
             self.gc = GarbageCollector(self, metadata_liveness(meta), meta.list_ledgers)
             self.gc.start()
+            self._gc_remote = GcRemote(self.gc, meta)
+            await self._gc_remote.start()
         self._check_disk()
         loop = asyncio.get_running_loop()
         if self.config.disk_check_interval > 0:
@@ -229,8 +233,11 @@ class Bookie:
         if self._state == STOPPED:
             return
         self._set_state(STOPPED, "stopped")
-        if self.gc is not None:
-            await self.gc.drain()  # a compaction under way ends its steps first
+        if self.gc is not None:  # a compaction under way ends its steps first
+            self.gc.stop()
+            if self._gc_remote is not None:
+                await self._gc_remote.drain()
+            await self.gc.drain()
         self._cancel_background()
         store = self.store
         try:
@@ -258,6 +265,9 @@ class Bookie:
             self._fs_closed = True
 
     def _cancel_background(self) -> None:
+        if self._gc_remote is not None:
+            self._gc_remote.stop()
+            self._gc_remote = None
         if self.gc is not None:
             self.gc.abandon()
         for t in self._timers:

@@ -122,6 +122,8 @@ class GarbageCollector:
         #: told ``(ledger_id)`` right before a collected ledger is deleted (the simulator
         #: checks each against the metadata's history)
         self.on_collect: Callable[[int], None] | None = None
+        #: awaited after every run (pybk.bookie.gcremote publishes the status)
+        self.after_run: Callable[[], Awaitable[None]] | None = None
         self._first_seen: dict[int, float] = {}
         self._lock = asyncio.Lock()
         self._timer: asyncio.TimerHandle | None = None
@@ -220,6 +222,12 @@ class GarbageCollector:
     async def run(self, *, force: bool = False, pressure: bool = False) -> GcResult:
         """Collect, then compact what is due (``force``: minor and major compaction both;
         ``pressure``: major, at once). One run at a time: a second caller waits its turn."""
+        result = await self._run(force, pressure)
+        if self.after_run is not None:
+            await self.after_run()
+        return result
+
+    async def _run(self, force: bool, pressure: bool) -> GcResult:
         async with self._lock:
             loop = asyncio.get_running_loop()
             began = loop.time()

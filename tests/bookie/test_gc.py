@@ -75,11 +75,13 @@ async def read_status(bookie: Bookie, lid: int, eid: int) -> Status:
 
 
 async def test_scheduled_run_collects_ledgers_the_metadata_lost_and_compacts():
-    bookie, _, _ = await make()
+    bookie, meta, _ = await make(live=(1, 2, 3, 4))
     try:
         await fill(bookie, (1, 2, 3, 4), 80)
         assert bookie.gc is not None
         segs = len(bookie.fs.listdir("/d/journal"))
+        await meta.delete_ledger(3)
+        await meta.delete_ledger(4)
         await until(lambda: bookie.gc.stats.ledgers_removed == 2
                     and bookie.gc.stats.bytes_reclaimed > 0, "ledgers 3 and 4 collected")
         assert bookie.store.ledger_ids() == [1, 2]
@@ -139,7 +141,7 @@ async def test_damaged_metadata_is_never_a_reason_to_delete():
 async def test_a_stale_listing_is_checked_ledger_by_ledger_twice():
     """The listing misses ledger 3 (stale) but reading it finds it: kept. Each collected
     ledger was read twice before its deletion (rule R8)."""
-    bookie, meta, faults = await make(live=(1, 3))
+    bookie, meta, faults = await make(live=(1, 3, 4))
     real_list = meta.list_ledgers
 
     async def stale_list() -> list[int]:
@@ -148,6 +150,7 @@ async def test_a_stale_listing_is_checked_ledger_by_ledger_twice():
     bookie.gc.list_ledgers = stale_list
     try:
         await fill(bookie, (1, 3, 4), 30)
+        await meta.delete_ledger(4)
         await until(lambda: bookie.store.ledger_ids() == [1, 3], "ledger 4 collected")
         reads = [k for op, k in faults.calls if op == "read_ledger"]
         assert reads.count(4) == 2
@@ -244,3 +247,39 @@ async def test_compaction_is_paced_on_loop_time_and_a_stop_cuts_the_pause_short(
 def test_bad_gc_knobs_are_refused_by_name(knob, value):
     with pytest.raises(ValueError, match=knob):
         BookieConfig(**{knob: value})
+
+
+async def test_a_run_asked_through_the_metadata_is_answered_with_a_published_status():
+    from pybk.bookie.gcremote import read_gc_status, request_gc
+
+    config = dataclasses.replace(FAST, gc_interval=0)
+    bookie, meta, _ = await make(config, live=(1, 4))
+    try:
+        await fill(bookie, (1, 4), 40)
+        await meta.delete_ledger(4)
+        assert await read_gc_status(meta, "b1") is None
+        n = await request_gc(meta, "b1")
+        await until(lambda: bookie.gc.stats.runs == 1, "the asked run")
+        status: dict[str, Any] = {}
+
+        async def published() -> bool:
+            status.update(await read_gc_status(meta, "b1") or {})
+            return status.get("handled") == n
+
+        for _ in range(400):
+            if await published():
+                break
+            await asyncio.sleep(0.005)
+        assert status["handled"] == n and status["ledgers_removed"] == 1
+        assert status["last_run"]["compaction"] == "major"
+    finally:
+        await bookie.stop()
+    # a restart does not run the handled request again
+    again = Bookie("b1", "/d", fs=bookie.fs, config=config, cookie_store=meta)
+    await again.start()
+    try:
+        assert again.gc is not None and again.gc.stats.runs == 0
+        await asyncio.sleep(0)
+        assert again.gc.stats.runs == 0
+    finally:
+        await again.stop()
