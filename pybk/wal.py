@@ -34,8 +34,9 @@ __all__ = ["WAL", "AsyncWAL"]
 def embedded_bookie_config() -> Any:
     """The embedded WAL's bookies (a ``pybk.bookie.BookieConfig``): journal segments made
     ahead and written in place (each fdatasync then flushes data only: about a fifth more
-    appends per second here, and what ``pybk bookie`` does), 16 MiB each (48 MiB of disk at
-    start for 3 bookies)."""
+    appends per second here, and what ``pybk bookie`` does), up to 16 MiB each: they start
+    at 128 KiB and double with use (a WAL of one record takes under 1 MB). Each bookie's
+    garbage collector gives back what truncation deleted (pybk.bookie.gc)."""
     from pybk.bookie import BookieConfig
 
     return BookieConfig(journal_preallocate=True, segment_size=16 << 20)

@@ -210,3 +210,16 @@ async def test_a_tailing_readers_memory_stays_flat(tmp_path: Path) -> None:
     # (until the last, at the tail, where nothing is left to read ahead)
     growth = max(samples[2:]) - samples[1]
     assert growth < total * len(record) // 10, (growth, samples)
+
+
+def test_a_wal_holding_one_record_stays_under_a_megabyte(tmp_path: Path) -> None:
+    """Segments start small (preallocated ones too) and grow with use."""
+    import os
+
+    with pybk.WAL(tmp_path) as wal:
+        wal.append(b"x" * 100)
+    used = sum(os.stat(os.path.join(root, f)).st_blocks * 512
+               for root, _, files in os.walk(tmp_path) for f in files)
+    assert used < 1 << 20, used
+    with pybk.WAL(tmp_path) as wal:
+        assert [data for _, data in wal.replay()] == [b"x" * 100]

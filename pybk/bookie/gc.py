@@ -12,8 +12,10 @@ simulator runs it like any other timer). Every ``gc_interval`` seconds it
    deletion (rule R8): only a definite "no such ledger" both times deletes it; a ledger the
    metadata has after all, an error or damaged metadata leaves it alone;
 4. compacts: minor (segments below ``gc_minor_threshold`` live) every
-   ``gc_minor_interval``, major (below ``gc_major_threshold``) every ``gc_major_interval``;
-   rewrites are paced at ``gc_compaction_rate`` bytes/s, dropping wholly dead segments is not.
+   ``gc_minor_interval``, major (below ``gc_major_threshold``) every ``gc_major_interval``,
+   and segments with nothing live left on every run (only files to drop: the space of a log
+   that truncates comes back within an interval); rewrites are paced at
+   ``gc_compaction_rate`` bytes/s, dropping wholly dead segments is not.
 
 Disk pressure (usage at ``gc_disk_pressure`` or more, or the bookie read-only because its disk
 filled) runs a collection with major compaction at once; the bookie's disk check afterwards
@@ -42,6 +44,9 @@ log = logging.getLogger(__name__)
 #: often (seconds, loop time) when the disk has no timer: a disk full of live data must not
 #: have the bookie compacting without pause
 PRESSURE_RUN_GAP = 10.0
+
+#: the threshold that picks only segments with no live byte (live < DEAD_ONLY x size)
+DEAD_ONLY = 1e-12
 
 #: ``is_live(ledger_id)``: True unless the metadata definitely no longer has the ledger
 IsLive = Callable[[int], Awaitable[bool]]
@@ -72,7 +77,7 @@ class GcResult:
     segments_compacted: list[int] = field(default_factory=list)
     bytes_reclaimed: int = 0
     entries_moved: int = 0
-    compaction: str = ""  # "", "minor" or "major"
+    compaction: str = ""  # "", "dead" (wholly dead segments only), "minor" or "major"
     skipped: str = ""  # why the collection step did not run ("" when it did)
     seconds: float = 0.0
 
@@ -314,6 +319,9 @@ class GarbageCollector:
             kind, threshold = "major", cfg.gc_major_threshold
         elif minor_due and cfg.gc_minor_interval > 0:
             kind, threshold = "minor", cfg.gc_minor_threshold
+        elif any(live == 0 for live, _ in self.bookie.store.segment_usage().values()):
+            # wholly dead segments go on every run: nothing to rewrite, only files to drop
+            kind, threshold = "dead", DEAD_ONLY
         else:
             return
         st.compacting = kind
@@ -326,6 +334,8 @@ class GarbageCollector:
         result.segments_compacted = list(res.segments_compacted)
         result.bytes_reclaimed += res.bytes_freed
         result.entries_moved += res.entries_moved
+        if kind == "dead":
+            return
         # a major compaction does a minor's work too
         st.last_minor_at = now
         st.minor_compactions += 1

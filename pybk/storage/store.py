@@ -118,6 +118,7 @@ class LedgerStore(WritesMixin):
             max_batch_bytes=self.config.journal_max_batch_bytes,
             max_batch_count=self.config.journal_max_batch_count,
             segment_size=self.config.segment_size,
+            initial_segment_size=self.config.segment_initial_size,
             inline_sync_max=self.config.journal_inline_sync_max,
             overlap_syncs=self.config.journal_overlap_syncs,
             overlap_split_min=self.config.journal_overlap_split_min,
