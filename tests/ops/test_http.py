@@ -99,6 +99,9 @@ async def test_heartbeat_metrics_and_bookie_info(cluster: Cluster,
     assert info["bookie_id"] == "b1" and info["state"] == "writable"
     assert info["rack"] == "/dc/r1" and info["total_bytes"] >= info["free_bytes"] > 0
     assert info["address"] == cluster.processes["b1"].address
+    async with http.get(cluster.url("b1", "/api/v1/bookie/gc_details")) as r:
+        gc = await r.json()  # a bookie process collects on its own, by default
+    assert gc["interval"] == 30.0 and 0 < gc["next_run_in"] <= 30.0 and not gc["running"]
 
 
 async def test_bookies_ledgers_and_marks(cluster: Cluster, http: aiohttp.ClientSession) -> None:
