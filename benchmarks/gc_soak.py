@@ -7,6 +7,9 @@ Two soaks, each sampling the bytes on disk (allocated blocks) every ``--sample``
   to keep its last ``--retain-mb`` MB. Bound: replicas x (1.5 x retained + 16 MB); the
   verdict is on the largest sample of the last half of the run (disk use must level off
   under the bound and stay there).
+* **p99**: a lone writer's append p50 and p99, idle and while every bookie of a 3-bookie
+  ``LocalCluster`` compacts (major, paced) segments half of which was deleted; target: the
+  p99 while compacting within 1.5x of idle.
 * **ledgers**: a 3-bookie ``LocalCluster`` (with the WAL's bookies) with
   ``--ledgers`` ledgers of ``--ledger-mb`` MB each (E=Qw=3), then all but a tenth deleted
   while a writer keeps appending to a live ledger. Bound: per bookie, 1.5 x its live data +
@@ -148,6 +151,54 @@ async def ledgers_soak(root: Path, args: argparse.Namespace
     return samples, within, int(bound)
 
 
+# -- a writer's p99 while compaction runs ------------------------------------------------------
+
+
+async def p99_soak(root: Path, args: argparse.Namespace) -> tuple[list[float], list[float],
+                                                                  int, float]:
+    """A lone writer's append latencies idle, then while every bookie compacts (forced runs,
+    paced at ``gc_compaction_rate``): segments half live (two ledgers written in turns, one
+    deleted), so major compaction rewrites half of each."""
+    config = dataclasses.replace(bookie_config(args), gc_interval=0, gc_min_ledger_age=0)
+    chunk = [os.urandom(16 << 10)] * 8
+    async with LocalCluster(root / "p99", 3, bookie_config=config) as c:
+        client = c.client()
+        keep = await client.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2)
+        drop = await client.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2)
+        for _ in range(max(1, int(args.p99_mb * MB) // (2 * 8 * (16 << 10)))):
+            await keep.append_many(chunk)
+            await drop.append_many(chunk)
+        await keep.close()
+        await drop.close()
+        await client.delete_ledger(drop.id)
+        writer = await client.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2)
+        loop = asyncio.get_running_loop()
+        record = os.urandom(args.record)
+
+        async def lone(until: Any) -> list[float]:
+            out = []
+            while not until():
+                t0 = loop.time()
+                await writer.append(record)
+                out.append(loop.time() - t0)
+            return out
+
+        idle_end = loop.time() + args.p99_seconds
+        idle = await lone(lambda: loop.time() >= idle_end)
+        runs = asyncio.gather(*(c.bookie(b).run_gc() for b in c.bookie_ids))
+        busy = await lone(runs.done)
+        results = await runs
+        await writer.close()
+    moved = sum(r.entries_moved for r in results)
+    seconds = max(r.seconds for r in results)
+    return idle, busy, moved, seconds
+
+
+def p99(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+
+
 # -- report -----------------------------------------------------------------------------------
 
 
@@ -196,7 +247,10 @@ def main() -> None:
     p.add_argument("--gc-interval", type=float, default=None,
                    help="seconds (default: the embedded WAL's bookies' own)")
     p.add_argument("--sample", type=float, default=1.0, help="seconds between samples")
-    p.add_argument("--only", choices=("wal", "ledgers"), default=None)
+    p.add_argument("--p99-mb", type=float, default=40.0,
+                   help="data per bookie (half of it deleted) for the p99 row")
+    p.add_argument("--p99-seconds", type=float, default=3.0, help="the idle p99's window")
+    p.add_argument("--only", choices=("wal", "ledgers", "p99"), default=None)
     p.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     p.add_argument("--plot", default=None, help="draw disk use over time to this PNG")
     args = p.parse_args()
@@ -242,6 +296,20 @@ def main() -> None:
                   f"after: {when}; the collection interval {args.gc_interval:g} s (+ the "
                   f"minimum age and a compaction): {'met' if met else 'NOT MET'}")
             series["ledgers: 90% deleted"] = (samples, 3 * bound_each)
+        if args.only in (None, "p99"):
+            idle, busy, moved, seconds = asyncio.run(p99_soak(root, args))
+            ratio = p99(busy) / p99(idle) if idle and busy else float("nan")
+            met = ratio <= 1.5
+            ok &= met
+            print(f"\np99: a lone writer ({args.record} B appends, E=Qw=3), idle and while the "
+                  f"3 bookies compact ({moved:,} entries moved, {seconds:.1f} s, paced at "
+                  f"{bookie_config(args).gc_compaction_rate / (1 << 20):g} MiB/s)")
+            print(f"  {'':12}{'appends':>9}{'p50 (ms)':>10}{'p99 (ms)':>10}")
+            for name, lat in (("idle", idle), ("compacting", busy)):
+                print(f"  {name:12}{len(lat):9,}{sorted(lat)[len(lat) // 2] * 1e3:10.2f}"
+                      f"{p99(lat) * 1e3:10.2f}")
+            print(f"  p99 compacting / idle: {ratio:.2f}x; target <= 1.5x: "
+                  f"{'met' if met else 'NOT MET'}")
         if args.plot:
             plot(args.plot, series)
     finally:
