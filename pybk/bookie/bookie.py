@@ -22,6 +22,7 @@ from pybk.bookie.cookie import check_cookie
 from pybk.bookie.gc import GarbageCollector, GcResult, metadata_liveness
 from pybk.bookie.gcremote import GcRemote
 from pybk.bookie.longpoll import LongPollWaiters
+from pybk.bookie.replies import CountedAdd, Respond
 from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE, BookieState
 from pybk.errors import (
     BKError,
@@ -497,7 +498,7 @@ class Bookie:
         builds one only to put it on the wire."""
         stats = self.stats
         if stats is not None:  # one timing per request: a batch's entries share it
-            on_done = _CountedAdd(stats, request, on_done, asyncio.get_running_loop().time)
+            on_done = CountedAdd(stats, request, on_done, asyncio.get_running_loop().time)
         if type(request) is AddBatchRequest:
             self.add_batch(request.ledger_id, request.entry_ids, request.bodies,
                            request.master_key, on_done, request.recovery)
@@ -544,7 +545,7 @@ class Bookie:
         """Answer an add through ``reply(response)``, called exactly once (possibly before
         this returns): the same answers as ``await handle(request)``. :meth:`add_request`
         with the outcome put in a response (for callers that want one)."""
-        self.add_request(request, _Respond(request, reply))
+        self.add_request(request, Respond(request, reply))
 
     async def _fence(self, req: FenceRequest) -> FenceResponse:
         store = self._store()
@@ -741,64 +742,6 @@ class Bookie:
         assert self._state in (WRITABLE, READ_ONLY, STOPPED)
         if self._state == WRITABLE:
             assert not self._journal_failed and not self._disk_full
-
-
-class _Respond:
-    """``on_done`` of :meth:`Bookie.add_nowait`: the outcome as a response (a small object
-    rather than a closure and its cells: less for the GC)."""
-
-    __slots__ = ("reply", "request")
-
-    def __init__(self, request: AddRequest, reply: Callable[[Response], None]) -> None:
-        self.request = request
-        self.reply = reply
-
-    def __call__(self, outcome: AddOutcome) -> None:
-        self.reply(add_response(self.request, outcome))
-
-
-class _CountedAdd:
-    """``on_done`` of an add request on a bookie that keeps stats: counts its entries and
-    bytes (a batch's outcome may be one per entry), observes its latency once (with the
-    batch's weight), then hands the outcome on."""
-
-    __slots__ = ("clock", "on_done", "request", "started", "stats")
-
-    def __init__(self, stats: BookieStats, request: AddRequest | AddBatchRequest,
-                 on_done: AddCallback, clock: Callable[[], float]) -> None:
-        self.stats = stats
-        self.request = request
-        self.on_done = on_done
-        self.clock = clock
-        self.started = clock()
-
-    def __call__(self, outcome: AddOutcome) -> None:
-        stats = self.stats
-        request = self.request
-        if type(request) is AddBatchRequest:
-            bodies: Sequence[bytes] = request.bodies
-        else:
-            assert isinstance(request, AddRequest)
-            bodies = (request.body,)
-        if outcome is None:
-            n = len(bodies)
-            stats.adds += n
-            stats.add_bytes += sum(map(len, bodies))
-            if request.recovery:
-                stats.recovery_adds += n
-            stats.add_latency.observe(self.clock() - self.started, n)
-        elif isinstance(outcome, BKError):
-            stats.add_errors += len(bodies)
-        else:  # one outcome per entry
-            good = [b for b, o in zip(bodies, outcome, strict=False) if o is None]
-            stats.adds += len(good)
-            stats.add_bytes += sum(map(len, good))
-            stats.add_errors += len(outcome) - len(good)
-            if request.recovery:
-                stats.recovery_adds += len(good)
-            if good:
-                stats.add_latency.observe(self.clock() - self.started, len(good))
-        self.on_done(outcome)
 
 
 __all__ = ["NO_SUCH_ENTRY_ON_IO_ERROR", "Bookie"]

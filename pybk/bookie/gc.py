@@ -1,25 +1,13 @@
 """The bookie's garbage collector: deleted ledgers' space comes back without anyone asking.
 
-A :class:`GarbageCollector` runs on the bookie's event loop, driven by loop time (so the
-simulator runs it like any other timer). Every ``gc_interval`` seconds it
-
-1. takes the bookie's ledgers *before* asking the metadata (a ledger made while the listing
-   is under way is not a candidate), leaving out any first seen less than
-   ``gc_min_ledger_age`` ago (a ledger created moments ago is never collected);
-2. lists the metadata's ledgers; the bookie's ledgers missing from the list are candidates.
-   A listing that fails ends the run (nothing is collected on a transient answer);
-3. asks the metadata about each candidate by itself, twice, the second time right before the
-   deletion (rule R8): only a definite "no such ledger" both times deletes it; a ledger the
-   metadata has after all, an error or damaged metadata leaves it alone;
-4. compacts: minor (segments below ``gc_minor_threshold`` live) every
-   ``gc_minor_interval``, major (below ``gc_major_threshold``) every ``gc_major_interval``,
-   and segments with nothing live left on every run (only files to drop: the space of a log
-   that truncates comes back within an interval); rewrites are paced at
-   ``gc_compaction_rate`` bytes/s, dropping wholly dead segments is not.
-
-Disk pressure (usage at ``gc_disk_pressure`` or more, or the bookie read-only because its disk
-filled) runs a collection with major compaction at once; the bookie's disk check afterwards
-brings a bookie that compacted back below its low-water mark back to writable.
+A :class:`GarbageCollector` runs on the bookie's event loop, driven by loop time (the
+simulator runs it like any other timer). Every ``gc_interval`` it deletes the bookie's
+ledgers the metadata no longer has (each read twice, the second time right before the
+deletion, rule R8; never on a failed or damaged answer, nor a ledger first seen less than
+``gc_min_ledger_age`` ago), then compacts: wholly dead segments every run, minor and major
+compaction by threshold and interval, rewrites paced at ``gc_compaction_rate`` bytes/s.
+Disk pressure runs it at once. The steps and the defaults' reasons: docs/internals.md
+("pybk/bookie/gc.py") and docs/operations.md ("Space").
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
     from pybk.bookie.gc import GarbageCollector
     from pybk.metadata.base import MetadataStore, Watch
 
+#: seconds (loop time) before a trigger that could not be read is read again
+RETRY_AFTER = 1.0
+
 __all__ = ["GcRemote", "read_gc_status", "request_gc", "status_key", "trigger_key"]
 
 log = logging.getLogger(__name__)
@@ -101,6 +104,7 @@ class GcRemote:
         self._watch: Watch | None = None
         self._task: asyncio.Task[Any] | None = None
         self._pending = False
+        self._retry: asyncio.TimerHandle | None = None
 
     async def start(self) -> None:
         """Watch the trigger; a trigger made while the bookie was down is answered now."""
@@ -117,6 +121,8 @@ class GcRemote:
 
     async def drain(self) -> None:
         """No more triggers; wait for a run asked for to end."""
+        if self._retry is not None:
+            self._retry.cancel()
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
@@ -125,6 +131,8 @@ class GcRemote:
             await asyncio.gather(task, return_exceptions=True)
 
     def stop(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
         if self._watch is not None:
             self._watch.cancel()
             self._watch = None
@@ -146,8 +154,11 @@ class GcRemote:
                 wanted = int(json.loads(value.value)["id"])
             except NoSuchKeyError:
                 wanted = 0
-            except Exception as exc:
+            except Exception as exc:  # (e.g. a busy SQLite file): look again in a second
                 log.info("bookie %s: gc trigger unreadable: %s", self.bookie_id, exc)
+                if self._watch is not None:
+                    self._retry = asyncio.get_running_loop().call_later(
+                        RETRY_AFTER, self._changed, "")
                 return
             if wanted > self.handled:
                 self.handled = wanted  # (published by the run's end)
@@ -163,7 +174,11 @@ class GcRemote:
         """Publish the status (called after every run; a failure is logged, not raised)."""
         status = self.gc.status()
         status["handled"] = self.handled
-        try:
-            await _put(self.store, status_key(self.bookie_id), json.dumps(status).encode())
-        except Exception as exc:
-            log.info("bookie %s: gc status not published: %s", self.bookie_id, exc)
+        for attempt in range(3):  # (a busy SQLite file refuses a write now and then)
+            try:
+                await _put(self.store, status_key(self.bookie_id), json.dumps(status).encode())
+                return
+            except Exception as exc:
+                log.info("bookie %s: gc status not published: %s", self.bookie_id, exc)
+            if attempt < 2:
+                await asyncio.sleep(RETRY_AFTER)

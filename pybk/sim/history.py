@@ -212,7 +212,7 @@ class History:
 
     def gc_collect(self, bookie: str, ledger: int) -> Event:
         """A bookie's garbage collector is deleting ``ledger`` (it must be deleted in the
-        metadata already: I15)."""
+        metadata already: I16)."""
         return self._add("gc_collect", bookie, f"{bookie} gc collects L{ledger}",
                          ledger=ledger)
 

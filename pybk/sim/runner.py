@@ -263,7 +263,6 @@ class SimRun:
         self.cluster.on_meta_applied.append(self._meta_applied)
         #: ledger -> the ensembles its metadata named when last recorded in the history
         self._ensembles_seen: dict[int, Mapping[int, tuple[str, ...]]] = {}
-        self.cluster.on_gc_collect.append(self._gc_collected)
         network = self.cluster.network
         network.add_observers.append(self._observe_add)
         network.reply_observers.append(self._observe)
@@ -333,10 +332,6 @@ class SimRun:
         if op == "delete_ledger" and isinstance(key, int) and key not in self.deleted:
             self.deleted.add(key)
             self.history.delete("meta", key, "applied")
-
-    def _gc_collected(self, bookie: str, ledger: int) -> None:
-        self.cover("bookie_gc_collected")
-        self.history.gc_collect(bookie, ledger)
 
     def _handler_error(self, bookie: str, request: Request, exc: BaseException) -> None:
         import traceback
@@ -736,12 +731,6 @@ class SimRun:
                     self.coverage[f"checkpoint_{kind}"] += store.checkpoint_stats[kind]
             if store.report.checkpoint_deltas:
                 self.coverage["checkpoint_deltas_loaded"] += store.report.checkpoint_deltas
-            gc = sb.bookie.gc if sb.bookie is not None else None
-            if gc is not None:  # the scheduled collector ran, and compacted
-                for name, value in (("gc_runs", gc.stats.runs),
-                                    ("gc_segments_compacted", gc.stats.segments_compacted)):
-                    if value:
-                        self.coverage[name] += value
 
     async def _ledgers_live(self, start: float) -> None:
         """Every ledger recovers and reads back; a new ledger takes writes."""

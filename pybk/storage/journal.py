@@ -34,16 +34,8 @@ from pybk.storage.records import (
     encode_segment_header,
 )
 
-__all__ = [
-    "PREP_CHUNK",
-    "PREP_SUFFIX",
-    "SEGMENT_SUFFIX",
-    "FailedCallback",
-    "Journal",
-    "SyncedCallback",
-    "parse_segment_name",
-    "segment_name",
-]
+__all__ = ["PREP_CHUNK", "PREP_SUFFIX", "SEGMENT_SUFFIX", "FailedCallback", "Journal",
+           "SyncedCallback", "parse_segment_name", "segment_name"]
 
 #: ``on_synced(segment_seq, tags, offsets)`` once a batch is durable: ``tags[i]`` is the tag
 #: of the batch's i-th item (None: appended without one), ``offsets[i]`` where that item
@@ -92,8 +84,7 @@ class Journal:
         max_wait: float = 0.001,
         max_batch_bytes: int = 4 << 20,
         max_batch_count: int = 8192,
-        segment_size: int = 64 << 20,
-        initial_segment_size: int | None = None,
+        segment_size: int = 64 << 20, initial_segment_size: int | None = None,
         inline_sync_max: int = 0,
         overlap_syncs: bool = False,
         overlap_split_min: int = 100,
@@ -120,10 +111,8 @@ class Journal:
         self.max_batch_bytes = max_batch_bytes
         self.max_batch_count = max_batch_count
         self.segment_size = segment_size
-        #: the first segment this journal opens is this long, each next one twice the last,
-        #: up to ``segment_size`` (None: all ``segment_size``)
-        self.initial_segment_size = min(segment_size, initial_segment_size or segment_size)
-        self._first_seq = 0
+        self.initial_segment_size, self._first_seq = min(  # (see size_of)
+            segment_size, initial_segment_size or segment_size), 0
         self._on_synced = on_synced
         self._on_failed = on_failed
         self._on_fatal = on_fatal
@@ -189,9 +178,9 @@ class Journal:
         return posixpath.join(self.directory, segment_name(seq))
 
     def size_of(self, seq: int) -> int:
-        """Segment ``seq``'s length: it grows with use (``initial_segment_size`` doubled per
-        segment since the journal opened, up to ``segment_size``), so a bookie that holds
-        little takes little disk, preallocated or not."""
+        """Segment ``seq``'s length: grows with use (``initial_segment_size``, doubled per
+        segment since the journal opened, up to ``segment_size``): a small bookie takes little
+        disk."""
         grown = self.initial_segment_size << min(max(0, seq - self._first_seq), 48)
         return min(self.segment_size, grown)
 
@@ -706,8 +695,8 @@ class Journal:
             assert self._position.offset <= self._fh.size()
             if self._in_place:  # a preallocated segment written in place
                 assert self.preallocate
-                assert self.fs.file_size(self._fh.path) == max(self.size_of(self._seq),
-                                                               self._fh.size())
+                want = max(self.size_of(self._seq), self._fh.size())
+                assert self.fs.file_size(self._fh.path) == want
         if self._prep_task is not None:  # only ever the next segment is made ahead
             assert self.preallocate and self._prep_seq == self._seq + 1
 
@@ -720,10 +709,8 @@ class _Batch:
     def __init__(self, tags: list[Any], offsets: list[int],
                  futs: list[asyncio.Future[None] | None], size: int, entries: int) -> None:
         self.tags = tags
-        #: the entries its records hold (their weights)
-        self.entries = entries
-        #: where each item starts in the segment, then where the batch ends
-        self.offsets = offsets
+        self.entries = entries  # the entries its records hold (their weights)
+        self.offsets = offsets  # where each item starts in the segment, then the batch's end
         self.futs = futs
         self.bytes = size
         #: where the segment ends after this batch (set once written)
@@ -737,10 +724,8 @@ class _Batch:
 
 
 def _rotation_can_wait(exc: OSError) -> bool:
-    """Can a segment rotation that failed with ``exc`` be retried later, the active segment
-    taking the writes meanwhile? Yes for a full disk and for a process or system out of file
-    descriptors (both pass; nothing was written): a bookie must not turn read-only for good
-    because a flood of connections took every descriptor for a moment."""
+    """Can a failed rotation wait (the active segment taking the writes)? Yes for a full disk
+    and for no descriptor left (both pass): a flood of connections must not end a bookie."""
     return exc.errno in (errno.ENOSPC, errno.EMFILE, errno.ENFILE)
 
 

@@ -5,21 +5,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
-from click.testing import CliRunner
-
+import pybk
 from pybk.bookie import BookieConfig
-from pybk.cli import main
 from pybk.cluster import LocalCluster
+
+ROOT = str(Path(pybk.__file__).resolve().parent.parent)
 
 CONFIG = BookieConfig(segment_size=8192, disk_check_interval=0, gc_interval=0,
                       gc_min_ledger_age=0, journal_sync_process=False)
 
 
 def cli(*args: str) -> tuple[int, str]:
-    result = CliRunner().invoke(main, list(args))
-    return result.exit_code, result.output
+    """``pybk ARGS`` in a process of its own (as an operator runs it beside the bookies)."""
+    proc = subprocess.run([sys.executable, "-m", "pybk", *args], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": ROOT})
+    return proc.returncode, proc.stdout + proc.stderr
 
 
 async def test_bookie_gc_runs_the_collectors_and_reports(tmp_path: Path) -> None:

@@ -355,7 +355,7 @@ def test_log_lg3_lg5_truncation_and_phantoms() -> None:
     assert log_codes(h3) == ["LG5"]
 
 
-def test_a_garbage_collector_deleting_a_ledger_the_metadata_has_is_i15() -> None:
+def test_a_garbage_collector_deleting_a_ledger_the_metadata_has_is_i16() -> None:
     h, trace = make()
     written(h, 1, 3)
     written(h, 2, 3)
@@ -365,10 +365,10 @@ def test_a_garbage_collector_deleting_a_ledger_the_metadata_has_is_i15() -> None
     closed_and_read(h, 1, 2)
     h.liveness("new ledger", True)
     found = check(h)
-    assert [(v.invariant, v.ledger) for v in found] == [("I15", 1)]
+    assert [(v.invariant, v.ledger) for v in found] == [("I16", 1)]
     assert "b1 gc collects L1" in trace[found[0].lines[0]]
     h2, _ = make()
     written(h2, 3, 1)
     h2.gc_collect("b0", 3)
     h2.delete("meta", 3, "applied")  # deleted only after the collection: still wrong
-    assert "I15" in codes(h2)
+    assert "I16" in codes(h2)
