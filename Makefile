@@ -76,6 +76,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/spark_write.py --rows 200000 --rounds 2 --seeds 20 --duration 5
 	$(PY) benchmarks/abuse.py
 	$(PY) benchmarks/sim_seeds.py
+	$(PY) benchmarks/gc_soak.py
 	$(VENV)/bin/pybk bench
 
 clean:

@@ -34,11 +34,15 @@ __all__ = ["WAL", "AsyncWAL"]
 def embedded_bookie_config() -> Any:
     """The embedded WAL's bookies (a ``pybk.bookie.BookieConfig``): journal segments made
     ahead and written in place (each fdatasync then flushes data only: about a fifth more
-    appends per second here, and what ``pybk bookie`` does), 16 MiB each (48 MiB of disk at
-    start for 3 bookies)."""
+    appends per second here, and what ``pybk bookie`` does), up to 4 MiB each: they start
+    at 128 KiB and double with use (a WAL of one record takes under 1 MB). Each bookie's
+    garbage collector gives back what truncation deleted every 5 s (the metadata is a local
+    SQLite file: listing it is cheap), so a WAL that truncates stays within a bound
+    (docs/operations.md, benchmarks/gc_soak.py)."""
     from pybk.bookie import BookieConfig
 
-    return BookieConfig(journal_preallocate=True, segment_size=16 << 20)
+    return BookieConfig(journal_preallocate=True, segment_size=4 << 20, gc_interval=5.0,
+                        gc_min_ledger_age=5.0)
 
 
 class AsyncWAL:

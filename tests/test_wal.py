@@ -210,3 +210,44 @@ async def test_a_tailing_readers_memory_stays_flat(tmp_path: Path) -> None:
     # (until the last, at the tail, where nothing is left to read ahead)
     growth = max(samples[2:]) - samples[1]
     assert growth < total * len(record) // 10, (growth, samples)
+
+
+def test_a_wal_holding_one_record_stays_under_a_megabyte(tmp_path: Path) -> None:
+    """Segments start small (preallocated ones too) and grow with use."""
+    import os
+
+    with pybk.WAL(tmp_path) as wal:
+        wal.append(b"x" * 100)
+    used = sum(os.stat(os.path.join(root, f)).st_blocks * 512
+               for root, _, files in os.walk(tmp_path) for f in files)
+    assert used < 1 << 20, used
+    with pybk.WAL(tmp_path) as wal:
+        assert [data for _, data in wal.replay()] == [b"x" * 100]
+
+
+async def test_an_embedded_wals_bookies_give_truncated_space_back_by_themselves(
+        tmp_path: Path) -> None:
+    import dataclasses
+
+    from pybk.wal import embedded_bookie_config
+
+    config = dataclasses.replace(embedded_bookie_config(), segment_size=64 << 10,
+                                 segment_initial_size=64 << 10, gc_interval=0.2,
+                                 gc_min_ledger_age=0.2)
+    async with pybk.AsyncWAL(tmp_path, roll_bytes=32 << 10,
+                             cluster_options={"bookie_config": config}) as wal:
+        cluster = wal.cluster
+        assert cluster is not None
+        positions = [await wal.append_many([b"r" * 1000] * 50) for _ in range(20)]
+        peak = {b: len(list((cluster.bookie_dir(b) / "journal").iterdir()))
+                for b in cluster.bookie_ids}
+        await wal.truncate(positions[-1][0])
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 30
+        while not all(cluster.bookie(b).gc.stats.segments_compacted > 0
+                      and len(list((cluster.bookie_dir(b) / "journal").iterdir())) < peak[b]
+                      for b in cluster.bookie_ids):
+            assert loop.time() < deadline, {
+                b: cluster.bookie(b).gc.status() for b in cluster.bookie_ids}
+            await asyncio.sleep(0.05)
+        assert [data async for _, data in wal.replay()] == [b"r" * 1000] * 50

@@ -19,7 +19,10 @@ from typing import Any, Final
 
 from pybk.bookie.config import BookieConfig
 from pybk.bookie.cookie import check_cookie
+from pybk.bookie.gc import GarbageCollector, GcResult, metadata_liveness
+from pybk.bookie.gcremote import GcRemote
 from pybk.bookie.longpoll import LongPollWaiters
+from pybk.bookie.replies import CountedAdd, Respond
 from pybk.bookie.sizing import READ_BATCH_MAX_BYTES, answer_size
 from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE, BookieState
 from pybk.bookie.unknown import UnknownLedgerCheck, fence_checked
@@ -152,6 +155,9 @@ class Bookie:
             self._remote_log = RateLimitedLog(log, REMOTE_LOG_INTERVAL,
                                               asyncio.get_running_loop().time)
         self._remote_log.event(f"bookie {self.bookie_id}: {kind}", detail, logging.ERROR)
+        #: the garbage collector (pybk.bookie.gc), while started with a metadata store
+        self.gc: GarbageCollector | None = None
+        self._gc_remote: GcRemote | None = None
 
     @staticmethod
     def _new_os_fs(config: BookieConfig) -> FileSystem:
@@ -227,6 +233,12 @@ class Bookie:
             self._set_state(READ_ONLY, store.read_only_reason)
         else:
             self._set_state(WRITABLE, "started")
+        if self.cookie_store is not None:
+            meta = self.cookie_store
+            self.gc = GarbageCollector(self, metadata_liveness(meta), meta.list_ledgers)
+            self.gc.start()
+            self._gc_remote = GcRemote(self.gc, meta)
+            await self._gc_remote.start()
         self._check_disk()
         loop = asyncio.get_running_loop()
         if self.config.disk_check_interval > 0:
@@ -241,6 +253,11 @@ class Bookie:
         if self._state == STOPPED:
             return
         self._set_state(STOPPED, "stopped")
+        if self.gc is not None:  # a compaction under way ends its steps first
+            self.gc.stop()
+            if self._gc_remote is not None:
+                await self._gc_remote.drain()
+            await self.gc.drain()
         self._cancel_background()
         store = self.store
         try:
@@ -268,6 +285,11 @@ class Bookie:
             self._fs_closed = True
 
     def _cancel_background(self) -> None:
+        if self._gc_remote is not None:
+            self._gc_remote.stop()
+            self._gc_remote = None
+        if self.gc is not None:
+            self.gc.abandon()
         for t in self._timers:
             t.cancel()
         self._timers.clear()
@@ -312,6 +334,16 @@ class Bookie:
     def disk_usage(self) -> tuple[int, int]:
         return self.fs.disk_usage(self.data_dir)
 
+    @property
+    def disk_full(self) -> bool:
+        """Read-only because of the disk (recoverable by freeing space)."""
+        return self._disk_full
+
+    @property
+    def journal_failed(self) -> bool:
+        """Read-only for good (until a restart)."""
+        return self._journal_failed
+
     def _check_disk(self) -> None:
         if self._state == STOPPED:
             return
@@ -330,6 +362,8 @@ class Bookie:
             self._disk_full = False
             self._refresh_state(
                 f"disk usage {used:.0%} back below the {low:.0%} low-water mark")
+        if self.gc is not None and (self._disk_full or used >= self.config.gc_disk_pressure):
+            self.gc.disk_pressure()  # collect and compact now (a no-op while a run is on)
 
     def _disk_timer(self) -> None:
         if self._state == STOPPED:
@@ -483,7 +517,7 @@ class Bookie:
         builds one only to put it on the wire."""
         stats = self.stats
         if stats is not None:  # one timing per request: a batch's entries share it
-            on_done = _CountedAdd(stats, request, on_done, asyncio.get_running_loop().time)
+            on_done = CountedAdd(stats, request, on_done, asyncio.get_running_loop().time)
         if type(request) is AddBatchRequest:
             self.add_batch(request.ledger_id, request.entry_ids, request.bodies,
                            request.master_key, on_done, request.recovery)
@@ -530,7 +564,7 @@ class Bookie:
         """Answer an add through ``reply(response)``, called exactly once (possibly before
         this returns): the same answers as ``await handle(request)``. :meth:`add_request`
         with the outcome put in a response (for callers that want one)."""
-        self.add_request(request, _Respond(request, reply))
+        self.add_request(request, Respond(request, reply))
 
     async def _fence(self, req: FenceRequest) -> FenceResponse:
         store = self._store()
@@ -655,10 +689,20 @@ class Bookie:
         """Delete a ledger's data on this bookie (journaled tombstone; durable on return)."""
         await self._store().delete_ledger(ledger_id)
 
+    async def run_gc(self, *, force: bool = True) -> GcResult:
+        """One run of the garbage collector now (the scheduled run's code; ``force``: major
+        compaction too). Raises BookieStateError without a metadata store to ask."""
+        self._store()
+        if self.gc is None:
+            raise BookieStateError(f"bookie {self.bookie_id} has no metadata store: "
+                                   "nothing to collect against")
+        return await self.gc.run(force=force)
+
     async def collect_garbage(
         self, is_live: Callable[[int], Awaitable[bool]], *, compact: bool = True
     ) -> list[int]:
-        """Delete local ledgers the metadata no longer has, then compact.
+        """Delete local ledgers ``is_live`` calls gone, then compact (``run_gc`` is the
+        scheduled collector's run, against the metadata store).
 
         ``is_live(ledger_id)`` asks the metadata; it is asked twice per candidate, the second
         time right before deleting (rule R8: never delete on a stale or transient answer).
@@ -692,64 +736,6 @@ class Bookie:
         assert self._state in (WRITABLE, READ_ONLY, STOPPED)
         if self._state == WRITABLE:
             assert not self._journal_failed and not self._disk_full
-
-
-class _Respond:
-    """``on_done`` of :meth:`Bookie.add_nowait`: the outcome as a response (a small object
-    rather than a closure and its cells: less for the GC)."""
-
-    __slots__ = ("reply", "request")
-
-    def __init__(self, request: AddRequest, reply: Callable[[Response], None]) -> None:
-        self.request = request
-        self.reply = reply
-
-    def __call__(self, outcome: AddOutcome) -> None:
-        self.reply(add_response(self.request, outcome))
-
-
-class _CountedAdd:
-    """``on_done`` of an add request on a bookie that keeps stats: counts its entries and
-    bytes (a batch's outcome may be one per entry), observes its latency once (with the
-    batch's weight), then hands the outcome on."""
-
-    __slots__ = ("clock", "on_done", "request", "started", "stats")
-
-    def __init__(self, stats: BookieStats, request: AddRequest | AddBatchRequest,
-                 on_done: AddCallback, clock: Callable[[], float]) -> None:
-        self.stats = stats
-        self.request = request
-        self.on_done = on_done
-        self.clock = clock
-        self.started = clock()
-
-    def __call__(self, outcome: AddOutcome) -> None:
-        stats = self.stats
-        request = self.request
-        if type(request) is AddBatchRequest:
-            bodies: Sequence[bytes] = request.bodies
-        else:
-            assert isinstance(request, AddRequest)
-            bodies = (request.body,)
-        if outcome is None:
-            n = len(bodies)
-            stats.adds += n
-            stats.add_bytes += sum(map(len, bodies))
-            if request.recovery:
-                stats.recovery_adds += n
-            stats.add_latency.observe(self.clock() - self.started, n)
-        elif isinstance(outcome, BKError):
-            stats.add_errors += len(bodies)
-        else:  # one outcome per entry
-            good = [b for b, o in zip(bodies, outcome, strict=False) if o is None]
-            stats.adds += len(good)
-            stats.add_bytes += sum(map(len, good))
-            stats.add_errors += len(outcome) - len(good)
-            if request.recovery:
-                stats.recovery_adds += len(good)
-            if good:
-                stats.add_latency.observe(self.clock() - self.started, len(good))
-        self.on_done(outcome)
 
 
 __all__ = ["NO_SUCH_ENTRY_ON_IO_ERROR", "Bookie"]

@@ -52,6 +52,13 @@ class SegmentReport:
     #: ok | torn tail | zero tail | torn header | corrupt | foreign | unreadable
     state: str = "ok"
     detail: str = ""
+    #: bytes of the entries this segment holds that are still live (not deleted, not
+    #: superseded); the rest of ``size`` is what compaction would give back
+    live_bytes: int = 0
+
+    @property
+    def dead_bytes(self) -> int:
+        return max(0, self.size - self.live_bytes)
 
 
 @dataclass
@@ -105,6 +112,8 @@ def inspect_data_dir(fs: FileSystem, data_dir: str) -> DataDirReport:
     for seq in seqs:
         report.segments.append(_scan(fs, journal_dir, seq, seq == seqs[-1], report, rebuilt,
                                      replay))
+    for seg in report.segments:
+        seg.live_bytes = rebuilt.seg_live.get(seg.seq, 0)
     report.ledgers = len(rebuilt.ledgers)
     report.deleted = len(rebuilt.deleted)
     report.fenced = sum(1 for st in rebuilt.ledgers.values() if st.fenced)

@@ -49,6 +49,10 @@ class BookieCollector(Collector):
                     for name, doc, _ in _BOOKIE_COUNTERS}
         histograms = {name: HistogramMetricFamily(f"pybk_{name}", doc, labels=["bookie"])
                       for name, doc, _ in _BOOKIE_HISTOGRAMS}
+        gc_counters = {name: CounterMetricFamily(f"pybk_{name}", doc, labels=["bookie"])
+                       for name, doc, _ in _GC_COUNTERS}
+        gc_running = GaugeMetricFamily("pybk_bookie_gc_running",
+                                       "1 while the garbage collector runs", labels=["bookie"])
         for bookie in bookies:
             bid = [bookie.bookie_id]
             for name in _STATES:
@@ -62,6 +66,11 @@ class BookieCollector(Collector):
             gauges["pybk_bookie_disk_free_bytes"].add_metric(bid, free)
             gauges["pybk_bookie_disk_total_bytes"].add_metric(bid, total)
             gauges["pybk_bookie_long_polls_waiting"].add_metric(bid, len(bookie._polls))
+            gc = getattr(bookie, "gc", None)
+            if gc is not None:  # (kept by the collector itself: no BookieStats needed)
+                for name, _, attr in _GC_COUNTERS:
+                    gc_counters[name].add_metric(bid, getattr(gc.stats, attr))
+                gc_running.add_metric(bid, 1.0 if gc.stats.running else 0.0)
             store = bookie.store
             if store is not None:
                 records, nbytes = store.journal.backlog
@@ -80,7 +89,19 @@ class BookieCollector(Collector):
         yield from gauges.values()
         yield from counters.values()
         yield from histograms.values()
+        yield from gc_counters.values()
+        yield gc_running
 
+
+#: the garbage collector's: (metric name after ``pybk_``, help, GcStats attribute)
+_GC_COUNTERS = (
+    ("bookie_gc_runs", "Garbage collector runs", "runs"),
+    ("bookie_gc_failed_runs", "Garbage collector runs that failed", "failed_runs"),
+    ("bookie_gc_ledgers_removed", "Ledgers the garbage collector deleted", "ledgers_removed"),
+    ("bookie_gc_reclaimed_bytes", "Journal bytes compaction gave back", "bytes_reclaimed"),
+    ("bookie_gc_entries_moved", "Live entries compaction re-appended", "entries_moved"),
+    ("bookie_gc_seconds", "Time the garbage collector spent (loop time)", "seconds"),
+)
 
 #: (metric name after ``pybk_``, help, BookieStats attribute)
 _BOOKIE_COUNTERS = (

@@ -16,6 +16,7 @@ from pybk.cli.common import (
     fail,
     read_token,
     run_async,
+    with_client,
 )
 from pybk.cli.limits import ByteSize, server_config_from, server_limit_options
 from pybk.errors import BKError
@@ -220,6 +221,52 @@ def bookie_list(conn: Conn, as_json: bool) -> None:
         click.echo("no live bookies", err=True)
 
 
+@bookie.command("gc")
+@client_options
+@click.option("--bookie", "bookie_id", default=None,
+              help="One bookie's id (default: every registered bookie).")
+@click.option("--status", "status_only", is_flag=True,
+              help="Only print each bookie's garbage collector status.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per bookie and line.")
+def bookie_gc(conn: Conn, bookie_id: str | None, status_only: bool, as_json: bool) -> None:
+    """Run the bookies' garbage collectors now: delete the ledgers the metadata no longer
+    has, then compact (major). Bookies also do this on their own (every gc_interval, and at
+    once under disk pressure). Exit 1 if a bookie did not answer within --timeout."""
+    wait = 600.0 if conn.timeout == float("inf") else 0.8 * conn.timeout
+
+    async def go(client: Any) -> dict[str, dict[str, Any]]:
+        admin = client.admin()
+        if status_only:
+            status: dict[str, dict[str, Any]] = await admin.gc_status()
+            return status if bookie_id is None else {bookie_id: status.get(
+                bookie_id, {"error": f"bookie {bookie_id} is not registered"})}
+        done: dict[str, dict[str, Any]] = await admin.collect_garbage(bookie_id, timeout=wait)
+        return done
+
+    results = run_async(with_client(conn, go))
+    if not results:
+        click.echo("no live bookies", err=True)
+    for b, result in results.items():
+        if as_json:
+            click.echo(json.dumps({"bookie": b, **result}))
+        elif "error" in result:
+            click.echo(f"{b}\terror: {result['error']}")
+        elif status_only:
+            click.echo(f"{b}\truns {result.get('runs', 0)}, ledgers removed "
+                       f"{result.get('ledgers_removed', 0)}, {result.get('bytes_reclaimed', 0):,} "
+                       f"bytes reclaimed, {result.get('entries_moved', 0):,} entries moved, "
+                       f"running: {str(result.get('running', False)).lower()}, last run "
+                       f"{result.get('last_run_ago')} s before publishing")
+        else:
+            click.echo(f"{b}\tremoved {len(result['ledgers_removed'])} ledgers, compacted "
+                       f"{len(result['segments_compacted'])} segments, "
+                       f"{result['bytes_reclaimed']:,} bytes reclaimed, "
+                       f"{result['entries_moved']:,} entries moved in {result['seconds']:.3f} s")
+    failed = [b for b, r in results.items() if "error" in r]
+    if failed:
+        fail(f"{len(failed)} bookie(s) did not answer: {', '.join(failed)}")
+
+
 @bookie.command("inspect")
 @click.argument("data_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--json", "as_json", is_flag=True, help="The report as one JSON object.")
@@ -247,7 +294,10 @@ def bookie_inspect(data_dir: str, as_json: bool) -> None:
     finally:
         fs.close()
     if as_json:
-        click.echo(json.dumps(dataclasses.asdict(report) | {"ok": report.ok}, default=str))
+        doc = dataclasses.asdict(report) | {"ok": report.ok}
+        for seg, out in zip(report.segments, doc["segments"], strict=True):
+            out["dead_bytes"] = seg.dead_bytes
+        click.echo(json.dumps(doc, default=str))
     else:
         _print_inspection(report)
     if not report.ok:
@@ -261,12 +311,18 @@ def _print_inspection(report: Any) -> None:
     console = Console(highlight=False)
     console.print(f"data directory {report.data_dir}: bookie {report.bookie_id or '?'}, "
                   f"instance {report.instance_id or '?'}")
-    table = Table("segment", "bytes", "batches", "records", "state")
+    table = Table("segment", "bytes", "live", "dead", "batches", "records", "state")
     for seg in report.segments:
         records = ", ".join(f"{name.lower()} {n}" for name, n in sorted(seg.records.items()))
         state = seg.state + (f": {seg.detail}" if seg.detail else "")
-        table.add_row(f"{seg.seq:016x}", f"{seg.size:,}", str(seg.batches), records, state)
+        live = f"{seg.live_bytes:,} ({seg.live_bytes / max(seg.size, 1):.0%})"
+        table.add_row(f"{seg.seq:016x}", f"{seg.size:,}", live, f"{seg.dead_bytes:,}",
+                      str(seg.batches), records, state)
     console.print(table)
+    live = sum(seg.live_bytes for seg in report.segments)
+    total = sum(seg.size for seg in report.segments)
+    console.print(f"journal: {total:,} bytes, {live:,} live, {total - live:,} dead "
+                  "(what compaction can give back)")
     cp = report.checkpoint
     where = (f" at segment {cp.position.seg} offset {cp.position.offset}"
              if cp.position is not None else "")

@@ -301,8 +301,9 @@ def ledger_recover(conn: Conn, ledger_id: int, password: str) -> None:
 @click.argument("ledger_id", type=click.IntRange(0))
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 def ledger_delete(conn: Conn, ledger_id: int, yes: bool) -> None:
-    """Delete LEDGER_ID (its entries are garbage-collected on the bookies). A ledger that
-    does not exist is reported (exit 1) before anything is asked."""
+    """Delete LEDGER_ID (each bookie's garbage collector then deletes its entries: within
+    two gc intervals, `pybk bookie gc` to ask now). A ledger that does not exist is
+    reported (exit 1) before anything is asked."""
     if not yes:
 
         async def exists(client: Any) -> None:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pybk.bookie.gcremote import read_gc_status, request_gc, status_key
 from pybk.client.context import ClientContext
 from pybk.errors import BKError, BookieStateError, LockedError
 from pybk.metadata.base import LedgerMetadata
@@ -101,6 +102,58 @@ class Admin:
         return {"id": bookie_id, "free_bytes": reply.free_bytes,
                 "total_bytes": reply.total_bytes, "state": reply.state,
                 "message": reply.message}
+
+    # -- space -------------------------------------------------------------------------------
+
+    async def collect_garbage(self, bookie: str | None = None, *,
+                              timeout: float = 60.0) -> dict[str, dict[str, Any]]:
+        """Ask one bookie's garbage collector (or every registered bookie's) for a run now,
+        with major compaction; wait for each to publish it (``timeout`` seconds, loop time).
+        Returns bookie id -> what its run did (:meth:`gc_status`'s ``last_run``), or
+        ``{"error": ...}`` for a bookie that did not answer in time."""
+        store = self._ctx.store
+        ids = [bookie] if bookie is not None else sorted(
+            r.bookie_id for r in await store.list_bookies())
+        asked = {b: await request_gc(store, b) for b in ids}
+        answers = await asyncio.gather(*(self._gc_answer(b, n, timeout)
+                                         for b, n in asked.items()))
+        return dict(zip(asked, answers, strict=True))
+
+    async def _gc_answer(self, bookie: str, wanted: int, timeout: float) -> dict[str, Any]:
+        store = self._ctx.store
+        changed = asyncio.Event()
+        watch = store.watch_value(status_key(bookie), lambda _key: changed.set())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            while True:
+                changed.clear()
+                status = await read_gc_status(store, bookie)
+                if status is not None and int(status.get("handled", 0)) >= wanted:
+                    last: dict[str, Any] = status.get("last_run") or {}
+                    return last
+                left = deadline - loop.time()
+                if left <= 0:
+                    return {"error": f"bookie {bookie} did not run its garbage collector "
+                                     f"within {timeout:g}s (stopped, or no metadata store?)"}
+                try:  # (a watch may miss a change: look again at least every second)
+                    await asyncio.wait_for(changed.wait(), min(left, 1.0))
+                except TimeoutError:
+                    pass
+        finally:
+            watch.cancel()
+
+    async def gc_status(self) -> dict[str, dict[str, Any]]:
+        """Per registered bookie: its garbage collector's
+        last published status: running, runs, last run (seconds before it was published),
+        ledgers removed, bytes reclaimed, entries moved, time spent."""
+        store = self._ctx.store
+        ids = {r.bookie_id for r in await store.list_bookies()}
+        out: dict[str, dict[str, Any]] = {}
+        for b in sorted(ids):
+            status = await read_gc_status(store, b)
+            out[b] = status if status is not None else {"error": "no status published yet"}
+        return out
 
     async def ledgers_of(self, bookie_id: str) -> list[int]:
         """Ledgers whose metadata names ``bookie_id`` in any fragment."""

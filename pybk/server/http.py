@@ -18,7 +18,7 @@ import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -28,6 +28,9 @@ from pybk.metadata.base import LedgerMetadata
 from pybk.ops.admin import Admin
 from pybk.runtime.ratelog import RateLimitedLog
 from pybk.transport.listener import Listener, bind_sockets
+
+if TYPE_CHECKING:
+    from pybk.bookie.gc import GarbageCollector
 
 __all__ = ["AdminHttpServer", "HttpConfig", "metadata_json"]
 
@@ -91,8 +94,11 @@ class AdminHttpServer:
 
     def __init__(self, config: HttpConfig, *, registry: CollectorRegistry, admin: Admin | None,
                  info: Callable[[], Awaitable[dict[str, Any]]],
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None,
+                 gc: Callable[[], GarbageCollector | None] | None = None) -> None:
         self.config = config
+        #: the bookie's garbage collector now (None: it has none; the paths then answer 409)
+        self._gc = gc
         self.registry = registry
         self._admin = admin
         self._info = info
@@ -120,6 +126,8 @@ class AdminHttpServer:
         for verb, path, handler in () if self._admin is None else (
             (get, "/api/v1/bookie/info", self._bookie_info),
             (get, "/api/v1/bookie/list_bookies", self._list_bookies),
+            (put, "/api/v1/bookie/gc", self._run_gc),
+            (get, "/api/v1/bookie/gc_details", self._gc_details),
             (get, "/api/v1/ledger/list", self._ledger_list),
             (get, "/api/v1/ledger/metadata", self._ledger_metadata),
             (get, "/api/v1/autorecovery/list_under_replicated_ledger", self._under_replicated),
@@ -288,6 +296,20 @@ class AdminHttpServer:
 
     async def _bookie_info(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(await self._info())
+
+    def _collector(self) -> GarbageCollector:
+        gc = self._gc() if self._gc is not None else None
+        if gc is None:
+            raise BookieStateError("this bookie has no garbage collector running (no "
+                                   "metadata store, or stopped)")
+        return gc
+
+    async def _run_gc(self, request: web.Request) -> web.StreamResponse:
+        result = await self._collector().run(force=True)
+        return web.json_response(result.as_dict())
+
+    async def _gc_details(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(self._collector().status())
 
     async def _list_bookies(self, request: web.Request) -> web.StreamResponse:
         kind = request.query.get("type", "")

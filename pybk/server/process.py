@@ -329,7 +329,7 @@ class BookieProcess:
         server = AdminHttpServer(
             http_cfg, registry=self.registry,
             admin=self._client.admin() if admin_paths and self._client is not None else None,
-            info=self._info,
+            info=self._info, gc=self._gc if admin_paths else None,
             # the admin endpoint carries a bearer token: HTTPS when the bookie has TLS (the
             # metrics-only port stays plain HTTP for scrapers)
             ssl_context=self._ssl if admin_paths else None)
@@ -337,6 +337,10 @@ class BookieProcess:
         self._http.append(server)
         host, bound = server.address
         return f"[{host}]:{bound}" if ":" in host else f"{host}:{bound}"
+
+    def _gc(self) -> Any:
+        """The bookie's garbage collector (None before it started or without one)."""
+        return getattr(self.bookie, "gc", None)
 
     async def _info(self) -> dict[str, Any]:
         bookie = self.bookie

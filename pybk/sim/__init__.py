@@ -14,6 +14,7 @@ from pybk.sim.checker import Checker, Violation, check
 from pybk.sim.cluster import SimCluster
 from pybk.sim.configs import SimConfig
 from pybk.sim.faults import FaultPlan, Faults
+from pybk.sim.gcsim import GcSim  # (registers itself among the runner's EXTENSIONS)
 from pybk.sim.history import History
 from pybk.sim.loop import SimDeadlock, SimLoop, SimTimeLimit
 from pybk.sim.net import NetConfig, SimNetwork, SimTransport
@@ -28,6 +29,7 @@ __all__ = [
     "FaultEvent",
     "FaultPlan",
     "Faults",
+    "GcSim",
     "History",
     "NetConfig",
     "Scenario",

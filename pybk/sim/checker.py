@@ -77,6 +77,7 @@ class Checker:
                 ("lacs", ("create", "lac", "add_done", "close_invoke", "bookie_ack", "metadata",
                           "ensembles")),
                 ("bookies", ("bookie_ack", "bookie_absent", "fault")),
+                ("gc", ("gc_collect",)),
                 ("liveness", ("liveness",)),
                 ("index_mismatch", ("index_mismatch",)),
                 ("tail_gap", ("tail_gap",)),
@@ -134,6 +135,11 @@ class Checker:
         for ev in self.streams["tail_gap"]:
             self._v("L10", ev.ledger, ev.entry,
                     f"{ev.process}'s tail() skipped entries {ev.entry}..{ev.value - 1}", ev)
+        for ev in self.streams["gc"]:
+            deleted_at = self.ledgers[ev.ledger].deleted_at
+            if deleted_at is None or deleted_at > ev.index:
+                self._v("I16", ev.ledger, -1, f"bookie {ev.process}'s garbage collector "
+                        "deleted a ledger the metadata still had", ev)
         for ev in self.streams["index_mismatch"]:
             self._v("I14", -1, -1, f"bookie {ev.process}: index checkpoint {ev.detail}", ev)
         for ev in self.streams["exception"]:

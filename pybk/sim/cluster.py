@@ -119,6 +119,9 @@ class SimCluster:
         self.racks: dict[str, str] = {}
         #: the placement policy of the clients made from here on (None: the default)
         self.placement: Any = None
+        #: called as ``listener(bookie_id, ledger_id)`` when a bookie's garbage collector is
+        #: about to delete a ledger
+        self.on_gc_collect: list[Callable[[str, int], None]] = []
 
     def rng(self, name: str) -> random.Random:
         return derive_rng(self.seed, name)
@@ -190,6 +193,13 @@ class SimCluster:
             return False
         sb.bookie = bookie
         sb.status = "up"
+        if bookie.gc is not None:  # the collector asks the metadata as clients do (faults too)
+            from pybk.bookie.gc import metadata_liveness
+
+            gc_store = self.store.session()
+            bookie.gc.is_live = metadata_liveness(gc_store)
+            bookie.gc.list_ledgers = gc_store.list_ledgers
+            bookie.gc.on_collect = lambda lid, b=bookie_id: self._gc_collected(b, lid)
         for hook in self.on_bookie_started:
             await hook(sb)
         bookie.on_state_change = lambda state, b=bookie_id: self._state_changed(b, state)
@@ -202,6 +212,10 @@ class SimCluster:
     def registration(self, bookie_id: str, read_only: bool) -> BookieRegistration:
         """What a bookie registers: in-process (no address), with its rack if it has one."""
         return BookieRegistration(bookie_id, "", read_only, self.racks.get(bookie_id, ""))
+
+    def _gc_collected(self, bookie_id: str, ledger_id: int) -> None:
+        for listener in self.on_gc_collect:
+            listener(bookie_id, ledger_id)
 
     def _state_changed(self, bookie_id: str, state: str) -> None:
         self._log(f"{bookie_id} state -> {state}")

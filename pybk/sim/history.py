@@ -210,6 +210,12 @@ class History:
         return self._add("bookie_absent", bookie, f"{bookie} says L{ledger}:{entry} absent "
                          f"({how})", ledger=ledger, entry=entry, detail=how)
 
+    def gc_collect(self, bookie: str, ledger: int) -> Event:
+        """A bookie's garbage collector is deleting ``ledger`` (it must be deleted in the
+        metadata already: I16)."""
+        return self._add("gc_collect", bookie, f"{bookie} gc collects L{ledger}",
+                         ledger=ledger)
+
     def index_mismatch(self, bookie: str, detail: str) -> Event:
         """The bookie's index checkpoint chain plus its journal is not the index its
         segments hold (the offline inspection, ``pybk.bookie.inspect``)."""

@@ -12,21 +12,25 @@ segments may still hold its entries, which a rebuild from the segments must not 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pybk.errors import CorruptRecordError
 from pybk.storage.records import (
-    Record,
+    BATCH_HEADER_SIZE,
+    SEGMENT_HEADER_SIZE,
     RecordType,
+    batch_at,
+    decode_segment_header,
     encode_delete,
     encode_entry,
     encode_explicit_lac,
     encode_fence,
     encode_master_key,
+    iter_records,
 )
-from pybk.storage.replay import piggyback_lac, scan_segment
+from pybk.storage.replay import piggyback_lac
 
 if TYPE_CHECKING:
     from pybk.storage.store import LedgerStore
@@ -39,6 +43,7 @@ class CompactionResult:
     segments_compacted: list[int] = field(default_factory=list)
     entries_moved: int = 0
     bytes_freed: int = 0
+    bytes_moved: int = 0  # bytes re-appended (live entries and ledger metadata)
     skipped_corrupt: list[int] = field(default_factory=list)
 
 
@@ -51,9 +56,12 @@ def segment_usage(store: LedgerStore) -> dict[int, tuple[int, int]]:
     return out
 
 
-async def compact(store: LedgerStore, threshold: float) -> CompactionResult:
+async def compact(store: LedgerStore, threshold: float,
+                  pace: Callable[[int], Awaitable[None]] | None = None) -> CompactionResult:
     """Rewrite ``store``'s sealed segments whose live fraction is below ``threshold`` (see
-    the module docstring). Safe against a crash at any step."""
+    the module docstring). Safe against a crash at any step. ``pace(nbytes)`` is awaited
+    after each :data:`PACE_CHUNK` of live entries re-appended (the garbage collector's
+    throttle); a wholly dead segment re-appends next to nothing."""
     result = CompactionResult()
     async with store.checkpointer.lock:
         cp = await store._checkpoint_locked()
@@ -65,12 +73,26 @@ async def compact(store: LedgerStore, threshold: float) -> CompactionResult:
         chosen: list[int] = []
         for _, seq in sorted(candidates):
             try:
-                moved = _rewrite_segment(store, seq, futs)
+                entries, mentioned = await _scan_live(store, seq)
             except (CorruptRecordError, OSError):
                 result.skipped_corrupt.append(seq)
                 continue
             chosen.append(seq)
-            result.entries_moved += moved
+            for chunk in _chunks(entries, PACE_CHUNK):
+                nbytes = 0
+                for data, tag in chunk:
+                    if tag[5].deleted:  # (deleted while an earlier chunk was paced)
+                        continue
+                    futs.append(store.journal.append(data, tag))
+                    nbytes += len(data)
+                    result.entries_moved += 1
+                result.bytes_moved += nbytes
+                if pace is not None and nbytes:
+                    await pace(nbytes)
+            # the ledgers' metadata as it is now, after their last moved entry
+            for data in _metadata_records(store, mentioned):
+                futs.append(store.journal.append(data, None))
+                result.bytes_moved += len(data)
         if not chosen:
             return result
         await asyncio.gather(*futs)
@@ -88,45 +110,85 @@ async def compact(store: LedgerStore, threshold: float) -> CompactionResult:
     return result
 
 
-def _rewrite_segment(store: LedgerStore, seq: int, futs: list[Awaitable[None]]) -> int:
-    """Verify every record of segment ``seq``; re-append its live entries and the current
-    metadata of every ledger it mentions. Raises before appending anything if damaged."""
-    records: list[Record] = []
-    scan_segment(
-        store.fs, store.journal_path(seq), seq, store.instance_id, start=None, batch_seq=0,
-        is_last=False, allow_suspect=False, apply=lambda rec, _seg: records.append(rec),
-    )
+#: a paced compaction re-appends at most this many bytes between two pauses (the journal's
+#: batches stay small beside the writers' entries)
+PACE_CHUNK = 256 << 10
+
+
+def _chunks(items: list[tuple[bytes, Any]], limit: int) -> list[list[tuple[bytes, Any]]]:
+    out: list[list[tuple[bytes, Any]]] = [[]]
+    size = 0
+    for item in items:
+        if size >= limit:
+            out.append([])
+            size = 0
+        out[-1].append(item)
+        size += len(item[0])
+    return out if out[0] else []
+
+
+async def _scan_live(store: LedgerStore, seq: int
+                     ) -> tuple[list[tuple[bytes, Any]], list[int]]:
+    """Verify every batch of sealed segment ``seq`` (CorruptRecordError before anything is
+    appended if one is damaged: a sealed segment ends with its last batch); its live entries
+    as (record, journal tag) and the ledgers it mentions. The loop is given back every
+    :data:`PACE_CHUNK` verified (a segment's checksums take tens of ms: writers go on)."""
+    path = store.journal_path(seq)
+    data = store.fs.read_file(path)
+    header = decode_segment_header(data, path)
+    if header.seq != seq or header.instance_id != store.instance_id:
+        raise CorruptRecordError(f"{path}: segment header names segment {header.seq} of "
+                                 f"instance {header.instance_id}", path=path, offset=0)
+    view = memoryview(data)
     out: list[tuple[bytes, Any]] = []
     meta: dict[int, None] = {}  # the ledgers mentioned, in order
     index = store.index
-    for rec in records:
-        if rec.rtype is RecordType.CHECKPOINT:
-            continue  # (the only record of no ledger; a ledger id's sign means nothing)
-        st = index.get(rec.ledger_id)
-        if st is None:
-            if index.is_deleted(rec.ledger_id):
-                meta[rec.ledger_id] = None  # its tombstone goes on (see below)
-            continue
-        if rec.rtype is RecordType.ENTRY:
-            loc = st.entries.get(rec.entry_id)
-            if loc is not None and loc[0] == seq and loc[1] == rec.offset:
-                data = encode_entry(rec.data)
-                out.append((data, (rec.ledger_id, rec.entry_id,
-                                   piggyback_lac(rec.data), len(data), None, st)))
-        else:
-            meta[rec.ledger_id] = None
-    for lid in meta:
+    pos, expect, since = SEGMENT_HEADER_SIZE, 0, 0
+    while pos < len(data):
+        found = batch_at(data, pos)
+        if found is None or found[0] != expect:
+            raise CorruptRecordError(f"{path}: no valid batch {expect} at offset {pos} of a "
+                                     "sealed segment", path=path, offset=pos)
+        body = pos + BATCH_HEADER_SIZE
+        for rec in iter_records(view[body : body + found[1]], body, path):
+            if rec.rtype is RecordType.CHECKPOINT:
+                continue  # (the only record of no ledger; a ledger id's sign means nothing)
+            st = index.get(rec.ledger_id)
+            if st is None:
+                if index.is_deleted(rec.ledger_id):
+                    meta[rec.ledger_id] = None  # its tombstone goes on
+                continue
+            if rec.rtype is RecordType.ENTRY:
+                loc = st.entries.get(rec.entry_id)
+                if loc is not None and loc[0] == seq and loc[1] == rec.offset:
+                    entry = encode_entry(rec.data)
+                    out.append((entry, (rec.ledger_id, rec.entry_id,
+                                        piggyback_lac(rec.data), len(entry), None, st)))
+            else:
+                meta[rec.ledger_id] = None
+        pos = body + found[1]
+        expect += 1
+        since += found[1]
+        if since >= PACE_CHUNK:
+            since = 0
+            await asyncio.sleep(0)
+    return out, list(meta)
+
+
+def _metadata_records(store: LedgerStore, ledgers: list[int]) -> list[bytes]:
+    """The records that carry ``ledgers``' state forward (a deleted one's tombstone; a held
+    one's master key, fence and explicit LAC), from the index as it is now."""
+    index = store.index
+    out: list[bytes] = []
+    for lid in ledgers:
         if index.is_deleted(lid):
-            out.append((encode_delete(lid), None))
+            out.append(encode_delete(lid))
             continue
         st = index.ledgers[lid]
         if st.master_key is not None:
-            out.append((encode_master_key(lid, st.master_key), None))
+            out.append(encode_master_key(lid, st.master_key))
         if st.fenced:
-            out.append((encode_fence(lid), None))
+            out.append(encode_fence(lid))
         if st.explicit_lac_body is not None:
-            out.append((encode_explicit_lac(lid, st.explicit_lac, st.explicit_lac_body),
-                        None))
-    for data, tag in out:
-        futs.append(store.journal.append(data, tag))
-    return sum(1 for _, tag in out if tag is not None)
+            out.append(encode_explicit_lac(lid, st.explicit_lac, st.explicit_lac_body))
+    return out

@@ -62,6 +62,10 @@ class StoreConfig:
     journal_overlap_split_min: int = 100
     #: rotate the active journal segment past this size (bytes)
     segment_size: int = 64 << 20
+    #: ... but the first segment after a start is only this long and each next one twice
+    #: the last, up to ``segment_size`` (preallocated ones too): a bookie that holds a few
+    #: records takes a few hundred KB, not ``segment_size``; 0: every segment full size
+    segment_initial_size: int = 128 << 10
     #: make each journal segment ahead of use, ``segment_size`` bytes of synced zeros, and
     #: write it in place: each sync then flushes data only (no size or block-map change),
     #: about half the fdatasync time for a batch of tens of KB. Costs ``segment_size`` of disk
@@ -94,6 +98,7 @@ class StoreConfig:
         _at_least(self, "journal_inline_sync_max", 0)
         _at_least(self, "journal_overlap_split_min", 1)
         _at_least(self, "segment_size", 1)
+        _at_least(self, "segment_initial_size", 0)
         _at_least(self, "journal_zero_fill_below", 0.0)
         _at_least(self, "compaction_threshold", 0.0, 1.0)
         _at_least(self, "checkpoint_delta_ratio", 0.0)

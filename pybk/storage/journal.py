@@ -34,16 +34,8 @@ from pybk.storage.records import (
     encode_segment_header,
 )
 
-__all__ = [
-    "PREP_CHUNK",
-    "PREP_SUFFIX",
-    "SEGMENT_SUFFIX",
-    "FailedCallback",
-    "Journal",
-    "SyncedCallback",
-    "parse_segment_name",
-    "segment_name",
-]
+__all__ = ["PREP_CHUNK", "PREP_SUFFIX", "SEGMENT_SUFFIX", "FailedCallback", "Journal",
+           "SyncedCallback", "parse_segment_name", "segment_name"]
 
 #: ``on_synced(segment_seq, tags, offsets)`` once a batch is durable: ``tags[i]`` is the tag
 #: of the batch's i-th item (None: appended without one), ``offsets[i]`` where that item
@@ -92,7 +84,7 @@ class Journal:
         max_wait: float = 0.001,
         max_batch_bytes: int = 4 << 20,
         max_batch_count: int = 8192,
-        segment_size: int = 64 << 20,
+        segment_size: int = 64 << 20, initial_segment_size: int | None = None,
         inline_sync_max: int = 0,
         overlap_syncs: bool = False,
         overlap_split_min: int = 100,
@@ -119,6 +111,8 @@ class Journal:
         self.max_batch_bytes = max_batch_bytes
         self.max_batch_count = max_batch_count
         self.segment_size = segment_size
+        self.initial_segment_size, self._first_seq = min(  # (see size_of)
+            segment_size, initial_segment_size or segment_size), 0
         self._on_synced = on_synced
         self._on_failed = on_failed
         self._on_fatal = on_fatal
@@ -183,11 +177,19 @@ class Journal:
     def segment_path(self, seq: int) -> str:
         return posixpath.join(self.directory, segment_name(seq))
 
+    def size_of(self, seq: int) -> int:
+        """Segment ``seq``'s length: grows with use (``initial_segment_size``, doubled per
+        segment since the journal opened, up to ``segment_size``): a small bookie takes little
+        disk."""
+        grown = self.initial_segment_size << min(max(0, seq - self._first_seq), 48)
+        return min(self.segment_size, grown)
+
     def prep_path(self, seq: int) -> str:
         return self.segment_path(seq) + PREP_SUFFIX
 
     async def open(self, seq: int) -> None:
         """Start a fresh active segment ``seq`` and the writer task."""
+        self._first_seq = seq
         for name in self.fs.listdir(self.directory):
             if name.endswith(SEGMENT_SUFFIX + PREP_SUFFIX):  # made before a stop or a crash:
                 self.fs.delete(posixpath.join(self.directory, name))  # its sync is unknown
@@ -266,19 +268,20 @@ class Journal:
         flush of a whole segment of zeros waits for all of it (measured, a lone writer with
         16 MiB segments: longest add 18 ms, 4 ms paced; 256 writers x 100 B: +5% entries/s)."""
         path = self.prep_path(seq)
+        size = self.size_of(seq)
         if self.fs.exists(path):
             self.fs.delete(path)
         fh = self.fs.open_append(path, bulk=True)
         try:
             fh.write(encode_segment_header(seq, self.instance_id))
             if zero_fill:
-                zeros = memoryview(bytes(min(PREP_CHUNK, self.segment_size)))
-                while fh.size() < self.segment_size:
-                    fh.write(zeros[: self.segment_size - fh.size()])
-                    if fh.size() < self.segment_size:
+                zeros = memoryview(bytes(min(PREP_CHUNK, size)))
+                while fh.size() < size:
+                    fh.write(zeros[: size - fh.size()])
+                    if fh.size() < size:
                         await fh.sync()  # (the last chunk: synced below)
             else:
-                fh.allocate(self.segment_size)
+                fh.allocate(size)
             await fh.sync()
         finally:
             fh.close()
@@ -442,10 +445,11 @@ class Journal:
                 self._idle.set()
                 return
             fh = self._fh
+            size = self.size_of(self._seq)
             if (self.preallocate and self._prep_seq <= self._seq and fh is not None
-                    and fh.size() >= self.segment_size // 2):
+                    and fh.size() >= size // 2):
                 self._prepare_next(fh.size() - SEGMENT_HEADER_SIZE)
-            if fh is not None and fh.size() >= self.segment_size:
+            if fh is not None and fh.size() >= size:
                 self._complete_done()  # answer it now, not after the new segment's syncs
                 old_seq, old_size = self._seq, fh.size()
                 try:
@@ -625,7 +629,7 @@ class Journal:
         assert self._fh is not None
         path = self._fh.path
         # the file's length if nothing of the batch reached it
-        length = max(before, self.segment_size) if self._in_place else before
+        length = max(before, self.size_of(self._seq)) if self._in_place else before
         try:
             if self._fh.size() != before or self.fs.file_size(path) != length:
                 # (a segment written in place loses the rest of its preallocation)
@@ -691,8 +695,8 @@ class Journal:
             assert self._position.offset <= self._fh.size()
             if self._in_place:  # a preallocated segment written in place
                 assert self.preallocate
-                assert self.fs.file_size(self._fh.path) == max(self.segment_size,
-                                                               self._fh.size())
+                want = max(self.size_of(self._seq), self._fh.size())
+                assert self.fs.file_size(self._fh.path) == want
         if self._prep_task is not None:  # only ever the next segment is made ahead
             assert self.preallocate and self._prep_seq == self._seq + 1
 
@@ -705,10 +709,8 @@ class _Batch:
     def __init__(self, tags: list[Any], offsets: list[int],
                  futs: list[asyncio.Future[None] | None], size: int, entries: int) -> None:
         self.tags = tags
-        #: the entries its records hold (their weights)
-        self.entries = entries
-        #: where each item starts in the segment, then where the batch ends
-        self.offsets = offsets
+        self.entries = entries  # the entries its records hold (their weights)
+        self.offsets = offsets  # where each item starts in the segment, then the batch's end
         self.futs = futs
         self.bytes = size
         #: where the segment ends after this batch (set once written)
@@ -722,10 +724,8 @@ class _Batch:
 
 
 def _rotation_can_wait(exc: OSError) -> bool:
-    """Can a segment rotation that failed with ``exc`` be retried later, the active segment
-    taking the writes meanwhile? Yes for a full disk and for a process or system out of file
-    descriptors (both pass; nothing was written): a bookie must not turn read-only for good
-    because a flood of connections took every descriptor for a moment."""
+    """Can a failed rotation wait (the active segment taking the writes)? Yes for a full disk
+    and for no descriptor left (both pass): a flood of connections must not end a bookie."""
     return exc.errno in (errno.ENOSPC, errno.EMFILE, errno.ENFILE)
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import posixpath
-from collections.abc import Callable, Container
+from collections.abc import Awaitable, Callable, Container
 from typing import Final
 
 from pybk.errors import BKError, ReadOnlyBookieError
@@ -120,6 +120,7 @@ class LedgerStore(WritesMixin):
             max_batch_bytes=self.config.journal_max_batch_bytes,
             max_batch_count=self.config.journal_max_batch_count,
             segment_size=self.config.segment_size,
+            initial_segment_size=self.config.segment_initial_size,
             inline_sync_max=self.config.journal_inline_sync_max,
             overlap_syncs=self.config.journal_overlap_syncs,
             overlap_split_min=self.config.journal_overlap_split_min,
@@ -201,11 +202,14 @@ class LedgerStore(WritesMixin):
         """seq -> (live bytes, file bytes) for the sealed segments."""
         return compaction.segment_usage(self)
 
-    async def compact(self, threshold: float | None = None) -> CompactionResult:
+    async def compact(self, threshold: float | None = None, *,
+                      pace: Callable[[int], Awaitable[None]] | None = None,
+                      ) -> CompactionResult:
         """Rewrite sealed segments whose live fraction is below ``threshold`` (default: the
-        config's); see :mod:`pybk.storage.compaction`. Safe against a crash at any step."""
+        config's), awaiting ``pace(nbytes)`` after each (a throttle); see
+        :mod:`pybk.storage.compaction`. Safe against a crash at any step."""
         return await compaction.compact(
-            self, self.config.compaction_threshold if threshold is None else threshold)
+            self, self.config.compaction_threshold if threshold is None else threshold, pace)
 
     # ================================================================== invariants
 

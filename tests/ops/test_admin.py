@@ -159,3 +159,39 @@ async def test_a_copy_reaches_its_target_in_batched_recovery_adds(monkeypatch) -
         assert (await c.store.read_ledger(lh.id)).ensembles[0][
             lh.metadata.ensembles[0].index(victim)] == target
         assert await replication_problems(c.store, c.transport) == []
+
+
+async def test_collect_garbage_runs_every_bookies_collector_and_gc_status_shows_it() -> None:
+    from pybk.bookie import BookieConfig
+
+    config = BookieConfig(segment_size=4096, disk_check_interval=0, gc_interval=0,
+                          gc_min_ledger_age=0)
+    async with cluster(3, bookie_config=config) as c:
+        client = c.client()
+        admin = client.admin()
+        ids = []
+        for n in range(4):
+            lh = await client.create_ledger(ensemble_size=3, write_quorum=3, ack_quorum=2)
+            await lh.append_many([b"%d-%d" % (n, i) * 20 for i in range(30)])
+            await lh.close()
+            ids.append(lh.id)
+        for lid in ids[:3]:
+            await client.delete_ledger(lid)
+        status = await admin.gc_status()
+        assert set(status) == {"bookie-0", "bookie-1", "bookie-2"}
+        done = await admin.collect_garbage(timeout=10)
+        assert set(done) == set(status)
+        for b, result in done.items():
+            assert sorted(result["ledgers_removed"]) == sorted(ids[:3]), (b, result)
+            assert result["compaction"] == "major" and result["bytes_reclaimed"] > 0
+        again = await admin.collect_garbage("bookie-1", timeout=10)
+        assert list(again) == ["bookie-1"] and again["bookie-1"]["ledgers_removed"] == []
+        status = await admin.gc_status()
+        for b in status:
+            assert status[b]["ledgers_removed"] == 3 and status[b]["runs"] >= 1
+            assert not status[b]["running"]
+        lh = await client.open_ledger(ids[3])
+        assert len(await lh.read(0, 29)) == 30
+        await c.stop_bookie("bookie-2")
+        late = await admin.collect_garbage("bookie-2", timeout=0.2)
+        assert "did not run" in late["bookie-2"]["error"]

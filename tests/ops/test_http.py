@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from pybk.client import Client
 from pybk.metadata.memory import MemoryMetadataStore
 from pybk.server.http import HttpConfig
-from pybk.server.process import BookieProcess, BookieProcessConfig
+from pybk.server.process import BookieProcess, BookieProcessConfig, process_bookie_config
 from pybk.testing.metadata_conformance import wait_until
 
 TOKEN = b"s3cret-token"
@@ -88,6 +89,9 @@ async def test_heartbeat_metrics_and_bookie_info(cluster: Cluster,
                  "pybk_journal_sync_latency_seconds_count", "pybk_journal_batch_records_bucket",
                  "pybk_journal_queue_records", "pybk_bookie_disk_free_bytes",
                  "pybk_bookie_long_polls_waiting", "pybk_server_connections",
+                 "pybk_bookie_gc_runs_total", "pybk_bookie_gc_reclaimed_bytes_total",
+                 "pybk_bookie_gc_entries_moved_total", "pybk_bookie_gc_seconds_total",
+                 "pybk_bookie_gc_running",
                  'pybk_bookie_state{bookie="b0",state="writable"} 1.0'):
         assert name in text, name
     async with http.get(cluster.url("b1", "/api/v1/bookie/info")) as r:
@@ -95,6 +99,9 @@ async def test_heartbeat_metrics_and_bookie_info(cluster: Cluster,
     assert info["bookie_id"] == "b1" and info["state"] == "writable"
     assert info["rack"] == "/dc/r1" and info["total_bytes"] >= info["free_bytes"] > 0
     assert info["address"] == cluster.processes["b1"].address
+    async with http.get(cluster.url("b1", "/api/v1/bookie/gc_details")) as r:
+        gc = await r.json()  # a bookie process collects on its own, by default
+    assert gc["interval"] == 30.0 and 0 < gc["next_run_in"] <= 30.0 and not gc["running"]
 
 
 async def test_bookies_ledgers_and_marks(cluster: Cluster, http: aiohttp.ClientSession) -> None:
@@ -189,6 +196,29 @@ async def test_mutating_requests_need_the_token(cluster: Cluster,
         assert (await r.json()) == {"delay_seconds": 42.0}
     async with http.get(cluster.url("b3", "/api/v1/autorecovery/who_is_auditor")) as r:
         assert (await r.json()) == {"auditor": None}  # no bookie runs auto-recovery
+
+
+async def test_gc_trigger_and_details(cluster: Cluster, http: aiohttp.ClientSession) -> None:
+    ids = await write(cluster)
+    await cluster.stop("b0")  # again with no minimum age, no timer
+    config = dataclasses.replace(process_bookie_config(), gc_min_ledger_age=0, gc_interval=0)
+    await cluster.start("b0", rack="/dc/r0", bookie_config=config)
+    held = cluster.processes["b0"].bookie.store.ledger_ids()
+    gone = next((lid for lid in ids if lid in held), ids[0])
+    async with Client(cluster.store.session()) as client:
+        await client.delete_ledger(gone)
+    async with http.put(cluster.url("b0", "/api/v1/bookie/gc")) as r:
+        assert r.status == 401  # mutating: needs the token
+    async with http.put(cluster.url("b0", "/api/v1/bookie/gc"), headers=AUTH) as r:
+        assert r.status == 200
+        done = await r.json()
+    assert done["compaction"] == "major" and not done["skipped"]
+    assert done["ledgers_removed"] == ([gone] if gone in held else [])
+    async with http.get(cluster.url("b0", "/api/v1/bookie/gc_details")) as r:
+        details = await r.json()
+    assert details["bookie"] == "b0" and details["running"] is False
+    assert details["runs"] == 1 and details["majorCompactionCounter"] == 1
+    assert details["last_run"] == done and details["interval"] == 0
 
 
 async def test_decommission_over_http(cluster: Cluster, http: aiohttp.ClientSession) -> None:

@@ -353,3 +353,22 @@ def test_log_lg3_lg5_truncation_and_phantoms() -> None:
     h3.log_reader_start("lr1", "log", 1, None)
     h3.log_read("lr1", "log", 1, (1, 0, 0), b"a")  # an aborted read
     assert log_codes(h3) == ["LG5"]
+
+
+def test_a_garbage_collector_deleting_a_ledger_the_metadata_has_is_i16() -> None:
+    h, trace = make()
+    written(h, 1, 3)
+    written(h, 2, 3)
+    h.delete("meta", 2, "applied")
+    h.gc_collect("b0", 2)  # deleted in the metadata first: fine
+    h.gc_collect("b1", 1)  # still live: the violation
+    closed_and_read(h, 1, 2)
+    h.liveness("new ledger", True)
+    found = check(h)
+    assert [(v.invariant, v.ledger) for v in found] == [("I16", 1)]
+    assert "b1 gc collects L1" in trace[found[0].lines[0]]
+    h2, _ = make()
+    written(h2, 3, 1)
+    h2.gc_collect("b0", 3)
+    h2.delete("meta", 3, "applied")  # deleted only after the collection: still wrong
+    assert "I16" in codes(h2)

@@ -217,7 +217,8 @@ async def test_zeros_are_synced_a_chunk_at_a_time():
         if path.endswith(PREP_SUFFIX):
             ops.append((op, path, fs.unsynced_bytes()))
 
-    config = StoreConfig(journal_preallocate=True, segment_size=3 * PREP_CHUNK + 100)
+    config = StoreConfig(journal_preallocate=True, segment_size=3 * PREP_CHUNK + 100,
+                         segment_initial_size=0)  # (the first segment full size)
     fs.fault_hook = hook
     s = await _store(fs, config)  # makes the first segment at start
     writes = [unsynced for op, _path, unsynced in ops if op == "write"]
@@ -226,3 +227,31 @@ async def test_zeros_are_synced_a_chunk_at_a_time():
     assert max(writes) <= PREP_CHUNK + SEGMENT_HEADER_SIZE  # never more than a chunk behind
     await _fill(s, 3)
     await s.close()
+
+
+@pytest.mark.parametrize("preallocate", [True, False])
+async def test_segments_start_small_and_grow_with_use(preallocate):
+    """The first segment after a start is ``segment_initial_size`` long, each next one twice
+    the last up to ``segment_size``; everything reads back after a crash and a restart."""
+    fs = MemFileSystem()
+    config = StoreConfig(journal_preallocate=preallocate, segment_size=8192,
+                         segment_initial_size=1024)
+    s = await _store(fs, config)
+    await _fill(s, 400)
+    seqs = _segments(fs, s)
+    sealed = [fs.file_size(s.journal_path(q)) for q in seqs[:-1]]
+    assert len(sealed) >= 5
+    for i, size in enumerate(sealed):  # rotated once past its own length, by one batch
+        want = min(8192, 1024 << i)
+        assert want <= size < want + 200, (i, size, sealed)
+    s = await _crash_and_restart(fs, s, config)
+    for eid in range(400):
+        assert s.read(1, eid) == body(1, eid)
+    first = s.journal.segment_seq  # a start begins small again
+    assert s.journal.size_of(first) == 1024 and s.journal.size_of(first + 9) == 8192
+    await s.close()
+
+
+def test_a_bad_initial_segment_size_is_refused():
+    with pytest.raises(ValueError, match="segment_initial_size"):
+        StoreConfig(segment_initial_size=-1)
