@@ -147,6 +147,9 @@ class Bookie:
         self._fs_closed = False
         #: errors a remote request can cause, logged at most once per interval per kind
         self._remote_log: RateLimitedLog | None = None
+        #: the garbage collector (pybk.bookie.gc), while started with a metadata store
+        self.gc: GarbageCollector | None = None
+        self._gc_remote: GcRemote | None = None
 
     def _remote_error(self, kind: str, detail: str) -> None:
         """Log an error a remote request caused (a damaged entry read, an unexpected
@@ -155,9 +158,6 @@ class Bookie:
             self._remote_log = RateLimitedLog(log, REMOTE_LOG_INTERVAL,
                                               asyncio.get_running_loop().time)
         self._remote_log.event(f"bookie {self.bookie_id}: {kind}", detail, logging.ERROR)
-        #: the garbage collector (pybk.bookie.gc), while started with a metadata store
-        self.gc: GarbageCollector | None = None
-        self._gc_remote: GcRemote | None = None
 
     @staticmethod
     def _new_os_fs(config: BookieConfig) -> FileSystem:

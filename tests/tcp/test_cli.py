@@ -285,13 +285,14 @@ async def test_a_bookie_process_sync_helper_ends_with_it(tmp_path, how):
             proc.wait(30)
 
 
-@pytest.mark.parametrize("args, size", [([], 64 << 20), (["--segment-mb", "2"], 2 << 20),
+@pytest.mark.parametrize("args, size", [([], 128 << 10), (["--segment-mb", "2"], 128 << 10),
                                         (["--no-preallocate"], None)],
                          ids=["default", "segment-mb", "no-preallocate"])
 def test_a_bookie_process_journal_segments_follow_its_options(tmp_path, args, size):
-    """`pybk bookie` preallocates its journal segments (64 MiB by default: the active segment
-    file has its full size before anything is written); `--segment-mb`/`--no-preallocate`
-    change that."""
+    """`pybk bookie` preallocates its journal segments, the first one small (128 KiB: a bookie
+    holding little takes little disk), later ones twice
+    the last up to the segment size (tests/storage/test_prealloc.py);
+    `--segment-mb`/`--no-preallocate` change that."""
     from pybk.cli import spawn_bookie, wait_ready
 
     root = tmp_path / "c"

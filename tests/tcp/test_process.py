@@ -53,6 +53,7 @@ async def test_registry_follows_the_bookie_state(tmp_path, capsys):
             return await registry_read_only() == [False]
 
         bookie.config.disk_usage_threshold = 0.0  # every disk is now "full"
+        bookie.config.disk_usage_low_water = 0.0  # (and stays so: the collector checks again)
         assert bookie.check_disk() == "read-only"
         await wait_until_async(is_read_only, 10, "registry shows read-only")
         bookie.config.disk_usage_threshold = 2.0
