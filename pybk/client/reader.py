@@ -35,7 +35,7 @@ from pybk.errors import (
     error_for_status,
 )
 from pybk.metadata.base import LedgerMetadata
-from pybk.runtime.eventloop import wait
+from pybk.runtime.eventloop import gather, wait
 from pybk.wire import (
     LAST_ENTRY,
     DecodedEntry,
@@ -318,7 +318,7 @@ async def _read_batch(
     drop_pending(sent)
     if retry:
         ordered = sorted(retry)
-        again = await asyncio.gather(*(
+        again = await gather(*(
             read_entry(ctx, md, digest, e, start=retry[e][0], errors=retry[e][1])
             for e in ordered))
         for e, decoded in zip(ordered, again, strict=True):

@@ -11,12 +11,12 @@ segments may still hold its entries, which a rebuild from the segments must not 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pybk.errors import CorruptRecordError
+from pybk.runtime.eventloop import gather
 from pybk.storage.records import (
     Record,
     RecordType,
@@ -73,7 +73,7 @@ async def compact(store: LedgerStore, threshold: float) -> CompactionResult:
             result.entries_moved += moved
         if not chosen:
             return result
-        await asyncio.gather(*futs)
+        await gather(*futs)
         for seq in chosen:
             if store.index.seg_live.get(seq, 0):
                 raise AssertionError(f"segment {seq} still referenced after compaction")
