@@ -37,7 +37,7 @@ MATRIX_TESTS := tests/test_package.py tests/test_public_api.py tests/test_eventl
 	tests/sim/test_loop.py tests/sim/test_within.py tests/sim/test_determinism.py \
 	tests/sim/test_plugin.py tests/client/test_driver_order.py tests/client/test_write_path.py \
 	tests/client/test_recovery.py tests/metadata tests/logs/test_reader.py \
-	tests/zk/test_store.py tests/spark/test_api.py
+	tests/zk/test_zookeeper_store.py tests/spark/test_api.py
 
 .PHONY: demo test lint typecheck pytest pytest-wheel venv system-deps bench clean dist \
 	test-matrix matrix-wheel docs
