@@ -2,7 +2,10 @@
 #   make demo  - runs the quickstart on an embedded in-process cluster, then the WAL demo
 #                (a child appending through pybk.WAL is killed with kill -9; the replay)
 #   make test  - installs everything (venv, Python packages with the spark extra, Debian's
-#                zookeeper and Java 17) and runs ruff, mypy and the whole test suite
+#                zookeeper and Java 17) and runs ruff, mypy, the whole test suite against the
+#                built wheel (installed in a venv of its own), the documentation site's strict
+#                build, and a subset of the suite on every other supported CPython found
+#                (make test-matrix; docs/pythons.md)
 # The interpreter the venv is made from: the distribution's CPython 3.11 when it is there and
 # can make a venv, else python3. Measured on this kind of machine (docs/performance.md,
 # "The interpreter"): Debian's /usr/bin/python3.11 (libpython linked into the executable)
@@ -15,8 +18,29 @@ PYTHON ?= $(shell if /usr/bin/python3.11 -c 'import sys, venv, ensurepip; \
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The venv the suite runs in: only the wheel and its dependencies, never the source tree.
+WHEEL_VENV  := .venv-wheel
+WHEEL_STAMP := $(WHEEL_VENV)/.installed
+VERSION = $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' pybk/__init__.py)
+WHEEL   = dist/pybk-$(VERSION)-py3-none-any.whl
+SDIST   = dist/pybk-$(VERSION).tar.gz
+# The other supported interpreters (.ci/pythons: PATH and pyenv), each with a venv of its own
+# under $(MATRIX_DIR); MATRIX_PYTHONS=... chooses them (empty: none).
+MATRIX_PYTHONS ?= $(shell .ci/pythons $(PYTHON))
+MATRIX_DIR     ?= .venvs
+# What the other interpreters run (docs/pythons.md says why each is in): every area whose
+# behaviour changed between 3.11 and 3.13 (asyncio's gather, wait_for and task factories,
+# gc's freeze count, the simulator's traces), the package as installed, a real ZooKeeper and
+# a Spark job. The whole suite runs on the default interpreter.
+MATRIX_TESTS := tests/test_package.py tests/test_public_api.py tests/test_eventloop_gather.py \
+	tests/test_eventloop_wait.py tests/test_gctune.py tests/test_sync_and_plugin.py \
+	tests/sim/test_loop.py tests/sim/test_within.py tests/sim/test_determinism.py \
+	tests/sim/test_plugin.py tests/client/test_driver_order.py tests/client/test_write_path.py \
+	tests/client/test_recovery.py tests/metadata tests/logs/test_reader.py \
+	tests/zk/test_zookeeper_store.py tests/spark/test_api.py
 
-.PHONY: demo test lint typecheck pytest venv system-deps bench clean
+.PHONY: demo test lint typecheck pytest pytest-wheel venv system-deps bench clean dist \
+	test-matrix matrix-wheel docs
 
 # The editable install puts the checkout on sys.path through a plain .pth file (setuptools'
 # "compat" mode): type checkers (mypy, pyright) follow it, where the default mode's import
@@ -24,7 +48,7 @@ STAMP  := $(VENV)/.installed
 $(STAMP): setup.cfg pyproject.toml Makefile
 	$(PYTHON) -m venv --clear $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test,speed,spark]" --config-settings editable_mode=compat
+	$(PY) -m pip install -q -e ".[test,speed,spark,docs]" --config-settings editable_mode=compat
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -55,10 +79,66 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy pybk
 
-pytest: $(STAMP) system-deps
-	$(VENV)/bin/pytest -q -p no:cacheprovider
+# sdist and wheel, the wheel built from the sdist (what `python -m build` does), so a file
+# the sdist leaves out is missing from the wheel too (tests/test_package.py)
+dist: $(STAMP)
+	rm -rf dist
+	$(PY) -m build --no-isolation --outdir dist . >/dev/null
+	@ls dist
 
-test: lint typecheck pytest
+$(WHEEL_STAMP): setup.cfg pyproject.toml Makefile
+	@test -f $(WHEEL) || $(MAKE) dist
+	$(PYTHON) -m venv --clear $(WHEEL_VENV)
+	$(WHEEL_VENV)/bin/python -m pip install -q --upgrade pip
+	$(WHEEL_VENV)/bin/python -m pip install -q "$(WHEEL)[test,speed,spark]"
+	touch $(WHEEL_STAMP)
+
+# The suite against the installed wheel. The venv is made once (dependencies from the wheel's
+# metadata); this checkout's wheel is reinstalled into it on every run. The pytest script (not
+# python -m pytest) keeps the checkout off sys.path: `import pybk` finds the wheel's
+# (tests/test_package.py checks).
+pytest: dist
+	$(MAKE) pytest-wheel
+
+pytest-wheel: $(WHEEL_STAMP) system-deps
+	$(WHEEL_VENV)/bin/python -m pip install -q --force-reinstall --no-deps "$(WHEEL)"
+	PYBK_WHEEL=$(WHEEL) PYBK_SDIST=$(SDIST) $(WHEEL_VENV)/bin/pytest -q -p no:cacheprovider
+
+# MATRIX_TESTS on each of MATRIX_PYTHONS, against the same wheel (a venv per interpreter,
+# made again when setup.cfg changes)
+test-matrix: dist
+	$(MAKE) matrix-wheel
+
+matrix-wheel: system-deps
+	@set -e; if [ -z "$(strip $(MATRIX_PYTHONS))" ]; then \
+	  echo "test-matrix: no other supported Python found"; fi; \
+	for py in $(MATRIX_PYTHONS); do \
+	  v=$$($$py -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	  venv=$(MATRIX_DIR)/py$$v; \
+	  echo "== Python $$v ($$py): $$venv"; \
+	  if [ ! -f $$venv/.installed ] || [ setup.cfg -nt $$venv/.installed ]; then \
+	    $$py -m venv --clear $$venv; \
+	    $$venv/bin/python -m pip install -q --upgrade pip; \
+	    $$venv/bin/python -m pip install -q "$(WHEEL)[test,speed,spark]"; \
+	    touch $$venv/.installed; \
+	  fi; \
+	  $$venv/bin/python -m pip install -q --force-reinstall --no-deps "$(WHEEL)"; \
+	  PYBK_WHEEL=$(WHEEL) PYBK_SDIST=$(SDIST) $$venv/bin/pytest -q -p no:cacheprovider \
+	    $(MATRIX_TESTS); \
+	done
+
+# the documentation site (mkdocs.yml; docs/site.md) into site/: every warning an error
+# (a broken link or anchor, a module path that moved, a docstring griffe cannot read)
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+# One wheel for every run: the other interpreters' subset first, then the whole suite on the
+# default one, whose cross-version trace comparison (tests/sim/test_across_pythons.py) runs
+# the other interpreters from their venvs.
+test: lint typecheck docs dist
+	$(MAKE) matrix-wheel
+	PYBK_OTHER_PYTHONS="$(foreach py,$(MATRIX_PYTHONS),$(MATRIX_DIR)/py$(shell $(py) -c 'import sys; print("%d.%d" % sys.version_info[:2])')/bin/python)" \
+	  $(MAKE) pytest-wheel
 
 # every benchmark, each quick by default (see its --help for longer runs)
 bench: $(STAMP)
@@ -80,4 +160,4 @@ bench: $(STAMP)
 	$(VENV)/bin/pybk bench
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(WHEEL_VENV) $(MATRIX_DIR) build dist site *.egg-info

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from pybk.errors import BKError, NotEnoughBookiesError
+from pybk.runtime.eventloop import gather
 
 if TYPE_CHECKING:
     from pybk.client.context import ClientContext
@@ -409,7 +410,7 @@ async def _free_bytes(ctx: ClientContext, bookies: list[str]) -> dict[str, int]:
     if stale:
         timeout = min(ctx.config.read_timeout, 2.0)
         futures = [ctx.transport.send(b, BookieInfoRequest(), timeout) for b in stale]
-        results = await asyncio.gather(*futures, return_exceptions=True)
+        results = await gather(*futures, return_exceptions=True)
         expires = now + ctx.config.disk_usage_cache_ttl
         for bookie, result in zip(stale, results, strict=True):
             if isinstance(result, BookieInfoResponse) and result.status == Status.OK:

@@ -26,7 +26,7 @@ from pybk.errors import (
 )
 from pybk.metadata.base import LedgerMetadata
 from pybk.runtime import sometimes
-from pybk.runtime.eventloop import wait
+from pybk.runtime.eventloop import gather, wait
 from pybk.wire import (
     DecodedEntry,
     DigestManager,
@@ -309,7 +309,7 @@ async def _read_batch(
     drop_pending(sent)
     if retry:
         ordered = sorted(retry)
-        again = await asyncio.gather(*(
+        again = await gather(*(
             read_entry(ctx, md, digest, e, start=retry[e][0], errors=retry[e][1])
             for e in ordered))
         for e, decoded in zip(ordered, again, strict=True):

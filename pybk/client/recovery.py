@@ -23,7 +23,7 @@ from pybk.errors import (
 from pybk.errors import TimeoutError as BKTimeoutError
 from pybk.metadata.base import CLOSED, IN_RECOVERY, OPEN, LedgerMetadata
 from pybk.runtime import sometimes
-from pybk.runtime.eventloop import wait
+from pybk.runtime.eventloop import gather, wait
 from pybk.wire import LAST_ENTRY, DecodedEntry, DigestManager, ReadRequest, ReadResponse, Status
 
 if TYPE_CHECKING:
@@ -195,7 +195,7 @@ async def recover(
     done = False
     while not done:
         ids = list(range(next_id, next_id + batch))
-        results = await asyncio.gather(
+        results = await gather(
             *(recovery_read(ctx, start, digest, master_key, e) for e in ids),
             return_exceptions=True,
         )
@@ -219,7 +219,7 @@ async def recover(
         length = 0 if lac < 0 else (await read_entry(ctx, start, digest, lac)).length
         last, ensembles = lac, dict(start.ensembles)
     else:
-        await asyncio.gather(*writes)
+        await gather(*writes)
         last, length, ensembles = pipeline.lac, pipeline.lac_length, pipeline.ensembles
 
     def close(current: LedgerMetadata) -> LedgerMetadata | None:

@@ -32,6 +32,7 @@ from pybk.logs.position import Position
 from pybk.logs.truncation import plan_retention, plan_truncation
 from pybk.logs.writer import take_over
 from pybk.metadata.base import CLOSED
+from pybk.runtime.eventloop import gather
 
 if TYPE_CHECKING:
     from pybk.logs.catalog import LogCatalog
@@ -196,7 +197,7 @@ async def _check_ledgers(cat: LogCatalog, items: Sequence[BuiltSegment]) -> None
         async with sem:
             await _check_ledger(cat, b)
 
-    await asyncio.gather(*(one(b) for b in items))
+    await gather(*(one(b) for b in items))
 
 
 async def _check_ledger(cat: LogCatalog, b: BuiltSegment) -> None:

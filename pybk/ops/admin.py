@@ -25,6 +25,7 @@ from pybk.ops.auditor import bookie_index, read_all_metadata
 from pybk.ops.replicator import Outcome, repair_ledger
 from pybk.ops.settings import AutoRecoverySettings
 from pybk.ops.worker import ledger_lock
+from pybk.runtime.eventloop import within
 from pybk.wire import BookieInfoRequest, BookieInfoResponse, Status
 
 if TYPE_CHECKING:
@@ -183,7 +184,7 @@ class Admin:
                 "decommissioning it")
         ctx = self._ctx
         work = self._decommission(bookie_id, poll_interval, grace)
-        report = await (asyncio.wait_for(work, timeout) if timeout is not None else work)
+        report = await (within(work, timeout) if timeout is not None else work)
         if delete_cookie:
             await ctx.store.delete_cookie(bookie_id)
         log.info("bookie %s decommissioned: %d ledgers repaired", bookie_id,

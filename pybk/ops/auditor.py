@@ -35,6 +35,7 @@ from pybk.ops.config import AutoRecoveryConfig, AutoRecoveryStats
 from pybk.ops.fragments import fragments
 from pybk.ops.replicator import LedgerAccess, ledger_access
 from pybk.ops.settings import AutoRecoverySettings
+from pybk.runtime.eventloop import gather
 from pybk.wire import (
     ListEntriesRequest,
     ListEntriesResponse,
@@ -71,7 +72,7 @@ async def read_all_metadata(ctx: ClientContext) -> list[LedgerMetadata]:
             return None
 
     for start in range(0, len(ids), _READ_WINDOW):
-        for md in await asyncio.gather(*map(read, ids[start:start + _READ_WINDOW])):
+        for md in await gather(*map(read, ids[start:start + _READ_WINDOW])):
             if md is not None:
                 out.append(md)
     return out

@@ -23,6 +23,7 @@ from pybk.ops.auditor import Auditor
 from pybk.ops.config import AutoRecoveryConfig, AutoRecoveryStats
 from pybk.ops.settings import AutoRecoverySettings
 from pybk.ops.worker import ReplicationWorker
+from pybk.runtime.eventloop import gather
 from pybk.transport.base import Transport
 
 __all__ = ["AutoRecovery"]
@@ -126,7 +127,7 @@ class AutoRecovery:
         for task in (self._auditor_task, self._worker_task):
             if task is not None and not task.done():
                 task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+                await gather(task, return_exceptions=True)
         self._auditor_task = self._worker_task = None
         log.info("auto-recovery %s stopped", self.name)
 

@@ -33,6 +33,7 @@ from pybk.errors import (
 from pybk.errors import TimeoutError as BKTimeoutError
 from pybk.metadata.base import LedgerMetadata
 from pybk.ops.fragments import Fragment, Repair, plan_repairs
+from pybk.runtime.eventloop import gather
 from pybk.wire import (
     AddBatchRequest,
     AddLike,
@@ -163,7 +164,7 @@ class _Copier:
             good = {e: body for e, body in read.items() if isinstance(body, bytes)}
             again = [e for e in chunk if e not in good]
             if again:
-                bodies = await asyncio.gather(
+                bodies = await gather(
                     *(self._body(e, read.get(e), sources_of[e]) for e in again),
                     return_exceptions=True)
                 for e, body in zip(again, bodies, strict=True):
@@ -185,7 +186,7 @@ class _Copier:
         sent = [(source, ids, self.ctx.transport.send(source, ReadBatchRequest(lid, ids),
                                                        self.ctx.config.read_timeout))
                 for source, ids in by_source.items()]
-        replies = await asyncio.gather(*(f for _s, _i, f in sent), return_exceptions=True)
+        replies = await gather(*(f for _s, _i, f in sent), return_exceptions=True)
         out: dict[int, bytes | tuple[int, list[BKError]]] = {}
         verify = self.access.digest.verify
         for (source, ids, _f), reply in zip(sent, replies, strict=True):

@@ -23,6 +23,7 @@ from pybk.metadata.base import Watch
 from pybk.ops.config import AutoRecoveryConfig, AutoRecoveryStats
 from pybk.ops.replicator import Outcome, repair_ledger
 from pybk.ops.settings import AutoRecoverySettings
+from pybk.runtime.eventloop import gather
 
 __all__ = ["ReplicationWorker", "ledger_lock"]
 
@@ -107,7 +108,7 @@ class ReplicationWorker:
                     if await self.settings.is_enabled():
                         await self._repair(lid, marks[lid], live)
 
-            await asyncio.gather(*(one(lid) for lid in due))
+            await gather(*(one(lid) for lid in due))
         upcoming = [t for lid, t in self.retry_at.items() if lid in marks]
         return min(upcoming, default=float("inf"))
 

@@ -19,7 +19,7 @@ measurement never reports asyncio's numbers under uvloop's name.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Collection, Coroutine, Generator
 from typing import Any, Final, TypeVar, cast
 
 __all__ = [
@@ -27,10 +27,12 @@ __all__ = [
     "LOOPS",
     "LoopUnavailableError",
     "available_loops",
+    "gather",
     "loop_factory",
     "new_event_loop",
     "run",
     "wait",
+    "within",
     "yield_now",
 ]
 
@@ -96,6 +98,133 @@ async def wait(fs: Collection[asyncio.Future[Any]], timeout: float | None = None
     for f in fs:
         (done if f.done() else pending).add(f)
     return done, pending
+
+
+async def within(awaitable: Awaitable[T], seconds: float) -> T:
+    """``awaitable``'s result, TimeoutError after ``seconds``: ``asyncio.wait_for`` with the
+    same steps on every Python. 3.11's ``wait_for`` wraps a coroutine in a task of its own,
+    3.12's runs it in the caller's task under ``asyncio.timeout``: a simulated run that
+    used it scheduled different things on each (and a run makes thousands of these).
+
+    What ``async with asyncio.timeout(seconds)`` does, step for step (one timer made at
+    entry, the task cancelled when it fires, the cancellation turned into TimeoutError when
+    no other one was asked for meanwhile), without its context-manager object, state enum
+    and two extra coroutines per call."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task(loop)
+    if task is None:
+        raise RuntimeError("within() should be used inside a task")
+    cancelling = task.cancelling()
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        task.cancel()
+        expired = True
+
+    when = loop.time() + seconds
+    handle = loop.call_soon(expire) if when <= loop.time() else loop.call_at(when, expire)
+    try:
+        result = await awaitable
+    except BaseException as exc:
+        handle.cancel()
+        if expired and task.uncancel() <= cancelling and type(exc) is asyncio.CancelledError:
+            raise TimeoutError from exc
+        raise
+    handle.cancel()
+    if expired:
+        task.uncancel()
+    return result
+
+
+class _Gathering(asyncio.Future[list[Any]]):
+    """:func:`gather`'s outer future: cancelling it cancels the children (as a task's cancel
+    does, it is not marked cancelled at once)."""
+
+    def __init__(self, children: list[asyncio.Future[Any]],
+                 loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop=loop)
+        self.children = children
+        self.cancel_requested = False
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if self.done():
+            return False
+        cancelled = False
+        for child in self.children:
+            if child.cancel(msg=msg):
+                cancelled = True
+        if cancelled:
+            self.cancel_requested = True
+        return cancelled
+
+
+def _cancelled_error(fut: asyncio.Future[Any]) -> asyncio.CancelledError:
+    try:
+        fut.result()
+    except asyncio.CancelledError as exc:
+        return exc
+    return asyncio.CancelledError()
+
+
+def gather(*aws: Awaitable[Any], return_exceptions: bool = False) -> asyncio.Future[list[Any]]:
+    """``asyncio.gather`` with the same steps on every Python: Python 3.11's.
+
+    From 3.12 on, ``asyncio.gather`` takes a child that is already done at once, where 3.11
+    adds a done callback to it, which runs on the loop's next turn: what runs in between (and
+    so a simulated run's trace) differed between versions. Here every child, done or not, is
+    counted through its done callback, as on 3.11. The results, the error raised (the first
+    child's that failed, unless ``return_exceptions``), and cancellation (cancelling the
+    outer future cancels the children; a child's cancellation is its error) are asyncio's."""
+    if not aws:
+        done: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        done.set_result([])
+        return done
+    children: list[asyncio.Future[Any]] = []
+    made: dict[Awaitable[Any], asyncio.Future[Any]] = {}
+    finished = 0
+    loop: asyncio.AbstractEventLoop | None = None
+    outer: _Gathering | None = None
+
+    def on_done(fut: asyncio.Future[Any]) -> None:
+        nonlocal finished
+        finished += 1
+        if outer is None or outer.done():
+            if not fut.cancelled():
+                fut.exception()  # (retrieved: no "exception never retrieved" report)
+            return
+        if not return_exceptions:
+            if fut.cancelled():
+                outer.set_exception(_cancelled_error(fut))
+                return
+            exc = fut.exception()
+            if exc is not None:
+                outer.set_exception(exc)
+                return
+        if finished == len(made):
+            results: list[Any] = []
+            for child in children:
+                if child.cancelled():
+                    results.append(_cancelled_error(child))
+                else:
+                    exc = child.exception()
+                    results.append(child.result() if exc is None else exc)
+            if outer.cancel_requested:
+                outer.set_exception(_cancelled_error(fut))
+            else:
+                outer.set_result(results)
+
+    for aw in aws:
+        fut = made.get(aw)
+        if fut is None:
+            fut = asyncio.ensure_future(aw, loop=loop)
+            loop = fut.get_loop()
+            made[aw] = fut
+            fut.add_done_callback(on_done)
+        children.append(fut)
+    assert loop is not None
+    outer = _Gathering(children, loop)
+    return outer
 
 
 def _release(waiter: asyncio.Future[Any]) -> None:

@@ -14,6 +14,10 @@ gen-0 threshold so the per-entry garbage is looked at in bigger, rarer passes.
 :class:`GcTuning` does the same and can put the previous settings back (what
 ``pybk.LocalCluster(tune_gc=True)`` uses around its life).
 
+Python 3.12 counts immortal containers (built at interpreter start-up) among the frozen ones
+once a full collection has moved them there, so a freeze count above zero does not by itself
+mean that someone froze objects: :func:`frozen_by_others` tells the two apart on every version.
+
 The settings are process-wide: ``pybk bookie`` and ``pybk bench`` apply them; a library
 embedding bookies (``pybk.LocalCluster``, ``pybk.WAL``) applies them only when asked.
 """
@@ -23,7 +27,7 @@ from __future__ import annotations
 import gc
 from typing import Final
 
-__all__ = ["SERVER_GC_THRESHOLD", "GcTuning", "tune_gc_for_server"]
+__all__ = ["SERVER_GC_THRESHOLD", "GcTuning", "frozen_by_others", "tune_gc_for_server"]
 
 #: gen-0, gen-1, gen-2 thresholds for a process running pybk's hot paths
 SERVER_GC_THRESHOLD: Final = (50_000, 20, 20)
@@ -39,6 +43,21 @@ def tune_gc_for_server() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*SERVER_GC_THRESHOLD)
+
+
+def frozen_by_others() -> bool:
+    """Whether objects other than the interpreter's immortal ones are frozen (``gc.freeze()``
+    was called and not undone). On 3.12 a full collection moves immortal containers to the
+    permanent generation, where ``gc.get_freeze_count()`` counts them; so when the count is
+    not zero this unfreezes, collects and compares: a count that drops was someone's freeze.
+    Their objects are unfrozen by the check: call it just before freezing again."""
+    gc.collect()
+    before = gc.get_freeze_count()
+    if before == 0:
+        return False
+    gc.unfreeze()
+    gc.collect()
+    return gc.get_freeze_count() < before
 
 
 class GcTuning:
@@ -58,8 +77,8 @@ class GcTuning:
         if self._previous is not None:
             return
         self._previous = gc.get_threshold()
-        self._froze = gc.get_freeze_count() == 0
-        tune_gc_for_server()
+        self._froze = not frozen_by_others()
+        tune_gc_for_server()  # (freezes again whatever the check unfroze)
 
     def restore(self) -> None:
         previous, self._previous = self._previous, None

@@ -26,6 +26,7 @@ from pybk.metadata.memory import MemoryMetadataStore
 from pybk.ops import AutoRecovery, AutoRecoveryConfig
 from pybk.ops.admin import Admin
 from pybk.ops.fragments import fragments
+from pybk.runtime.eventloop import gather, within
 from pybk.sim.checker import Violation
 from pybk.sim.cluster import derive_rng
 from pybk.sim.workload import PASSWORD
@@ -195,7 +196,7 @@ class AutoRecoverySim:
         self._settling = True
         if self._chaos is not None:
             self._chaos.cancel()
-            await asyncio.gather(self._chaos, return_exceptions=True)
+            await gather(self._chaos, return_exceptions=True)
         for name in INSTANCES:
             if name not in self.instances:
                 await self._start_instance(name)
@@ -241,7 +242,7 @@ class AutoRecoverySim:
         run.log(f"autorecovery: {victim} lost for good (disk wiped); decommissioning it")
         run.cover("autorecovery_bookie_lost")
         try:
-            report = await asyncio.wait_for(
+            report = await within(
                 admin.decommission_bookie(victim, poll_interval=0.5),
                 max(1.0, deadline - loop.time()))
         except (BKError, TimeoutError) as exc:

@@ -21,10 +21,11 @@ from collections import defaultdict
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
+from pybk.runtime.eventloop import gather, within
 from pybk.sim.checker import Violation
 from pybk.sim.history import FAIL, INFO, OK, Event, History
 from pybk.sim.loop import sleep
-from pybk.sim.workload import Process, ProcessEnv, within
+from pybk.sim.workload import Process, ProcessEnv
 
 if TYPE_CHECKING:
     from pybk.sim.runner import SimRun
@@ -280,7 +281,7 @@ class LogWriterProc(Process):
         w = await self._open()
         futs = [fut for fut in (self._append(w, [self._payload()]) for _ in range(3))
                 if fut is not None]
-        await asyncio.gather(*futs)
+        await gather(*futs)
         await w.close()
         self.last = w.last_position
 

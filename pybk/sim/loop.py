@@ -95,7 +95,6 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
         self._timers_cancelled = 0
         #: what reached the exception handler: (message, exception or None)
         self.unhandled: list[tuple[str, BaseException | None]] = []
-        self.set_task_factory(self._task_factory_impl)
         self.set_exception_handler(self._on_exception)
 
     # -- clock -------------------------------------------------------------------------------
@@ -323,21 +322,34 @@ class SimLoop(asyncio.base_events.BaseEventLoop):
 
     # -- tasks: deterministic names, tracked in creation order ---------------------------------
 
-    def _task_factory_impl(
+    def create_task(  # type: ignore[override]
         self,
-        loop: asyncio.AbstractEventLoop,
-        coro: Coroutine[Any, Any, Any] | Generator[Any, None, Any],
-        **kwargs: Any,
-    ) -> asyncio.Task[Any]:
+        coro: Coroutine[Any, Any, T] | Generator[Any, None, T],
+        *,
+        name: str | None = None,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Task[T]:
+        """A task named ``sim-task-N`` (N counting from 1 in creation order) unless the caller
+        names it. Made here rather than through a task factory: how ``BaseEventLoop`` names a
+        factory's task changed (3.13.0 sets the name it was given, ``None`` included, after
+        the factory ran), and a deadlock report must name its tasks on every version."""
+        if self.is_closed():
+            raise RuntimeError("Event loop is closed")
         self._task_seq += 1
-        kwargs["name"] = f"sim-task-{self._task_seq}"
-        task: asyncio.Task[Any] = asyncio.Task(coro, loop=loop, **kwargs)
+        if name is None:
+            name = f"sim-task-{self._task_seq}"
+        task: asyncio.Task[T] = asyncio.Task(coro, loop=self, name=name, context=context)
         tasks = self._tasks
         if len(tasks) > 256 + 2 * self._tasks_live:  # (amortized: prune when it doubled)
             self._tasks = tasks = [t for t in tasks if not t.done()]
             self._tasks_live = len(tasks)
         tasks.append(task)
         return task
+
+    def set_task_factory(self, factory: Any) -> None:
+        """Refused: the simulated loop makes its own tasks (see :meth:`create_task`)."""
+        if factory is not None:
+            raise RuntimeError("SimLoop makes its own tasks; a task factory cannot be set on it")
 
     def live_tasks(self) -> list[asyncio.Task[Any]]:
         """Unfinished tasks, oldest first (a list: ``asyncio.all_tasks`` is an unordered set)."""

@@ -27,6 +27,7 @@ from pybk.errors import BKError, status_of
 from pybk.metadata.memory_watches import PolledDelivery
 from pybk.ops.auditor import merged_ranges
 from pybk.runtime import sometimes
+from pybk.runtime.eventloop import gather, within
 from pybk.sim.autorecovery import AutoRecoverySim
 from pybk.sim.checker import Checker, Violation
 from pybk.sim.cluster import DATA_DIR, SimBookie, SimCluster, derive_rng
@@ -765,7 +766,7 @@ class SimRun:
             e = min(self.topology[0], len(c.up_bookies()))
             qw = min(self.topology[1], e)
             qa = min(self.topology[2], qw)
-            lh = await asyncio.wait_for(final.client.create_ledger(
+            lh = await within(final.client.create_ledger(
                 ensemble_size=e, write_quorum=qw, ack_quorum=qa, digest_type="CRC32C",
                 password=PASSWORD), self.liveness_bound)
             self.registry.ledgers.append(lh.id)
@@ -778,7 +779,7 @@ class SimRun:
                 fut.add_done_callback(lambda f, e=lh.last_add_pushed, lid=lh.id:
                                       w._done(lid, e, f))
                 futs.append(fut)
-            await asyncio.wait_for(asyncio.gather(*futs), self.liveness_bound)
+            await within(gather(*futs), self.liveness_bound)
             await w._close(lh, lh.id)
             await final.recover(lh.id, how="final", final=True, bound=self.liveness_bound)
         except Exception as exc:

@@ -26,9 +26,10 @@ import asyncio
 from typing import TYPE_CHECKING, Any
 
 from pybk.errors import BKError
+from pybk.runtime.eventloop import within
 from pybk.sim.checker import Violation
 from pybk.sim.loop import sleep
-from pybk.sim.workload import Process, ProcessEnv, within
+from pybk.sim.workload import Process, ProcessEnv
 from pybk.tables.api import AsyncTable
 from pybk.tables.catalog import TableInfo
 from pybk.tables.engine import TablesEngine

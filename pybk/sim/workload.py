@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from pybk.runtime.eventloop import within
 from pybk.sim.findings import EXPECTED
 from pybk.sim.history import FAIL, INFO, OK, History
 from pybk.sim.loop import sleep
@@ -40,41 +41,6 @@ __all__ = [
 PASSWORD = b"sim"
 
 T = TypeVar("T")
-
-
-async def within(awaitable: Awaitable[T], seconds: float) -> T:
-    """``awaitable``'s result, TimeoutError after ``seconds``: ``asyncio.wait_for`` without
-    its task per call (Python 3.11's wraps a coroutine in one; a run makes thousands).
-
-    What ``async with asyncio.timeout(seconds)`` does, step for step (one timer made at
-    entry, the task cancelled when it fires, the cancellation turned into TimeoutError when
-    no other one was asked for meanwhile), without its context-manager object, state enum
-    and two extra coroutines per call."""
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task(loop)
-    if task is None:
-        raise RuntimeError("within() should be used inside a task")
-    cancelling = task.cancelling()
-    expired = False
-
-    def expire() -> None:
-        nonlocal expired
-        task.cancel()
-        expired = True
-
-    when = loop.time() + seconds
-    handle = loop.call_soon(expire) if when <= loop.time() else loop.call_at(when, expire)
-    try:
-        result = await awaitable
-    except BaseException as exc:
-        handle.cancel()
-        if expired and task.uncancel() <= cancelling and type(exc) is asyncio.CancelledError:
-            raise TimeoutError from exc
-        raise
-    handle.cancel()
-    if expired:
-        task.uncancel()
-    return result
 
 
 @dataclass(frozen=True)

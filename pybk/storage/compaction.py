@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pybk.errors import CorruptRecordError
+from pybk.runtime.eventloop import gather
 from pybk.storage.records import (
     BATCH_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
@@ -95,7 +96,7 @@ async def compact(store: LedgerStore, threshold: float,
                 result.bytes_moved += len(data)
         if not chosen:
             return result
-        await asyncio.gather(*futs)
+        await gather(*futs)
         for seq in chosen:
             if store.index.seg_live.get(seq, 0):
                 raise AssertionError(f"segment {seq} still referenced after compaction")

@@ -23,7 +23,7 @@ from itertools import accumulate
 from typing import Any
 
 from pybk.errors import IOBookieError, JournalFailedError, ReadOnlyBookieError, fresh_copy
-from pybk.runtime.eventloop import yield_now
+from pybk.runtime.eventloop import gather, yield_now
 from pybk.stats import BookieStats
 from pybk.storage.fs import FileHandle, FileSystem
 from pybk.storage.index import Position
@@ -326,7 +326,7 @@ class Journal:
         task = self._prep_task
         self._stop_preparing()
         if task is not None:
-            await asyncio.gather(task, return_exceptions=True)
+            await gather(task, return_exceptions=True)
         if self._fh is not None:
             self._fh.close()
             self._fh = None

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
+from pybk.runtime.eventloop import within
 from pybk.sim.loop import run
-from pybk.sim.workload import within
 
 
 async def _stdlib(awaitable: Awaitable[Any], seconds: float) -> Any:
