@@ -260,6 +260,12 @@ class LogNotFoundError(BKError):
     status = Status.LOG_NOT_FOUND
 
 
+class CursorNotFoundError(BKError):
+    """The named cursor of a log does not exist (never subscribed, or deleted)."""
+
+    status = Status.LOG_NOT_FOUND
+
+
 class LogExistsError(BKError):
     """A log with this name already exists in the namespace."""
 
@@ -362,6 +368,7 @@ __all__ = [
     "BookieUnavailableError",
     "ClientClosedError",
     "CorruptRecordError",
+    "CursorNotFoundError",
     "DigestMismatchError",
     "EndOfStreamError",
     "EntryExistsError",
