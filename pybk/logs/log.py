@@ -18,6 +18,7 @@ from pybk.logs.cursor_meta import read_cursor_states
 from pybk.logs.meta import LogMetadata, SegmentInfo
 from pybk.logs.position import Position
 from pybk.logs.publish import PublishResult, publish_segments
+from pybk.logs.offload import offload_segments, sweep_orphans
 from pybk.logs.reader import LogReader
 from pybk.logs.retention import housekeep
 from pybk.logs.tail import last_position
@@ -214,6 +215,42 @@ class Log:
         """Apply the retention (and the tier's deletion lag) now, without waiting for the
         writer to."""
         await housekeep(self._cat)
+
+    async def set_offload(
+        self,
+        url: str | None,
+        *,
+        options: dict[str, Any] | None = None,
+        deletion_lag: float = 4 * 3600.0,
+    ) -> None:
+        """Configure the log's tier: an fsspec URL (``file:///path``, ``s3://bucket/prefix``;
+        None: no tier), its filesystem ``options`` (e.g. ``{"endpoint_url": ...}``; stored
+        in the metadata, so credentials belong in the environment), and how long after a
+        verified offload the bookies' copy is deleted (seconds, wall clock)."""
+        cfg_check = replace(LogConfig(), offload_url=url, offload_options=dict(options or {}),
+                            offload_deletion_lag=deletion_lag)
+
+        def change(md: LogMetadata) -> LogMetadata:
+            return md.with_changes(config=replace(
+                md.config, offload_url=cfg_check.offload_url,
+                offload_options=cfg_check.offload_options,
+                offload_deletion_lag=cfg_check.offload_deletion_lag))
+
+        await self._cat.update(change)
+
+    async def offload(self, before: Position | None = None) -> list[int]:
+        """Copy completed segments (those wholly before ``before``, or all) to the log's
+        tier, verified, oldest first; their sequence numbers. The bookies' copies go after
+        the deletion lag (at once with a lag of 0). Readers read offloaded segments from the
+        tier transparently; ``SegmentInfo.tier`` says where each segment is."""
+        if before is not None and not isinstance(before, Position):
+            raise TypeError(f"before must be a Position or None, not {type(before).__name__}")
+        return await offload_segments(self._cat, self._rng, before=before)
+
+    async def sweep_tier(self) -> list[str]:
+        """Delete objects in the log's tier folder that no segment refers to (left by an
+        offload that crashed); the object names deleted."""
+        return await sweep_orphans(self._cat)
 
     def __repr__(self) -> str:
         return f"<Log {self.namespace}/{self.name}>"
