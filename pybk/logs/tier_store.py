@@ -174,7 +174,8 @@ class TierStore:
                                      f"index says {idx.data_length}")
         crc, off = 0, 0
         while off < size:
-            chunk = self.fs.cat_file(path + ".data", off, min(size, off + _VERIFY_CHUNK))
+            chunk = self.fs.cat_file(path + ".data", start=off,
+                                     end=min(size, off + _VERIFY_CHUNK))
             crc = crc32c.crc32c(chunk, crc)
             off += len(chunk)
             if not chunk:
@@ -184,7 +185,7 @@ class TierStore:
         return idx
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
-        return bytes(self.fs.cat_file(path + ".data", start, end))
+        return bytes(self.fs.cat_file(path + ".data", start=start, end=end))
 
     def delete(self, path: str) -> None:
         """Delete both objects of one attempt (those that exist)."""
