@@ -260,10 +260,9 @@ class LogNotFoundError(BKError):
     status = Status.LOG_NOT_FOUND
 
 
-class CursorNotFoundError(BKError):
-    """The named cursor of a log does not exist (never subscribed, or deleted)."""
-
-    status = Status.LOG_NOT_FOUND
+class CursorNotFoundError(LogNotFoundError):
+    """The named cursor of a log does not exist (never subscribed, or deleted); a kind of
+    LogNotFoundError (what is not found is part of a log), with its wire status."""
 
 
 class LogExistsError(BKError):

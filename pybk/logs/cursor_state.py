@@ -127,16 +127,21 @@ class AckState:
     def ack_cumulative(self, pos: Position) -> bool:
         """Acknowledge every record at or before ``pos`` (which must have been handed out,
         or be acknowledged already); False when nothing changed."""
-        if self.is_acked(pos):
+        if self.mark_delete is not None and pos <= self.mark_delete:
             return False
         if self.seen is None or pos > self.seen:
+            if self.is_acked(pos):
+                return False
             raise ValueError(f"position {pos} is beyond what this cursor handed out "
                              f"({self.seen})")
         cut = bisect_right(self.pending, pos)
         del self.pending[:cut]
-        # pos is in no range (it is not acknowledged): each range is wholly before or after
+        top = pos
+        for lo, hi in self.ranges:  # a range holding pos: everything up to its end is acked
+            if lo <= pos <= hi:
+                top = hi
         self.ranges = [r for r in self.ranges if r[0] > pos]
-        self.mark_delete = pos
+        self.mark_delete = top
         self._advance()
         return True
 

@@ -16,9 +16,9 @@ from pybk.logs.config import CursorOptions, LogConfig, ReaderOptions, WriterOpti
 from pybk.logs.cursor import Cursor, delete_cursor
 from pybk.logs.cursor_meta import read_cursor_states
 from pybk.logs.meta import LogMetadata, SegmentInfo
+from pybk.logs.offload import offload_segments, sweep_orphans
 from pybk.logs.position import Position
 from pybk.logs.publish import PublishResult, publish_segments
-from pybk.logs.offload import offload_segments, sweep_orphans
 from pybk.logs.reader import LogReader
 from pybk.logs.retention import housekeep
 from pybk.logs.tail import last_position
