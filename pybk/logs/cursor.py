@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING
 
 from pybk.errors import (
     AlreadyTruncatedError,
+    BKError,
+    ClientClosedError,
     CursorNotFoundError,
     KeyExistsError,
     LedgerFencedError,
@@ -46,6 +48,7 @@ from pybk.logs.cursor_meta import CursorRecord, cursor_key
 from pybk.logs.cursor_state import AckState, decode_state, encode_state
 from pybk.logs.position import LogRecord, Position
 from pybk.logs.reader import LogReader
+from pybk.logs.retention import apply_retention
 from pybk.logs.tail import last_position
 
 if TYPE_CHECKING:
@@ -94,6 +97,8 @@ class Cursor:
         self._closed = False
         #: acknowledgement entries written (tests, benchmarks)
         self.persisted = 0
+        self._retention: asyncio.Task[None] | None = None
+        self._retain_again = False
 
     # -- opening (takeover) ------------------------------------------------------------------
 
@@ -272,16 +277,37 @@ class Cursor:
             self.persisted += 1
             md = self._state.mark_delete
             stored = self._record.mark_delete
+            moved = md is not None and (stored is None or md.segment > stored.segment)
             if self._entries >= self._opts.rollover_entries:
                 await self._roll()
-            elif md is not None and (stored is None or md.segment > stored.segment):
+            elif moved:
                 self._record = await _update(self._cat, self._record_key(), lambda r: _own(
                     r, self._record.epoch).with_changes(mark_delete=md))
+            if moved:
+                self._kick_retention()
         except BaseException as exc:
-            self._error = exc if isinstance(exc, Exception) else LedgerFencedError(str(exc))
+            self._error = (exc if isinstance(exc, Exception)
+                           else ClientClosedError(f"cursor {self.name!r} was stopped"))
             raise
         finally:
             self._writing = None
+
+    def _kick_retention(self) -> None:
+        """The mark-delete position reached a later segment: a segment may now be consumed
+        by every cursor, so apply retention (in the background; acks do not wait for it)."""
+        self._retain_again = True
+        if self._retention is None or self._retention.done():
+            self._retention = self._loop.create_task(self._retain())
+
+    async def _retain(self) -> None:
+        while self._retain_again:  # once more if the position moved on meanwhile
+            self._retain_again = False
+            try:
+                if (await self._cat.read()).config.retention_after_consumed:
+                    await apply_retention(self._cat)
+            except (BKError, OSError) as exc:
+                log.info("cursor %s: retention failed (the writer retries): %s", self.name,
+                         exc)
 
     async def _roll(self) -> None:
         """A new cursor ledger starting with the current state; the old one deleted."""
@@ -339,6 +365,10 @@ class Cursor:
         await self._stop_reading()
 
     async def _stop_reading(self) -> None:
+        if self._retention is not None:
+            self._retention.cancel()
+            await asyncio.wait([self._retention])
+            self._retention = None
         if self._next is not None:
             self._next.cancel()
             await asyncio.wait([self._next])

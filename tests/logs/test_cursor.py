@@ -184,3 +184,23 @@ async def test_delete_cursor_and_bad_input() -> None:
         with pytest.raises(CursorNotFoundError):
             await log.delete_cursor("c")
 
+
+
+def test_the_synchronous_cursor(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import pybk
+
+    with pybk.sync.LocalCluster(str(tmp_path / "c"), bookies=3) as cluster:
+        log = cluster.client().namespace().create_log("l")
+        with log.writer() as w:
+            positions = w.append_many([b"a", b"b", b"c"])
+        with log.subscribe("s") as cur:
+            recs = [cur.receive(timeout=10) for _ in range(3)]
+            assert [r.position for r in recs] == positions
+            cur.ack(positions[1])
+            cur.ack_cumulative(positions[0])
+            assert cur.mark_delete_position() == positions[1]
+            cur.nack(positions[2], delay=0.0)
+            assert cur.receive(timeout=10).position == positions[2]
+        assert log.cursors() == {"s": positions[1]}
+        log.set_retention(after_consumed=True)
+        log.delete_cursor("s")

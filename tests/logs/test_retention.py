@@ -115,3 +115,17 @@ async def test_the_live_writers_client_reads_its_own_acknowledged_records_at_onc
             assert [rec.position for rec in await asyncio.wait_for(nxt, 5)] == [more]
         assert asyncio.get_running_loop().time() - t0 < 5  # not the 30 s explicit LAC
         await w.close()
+
+
+async def test_a_cursor_moving_on_applies_retention_without_a_writer() -> None:
+    async with mem_cluster() as cluster:
+        log = await cluster.client().namespace().create_log("l", roll_entries=1)
+        async with await log.writer() as w:
+            for i in range(3):
+                await w.append(b"%d" % i)
+        await log.set_retention(after_consumed=True)
+        cur = await log.subscribe("c")
+        for _ in range(2):
+            await cur.ack((await asyncio.wait_for(cur.receive(), 10)).position)
+        await _wait_segments(log, lambda segs: segs == [3])
+        await cur.close()
