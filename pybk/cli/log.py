@@ -259,6 +259,7 @@ def _show_doc(md: Any, first: Position | None, last: Position | None) -> dict[st
             "max_txid": (s.max_txid if s.max_txid >= 0 else None) if known else None,
             "ctime_ms": s.ctime_ms,
             "mtime_ms": s.mtime_ms,
+            "tier": s.tier,
         })  # fmt: skip
     return {
         "namespace": md.namespace,
@@ -316,7 +317,7 @@ def _print_show(doc: dict[str, Any]) -> None:
     about.add_row("end of stream", "yes" if doc["end_of_stream"] else "no")
     console.print(about)
     table = Table("seq", "ledger", "state", "records", "bytes", "last", "max txid",
-                  "modified (UTC)", title="segments", box=box.SIMPLE_HEAD,
+                  "modified (UTC)", "tier", title="segments", box=box.SIMPLE_HEAD,
                   pad_edge=False, collapse_padding=True)
     for column in table.columns:
         column.no_wrap = True
@@ -327,7 +328,7 @@ def _print_show(doc: dict[str, Any]) -> None:
             "?" if s["bytes"] is None else f"{s['bytes']:,}",
             s["last_position"] or ("?" if s["state"] == "in-progress" else "-"),
             "-" if s["max_txid"] is None else str(s["max_txid"]),
-            _when(s["mtime_ms"]),
+            _when(s["mtime_ms"]), s["tier"],
         )  # fmt: skip
     if doc["segments"]:
         console.print(table)
