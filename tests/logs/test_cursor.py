@@ -204,3 +204,22 @@ def test_the_synchronous_cursor(tmp_path) -> None:  # type: ignore[no-untyped-de
         assert log.cursors() == {"s": positions[1]}
         log.set_retention(after_consumed=True)
         log.delete_cursor("s")
+
+
+async def test_deleting_the_log_deletes_its_cursors() -> None:
+    async with mem_cluster() as cluster:
+        client = cluster.client()
+        ns = client.namespace()
+        log = await ns.create_log("l")
+        positions = await write(log, 2)
+        cur = await log.subscribe("c")
+        await cur.ack((await take(cur, 2))[0].position)
+        ledger = CursorRecord.from_bytes(
+            (await client.store.read_value(cursor_key("default", "l", "c"))).value).ledger
+        await ns.delete_log("l")
+        with pytest.raises(LedgerFencedError):
+            await cur.ack(positions[1])
+        with pytest.raises(NoSuchLedgerError):
+            await client.open_ledger(ledger, recovery=False)
+        again = await ns.create_log("l")
+        assert await again.cursors() == {}
