@@ -155,7 +155,7 @@ class Cursor:
             if due is not None:
                 return due
             if self._reader is None:
-                self._reader = LogReader(self._cat, start=self._state.resume_point(),
+                self._reader = LogReader(self._cat, start=self._state.read_from(),
                                          options=self._opts.reader)
             if self._next is None:
                 self._next = self._loop.create_task(self._reader.__anext__())
@@ -180,10 +180,22 @@ class Cursor:
                     await asyncio.sleep(max(0.0, self._redeliver[0][0] - self._loop.time()))
                     continue
                 return None
+            except AlreadyTruncatedError:
+                await self._skip_truncated()  # retention went past it: go on from there
+                continue
             if self._state.deliver(rec.position):
                 if self._opts.ack_timeout is not None:
                     self._schedule(rec.position, self._opts.ack_timeout)
                 return rec
+
+    async def _skip_truncated(self) -> None:
+        """The log was truncated past this cursor's reader (retention by age or size, or by
+        hand): forget what is gone and read on from the truncation point (Pulsar moves a
+        cursor past deleted ledgers the same way)."""
+        tb = (await self._cat.read()).truncated_before
+        await self._stop_reader()
+        if tb is not None:
+            self._state.skip_to(tb)
 
     def _schedule(self, pos: Position, delay: float) -> None:
         heapq.heappush(self._redeliver, (self._loop.time() + delay, pos))
@@ -238,7 +250,7 @@ class Cursor:
         """Hand this record out again after ``delay`` (default ``redelivery_delay``)."""
         self._check()
         pos = _as_position(position)
-        if self._state.is_acked(pos):
+        if self._state.is_acked(pos) or self._state.is_gone(pos):
             return
         if not self._state.is_pending(pos):
             raise ValueError(f"position {pos} was not handed out by cursor {self.name!r}")
@@ -350,8 +362,12 @@ class Cursor:
         if self._error is None:
             try:
                 await self._lh.close()
-                md = self._state.mark_delete
-                epoch = self._record.epoch
+            except BKError as exc:  # taken over (fenced, or its ledger already deleted)
+                log.info("cursor %s: closing its ledger failed: %s", self.name, exc)
+                return
+            md = self._state.mark_delete
+            epoch = self._record.epoch
+            try:
                 self._record = await _update(self._cat, self._record_key(), lambda r: _own(
                     r, epoch).with_changes(mark_delete=md))
             except (LedgerFencedError, CursorNotFoundError):
@@ -369,6 +385,9 @@ class Cursor:
             self._retention.cancel()
             await asyncio.wait([self._retention])
             self._retention = None
+        await self._stop_reader()
+
+    async def _stop_reader(self) -> None:
         if self._next is not None:
             self._next.cancel()
             await asyncio.wait([self._next])

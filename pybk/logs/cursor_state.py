@@ -59,6 +59,7 @@ class AckState:
     ranges: list[tuple[Position, Position]] = field(default_factory=list)
     pending: list[Position] = field(default_factory=list)
     seen: Position | None = None
+    floor: Position | None = None  # a truncation point the reader was moved to (not stored)
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -68,6 +69,28 @@ class AckState:
         if self.mark_delete is not None:
             return self.mark_delete.next_slot()
         return self.start
+
+    def read_from(self) -> Position | None:
+        """Where a (re)started reader of this state starts: the resume point, past what was
+        already seen, and not before a truncation point it was moved to."""
+        start = self.resume_point()
+        if self.seen is not None and (start is None or self.seen >= start):
+            start = self.seen.next_slot()
+        if self.floor is not None and (start is None or start < self.floor):
+            start = self.floor
+        return start
+
+    def is_gone(self, pos: Position) -> bool:
+        """Before the truncation point this cursor was moved past (nothing to acknowledge)."""
+        return self.floor is not None and pos < self.floor
+
+    def skip_to(self, before: Position) -> None:
+        """Records before ``before`` are gone (truncated): forget them (pending, ranges)
+        and read on from there. The mark-delete position is left as it is (they were not
+        acknowledged, only dropped)."""
+        self.pending = [p for p in self.pending if p >= before]
+        self.ranges = [r for r in self.ranges if r[1] >= before]
+        self.floor = before
 
     def is_acked(self, pos: Position) -> bool:
         if self.mark_delete is not None and pos <= self.mark_delete:
@@ -114,7 +137,7 @@ class AckState:
     def ack(self, pos: Position) -> bool:
         """Acknowledge one handed-out record; False when it was already acknowledged.
         ValueError for a position this cursor never handed out."""
-        if self.is_acked(pos):
+        if self.is_acked(pos) or self.is_gone(pos):
             return False
         i = bisect_left(self.pending, pos)
         if i == len(self.pending) or self.pending[i] != pos:
