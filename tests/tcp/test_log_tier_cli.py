@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from proc_cluster import ProcCluster
 
 import pybk
 from pybk.cli import main
+
+from .proc_cluster import ProcCluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
