@@ -155,6 +155,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/metrics_overhead.py
 	$(PY) benchmarks/spark_write.py --rows 200000 --rounds 2 --seeds 20 --duration 5
 	$(PY) benchmarks/abuse.py
+	$(PY) benchmarks/tiered_read.py --mb 1024
 	$(PY) benchmarks/sim_seeds.py
 	$(PY) benchmarks/gc_soak.py
 	$(VENV)/bin/pybk bench

@@ -260,6 +260,11 @@ class LogNotFoundError(BKError):
     status = Status.LOG_NOT_FOUND
 
 
+class CursorNotFoundError(LogNotFoundError):
+    """The named cursor of a log does not exist (never subscribed, or deleted); a kind of
+    LogNotFoundError (what is not found is part of a log), with its wire status."""
+
+
 class LogExistsError(BKError):
     """A log with this name already exists in the namespace."""
 
@@ -378,6 +383,7 @@ __all__ = [
     "BookieUnavailableError",
     "ClientClosedError",
     "CorruptRecordError",
+    "CursorNotFoundError",
     "DigestMismatchError",
     "EndOfStreamError",
     "EntryExistsError",

@@ -31,6 +31,7 @@ def show_doc(md: Any, first: Position | None, last: Position | None) -> dict[str
             "max_txid": (s.max_txid if s.max_txid >= 0 else None) if known else None,
             "ctime_ms": s.ctime_ms,
             "mtime_ms": s.mtime_ms,
+            "tier": s.tier,
         })  # fmt: skip
     return {
         "namespace": md.namespace,

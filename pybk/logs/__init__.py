@@ -8,9 +8,20 @@ docs/logs.md.
 """
 
 from pybk.logs.builder import BuiltSegment, SegmentBuilder
-from pybk.logs.config import LogConfig, ReaderOptions, WriterOptions
+from pybk.logs.config import CursorOptions, LogConfig, ReaderOptions, WriterOptions
+from pybk.logs.cursor import Cursor
 from pybk.logs.log import Log
-from pybk.logs.meta import COMPLETED, IN_PROGRESS, TRUNCATED, LogMetadata, SegmentInfo
+from pybk.logs.meta import (
+    BOOKIES,
+    BOTH,
+    COMPLETED,
+    IN_PROGRESS,
+    OFFLOADED,
+    TRUNCATED,
+    LogMetadata,
+    OffloadInfo,
+    SegmentInfo,
+)
 from pybk.logs.namespace import Namespace
 from pybk.logs.position import LogRecord, Position
 from pybk.logs.publish import PublishResult
@@ -18,10 +29,15 @@ from pybk.logs.reader import LogReader
 from pybk.logs.writer import LogWriter
 
 __all__ = [
+    "BOOKIES",
+    "BOTH",
     "COMPLETED",
     "IN_PROGRESS",
+    "OFFLOADED",
     "TRUNCATED",
     "BuiltSegment",
+    "Cursor",
+    "CursorOptions",
     "Log",
     "LogConfig",
     "LogMetadata",
@@ -29,6 +45,7 @@ __all__ = [
     "LogRecord",
     "LogWriter",
     "Namespace",
+    "OffloadInfo",
     "Position",
     "PublishResult",
     "ReaderOptions",

@@ -19,6 +19,7 @@ from pybk.errors import (
     NoSuchLedgerError,
 )
 from pybk.logs.meta import LogMetadata, log_key
+from pybk.logs.offload import delete_objects
 from pybk.logs.truncation import truncated_segments
 from pybk.metadata.base import MetadataStore, VersionedValue
 
@@ -110,6 +111,7 @@ class LogCatalog:
         gone = truncated_segments(md)
         if not gone:
             return md
+        await delete_objects(self, md, gone)  # offloaded copies too
         for s in gone:
             await self.delete_ledger(s.ledger_id)
         seqs = {s.seq for s in gone}

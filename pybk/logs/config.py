@@ -7,14 +7,14 @@ ValueError at the call that made it, not a surprise at the thousandth append.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pybk.client.quorum import validate_quorums
 from pybk.logs.envelope import CODECS, HEADER_SIZE, MAX_RAW_SIZE, PER_RECORD_OVERHEAD
 from pybk.wire import DIGEST_TYPES
 
-__all__ = ["LogConfig", "ReaderOptions", "WriterOptions"]
+__all__ = ["CursorOptions", "LogConfig", "ReaderOptions", "WriterOptions"]
 
 
 def _positive(name: str, value: Any, *, optional: bool = False, allow_float: bool = False) -> None:
@@ -51,6 +51,14 @@ class LogConfig:
     roll_seconds: float | None = None
     retention_seconds: float | None = None
     retention_bytes: int | None = None
+    #: retention drops only segments every durable cursor has consumed (then by age / size)
+    retention_after_consumed: bool = False
+    #: tiered storage: the fsspec URL closed segments are offloaded under (None: no tier),
+    #: its filesystem options (stored in the metadata: endpoints, not secrets), and how long
+    #: after a verified offload the bookies' copy is deleted
+    offload_url: str | None = None
+    offload_options: dict[str, Any] = field(default_factory=dict)
+    offload_deletion_lag: float = 4 * 3600.0
 
     def __post_init__(self) -> None:
         validate_quorums(self.ensemble_size, self.write_quorum, self.ack_quorum)
@@ -67,6 +75,20 @@ class LogConfig:
         _positive("roll_seconds", self.roll_seconds, optional=True, allow_float=True)
         _positive("retention_seconds", self.retention_seconds, optional=True, allow_float=True)
         _positive("retention_bytes", self.retention_bytes, optional=True)
+        if not isinstance(self.retention_after_consumed, bool):
+            raise TypeError("retention_after_consumed must be a bool, got "
+                            f"{self.retention_after_consumed!r}")
+        if self.offload_url is not None and (not isinstance(self.offload_url, str)
+                                             or "://" not in self.offload_url):
+            raise ValueError(f"offload_url must be a URL such as file:///path or "
+                             f"s3://bucket/prefix, got {self.offload_url!r}")
+        if not isinstance(self.offload_options, dict):
+            raise TypeError("offload_options must be a dict")
+        if (isinstance(self.offload_deletion_lag, bool)
+                or not isinstance(self.offload_deletion_lag, int | float)
+                or self.offload_deletion_lag < 0):
+            raise ValueError(f"offload_deletion_lag must be a number >= 0, got "
+                             f"{self.offload_deletion_lag!r}")
 
     @property
     def codec(self) -> int:
@@ -84,11 +106,26 @@ class LogConfig:
             "roll_seconds": self.roll_seconds,
             "retention_seconds": self.retention_seconds,
             "retention_bytes": self.retention_bytes,
+            **self._optional_doc(),
         }
+
+    def _optional_doc(self) -> dict[str, Any]:
+        """Knobs stored only when set, so older records stay byte for byte the same."""
+        doc: dict[str, Any] = {}
+        if self.retention_after_consumed:
+            doc["retention_after_consumed"] = True
+        if self.offload_url is not None:
+            doc["offload_url"] = self.offload_url
+            doc["offload_options"] = self.offload_options
+            doc["offload_deletion_lag"] = self.offload_deletion_lag
+        return doc
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> LogConfig:
-        return cls(**{k: doc[k] for k in cls().to_doc()})
+        known = cls().to_doc()
+        extra = {k: doc[k] for k in ("retention_after_consumed", "offload_url",
+                                     "offload_options", "offload_deletion_lag") if k in doc}
+        return cls(**{k: doc[k] for k in known}, **extra)
 
 
 @dataclass(frozen=True)
@@ -113,11 +150,16 @@ class WriterOptions:
     max_record_bytes: int = 1 << 20
     max_envelope_bytes: int = 4 << 20
     max_pending_bytes: int = 256 << 20
+    #: how often (loop seconds) the writer applies the log's retention and offload policy
+    #: besides after each roll (None: only after rolls)
+    housekeeping_interval: float | None = 60.0
 
     def __post_init__(self) -> None:
         for name in ("flush_bytes", "flush_records", "max_record_bytes", "max_envelope_bytes",
                      "max_pending_bytes"):
             _positive(name, getattr(self, name))
+        _positive("housekeeping_interval", self.housekeeping_interval, optional=True,
+                  allow_float=True)
         if isinstance(self.flush_delay, bool) or not isinstance(self.flush_delay, int | float):
             raise TypeError(f"flush_delay must be a number, got {self.flush_delay!r}")
         if self.flush_delay < 0:
@@ -148,3 +190,35 @@ class ReaderOptions:
     def __post_init__(self) -> None:
         _positive("read_ahead_entries", self.read_ahead_entries)
         _positive("long_poll_timeout", self.long_poll_timeout, allow_float=True)
+
+
+@dataclass(frozen=True)
+class CursorOptions:
+    """How one consumer uses a durable cursor (not stored with it).
+
+    ``redelivery_delay``: how long after ``nack`` a record is handed out again;
+    ``ack_timeout``: hand a record out again when it is not acknowledged that long after it
+    was (None: never); ``max_ack_ranges``: acknowledged ranges kept beyond the mark-delete
+    position (an individual acknowledgement that would open one more is refused, never
+    dropped); ``rollover_entries``: state entries per cursor ledger before a new one;
+    ``reader``: the read-ahead of the cursor's reader."""
+
+    redelivery_delay: float = 1.0
+    ack_timeout: float | None = None
+    max_ack_ranges: int = 50_000
+    rollover_entries: int = 10_000
+    reader: ReaderOptions = ReaderOptions()
+
+    def __post_init__(self) -> None:
+        if (isinstance(self.redelivery_delay, bool)
+                or not isinstance(self.redelivery_delay, int | float)):
+            raise TypeError(f"redelivery_delay must be a number, got {self.redelivery_delay!r}")
+        if self.redelivery_delay < 0:
+            raise ValueError(f"redelivery_delay must be >= 0, got {self.redelivery_delay!r}")
+        _positive("ack_timeout", self.ack_timeout, optional=True, allow_float=True)
+        _positive("max_ack_ranges", self.max_ack_ranges)
+        _positive("rollover_entries", self.rollover_entries)
+        if self.rollover_entries < 2:
+            raise ValueError("rollover_entries must be >= 2 (a ledger starts with its state)")
+        if not isinstance(self.reader, ReaderOptions):
+            raise TypeError(f"reader must be ReaderOptions, not {type(self.reader).__name__}")

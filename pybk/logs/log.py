@@ -8,16 +8,20 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
-from pybk.errors import NoSuchLedgerError
-from pybk.logs import envelope
 from pybk.logs.builder import BuiltSegment, LedgerFactory, SegmentBuilder
-from pybk.logs.config import ReaderOptions, WriterOptions
+from pybk.logs.config import CursorOptions, LogConfig, ReaderOptions, WriterOptions
+from pybk.logs.cursor import Cursor, delete_cursor
+from pybk.logs.cursor_meta import read_cursor_states
 from pybk.logs.meta import LogMetadata, SegmentInfo
-from pybk.logs.position import Position, make_position
+from pybk.logs.offload import offload_segments, sweep_orphans
+from pybk.logs.position import Position
 from pybk.logs.publish import PublishResult, publish_segments
 from pybk.logs.reader import LogReader
+from pybk.logs.retention import housekeep
+from pybk.logs.tail import last_position
 from pybk.logs.truncation import plan_truncation
 from pybk.logs.writer import LogWriter
 
@@ -88,23 +92,10 @@ class Log:
         return list((await self._cat.read()).segments)
 
     async def last_position(self) -> Position | None:
-        """The last record's position (acknowledged and visible to readers), None when the
-        log holds none. For the in-progress segment this asks its bookies for the LAC."""
-        md = await self._cat.read()
-        tail = md.segments[-1] if md.segments else None
-        if tail is not None and tail.in_progress:
-            try:
-                rh = await self._cat.client.open_ledger(tail.ledger_id, recovery=False)
-            except NoSuchLedgerError:
-                rh = None
-            if rh is not None and rh.last_add_confirmed >= 0:
-                lac = rh.last_add_confirmed
-                (entry,) = await rh.read(lac, lac)
-                header = envelope.decode_header(entry.data)
-                pos = make_position(tail.seq, lac, header.count - 1)
-                tb = md.truncated_before
-                return None if tb is not None and pos < tb else pos
-        return md.last_position()
+        """The last record's position (acknowledged), None when the log holds none. In the
+        client holding the log's live writer this is the writer's own view (read-your-writes);
+        elsewhere the in-progress segment's LAC, asked of its bookies."""
+        return await last_position(self._cat)
 
     async def first_position(self) -> Position | None:
         """The first record kept (None when the log holds none)."""
@@ -165,6 +156,101 @@ class Log:
             self._cat, segments, origin=origin, sink=sink, fence_writer=fence_writer,
             label=f"publisher-{self._rng.getrandbits(32):08x}",
         )
+
+    # -- cursors, retention, tiered storage ------------------------------------------------
+
+    async def subscribe(
+        self,
+        name: str,
+        start: str | Position = "earliest",
+        *,
+        options: CursorOptions | None = None,
+        label: str | None = None,
+        **knobs: Any,
+    ) -> Cursor:
+        """Take over the durable cursor ``name`` (creating it at ``start``: "earliest",
+        "latest" or a Position; an existing cursor keeps its position) and read from just
+        after its mark-delete position (see :mod:`pybk.logs.cursor`). An earlier consumer of
+        the same cursor is fenced: its next acknowledgement fails with LedgerFencedError.
+        ``knobs``: CursorOptions fields (``redelivery_delay=``, ``ack_timeout=``, ...)."""
+        if options is None:
+            options = CursorOptions(**knobs)
+        elif knobs:
+            raise TypeError("give CursorOptions or keyword knobs, not both")
+        if label is None:
+            label = f"consumer-{self._rng.getrandbits(32):08x}"
+        return await Cursor.open(self._cat, name, start, options, label)
+
+    async def cursors(self) -> dict[str, Position | None]:
+        """The log's durable cursors: name -> mark-delete position (None: nothing
+        acknowledged), as last made durable."""
+        states = await read_cursor_states(self._cat)
+        return {name: st.mark_delete for name, st in sorted(states.items())}
+
+    async def delete_cursor(self, name: str) -> None:
+        """Delete a durable cursor (its consumer, if any, is fenced); CursorNotFoundError
+        when there is none. Retention no longer waits for it."""
+        await delete_cursor(self._cat, name)
+
+    async def set_retention(
+        self,
+        max_age: float | None = None,
+        max_bytes: int | None = None,
+        after_consumed: bool = False,
+    ) -> None:
+        """Set the log's retention (stored in its config; the writer applies it after each
+        roll and on its housekeeping interval): completed segments older than ``max_age``
+        seconds, and the oldest beyond ``max_bytes``; with ``after_consumed`` only segments
+        every durable cursor is past, and with neither limit all of those."""
+        def change(md: LogMetadata) -> LogMetadata:
+            cfg = replace(md.config, retention_seconds=max_age, retention_bytes=max_bytes,
+                          retention_after_consumed=after_consumed)
+            return md.with_changes(config=cfg)
+
+        replace(LogConfig(), retention_seconds=max_age, retention_bytes=max_bytes,
+                retention_after_consumed=after_consumed)  # checks the values first
+        await self._cat.update(change)
+
+    async def apply_retention(self) -> None:
+        """Apply the retention (and the tier's deletion lag) now, without waiting for the
+        writer to."""
+        await housekeep(self._cat)
+
+    async def set_offload(
+        self,
+        url: str | None,
+        *,
+        options: dict[str, Any] | None = None,
+        deletion_lag: float = 4 * 3600.0,
+    ) -> None:
+        """Configure the log's tier: an fsspec URL (``file:///path``, ``s3://bucket/prefix``;
+        None: no tier), its filesystem ``options`` (e.g. ``{"endpoint_url": ...}``; stored
+        in the metadata, so credentials belong in the environment), and how long after a
+        verified offload the bookies' copy is deleted (seconds, wall clock)."""
+        cfg_check = replace(LogConfig(), offload_url=url, offload_options=dict(options or {}),
+                            offload_deletion_lag=deletion_lag)
+
+        def change(md: LogMetadata) -> LogMetadata:
+            return md.with_changes(config=replace(
+                md.config, offload_url=cfg_check.offload_url,
+                offload_options=cfg_check.offload_options,
+                offload_deletion_lag=cfg_check.offload_deletion_lag))
+
+        await self._cat.update(change)
+
+    async def offload(self, before: Position | None = None) -> list[int]:
+        """Copy completed segments (those wholly before ``before``, or all) to the log's
+        tier, verified, oldest first; their sequence numbers. The bookies' copies go after
+        the deletion lag (at once with a lag of 0). Readers read offloaded segments from the
+        tier transparently; ``SegmentInfo.tier`` says where each segment is."""
+        if before is not None and not isinstance(before, Position):
+            raise TypeError(f"before must be a Position or None, not {type(before).__name__}")
+        return await offload_segments(self._cat, self._rng, before=before)
+
+    async def sweep_tier(self) -> list[str]:
+        """Delete objects in the log's tier folder that no segment refers to (left by an
+        offload that crashed); the object names deleted."""
+        return await sweep_orphans(self._cat)
 
     def __repr__(self) -> str:
         return f"<Log {self.namespace}/{self.name}>"

@@ -25,10 +25,14 @@ from pybk.logs.config import LogConfig
 from pybk.logs.position import Position
 
 __all__ = [
+    "BOOKIES",
+    "BOTH",
     "COMPLETED",
     "IN_PROGRESS",
+    "OFFLOADED",
     "TRUNCATED",
     "LogMetadata",
+    "OffloadInfo",
     "SegmentInfo",
 ]
 
@@ -40,6 +44,34 @@ SEGMENT_STATES: Final = (IN_PROGRESS, COMPLETED, TRUNCATED)
 FORMAT_VERSION: Final = 1
 _MAGIC: Final = b"PYBKLOG"
 _HDR = struct.Struct(">HII")
+
+
+BOOKIES: Final = "bookies"
+OFFLOADED: Final = "offloaded"
+BOTH: Final = "both"
+
+
+@dataclass(frozen=True)
+class OffloadInfo:
+    """A segment's copy in object storage (:mod:`pybk.logs.offload`): ``uid`` names this
+    attempt's objects under ``url``; ``complete`` once both objects are written and verified;
+    ``bk_deleted`` once the bookies' copy is being deleted (set before the deletion);
+    ``ms`` when it completed (wall clock)."""
+
+    uid: str
+    url: str
+    complete: bool = False
+    bk_deleted: bool = False
+    ms: int = 0
+
+    def to_doc(self) -> dict[str, Any]:
+        return {"uid": self.uid, "url": self.url, "complete": self.complete,
+                "bk_deleted": self.bk_deleted, "ms": self.ms}
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> OffloadInfo:
+        return cls(uid=str(doc["uid"]), url=str(doc["url"]), complete=bool(doc["complete"]),
+                   bk_deleted=bool(doc["bk_deleted"]), ms=int(doc["ms"]))
 
 
 @dataclass(frozen=True)
@@ -63,6 +95,7 @@ class SegmentInfo:
     ctime_ms: int = 0
     mtime_ms: int = 0
     origin: str = ""  # who published it whole (pybk.logs.publish); "" for a writer's
+    offload: OffloadInfo | None = None  # its copy in the tier (stored only when set)
 
     @property
     def is_completed(self) -> bool:
@@ -71,6 +104,15 @@ class SegmentInfo:
     @property
     def in_progress(self) -> bool:
         return self.state == IN_PROGRESS
+
+    @property
+    def tier(self) -> str:
+        """Where its records are: "bookies", "both" (offloaded, bookies' copy kept for the
+        deletion lag) or "offloaded" (the object store only)."""
+        o = self.offload
+        if o is None or not o.complete:
+            return BOOKIES
+        return OFFLOADED if o.bk_deleted else BOTH
 
     @property
     def last_position(self) -> Position | None:
@@ -91,6 +133,8 @@ class SegmentInfo:
         }  # fmt: skip
         if self.origin:
             doc["origin"] = self.origin
+        if self.offload is not None:
+            doc["offload"] = self.offload.to_doc()
         return doc
 
     @classmethod
@@ -101,6 +145,7 @@ class SegmentInfo:
             records=int(doc["records"]), bytes=int(doc["bytes"]),
             max_txid=int(doc["max_txid"]), ctime_ms=int(doc["ctime_ms"]),
             mtime_ms=int(doc["mtime_ms"]), origin=str(doc.get("origin", "")),
+            offload=OffloadInfo.from_doc(doc["offload"]) if "offload" in doc else None,
         )  # fmt: skip
         if info.state not in SEGMENT_STATES or info.seq < 1 or info.ledger_id < 0:
             raise ValueError(f"bad segment {doc}")

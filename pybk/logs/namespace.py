@@ -24,8 +24,11 @@ from pybk.errors import (
 )
 from pybk.logs.catalog import LogCatalog
 from pybk.logs.config import LogConfig
+from pybk.logs.cursor import delete_cursor
+from pybk.logs.cursor_meta import cursor_prefix
 from pybk.logs.log import Log
 from pybk.logs.meta import LogMetadata, log_key
+from pybk.logs.offload import delete_objects
 
 if TYPE_CHECKING:
     from pybk.client import Client
@@ -124,9 +127,10 @@ class Namespace:
                 if "/" not in k[len(prefix):]]
 
     async def delete_log(self, name: str) -> None:
-        """Delete a log and its ledgers. Its in-progress segment is fenced first, so its
-        writer's next append fails (LedgerFencedError), as does any metadata change it tries;
-        readers get LogNotFoundError. LogNotFoundError when there is no such log."""
+        """Delete a log, its ledgers, its durable cursors and its offloaded objects. Its
+        in-progress segment is fenced first, so its writer's next append fails
+        (LedgerFencedError), as does any metadata change it tries; readers get
+        LogNotFoundError. LogNotFoundError when there is no such log."""
         cat = self._catalog(name)
         store = self.client.store
         key = log_key(self.name, name)
@@ -155,6 +159,12 @@ class Namespace:
                                  seg.ledger_id, exc)
             for lid in [s.ledger_id for s in md.segments] + list(md.allocated):
                 await cat.delete_ledger(lid)
+            await delete_objects(cat, md, list(md.segments))  # offloaded copies
+            for cursor in await store.list_keys(cursor_prefix(self.name, name)):
+                try:  # each cursor's ledger (fenced first) and record
+                    await delete_cursor(cat, cursor.rsplit("/", 1)[-1])
+                except LogNotFoundError:
+                    pass  # (CursorNotFoundError: deleted meanwhile)
             try:
                 await store.delete_value(key, value.version)
             except MetadataVersionError:

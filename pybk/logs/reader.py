@@ -30,8 +30,10 @@ from pybk.errors import (
 )
 from pybk.logs import envelope
 from pybk.logs.config import ReaderOptions
-from pybk.logs.meta import TRUNCATED, LogMetadata, SegmentInfo
+from pybk.logs.meta import OFFLOADED, TRUNCATED, LogMetadata, SegmentInfo
+from pybk.logs.offload import OffloadedHandle
 from pybk.logs.position import LogRecord, Position, make_position
+from pybk.logs.tail import live_writer
 
 if TYPE_CHECKING:
     from pybk.logs.catalog import LogCatalog
@@ -216,27 +218,32 @@ class LogReader:
                 return s
         return None
 
-    async def _open(self, seq: int, pos: Position) -> ReadHandle | None:
-        """A read handle on segment ``seq``'s ledger (None when the segment is gone)."""
+    async def _open(self, seq: int, pos: Position) -> ReadHandle | OffloadedHandle | None:
+        """A read handle on segment ``seq``'s ledger, or on its objects in the tier when
+        the bookies' copy is deleted (None when the segment is gone)."""
         assert self._md is not None
         seg = self._md.segment(seq)
         if seg is None or seg.state == TRUNCATED:
             self._check_truncation(pos)
             return None
+        if seg.tier == OFFLOADED:
+            return await OffloadedHandle.open(self._cat, self._md, seg)
         try:
             return await self._cat.client.open_ledger(seg.ledger_id, recovery=False)
         except NoSuchLedgerError:
-            await self._refresh()  # deleted: an empty segment removed, or a truncation
+            await self._refresh()  # deleted: an empty segment removed, a truncation, an offload
             self._check_truncation(pos)
             now = self._md.segment(seq)
             if now is None or now.state == TRUNCATED:
                 return None
+            if now.offload is not None and now.offload.complete:
+                return await OffloadedHandle.open(self._cat, self._md, now)
             raise
 
     async def _read_segment(
         self, seq: int, pos: Position
     ) -> AsyncGenerator[list[LogRecord], None]:
-        rh = await self._open(seq, pos)
+        rh: Any = await self._open(seq, pos)
         if rh is None:
             return
         entry = pos.entry
@@ -262,6 +269,10 @@ class LogReader:
                     stop = self._stop_at
                     if self._stop_acked and stop is not None and stop.segment == seq:
                         last = max(last, stop.entry)
+                    own = live_writer(self._cat)  # read-your-writes: its acknowledged
+                    mine = own.last_position if own is not None else None
+                    if mine is not None and mine.segment == seq:
+                        last = max(last, mine.entry)
                 if entry <= last:
                     if ahead is not None and ahead[0] == entry:
                         task = ahead[1]
@@ -344,10 +355,17 @@ class LogReader:
         timeout = self._opts.long_poll_timeout
         poll = asyncio.ensure_future(rh.read_last_add_confirmed_and_entry(entry, timeout))
         wake = asyncio.ensure_future(self._changed.wait())
+        waits: set[asyncio.Future[Any]] = {poll, wake}
+        own = live_writer(self._cat)
+        acked = asyncio.ensure_future(own.acked_event().wait()) if own is not None else None
+        if acked is not None:
+            waits.add(acked)
         try:
-            await asyncio.wait({poll, wake}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         finally:
             wake.cancel()
+            if acked is not None:
+                acked.cancel()
             if not poll.done():
                 poll.cancel()
         got: LedgerEntry | None = None
@@ -361,7 +379,7 @@ class LogReader:
             _drop(poll)  # never awaited: awaiting it here could swallow our own cancellation
         quick = got is None and not self._changed.is_set() and (
             loop.time() - t0 < timeout / 10
-        )
+        ) and (acked is None or not acked.done())
         return got, quick
 
     def _decode(self, seq: int, entries: list[LedgerEntry]) -> list[LogRecord]:

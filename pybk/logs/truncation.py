@@ -49,29 +49,54 @@ def truncated_segments(md: LogMetadata) -> list[SegmentInfo]:
     return [s for s in md.segments if s.state == TRUNCATED]
 
 
-def plan_retention(md: LogMetadata, now_ms: int) -> Position | None:
+def plan_retention(
+    md: LogMetadata, now_ms: int, consumed_before: Position | None = None
+) -> Position | None:
     """Where retention truncates now: the start of the first segment kept, or None.
 
-    Only completed segments go, oldest first: those completed more than ``retention_seconds``
-    ago, then as many more as needed to bring the completed segments' bytes under
-    ``retention_bytes``. The in-progress segment always stays."""
+    Only completed segments go, oldest first. Without ``retention_after_consumed``: those
+    completed more than ``retention_seconds`` ago, then as many more as needed to bring the
+    completed segments' bytes under ``retention_bytes``. With it, only segments wholly before
+    ``consumed_before`` (every durable cursor is past them; None: nothing is consumed) are
+    candidates, and of those the ones the age or size allows; with neither set, every
+    consumed segment goes. The in-progress segment always stays."""
     cfg = md.config
-    if cfg.retention_seconds is None and cfg.retention_bytes is None:
-        return None
     done = [s for s in md.live_segments if s.state == COMPLETED]
-    drop = 0
-    if cfg.retention_seconds is not None:
-        cutoff = now_ms - int(cfg.retention_seconds * 1000)
-        while drop < len(done) and done[drop].mtime_ms < cutoff:
-            drop += 1
-    if cfg.retention_bytes is not None:
-        total = sum(s.bytes for s in done[drop:])
-        while drop < len(done) and total > cfg.retention_bytes:
-            total -= done[drop].bytes
-            drop += 1
+    if cfg.retention_after_consumed:
+        n = 0
+        while n < len(done) and consumed_before is not None and (
+            done[n].last_position is None or done[n].last_position < consumed_before  # type: ignore[operator]
+        ):
+            n += 1
+        if cfg.retention_seconds is None and cfg.retention_bytes is None:
+            drop = n
+        else:
+            drop = _by_age_and_size(done, now_ms, cfg.retention_seconds, cfg.retention_bytes,
+                                    either=True, limit=n)
+    elif cfg.retention_seconds is None and cfg.retention_bytes is None:
+        return None
+    else:
+        drop = _by_age_and_size(done, now_ms, cfg.retention_seconds, cfg.retention_bytes,
+                                either=False, limit=len(done))
     if drop == 0:
         return None
     before = Position(done[drop - 1].seq + 1, 0, 0)
     if md.truncated_before is not None and before <= md.truncated_before:
         return None
     return before
+
+
+def _by_age_and_size(done: list[SegmentInfo], now_ms: int, seconds: float | None,
+                     size: int | None, *, either: bool, limit: int) -> int:
+    """How many of the oldest ``done`` segments (at most ``limit``) age and size drop."""
+    drop = 0
+    if seconds is not None:
+        cutoff = now_ms - int(seconds * 1000)
+        while drop < limit and done[drop].mtime_ms < cutoff:
+            drop += 1
+    if size is not None:
+        total = sum(s.bytes for s in done[drop:])
+        while drop < limit and total > size:
+            total -= done[drop].bytes
+            drop += 1
+    return drop

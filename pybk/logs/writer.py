@@ -40,7 +40,9 @@ from pybk.logs import envelope
 from pybk.logs.config import WriterOptions
 from pybk.logs.meta import COMPLETED, IN_PROGRESS, LogMetadata, SegmentInfo
 from pybk.logs.position import Position
-from pybk.logs.truncation import plan_retention, plan_truncation
+from pybk.logs.retention import housekeep
+from pybk.logs.tail import register_writer, unregister_writer
+from pybk.logs.truncation import plan_truncation
 
 if TYPE_CHECKING:
     from pybk.logs.catalog import LogCatalog
@@ -193,6 +195,9 @@ class LogWriter:
         self._ended = md.end_of_stream
         #: any of error / closing / closed / ended: appends take the checked path
         self._blocked = self._ended
+        #: set at the next acknowledgement (read-your-writes readers wait on it)
+        self._ack_event: asyncio.Event | None = None
+        self._keeper: asyncio.Task[None] | None = None  # retention on loop time
 
     # -- opening (takeover) ------------------------------------------------------------------
 
@@ -201,10 +206,17 @@ class LogWriter:
         """Take the writer lock, recover what an earlier writer left, start a segment."""
         md = await take_over(catalog, label, "while this one was opening")
         writer = cls(catalog, md, options, label)
+        register_writer(catalog, writer)
+        if options.housekeeping_interval is not None:
+            writer._keeper = writer._loop.create_task(
+                writer._housekeeping(options.housekeeping_interval))
+            writer._keeper.add_done_callback(_retrieve)
         if not md.end_of_stream:
             try:
                 await writer._start_segment(None)
             except LedgerFencedError as exc:
+                unregister_writer(catalog, writer)
+                writer._stop_housekeeping()
                 raise WriterConflictError(
                     f"log {catalog.name!r}: another writer took it over while this one was "
                     f"opening ({exc})"
@@ -274,6 +286,15 @@ class LogWriter:
     @property
     def epoch(self) -> int:
         return self._epoch
+
+    def same_loop(self, loop: asyncio.AbstractEventLoop) -> bool:
+        return loop is self._loop
+
+    def acked_event(self) -> asyncio.Event:
+        """An event set at this writer's next acknowledged entry (or failure)."""
+        if self._ack_event is None:
+            self._ack_event = asyncio.Event()
+        return self._ack_event
 
     @property
     def segment(self) -> SegmentInfo | None:
@@ -560,6 +581,9 @@ class LogWriter:
                 group.resolve(seq, eid, start, stop)
         self._last_acked = new(pos_cls, (seq, eid, len(sinks) - 1))
         self._acked_serial = batch.serial
+        if self._ack_event is not None:
+            self._ack_event.set()
+            self._ack_event = None
         waiters = self._flush_waiters
         while waiters and waiters[0][0] <= batch.serial:
             _, w = waiters.popleft()
@@ -572,6 +596,11 @@ class LogWriter:
         if self._error is None:
             self._error = exc
             log.info("log %s: writer failed: %r", self._cat.name, exc)
+            unregister_writer(self._cat, self)
+            self._stop_housekeeping()
+            if self._ack_event is not None:
+                self._ack_event.set()
+                self._ack_event = None
         self._blocked = True
         if self._flush_handle is not None:
             self._flush_handle.cancel()
@@ -689,9 +718,29 @@ class LogWriter:
             await asyncio.wait([asyncio.shield(t) for t in list(self._tasks)])
 
     async def _apply_retention(self) -> None:
-        before = plan_retention(self._md, self._cat.now_ms())
-        if before is not None:
-            await self._truncate(before)
+        self._md = await housekeep(self._cat, epoch=self._epoch)
+
+    async def _housekeeping(self, interval: float) -> None:
+        """Retention and the tier's deletion lag on loop time, while the writer lives (a
+        failure is logged and tried again next time; a takeover ends it)."""
+        while True:
+            await asyncio.sleep(interval)
+            if self._stopped():
+                return
+            try:
+                await self._apply_retention()
+            except LedgerFencedError:
+                return
+            except (BKError, OSError) as exc:
+                log.info("log %s: housekeeping failed, will retry: %s", self._cat.name, exc)
+
+    def _stopped(self) -> bool:
+        return self._closed or self._error is not None
+
+    def _stop_housekeeping(self) -> None:
+        task, self._keeper = self._keeper, None
+        if task is not None:
+            task.cancel()
 
     # -- flush, truncate, end of stream, close -------------------------------------------------
 
@@ -744,6 +793,8 @@ class LogWriter:
             raise
         finally:
             self._closed = True
+            unregister_writer(self._cat, self)
+            self._stop_housekeeping()
             await self._release()
 
     async def close(self) -> None:
@@ -760,6 +811,8 @@ class LogWriter:
             raise
         finally:
             self._closed = True
+            unregister_writer(self._cat, self)
+            self._stop_housekeeping()
             await self._release()
 
     async def _finish(self, *, end_of_stream: bool) -> None:

@@ -7,11 +7,13 @@ iterators that fetch a batch of records per hop to the loop's thread (not one pe
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pybk.logs.config import WriterOptions
+from pybk.logs.cursor import Cursor
 from pybk.logs.log import Log
 from pybk.logs.meta import LogMetadata, SegmentInfo
 from pybk.logs.namespace import Namespace
@@ -22,7 +24,7 @@ from pybk.logs.writer import LogWriter
 if TYPE_CHECKING:
     from pybk.sync.runner import LoopThread
 
-__all__ = ["SyncLog", "SyncLogReader", "SyncLogWriter", "SyncNamespace"]
+__all__ = ["SyncCursor", "SyncLog", "SyncLogReader", "SyncLogWriter", "SyncNamespace"]
 
 T = TypeVar("T")
 
@@ -86,6 +88,71 @@ class SyncLog(_Bound):
 
     def truncate(self, before: Position) -> None:
         self._run(self.log.truncate(before))
+
+    def subscribe(self, name: str, start: str | Position = "earliest",
+                  **kwargs: Any) -> SyncCursor:
+        return SyncCursor(self._runner, self._run(self.log.subscribe(name, start, **kwargs)))
+
+    def cursors(self) -> dict[str, Position | None]:
+        return self._run(self.log.cursors())
+
+    def delete_cursor(self, name: str) -> None:
+        self._run(self.log.delete_cursor(name))
+
+    def set_retention(self, max_age: float | None = None, max_bytes: int | None = None,
+                      after_consumed: bool = False) -> None:
+        self._run(self.log.set_retention(max_age, max_bytes, after_consumed))
+
+    def apply_retention(self) -> None:
+        self._run(self.log.apply_retention())
+
+    def set_offload(self, url: str | None, **kwargs: Any) -> None:
+        self._run(self.log.set_offload(url, **kwargs))
+
+    def offload(self, before: Position | None = None) -> list[int]:
+        return self._run(self.log.offload(before))
+
+    def sweep_tier(self) -> list[str]:
+        return self._run(self.log.sweep_tier())
+
+
+class SyncCursor(_Bound):
+    """Synchronous :class:`pybk.logs.Cursor`: ``receive()`` waits for the next record;
+    iterating ends at the end of stream; acknowledgements return once durable."""
+
+    def __init__(self, runner: LoopThread, cursor: Cursor) -> None:
+        super().__init__(runner)
+        self.cursor = cursor
+
+    def receive(self, timeout: float | None = None) -> LogRecord | None:
+        """The next record (None at the end of stream); TimeoutError after ``timeout``."""
+        return self._run(_receive(self.cursor, timeout))
+
+    def __iter__(self) -> Iterator[LogRecord]:
+        while (rec := self.receive()) is not None:
+            yield rec
+
+    def ack(self, position: Position) -> None:
+        self._run(self.cursor.ack(position))
+
+    def ack_cumulative(self, position: Position) -> None:
+        self._run(self.cursor.ack_cumulative(position))
+
+    def nack(self, position: Position, delay: float | None = None) -> None:
+        self._run(_nack(self.cursor, position, delay))
+
+    def mark_delete_position(self) -> Position | None:
+        return self._run(self.cursor.mark_delete_position())
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._run(self.cursor.close())
+
+    def __enter__(self) -> SyncCursor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class SyncLogWriter(_Bound):
@@ -159,6 +226,14 @@ class SyncLogReader(_Bound):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+async def _receive(cursor: Cursor, timeout: float | None) -> LogRecord | None:
+    return await asyncio.wait_for(cursor.receive(), timeout)
+
+
+async def _nack(cursor: Cursor, position: Position, delay: float | None) -> None:
+    cursor.nack(position, delay)
 
 
 async def _append(writer: LogWriter, data: bytes, txid: int | None) -> Position:

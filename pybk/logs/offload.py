@@ -1,0 +1,276 @@
+"""Tiered storage: offloading a log's closed segments to object storage, and reading them back.
+
+Per segment, in order (Pulsar's managed-ledger offload, made durable the same way):
+
+1. a compare-and-set records an attempt ``{uid, url, complete: false}`` in the segment's
+   metadata (the objects of an earlier unfinished attempt are deleted first);
+2. the ledger's entries are written to the data object, then the index object
+   (:mod:`pybk.logs.tier_store`);
+3. both are read back and verified (the index parses and names this segment, the data
+   object's length and CRC32C match it);
+4. a compare-and-set marks the attempt ``complete`` (only if its uid is still the one
+   recorded: a concurrent attempt's objects are deleted, not trusted);
+5. once ``offload_deletion_lag`` seconds (wall clock) have passed since then, a
+   compare-and-set marks ``bk_deleted`` and only then is the ledger deleted (the log's
+   housekeeping does this on its own; a lag of 0 does it at once).
+
+A reader opens a segment whose bookies' copy is deleted through :class:`OffloadedHandle`,
+which reads ranges of the data object (with read-ahead) and looks entries up in the index.
+Retention deletes a truncated segment's objects with its ledger; :func:`sweep_orphans`
+deletes objects no segment refers to (an attempt that crashed before its first CAS, or whose
+CAS failed). The fsspec calls are blocking and run in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from array import array
+from typing import TYPE_CHECKING, Any
+
+from pybk.client.reader import LedgerEntry
+from pybk.errors import (
+    BKError,
+    CorruptRecordError,
+    MetadataVersionError,
+    NoSuchLedgerError,
+)
+from pybk.logs.meta import COMPLETED, LogMetadata, OffloadInfo, SegmentInfo
+from pybk.logs.position import Position
+from pybk.logs.tier_store import SegmentIndex, TierStore, frame_entries, parse_frames
+
+if TYPE_CHECKING:
+    import random
+
+    from pybk.logs.catalog import LogCatalog
+
+__all__ = ["OffloadedHandle", "delete_bookie_copies", "delete_objects", "offload_segments",
+           "sweep_orphans"]
+
+log = logging.getLogger(__name__)
+
+_BATCH = 100  # entries read from the bookies per request (Pulsar's offloader: 100)
+
+
+def _store(url: str, md: LogMetadata) -> TierStore:
+    return TierStore(url, md.config.offload_options)
+
+
+async def offload_segments(
+    cat: LogCatalog, rng: random.Random, *, before: Position | None = None
+) -> list[int]:
+    """Offload every completed segment (wholly before ``before``, when given) not offloaded
+    yet, oldest first; the sequence numbers offloaded. ValueError when the log has no
+    ``offload_url``."""
+    md = await cat.read()
+    if md.config.offload_url is None:
+        raise ValueError(f"log {cat.name!r} has no offload_url (Log.set_offload)")
+    done: list[int] = []
+    for seg in md.live_segments:
+        if seg.state != COMPLETED or seg.last_entry < 0 or seg.tier != "bookies":
+            continue
+        last = seg.last_position
+        if before is not None and last is not None and last >= before:
+            break
+        await _offload_one(cat, seg.seq, f"{rng.getrandbits(64):016x}")
+        done.append(seg.seq)
+    md = await cat.read()
+    if md.config.offload_deletion_lag == 0:
+        await delete_bookie_copies(cat)
+    return done
+
+
+async def _offload_one(cat: LogCatalog, seq: int, uid: str) -> None:
+    md = await cat.read()
+    url = md.config.offload_url
+    assert url is not None
+    store = await asyncio.to_thread(_store, url, md)
+    seg = md.segment(seq)
+    if seg is None or seg.tier != "bookies":
+        return
+    if seg.offload is not None:  # an earlier attempt that never completed
+        await delete_objects(cat, md, [seg])
+    attempt = OffloadInfo(uid=uid, url=url)
+
+    def start(cur: LogMetadata) -> LogMetadata | None:
+        s = cur.segment(seq)
+        if s is None or s.state != COMPLETED or s.tier != "bookies":
+            return None
+        return cur.replace_segment(s.with_changes(offload=attempt))
+
+    md = await cat.update(start)
+    seg2 = md.segment(seq)
+    if seg2 is None or seg2.offload != attempt:
+        return  # truncated or offloaded meanwhile
+    path = store.base(cat.namespace, cat.name, seq, seg.ledger_id, uid)
+    try:
+        await _upload(cat, store, path, seg)
+        await asyncio.to_thread(store.verify, path, seq, seg.ledger_id)
+    except BaseException:
+        await asyncio.to_thread(store.delete, path)
+        raise
+    now = cat.now_ms()
+
+    def complete(cur: LogMetadata) -> LogMetadata | None:
+        s = cur.segment(seq)
+        if s is None or s.offload is None or s.offload.uid != uid:
+            raise MetadataVersionError(f"log {cat.name!r} segment {seq}: another offload "
+                                       "attempt replaced this one")
+        return cur.replace_segment(s.with_changes(
+            offload=OffloadInfo(uid=uid, url=url, complete=True, ms=now)))
+
+    try:
+        await cat.update(complete)
+    except MetadataVersionError:
+        await asyncio.to_thread(store.delete, path)
+        raise
+
+
+async def _upload(cat: LogCatalog, store: TierStore, path: str, seg: SegmentInfo) -> None:
+    rh = await cat.client.open_ledger(seg.ledger_id, recovery=False)
+    try:
+        if rh.last_add_confirmed < seg.last_entry:
+            await rh.read_last_add_confirmed()
+        offsets: list[int] = []
+        chunks: list[list[bytes]] = []
+        pos = 0
+        for first in range(0, seg.last_entry + 1, _BATCH):
+            last = min(seg.last_entry, first + _BATCH - 1)
+            entries = await rh.read(first, last)
+            frames = frame_entries((e.entry_id, e.data) for e in entries)
+            for e in entries:
+                offsets.append(pos)
+                pos += 12 + len(e.data)
+            chunks.append(frames)
+        lmd = rh.metadata
+        length, crc = await asyncio.to_thread(store.write_data, path, chunks)
+        index = SegmentIndex(
+            namespace=cat.namespace, log=cat.name, seq=seg.seq, ledger=seg.ledger_id,
+            last_entry=seg.last_entry, ledger_length=seg.bytes, data_length=length,
+            data_crc32c=crc, offsets=array("Q", offsets),
+            ledger_metadata={"ensemble_size": lmd.ensemble_size,
+                             "write_quorum": lmd.write_quorum, "ack_quorum": lmd.ack_quorum,
+                             "digest_type": lmd.digest_type,
+                             "ensembles": {str(k): list(v) for k, v in lmd.ensembles.items()}},
+        )
+        await asyncio.to_thread(store.write_index, path, index)
+    finally:
+        await rh.close()
+
+
+async def delete_bookie_copies(cat: LogCatalog, *, epoch: int | None = None) -> LogMetadata:
+    """Delete the ledgers of segments offloaded (complete) longer ago than the deletion
+    lag: mark ``bk_deleted`` first, then delete (a crash in between is finished next time)."""
+    md = await cat.read()
+    lag_ms = int(md.config.offload_deletion_lag * 1000)
+    now = cat.now_ms()
+    due = [s.seq for s in md.live_segments if s.offload is not None and s.offload.complete
+           and not s.offload.bk_deleted and now - s.offload.ms >= lag_ms]
+    if due:
+        def mark(cur: LogMetadata) -> LogMetadata | None:
+            changed = cur
+            for seq in due:
+                s = changed.segment(seq)
+                if s is not None and s.offload is not None and s.offload.complete:
+                    o = s.offload
+                    changed = changed.replace_segment(s.with_changes(offload=OffloadInfo(
+                        o.uid, o.url, True, True, o.ms)))
+            return changed
+
+        md = await cat.update(mark, epoch=epoch)
+    for s in md.live_segments:
+        if s.offload is not None and s.offload.bk_deleted:
+            await cat.delete_ledger(s.ledger_id)  # idempotent
+    return md
+
+
+async def delete_objects(cat: LogCatalog, md: LogMetadata, segments: list[SegmentInfo]) -> None:
+    """Delete the tier objects of ``segments`` (retention, log deletion)."""
+    for s in segments:
+        o = s.offload
+        if o is None:
+            continue
+        store = await asyncio.to_thread(_store, o.url, md)
+        await asyncio.to_thread(store.delete, store.base(cat.namespace, cat.name, s.seq,
+                                                         s.ledger_id, o.uid))
+
+
+async def sweep_orphans(cat: LogCatalog) -> list[str]:
+    """Delete objects under the log's tier folder that no segment's recorded attempt names
+    (Pulsar has no such sweep); the object bases deleted."""
+    md = await cat.read()
+    url = md.config.offload_url
+    if url is None:
+        return []
+    store = await asyncio.to_thread(_store, url, md)
+    known = {store.base(cat.namespace, cat.name, s.seq, s.ledger_id, s.offload.uid)
+             for s in md.segments if s.offload is not None}
+    bases = await asyncio.to_thread(store.list_segments, cat.namespace, cat.name)
+    gone = [b for b in bases if b not in known]
+    for b in gone:
+        await asyncio.to_thread(store.delete, b)
+    return gone
+
+
+class OffloadedHandle:
+    """A read handle on an offloaded segment (what :class:`pybk.logs.LogReader` uses of a
+    ledger's ReadHandle): ranged reads of the data object with ``read_ahead`` bytes of
+    read-ahead, one buffer per handle (concurrent readers do not share a stream)."""
+
+    def __init__(self, store: TierStore, path: str, index: SegmentIndex,
+                 read_ahead: int = 1 << 20) -> None:
+        self._store = store
+        self._path = path
+        self._index = index
+        self._read_ahead = read_ahead
+        self._buf = b""
+        self._buf_start = 0
+
+    @classmethod
+    async def open(cls, cat: LogCatalog, md: LogMetadata, seg: SegmentInfo) -> OffloadedHandle:
+        o = seg.offload
+        if o is None or not o.complete:
+            raise NoSuchLedgerError(f"segment {seg.seq} of log {cat.name!r} is not offloaded")
+        store = await asyncio.to_thread(_store, o.url, md)
+        path = store.base(cat.namespace, cat.name, seg.seq, seg.ledger_id, o.uid)
+        index = await asyncio.to_thread(store.read_index, path)
+        return cls(store, path, index)
+
+    @property
+    def id(self) -> int:
+        return self._index.ledger
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self._index.last_entry
+
+    @property
+    def is_closed(self) -> bool:
+        return True
+
+    async def read_last_add_confirmed(self) -> int:
+        return self._index.last_entry
+
+    async def read(self, first: int, last: int) -> list[LedgerEntry]:
+        if first < 0 or last > self._index.last_entry or first > last:
+            raise ValueError(f"offloaded ledger {self.id}: bad range {first}..{last}")
+        start, end = self._index.span(first, last)
+        if not (self._buf_start <= start and end <= self._buf_start + len(self._buf)):
+            fetch_end = min(self._index.data_length, max(end, start + self._read_ahead))
+            self._buf = await asyncio.to_thread(self._store.read_range, self._path, start,
+                                                fetch_end)
+            self._buf_start = start
+            if len(self._buf) < end - start:
+                raise CorruptRecordError(f"offloaded ledger {self.id}: data object too short")
+        lo = start - self._buf_start
+        view = self._buf[lo:lo + (end - start)]
+        lid = self._index.ledger
+        return [LedgerEntry(lid, eid, data) for eid, data in parse_frames(view, first, last)]
+
+    read_unconfirmed = read
+
+    async def read_last_add_confirmed_and_entry(self, entry: int, timeout: float) -> Any:
+        raise BKError(f"offloaded ledger {self.id} is closed at {self._index.last_entry}")
+
+    async def close(self) -> None:
+        self._buf = b""
