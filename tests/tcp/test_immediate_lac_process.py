@@ -44,6 +44,11 @@ WRITER = textwrap.dedent("""
 """)
 
 
+def _spawn_writer(metadata: str, records: int) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", WRITER, metadata, str(records)],
+                            stdout=subprocess.PIPE, text=True)
+
+
 @pytest.fixture
 async def cluster(tmp_path):
     c = ProcCluster(tmp_path / "cluster", 3)
@@ -78,8 +83,7 @@ async def test_tail_and_long_poll_see_the_last_record_at_once_over_tcp(cluster):
 
 
 async def test_a_writer_process_killed_after_its_immediate_lac(cluster):
-    proc = subprocess.Popen([sys.executable, "-c", WRITER, cluster.metadata, "5"],
-                            stdout=subprocess.PIPE, text=True)
+    proc = _spawn_writer(cluster.metadata, 5)
     try:
         assert proc.stdout is not None
         ledger_id = int(await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 60))
