@@ -313,6 +313,8 @@ class AddPipeline:
     def _send(self, send: Send) -> None:
         request = AddBatchRequest(self.ledger_id, self.master_key, send.entry_ids, send.bodies,
                                   self.recovery)
+        if self._stats is not None:
+            self._stats.add_requests += 1
         try:
             self.ctx.transport.add(send.bookie, request, _Reply(self, send), self._timeout)
         except BKError as exc:  # a transport should answer through on_done; be safe anyway
@@ -334,6 +336,8 @@ class AddPipeline:
     def _send_lac(self, action: SendLac) -> None:
         body = self.digest.frame_lac(action.lac)
         request = WriteLacRequest(self.ledger_id, action.lac, self.master_key, body)
+        if self._stats is not None:
+            self._stats.lac_messages += len(action.bookies)
         for bookie in action.bookies:
             fut = self.ctx.transport.send(bookie, request, self._timeout)
             fut.add_done_callback(_ignore_result)
