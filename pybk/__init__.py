@@ -43,7 +43,7 @@ from pybk.errors import (
 from pybk.logs import Log, LogReader, LogRecord, LogWriter, Namespace, Position
 from pybk.metadata.base import LedgerMetadata
 from pybk.ops import AutoRecoveryConfig
-from pybk.wal import WAL, AsyncWAL
+from pybk.wal import WAL, AsyncWAL, AsyncWALFollower, WALFollower
 
 __version__ = "0.1.0"
 
@@ -51,6 +51,7 @@ __all__ = [
     "WAL",
     "AlreadyTruncatedError",
     "AsyncWAL",
+    "AsyncWALFollower",
     "AutoRecoveryConfig",
     "BKError",
     "BookieUnavailableError",
@@ -91,6 +92,7 @@ __all__ = [
     "RecordTooLargeError",
     "TimeoutError",
     "UnauthorizedError",
+    "WALFollower",
     "WriterConflictError",
     "__version__",
     "sync",
