@@ -72,6 +72,13 @@ CASES = {
                        [r"ratio pybk data source / parquet: [\d.]+x",
                         r"ratio pybk write_partitions / parquet: [\d.]+x",
                         r"trace hashes equal for 4/4 seeds"]),
+    "tail_latency.py": (["--records", "30", "--pace-seconds", "0.1", "--pauses", "0,1",
+                         "--readers", "tail,wal"],
+                        [r"in process tail\s+0\s+30\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+"
+                         r"[\d.]+ .*(met|NOT MET)",
+                         r"in process wal\s+1\s+", r"tcp\s+tail\s+1\s+",
+                         r"etcd: (one member|not installed)",
+                         r"targets: p50 <= 0.5 ms"]),
     "abuse.py": (["--seconds", "1", "--scale", "0.05"],
                  [r"quiet\s+\d+", r"attacked\s+\d+", r"ratio\s+[\d.]+",
                   r"bookie peak RSS \d+ MiB", r"new clients during the attack"]),
