@@ -31,7 +31,7 @@ async def _tail_after(immediate: bool, wait: float) -> tuple[Position | None, Po
                 deadline = loop.time() + wait
                 while True:  # bounded: the bookies learn the LAC a round trip later
                     tail, _ = await finder.tail(reader, md)
-                    if tail is not None and tail > last or loop.time() > deadline:
+                    if (tail is not None and tail > last) or loop.time() > deadline:
                         return tail, last
                     await asyncio.sleep(0.001)
             finally:
