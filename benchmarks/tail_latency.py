@@ -11,8 +11,9 @@ per record (add requests, explicit LAC messages: one per bookie told).
 * ``in process``: ``pybk.LocalCluster`` of 3 bookies on the real disk, E=3 Qw=3 Qa=2;
 * ``tcp``: 3 ``pybk bookie`` processes on loopback, clients in this process;
 * readers (``--readers``): ``tail`` (``ReadHandle.tail()``), ``longpoll`` (a loop of
-  ``read_last_add_confirmed_and_entry``), ``log`` (a ``pybk.logs`` log's writer and
-  ``log.reader()``), ``wal`` (``pybk.AsyncWAL`` and its follower ``wal.follow()``);
+  ``read_last_add_confirmed_and_entry``, reading what the LAC it brings covers), ``log``
+  (a ``pybk.logs`` log's writer and ``log.reader()``), ``wal`` (``pybk.AsyncWAL`` and its
+  follower ``wal.follow()``);
 * etcd (when ``etcd`` is installed: Debian's ``etcd-server``): one member, fsync per put, a
   watcher on a second connection, the same pacing.
 
@@ -119,13 +120,18 @@ async def _ledger_row(writer: Client, reader: Client, stats: ClientStats, how: s
         async for entry in rh.tail(0):
             pacer.saw(_index(entry.data))
 
-    async def longpoll() -> None:
+    async def longpoll() -> None:  # a long poll per wait, what the LAC covers read at once
         nxt = 0
         while True:
             entry = await rh.read_last_add_confirmed_and_entry(nxt, timeout=5.0)
-            if entry is not None:
-                pacer.saw(_index(entry.data))
-                nxt += 1
+            if entry is None:
+                continue
+            pacer.saw(_index(entry.data))
+            nxt += 1
+            if rh.last_add_confirmed >= nxt:
+                for e in await rh.read(nxt, rh.last_add_confirmed):
+                    pacer.saw(_index(e.data))
+                nxt = rh.last_add_confirmed + 1
 
     follower = asyncio.ensure_future(tail() if how == "tail" else longpoll())
     adds0, lacs0 = stats.add_requests, stats.lac_messages
