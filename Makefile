@@ -16,7 +16,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck pytest venv system-deps bench clean
+.PHONY: demo test lint typecheck pytest venv system-deps bench bench-deps clean
 
 # The editable install puts the checkout on sys.path through a plain .pth file (setuptools'
 # "compat" mode): type checkers (mypy, pyright) follow it, where the default mode's import
@@ -41,6 +41,13 @@ system-deps:
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless >/dev/null; \
 	fi
 
+# etcd from Debian: benchmarks/tail_latency.py's peer (the benchmark says so when it is absent)
+bench-deps:
+	@if ! command -v etcd >/dev/null 2>&1; then \
+	  echo "installing Debian's etcd-server (the tail-latency benchmark's peer)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server >/dev/null; \
+	fi
+
 demo: $(STAMP)
 	$(PY) examples/quickstart.py
 	$(PY) examples/wal_crash.py
@@ -57,7 +64,7 @@ pytest: $(STAMP) system-deps
 test: lint typecheck pytest
 
 # every benchmark, each quick by default (see its --help for longer runs)
-bench: $(STAMP)
+bench: $(STAMP) bench-deps
 	$(PY) benchmarks/targets.py
 	$(PY) benchmarks/add_profile.py
 	$(PY) benchmarks/add_cpu.py
