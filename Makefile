@@ -39,7 +39,7 @@ MATRIX_TESTS := tests/test_package.py tests/test_public_api.py tests/test_eventl
 	tests/client/test_recovery.py tests/metadata tests/logs/test_reader.py \
 	tests/zk/test_zookeeper_store.py tests/spark/test_api.py
 
-.PHONY: demo test lint typecheck pytest pytest-wheel venv system-deps bench clean dist \
+.PHONY: demo test lint typecheck pytest pytest-wheel venv system-deps bench bench-deps clean dist \
 	test-matrix matrix-wheel docs
 
 # The editable install puts the checkout on sys.path through a plain .pth file (setuptools'
@@ -67,6 +67,13 @@ system-deps:
 	@if ! command -v java >/dev/null 2>&1; then \
 	  echo "installing Debian's openjdk-17-jre-headless (Java for Spark)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless >/dev/null; \
+	fi
+
+# etcd from Debian: benchmarks/tail_latency.py's peer (the benchmark says so when it is absent)
+bench-deps:
+	@if ! command -v etcd >/dev/null 2>&1; then \
+	  echo "installing Debian's etcd-server (the tail-latency benchmark's peer)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server >/dev/null; \
 	fi
 
 demo: $(STAMP)
@@ -141,7 +148,7 @@ test: lint typecheck docs dist
 	  $(MAKE) pytest-wheel
 
 # every benchmark, each quick by default (see its --help for longer runs)
-bench: $(STAMP)
+bench: $(STAMP) bench-deps
 	$(PY) benchmarks/targets.py
 	$(PY) benchmarks/add_profile.py
 	$(PY) benchmarks/add_cpu.py
@@ -152,6 +159,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/checkpoint.py
 	$(PY) benchmarks/wal_append.py
 	$(PY) benchmarks/table_ops.py
+	$(PY) benchmarks/tail_latency.py
 	$(PY) benchmarks/metrics_overhead.py
 	$(PY) benchmarks/spark_write.py --rows 200000 --rounds 2 --seeds 20 --duration 5
 	$(PY) benchmarks/abuse.py

@@ -58,7 +58,7 @@ from pybk.tables import (
     TableNotFoundError,
     Tables,
 )
-from pybk.wal import WAL, AsyncWAL
+from pybk.wal import WAL, AsyncWAL, AsyncWALFollower, WALFollower
 
 __version__ = "0.1.0"
 
@@ -68,6 +68,7 @@ __all__ = [
     "AsyncTable",
     "AsyncTables",
     "AsyncWAL",
+    "AsyncWALFollower",
     "AutoRecoveryConfig",
     "BKError",
     "BookieUnavailableError",
@@ -119,6 +120,7 @@ __all__ = [
     "Tables",
     "TimeoutError",
     "UnauthorizedError",
+    "WALFollower",
     "WriterConflictError",
     "__version__",
     "sync",

@@ -126,3 +126,7 @@ class ClientStats:
         self.recovery_latency = Histogram()
         self.speculative_reads = 0
         self.ledgers_created = 0
+        #: requests a writer sent: add batches (one per bookie and batch), explicit LACs
+        #: (one per bookie told, immediate or periodic)
+        self.add_requests = 0
+        self.lac_messages = 0

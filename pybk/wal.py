@@ -9,12 +9,16 @@ writer left, and replays everything that was acknowledged. A second process open
 path while the first holds it gets LockedError naming the holder's pid: the lock is an
 ``flock`` on ``path/LOCK``, which the kernel releases when its holder dies, however it dies.
 
+``follow(start, timeout)`` and a follower in another process (:class:`WALFollower`,
+:class:`AsyncWALFollower`: never fences the writer; ``promote()`` takes over).
+
 Design notes: docs/internals.md, "pybk/wal.py".
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pathlib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -29,7 +33,10 @@ from pybk.logs import Log, LogWriter, Position, ReaderOptions, WriterOptions
 from pybk.runtime.dirlock import DirectoryLock
 from pybk.sync.runner import LoopThread
 
-__all__ = ["WAL", "AsyncWAL"]
+__all__ = ["WAL", "AsyncWAL", "AsyncWALFollower", "WALFollower"]
+
+#: records a follower reads ahead of its consumer (in batches of what the reader has ready)
+_FOLLOW_AHEAD = 4
 
 def embedded_bookie_config() -> Any:
     """The embedded WAL's bookies (a ``pybk.bookie.BookieConfig``): journal segments made
@@ -54,6 +61,7 @@ class AsyncWAL:
         *,
         name: str = "wal",
         metadata: str | None = None,
+        client: Client | None = None,
         namespace: str = "wal",
         bookies: int = 3,
         ensemble_size: int = 3,
@@ -66,10 +74,12 @@ class AsyncWAL:
         reader_options: ReaderOptions | None = None,
         cluster_options: dict[str, Any] | None = None,
     ) -> None:
-        if path is None and metadata is None:
+        given = sum(x is not None for x in (path, metadata, client))
+        if given == 0:
             raise TypeError("WAL needs a directory (embedded) or metadata=URI (remote bookies)")
-        if path is not None and metadata is not None:
-            raise TypeError("give a directory (embedded) or metadata=URI (remote), not both")
+        if given > 1:
+            raise TypeError("give one of a directory (embedded), metadata=URI (remote) or "
+                            "client=, not both")
         if not isinstance(bookies, int) or bookies < ensemble_size:
             raise ValueError(
                 f"bookies ({bookies!r}) must be an int >= ensemble_size ({ensemble_size})"
@@ -93,7 +103,7 @@ class AsyncWAL:
         self._cluster_options = dict(cluster_options or {})
         self._lock: DirectoryLock | None = None
         self._cluster: LocalCluster | None = None
-        self._client: Client | None = None
+        self._client: Client | None = client
         self._own_client = False
         self._log: Log | None = None
         self._writer: LogWriter | None = None
@@ -118,7 +128,7 @@ class AsyncWAL:
                 )
                 await self._cluster.start()
                 self._client = self._cluster.client()
-            else:
+            elif self._client is None:
                 assert self._metadata is not None
                 self._client = Client(self._metadata, config=self._client_config)
                 self._own_client = True
@@ -157,7 +167,9 @@ class AsyncWAL:
             if self._cluster is not None:
                 await self._cluster.close()
         finally:
-            self._client = self._cluster = None
+            if self._own_client or self._cluster is not None:
+                self._client = None
+            self._cluster = None
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
@@ -216,6 +228,15 @@ class AsyncWAL:
         last = self._w().last_position
         return _pairs(self.log, start, last, self._reader_options)
 
+    async def follow(self, start: Position | None = None, timeout: float | None = None,
+                     ) -> AsyncIterator[tuple[Position, bytes]]:
+        """``(position, data)`` from ``start`` (default: the oldest kept) on, then each new
+        record as it is acknowledged; ends once ``timeout`` seconds pass with nothing new
+        (None: never)."""
+        async for batch in follow_batches(self.log, start, timeout, self._reader_options):
+            for rec in batch:
+                yield rec
+
 
 async def _pairs(
     log: Log, start: Position | None, last: Position | None, options: ReaderOptions | None
@@ -230,6 +251,127 @@ async def _pairs(
                 return
             for rec in batch:
                 yield rec.position, rec.data
+
+
+async def follow_batches(log: Log, start: Position | None, timeout: float | None,
+                         options: ReaderOptions | None,
+                         ) -> AsyncIterator[list[tuple[Position, bytes]]]:
+    """What a tailing reader of ``log`` has ready, a list at a time, until ``timeout`` seconds
+    pass with nothing new. The reader runs in a task of its own that reads ahead into a
+    bounded queue: waiting with a timeout never cancels a read in the middle."""
+    if timeout is not None and timeout < 0:
+        raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
+    if start is not None and not isinstance(start, Position):
+        raise TypeError(f"start must be a Position or None, not {type(start).__name__}")
+    queue: asyncio.Queue[list[tuple[Position, bytes]] | BaseException | None] = \
+        asyncio.Queue(_FOLLOW_AHEAD)
+    reader = log.reader(start, options=options)
+
+    async def pump() -> None:
+        try:
+            while batch := await reader.read_batch(1024):
+                await queue.put([(rec.position, rec.data) for rec in batch])
+            await queue.put(None)  # the log ended (end of stream)
+        except Exception as exc:  # handed to the consumer, raised there
+            await queue.put(exc)
+
+    task = asyncio.ensure_future(pump())
+    try:
+        while True:
+            if timeout is None:
+                item = await queue.get()
+            else:
+                try:
+                    item = await asyncio.wait_for(queue.get(), timeout)
+                except TimeoutError:
+                    return
+            if item is None:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await reader.aclose()
+
+
+class AsyncWALFollower:
+    """Follows a WAL written elsewhere (another process, through the same metadata; or a
+    ``client`` of the same bookies) without ever fencing its writer; :meth:`promote` takes
+    over. ``async with pybk.AsyncWALFollower(name="app", metadata=URI) as f:``."""
+
+    def __init__(self, *, name: str = "wal", metadata: str | None = None,
+                 client: Client | None = None, namespace: str = "wal",
+                 client_config: ClientConfig | None = None,
+                 reader_options: ReaderOptions | None = None) -> None:
+        if (metadata is None) == (client is None):
+            raise TypeError("a WAL follower needs metadata=URI or client=, exactly one")
+        self.name = name
+        self._metadata = metadata
+        self._client = client
+        self._own_client = False
+        self._namespace = namespace
+        self._client_config = client_config
+        self._reader_options = reader_options
+        self._log: Log | None = None
+
+    async def open(self) -> AsyncWALFollower:
+        """Connect and open the log (LogNotFoundError until its writer created it)."""
+        if self._client is None:
+            assert self._metadata is not None
+            self._client = Client(self._metadata, config=self._client_config)
+            self._own_client = True
+            await self._client.start()
+        try:
+            self._log = await self._client.namespace(self._namespace).open_log(self.name)
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def close(self) -> None:
+        self._log = None
+        if self._own_client and self._client is not None:
+            client, self._client = self._client, None
+            await client.close()
+
+    async def __aenter__(self) -> AsyncWALFollower:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def log(self) -> Log:
+        if self._log is None:
+            raise RuntimeError("the WAL follower is not open (use it in an async with block)")
+        return self._log
+
+    async def follow(self, start: Position | None = None, timeout: float | None = None,
+                     ) -> AsyncIterator[tuple[Position, bytes]]:
+        """As :meth:`AsyncWAL.follow`: replay from ``start``, then each record as it is
+        acknowledged; ends after ``timeout`` seconds with nothing new (None: never)."""
+        async for batch in follow_batches(self.log, start, timeout, self._reader_options):
+            for rec in batch:
+                yield rec
+
+    async def promote(self, **options: Any) -> AsyncWAL:
+        """The writer's role: an open :class:`AsyncWAL` of this log (``options``: its
+        knobs). The old writer is fenced (its next append fails with LedgerFencedError) and
+        the records it had acknowledged are recovered first; read those this follower had
+        not seen with ``wal.replay(start)``."""
+        if self._log is None:
+            raise RuntimeError("the WAL follower is not open (use it in an async with block)")
+        if self._own_client:
+            wal = AsyncWAL(name=self.name, metadata=self._metadata, namespace=self._namespace,
+                           client_config=self._client_config,
+                           reader_options=self._reader_options, **options)
+        else:
+            wal = AsyncWAL(name=self.name, client=self._client, namespace=self._namespace,
+                           reader_options=self._reader_options, **options)
+        return await wal.open()
 
 
 class WAL:
@@ -277,6 +419,13 @@ class WAL:
         record acknowledged now; fetched a batch per thread hop."""
         return self._runner.iterate(self._wal._replay(start))
 
+    def follow(self, start: Position | None = None, timeout: float | None = None,
+               ) -> Iterator[tuple[Position, bytes]]:
+        """``(position, data)`` from ``start`` on, then each record as it is acknowledged;
+        ends after ``timeout`` seconds with nothing new (None: never)."""
+        return _flatten(self._runner.iterate(
+            follow_batches(self._wal.log, start, timeout, self._wal._reader_options), 1))
+
     def close(self) -> None:
         if self._closed:
             return
@@ -291,6 +440,65 @@ class WAL:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class WALFollower:
+    """:class:`AsyncWALFollower` for synchronous code (``with pybk.WALFollower(name="app",
+    metadata=URI) as f:``): ``follow`` is a blocking iterator, ``promote`` returns a
+    :class:`WAL`. Calls hop to an event loop in a background thread."""
+
+    def __init__(self, *, name: str = "wal", metadata: str, namespace: str = "wal",
+                 loop: str | None = None, client_config: ClientConfig | None = None,
+                 reader_options: ReaderOptions | None = None) -> None:
+        self._loop_kind = loop
+        self._runner = LoopThread(loop)
+        self._f = AsyncWALFollower(name=name, metadata=metadata, namespace=namespace,
+                                   client_config=client_config, reader_options=reader_options)
+        try:
+            self._runner.run(self._f.open())
+        except BaseException:
+            self._runner.stop()
+            raise
+        self._closed = False
+
+    @property
+    def log(self) -> Log:
+        return self._f.log
+
+    def follow(self, start: Position | None = None, timeout: float | None = None,
+               ) -> Iterator[tuple[Position, bytes]]:
+        """As :meth:`WAL.follow`: a blocking iterator, records handed over as they come."""
+        f = self._f
+        return _flatten(self._runner.iterate(
+            follow_batches(f.log, start, timeout, f._reader_options), 1))
+
+    def promote(self, **options: Any) -> WAL:
+        """A :class:`WAL` writing this log: the old writer is fenced, what it acknowledged
+        recovered (``options``: the WAL's knobs). This follower stays open."""
+        f = self._f
+        return WAL(name=f.name, metadata=f._metadata, namespace=f._namespace,
+                   loop=self._loop_kind, client_config=f._client_config,
+                   reader_options=f._reader_options, **options)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._runner.run(self._f.close())
+        finally:
+            self._runner.stop()
+
+    def __enter__(self) -> WALFollower:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _flatten(batches: Iterator[list[Any]]) -> Iterator[Any]:
+    for batch in batches:
+        yield from batch
 
 
 async def _append_many(wal: AsyncWAL, items: Sequence[bytes]) -> list[Position]:

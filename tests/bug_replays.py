@@ -83,7 +83,7 @@ REPLAYS: list[Replay] = [
         (3, 3, 2), 4,
         [(3.0, "bitflip", {"live": True}), (5.0, "latent", {"live": True}),
          (7.0, "bitflip", {"live": True})],
-        mutation="no_such_entry_on_io_error", expect=frozenset({"I9", "L1"}),
+        seed=1, mutation="no_such_entry_on_io_error", expect=frozenset({"I9", "L1"}),
     ),
     Replay(
         "BK-1591", "https://github.com/apache/bookkeeper/issues/1591",
@@ -200,7 +200,7 @@ REPLAYS: list[Replay] = [
         (5, 3, 2), 6,
         [(2.0, "recovery_timeout", {"hold": 4.0}), (5.0, "recovery_timeout", {"hold": 4.0}),
          (8.0, "recovery_timeout", {"hold": 4.0})],
-        seed=3, mutation="recovery_timeout_as_absent", expect=frozenset({"L1"}),
+        seed=6, mutation="recovery_timeout_as_absent", expect=frozenset({"L1"}),
     ),
     Replay(
         "BK-1066", "https://github.com/apache/bookkeeper/issues/1066",
@@ -217,7 +217,7 @@ REPLAYS: list[Replay] = [
         (3, 2, 2), 4,
         [(2.0, "partition", {}), (2.5, "crash_writer", {}), (5.0, "meta_expire", {}),
          (6.0, "crash_writer", {})],
-        workload=LOGS,
+        workload=LOGS, seed=16,
         mutation="segment_completed_at_stale_lac", expect=frozenset({"LG1", "LG4"}),
     ),
     Replay(

@@ -86,6 +86,13 @@ CASES = {
                        [r"  bookies\s+[\d.]+\s+[\d,]+", r"  tier\s+[\d.]+\s+[\d,]+",
                         r"ratio tier / bookies: [\d.]+x", r"offload: \d+ segments, [\d.]+ MB/s",
                         r"one at a time\s+[\d,]+\s+1\.000", r"cumulative/100\s+[\d,]+"]),
+    "tail_latency.py": (["--records", "30", "--pace-seconds", "0.1", "--pauses", "0,1",
+                         "--readers", "tail,wal"],
+                        [r"in process tail\s+0\s+30\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+"
+                         r"[\d.]+ .*(met|NOT MET)",
+                         r"in process wal\s+1\s+", r"tcp\s+tail\s+1\s+",
+                         r"etcd: (one member|not installed)",
+                         r"targets: p50 <= 0.5 ms"]),
     "abuse.py": (["--seconds", "1", "--scale", "0.05"],
                  [r"quiet\s+\d+", r"attacked\s+\d+", r"ratio\s+[\d.]+",
                   r"bookie peak RSS \d+ MiB", r"new clients during the attack"]),

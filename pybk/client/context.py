@@ -44,6 +44,13 @@ class ClientConfig:
     #: BookKeeper, not sent while adds keep carrying the LAC on (a tick after an interval
     #: whose adds brought the bookies a newer LAC sends nothing).
     explicit_lac_interval: float = 0.2
+    #: Tell the bookies the writer's LAC (WriteLac) as soon as it moves with nothing after it
+    #: in the pipeline to carry it, so tailing readers see an acknowledged entry within a
+    #: round trip at any write rate, the last one included (coalesced: a burst of
+    #: confirmations costs one message, a writer whose adds keep carrying the LAC sends
+    #: none). False: only the periodic ``explicit_lac_interval`` (fewer messages from a
+    #: writer adding now and then; its entries become visible with the next add or tick).
+    immediate_lac: bool = True
     #: Entries read ahead during recovery (BookKeeper ``recoveryReadBatchSize``).
     recovery_read_batch_size: int = 1
     #: Entries read concurrently by ``read(first, last)``.
@@ -94,6 +101,8 @@ class ClientConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
         if self.long_poll_timeout <= 0:
             raise ValueError(f"long_poll_timeout must be > 0, got {self.long_poll_timeout!r}")
+        if not isinstance(self.immediate_lac, bool):
+            raise TypeError(f"immediate_lac must be a bool, not {self.immediate_lac!r}")
         if not isinstance(self.long_poll_parallel, bool):
             raise TypeError(f"long_poll_parallel must be a bool, not {self.long_poll_parallel!r}")
         for name in ("max_entry_size", "add_batch_max_bytes"):

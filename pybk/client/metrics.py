@@ -33,6 +33,10 @@ class ClientCollector(Collector):
             ("speculative_reads", "Reads sent to another replica because one was slow",
              s.speculative_reads),
             ("ledgers_created", "Ledgers created", s.ledgers_created),
+            ("add_requests", "Add requests sent to bookies (one per bookie and batch)",
+             s.add_requests),
+            ("lac_messages", "Explicit LAC messages sent to bookies (one per bookie told)",
+             s.lac_messages),
         ):
             yield counter(f"pybk_client_{name}", doc, value)
         yield histogram_family("pybk_client_add_latency_seconds",

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
+from pybk.client.lacflush import LacFlush
 from pybk.client.quorum import Quorums
 from pybk.errors import (
     BKError,
@@ -75,8 +76,9 @@ class ChangeEnsemble(NamedTuple):
 
 
 class SendLac(NamedTuple):
-    """The writer is idle with entries confirmed past the last explicit LAC: send ``lac`` to
-    every bookie of ``bookies`` (readers tailing the ledger then see the last entries)."""
+    """Send ``lac`` to every bookie of ``bookies`` (readers tailing the ledger then see the
+    last entries): the writer went quiet, or its timer ticked while idle
+    (:mod:`pybk.client.lacflush`)."""
 
     lac: int
     bookies: list[str]
@@ -115,7 +117,8 @@ class WritePipeline:
     ``ensembles`` maps first entry id -> ensemble (the ledger's metadata); the pipeline writes
     to the last one. ``lac``/``length`` say where the ledger stands (recovery starts after
     the recovered LAC). ``explicit_lac_interval > 0`` makes :meth:`on_timer` ask for explicit
-    LAC sends."""
+    LAC sends; ``immediate_lac`` makes :meth:`on_quiet` ask for one when the LAC moved and
+    nothing after it carries it (:attr:`lac_due`)."""
 
     def __init__(
         self,
@@ -129,8 +132,10 @@ class WritePipeline:
         max_batch_entries: int = 1024,
         max_batch_bytes: int = 1 << 20,
         explicit_lac_interval: float = 0.0,
+        immediate_lac: bool = False,
         ack_out_of_order: bool = False,
         count_stale_replies: bool = False,
+        lac_before_quorum: bool = False,
     ) -> None:
         self.ledger_id = ledger_id
         self.quorums = quorums
@@ -179,10 +184,10 @@ class WritePipeline:
         self._dead_for: dict[int, int] = {}
         self.max_batch_entries = max_batch_entries
         self.max_batch_bytes = max_batch_bytes
-        self.explicit_lac_interval = explicit_lac_interval
-        self._explicit_lac = -1
-        #: the LAC the last entry pushed carries (piggybacked: what its bookies learn with it)
-        self._piggybacked = -1
+        #: what the bookies were told of the LAC, and when to tell them more
+        self.lac_flush = LacFlush(immediate=immediate_lac and not recovery,
+                                  interval=explicit_lac_interval)
+        self._lac_before_quorum = lac_before_quorum
         #: when :meth:`on_timer` wants to be called next (loop time), None: never
         self.next_timer: float | None = None
         self._ack_out_of_order = ack_out_of_order
@@ -215,6 +220,12 @@ class WritePipeline:
         """Has a pending entry reached Qa (it may still wait for earlier ones)?"""
         return self._acked[entry_id - self._base].bit_count() >= self._qa
 
+    @property
+    def lac_due(self) -> bool:
+        """Would :meth:`on_quiet` send the LAC now (it moved, and no pending entry nor entry
+        framed since carries it)? The driver asks after each round of actions."""
+        return self.error is None and self.lac_flush.due(self.lac, self.pending)
+
     # ================================================================== events
 
     def push(self, body: bytes, length: int, waiter: Any = None) -> int:
@@ -224,7 +235,7 @@ class WritePipeline:
         if self.error is not None:
             raise fresh_copy(self.error)
         entry_id = self.lap = self.lap + 1
-        self._piggybacked = self.lac  # (the writer frames each entry with the LAC of now)
+        self.lac_flush.framed(self.lac)  # (the writer frames each entry with the LAC of now)
         self.length = length
         self._bodies.append(body)
         self._lengths.append(length)
@@ -327,28 +338,33 @@ class WritePipeline:
         self._actions.append(Fail(error, waiters))
 
     def on_timer(self, now: float) -> None:
-        """The explicit-LAC timer: when idle with entries confirmed past the last explicit
-        LAC, ask for a :class:`SendLac` (BookKeeper's ExplicitLacFlushPolicy). As there, not
-        while adds keep carrying the LAC on: when the entries pushed since the last tick
-        brought the bookies a LAC past the last one sent, that is noted instead, and the LAC
-        is sent at the first tick after the adds stopped (a writer adding steadily sends
-        none; one that stops sends its last LAC within two intervals)."""
-        interval = self.explicit_lac_interval
+        """The explicit-LAC timer: when idle with entries confirmed past the last LAC told,
+        ask for a :class:`SendLac` (BookKeeper's ExplicitLacFlushPolicy). As there, not
+        while adds keep carrying the LAC on: the LAC is sent at the first tick after the
+        adds stopped (a writer adding steadily sends none; one that stops sends its last
+        LAC within two intervals)."""
+        interval = self.lac_flush.interval
         if interval <= 0:
             self.next_timer = None
             return
-        if self.lac > self._explicit_lac and self.error is None and not self.pending:
-            if self._piggybacked > self._explicit_lac:
-                self._explicit_lac = self._piggybacked
-            else:
-                self._explicit_lac = self.lac
-                self._actions.append(SendLac(self.lac, list(self.ensemble)))
+        if self.error is None:
+            lac = self.lac_flush.tick(self.lac, self.pending)
+            if lac is not None:
+                self._actions.append(SendLac(lac, list(self.ensemble)))
         self.next_timer = now + interval
+
+    def on_quiet(self) -> None:
+        """A loop iteration passed since :attr:`lac_due` was seen true: ask for a
+        :class:`SendLac` if it still is (no add came meanwhile to carry the LAC)."""
+        if self.error is None:
+            lac = self.lac_flush.take(self.lac, self.pending)
+            if lac is not None:
+                self._actions.append(SendLac(lac, list(self.ensemble)))
 
     def stop_timer(self) -> None:
         """No more timer events (the handle is closing)."""
         self.next_timer = None
-        self.explicit_lac_interval = 0.0
+        self.lac_flush.interval = 0.0
 
     def actions(self) -> list[Action]:
         """What to do now, in order: one :class:`Send` per bookie with queued entries (split
@@ -462,9 +478,22 @@ class WritePipeline:
             i = eid - base
             if i >= head:  # (else confirmed already)
                 acked[i] |= bit
+        if self._lac_before_quorum:
+            self._early_lac()
         # only the head entry reaching Qa lets anything be confirmed (in order)
         if head < len(acked) and acked[head].bit_count() >= self._qa:
             self._complete()
+
+    def _early_lac(self) -> None:
+        """Mutation LAC_BEFORE_QUORUM: a deliberately broken build that tells the bookies a
+        LAC covering entries one bookie stored, before the Qa-th ack."""
+        acked, i = self._acked, self._head
+        while i < len(acked) and acked[i]:
+            i += 1
+        lac = self._base + i - 1
+        if lac > self.lac and lac > self.lac_flush.told:
+            self.lac_flush.told = lac
+            self._actions.append(SendLac(lac, list(self.ensemble)))
 
     def _ack_each(self, bit: int, entry_ids: list[int]) -> None:
         """:meth:`_ack` entry by entry, for the ACK_OUT_OF_ORDER mutation (an entry is

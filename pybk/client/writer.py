@@ -56,7 +56,8 @@ if TYPE_CHECKING:
     from pybk.client.context import ClientContext
     from pybk.stats import ClientStats
 
-__all__ = ["ACK_OUT_OF_ORDER", "COUNTS_REPLACED_BOOKIES_ACKS", "AddPipeline", "LedgerHandle"]
+__all__ = ["ACK_OUT_OF_ORDER", "COUNTS_REPLACED_BOOKIES_ACKS", "LAC_BEFORE_QUORUM", "AddPipeline",
+           "LedgerHandle"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,9 @@ _ENSEMBLE_CHANGED = sometimes.point(
 ACK_OUT_OF_ORDER: Final = "ack_out_of_order"
 #: mutation switch: a reply from a bookie the writer already replaced still counts as an ack
 COUNTS_REPLACED_BOOKIES_ACKS: Final = "counts_replaced_bookies_acks"
+#: mutation switch: the writer tells its bookies a LAC covering entries before their Qa-th
+#: ack (what the immediate LAC must never do)
+LAC_BEFORE_QUORUM: Final = "lac_before_quorum"
 
 
 class _Batch:
@@ -134,12 +138,15 @@ class AddPipeline:
             max_batch_entries=cfg.add_batch_max_entries,
             max_batch_bytes=cfg.add_batch_max_bytes,
             explicit_lac_interval=explicit_lac_interval,
+            immediate_lac=cfg.immediate_lac,
             ack_out_of_order=ACK_OUT_OF_ORDER in cfg.mutations,
             count_stale_replies=COUNTS_REPLACED_BOOKIES_ACKS in cfg.mutations,
+            lac_before_quorum=LAC_BEFORE_QUORUM in cfg.mutations,
         )
         self._loop = asyncio.get_running_loop()
         self._new_future = _future_maker(self._loop)
         self._flush_scheduled = False
+        self._quiet_scheduled = False
         self._running = False
         self._change_task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -290,12 +297,24 @@ class AddPipeline:
                 elif kind is SendLac:
                     self._send_lac(action)  # type: ignore[arg-type]
             actions = core.actions()
+        if not self._quiet_scheduled and core.lac_due:
+            # after the callers answered now had their turn: one who appends again at once
+            # carries the LAC on that add, and then there is nothing to send
+            self._quiet_scheduled = True
+            self._loop.call_soon(self._quiet)
         if self._idle is not None and core.idle and not self._idle.done():
             self._idle.set_result(None)
+
+    def _quiet(self) -> None:
+        self._quiet_scheduled = False
+        self.core.on_quiet()
+        self._run()
 
     def _send(self, send: Send) -> None:
         request = AddBatchRequest(self.ledger_id, self.master_key, send.entry_ids, send.bodies,
                                   self.recovery)
+        if self._stats is not None:
+            self._stats.add_requests += 1
         try:
             self.ctx.transport.add(send.bookie, request, _Reply(self, send), self._timeout)
         except BKError as exc:  # a transport should answer through on_done; be safe anyway
@@ -317,6 +336,8 @@ class AddPipeline:
     def _send_lac(self, action: SendLac) -> None:
         body = self.digest.frame_lac(action.lac)
         request = WriteLacRequest(self.ledger_id, action.lac, self.master_key, body)
+        if self._stats is not None:
+            self._stats.lac_messages += len(action.bookies)
         for bookie in action.bookies:
             fut = self.ctx.transport.send(bookie, request, self._timeout)
             fut.add_done_callback(_ignore_result)

@@ -25,6 +25,7 @@ from pybk.client.reader import LedgerEntry, ReadHandle
 from pybk.errors import (
     AlreadyTruncatedError,
     BKError,
+    CorruptRecordError,
     NoSuchEntryError,
     NoSuchLedgerError,
 )
@@ -88,6 +89,8 @@ class LogReader:
         self._index = 0
         self._ended = False
         self._closed = False
+        #: a corrupt entry found after good records in one read: raised once those are out
+        self._corrupt: CorruptRecordError | None = None
         #: the next position this reader may return (records before it are skipped)
         self._from = start if start is not None else _FIRST
         self._txid_floor = txid  # skip records until one with a txid >= this one
@@ -139,6 +142,12 @@ class LogReader:
     # -- plumbing ----------------------------------------------------------------------------
 
     async def _next_chunk(self) -> list[LogRecord] | None:
+        if self._corrupt is not None:  # (the reader ends with it, as with any read error)
+            err, self._corrupt = self._corrupt, None
+            self._ended = True
+            if self._gen is not None:
+                await self._gen.aclose()
+            raise err
         if self._closed or self._ended:
             return None
         if self._gen is None:
@@ -391,7 +400,13 @@ class LogReader:
         assert self._md is not None
         tb = self._md.truncated_before
         for e in entries:
-            env = envelope.decode(e.data)
+            try:
+                env = envelope.decode(e.data)
+            except CorruptRecordError as exc:
+                if not out:
+                    raise
+                self._corrupt = exc  # the good records before it first
+                break
             eid = e.entry_id
             txids = env.txids
             keys = env.keys

@@ -449,6 +449,9 @@ class LedgerState:
     explicit_lac: int = -1
     explicit_lac_body: bytes | None = None
     max_piggyback_lac: int = -1
+    #: the highest LAC carried by an add that arrived (written, maybe not durable yet): a
+    #: LAC the writer had confirmed, so readers may have it at once; in memory only
+    arrived_lac: int = -1
     entries: EntryIndex = field(default_factory=EntryIndex)
     #: entry id -> body of adds written to the journal but not yet durable (not in
     #: ``entries``): a second add of the same entry waits for the first or is refused
@@ -484,7 +487,7 @@ class LedgerState:
 
     @property
     def lac(self) -> int:
-        return max(self.explicit_lac, self.max_piggyback_lac)
+        return max(self.explicit_lac, self.max_piggyback_lac, self.arrived_lac)
 
     @property
     def last_entry(self) -> int:

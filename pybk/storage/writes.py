@@ -269,6 +269,14 @@ class WritesMixin(ReadsMixin):
         rec = encode_entry(body)
         journal.append_nowait(rec, (ledger_id, entry_id, lac, len(rec), on_done, st))
         st.pending[entry_id] = body
+        if lac > st.arrived_lac:
+            self._lac_arrived(ledger_id, st, lac)
+
+    def _lac_arrived(self, ledger_id: int, st: LedgerState, lac: int) -> None:
+        """An add brought a LAC past what this bookie knew: the writer confirmed it, so
+        long polls are answered now, not after this add's own fsync."""
+        st.arrived_lac = lac
+        self._on_ledger_change(ledger_id)
 
     def add_batch(self, ledger_id: int, entry_ids: Sequence[int], bodies: Sequence[bytes],
                   master_key: bytes, recovery: bool, on_done: BatchCallback) -> None:
@@ -304,6 +312,8 @@ class WritesMixin(ReadsMixin):
             except BaseException:  # nothing of this batch is on its way: forget it
                 _forget_pending(st, tag)
                 raise
+            if lac > st.arrived_lac:
+                self._lac_arrived(ledger_id, st, lac)
             return
         batch = _Admitted(len(bodies), on_done)
         try:
@@ -324,6 +334,8 @@ class WritesMixin(ReadsMixin):
             raise
         if batch.parts is not None:
             batch.parts.ready()
+        if batch.lac > st.arrived_lac:
+            self._lac_arrived(ledger_id, st, batch.lac)
 
     def _admit(self, batch: _Admitted, ledger_id: int, st: LedgerState,
                entry_ids: Sequence[int], bodies: Sequence[bytes]) -> None:

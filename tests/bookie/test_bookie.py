@@ -231,6 +231,28 @@ async def test_long_poll_returns_when_lac_passes(harness):
     assert resp.body == harness.frame(1, 1, lac=0)
 
 
+async def test_long_poll_is_answered_by_the_lac_an_add_brings_before_its_fsync(harness):
+    """The LAC an add carries was confirmed by the writer: a long poll has it as the add
+    arrives, not once the add is durable (the add itself is answered only then)."""
+    bookie = harness.bookie
+    await harness.add(1, 0, harness.frame(1, 0, lac=-1))
+    await harness.add(1, 1, harness.frame(1, 1, lac=0))
+    poll = asyncio.ensure_future(bookie.handle(ReadRequest(1, 1, previous_lac=0, timeout=30)))
+    gate = asyncio.Event()
+
+    async def held(_seconds: float) -> None:
+        await gate.wait()
+
+    harness.fs.sync_delay, harness.fs.wait = 1.0, held  # every journal sync held
+    add = asyncio.ensure_future(harness.add(1, 2, harness.frame(1, 2, lac=1)))
+    resp = await asyncio.wait_for(poll, 5)
+    assert (resp.status, resp.lac, resp.entry_id) == (Status.OK, 1, 1)
+    assert resp.body == harness.frame(1, 1, lac=0)
+    assert not add.done()  # entry 2 is not durable yet
+    gate.set()
+    assert await asyncio.wait_for(add, 5) == Status.OK
+
+
 async def test_long_poll_times_out_with_no_entry(harness):
     await harness.add(1, 0)
     resp = await harness.bookie.handle(ReadRequest(1, 1, previous_lac=5, timeout=0.01))

@@ -30,7 +30,10 @@ def _polls(cluster: Any, client: str) -> list[tuple[float, str, int]]:
 
 
 async def _ledger(cluster: Any, entries: int, e: int = 3, qw: int = 2) -> Any:
-    lh = await cluster.client("w").create_ledger(e, qw, 2, password=PW)
+    """A ledger whose bookies know the LAC only from the entries (no immediate LAC: the
+    last entry stays unconfirmed on the bookies until the next add, as these polls need)."""
+    writer = cluster.client("w", ClientConfig(immediate_lac=False))
+    lh = await writer.create_ledger(e, qw, 2, password=PW)
     for i in range(entries):
         await lh.append(b"e%d" % i)
     return lh

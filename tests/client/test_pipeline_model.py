@@ -33,6 +33,7 @@ from hypothesis.stateful import (
 )
 
 from pybk.client.pipeline import (
+    Action,
     ChangeEnsemble,
     Fail,
     Resolve,
@@ -71,9 +72,9 @@ class PipelineMachine(RuleBasedStateMachine):
 
     @initialize(quorum=st.sampled_from(QUORUMS), spares=st.integers(0, 3),
                 recovery=st.booleans(), batch=st.sampled_from([1, 2, 3, 1024]),
-                seed=st.integers(0, 2**16))
+                seed=st.integers(0, 2**16), immediate=st.booleans())
     def start(self, quorum: tuple[int, int, int], spares: int, recovery: bool, batch: int,
-              seed: int) -> None:
+              seed: int, immediate: bool) -> None:
         e, qw, qa = quorum
         self.q = Quorums(e, qw, qa)
         ensemble = [f"b{i}" for i in range(e)]
@@ -81,7 +82,7 @@ class PipelineMachine(RuleBasedStateMachine):
         self.rng = random.Random(seed)
         self.p = WritePipeline(7, self.q, {0: ensemble}, recovery=recovery,
                                max_batch_entries=batch, max_batch_bytes=1 << 20,
-                               explicit_lac_interval=0.5)
+                               explicit_lac_interval=0.5, immediate_lac=immediate)
         self.recovery = recovery
         self.waiters: list[Waiter] = []
         self.outstanding: list[Send] = []
@@ -90,6 +91,7 @@ class PipelineMachine(RuleBasedStateMachine):
         self.change_pending = False
         self.failed_bookies: set[str] = set()
         self.now = 0.0
+        self.lacs_sent = 0
 
     # -- carrying out actions ---------------------------------------------------------------
 
@@ -125,6 +127,9 @@ class PipelineMachine(RuleBasedStateMachine):
             else:
                 assert isinstance(action, SendLac)
                 assert action.lac == p.lac and p.pending == 0
+                assert action.lac < len(self.confirmed)  # never past what Qa acknowledged
+                assert action.bookies == p.ensemble
+                self.lacs_sent += 1
 
     # -- rules --------------------------------------------------------------------------------
 
@@ -239,6 +244,17 @@ class PipelineMachine(RuleBasedStateMachine):
         self.p.on_timer(self.now)
         self.run()
 
+    @rule()
+    def quiet(self) -> None:
+        """A loop iteration passed with no add (the driver calls this when ``lac_due``)."""
+        assert self.p is not None
+        due = self.p.lac_due
+        before = self.lacs_sent
+        self.p.on_quiet()
+        self.run()
+        assert self.lacs_sent - before == (1 if due else 0)
+        assert not self.p.lac_due
+
     # -- invariants ---------------------------------------------------------------------------
 
     @invariant()
@@ -318,3 +334,102 @@ def test_batches_are_cut_at_the_limits() -> None:
         p.push(b"x" * 10, 10 * (i + 1))
     sends = [s for s in p.actions() if isinstance(s, Send)]
     assert [s.entry_ids for s in sends] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+# -- the immediate LAC (pybk.client.lacflush) --------------------------------------------------
+
+def _confirm(p: WritePipeline, entries: int) -> list[Action]:
+    """Push ``entries`` and have every bookie store them; the actions after."""
+    for i in range(entries):
+        p.push(b"e%d" % i, i + 1)
+    sends = [a for a in p.actions() if isinstance(a, Send)]
+    for send in sends:
+        p.on_reply(send, None)
+    return p.actions()
+
+
+def test_the_immediate_lac_is_due_once_confirmed_with_nothing_after_it() -> None:
+    p = WritePipeline(7, Quorums(3, 3, 2), {0: ["b0", "b1", "b2"]}, immediate_lac=True)
+    p.push(b"e0", 2)
+    (s0, s1, s2) = [a for a in p.actions() if isinstance(a, Send)]
+    p.on_reply(s0, None)
+    assert not p.lac_due  # one ack of two: never before the Qa-th ack
+    p.on_quiet()
+    assert not [a for a in p.actions() if isinstance(a, SendLac)]
+    p.on_reply(s1, None)
+    assert [type(a) for a in p.actions()] == [Resolve]
+    assert p.lac_due
+    p.on_quiet()
+    assert p.actions() == [SendLac(0, ["b0", "b1", "b2"])]
+    assert not p.lac_due
+    p.on_reply(s2, None)
+    p.on_quiet()  # told already: nothing more
+    assert p.actions() == []
+
+
+def test_a_burst_of_confirmations_costs_one_lac_message() -> None:
+    p = WritePipeline(7, Quorums(3, 2, 2), {0: ["b0", "b1", "b2"]}, immediate_lac=True)
+    assert {type(a) for a in _confirm(p, 10)} == {Resolve}  # (as each bookie answers)
+    p.on_quiet()
+    assert p.actions() == [SendLac(9, ["b0", "b1", "b2"])]
+
+
+def test_an_add_right_after_the_confirmation_carries_the_lac_instead() -> None:
+    p = WritePipeline(7, Quorums(3, 2, 2), {0: ["b0", "b1", "b2"]}, immediate_lac=True)
+    _confirm(p, 1)
+    assert p.lac_due
+    p.push(b"e1", 4)  # framed with LAC 0: its bookies learn it with the add
+    assert not p.lac_due
+    p.on_quiet()
+    assert not [a for a in p.actions() if isinstance(a, SendLac)]
+
+
+def test_no_immediate_lac_while_entries_after_it_are_pending() -> None:
+    p = WritePipeline(7, Quorums(3, 3, 3), {0: ["b0", "b1", "b2"]}, immediate_lac=True)
+    p.push(b"e0", 2)
+    first = [a for a in p.actions() if isinstance(a, Send)]
+    p.push(b"e1", 4)
+    second = [a for a in p.actions() if isinstance(a, Send)]
+    for send in first:
+        p.on_reply(send, None)
+    assert p.lac == 0 and not p.lac_due  # entry 1 follows: the burst ends first
+    for send in second:
+        p.on_reply(send, None)
+    assert p.lac == 1 and p.lac_due
+
+
+def test_the_knob_off_and_recovery_write_back_send_no_immediate_lac() -> None:
+    off = WritePipeline(7, Quorums(3, 2, 2), {0: ["b0", "b1", "b2"]})
+    _confirm(off, 3)
+    assert not off.lac_due
+    recovery = WritePipeline(7, Quorums(3, 2, 2), {0: ["b0", "b1", "b2"]}, recovery=True,
+                             immediate_lac=True)
+    _confirm(recovery, 3)
+    assert not recovery.lac_due
+
+
+def test_the_periodic_tick_sends_nothing_the_immediate_lac_told() -> None:
+    p = WritePipeline(7, Quorums(3, 2, 2), {0: ["b0", "b1", "b2"]}, immediate_lac=True,
+                      explicit_lac_interval=0.2)
+    _confirm(p, 2)
+    p.on_quiet()
+    assert p.actions() == [SendLac(1, ["b0", "b1", "b2"])]
+    p.on_timer(1.0)
+    assert p.actions() == []
+
+
+def test_a_failed_pipeline_sends_no_lac() -> None:
+    p = WritePipeline(7, Quorums(3, 2, 2), {0: ["b0", "b1", "b2"]}, immediate_lac=True)
+    _confirm(p, 2)
+    p.fail(IOBookieError("gone"))
+    assert not p.lac_due
+    p.on_quiet()
+    assert not [a for a in p.actions() if isinstance(a, SendLac)]
+
+
+def test_the_lac_before_quorum_mutation_tells_a_lac_qa_never_acknowledged() -> None:
+    p = WritePipeline(7, Quorums(3, 3, 2), {0: ["b0", "b1", "b2"]}, lac_before_quorum=True)
+    p.push(b"e0", 2)
+    s0 = next(a for a in p.actions() if isinstance(a, Send))
+    p.on_reply(s0, None)
+    assert p.lac == -1 and p.actions() == [SendLac(0, ["b0", "b1", "b2"])]

@@ -131,8 +131,8 @@ async def test_lac_read_needs_coverage() -> None:
 
 
 async def test_long_poll_returns_entry_once_confirmed() -> None:
-    async with mem_cluster(3) as cluster:
-        lh = await cluster.client().create_ledger(3, 2, 2)
+    async with mem_cluster(3) as cluster:  # (the LAC carried by adds alone)
+        lh = await cluster.client(config=ClientConfig(immediate_lac=False)).create_ledger(3, 2, 2)
         await lh.append(b"e0")
         await lh.append(b"e1")
         rh = await cluster.client().open_ledger(lh.id, recovery=False)
@@ -189,8 +189,9 @@ async def test_explicit_lac_lets_reader_see_last_entry() -> None:
 
 
 async def test_reader_follows_ensemble_change_after_open() -> None:
-    async with mem_cluster(4) as cluster:
-        lh = await cluster.client().create_ledger(3, 1, 1)  # one replica: no failover
+    async with mem_cluster(4) as cluster:  # (the LAC carried by adds alone: it lags one)
+        writer = cluster.client(config=ClientConfig(immediate_lac=False))
+        lh = await writer.create_ledger(3, 1, 1)  # one replica: no failover
         for i in range(3):
             await lh.append(b"e%d" % i)
         rh = await cluster.client().open_ledger(lh.id, recovery=False)
@@ -309,7 +310,7 @@ def test_explicit_lac_is_not_sent_while_adds_carry_the_lac_on(sim_cluster: Any) 
     from pybk.wire import WriteLacRequest
 
     async def scenario(cluster: Any) -> None:
-        config = ClientConfig(explicit_lac_interval=0.2)
+        config = ClientConfig(explicit_lac_interval=0.2, immediate_lac=False)
         lh = await cluster.client("w", config).create_ledger(3, 3, 2, password=b"pw")
         loop = asyncio.get_running_loop()
         sent: list[tuple[float, int]] = []

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 from logs_kit import until
 from process_kit import children
-from pybk.cli.processes import pid_alive
+
+from pybk.server.processes import pid_alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

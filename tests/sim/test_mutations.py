@@ -46,6 +46,8 @@ EXPECTED = {
     mutations.TAIL_READER_SKIPS_ON_ERROR: {"LG1"},
     # a taken-over segment completed at a stale LAC loses the old writer's last records
     mutations.SEGMENT_COMPLETED_AT_STALE_LAC: {"LG1", "LG4"},
+    # the LAC told before the Qa-th ack: a reader sees what Qa bookies never acknowledged
+    mutations.LAC_BEFORE_QUORUM: {"I3", "L5"},
 }
 
 
