@@ -10,7 +10,7 @@ See docs/simulation.md. A user's own tests get a simulated cluster from
 :class:`pybk.testing.SimTestCluster` (the ``sim_cluster`` pytest fixture).
 """
 
-from pybk.sim.checker import Checker, Violation, check
+from pybk.sim.checker import Checker, Violation
 from pybk.sim.cluster import SimCluster
 from pybk.sim.configs import SimConfig
 from pybk.sim.faults import FaultPlan, Faults
@@ -21,17 +21,21 @@ from pybk.sim.net import NetConfig, SimNetwork, SimTransport
 from pybk.sim.runner import TOPOLOGIES, SimResult, Stats, run
 from pybk.sim.scenario import FaultEvent, Scenario
 from pybk.sim.shrink import ShrinkResult, shrink
+from pybk.sim.userapp import CheckReport, Failure, Record, check, run_app
 from pybk.sim.workload import Workload
 
 __all__ = [
     "TOPOLOGIES",
+    "CheckReport",
     "Checker",
+    "Failure",
     "FaultEvent",
     "FaultPlan",
     "Faults",
     "GcSim",
     "History",
     "NetConfig",
+    "Record",
     "Scenario",
     "ShrinkResult",
     "SimCluster",
@@ -47,5 +51,6 @@ __all__ = [
     "Workload",
     "check",
     "run",
+    "run_app",
     "shrink",
 ]

@@ -4,7 +4,8 @@
   and operation, around any transport (``LocalCluster(..., transport_wrapper=HookedTransport)``);
 * :class:`LocalTransport` and :class:`MemFileSystem`: bookies in memory, with crash semantics;
 * :class:`SimTestCluster` / :class:`SimCluster`: a deterministic simulated cluster (virtual
-  time, faults; the ``sim_cluster`` pytest fixture);
+  time, faults; the ``sim_cluster`` pytest fixture); :func:`assert_app_survives`: sweep seeds
+  of faults over your own application (``pybk.sim.check``) in one assertion;
 * conformance suites any implementation of a seam can run: :mod:`.metadata_conformance`
   (MetadataStore) and its adversarial watch section :mod:`.watch_conformance`,
   :mod:`.fs_conformance` (FileSystem), :mod:`.transport_conformance`
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
         is_recovery_add,
     )
     from pybk.testing.mutations import Mutations
-    from pybk.testing.simulated import SimTestCluster
+    from pybk.testing.simulated import SimTestCluster, assert_app_survives
     from pybk.testing.transport_conformance import CHECKS as TRANSPORT_CHECKS
     from pybk.testing.transport_conformance import TransportBackend
     from pybk.testing.transport_conformance import run_check as run_transport_check
@@ -53,6 +54,7 @@ _WHERE = {
     "Mutations": "pybk.testing.mutations",
     "SimCluster": "pybk.sim.cluster",
     "SimTestCluster": "pybk.testing.simulated",
+    "assert_app_survives": "pybk.testing.simulated",
     "check_filesystem": "pybk.testing.fs_conformance",
     "TransportBackend": "pybk.testing.transport_conformance",
 }
@@ -73,6 +75,7 @@ __all__ = [
     "SimCluster",
     "SimTestCluster",
     "TransportBackend",
+    "assert_app_survives",
     "check_filesystem",
     "is_fencing",
     "is_normal_add",

@@ -28,6 +28,7 @@ from pybk.sim.net import NetConfig
 
 __all__ = [
     "SimTestCluster",
+    "assert_app_survives",
 ]
 
 T = TypeVar("T")
@@ -69,3 +70,20 @@ class SimTestCluster:
         finally:
             self.trace = trace
             loop.shutdown()
+
+
+def assert_app_survives(app: Callable[..., Awaitable[None]],
+                        check: Callable[[list[Any]], list[str]], seeds: Any = range(50),
+                        **options: Any) -> None:
+    """``pybk.sim.check`` as a test assertion: AssertionError naming each failing seed, its
+    violations and the call that reproduces it. ``options``: ``faults``, ``duration``,
+    ``bookies``, ``workers`` (see :func:`pybk.sim.check`)."""
+    from pybk.sim.userapp import check as sim_check
+
+    report = sim_check(app, check, seeds, **options)
+    if report.failing:
+        lines = [f"{len(report.failing)} of {report.seeds} seeds failed:"]
+        for f in report.failing[:10]:
+            lines.append(f"  seed {f.seed}: {'; '.join(f.violations)}")
+            lines.append(f"    reproduce: {f.command}")
+        raise AssertionError("\n".join(lines))
