@@ -9,17 +9,7 @@ pass share an entry), so an acknowledgement that returned is never redelivered, 
 crashes later. ``nack(pos)`` redelivers after ``redelivery_delay``; with ``ack_timeout`` a
 record not acknowledged in time is redelivered too.
 
-Takeover (a consumer restarting after a crash, or a second consumer of the same name): the
-new owner opens the old cursor ledger with recovery (fencing: the old owner's next
-acknowledgement fails with LedgerFencedError), reads its last entry, writes that state as the
-first entry of a new ledger, points the record at it by compare-and-set (checking its epoch)
-and deletes the old ledger. The ledger is rolled the same way every ``rollover_entries``
-entries, and the record's ``mark_delete`` (read by retention) is refreshed then and whenever
-the mark-delete position moves to a later segment.
-
-Acknowledged ranges beyond the mark-delete position are kept whole (never dropped): at most
-``max_ack_ranges`` of them; an individual acknowledgement that would open one more is refused
-with TooManyRequestsError (acknowledge the oldest pending records, or cumulatively).
+Design notes: docs/internals.md, "pybk/logs/cursor.py".
 """
 
 from __future__ import annotations

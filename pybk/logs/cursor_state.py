@@ -7,18 +7,7 @@ the cursor hands records out in log order, so every record between two acknowled
 handed out too, and is either acknowledged or still pending. Ranges merge on that rule, and
 the mark-delete position moves up through the first range once no pending record precedes it.
 
-After a restart nothing is pending and nothing was handed out yet: the stored ranges are kept
-as they are and the cursor re-reads from just after the mark-delete position, skipping the
-records inside a range (marking them handed out as it goes), so a range merges with its
-neighbours only once everything between them was seen again.
-
-Encoded (one entry of the cursor's ledger, or inline in its metadata record)::
-
-    b"PC" | version u8 = 1 | flags u8 (bit 0: mark-delete set, bit 1: start set)
-    | mark_delete 3 x i64 | start 3 x i64 | count u32 | count x (lo 3 x i64, hi 3 x i64)
-    | crc32c u32 of everything before it
-
-all big-endian. ``start`` is where a new cursor begins when it has acknowledged nothing.
+Design notes: docs/internals.md, "pybk/logs/cursor_state.py".
 """
 
 from __future__ import annotations

@@ -1,24 +1,7 @@
 """Tiered storage: offloading a log's closed segments to object storage, and reading them back.
 
-Per segment, in order (Pulsar's managed-ledger offload, made durable the same way):
-
-1. a compare-and-set records an attempt ``{uid, url, complete: false}`` in the segment's
-   metadata (the objects of an earlier unfinished attempt are deleted first);
-2. the ledger's entries are written to the data object, then the index object
-   (:mod:`pybk.logs.tier_store`);
-3. both are read back and verified (the index parses and names this segment, the data
-   object's length and CRC32C match it);
-4. a compare-and-set marks the attempt ``complete`` (only if its uid is still the one
-   recorded: a concurrent attempt's objects are deleted, not trusted);
-5. once ``offload_deletion_lag`` seconds (wall clock) have passed since then, a
-   compare-and-set marks ``bk_deleted`` and only then is the ledger deleted (the log's
-   housekeeping does this on its own; a lag of 0 does it at once).
-
-A reader opens a segment whose bookies' copy is deleted through :class:`OffloadedHandle`,
-which reads ranges of the data object (with read-ahead) and looks entries up in the index.
-Retention deletes a truncated segment's objects with its ledger; :func:`sweep_orphans`
-deletes objects no segment refers to (an attempt that crashed before its first CAS, or whose
-CAS failed). The fsspec calls are blocking and run in a worker thread.
+Per segment, in order (Pulsar's managed-ledger offload, made durable the same way) (listed in
+docs/internals.md, "pybk/logs/offload.py").
 """
 
 from __future__ import annotations

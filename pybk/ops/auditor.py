@@ -3,20 +3,8 @@
 One auditor acts at a time per cluster (the elected one, see :mod:`pybk.ops.autorecovery`).
 It runs two checks and marks what they find with
 :meth:`~pybk.metadata.base.MetadataStore.mark_under_replicated` (the ledger and the bookies
-it lacks), then bumps the marks counter the replication workers watch:
-
-* **bookie check**, on every change of the bookie registry (the registry's watch is set
-  before the first check, and the first check runs again once the store's watches are
-  established), on an audit request, and every ``bookie_check_interval`` (a safety net, not
-  the mechanism): a bookie named by some ledger's ensemble but absent from the
-  registry is *lost* once it has stayed absent ``lost_bookie_recovery_delay`` seconds
-  (read-only bookies are not lost); then every ledger naming it is marked. An audit
-  request marks lost bookies at once, whatever the delay.
-* **ledger check**, every ``ledger_check_interval`` and on an audit request: every replica
-  of every closed fragment is looked at (``edges``: its first and last entry; ``entries``:
-  the list of entries it holds; ``scrub``: every entry, digest checked, in batched reads).
-  A bookie that answers "absent" or "damaged" gets the ledger marked; an unreachable one is
-  left to the bookie check (a partition is not a loss).
+it lacks), then bumps the marks counter the replication workers watch (listed in
+docs/internals.md, "pybk/ops/auditor.py").
 """
 
 from __future__ import annotations

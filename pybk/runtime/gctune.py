@@ -8,18 +8,7 @@ this), so the cyclic collector finds nothing to free, yet with the default gen-0
 object the process holds (an application's too), stopping the event loop meanwhile: the
 in-process p99 at half the peak rate was made of those pauses (docs/performance.md).
 
-:func:`tune_gc_for_server` freezes what exists (``gc.freeze()``: start-up's modules, the
-replayed index, the cluster's objects leave the collector's sight for good) and raises the
-gen-0 threshold so the per-entry garbage is looked at in bigger, rarer passes.
-:class:`GcTuning` does the same and can put the previous settings back (what
-``pybk.LocalCluster(tune_gc=True)`` uses around its life).
-
-Python 3.12 counts immortal containers (built at interpreter start-up) among the frozen ones
-once a full collection has moved them there, so a freeze count above zero does not by itself
-mean that someone froze objects: :func:`frozen_by_others` tells the two apart on every version.
-
-The settings are process-wide: ``pybk bookie`` and ``pybk bench`` apply them; a library
-embedding bookies (``pybk.LocalCluster``, ``pybk.WAL``) applies them only when asked.
+Design notes: docs/internals.md, "pybk/runtime/gctune.py".
 """
 
 from __future__ import annotations

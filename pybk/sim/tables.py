@@ -10,14 +10,7 @@ in the workload's history with its virtual call and return times; a write that f
 unknown outcome (it may be in the log). In the liveness phase a last server takes the range
 over and reads every key.
 
-Invariants:
-
-* **TB1** every key's history is linearizable (:mod:`pybk.testing.linearizability`): no
-  acknowledged write lost, no read of a value older than one acknowledged before it began,
-  never a value that was not written;
-* **TB2** no revision is given to two acknowledged writes (revisions never reused, even
-  across takeovers);
-* **TB3** (liveness) a new server takes the range over and reads every key in time.
+Design notes: docs/internals.md, "pybk/sim/tables.py".
 """
 
 from __future__ import annotations

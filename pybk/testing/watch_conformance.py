@@ -9,19 +9,7 @@ These checks wait for nothing before they change something: no settling pause, n
 for a polling backend's first poll. The watching store already has its watch machinery
 running (a watch on another key, as every auto-recovery process has for its election).
 Each check runs :data:`TRIALS` trials per subject (bookies, a lock, a value, a ledger) and
-fails on the first missed change:
-
-* :func:`check_change_at_once_after_the_watch`: the change follows the watch at once (with
-  and without a read before the watch);
-* :func:`check_change_between_read_and_watch`: the change lands between the read and the watch;
-* :func:`check_flip_and_back`: a change and its undoing (a bookie that goes and comes back,
-  a lock taken and released) inside one poll interval, before and after the watch;
-* :func:`check_three_stores_concurrently`: three stores each read, watch and change the
-  same subjects at once; each must hear of the others' changes.
-
-Use it like the rest of the suite::
-
-    test_my_store_watches = watch_conformance_test(MyBackend)
+fails on the first missed change (listed in docs/internals.md, "pybk/testing/watch_conformance.py").
 """
 
 from __future__ import annotations

@@ -4,20 +4,7 @@ The guarantee (:class:`~pybk.metadata.base.MetadataStore`): a watch fires for ev
 committed after the state this store last returned to a caller for that subject, or after
 the watch was set when the store never returned that subject. So each watch starts from
 
-* the state this store last returned (a ledger's or key's version, the registry's
-  ``bookies`` counter and the wall time its live set was taken at, a lock's row version and
-  that time), or, when there is none,
-* the counters of the last poll this store finished before the watch was set; the subject
-  changed after them when its version is greater than the ``version`` counter then (every
-  write takes a version from it), or when its row is gone and that counter moved (a delete
-  leaves no version: the watch fires, perhaps needlessly). A store that never polled fires
-  such a watch at its first poll.
-
-A registration or a lock whose lease lapses changes nothing in the file; it changed after
-a watch's baseline when its expiry lies between the baseline's time and the poll's. A
-registration that goes and comes back between two polls ticks the ``bookies`` counter, and a
-released lock keeps its row with a new version for a while (``TOMBSTONE_KEEP``): a flip and
-back inside one poll interval is still a change.
+Design notes: docs/internals.md, "pybk/metadata/sqlite/watches.py".
 """
 
 from __future__ import annotations
