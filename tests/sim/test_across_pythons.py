@@ -55,7 +55,7 @@ def test_a_few_hundred_seeds_give_the_same_traces_on_every_interpreter(tmp_path:
         out = subprocess.run(
             [python, "-c", SCRIPT, str(src), str(len(SEEDS)), str(DURATION)],
             env={**os.environ, "PYTHONPATH": str(src)}, capture_output=True, text=True,
-            timeout=900)
+            timeout=900, cwd=src.parent)  # (not the checkout: `-c` puts the cwd first on the path)
         assert out.returncode == 0, out.stderr[-2000:]
         there = json.loads(out.stdout.splitlines()[-1])
         differ = [s for s in here if here[s] != there["hashes"].get(s)]
