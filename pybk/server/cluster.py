@@ -162,7 +162,7 @@ class ProcessCluster:
         self._state["tables"] = {"pid": proc.pid}
         self._save()
         info = wait_file(self.root / "run" / "tables.ready", proc,
-                         self.root / "logs" / "tables.log", self.ready_timeout)
+                         self.root / "logs" / "tables.log", self.ready_timeout, "table server")
         self.tables_address = f"{info['host']}:{info['port']}"
         self._state["tables"]["address"] = self.tables_address
         if on_ready is not None:

@@ -99,20 +99,21 @@ def spawn_table_server(root: Path, metadata: str, *, port: int = 4181,
                                 start_new_session=True)
 
 
-def wait_file(path: Path, proc: subprocess.Popen[bytes], log: Path,
-              timeout: float) -> dict[str, Any]:
-    """Wait (bounded) for a JSON ready file; RuntimeError with the log's tail if the process
-    died or the time ran out."""
+def wait_file(path: Path, proc: subprocess.Popen[bytes] | None, log: Path, timeout: float,
+              what: str | None = None) -> dict[str, Any]:
+    """Wait (bounded) for a process's JSON ready file; RuntimeError naming ``what`` (default:
+    the file), whether the process exited or the time ran out, and its log's last lines."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if path.exists():
             info: dict[str, Any] = json.loads(path.read_text())
             return info
-        if proc.poll() is not None:
+        if proc is not None and proc.poll() is not None:
             break
         time.sleep(0.05)
-    tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
-    raise RuntimeError(f"{path.name} did not appear within {timeout:g}s:\n{tail}")
+    tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log.exists() else []
+    why = "exited" if proc is not None and proc.poll() is not None else f"not ready in {timeout}s"
+    raise RuntimeError(f"{what or path.name} {why}; log tail: " + " | ".join(tail))
 
 
 def is_our_table_server(pid: int) -> bool:
@@ -137,22 +138,9 @@ def _limit_open_files(n: int) -> Any:
 def wait_ready(
     root: Path, bookie_id: str, proc: subprocess.Popen[bytes] | None, timeout: float
 ) -> dict[str, Any]:
-    """Wait (bounded) for a bookie's ready file; raise RuntimeError with its log if it died."""
-    ready = root / "run" / f"{bookie_id}.ready"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if ready.exists():
-            info: dict[str, Any] = json.loads(ready.read_text())
-            return info
-        if proc is not None and proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    log_file = root / "logs" / f"{bookie_id}.log"
-    tail = (
-        log_file.read_text(errors="replace").strip().splitlines()[-5:] if log_file.exists() else []
-    )
-    why = "exited" if proc is not None and proc.poll() is not None else f"not ready in {timeout}s"
-    raise RuntimeError(f"bookie {bookie_id} {why}; log tail: " + " | ".join(tail))
+    """Wait (bounded) for a bookie's ready file; RuntimeError with its log if it died."""
+    return wait_file(root / "run" / f"{bookie_id}.ready", proc,
+                     root / "logs" / f"{bookie_id}.log", timeout, f"bookie {bookie_id}")
 
 
 def stop_pid(pid: int, timeout: float) -> str:

@@ -4,7 +4,6 @@ the client saw acknowledged is there."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -21,6 +20,8 @@ bk_kv = pytest.importorskip("bookkeeper.kv")
 
 from bookkeeper.types import StorageClientSettings  # noqa: E402
 
+from pybk.server.processes import wait_file  # noqa: E402
+
 pytestmark = pytest.mark.integration
 
 
@@ -32,16 +33,12 @@ def _serve(data: Path, ready: Path) -> tuple[subprocess.Popen[bytes], int]:
             [sys.executable, "-m", "pybk", "table", "serve", "--path", str(data), "--port", "0",
              "--ready-file", str(ready)],
             env=env, stdout=subprocess.DEVNULL, stderr=log)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if ready.exists():
-            return proc, int(json.loads(ready.read_text())["port"])
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("table server did not start: "
-                         + (data.parent / "serve.log").read_text()[-2000:])
+    try:
+        info = wait_file(ready, proc, data.parent / "serve.log", 60, "table server")
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc, int(info["port"])
 
 
 def _stop(proc: subprocess.Popen[bytes], sig: int) -> None:
