@@ -271,7 +271,7 @@ class Checker:
             lid = ev.ledger
             kind = ev.kind
             if kind == "ensembles":
-                layouts[lid] = _layout(ev.detail)
+                layouts[lid] = History.parse_ensembles(ev.detail)
                 continue
             if kind == "bookie_ack":
                 layout = layouts.get(lid)
@@ -377,11 +377,6 @@ __all__ = ["FAIL", "INFO", "OK", "Checker", "Violation", "check"]
 
 #: (E, Qw, [(first entry, ensemble), ...] ascending): a ledger's striping as its metadata says
 _Layout = tuple[int, int, list[tuple[int, tuple[str, ...]]]]
-
-
-def _layout(detail: str) -> _Layout:
-    """Parse what :meth:`History.ensembles` recorded."""
-    return History.parse_ensembles(detail)
 
 
 def _write_set(layout: _Layout, entry: int) -> set[str]:
