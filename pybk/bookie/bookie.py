@@ -151,13 +151,13 @@ class Bookie:
         self.gc: GarbageCollector | None = None
         self._gc_remote: GcRemote | None = None
 
-    def _remote_error(self, kind: str, detail: str) -> None:
+    def _remote_error(self, kind: str, detail: str, exc: BaseException | None = None) -> None:
         """Log an error a remote request caused (a damaged entry read, an unexpected
         failure), rate-limited: a peer repeating the request cannot fill the log."""
         if self._remote_log is None:
             self._remote_log = RateLimitedLog(log, REMOTE_LOG_INTERVAL,
                                               asyncio.get_running_loop().time)
-        self._remote_log.event(f"bookie {self.bookie_id}: {kind}", detail, logging.ERROR)
+        self._remote_log.event(f"bookie {self.bookie_id}: {kind}", detail, logging.ERROR, exc)
 
     @staticmethod
     def _new_os_fs(config: BookieConfig) -> FileSystem:
@@ -477,7 +477,7 @@ class Bookie:
             return error_response(request, status_of(exc), str(exc))
         # never crash the bookie on one request; an exception nobody expected is a finding
         self._remote_error("unexpected errors handling requests",
-                           f"{type(exc).__name__}: {exc} on {request!r:.200}")
+                           f"{type(exc).__name__}: {exc} on {request!r:.200}", exc)
         return error_response(request, status_of(exc), f"unexpected {type(exc).__name__}: {exc}")
 
     def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes, body: bytes,
@@ -549,7 +549,7 @@ class Bookie:
         if isinstance(exc, BKError):
             return exc
         self._remote_error("unexpected errors adding entries",
-                           f"({ledger_id}, {entry_id}): {type(exc).__name__}: {exc}")
+                           f"({ledger_id}, {entry_id}): {type(exc).__name__}: {exc}", exc)
         return IOBookieError(f"unexpected {type(exc).__name__}: {exc}")
 
     def add(self, ledger_id: int, entry_id: int, master_key: bytes, body: bytes,

@@ -29,14 +29,16 @@ class RateLimitedLog:
         #: warnings actually written (tests and operators: the log stays small)
         self.emitted = 0
 
-    def event(self, kind: str, detail: str, level: int = logging.WARNING) -> None:
+    def event(self, kind: str, detail: str, level: int = logging.WARNING,
+              exc: BaseException | None = None) -> None:
         """One event of ``kind``; ``detail`` says what happened (the newest is reported),
-        logged at ``level``."""
+        logged at ``level``; ``exc``, an exception nobody expected, goes with the line that
+        is written (its traceback: the simulator's findings read it from the record)."""
         self._level[kind] = level
         now = self.clock()
         last = self._last.get(kind)
         if last is None or now - last >= self.interval:
-            self._emit(kind, detail, now)
+            self._emit(kind, detail, now, exc=exc)
         else:
             self._suppressed[kind] += 1
             self._detail[kind] = detail
@@ -48,10 +50,14 @@ class RateLimitedLog:
             if now - self._last.get(kind, 0.0) >= self.interval:
                 self._emit(kind, self._detail.pop(kind, ""), now, repeat=True)
 
-    def _emit(self, kind: str, detail: str, now: float, repeat: bool = False) -> None:
+    def _emit(self, kind: str, detail: str, now: float, repeat: bool = False,
+              exc: BaseException | None = None) -> None:
         held = self._suppressed.pop(kind, 0)
         level = self._level.get(kind, logging.WARNING)
-        if repeat:
+        if exc is not None:
+            self.logger.log(level, "%s: %s (further ones reported at most every %.0f s)",
+                            kind, detail, self.interval, exc_info=exc)
+        elif repeat:
             self.logger.log(level, "%s: %d more in the last %.0f s (latest: %s)",
                             kind, held, self.interval, detail)
         elif held:

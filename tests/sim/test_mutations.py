@@ -51,13 +51,29 @@ EXPECTED = {
 }
 
 
+#: switches whose broken rule the random sweep meets too rarely to catch in 60 seeds, each
+#: caught instead by the named bug replay (tests/bug_replays.py) that aims at it. A replaced
+#: bookie's late reply needs a lost request and a late answer on the same entry: 2 of the
+#: first 400 CI seeds (86 and 337) on 28 Nov.
+BY_REPLAY = {mutations.COUNTS_REPLACED_BOOKIES_ACKS: "BK-4651"}
+
+
 def test_every_switch_has_its_expected_invariants() -> None:
     assert set(EXPECTED) == mutations.KNOWN
     for name, expected in EXPECTED.items():
         assert expected and expected <= SAFETY, name
 
 
-@pytest.mark.parametrize("mutation", sorted(mutations.KNOWN))
+def test_the_switches_left_to_replays_have_one() -> None:
+    from bug_replays import REPLAYS
+
+    by_name = {r.name: r for r in REPLAYS}
+    for switch, name in BY_REPLAY.items():
+        assert by_name[name].mutation == switch
+        assert by_name[name].expect <= EXPECTED[switch]
+
+
+@pytest.mark.parametrize("mutation", sorted(mutations.KNOWN - set(BY_REPLAY)))
 def test_sweep_catches_mutation(mutation: str) -> None:
     found = find_violation(list(CI_SEEDS)[:60], mutations=(mutation,), invariants=SAFETY)
     assert found is not None, f"{mutation}: no seed of the first 60 CI seeds caught it"
