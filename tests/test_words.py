@@ -6,10 +6,9 @@ from __future__ import annotations
 import ast
 import pathlib
 
-import pybk
-
-ROOT = pathlib.Path(pybk.__file__).parent
-REPO = ROOT.parent
+#: the checkout (the suite may run against an installed wheel: its README and docs are here)
+REPO = pathlib.Path(__file__).resolve().parents[1]
+ROOT = REPO / "pybk"
 
 #: a docstring says what and why in a few lines; the longer story is in docs/internals.md
 MAX_DOCSTRING_LINES = 19

@@ -89,8 +89,11 @@ def print_show(doc: dict[str, Any]) -> None:
     about.add_row("truncated before", doc["truncated_before"] or "-")
     about.add_row("end of stream", "yes" if doc["end_of_stream"] else "no")
     console.print(about)
+    # where each segment lives, once any has left the bookies (a column fewer at 80 columns)
+    tiered = any(s["tier"] != "bookies" for s in doc["segments"])
     table = Table("seq", "ledger", "state", "records", "bytes", "last", "max txid",
-                  "modified (UTC)", title="segments", box=box.SIMPLE_HEAD,
+                  "modified (UTC)", *(["tier"] if tiered else []), title="segments",
+                  box=box.SIMPLE_HEAD,
                   pad_edge=False, collapse_padding=True)
     for column in table.columns:
         column.no_wrap = True
@@ -101,7 +104,7 @@ def print_show(doc: dict[str, Any]) -> None:
             "?" if s["bytes"] is None else f"{s['bytes']:,}",
             s["last_position"] or ("?" if s["state"] == "in-progress" else "-"),
             "-" if s["max_txid"] is None else str(s["max_txid"]),
-            _when(s["mtime_ms"]),
+            _when(s["mtime_ms"]), *([s["tier"]] if tiered else []),
         )  # fmt: skip
     if doc["segments"]:
         console.print(table)

@@ -25,7 +25,14 @@ from typing import Any, TypeVar
 
 import click
 
-from pybk.cli.common import Conn, client_options, echo_data, run_async, with_client
+from pybk.cli.common import (
+    Conn,
+    check_metadata_uri,
+    client_options,
+    echo_data,
+    run_async,
+    with_client,
+)
 from pybk.tables.engine import TablesEngine
 from pybk.tables.errors import NamespaceExistsError, NamespaceNotFoundError
 
@@ -40,7 +47,8 @@ def table() -> None:
 
 
 @table.command()
-@click.option("--metadata", envvar="PYBK_METADATA", help="Serve this cluster's tables.")
+@click.option("--metadata", envvar="PYBK_METADATA", callback=check_metadata_uri,
+              help="Serve this cluster's tables.")
 @click.option("--path", "path", type=click.Path(file_okay=False),
               help="Serve embedded tables under this directory (bookies in this process).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")

@@ -25,7 +25,8 @@ pytestmark = pytest.mark.slow
 
 SEEDS = range(300)
 DURATION = 10.0
-OTHERS = os.environ.get("PYBK_OTHER_PYTHONS", "").split()
+#: absolute: they run from another directory (make passes paths relative to the checkout)
+OTHERS = [os.path.abspath(p) for p in os.environ.get("PYBK_OTHER_PYTHONS", "").split()]
 
 SCRIPT = """
 import json, sys
