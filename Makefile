@@ -71,6 +71,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/tcp_append.py
 	$(PY) benchmarks/checkpoint.py
 	$(PY) benchmarks/wal_append.py
+	$(PY) benchmarks/lone_commit.py
 	$(PY) benchmarks/metrics_overhead.py
 	$(PY) benchmarks/spark_write.py --rows 200000 --rounds 2 --seeds 20 --duration 5
 	$(PY) benchmarks/abuse.py

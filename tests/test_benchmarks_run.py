@@ -57,6 +57,11 @@ CASES = {
                        r"(target UNDER the floor|the floor))",
                        r"like with like \(both 1/append\): [\d.]+x: (met|NOT MET; (target "
                        r"ABOVE the ceiling|the ceiling)).* the driver alone"]),
+    "lone_commit.py": (["--quick"],
+                       [r"sqlite WAL, sync=FULL\s+[\d.]+\s+[\d.]+\s+[\d,]+",
+                        r"wal 1 replica \(sync\)\s+[\d.]+", r"async wal default\s+[\d.]+",
+                        r"1 replica p50 / sqlite p50\s+[\d.]+x  <= 1.3x  (met|NOT MET)",
+                        r"default p50 / quorum floor\s+[\d.]+x", r"sync p50 / async p50"]),
     "checkpoint.py": (["--entries", "20000", "--ledgers", "20", "--changed", "1000",
                        "--active", "5", "--rounds", "1"], [r"delta vs base"]),
     "metrics_overhead.py": (["--duration", "0.1", "--rounds", "1", "--writers", "4",
