@@ -57,6 +57,7 @@ class LocalCluster:
         autorecovery_config: Any = None,
         metrics: Any = None,
         tune_gc: bool = False,
+        bookie_dirs: Sequence[str | os.PathLike[str]] | None = None,
     ) -> None:
         if isinstance(bookies, int):
             if bookies < 0:
@@ -68,6 +69,15 @@ class LocalCluster:
                 raise ValueError(f"bookie ids must be distinct, got {ids}")
         self.root = pathlib.Path(root)
         self._initial_ids = ids
+        #: bookie id -> its data directory when the caller placed it (``bookie_dirs``, one per
+        #: initial bookie, in order); the others live under ``root/bookies/<id>``
+        self._dirs: dict[str, pathlib.Path] = {}
+        if bookie_dirs is not None:
+            dirs = [pathlib.Path(d) for d in bookie_dirs]
+            if len(dirs) != len(ids):
+                raise ValueError(
+                    f"bookie_dirs has {len(dirs)} directories for {len(ids)} bookies")
+            self._dirs = dict(zip(ids, dirs, strict=True))
         self._fs = fs
         self._metadata_arg = metadata
         self._bookie_config = bookie_config
@@ -196,14 +206,15 @@ class LocalCluster:
         """That bookie's data directory."""
         if bookie_id not in self._known:
             raise KeyError(f"unknown bookie {bookie_id!r}; known: {self._known}")
-        return self.root / "bookies" / bookie_id
+        return self._data_dir(bookie_id)
+
+    def _data_dir(self, bookie_id: str) -> pathlib.Path:
+        return self._dirs.get(bookie_id) or self.root / "bookies" / bookie_id
 
     async def _start(self, bookie_id: str) -> None:
         from pybk.bookie import Bookie
 
-        data_dir = str(self.bookie_dir(bookie_id)) if bookie_id in self._known else str(
-            self.root / "bookies" / bookie_id
-        )
+        data_dir = str(self._data_dir(bookie_id))
         kwargs: dict[str, Any] = {
             "cookie_store": self.store,
             "rng": random.Random(self._rng.random()),

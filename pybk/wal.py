@@ -73,6 +73,7 @@ class AsyncWAL:
         writer_options: WriterOptions | None = None,
         reader_options: ReaderOptions | None = None,
         cluster_options: dict[str, Any] | None = None,
+        replica_dirs: Sequence[str | os.PathLike[str]] | None = None,
     ) -> None:
         given = sum(x is not None for x in (path, metadata, client))
         if given == 0:
@@ -85,6 +86,11 @@ class AsyncWAL:
                 f"bookies ({bookies!r}) must be an int >= ensemble_size ({ensemble_size})"
             )
         self.path = pathlib.Path(path) if path is not None else None
+        if replica_dirs is not None and self.path is None:
+            raise TypeError("replica_dirs places embedded bookies: give a directory, not metadata")
+        #: each in-process bookie's data directory (None: all under ``path/bookies``)
+        self.replica_dirs = (check_replica_dirs(self.path, replica_dirs, bookies)
+                             if replica_dirs is not None and self.path is not None else None)
         self.name = name
         self._metadata = metadata
         self._namespace = namespace
@@ -102,6 +108,7 @@ class AsyncWAL:
         self._reader_options = reader_options
         self._cluster_options = dict(cluster_options or {})
         self._lock: DirectoryLock | None = None
+        self._replica_locks: list[DirectoryLock] = []
         self._cluster: LocalCluster | None = None
         self._client: Client | None = client
         self._own_client = False
@@ -123,6 +130,14 @@ class AsyncWAL:
                 self._lock.acquire()
                 options = dict(self._cluster_options)
                 options.setdefault("bookie_config", embedded_bookie_config())
+                dirs = settle_replica_dirs(self.path, self.replica_dirs, self._bookies)
+                if dirs is not None:
+                    self.replica_dirs = dirs
+                    for d in dirs:
+                        lock = DirectoryLock(d, "WAL replica directory")
+                        lock.acquire()
+                        self._replica_locks.append(lock)
+                    options["bookie_dirs"] = dirs
                 self._cluster = LocalCluster(
                     self.path, self._bookies, client_config=self._client_config, **options
                 )
@@ -170,6 +185,9 @@ class AsyncWAL:
             if self._own_client or self._cluster is not None:
                 self._client = None
             self._cluster = None
+            for lock in self._replica_locks:
+                lock.release()
+            self._replica_locks.clear()
             if self._lock is not None:
                 self._lock.release()
                 self._lock = None
@@ -236,6 +254,72 @@ class AsyncWAL:
         async for batch in follow_batches(self.log, start, timeout, self._reader_options):
             for rec in batch:
                 yield rec
+
+
+#: file under an embedded WAL's directory naming its replicas' directories, one a line
+REPLICAS_FILE = "REPLICAS"
+
+
+def check_replica_dirs(path: pathlib.Path, dirs: Sequence[str | os.PathLike[str]],
+                       bookies: int) -> list[pathlib.Path]:
+    """``dirs`` made absolute, or ValueError: one per bookie, distinct, none inside another or
+    holding the WAL's own directory, none an existing non-directory."""
+    if isinstance(dirs, (str, bytes, os.PathLike)):
+        raise ValueError("replica_dirs must be a list of directories, not one path")
+    out = [pathlib.Path(d).expanduser().resolve() for d in dirs]
+    if len(out) != bookies:
+        raise ValueError(f"replica_dirs has {len(out)} directories for {bookies} bookies "
+                         "(one each; set bookies= to match)")
+    root = path.expanduser().resolve()
+    for i, d in enumerate(out):
+        if d.exists() and not d.is_dir():
+            raise ValueError(f"replica directory {d} exists and is not a directory")
+        if d == root or root.is_relative_to(d):
+            raise ValueError(f"replica directory {d} holds the WAL directory {root}")
+        if d.is_relative_to(root / "bookies"):
+            raise ValueError(f"replica directory {d} is inside {root / 'bookies'}, where the "
+                             "WAL keeps replicas without replica_dirs")
+        for e in out[:i]:
+            if d == e:
+                raise ValueError(f"replica directory {d} is given twice")
+            if d.is_relative_to(e) or e.is_relative_to(d):
+                raise ValueError(f"replica directories {e} and {d} are nested")
+    return out
+
+
+def settle_replica_dirs(path: pathlib.Path, dirs: list[pathlib.Path] | None,
+                        bookies: int) -> list[pathlib.Path] | None:
+    """The replica directories this WAL uses (under its lock): the ones it recorded at its
+    first open when ``dirs`` is None, else ``dirs``, which must match that record; a WAL made
+    without replica_dirs keeps its replicas under ``path/bookies``. Creates them."""
+    record = path / REPLICAS_FILE
+    recorded = ([pathlib.Path(line) for line in record.read_text().splitlines() if line]
+                if record.exists() else None)
+    if dirs is None:
+        if recorded is not None and len(recorded) != bookies:
+            raise ValueError(f"{path} has {len(recorded)} replicas ({record}), not {bookies}")
+        dirs = recorded
+    elif recorded is not None and recorded != dirs:
+        raise ValueError(f"{path} keeps its replicas in {[str(d) for d in recorded]} "
+                         f"({record}), not {[str(d) for d in dirs]}")
+    elif recorded is None and (path / "bookies").exists():
+        raise ValueError(f"{path} already keeps its replicas under {path / 'bookies'}; "
+                         "replica_dirs applies to a new WAL")
+    if dirs is None:
+        return None
+    for d in dirs:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"cannot create replica directory {d}: {e}") from None
+    if recorded is None:
+        tmp = record.with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            f.write("".join(f"{d}\n" for d in dirs))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, record)
+    return dirs
 
 
 async def _pairs(

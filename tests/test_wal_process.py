@@ -137,6 +137,26 @@ async def test_embedded_wal_survives_kill_9(tmp_path: Path) -> None:
     print(f"embedded: {len(acked)} acknowledged in 2 runs, {len(replayed)} replayed")
 
 
+async def test_embedded_wal_with_replica_dirs_survives_kill_9(tmp_path: Path) -> None:
+    """Replicas in directories of their own: made once here (the layout is recorded under the
+    WAL's directory), then the child's plain ``pybk.WAL(where)`` finds them; after its kill -9
+    the replay from the same directories has every acknowledged record."""
+    where = str(tmp_path / "wal")
+    dirs = [tmp_path / f"dev{i}" / "replica" for i in range(3)]
+    async with pybk.AsyncWAL(where, replica_dirs=dirs):
+        pass
+    child = Child(where, 0)
+    await child.start()
+    await child.wait_acked(random.Random(int.from_bytes(os.urandom(4), "big")).randrange(5, 300))
+    await child.kill()
+    assert len(child.helpers) == 3, child.helpers
+    assert not (tmp_path / "wal" / "bookies").exists()
+    async with pybk.AsyncWAL(where, replica_dirs=dirs) as wal:
+        replayed = [pd async for pd in wal.replay()]
+    check_replay(replayed, child.acked)
+    assert len(replayed) >= len(child.acked) > 0
+
+
 async def test_wal_over_tcp_bookies_survives_kill_9_of_the_writer_and_a_bookie(
         tmp_path: Path) -> None:
     sys.path.insert(0, str(Path(__file__).parent))
