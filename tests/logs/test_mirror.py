@@ -227,6 +227,35 @@ async def test_bookie_crashes_on_either_side_lose_and_double_nothing(
         assert_prefix(source, target)
 
 
+async def test_a_network_partition_from_the_target_loses_and_doubles_nothing(
+        tmp_path: Path) -> None:
+    async with two_clusters(tmp_path) as (a, b):
+        src = await a.client().namespace().create_log("p", roll_entries=8)
+        dst = await b.client().namespace().create_log("p")
+        service = MirrorService(src, dst, rng=random.Random(5), min_backoff=0.01,
+                                max_backoff=0.05, batch_records=4, window=3)
+        task = asyncio.create_task(service.run())
+        async with await src.writer() as w:
+            for i in range(30):
+                w.append(b"p%d" % i)
+            await until(lambda: service.stats.records >= 10, timeout=20)
+            cut = b.transport.hooks.unavailable()  # every target bookie unreachable
+            for i in range(30, 70):
+                w.append(b"p%d" % i)
+            await w.flush()
+            await until(lambda: service.failures >= 3, timeout=30)
+            cut.remove()
+            last = w.last_position
+        await until(lambda: service.stats.position == last, timeout=30)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        source, target = await read_all(src), await read_all(dst)
+        assert len(source) == len(target) == 70
+        assert_prefix(source, target)
+        assert service.stats.starts == service.failures + 1
+
+
 async def test_failover_stop_writers_drain_then_write_to_the_target(tmp_path: Path) -> None:
     async with two_clusters(tmp_path) as (a, b):
         src = await a.client().namespace().create_log("ledger", roll_entries=3)
