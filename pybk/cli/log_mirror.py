@@ -98,6 +98,7 @@ def log_mirror(source_uri: str, target_uri: str, name: str, namespace: str,
 async def _serve(src: Conn, dst: Conn, name: str, namespace: str, to_namespace: str,
                  to_name: str, drain: bool, batch: int, metrics_port: int | None,
                  metrics_host: str) -> Any:
+    from pybk.logs.mirror import open_target
     from pybk.ops.mirror import MirrorService
 
     stop = asyncio.Event()
@@ -106,7 +107,7 @@ async def _serve(src: Conn, dst: Conn, name: str, namespace: str, to_namespace: 
         loop.add_signal_handler(sig, stop.set)
     async with src.client() as sc, dst.client() as dc:
         source = await asyncio.wait_for(sc.namespace(namespace).open_log(name), src.timeout)
-        target = await asyncio.wait_for(_target(source, dc.namespace(to_namespace), to_name),
+        target = await asyncio.wait_for(open_target(source, dc.namespace(to_namespace), to_name),
                                         dst.timeout)
         service = MirrorService(source, target, name=f"{namespace}/{name}",
                                 batch_records=batch,
@@ -134,22 +135,6 @@ async def _serve(src: Conn, dst: Conn, name: str, namespace: str, to_namespace: 
         finally:
             if http is not None:
                 await http[0].cleanup()
-
-
-async def _target(source: Any, ns: Any, name: str) -> Any:
-    """The target log; created with the source's configuration when it does not exist."""
-    from pybk.errors import LogExistsError
-
-    if await ns.log_exists(name):
-        return await ns.open_log(name)
-    cfg = (await source.metadata()).config
-    with contextlib.suppress(LogExistsError):  # another mirror made it meanwhile
-        await ns.create_log(
-            name, ensemble_size=cfg.ensemble_size, write_quorum=cfg.write_quorum,
-            ack_quorum=cfg.ack_quorum, compression=cfg.compression, roll_bytes=cfg.roll_bytes,
-            roll_entries=cfg.roll_entries, roll_seconds=cfg.roll_seconds,
-            digest_type=cfg.digest_type)
-    return await ns.open_log(name)
 
 
 async def _metrics_server(service: Any, host: str, port: int) -> tuple[Any, int]:

@@ -30,12 +30,13 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 
 import crc32c
 
-from pybk.errors import CorruptRecordError
+from pybk.errors import CorruptRecordError, LogExistsError
 from pybk.logs.config import ReaderOptions
 from pybk.logs.position import LogRecord, Position
 
 if TYPE_CHECKING:
     from pybk.logs.log import Log
+    from pybk.logs.namespace import Namespace
     from pybk.logs.writer import LogWriter
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "MirroredRecord",
     "frame",
     "is_frame",
+    "open_target",
     "unframe",
 ]
 
@@ -285,3 +287,18 @@ class LogMirror:
             assert st.caught_up_at is not None
             st.lag_seconds = now - st.caught_up_at
             await asyncio.sleep(self.lag_interval)
+
+
+async def open_target(source: Log, namespace: Namespace, name: str) -> Log:
+    """The target log ``name`` of ``namespace``, created with ``source``'s configuration
+    (ensemble, quorums, digest, codec, rolling) when it does not exist."""
+    if await namespace.log_exists(name):
+        return await namespace.open_log(name)
+    cfg = (await source.metadata()).config
+    with contextlib.suppress(LogExistsError):  # another mirror made it meanwhile
+        await namespace.create_log(
+            name, ensemble_size=cfg.ensemble_size, write_quorum=cfg.write_quorum,
+            ack_quorum=cfg.ack_quorum, compression=cfg.compression, roll_bytes=cfg.roll_bytes,
+            roll_entries=cfg.roll_entries, roll_seconds=cfg.roll_seconds,
+            digest_type=cfg.digest_type)
+    return await namespace.open_log(name)

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,7 +39,8 @@ def _poll(cond: Callable[[], bool], what: str, timeout: float = WAIT) -> None:
         time.sleep(0.05)
 
 
-def _mirror(src: str, dst: str, *extra: str) -> subprocess.Popen[bytes]:
+def _mirror(src: str, dst: str, *extra: str, ready: dict[str, object] | None = None,
+            ) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "pybk", "log", "mirror", "--from", src, "--to", dst, "orders",
          "--batch", "7", *extra],
@@ -48,8 +50,16 @@ def _mirror(src: str, dst: str, *extra: str) -> subprocess.Popen[bytes]:
     if not line.startswith(b"{"):
         proc.kill()
         raise AssertionError(f"mirror did not start: {line!r} {proc.stderr.read()!r}")  # type: ignore[union-attr]
-    assert json.loads(line)["event"] == "ready"
+    said = json.loads(line)
+    assert said["event"] == "ready"
+    if ready is not None:
+        ready.update(said)
     return proc
+
+
+def _get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=WAIT) as resp:
+        return str(resp.read().decode())
 
 
 def _records(client: pybk.sync.Client) -> list[pybk.LogRecord]:
@@ -85,8 +95,13 @@ def test_a_killed_mirror_process_restarts_from_the_target(tmp_path: Path) -> Non
                 assert procs[-1].wait(WAIT) == -signal.SIGKILL
                 w.append_many([b"second-%d" % i for i in range(100)])
             source = _records(ca)
-            procs.append(_mirror(a.metadata, b.metadata))  # restarts from the target's truth
+            ready: dict[str, object] = {}
+            procs.append(_mirror(a.metadata, b.metadata, "--metrics-port", "0", ready=ready))
             _poll(lambda: len(_records(cb)) >= len(source), "the mirror to catch up")
+            url = f"http://127.0.0.1:{ready['metrics_port']}/metrics"
+            _poll(lambda: "pybk_log_mirror_lag_seconds{mirror=\"default/orders\"} 0.0"
+                  in _get(url), "the lag metric to say caught up")
+            assert "pybk_log_mirror_records_total" in _get(url)
             procs[-1].send_signal(signal.SIGTERM)
             out, err = procs[-1].communicate(timeout=WAIT)
             assert procs[-1].returncode == 0, err.decode()[-2000:]
@@ -104,6 +119,18 @@ def test_a_killed_mirror_process_restarts_from_the_target(tmp_path: Path) -> Non
             assert procs[-1].returncode == 0, err.decode()[-2000:]
             source, target = _records(ca), _records(cb)
             assert out.decode().strip() == str(source[-1].position)
+            assert [unframe(t.data).data for t in target] == [s.data for s in source]
+            # the same from synchronous code: pybk.sync.LogMirror on one loop thread
+            with src.writer() as w:
+                last = w.append_many([b"fourth-%d" % i for i in range(30)])[-1]
+            with pybk.sync.LogMirror(a.metadata, b.metadata, "orders", lag_interval=0.05,
+                                     batch_records=9) as m:
+                m.start()
+                _poll(lambda: m.stats.position == last, "the sync mirror to copy")
+                m.stop()
+                assert m.drain() == last and m.stats.lag_seconds == 0.0
+            source, target = _records(ca), _records(cb)
+            assert len(target) == 300
             assert [unframe(t.data).data for t in target] == [s.data for s in source]
     finally:
         for p in procs:
