@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from pybk.errors import BKError
+from pybk.errors import AlreadyTruncatedError, BKError
 from pybk.logs.log import Log
 from pybk.logs.mirror import LogMirror, MirrorError, MirrorStats
 from pybk.logs.position import Position
@@ -31,7 +31,8 @@ class MirrorService:
     ``await service.run()`` until cancelled (or the source's stream ended and everything is
     copied). A failure is logged and the mirror restarts after ``min_backoff`` doubling to
     ``max_backoff`` seconds (times a jitter in [0.5, 1)); a target that is not a mirror's
-    (MirrorError) and bad input are not retried."""
+    (MirrorError), a source truncated past the copy (AlreadyTruncatedError) and bad input
+    (a record too large for the target included) are not retried."""
 
     def __init__(
         self,
@@ -65,8 +66,8 @@ class MirrorService:
             try:
                 await self.mirror.run(stop_at=stop_at)
                 return
-            except (MirrorError, TypeError, ValueError):
-                raise
+            except (MirrorError, AlreadyTruncatedError, TypeError, ValueError):
+                raise  # retrying cannot help: the target or the source is not fit
             except (BKError, OSError, TimeoutError) as exc:
                 self.failures += 1
                 log.warning("mirror %s failed (%s: %s); restarting in about %.2f s",

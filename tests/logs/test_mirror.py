@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from pybk.client.context import ClientConfig
 from pybk.cluster import LocalCluster
-from pybk.errors import CorruptRecordError
+from pybk.errors import AlreadyTruncatedError, CorruptRecordError
 from pybk.logs import Log, LogRecord, Position
 from pybk.logs.mirror import LogMirror, MirrorError, frame, is_frame, unframe
 from pybk.ops.mirror import MirrorCollector, MirrorService
@@ -315,3 +315,18 @@ async def test_lag_is_a_metric(tmp_path: Path) -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+
+
+async def test_a_source_truncated_past_the_copy_stops_the_service(tmp_path: Path) -> None:
+    async with two_clusters(tmp_path) as (a, b):
+        src = await a.client().namespace().create_log("t", roll_entries=1)
+        dst = await b.client().namespace().create_log("t")
+        async with await src.writer() as w:
+            await w.append_many([b"a%d" % i for i in range(5)])
+            await MirrorService(src, dst).drain()
+            for i in range(5):
+                await w.append(b"b%d" % i)
+            await w.truncate(before=w.last_position)  # the next record to copy is gone
+        with pytest.raises(AlreadyTruncatedError):
+            await MirrorService(src, dst).run()  # not retried: it cannot be exactly-once
+        assert len(await read_all(dst)) == 5
