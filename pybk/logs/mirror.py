@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Final, NamedTuple
 
 import crc32c
 
-from pybk.errors import CorruptRecordError, LogExistsError
+from pybk.errors import BKError, CorruptRecordError, LogExistsError
 from pybk.logs.config import ReaderOptions
 from pybk.logs.position import LogRecord, Position
 
@@ -205,7 +205,11 @@ class LogMirror:
         """Copy from the target's truth onwards, following the source's tail, until cancelled,
         until the source's stream ends, or past ``stop_at`` (inclusive)."""
         self.stats.starts += 1
-        writer = await self.target.writer(label=self.label)
+        try:
+            writer = await self.target.writer(label=self.label)
+        except BaseException as exc:
+            self.stats.last_error = f"{type(exc).__name__}: {exc}"
+            raise
         try:
             resume = await self.resume_position(writer)
             self.stats.position = resume
@@ -275,17 +279,21 @@ class LogMirror:
 
     async def _watch_lag(self) -> None:
         """Every ``lag_interval`` s of loop time: ask the source's last position; the lag is
-        the time since the target last held all of it."""
+        the time since the target last held all of it (it keeps growing while the source
+        cannot be asked)."""
         st = self.stats
-        st.caught_up_at = self._now()
+        st.caught_up_at = caught = self._now()
         while True:
-            src = await self.source.last_position()
-            st.source_position = src
-            now = self._now()
-            if src is None or (st.position is not None and st.position >= src):
-                st.caught_up_at = now
-            assert st.caught_up_at is not None
-            st.lag_seconds = now - st.caught_up_at
+            try:
+                src = await self.source.last_position()
+            except (BKError, OSError, TimeoutError):
+                pass  # the copy fails on its own if it must
+            else:
+                st.source_position = src
+                if src is None or (st.position is not None and st.position >= src):
+                    st.caught_up_at = self._now()
+            caught = st.caught_up_at if st.caught_up_at is not None else caught
+            st.lag_seconds = self._now() - caught
             await asyncio.sleep(self.lag_interval)
 
 
