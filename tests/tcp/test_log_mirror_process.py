@@ -132,6 +132,19 @@ def test_a_killed_mirror_process_restarts_from_the_target(tmp_path: Path) -> Non
             source, target = _records(ca), _records(cb)
             assert len(target) == 300
             assert [unframe(t.data).data for t in target] == [s.data for s in source]
+            # a target written by something else: one line naming the cause, exit 1
+            other = cb.namespace().create_log("other", ensemble_size=2, write_quorum=2,
+                                              ack_quorum=2)
+            with other.writer() as ow:
+                ow.append(b"not a frame")
+            r = subprocess.run(
+                [sys.executable, "-m", "pybk", "log", "mirror", "--from", a.metadata, "--to",
+                 b.metadata, "orders", "--to-log", "other", "--drain"],
+                capture_output=True, timeout=WAIT)
+            assert r.returncode == 1, r
+            last_line = r.stderr.decode().strip().splitlines()[-1]
+            assert last_line.startswith("pybk: error: MirrorError: the last record of log "
+                                        "'other'"), last_line
     finally:
         for p in procs:
             if p.poll() is None:
