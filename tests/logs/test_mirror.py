@@ -388,3 +388,29 @@ async def test_a_source_truncated_past_the_copy_stops_the_service(tmp_path: Path
         with pytest.raises(AlreadyTruncatedError):
             await MirrorService(src, dst).run()  # not retried: it cannot be exactly-once
         assert len(await read_all(dst)) == 5
+
+
+async def test_a_takeover_of_the_source_writer_mid_copy(tmp_path: Path) -> None:
+    """The mirror copies only what the source acknowledged (readers stop at the LAC), which
+    a new source writer's recovery keeps: a takeover mid-copy loses and doubles nothing."""
+    async with two_clusters(tmp_path) as (a, b):
+        src = await a.client().namespace().create_log("s")
+        dst = await b.client().namespace().create_log("s")
+        mirror = LogMirror(src, dst, batch_records=3)
+        task = asyncio.create_task(mirror.run())
+        first = await src.writer(label="first")
+        for i in range(30):
+            first.append(b"f%d" % i)
+        await until(lambda: mirror.stats.records >= 5, timeout=20)
+        second_src = await a.client().namespace().open_log("s")
+        async with await second_src.writer(label="second") as w:  # fences the first
+            await w.append_many([b"s%d" % i for i in range(10)])
+            last = w.last_position
+        await first.abort()
+        await until(lambda: mirror.stats.position == last, timeout=20)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        source, target = await read_all(src), await read_all(dst)
+        assert len(target) == len(source) >= 10
+        assert_prefix(source, target)
