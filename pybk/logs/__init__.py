@@ -4,7 +4,8 @@ docs/logs.md.
 
 ``client.namespace("default")`` gives a :class:`Namespace`; ``await ns.create_log(name)`` /
 ``open_log(name)`` a :class:`Log`; ``await log.writer()`` its :class:`LogWriter` and
-``log.reader(start)`` a :class:`LogReader` of :class:`LogRecord` s at :class:`Position` s.
+``log.reader(start)`` a :class:`LogReader` of :class:`LogRecord` s at :class:`Position` s;
+:class:`LogMirror` copies a log to another cluster's.
 """
 
 from pybk.logs.builder import BuiltSegment, SegmentBuilder
@@ -22,6 +23,7 @@ from pybk.logs.meta import (
     OffloadInfo,
     SegmentInfo,
 )
+from pybk.logs.mirror import LogMirror, MirroredRecord, MirrorError, MirrorStats
 from pybk.logs.namespace import Namespace
 from pybk.logs.position import LogRecord, Position
 from pybk.logs.publish import PublishResult
@@ -41,9 +43,13 @@ __all__ = [
     "Log",
     "LogConfig",
     "LogMetadata",
+    "LogMirror",
     "LogReader",
     "LogRecord",
     "LogWriter",
+    "MirrorError",
+    "MirrorStats",
+    "MirroredRecord",
     "Namespace",
     "OffloadInfo",
     "Position",

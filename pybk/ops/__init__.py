@@ -7,7 +7,8 @@ endpoint and Prometheus metrics.
 * :mod:`.auditor`, :mod:`.worker`, :mod:`.autorecovery`: who finds under-replicated ledgers
   and who repairs them; :mod:`.settings`: the cluster-wide switches in the metadata store;
 * :mod:`.admin`: ``client.admin()``; :mod:`.http`: the bookie's HTTP admin endpoint;
-* :mod:`.metrics`: Prometheus collectors for the bookie, the client and auto-recovery.
+* :mod:`.metrics`: Prometheus collectors for the bookie, the client and auto-recovery;
+* :mod:`.mirror`: a log mirror run as a service (restarted after failures) and its metrics.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 from pybk.ops.admin import Admin, BookieInfo, RecoveryReport
 from pybk.ops.autorecovery import AutoRecovery
 from pybk.ops.config import AutoRecoveryConfig, AutoRecoveryStats
+from pybk.ops.mirror import MirrorCollector, MirrorService
 from pybk.ops.settings import AutoRecoverySettings
 
 __all__ = [
@@ -24,5 +26,7 @@ __all__ = [
     "AutoRecoverySettings",
     "AutoRecoveryStats",
     "BookieInfo",
+    "MirrorCollector",
+    "MirrorService",
     "RecoveryReport",
 ]

@@ -17,6 +17,7 @@ from pybk.sim.faults import FaultPlan, Faults
 from pybk.sim.gcsim import GcSim  # (registers itself among the runner's EXTENSIONS)
 from pybk.sim.history import History
 from pybk.sim.loop import SimDeadlock, SimLoop, SimTimeLimit
+from pybk.sim.mirror import MirrorSim  # (registers itself among the runner's EXTENSIONS)
 from pybk.sim.net import NetConfig, SimNetwork, SimTransport
 from pybk.sim.runner import TOPOLOGIES, SimResult, Stats, run
 from pybk.sim.scenario import FaultEvent, Scenario
@@ -34,6 +35,7 @@ __all__ = [
     "Faults",
     "GcSim",
     "History",
+    "MirrorSim",
     "NetConfig",
     "Record",
     "Scenario",

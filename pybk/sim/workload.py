@@ -67,6 +67,8 @@ class Workload:
     log_truncates: bool = True
     #: table servers with their clients on one range (pybk.sim.tables; opt in, not drawn)
     table_clients: int = 0
+    #: a log mirrored into a second simulated cluster (pybk.sim.mirror; opt in, not drawn)
+    mirror: bool = False
 
     @classmethod
     def small(cls) -> Workload:
