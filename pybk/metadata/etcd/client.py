@@ -121,6 +121,8 @@ class EtcdClient:
                         self._seen(answer)
                         return answer
                     last = f"{url}: HTTP {resp.status} {answer.get('error') or text[:200]!r}"
+                    if "no leader" in last:
+                        sent = False  # refused before it was proposed: safe to send again
             except aiohttp.ClientConnectorError as exc:
                 last = f"{url}: {exc}"
             except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
