@@ -6,9 +6,10 @@ from. The stream starts from the first revision this store saw (every subject it
 it returned at a revision at least that), and resumes after a lost connection from the
 revision after the last one it delivered. Each subject (a key, or the bookie registry, a
 prefix) remembers the revision the store last returned it at (its *baseline*) and the
-revision of the last change the stream delivered for it. A new watch fires at once when
-the stream already delivered a change after the baseline, and for every change it delivers
-from then on. A subject never returned gets the store's latest revision as baseline (at or
+revision of the last change the stream delivered for it (kept only for subjects returned:
+memory follows what the store returned, as in the other stores). A new watch fires at once
+when the stream already delivered a change after the baseline, and for every change it
+delivers from then on. A subject never returned gets the store's latest revision as baseline (at or
 before the moment the watch was set). If etcd compacted the history the stream needed,
 every watch fires (extra fires are allowed) and the stream resumes at the compaction point.
 """
@@ -55,6 +56,11 @@ class EtcdWatcher:
         """The store returned ``subject`` as of ``revision``."""
         if revision > self._baseline.get(subject, 0):
             self._baseline[subject] = revision
+            if self.delivered > revision:
+                # the stream already passed this answer and recorded no change for a
+                # subject it did not know: count one (an extra fire at worst)
+                self._last_change[subject] = max(self._last_change.get(subject, 0),
+                                                 self.delivered)
 
     def watch(self, subject: bytes, callback: Callable[[], None]) -> Watch:
         loop = asyncio.get_running_loop()
@@ -92,7 +98,8 @@ class EtcdWatcher:
     def _dispatch(self, key: bytes, revision: int) -> None:
         subjects = [key] + [p for p in self._prefix_subjects if key.startswith(p)]
         for s in subjects:
-            self._last_change[s] = revision
+            if s in self._baseline or s in self._prefix_subjects:  # (memory: only these)
+                self._last_change[s] = revision
             for w, base in list(self._watches.get(s, {}).items()):
                 if revision > base:
                     w.fire()
