@@ -130,3 +130,27 @@ async def test_outage_fails_calls_in_bound_and_the_watch_stream_misses_nothing(
         assert (await watcher.read_value("k")).value == b"1"
         await watcher.close()
         await writer.close()
+
+
+async def test_watches_after_reads_see_changes_made_before_the_stream_started(
+    etcd: EtcdCluster, root: str
+) -> None:
+    """A store's watch stream starts with its first watch, and replays from the first
+    revision the store saw: a change made after an earlier read of another key (before the
+    stream ran, and before later answers moved the store's revision on) fires that key's
+    watch when it is set later."""
+    reader = _store(etcd, root)
+    writer = _store(etcd, root)
+    await writer.create_value("a", b"0")
+    await writer.create_value("b", b"0")
+    await reader.read_value("a")
+    seen = await reader.read_value("b")
+    await writer.write_value("b", b"1", seen.version)
+    await reader.create_value("other", b"x")  # the reader's revision moves past the change
+    reader.watch_value("a", lambda _k: None)  # starts the stream
+    assert await reader.sync_watches()
+    fired = asyncio.Event()
+    reader.watch_value("b", lambda _k: fired.set())
+    await asyncio.wait_for(fired.wait(), BOUND)
+    await reader.close()
+    await writer.close()
