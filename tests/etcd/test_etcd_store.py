@@ -14,7 +14,7 @@ from pybk.metadata.base import BookieRegistration
 from pybk.metadata.etcd import EtcdMetadataStore
 from pybk.metadata.uri import session_options
 from pybk.testing.etcd import EtcdCluster
-from pybk.testing.metadata_conformance import wait_until
+from pybk.testing.metadata_conformance import sample_metadata, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -154,3 +154,16 @@ async def test_watches_after_reads_see_changes_made_before_the_stream_started(
     await asyncio.wait_for(fired.wait(), BOUND)
     await reader.close()
     await writer.close()
+
+
+async def test_id_allocation_skips_ids_created_by_hand(etcd: EtcdCluster, root: str) -> None:
+    store = _store(etcd, root, id_block=8)
+    other = _store(etcd, root, id_block=8)
+    for lid in (0, 3, 9):
+        await store.create_ledger(sample_metadata(lid))
+    got = [await store.allocate_ledger_id() for _ in range(10)]
+    got += [await other.allocate_ledger_id() for _ in range(10)]
+    assert not {0, 3, 9} & set(got), got
+    assert len(set(got)) == len(got), got
+    await store.close()
+    await other.close()

@@ -147,8 +147,13 @@ class EtcdClient:
         return (kvs[0] if kvs else None), int(answer["header"]["revision"])
 
     async def get_prefix(self, prefix: bytes, *, keys_only: bool = False) -> tuple[list[Json], int]:
+        return await self.get_range(prefix, prefix_end(prefix), keys_only=keys_only)
+
+    async def get_range(self, key: bytes, range_end: bytes, *,
+                        keys_only: bool = False) -> tuple[list[Json], int]:
+        """Every kv with ``key <= k < range_end``, and the answer's revision."""
         answer = await self.call("kv/range", {
-            "key": b64(prefix), "range_end": b64(prefix_end(prefix)), "keys_only": keys_only,
+            "key": b64(key), "range_end": b64(range_end), "keys_only": keys_only,
         }, idempotent=True)
         return list(answer.get("kvs") or []), int(answer["header"]["revision"])
 

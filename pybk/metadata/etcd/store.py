@@ -156,8 +156,9 @@ class EtcdMetadataStore(MetadataStore):
         if not ok:
             return  # another allocator won this block: the caller claims again
         # skip ids a caller created by hand (create_ledger with its own id)
-        taken = {self.keys.ledger_id(k["key"]) for k in (
-            await self._client.get_prefix(self.keys.ledgers, keys_only=True))[0]}
+        block = await self._client.get_range(
+            self.keys.ledger(first), self.keys.ledger(first + self._id_block), keys_only=True)
+        taken = {self.keys.ledger_id(k["key"]) for k in block[0]}
         self._id_pool = [i for i in range(first + self._id_block - 1, first - 1, -1)
                          if i not in taken]
 
