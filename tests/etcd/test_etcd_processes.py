@@ -12,9 +12,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 from ops_kit import lost_bookie_is_re_replicated
 
 from pybk import LocalCluster
+from pybk.cli import main
 from pybk.metadata import open_store
 from pybk.testing.etcd import EtcdCluster
 
@@ -34,38 +36,40 @@ async def test_a_killed_and_wiped_bookie_is_re_replicated_on_etcd(
     await lost_bookie_is_re_replicated(tmp_path, etcd.uri(f"/ar-{next(_roots)}"))
 
 
-async def test_cluster_up_with_etcd_metadata(tmp_path: Path, etcd: EtcdCluster) -> None:
+def test_cluster_up_with_etcd_metadata(tmp_path: Path, etcd: EtcdCluster) -> None:
     root = tmp_path / "c"
     uri = etcd.uri(f"/up-{next(_roots)}")
+    runner = CliRunner()
+    env = {"PYBK_METADATA": uri}
+
+    def listed() -> list[str]:
+        r = runner.invoke(main, ["bookie", "list", "--json"], env=env)
+        assert r.exit_code == 0, r.output
+        return [json.loads(x)["bookie_id"] for x in r.stdout.splitlines()]
+
     up = _pybk("cluster", "up", "--root", str(root), "--bookies", "2", "--metadata", uri)
     try:
         assert up.returncode == 0, up.stderr
         assert up.stdout.strip() == uri
         assert json.loads((root / "cluster.json").read_text())["metadata"] == uri
-        env = {"PYBK_METADATA": uri}
-        listed = _pybk("bookie", "list", "--json", env=env)
-        assert [json.loads(x)["bookie_id"] for x in listed.stdout.splitlines()] == [
-            "bookie-1", "bookie-2"], listed.stderr
-        r = _pybk("ledger", "append", "--ensemble", "2", "--write-quorum", "2",
-                  "--ack-quorum", "2", "alpha", "beta", env=env)
-        assert r.returncode == 0, r.stderr
+        assert listed() == ["bookie-1", "bookie-2"]
+        r = runner.invoke(main, ["ledger", "append", "--ensemble", "2", "--write-quorum", "2",
+                                 "--ack-quorum", "2", "alpha", "beta"], env=env)
+        assert r.exit_code == 0, r.output
         lid = r.stdout.split()[0]
-        r = _pybk("ledger", "read", lid, env=env)
-        assert r.stdout == "0\talpha\n1\tbeta\n", r.stderr
+        r = runner.invoke(main, ["ledger", "read", lid], env=env)
+        assert r.stdout == "0\talpha\n1\tbeta\n", r.output
     finally:
         down = _pybk("cluster", "down", "--root", str(root))
     assert down.returncode == 0, down.stderr
-    store = open_store(uri)
-    try:
-        assert await store.list_bookies() == []  # a clean stop revokes the leases at once
-    finally:
-        await store.close()
+    assert listed() == []  # a clean stop revokes the leases at once
 
 
 def test_cluster_up_refuses_metadata_bookie_processes_cannot_share(tmp_path: Path) -> None:
     for bad, words in (("memory://", "cannot share"), ("etcd://h:1", "etcd://host:port")):
-        r = _pybk("cluster", "up", "--root", str(tmp_path / "c"), "--metadata", bad)
-        assert r.returncode == 2 and words in r.stderr, r.stderr
+        r = CliRunner().invoke(main, ["cluster", "up", "--root", str(tmp_path / "c"),
+                                      "--metadata", bad])
+        assert r.exit_code == 2 and words in r.output, r.output
 
 
 async def test_local_cluster_on_etcd(tmp_path: Path, etcd: EtcdCluster) -> None:
