@@ -178,12 +178,14 @@ class EtcdClient:
 
     # -- leases ------------------------------------------------------------------------------
 
-    async def grant(self, ttl: float) -> int:
-        answer = await self.call("lease/grant", {"TTL": str(max(1, round(ttl)))},
+    async def grant(self, ttl: float) -> tuple[int, int]:
+        """A new lease of ``ttl`` seconds (whole, at least 1): its id and the TTL etcd gave
+        it (never shorter than asked; etcd raises TTLs below its minimum)."""
+        answer = await self.call("lease/grant", {"TTL": str(max(1, int(ttl)))},
                                  idempotent=True)
-        if answer.get("error"):
-            raise MetadataStoreError(f"etcd lease grant: {answer['error']}")
-        return int(answer["ID"])
+        if answer.get("error") or not answer.get("ID"):
+            raise MetadataStoreError(f"etcd lease grant: {answer.get('error') or answer}")
+        return int(answer["ID"]), int(answer.get("TTL", 0))
 
     async def keepalive(self, lease: int) -> int:
         """Renew ``lease`` once; its remaining TTL (0 when it is gone)."""

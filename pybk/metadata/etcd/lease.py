@@ -1,11 +1,12 @@
 """The store's etcd lease: what makes its bookie registrations and locks vanish with it.
 
 Granted on first need, renewed every third of its TTL. Each renewal remembers when it was
-sent: the lease is trusted until that moment plus the TTL (etcd counts from the renewal's
-arrival, later). When a renewal finds the lease gone (it expired during a pause or an
-outage), the store is told (``on_lost``) and a new lease is granted at the next need; the
-store re-creates its registrations under it, as the ZooKeeper store does after a new
-session.
+sent: the lease is trusted until that moment plus the TTL etcd answered (etcd counts from
+the renewal's arrival, later). TTLs are whole seconds: a fraction is dropped, so the lease
+never outlives what the caller asked for by more than etcd's own minimum. When a renewal
+finds the lease gone (it expired during a pause or an outage), the store is told
+(``on_lost``) and a new lease is granted at the next need; the store re-creates its
+registrations under it, as the ZooKeeper store does after a new session.
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ class EtcdLease:
             if self.id == 0:
                 loop = asyncio.get_running_loop()
                 sent = loop.time()
-                self.id = await self._client.grant(self.ttl)
-                self._valid_until = sent + self.ttl
+                self.id, granted = await self._client.grant(self.ttl)
+                self._valid_until = sent + granted
             if self._task is None or self._task.done():
                 self._task = asyncio.get_running_loop().create_task(
                     self._renew(), name="pybk-etcd-lease")
@@ -72,7 +73,7 @@ class EtcdLease:
             if lease != self.id:
                 continue
             if left > 0:
-                self._valid_until = sent + self.ttl
+                self._valid_until = sent + left  # etcd's own count, from after we sent
                 continue
             log.warning("etcd lease %x expired: registrations and locks are gone", lease)
             self.id = 0
