@@ -167,3 +167,31 @@ async def test_id_allocation_skips_ids_created_by_hand(etcd: EtcdCluster, root: 
     assert len(set(got)) == len(got), got
     await store.close()
     await other.close()
+
+
+async def test_a_lock_holder_cut_off_from_etcd_stops_holding_within_its_ttl() -> None:
+    """Renewals cannot reach etcd: the store stops claiming its lock once the TTL etcd last
+    granted has run out (``holds_lock`` needs no I/O), and its election's leader steps
+    down (at its next campaign round)."""
+    with EtcdCluster(1) as cluster:
+        store = _store(cluster, "/cut-off", session_timeout=2.0, op_timeout=0.5)
+        assert await store.try_lock("workers/1", "me")
+        election = store.election("auditor", "me")
+        await election.join()
+        await asyncio.wait_for(election.wait_leader(), BOUND)
+        cluster.kill(0)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+
+        async def lost() -> bool:
+            return not store.holds_lock("workers/1")
+
+        await wait_until(lost, BOUND, "the holder to give its lock up")
+        assert loop.time() - t0 < 2.0 + 0.3  # the TTL from the last renewal sent, at most
+
+        async def stepped_down() -> bool:
+            return not election.is_leader
+
+        await wait_until(stepped_down, BOUND, "the leader to step down")
+        await election.resign()
+        await store.close()
