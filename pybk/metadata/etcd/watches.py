@@ -112,7 +112,10 @@ class EtcdWatcher:
     async def _run(self) -> None:
         client = self._client
         if client.first_revision == 0:
-            await self._learn_revision()
+            try:
+                await self._learn_revision()
+            except ClientClosedError:
+                return
         # every subject was returned at a revision >= the first one this client saw
         self._next = client.first_revision + 1
         backoff = 0.05
