@@ -61,6 +61,8 @@ def test_bad_etcd_options_are_value_errors(kw: dict[str, float], match: str) -> 
         EtcdMetadataStore("127.0.0.1:2379", "/r", **kw)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="absolute path"):
         EtcdMetadataStore("127.0.0.1:2379", "relative")
+    with pytest.raises(ValueError, match="bad key"):
+        EtcdMetadataStore("127.0.0.1:2379", "/a b")
     with pytest.raises(ValueError, match="bad etcd endpoint"):
         EtcdMetadataStore("127.0.0.1", "/r")
 

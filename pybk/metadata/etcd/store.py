@@ -104,6 +104,7 @@ class EtcdMetadataStore(MetadataStore):
                  id_block: int = 16) -> None:
         if not isinstance(root, str) or not root.startswith("/") or not root.strip("/"):
             raise ValueError(f"etcd root must be an absolute path like /pybk, got {root!r}")
+        check_key(root.strip("/"))  # segments of letters, digits and ._:- (ASCII keys)
         if id_block < 1:
             raise ValueError(f"id_block must be >= 1, got {id_block}")
         self.hosts = hosts
