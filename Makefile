@@ -55,10 +55,15 @@ venv: $(STAMP)
 
 # ZooKeeper (Java) from Debian, for the tests that run a real ZooKeeper server.
 # Java 17 from Debian, for the Spark tests (PySpark runs a JVM).
+# etcd from Debian, for the tests of the etcd metadata store (tests/etcd/).
 system-deps:
 	@if [ ! -f /usr/share/java/zookeeper.jar ]; then \
 	  echo "installing Debian's zookeeper package"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends zookeeper >/dev/null; \
+	fi
+	@if ! command -v etcd >/dev/null 2>&1; then \
+	  echo "installing Debian's etcd-server (the etcd metadata store's tests)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends etcd-server >/dev/null; \
 	fi
 	@if ! command -v chromium >/dev/null 2>&1; then \
 	  echo "installing Debian's chromium (the simulator's reports are rendered in tests)"; \

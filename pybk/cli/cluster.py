@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from pybk.cli.common import fail, stderr_console
+from pybk.cli.common import check_metadata_uri, fail, stderr_console
 from pybk.server.cluster import (
     STATE_FILE,
     ProcessCluster,
@@ -36,6 +36,9 @@ def cluster() -> None:
               help="Also start a table server (BookKeeper's table-service gRPC; pybk[tables]).")
 @click.option("--tables-port", type=click.IntRange(0, 65535), default=4181, show_default=True,
               help="The table server's port (0: any free one).")
+@click.option("--metadata", callback=check_metadata_uri, default=None,
+              help="The metadata store's URI (etcd://, zk://, sqlite:///; default: SQLite "
+                   "in ROOT/metadata.db).")
 def cluster_up(
     root: str,
     bookies: int,
@@ -47,8 +50,10 @@ def cluster_up(
     require_client_cert: bool,
     tables: bool,
     tables_port: int,
+    metadata: str | None,
 ) -> None:
-    """Start BOOKIES bookie processes on free loopback ports with SQLite metadata under ROOT.
+    """Start BOOKIES bookie processes on free loopback ports with SQLite metadata under ROOT
+    (or in the store --metadata names).
 
     Prints the metadata URI on stdout (use it as --metadata); PIDs go to ROOT/cluster.json.
     """
@@ -66,8 +71,12 @@ def cluster_up(
     console = stderr_console()
     tls = (["--tls-cert", str(Path(tls_cert).resolve()), "--tls-key", str(Path(tls_key).resolve())]
            if tls_cert and tls_key else [])
-    procs = ProcessCluster(root, bookies, extra_args=extra, ready_timeout=ready_timeout,
-                           tables_port=tables_port if tables else None, tables_args=tls)
+    try:
+        procs = ProcessCluster(root, bookies, extra_args=extra, ready_timeout=ready_timeout,
+                               tables_port=tables_port if tables else None, tables_args=tls,
+                               metadata=metadata)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--metadata") from None
 
     def ready(name: str, info: dict[str, Any]) -> None:
         if name == "tables":

@@ -7,6 +7,7 @@
 ``memory://``                             a fresh private store (nothing else can reach it)
 ``sqlite:///abs/path.db``                 a SQLite file, shared safely by processes on one host
 ``zk://host:port[,host:port]/root``       a ZooKeeper ensemble, everything under ``/root``
+``etcd://host:port[,host:port]/root``     an etcd v3 cluster, everything under ``/root/``
 =======================================  ====================================================
 """
 

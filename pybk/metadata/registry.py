@@ -135,6 +135,24 @@ def _zk_open(rest: str, options: dict[str, Any], _ctx: dict[str, Any]) -> Metada
     return ZooKeeperMetadataStore(hosts, "/" + root.strip("/"), **options)
 
 
+def _etcd_check(rest: str) -> str | None:
+    problem = _zk_check(rest)
+    if problem is not None:
+        return problem.replace("zk://", "etcd://")
+    root = rest.partition("/")[2].strip("/")
+    if any(not seg or not all(c.isalnum() or c in "._:-" for c in seg) or not seg.isascii()
+           for seg in root.split("/")):
+        return f"bad root {root!r}: segments of letters, digits and ._:-"
+    return None
+
+
+def _etcd_open(rest: str, options: dict[str, Any], _ctx: dict[str, Any]) -> MetadataStore:
+    from pybk.metadata.etcd import EtcdMetadataStore
+
+    hosts, _slash, root = rest.partition("/")
+    return EtcdMetadataStore(hosts, "/" + root.strip("/"), **options)
+
+
 register_scheme(Scheme(
     name="memory", form="memory://[NAME]", check=_memory_check, open=_memory_open,
     shared=False))
@@ -145,4 +163,8 @@ register_scheme(Scheme(
 register_scheme(Scheme(
     name="zk", form="zk://host:port[,host:port]/root", check=_zk_check, open=_zk_open,
     session_options=lambda t: {"session_timeout": t},
+    timeout_options=lambda t: {"connect_timeout": max(0.1, t), "op_timeout": max(0.1, t)}))
+register_scheme(Scheme(
+    name="etcd", form="etcd://host:port[,host:port]/root", check=_etcd_check, open=_etcd_open,
+    session_options=lambda t: {"session_timeout": max(1.0, t)},
     timeout_options=lambda t: {"connect_timeout": max(0.1, t), "op_timeout": max(0.1, t)}))

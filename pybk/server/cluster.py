@@ -74,12 +74,14 @@ class ProcessCluster:
 
     ``with ProcessCluster(root) as cluster:`` starts them and waits until each is ready;
     ``extra_args`` go to every ``pybk bookie`` (TLS, tokens, limits). ``tables_port`` not None
-    also starts ``pybk table serve`` on that port (0: a free one) with ``tables_args``."""
+    also starts ``pybk table serve`` on that port (0: a free one) with ``tables_args``.
+    ``metadata``: the store's URI (default: SQLite in ``root/metadata.db``), e.g. an
+    ``etcd://`` or ``zk://`` one; ValueError when malformed or not shareable."""
 
     def __init__(self, root: str | os.PathLike[str], bookies: int | Sequence[str] = 3, *,
                  extra_args: Sequence[str] = (), ready_timeout: float = 60.0,
                  stop_timeout: float = 15.0, tables_port: int | None = None,
-                 tables_args: Sequence[str] = ()) -> None:
+                 tables_args: Sequence[str] = (), metadata: str | None = None) -> None:
         self.root = Path(root).resolve()
         ids = ([f"bookie-{i}" for i in range(1, bookies + 1)] if isinstance(bookies, int)
                else list(bookies))
@@ -92,7 +94,16 @@ class ProcessCluster:
         self.extra_args = list(extra_args)
         self.ready_timeout = ready_timeout
         self.stop_timeout = stop_timeout
-        self.metadata = f"sqlite://{self.root / 'metadata.db'}"
+        if metadata is None:
+            metadata = f"sqlite://{self.root / 'metadata.db'}"
+        else:
+            from pybk.metadata.registry import parse_uri
+
+            scheme, _rest = parse_uri(metadata)
+            if not scheme.shared:
+                raise ValueError(f"metadata {metadata!r}: bookie processes cannot share a "
+                                 f"{scheme.name}:// store (use sqlite://, zk:// or etcd://)")
+        self.metadata = metadata
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
         self._state: dict[str, Any] = {"metadata": self.metadata, "bookies": {}}
         self._clients: list[Any] = []
