@@ -5,6 +5,7 @@ Public names only; docs/api.md is the reference (every name, argument and error)
 
 from pybk import sync
 from pybk.client import Client, ClientConfig
+from pybk.client.adv import LedgerHandleAdv
 from pybk.client.placement import (
     DefaultPlacementPolicy,
     PlacementPolicy,
@@ -20,6 +21,7 @@ from pybk.errors import (
     CorruptRecordError,
     CursorNotFoundError,
     DigestMismatchError,
+    DuplicateEntryIdError,
     EndOfStreamError,
     EntryNotConfirmedError,
     EntryTooLargeError,
@@ -78,6 +80,7 @@ __all__ = [
     "CursorNotFoundError",
     "DefaultPlacementPolicy",
     "DigestMismatchError",
+    "DuplicateEntryIdError",
     "EndOfStreamError",
     "EntryNotConfirmedError",
     "EntryTooLargeError",
@@ -87,6 +90,7 @@ __all__ = [
     "LedgerExistsError",
     "LedgerFencedError",
     "LedgerHandle",
+    "LedgerHandleAdv",
     "LedgerMetadata",
     "LedgerRecoveryError",
     "LocalCluster",

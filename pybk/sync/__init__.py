@@ -4,13 +4,14 @@
 :mod:`.client` the ledger client and LocalCluster, :mod:`.logs` namespaces and logs.
 """
 
-from pybk.sync.client import Client, LedgerHandle, LocalCluster, ReadHandle
+from pybk.sync.client import Client, LedgerHandle, LedgerHandleAdv, LocalCluster, ReadHandle
 from pybk.sync.logs import SyncLog, SyncLogReader, SyncLogWriter, SyncNamespace
 from pybk.sync.runner import LoopThread
 
 __all__ = [
     "Client",
     "LedgerHandle",
+    "LedgerHandleAdv",
     "LocalCluster",
     "LoopThread",
     "ReadHandle",

@@ -103,6 +103,27 @@ class LedgerHandle:
                 f"lap={h.last_add_pushed} {'closed' if h.is_closed else 'open'}>")
 
 
+class LedgerHandleAdv(LedgerHandle):
+    """Synchronous wrapper of :class:`pybk.LedgerHandleAdv`: the caller chooses each entry's
+    id (``Client.create_ledger_adv`` makes one)."""
+
+    _h: _client.LedgerHandleAdv
+
+    def append(self, entry_id: int, data: bytes) -> int:  # type: ignore[override]
+        """Add ``data`` as entry ``entry_id``; returns the id once it and every smaller id
+        are durable (DuplicateEntryIdError for an id added before)."""
+        return self._runner.run(self._append_adv(entry_id, data))
+
+    def append_async(self, entry_id: int, data: bytes,  # type: ignore[override]
+                     ) -> concurrent.futures.Future[int]:
+        """Add entry ``entry_id`` without waiting; the future holds its id. Appends made
+        from one thread are taken in the order made."""
+        return self._runner.submit(self._append_adv(entry_id, data))
+
+    async def _append_adv(self, entry_id: int, data: bytes) -> int:
+        return await self._h.append(entry_id, data)
+
+
 class ReadHandle:
     """Synchronous wrapper of :class:`pybk.ReadHandle`: a ledger open for reading
     (``Client.open_ledger`` makes one)."""
@@ -229,6 +250,23 @@ class Client:
             )
         )
         return LedgerHandle(self._runner, handle)
+
+    def create_ledger_adv(
+        self,
+        ensemble_size: int = 3,
+        write_quorum: int = 2,
+        ack_quorum: int = 2,
+        digest_type: str = "CRC32C",
+        password: bytes = b"",
+        custom_metadata: Mapping[str, bytes] | None = None,
+    ) -> LedgerHandleAdv:
+        """:meth:`create_ledger` for a writer that chooses each entry's id."""
+        handle = self._runner.run(
+            self._c.create_ledger_adv(
+                ensemble_size, write_quorum, ack_quorum, digest_type, password, custom_metadata
+            )
+        )
+        return LedgerHandleAdv(self._runner, handle)
 
     def open_ledger(
         self, ledger_id: int, password: bytes = b"", recovery: bool = True
@@ -372,4 +410,4 @@ class LocalCluster:
         return f"<pybk.sync.LocalCluster {self._args[0]} (not started)>"
 
 
-__all__ = ["Client", "LedgerHandle", "LocalCluster", "ReadHandle"]
+__all__ = ["Client", "LedgerHandle", "LedgerHandleAdv", "LocalCluster", "ReadHandle"]
