@@ -6,6 +6,7 @@ Public names only; docs/api.md is the reference (every name, argument and error)
 from pybk import sync
 from pybk.client import Client, ClientConfig
 from pybk.client.adv import LedgerHandleAdv
+from pybk.client.deferred import DeferredSyncLedgerHandle, WriteFlag
 from pybk.client.placement import (
     DefaultPlacementPolicy,
     PlacementPolicy,
@@ -79,6 +80,7 @@ __all__ = [
     "CorruptRecordError",
     "CursorNotFoundError",
     "DefaultPlacementPolicy",
+    "DeferredSyncLedgerHandle",
     "DigestMismatchError",
     "DuplicateEntryIdError",
     "EndOfStreamError",
@@ -125,6 +127,7 @@ __all__ = [
     "TimeoutError",
     "UnauthorizedError",
     "WALFollower",
+    "WriteFlag",
     "WriterConflictError",
     "__version__",
     "sync",

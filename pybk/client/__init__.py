@@ -14,11 +14,12 @@ bookies are reached through a Transport, so the simulator drives this code uncha
 from pybk.client.client import (
     Client,
     ClientConfig,
+    DeferredSyncLedgerHandle,
     LedgerEntry,
     LedgerHandle,
     LedgerHandleAdv,
     ReadHandle,
 )
 
-__all__ = ["Client", "ClientConfig", "LedgerEntry", "LedgerHandle", "LedgerHandleAdv",
-           "ReadHandle"]
+__all__ = ["Client", "ClientConfig", "DeferredSyncLedgerHandle", "LedgerEntry", "LedgerHandle",
+           "LedgerHandleAdv", "ReadHandle"]

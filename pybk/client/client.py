@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import random
 import ssl
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pybk.client.adv import LedgerHandleAdv
 from pybk.client.context import ClientConfig, ClientContext
+from pybk.client.deferred import DeferredSyncLedgerHandle, WriteFlag, check_write_flags
 from pybk.client.placement import PlacementPolicy, refresh_topology, writable_nodes
 from pybk.client.quorum import validate_quorums
 from pybk.client.reader import LedgerEntry, ReadHandle
@@ -49,8 +50,8 @@ if TYPE_CHECKING:
     from pybk.logs.namespace import Namespace
     from pybk.ops.admin import Admin
 
-__all__ = ["Client", "ClientConfig", "LedgerEntry", "LedgerHandle", "LedgerHandleAdv",
-           "ReadHandle"]
+__all__ = ["Client", "ClientConfig", "DeferredSyncLedgerHandle", "LedgerEntry", "LedgerHandle",
+           "LedgerHandleAdv", "ReadHandle"]
 
 
 class Client:
@@ -191,16 +192,22 @@ class Client:
         custom_metadata: Mapping[str, bytes] | None = None,
         *,
         ledger_id: int | None = None,
+        write_flags: Iterable[str] | None = None,
     ) -> LedgerHandle:
         """Create a ledger on ``ensemble_size`` writable bookies and open it for writing.
 
         ``ledger_id``: create it under an id the caller took from
         ``client.store.allocate_ledger_id()`` (BookKeeper's ``createAdv`` with an id), so the
         caller can record the id before the ledger exists (a bulk writer that must be able to
-        find and delete every ledger it may have made); LedgerExistsError if it is taken."""
+        find and delete every ledger it may have made); LedgerExistsError if it is taken.
+        ``write_flags={"deferred_sync"}``: a :class:`pybk.DeferredSyncLedgerHandle` (adds
+        answered before the bookies' fsync, ``force()`` makes them durable)."""
+        flags = check_write_flags(write_flags)
         ctx, md, digest, password = await self._new_ledger(
             ensemble_size, write_quorum, ack_quorum, digest_type, password, custom_metadata,
             ledger_id)
+        if WriteFlag.DEFERRED_SYNC in flags:
+            return DeferredSyncLedgerHandle(ctx, md, digest, master_key(password), password)
         return LedgerHandle(ctx, md, digest, master_key(password), password)
 
     async def create_ledger_adv(

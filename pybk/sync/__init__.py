@@ -4,12 +4,20 @@
 :mod:`.client` the ledger client and LocalCluster, :mod:`.logs` namespaces and logs.
 """
 
-from pybk.sync.client import Client, LedgerHandle, LedgerHandleAdv, LocalCluster, ReadHandle
+from pybk.sync.client import (
+    Client,
+    DeferredSyncLedgerHandle,
+    LedgerHandle,
+    LedgerHandleAdv,
+    LocalCluster,
+    ReadHandle,
+)
 from pybk.sync.logs import SyncLog, SyncLogReader, SyncLogWriter, SyncNamespace
 from pybk.sync.runner import LoopThread
 
 __all__ = [
     "Client",
+    "DeferredSyncLedgerHandle",
     "LedgerHandle",
     "LedgerHandleAdv",
     "LocalCluster",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from pybk import client as _client
@@ -122,6 +122,23 @@ class LedgerHandleAdv(LedgerHandle):
 
     async def _append_adv(self, entry_id: int, data: bytes) -> int:
         return await self._h.append(entry_id, data)
+
+
+class DeferredSyncLedgerHandle(LedgerHandle):
+    """Synchronous wrapper of :class:`pybk.DeferredSyncLedgerHandle` (``create_ledger(...,
+    write_flags={"deferred_sync"})``): appends return once written, :meth:`force` makes
+    them durable."""
+
+    _h: _client.DeferredSyncLedgerHandle
+
+    @property
+    def last_add_written(self) -> int:
+        """The last entry Qa bookies acknowledged (written, maybe not yet durable)."""
+        return self._h.last_add_written
+
+    def force(self) -> int:
+        """Make every entry appended so far durable; returns the LAC now durable."""
+        return self._runner.run(self._h.force())
 
 
 class ReadHandle:
@@ -241,14 +258,20 @@ class Client:
         digest_type: str = "CRC32C",
         password: bytes = b"",
         custom_metadata: Mapping[str, bytes] | None = None,
+        *,
+        write_flags: Iterable[str] | None = None,
     ) -> LedgerHandle:
         """Create a ledger on ``ensemble_size`` writable bookies and open it for writing:
-        each entry goes to ``write_quorum`` bookies and is acknowledged by ``ack_quorum``."""
+        each entry goes to ``write_quorum`` bookies and is acknowledged by ``ack_quorum``.
+        ``write_flags={"deferred_sync"}``: a :class:`DeferredSyncLedgerHandle`."""
         handle = self._runner.run(
             self._c.create_ledger(
-                ensemble_size, write_quorum, ack_quorum, digest_type, password, custom_metadata
+                ensemble_size, write_quorum, ack_quorum, digest_type, password, custom_metadata,
+                write_flags=write_flags,
             )
         )
+        if isinstance(handle, _client.DeferredSyncLedgerHandle):
+            return DeferredSyncLedgerHandle(self._runner, handle)
         return LedgerHandle(self._runner, handle)
 
     def create_ledger_adv(
@@ -410,4 +433,5 @@ class LocalCluster:
         return f"<pybk.sync.LocalCluster {self._args[0]} (not started)>"
 
 
-__all__ = ["Client", "LedgerHandle", "LedgerHandleAdv", "LocalCluster", "ReadHandle"]
+__all__ = ["Client", "DeferredSyncLedgerHandle", "LedgerHandle", "LedgerHandleAdv", "LocalCluster",
+           "ReadHandle"]

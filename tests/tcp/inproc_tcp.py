@@ -34,7 +34,8 @@ async def tcp_bookies(n: int = 3, **bookie_kwargs: Any) -> AsyncIterator[TcpBook
             bookie = Bookie(f"b{i}", f"/b{i}", fs=fs, **bookie_kwargs)
             await bookie.start()
             stack.push_async_callback(bookie.stop)
-            server = BookieServer(bookie.handle, add_nowait=bookie.add_nowait)
+            server = BookieServer(bookie.handle, add=bookie.add_request,
+                                  response_size=bookie.response_size_hint)
             await server.start()
             stack.push_async_callback(server.stop)
             host, port = server.address

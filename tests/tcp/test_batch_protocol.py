@@ -173,7 +173,7 @@ async def test_a_new_bookie_gets_batches_after_the_first_question() -> None:
         more = list(range(10, 30))
         assert await _add(t, AddBatchRequest(2, KEY, more, [body(2, e) for e in more])) is None
         assert seen == ["AddBatchRequest"]  # one request, 20 entries
-        assert t._conns[("b1", 0)].peer_version == 2
+        assert t._conns[("b1", 0)].peer_version == messages.PROTOCOL_VERSION
         resp = await t.send("b1", ReadBatchRequest(2, list(range(30))), 10.0)
         assert isinstance(resp, ReadBatchResponse)
         assert [b for _e, _s, b in resp.entries] == [body(2, e) for e in range(30)]
