@@ -5,8 +5,8 @@ flag: each bookie answers once its journal has taken the entry, before the fsync
 (:mod:`pybk.bookie.deferred`). An append then resolves once Qa bookies have it *written*;
 :meth:`DeferredSyncLedgerHandle.force` makes everything added so far durable (a FORCE to each
 bookie of the ensemble) and returns the LAC that is now durable. That LAC, not the written
-one, is what readers are told (piggybacked on entries, sent as an explicit LAC after each
-force), so a reader never sees an entry that a crash could still take back.
+one, is what readers are told (piggybacked on entries; sent as an explicit LAC after a force
+no append follows at once), so a reader never sees an entry that a crash could still take back.
 
 Restrictions, as in BookKeeper: the ensemble never changes (a bookie that fails an add or a
 force fails the writer; recover the ledger and write a new one), and the bookies must speak
@@ -156,8 +156,13 @@ class DeferredSyncPipeline(AddPipeline):
                 self.fail(problem)
                 raise fresh_copy(problem)
         self.durable_lac = max(self.durable_lac, target)
-        self._tell(self.durable_lac)
+        # readers learn it from the next entry; if none follows at once, from a WriteLac
+        self._loop.call_soon(self._tell_if_quiet, self.durable_lac)
         return self.durable_lac
+
+    def _tell_if_quiet(self, lac: int) -> None:
+        if self.core.lap <= lac and self.core.error is None:
+            self._tell(lac)
 
 
 def _force_problem(ledger_id: int, bookie: str, answer: Response | BaseException,
