@@ -65,7 +65,7 @@ async def test_a_deferred_add_is_answered_before_its_fsync_and_force_waits_for_i
 async def test_a_refusal_is_still_the_answer() -> None:
     bookie, _fs = await _bookie()
     try:
-        got, on_done = _collect()
+        _got, on_done = _collect()
         bookie.add_request(_add(0), on_done)
         bad, on_bad = _collect()
         bookie.add_request(_add(1, key=b"wrong"), on_bad)
