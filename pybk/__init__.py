@@ -5,6 +5,8 @@ Public names only; docs/api.md is the reference (every name, argument and error)
 
 from pybk import sync
 from pybk.client import Client, ClientConfig
+from pybk.client.adv import LedgerHandleAdv
+from pybk.client.deferred import DeferredSyncLedgerHandle, WriteFlag
 from pybk.client.placement import (
     DefaultPlacementPolicy,
     PlacementPolicy,
@@ -20,6 +22,7 @@ from pybk.errors import (
     CorruptRecordError,
     CursorNotFoundError,
     DigestMismatchError,
+    DuplicateEntryIdError,
     EndOfStreamError,
     EntryNotConfirmedError,
     EntryTooLargeError,
@@ -77,7 +80,9 @@ __all__ = [
     "CorruptRecordError",
     "CursorNotFoundError",
     "DefaultPlacementPolicy",
+    "DeferredSyncLedgerHandle",
     "DigestMismatchError",
+    "DuplicateEntryIdError",
     "EndOfStreamError",
     "EntryNotConfirmedError",
     "EntryTooLargeError",
@@ -87,6 +92,7 @@ __all__ = [
     "LedgerExistsError",
     "LedgerFencedError",
     "LedgerHandle",
+    "LedgerHandleAdv",
     "LedgerMetadata",
     "LedgerRecoveryError",
     "LocalCluster",
@@ -121,6 +127,7 @@ __all__ = [
     "TimeoutError",
     "UnauthorizedError",
     "WALFollower",
+    "WriteFlag",
     "WriterConflictError",
     "__version__",
     "sync",

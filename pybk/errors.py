@@ -58,6 +58,7 @@ class Status(enum.IntEnum):
     LOCKED = 33
     # refused by the client before an entry id is taken (never sent by bookies)
     ENTRY_TOO_LARGE = 34
+    DUPLICATE_ENTRY_ID = 35
     GENERIC_ERROR = 100  # BKError itself (no more specific class)
 
 
@@ -307,6 +308,14 @@ class EntryTooLargeError(BKError, ValueError):
     status = Status.ENTRY_TOO_LARGE
 
 
+class DuplicateEntryIdError(BKError, ValueError):
+    """A caller-chosen entry id (:meth:`pybk.LedgerHandleAdv.append`) that this handle added
+    already, or that is at or below its last add confirmed: refused before anything is sent.
+    Also a ValueError, since the caller passed it."""
+
+    status = Status.DUPLICATE_ENTRY_ID
+
+
 class BookieStoppedError(BookieStateError, BookieUnavailableError):
     """A request reached a bookie that is stopped (or crashed): the bookie is unavailable,
     and it is in no state to serve (so both classes)."""
@@ -385,6 +394,7 @@ __all__ = [
     "CorruptRecordError",
     "CursorNotFoundError",
     "DigestMismatchError",
+    "DuplicateEntryIdError",
     "EndOfStreamError",
     "EntryExistsError",
     "EntryNotConfirmedError",

@@ -98,6 +98,11 @@ CASES = {
                          r"in process wal\s+1\s+", r"tcp\s+tail\s+1\s+",
                          r"etcd: (one member|not installed)",
                          r"targets: p50 <= 0.5 ms"]),
+    "deferred_sync.py": (["--entries", "30", "--rounds", "1", "--every", "1,10"],
+                         [r"synced\s+[\d,]+\s+[\d.]+ ms\s+1.00x",
+                          r"deferred/10\s+[\d,]+\s+[\d.]+ ms\s+[\d.]+x",
+                          r"target: deferred/10 durable rate >= 2x synced: [\d.]+x -> "
+                          r"(met|NOT MET)"]),
     "abuse.py": (["--seconds", "1", "--scale", "0.05"],
                  [r"quiet\s+\d+", r"attacked\s+\d+", r"ratio\s+[\d.]+",
                   r"bookie peak RSS \d+ MiB", r"new clients during the attack"]),

@@ -19,10 +19,11 @@ from typing import Any, Final
 
 from pybk.bookie.config import BookieConfig
 from pybk.bookie.cookie import check_cookie
+from pybk.bookie.deferred import DeferredAdd, DeferredSyncs, force_reply
 from pybk.bookie.gc import GarbageCollector, GcResult, metadata_liveness
 from pybk.bookie.gcremote import GcRemote
 from pybk.bookie.longpoll import LongPollWaiters
-from pybk.bookie.replies import CountedAdd, Respond
+from pybk.bookie.replies import CountedAdd, Respond, state_message
 from pybk.bookie.sizing import READ_BATCH_MAX_BYTES, answer_size
 from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE, BookieState
 from pybk.bookie.unknown import UnknownLedgerCheck, fence_checked
@@ -58,6 +59,7 @@ from pybk.wire import (
     BookieInfoResponse,
     FenceRequest,
     FenceResponse,
+    ForceRequest,
     ListEntriesRequest,
     ListEntriesResponse,
     ReadBatchRequest,
@@ -71,7 +73,6 @@ from pybk.wire import (
     Status,
     WriteLacRequest,
     WriteLacResponse,
-    add_ok,
     add_response,
     error_response,
 )
@@ -137,6 +138,7 @@ class Bookie:
         self._journal_failed = False  # read-only for good (until restart)
         self._journal_reason = ""
         self._polls = LongPollWaiters()
+        self.deferred = DeferredSyncs()  # adds answered before their fsync (deferred sync)
         self._no_such_entry_on_io_error = NO_SUCH_ENTRY_ON_IO_ERROR in config.mutations
         #: requests, their latency and the journal's batches, recorded when given
         #: (pybk.bookie.metrics exports them); None: nothing is timed
@@ -438,11 +440,7 @@ class Bookie:
             return error_response(request, Status.UNAVAILABLE,
                                   f"bookie {self.bookie_id} is stopped")
         try:
-            if isinstance(request, AddRequest):
-                await self.add(request.ledger_id, request.entry_id, request.master_key,
-                               request.body, request.recovery)
-                return add_ok(request.ledger_id, request.entry_id)
-            if isinstance(request, AddBatchRequest):
+            if isinstance(request, AddRequest | AddBatchRequest):
                 outcome: asyncio.Future[AddOutcome] = (
                     asyncio.get_running_loop().create_future())
                 self.add_request(request, outcome.set_result)
@@ -457,6 +455,8 @@ class Bookie:
                 return await self._write_lac(request)
             if isinstance(request, FenceRequest):
                 return await self._fence(request)
+            if isinstance(request, ForceRequest):
+                return await force_reply(self.deferred, self._store(), request)
             if isinstance(request, ListEntriesRequest):
                 st = self._store()
                 return ListEntriesResponse(Status.OK, request.ledger_id,
@@ -518,6 +518,8 @@ class Bookie:
         stats = self.stats
         if stats is not None:  # one timing per request: a batch's entries share it
             on_done = CountedAdd(stats, request, on_done, asyncio.get_running_loop().time)
+        if request.deferred_sync:  # answered once the journal took it (pybk.bookie.deferred)
+            on_done = self.deferred.start(request.ledger_id, on_done)
         if type(request) is AddBatchRequest:
             self.add_batch(request.ledger_id, request.entry_ids, request.bodies,
                            request.master_key, on_done, request.recovery)
@@ -525,6 +527,8 @@ class Bookie:
             assert isinstance(request, AddRequest)
             self.add_entry(request.ledger_id, request.entry_id, request.master_key,
                            request.body, on_done, request.recovery)
+        if isinstance(on_done, DeferredAdd):
+            on_done.admitted()
 
     def add_batch(self, ledger_id: int, entry_ids: Sequence[int], bodies: Sequence[bytes],
                   master_key: bytes, on_done: AddCallback, recovery: bool = False) -> None:
@@ -675,13 +679,8 @@ class Bookie:
             free, total = self.disk_usage()
         except OSError as exc:
             raise IOBookieError(f"disk usage: {exc}") from None
-        message = self._reason
-        if self.store is not None and self.store.suspect:
-            message += "; suspect segments: " + ", ".join(self.store.suspect)
-        if self.store is not None and self.store.damaged:  # (found by the scrubber)
-            message += f"; {len(self.store.damaged)} damaged entries, e.g. " + ", ".join(
-                f"{lid}:{eid}" for lid, eid in list(self.store.damaged)[:5])
-        return BookieInfoResponse(Status.OK, self.bookie_id, free, total, self._state, message)
+        return BookieInfoResponse(Status.OK, self.bookie_id, free, total, self._state,
+                                  state_message(self._reason, self.store))
 
     # ================================================================== admin
 

@@ -5,6 +5,7 @@ their cells: less for the garbage collector on the add path."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from pybk.errors import BKError
 from pybk.stats import BookieStats
@@ -69,3 +70,15 @@ class CountedAdd:
             if good:
                 stats.add_latency.observe(self.clock() - self.started, len(good))
         self.on_done(outcome)
+
+
+def state_message(reason: str, store: Any) -> str:
+    """What a bookie's info answer says of its state: why, its suspect segments and damaged
+    entries (found by the scrubber)."""
+    message = reason
+    if store is not None and store.suspect:
+        message += "; suspect segments: " + ", ".join(store.suspect)
+    if store is not None and store.damaged:
+        message += f"; {len(store.damaged)} damaged entries, e.g. " + ", ".join(
+            f"{lid}:{eid}" for lid, eid in list(store.damaged)[:5])
+    return message

@@ -2,7 +2,8 @@
 
 :mod:`.client` the entry point, :mod:`.quorum` the quorum rules, :mod:`.pipeline` the write
 pipeline as a sans-IO core (events in, actions out) and :mod:`.writer` its driver
-(``LedgerHandle``), :mod:`.placement` who gets picked for an ensemble, :mod:`.reader` and
+(``LedgerHandle``), :mod:`.adv` caller-chosen entry ids (``LedgerHandleAdv``),
+:mod:`.placement` who gets picked for an ensemble, :mod:`.reader` and
 :mod:`.recovery` the read side, :mod:`.context` what a client shares with its handles.
 
 Layer: above :mod:`pybk.transport` and :mod:`pybk.metadata`, below the logs and the facades.
@@ -10,6 +11,15 @@ Nothing here touches sockets, threads, files or the wall clock: time is the runn
 bookies are reached through a Transport, so the simulator drives this code unchanged.
 """
 
-from pybk.client.client import Client, ClientConfig, LedgerEntry, LedgerHandle, ReadHandle
+from pybk.client.client import (
+    Client,
+    ClientConfig,
+    DeferredSyncLedgerHandle,
+    LedgerEntry,
+    LedgerHandle,
+    LedgerHandleAdv,
+    ReadHandle,
+)
 
-__all__ = ["Client", "ClientConfig", "LedgerEntry", "LedgerHandle", "ReadHandle"]
+__all__ = ["Client", "ClientConfig", "DeferredSyncLedgerHandle", "LedgerEntry", "LedgerHandle",
+           "LedgerHandleAdv", "ReadHandle"]

@@ -15,10 +15,12 @@ from __future__ import annotations
 import asyncio
 import random
 import ssl
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from pybk.client.adv import LedgerHandleAdv
 from pybk.client.context import ClientConfig, ClientContext
+from pybk.client.deferred import DeferredSyncLedgerHandle, WriteFlag, check_write_flags
 from pybk.client.placement import PlacementPolicy, refresh_topology, writable_nodes
 from pybk.client.quorum import validate_quorums
 from pybk.client.reader import LedgerEntry, ReadHandle
@@ -48,7 +50,8 @@ if TYPE_CHECKING:
     from pybk.logs.namespace import Namespace
     from pybk.ops.admin import Admin
 
-__all__ = ["Client", "ClientConfig", "LedgerEntry", "LedgerHandle", "ReadHandle"]
+__all__ = ["Client", "ClientConfig", "DeferredSyncLedgerHandle", "LedgerEntry", "LedgerHandle",
+           "LedgerHandleAdv", "ReadHandle"]
 
 
 class Client:
@@ -189,13 +192,46 @@ class Client:
         custom_metadata: Mapping[str, bytes] | None = None,
         *,
         ledger_id: int | None = None,
+        write_flags: Iterable[str] | None = None,
     ) -> LedgerHandle:
         """Create a ledger on ``ensemble_size`` writable bookies and open it for writing.
 
         ``ledger_id``: create it under an id the caller took from
         ``client.store.allocate_ledger_id()`` (BookKeeper's ``createAdv`` with an id), so the
         caller can record the id before the ledger exists (a bulk writer that must be able to
-        find and delete every ledger it may have made); LedgerExistsError if it is taken."""
+        find and delete every ledger it may have made); LedgerExistsError if it is taken.
+        ``write_flags={"deferred_sync"}``: a :class:`pybk.DeferredSyncLedgerHandle` (adds
+        answered before the bookies' fsync, ``force()`` makes them durable)."""
+        flags = check_write_flags(write_flags)
+        ctx, md, digest, password = await self._new_ledger(
+            ensemble_size, write_quorum, ack_quorum, digest_type, password, custom_metadata,
+            ledger_id)
+        if WriteFlag.DEFERRED_SYNC in flags:
+            return DeferredSyncLedgerHandle(ctx, md, digest, master_key(password), password)
+        return LedgerHandle(ctx, md, digest, master_key(password), password)
+
+    async def create_ledger_adv(
+        self,
+        ensemble_size: int = 3,
+        write_quorum: int = 2,
+        ack_quorum: int = 2,
+        digest_type: str = "CRC32C",
+        password: bytes = b"",
+        custom_metadata: Mapping[str, bytes] | None = None,
+        *,
+        ledger_id: int | None = None,
+    ) -> LedgerHandleAdv:
+        """:meth:`create_ledger` for a writer that chooses each entry's id
+        (:class:`pybk.LedgerHandleAdv`, BookKeeper's ``createLedgerAdv``)."""
+        ctx, md, digest, password = await self._new_ledger(
+            ensemble_size, write_quorum, ack_quorum, digest_type, password, custom_metadata,
+            ledger_id)
+        return LedgerHandleAdv(ctx, md, digest, master_key(password), password)
+
+    async def _new_ledger(
+        self, ensemble_size: int, write_quorum: int, ack_quorum: int, digest_type: str,
+        password: bytes, custom_metadata: Mapping[str, bytes] | None, ledger_id: int | None,
+    ) -> tuple[ClientContext, LedgerMetadata, DigestManager, bytes]:
         if ledger_id is not None and (isinstance(ledger_id, bool) or not isinstance(ledger_id, int)
                                       or ledger_id < 0):
             raise ValueError(f"ledger_id must be an int >= 0, got {ledger_id!r}")
@@ -231,8 +267,7 @@ class Client:
         md = await ctx.store.create_ledger(md)
         if ctx.stats is not None:
             ctx.stats.ledgers_created += 1
-        digest = DigestManager(ledger_id, digest_type, password)
-        return LedgerHandle(ctx, md, digest, master_key(password), password)
+        return ctx, md, DigestManager(ledger_id, digest_type, password), password
 
     async def open_ledger(
         self, ledger_id: int, password: bytes = b"", recovery: bool = True

@@ -79,6 +79,10 @@ class ClientConfig:
     #: names of deliberately broken behaviours (mutation switches) for checker tests, made
     #: by the outermost layer (``pybk.testing.Mutations``); empty in production
     mutations: frozenset[str] = frozenset()
+    #: Read a ledger from one bookie while it answers (BookKeeper's ``stickyReadsEnabled``),
+    #: when its ensemble size equals its write quorum; the next bookie after an error
+    #: (pybk.client.sticky).
+    sticky_reads: bool = False
     #: chooses the bookies of new ensembles, ensemble changes and re-replication, and the
     #: order reads try replicas in (pybk.client.placement)
     placement: PlacementPolicy = field(default_factory=DefaultPlacementPolicy)
@@ -103,6 +107,8 @@ class ClientConfig:
             raise ValueError(f"long_poll_timeout must be > 0, got {self.long_poll_timeout!r}")
         if not isinstance(self.immediate_lac, bool):
             raise TypeError(f"immediate_lac must be a bool, not {self.immediate_lac!r}")
+        if not isinstance(self.sticky_reads, bool):
+            raise TypeError(f"sticky_reads must be a bool, not {self.sticky_reads!r}")
         if not isinstance(self.long_poll_parallel, bool):
             raise TypeError(f"long_poll_parallel must be a bool, not {self.long_poll_parallel!r}")
         for name in ("max_entry_size", "add_batch_max_bytes"):

@@ -29,6 +29,7 @@ from pybk.client.reads import (
     read_lac_covered,
     read_range,
 )
+from pybk.client.sticky import StickyReads
 from pybk.errors import (
     BKError,
     DigestMismatchError,
@@ -79,6 +80,8 @@ class ReadHandle:
         #: how far a sequential long poll's first bookie is moved on: one more after each
         #: poll that ended without the entry
         self._poll_turn = 0
+        #: the bookie this handle reads from first (ClientConfig.sticky_reads), or None
+        self.sticky = StickyReads.for_ledger(ctx.config.sticky_reads, metadata, ctx.rng)
 
     @property
     def id(self) -> int:
@@ -136,13 +139,15 @@ class ReadHandle:
 
     async def _read(self, first: int, last: int) -> list[LedgerEntry]:
         try:
-            entries, lac = await read_range(self._ctx, self._md, self._digest, first, last)
+            entries, lac = await read_range(self._ctx, self._md, self._digest, first, last,
+                                           self.sticky)
         except BKError:
             # the writer may have moved entries to a new ensemble since we last looked
             before = dict(self._md.ensembles)
             if self._md.is_closed or dict((await self._refresh_metadata()).ensembles) == before:
                 raise
-            entries, lac = await read_range(self._ctx, self._md, self._digest, first, last)
+            entries, lac = await read_range(self._ctx, self._md, self._digest, first, last,
+                                           self.sticky)
         self._raise_lac(lac)
         return entries
 

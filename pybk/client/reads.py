@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pybk.client.quorum import Answer, CoverageSet, Quorums
+from pybk.client.sticky import StickyReads
 from pybk.errors import (
     BKError,
     BookieUnavailableError,
@@ -131,10 +132,13 @@ def summarize(ledger_id: int, entry_id: int, errors: list[BKError]) -> BKError:
     return DigestMismatchError(f"{where}: no replica returned a valid copy ({detail})")
 
 
-def _replicas(ctx: ClientContext, md: LedgerMetadata, entry_id: int) -> list[str]:
-    """The replicas of an entry in the order a read tries them: the write set's, or the
-    placement policy's when it prefers a local rack."""
+def _replicas(ctx: ClientContext, md: LedgerMetadata, entry_id: int,
+              sticky: StickyReads | None = None) -> list[str]:
+    """The replicas of an entry in the order a read tries them: the write set's, the sticky
+    bookie's first (sticky reads), or the placement policy's when it prefers a local rack."""
     ensemble = md.ensemble_for(entry_id)
+    if sticky is not None:
+        return sticky.order(ensemble)
     replicas = [ensemble[i] for i in quorums_of(md).write_set(entry_id)]
     policy = ctx.policy
     if policy.local_rack is not None:
@@ -151,13 +155,14 @@ async def read_entry(
     *,
     start: int = 0,
     errors: list[BKError] | None = None,
+    sticky: StickyReads | None = None,
 ) -> DecodedEntry:
     """Read one entry from its write set with failover and speculative reads.
 
     ``first_request``: a read already sent to the first replica. ``start``: the replica to
     ask first (the batched fast path already heard from the ones before it: their
-    ``errors``)."""
-    order = _replicas(ctx, md, entry_id)
+    ``errors``). ``sticky``: the handle's sticky reads (told of the bookies that fail)."""
+    order = _replicas(ctx, md, entry_id, sticky)
     cfg = ctx.config
     request = ReadRequest(md.ledger_id, entry_id)
     pending: dict[asyncio.Future[Response], str] = {}
@@ -181,6 +186,8 @@ async def read_entry(
             wait_for = spec if spec > 0 and next_index < len(order) else None
             done, _ = await wait(list(pending), wait_for, first=True)
             if not done:
+                if sticky is not None:  # slow: the next read starts at the next bookie
+                    sticky.failed(md.ensemble_for(entry_id), order[next_index - 1])
                 ask_next()  # speculative: the current replica is slow
                 _SPECULATIVE()
                 if ctx.stats is not None:
@@ -192,6 +199,8 @@ async def read_entry(
                     response = fut.result()
                 except BKError as exc:
                     errors.append(exc)
+                    if sticky is not None:
+                        sticky.failed(md.ensemble_for(entry_id), bookie)
                     continue
                 if response.status == Status.OK:
                     assert isinstance(response, ReadResponse)
@@ -206,6 +215,8 @@ async def read_entry(
                 errors.append(
                     error_for_status(response.status, f"{bookie}: {response.message}".strip())
                 )
+                if sticky is not None:
+                    sticky.failed(md.ensemble_for(entry_id), bookie)
             if not pending:
                 if next_index >= len(order):
                     raise summarize(md.ledger_id, entry_id, errors)
@@ -215,27 +226,29 @@ async def read_entry(
 
 
 async def read_range(
-    ctx: ClientContext, md: LedgerMetadata, digest: DigestManager, first: int, last: int
+    ctx: ClientContext, md: LedgerMetadata, digest: DigestManager, first: int, last: int,
+    sticky: StickyReads | None = None,
 ) -> tuple[list[LedgerEntry], int]:
     """Read entries ``first..last`` (inclusive), a batch at a time, in order: (the entries,
-    the highest LAC their bodies carry, -1 if none)."""
+    the highest LAC their bodies carry, -1 if none). ``sticky``: the reader's sticky reads."""
     stats = ctx.stats
     if stats is not None:
-        return await _timed_read_range(ctx, stats, md, digest, first, last)
-    return await _read_range(ctx, md, digest, first, last)
+        return await _timed_read_range(ctx, stats, md, digest, first, last, sticky)
+    return await _read_range(ctx, md, digest, first, last, sticky)
 
 
 async def _read_range(
-    ctx: ClientContext, md: LedgerMetadata, digest: DigestManager, first: int, last: int
+    ctx: ClientContext, md: LedgerMetadata, digest: DigestManager, first: int, last: int,
+    sticky: StickyReads | None = None,
 ) -> tuple[list[LedgerEntry], int]:
     step = ctx.config.read_batch_size
     if last - first < step:
-        return await _read_batch(ctx, md, digest, first, last)
+        return await _read_batch(ctx, md, digest, first, last, sticky)
     out: list[LedgerEntry] = []
     top = -1
     for start in range(first, last + 1, step):
         stop = min(last, start + step - 1)
-        got, lac = await _read_batch(ctx, md, digest, start, stop)
+        got, lac = await _read_batch(ctx, md, digest, start, stop, sticky)
         out += got
         top = max(top, lac)
     return out, top
@@ -243,12 +256,12 @@ async def _read_range(
 
 async def _timed_read_range(
     ctx: ClientContext, stats: ClientStats, md: LedgerMetadata, digest: DigestManager,
-    first: int, last: int,
+    first: int, last: int, sticky: StickyReads | None,
 ) -> tuple[list[LedgerEntry], int]:
     loop = asyncio.get_running_loop()
     started = loop.time()
     try:
-        out = await _read_range(ctx, md, digest, first, last)
+        out = await _read_range(ctx, md, digest, first, last, sticky)
     except BKError:
         stats.read_errors += 1
         raise
@@ -259,7 +272,8 @@ async def _timed_read_range(
 
 
 async def _read_batch(
-    ctx: ClientContext, md: LedgerMetadata, digest: DigestManager, first: int, last: int
+    ctx: ClientContext, md: LedgerMetadata, digest: DigestManager, first: int, last: int,
+    sticky: StickyReads | None = None,
 ) -> tuple[list[LedgerEntry], int]:
     """Fast path: each entry's first replica is asked for all its entries of the range in one
     :class:`~pybk.wire.ReadBatchRequest` (one request and one answer per bookie, not per
@@ -277,6 +291,9 @@ async def _read_batch(
         if hi < lo:
             continue
         ensemble = md.ensembles[fragment_start]
+        if sticky is not None:  # every bookie holds every entry: all from the sticky one
+            wanted.setdefault(sticky.order(ensemble)[0], []).extend(range(lo, hi + 1))
+            continue
         if local:
             for e in range(lo, hi + 1):
                 wanted.setdefault(_replicas(ctx, md, e)[0], []).append(e)
@@ -309,8 +326,15 @@ async def _read_batch(
     drop_pending(sent)
     if retry:
         ordered = sorted(retry)
+        if sticky is not None:  # the sticky bookie failed these: move on, read from the next
+            asked = {e: b for b, ids in wanted.items() for e in ids}
+            for e in (e for e in ordered if retry[e][0]):  # (0: the answer just stopped short)
+                sticky.failed(md.ensemble_for(e), asked[e])
+                break
+            retry = {e: (0 if sticky.order(md.ensemble_for(e))[0] != asked[e] else start, errs)
+                     for e, (start, errs) in retry.items()}
         again = await gather(*(
-            read_entry(ctx, md, digest, e, start=retry[e][0], errors=retry[e][1])
+            read_entry(ctx, md, digest, e, start=retry[e][0], errors=retry[e][1], sticky=sticky)
             for e in ordered))
         for e, decoded in zip(ordered, again, strict=True):
             out[e - first] = _ledger_entry(decoded)

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from pybk.stats import ClientStats
 
 __all__ = ["ACK_OUT_OF_ORDER", "COUNTS_REPLACED_BOOKIES_ACKS", "LAC_BEFORE_QUORUM", "AddPipeline",
-           "LedgerHandle"]
+           "AddReply", "LedgerHandle"]
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class _Batch:
         self.future = future
 
 
-class _Reply:
+class AddReply:
     """The transport's ``on_done`` for one :class:`Send` (one per batch, not per entry)."""
 
     __slots__ = ("pipeline", "send")
@@ -97,12 +97,12 @@ class _Reply:
     def __call__(self, outcome: AddOutcome) -> None:
         self.pipeline._on_reply(self.send, outcome)
 
-    def part(self, indices: list[int]) -> _Reply:
+    def part(self, indices: list[int]) -> AddReply:
         """The reply for the entries ``indices`` of this batch alone (a transport that splits
         the batch lets each part answer as soon as it is done; see
         ``pybk.transport.base.split_callback``)."""
         send = self.send
-        return _Reply(self.pipeline, send._replace(
+        return AddReply(self.pipeline, send._replace(
             entry_ids=[send.entry_ids[i] for i in indices],
             bodies=[send.bodies[i] for i in indices]))
 
@@ -316,7 +316,7 @@ class AddPipeline:
         if self._stats is not None:
             self._stats.add_requests += 1
         try:
-            self.ctx.transport.add(send.bookie, request, _Reply(self, send), self._timeout)
+            self.ctx.transport.add(send.bookie, request, AddReply(self, send), self._timeout)
         except BKError as exc:  # a transport should answer through on_done; be safe anyway
             self._on_reply(send, exc)
         except Exception as exc:  # an exception nobody expected: a finding, and no hang
@@ -468,8 +468,7 @@ class AddPipeline:
 
 
 class _AddTimer:
-    """Done-callback of an append (or a batch of them) when the client keeps metrics (the
-    waiters' exceptions are retrieved by the driver anyway: looking costs nothing here)."""
+    """Done-callback of an append (or a batch) when the client keeps metrics."""
 
     __slots__ = ("started", "stats")
 
@@ -539,6 +538,7 @@ class LedgerHandle:
     entry may still turn out to be part of the ledger after recovery.
     """
 
+    _driver: type[AddPipeline] = AddPipeline  # (how adds travel: pybk.client.deferred's own)
     def __init__(
         self,
         ctx: ClientContext,
@@ -548,8 +548,8 @@ class LedgerHandle:
         password: bytes,
     ) -> None:
         self._ctx = ctx
-        self._pipeline = AddPipeline(ctx, metadata, digest, master_key,
-                                     explicit_lac_interval=ctx.config.explicit_lac_interval)
+        self._pipeline = self._driver(ctx, metadata, digest, master_key,
+                                      explicit_lac_interval=ctx.config.explicit_lac_interval)
         self._digest = digest
         self._password = password
         self._closing = False

@@ -5,14 +5,23 @@
 :mod:`.mirror` a log mirror between two clusters.
 """
 
-from pybk.sync.client import Client, LedgerHandle, LocalCluster, ReadHandle
+from pybk.sync.client import (
+    Client,
+    DeferredSyncLedgerHandle,
+    LedgerHandle,
+    LedgerHandleAdv,
+    LocalCluster,
+    ReadHandle,
+)
 from pybk.sync.logs import SyncLog, SyncLogReader, SyncLogWriter, SyncNamespace
 from pybk.sync.mirror import LogMirror
 from pybk.sync.runner import LoopThread
 
 __all__ = [
     "Client",
+    "DeferredSyncLedgerHandle",
     "LedgerHandle",
+    "LedgerHandleAdv",
     "LocalCluster",
     "LogMirror",
     "LoopThread",

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
-from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from pybk import client as _client
@@ -101,6 +101,44 @@ class LedgerHandle:
         h = self._h
         return (f"<pybk.sync.LedgerHandle {h.id} lac={h.last_add_confirmed} "
                 f"lap={h.last_add_pushed} {'closed' if h.is_closed else 'open'}>")
+
+
+class LedgerHandleAdv(LedgerHandle):
+    """Synchronous wrapper of :class:`pybk.LedgerHandleAdv`: the caller chooses each entry's
+    id (``Client.create_ledger_adv`` makes one)."""
+
+    _h: _client.LedgerHandleAdv
+
+    def append(self, entry_id: int, data: bytes) -> int:  # type: ignore[override]
+        """Add ``data`` as entry ``entry_id``; returns the id once it and every smaller id
+        are durable (DuplicateEntryIdError for an id added before)."""
+        return self._runner.run(self._append_adv(entry_id, data))
+
+    def append_async(self, entry_id: int, data: bytes,  # type: ignore[override]
+                     ) -> concurrent.futures.Future[int]:
+        """Add entry ``entry_id`` without waiting; the future holds its id. Appends made
+        from one thread are taken in the order made."""
+        return self._runner.submit(self._append_adv(entry_id, data))
+
+    async def _append_adv(self, entry_id: int, data: bytes) -> int:
+        return await self._h.append(entry_id, data)
+
+
+class DeferredSyncLedgerHandle(LedgerHandle):
+    """Synchronous wrapper of :class:`pybk.DeferredSyncLedgerHandle` (``create_ledger(...,
+    write_flags={"deferred_sync"})``): appends return once written, :meth:`force` makes
+    them durable."""
+
+    _h: _client.DeferredSyncLedgerHandle
+
+    @property
+    def last_add_written(self) -> int:
+        """The last entry Qa bookies acknowledged (written, maybe not yet durable)."""
+        return self._h.last_add_written
+
+    def force(self) -> int:
+        """Make every entry appended so far durable; returns the LAC now durable."""
+        return self._runner.run(self._h.force())
 
 
 class ReadHandle:
@@ -220,15 +258,38 @@ class Client:
         digest_type: str = "CRC32C",
         password: bytes = b"",
         custom_metadata: Mapping[str, bytes] | None = None,
+        *,
+        write_flags: Iterable[str] | None = None,
     ) -> LedgerHandle:
         """Create a ledger on ``ensemble_size`` writable bookies and open it for writing:
-        each entry goes to ``write_quorum`` bookies and is acknowledged by ``ack_quorum``."""
+        each entry goes to ``write_quorum`` bookies and is acknowledged by ``ack_quorum``.
+        ``write_flags={"deferred_sync"}``: a :class:`DeferredSyncLedgerHandle`."""
         handle = self._runner.run(
             self._c.create_ledger(
+                ensemble_size, write_quorum, ack_quorum, digest_type, password, custom_metadata,
+                write_flags=write_flags,
+            )
+        )
+        if isinstance(handle, _client.DeferredSyncLedgerHandle):
+            return DeferredSyncLedgerHandle(self._runner, handle)
+        return LedgerHandle(self._runner, handle)
+
+    def create_ledger_adv(
+        self,
+        ensemble_size: int = 3,
+        write_quorum: int = 2,
+        ack_quorum: int = 2,
+        digest_type: str = "CRC32C",
+        password: bytes = b"",
+        custom_metadata: Mapping[str, bytes] | None = None,
+    ) -> LedgerHandleAdv:
+        """:meth:`create_ledger` for a writer that chooses each entry's id."""
+        handle = self._runner.run(
+            self._c.create_ledger_adv(
                 ensemble_size, write_quorum, ack_quorum, digest_type, password, custom_metadata
             )
         )
-        return LedgerHandle(self._runner, handle)
+        return LedgerHandleAdv(self._runner, handle)
 
     def open_ledger(
         self, ledger_id: int, password: bytes = b"", recovery: bool = True
@@ -372,4 +433,5 @@ class LocalCluster:
         return f"<pybk.sync.LocalCluster {self._args[0]} (not started)>"
 
 
-__all__ = ["Client", "LedgerHandle", "LocalCluster", "ReadHandle"]
+__all__ = ["Client", "DeferredSyncLedgerHandle", "LedgerHandle", "LedgerHandleAdv", "LocalCluster",
+           "ReadHandle"]

@@ -361,7 +361,8 @@ class HookedTransport(Transport):
         if free:
             rest = AddBatchRequest(request.ledger_id, request.master_key,
                                    [request.entry_ids[i] for i in free],
-                                   [request.bodies[i] for i in free], request.recovery)
+                                   [request.bodies[i] for i in free], request.recovery,
+                                   request.deferred_sync)
             self.inner.add(bookie_id, rest, parts.pop(0), timeout)
         for i, part in zip(hooked, parts, strict=True):
             rule = rules[i]

@@ -141,7 +141,8 @@ def read_batch_by_singles(
 
 def split_batch(request: AddBatchRequest) -> list[AddRequest]:
     """The single adds a batch is made of (for a peer that does not take batches)."""
-    return [AddRequest(request.ledger_id, entry_id, request.master_key, body, request.recovery)
+    return [AddRequest(request.ledger_id, entry_id, request.master_key, body, request.recovery,
+                       request.deferred_sync)
             for entry_id, body in zip(request.entry_ids, request.bodies, strict=True)]
 
 

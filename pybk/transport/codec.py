@@ -16,6 +16,7 @@ from __future__ import annotations
 import struct
 
 from pybk.errors import ProtocolError
+from pybk.transport.errorreplies import error_response_for_op
 from pybk.transport.messages import (
     DEFAULT_MAX_FRAME,
     FLAG_FENCE,
@@ -38,7 +39,6 @@ from pybk.transport.messages import (
     decode_frame,
     encode_request,
     encode_response,
-    error_response_for_op,
 )
 from pybk.wire import AuthRequest, Request, Response
 

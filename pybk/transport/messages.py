@@ -16,6 +16,7 @@ from typing import Any, Final
 import crc32c
 
 from pybk.errors import ProtocolError
+from pybk.transport.errorreplies import error_response_for_op
 from pybk.wire import (
     AddBatchRequest,
     AddBatchResponse,
@@ -27,6 +28,8 @@ from pybk.wire import (
     BookieInfoResponse,
     FenceRequest,
     FenceResponse,
+    ForceRequest,
+    ForceResponse,
     ListEntriesRequest,
     ListEntriesResponse,
     Op,
@@ -45,6 +48,7 @@ from pybk.wire import (
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
+    "FLAG_DEFERRED_SYNC",
     "FLAG_FENCE",
     "FLAG_LONG_POLL",
     "FLAG_RECOVERY",
@@ -70,14 +74,14 @@ __all__ = [
 ]
 
 #: The newest protocol version this code speaks. Version 2 adds ADD_BATCH (and the
-#: BOOKIE_INFO flag that tells a client so); a frame carries the lowest version that defines
-#: its operation, so everything a version-1 peer knows still travels as version 1.
-PROTOCOL_VERSION: Final = 2
+#: BOOKIE_INFO flag that tells a client so), version 3 FORCE and the deferred-sync add flag; a
+#: frame carries the lowest version that defines its operation, so everything a version-1 peer
+#: knows still travels as version 1.
+PROTOCOL_VERSION: Final = 3
 #: the operations each frame version may carry
 _OPS_OF_VERSION: Final = {
-    1: frozenset(op for op in Op if op not in (Op.ADD_BATCH, Op.READ_BATCH)),
-    2: frozenset(Op),
-}
+    1: frozenset(op for op in Op if op not in (Op.ADD_BATCH, Op.READ_BATCH, Op.FORCE)),
+    2: frozenset(op for op in Op if op is not Op.FORCE), 3: frozenset(Op)}
 
 #: Default cap on one frame (length field value), as BookKeeper's nettyMaxFrameSizeBytes.
 DEFAULT_MAX_FRAME: Final = 5 * 1024 * 1024
@@ -94,13 +98,14 @@ MIN_FRAME: Final = 4 + HEADER_SIZE
 # flags
 FLAG_RESPONSE: Final = 0x8000
 FLAG_RECOVERY: Final = 0x0001  # ADD: recovery add
+FLAG_DEFERRED_SYNC: Final = 0x0002  # ADD: answer before the journal's fsync (version 3)
 FLAG_FENCE: Final = 0x0001  # READ: fence first
 FLAG_LONG_POLL: Final = 0x0002  # READ: previous_lac present
 #: BOOKIE_INFO request: also tell your newest protocol version; on the response: it follows
 FLAG_VERSIONS: Final = 0x0001
 _ALLOWED_FLAGS: Final = {
-    Op.ADD: FLAG_RECOVERY,
-    Op.ADD_BATCH: FLAG_RECOVERY,
+    Op.ADD: FLAG_RECOVERY | FLAG_DEFERRED_SYNC,
+    Op.ADD_BATCH: FLAG_RECOVERY | FLAG_DEFERRED_SYNC,
     Op.READ: FLAG_FENCE | FLAG_LONG_POLL,
     Op.BOOKIE_INFO: FLAG_VERSIONS,
 }
@@ -255,7 +260,7 @@ Event = RequestReceived | ResponseReceived | MessageRejected
 
 def frame_version(op: Op) -> int:
     """The version byte of a frame of ``op``: the first protocol version defining ``op``."""
-    return 2 if op is Op.ADD_BATCH or op is Op.READ_BATCH else 1
+    return 3 if op is Op.FORCE else 2 if op is Op.ADD_BATCH or op is Op.READ_BATCH else 1
 
 
 def _encode_request_body(req: Request, w: _Writer) -> int:
@@ -264,7 +269,7 @@ def _encode_request_body(req: Request, w: _Writer) -> int:
         w.raw(_QQ.pack(req.ledger_id, req.entry_id))
         w.blob(req.master_key)
         w.blob(req.body)
-        return FLAG_RECOVERY if req.recovery else 0
+        return _add_flags(req)
     if isinstance(req, AddBatchRequest):
         _check_batch(req)
         w.raw(_Q.pack(req.ledger_id))
@@ -273,7 +278,7 @@ def _encode_request_body(req: Request, w: _Writer) -> int:
         for entry_id, body in zip(req.entry_ids, req.bodies, strict=True):
             w.raw(_Q.pack(entry_id))
             w.blob(body)
-        return FLAG_RECOVERY if req.recovery else 0
+        return _add_flags(req)
     if isinstance(req, ReadRequest):
         if not math.isfinite(req.timeout) or req.timeout < 0 or req.timeout > MAX_TIMEOUT:
             raise ValueError(f"read timeout must be within [0, {MAX_TIMEOUT}], not {req.timeout}")
@@ -302,7 +307,7 @@ def _encode_request_body(req: Request, w: _Writer) -> int:
         w.blob(req.master_key)
         w.blob(req.body)
         return 0
-    if isinstance(req, FenceRequest):
+    if isinstance(req, FenceRequest | ForceRequest):
         w.raw(_Q.pack(req.ledger_id))
         w.blob(req.master_key)
         return 0
@@ -312,6 +317,11 @@ def _encode_request_body(req: Request, w: _Writer) -> int:
         w.blob(req.token)
         return 0
     raise TypeError(f"not a pybk request: {req!r}")
+
+
+def _add_flags(req: AddRequest | AddBatchRequest) -> int:
+    return (FLAG_RECOVERY if req.recovery else 0) | (
+        FLAG_DEFERRED_SYNC if req.deferred_sync else 0)
 
 
 def _check_batch(req: AddBatchRequest) -> None:
@@ -350,7 +360,7 @@ def _encode_response_body(resp: Response, w: _Writer) -> int:
         w.blob(resp.last_entry_body)
     elif isinstance(resp, WriteLacResponse):
         w.raw(_Q.pack(resp.ledger_id))
-    elif isinstance(resp, FenceResponse):
+    elif isinstance(resp, FenceResponse | ForceResponse):
         w.raw(_QQ.pack(resp.ledger_id, resp.lac))
     elif isinstance(resp, ListEntriesResponse):
         w.raw(_Q.pack(resp.ledger_id))
@@ -401,7 +411,7 @@ def _encode_add_request(request_id: int, req: AddRequest) -> bytes:
     head = _ADD_REQ_HEAD.pack(
         1,
         Op.ADD,
-        FLAG_RECOVERY if req.recovery else 0,
+        _add_flags(req),
         request_id,
         req.ledger_id,
         req.entry_id,
@@ -418,7 +428,7 @@ def _encode_batch_request(request_id: int, req: AddBatchRequest) -> bytes:
     _check_batch(req)
     key = req.master_key
     parts: list[bytes] = [b"", _BATCH_REQ_HEAD.pack(
-        2, Op.ADD_BATCH, FLAG_RECOVERY if req.recovery else 0, request_id, req.ledger_id,
+        2, Op.ADD_BATCH, _add_flags(req), request_id, req.ledger_id,
         len(key)), key, _I.pack(len(req.bodies))]
     crc32 = crc32c.crc32c
     crc = crc32(parts[3], crc32(key, crc32(parts[1])))
@@ -483,7 +493,8 @@ def _decode_request(op: Op, flags: int, r: _Reader) -> Request:
         key = r.required_blob("master key")
         body = r.required_blob("entry body")
         r.done()
-        return AddRequest(ledger_id, entry_id, key, body, recovery=bool(flags & FLAG_RECOVERY))
+        return AddRequest(ledger_id, entry_id, key, body, bool(flags & FLAG_RECOVERY),
+                          bool(flags & FLAG_DEFERRED_SYNC))
     if op is Op.ADD_BATCH:
         ledger_id = r.i64()
         key = r.required_blob("master key")
@@ -497,7 +508,8 @@ def _decode_request(op: Op, flags: int, r: _Reader) -> Request:
             ids.append(r.i64())
             bodies.append(r.required_blob("entry body"))
         r.done()
-        return AddBatchRequest(ledger_id, key, ids, bodies, recovery=bool(flags & FLAG_RECOVERY))
+        return AddBatchRequest(ledger_id, key, ids, bodies, bool(flags & FLAG_RECOVERY),
+                               bool(flags & FLAG_DEFERRED_SYNC))
     if op is Op.READ:
         ledger_id, entry_id, prev = r.take(_QQQ)
         (timeout,) = r.take(_D)
@@ -535,11 +547,11 @@ def _decode_request(op: Op, flags: int, r: _Reader) -> Request:
         body = r.required_blob("LAC body")
         r.done()
         return WriteLacRequest(ledger_id, lac, key, body)
-    if op is Op.FENCE:
+    if op is Op.FENCE or op is Op.FORCE:
         ledger_id = r.i64()
         key = r.required_blob("master key")
         r.done()
-        return FenceRequest(ledger_id, key)
+        return (FenceRequest if op is Op.FENCE else ForceRequest)(ledger_id, key)
     if op is Op.BOOKIE_INFO:
         r.done()
         return BookieInfoRequest(versions=bool(flags & FLAG_VERSIONS))
@@ -590,10 +602,10 @@ def _decode_response(op: Op, r: _Reader, flags: int = FLAG_RESPONSE) -> Response
         ledger_id = r.i64()
         r.done()
         return WriteLacResponse(status, ledger_id, message)
-    if op is Op.FENCE:
+    if op is Op.FENCE or op is Op.FORCE:
         ledger_id, lac = r.take(_QQ)
         r.done()
-        return FenceResponse(status, ledger_id, lac, message)
+        return (FenceResponse if op is Op.FENCE else ForceResponse)(status, ledger_id, lac, message)
     if op is Op.LIST_ENTRIES:
         ledger_id = r.i64()
         (count,) = r.take(_I)
@@ -655,8 +667,8 @@ def _fast_add_request(f: bytes | memoryview, flags: int) -> AddRequest:
         raise ProtocolError(f"byte string of {blen} bytes exceeds the {n - p} bytes left")
     if blen < n - p:
         raise ProtocolError(f"{n - p - blen} trailing bytes after the message body")
-    return AddRequest(ledger_id, entry_id, key, bytes(f[p:]),
-                      recovery=bool(flags & FLAG_RECOVERY))
+    return AddRequest(ledger_id, entry_id, key, bytes(f[p:]), bool(flags & FLAG_RECOVERY),
+                      bool(flags & FLAG_DEFERRED_SYNC))
 
 
 def _fast_batch_request(f: bytes | memoryview, flags: int) -> AddBatchRequest:
@@ -697,7 +709,8 @@ def _fast_batch_request(f: bytes | memoryview, flags: int) -> AddBatchRequest:
         p += blen
     if p != n:
         raise ProtocolError(f"{n - p} trailing bytes after the message body")
-    return AddBatchRequest(ledger_id, key, ids, bodies, recovery=bool(flags & FLAG_RECOVERY))
+    return AddBatchRequest(ledger_id, key, ids, bodies, bool(flags & FLAG_RECOVERY),
+                           bool(flags & FLAG_DEFERRED_SYNC))
 
 
 def _fast_add_response(f: bytes | memoryview) -> AddResponse:
@@ -726,29 +739,6 @@ def _fast_add_response(f: bytes | memoryview) -> AddResponse:
         raise ProtocolError(f"{n - p - _QQ.size} trailing bytes after the message body")
     ledger_id, entry_id = _QQ.unpack_from(f, p)
     return AddResponse(status, ledger_id, entry_id, message)
-
-
-def error_response_for_op(op: Op, status: Status, message: str) -> Response:
-    """A response of operation ``op``'s type carrying an error (ids unknown: zero)."""
-    if op is Op.ADD:
-        return AddResponse(status, 0, 0, message)
-    if op is Op.ADD_BATCH:
-        return AddBatchResponse(status, 0, 0, (), message)
-    if op is Op.READ:
-        return ReadResponse(status, 0, 0, message=message)
-    if op is Op.READ_BATCH:
-        return ReadBatchResponse(status, 0, message=message)
-    if op is Op.READ_LAC:
-        return ReadLacResponse(status, 0, message=message)
-    if op is Op.WRITE_LAC:
-        return WriteLacResponse(status, 0, message)
-    if op is Op.FENCE:
-        return FenceResponse(status, 0, message=message)
-    if op is Op.LIST_ENTRIES:
-        return ListEntriesResponse(status, 0, message=message)
-    if op is Op.BOOKIE_INFO:
-        return BookieInfoResponse(status, message=message)
-    return AuthResponse(status, message)
 
 
 # --------------------------------------------------------------------------- one frame

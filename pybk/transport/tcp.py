@@ -253,9 +253,7 @@ class _ClientConnection(asyncio.Protocol):
         assert isinstance(request, AddBatchRequest)
         if self.peer_version < 2:
             if len(request.bodies) == 1:  # (a lone writer's: one single ADD, nothing to split)
-                self._add_frames([AddRequest(request.ledger_id, request.entry_ids[0],
-                                             request.master_key, request.bodies[0],
-                                             request.recovery)], [on_done], timeout)
+                self._add_frames(split_batch(request), [on_done], timeout)
                 return
             self._ask_versions(len(request.bodies))
             singles = split_batch(request)
@@ -269,7 +267,8 @@ class _ClientConnection(asyncio.Protocol):
         parts = split_callback(on_done, len(request.bodies), groups)
         chunks = [request if len(g) == len(request.bodies) else AddBatchRequest(
             request.ledger_id, request.master_key, [request.entry_ids[i] for i in g],
-            [request.bodies[i] for i in g], request.recovery) for g in groups]
+            [request.bodies[i] for i in g], request.recovery, request.deferred_sync)
+            for g in groups]
         self._add_frames(chunks, parts, timeout)
 
     def _add_frames(self, requests: Sequence[AddLike], callbacks: Sequence[AddCallback],

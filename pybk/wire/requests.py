@@ -32,6 +32,8 @@ class Op(enum.IntEnum):
     ADD_BATCH = 9
     #: read several entries of one ledger in one request (protocol version 2)
     READ_BATCH = 10
+    #: make every deferred-sync add of a ledger durable (protocol version 3)
+    FORCE = 11
 
 
 # --------------------------------------------------------------------------- requests
@@ -45,7 +47,8 @@ class AddRequest:
     """Store one framed entry. ``body`` is the whole digested entry (see module doc).
 
     ``recovery=True`` is a recovery add: it is accepted on a fenced ledger (that is how a
-    recovering client writes entries back).
+    recovering client writes entries back). ``deferred_sync=True`` (protocol version 3): answer
+    once the journal has taken it, before its fsync (:class:`ForceRequest` makes it durable).
     """
 
     ledger_id: int
@@ -53,6 +56,7 @@ class AddRequest:
     master_key: bytes
     body: bytes
     recovery: bool = False
+    deferred_sync: bool = False
     op = Op.ADD
 
 
@@ -106,6 +110,16 @@ class FenceRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ForceRequest:
+    """Answer once every deferred-sync add of the ledger this bookie acknowledged before is
+    durable (BookKeeper's FORCE_LEDGER; protocol version 3)."""
+
+    ledger_id: int
+    master_key: bytes
+    op = Op.FORCE
+
+
+@dataclass(frozen=True, slots=True)
 class ListEntriesRequest:
     """Which entries of a ledger does this bookie hold?"""
 
@@ -147,6 +161,7 @@ class AddBatchRequest:
     entry_ids: Sequence[int]
     bodies: Sequence[bytes]
     recovery: bool = False
+    deferred_sync: bool = False
     op = Op.ADD_BATCH
 
 
@@ -173,6 +188,7 @@ Request = (
     | ReadLacRequest
     | WriteLacRequest
     | FenceRequest
+    | ForceRequest
     | ListEntriesRequest
     | BookieInfoRequest
     | AuthRequest

@@ -13,6 +13,7 @@ from pybk.wire.requests import (
     AddRequest,
     BookieInfoRequest,
     FenceRequest,
+    ForceRequest,
     ListEntriesRequest,
     Op,
     ReadBatchRequest,
@@ -75,6 +76,18 @@ class FenceResponse:
     lac: int = -1
     message: str = ""
     op = Op.FENCE
+
+
+@dataclass(frozen=True, slots=True)
+class ForceResponse:
+    """``lac``: the last entry of the ledger the bookie holds durably once forced (-1: none),
+    so a writer sees a bookie that lost acknowledged entries (a restart) for what it is."""
+
+    status: Status
+    ledger_id: int
+    lac: int = -1
+    message: str = ""
+    op = Op.FORCE
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +171,7 @@ Response = (
     | ReadLacResponse
     | WriteLacResponse
     | FenceResponse
+    | ForceResponse
     | ListEntriesResponse
     | BookieInfoResponse
     | AuthResponse
@@ -199,6 +213,8 @@ def error_response(request: Request, status: Status, message: str = "") -> Respo
         return WriteLacResponse(status, request.ledger_id, message)
     if isinstance(request, FenceRequest):
         return FenceResponse(status, request.ledger_id, message=message)
+    if isinstance(request, ForceRequest):
+        return ForceResponse(status, request.ledger_id, message=message)
     if isinstance(request, ListEntriesRequest):
         return ListEntriesResponse(status, request.ledger_id, message=message)
     if isinstance(request, BookieInfoRequest):

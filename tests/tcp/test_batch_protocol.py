@@ -76,10 +76,11 @@ class VersionOneBookie:
                 if version != 1:
                     self.closed_for_version += 1
                     return  # an old bookie closes: it never guesses
-                if op == 7 and flags:  # BOOKIE_INFO with a flag it does not know
+                if (op == 7 and flags) or (op == 1 and flags & ~0x0001):
+                    # BOOKIE_INFO or ADD with a flag it does not know (VERSIONS, DEFERRED_SYNC)
                     self.refused_flags += 1
                     answer = messages.error_response_for_op(
-                        messages.Op.BOOKIE_INFO, Status.PROTOCOL_ERROR, "unknown flags")
+                        messages.Op(op), Status.PROTOCOL_ERROR, "unknown flags")
                     writer.write(messages.encode_response(rid, answer))
                     continue
                 [event] = conn.receive_data(head + frame)
@@ -173,7 +174,7 @@ async def test_a_new_bookie_gets_batches_after_the_first_question() -> None:
         more = list(range(10, 30))
         assert await _add(t, AddBatchRequest(2, KEY, more, [body(2, e) for e in more])) is None
         assert seen == ["AddBatchRequest"]  # one request, 20 entries
-        assert t._conns[("b1", 0)].peer_version == 2
+        assert t._conns[("b1", 0)].peer_version == messages.PROTOCOL_VERSION
         resp = await t.send("b1", ReadBatchRequest(2, list(range(30))), 10.0)
         assert isinstance(resp, ReadBatchResponse)
         assert [b for _e, _s, b in resp.entries] == [body(2, e) for e in range(30)]
@@ -262,3 +263,25 @@ async def test_a_batch_without_the_token_is_refused_as_unauthorized() -> None:
         assert await _add(good, AddBatchRequest(4, KEY, ids, [body(4, e) for e in ids])) is None
         await good.close()
     bookie.crash()
+
+
+async def test_a_deferred_sync_add_to_an_old_bookie_is_refused_and_the_connection_kept() -> None:
+    bookie = await _bookie()
+    old = VersionOneBookie(bookie)
+    address = await old.start()
+
+    async def resolve(_: str) -> str:
+        return address
+
+    t = TcpTransport(resolve)
+    try:
+        deferred = AddBatchRequest(1, KEY, [0], [body(1, 0)], deferred_sync=True)
+        outcome = await _add(t, deferred)
+        assert isinstance(outcome, BKError) and outcome.status == Status.PROTOCOL_ERROR
+        assert await _add(t, AddBatchRequest(1, KEY, [0], [body(1, 0)])) is None  # it goes on
+        assert old.closed_for_version == 0 and len(t.connected_bookies()) == 1
+    finally:
+        await t.close()
+        await old.stop()
+        await bookie.stop()
+

@@ -35,6 +35,8 @@ from pybk.wire import (
     BookieInfoResponse,
     FenceRequest,
     FenceResponse,
+    ForceRequest,
+    ForceResponse,
     ListEntriesRequest,
     ListEntriesResponse,
     Op,
@@ -61,7 +63,7 @@ status = st.sampled_from(list(Status))
 text = st.text(max_size=40)
 
 requests = st.one_of(
-    st.builds(AddRequest, i64, i64, blob, blob, st.booleans()),
+    st.builds(AddRequest, i64, i64, blob, blob, st.booleans(), st.booleans()),
     st.builds(
         ReadRequest,
         i64,
@@ -74,13 +76,14 @@ requests = st.one_of(
     st.builds(ReadLacRequest, i64),
     st.builds(WriteLacRequest, i64, i64, blob, blob),
     st.builds(FenceRequest, i64, blob),
+    st.builds(ForceRequest, i64, blob),
     st.builds(ListEntriesRequest, i64),
     st.builds(BookieInfoRequest, st.booleans()),
     st.builds(AuthRequest, blob),
     st.lists(st.tuples(i64, blob), min_size=1, max_size=6).flatmap(
         lambda entries: st.builds(
             AddBatchRequest, i64, blob, st.just([e for e, _ in entries]),
-            st.just([b for _, b in entries]), st.booleans())),
+            st.just([b for _, b in entries]), st.booleans(), st.booleans())),
     st.builds(ReadBatchRequest, i64, st.lists(i64, min_size=1, max_size=8)),
 )
 
@@ -91,6 +94,7 @@ responses = st.one_of(
     st.builds(ReadLacResponse, status, i64, opt_blob, opt_blob, text),
     st.builds(WriteLacResponse, status, i64, text),
     st.builds(FenceResponse, status, i64, i64, text),
+    st.builds(ForceResponse, status, i64, i64, text),
     st.builds(ListEntriesResponse, status, i64, ranges, text),
     st.builds(BookieInfoResponse, status, text, i64, i64, text, text, st.integers(0, 255)),
     st.builds(AuthResponse, status, text),
@@ -141,6 +145,7 @@ def test_every_op_has_a_strategy():
             ReadLacRequest(1),
             WriteLacRequest(1, 1, b"", b""),
             FenceRequest(1, b""),
+            ForceRequest(1, b""),
             ListEntriesRequest(1),
             BookieInfoRequest(),
             AuthRequest(b""),
