@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
@@ -10,7 +11,8 @@ from ops_kit import LOST_AUDITOR_BOUND, lost_auditor_trial
 
 from pybk.testing.zookeeper import ZooKeeperServer
 
-TRIALS = 50
+#: 20 in the suite; PYBK_LOST_AUDITOR_TRIALS=50 for the longer run
+TRIALS = int(os.environ.get("PYBK_LOST_AUDITOR_TRIALS", "20"))
 
 
 @pytest.mark.integration
