@@ -43,9 +43,10 @@ from pybk.runtime import sometimes
 from pybk.runtime.ratelog import RateLimitedLog
 from pybk.stats import BookieStats
 from pybk.storage.engine import LedgerStorage
+from pybk.storage.engines import make_engine
 from pybk.storage.fs import FileSystem
 from pybk.storage.store import AddCallback as EntryCallback
-from pybk.storage.store import CompactionResult, LedgerStore, ResolveFuture
+from pybk.storage.store import CompactionResult, ResolveFuture
 from pybk.wire import (
     AddBatchRequest,
     AddCallback,
@@ -210,7 +211,7 @@ class Bookie:
         self.fs.makedirs(self.data_dir)
         self.instance_id = await check_cookie(self.fs, self.data_dir, self.bookie_id,
                                               self.cookie_store, self.rng)
-        store: LedgerStorage = LedgerStore(
+        store = make_engine(
             self.fs, self.data_dir, self.instance_id, self.config,
             on_fatal=self._on_journal_fatal, on_write_error=self._on_write_error,
             on_ledger_change=self._polls.wake, watched=self._polls.by_ledger,

@@ -235,7 +235,8 @@ class DbLedgersMixin:
                     f"ledger {ledger_id} entry {entry_id} is being written with different bytes")
             self._waiting.setdefault(key, []).append(on_done)
             return
-        held = self._held(ledger_id, entry_id)
+        # (an id past the last durable one is not held: no lookup on the common path)
+        held = self._held(ledger_id, entry_id) if entry_id <= st.last else None
         if held is not None:
             if held != body:
                 raise EntryExistsError(
