@@ -49,6 +49,9 @@ from pybk.wire import ENTRY_HEADER_SIZE, Status
 __all__ = ["DbLedger", "DbLedgersMixin"]
 
 _IDS = struct.Struct(">qq")
+#: what a cached entry costs in memory besides its body (its bytes object's header, the dict
+#: slot, the id): counted against ``db_write_cache_bytes`` so the bound is memory, not payload
+ENTRY_OVERHEAD = 120
 
 
 @dataclass
@@ -71,6 +74,16 @@ class DbLedger:
     @property
     def last_entry(self) -> int:
         return self.last
+
+
+@dataclass
+class _Batch:
+    """The journal tag of one batched add's new entries (one append)."""
+
+    ledger_id: int
+    entry_ids: list[int]
+    bodies: list[bytes]
+    on_done: Callable[[BKError | None], None]
 
 
 def _bk(exc: BaseException) -> BKError:
@@ -151,7 +164,7 @@ class DbLedgersMixin:
         entries = self._cache.setdefault(lid, {})
         if eid not in entries:
             entries[eid] = body
-            self.cache_bytes += len(body)
+            self.cache_bytes += len(body) + ENTRY_OVERHEAD
         st.last = max(st.last, eid)
         st.max_piggyback_lac = max(st.max_piggyback_lac, piggyback_lac(body))
 
@@ -161,6 +174,10 @@ class DbLedgersMixin:
         changed: set[int] = set()
         for tag in tags:
             if tag is None:
+                continue
+            if type(tag) is _Batch:
+                self._batch_synced(tag)
+                changed.add(tag.ledger_id)
                 continue
             lid, eid, body, on_done = tag
             self._pending.pop((lid, eid), None)
@@ -175,9 +192,28 @@ class DbLedgersMixin:
         if self.cache_bytes > self.config.db_write_cache_bytes:
             self._cache_full()
 
+    def _batch_synced(self, tag: _Batch) -> None:
+        lid = tag.ledger_id
+        st = self._ledgers.get(lid)
+        live = st is not None and lid not in self._deleted
+        for eid, body in zip(tag.entry_ids, tag.bodies, strict=True):
+            self._pending.pop((lid, eid), None)
+            if live and st is not None:
+                self._cached(lid, st, eid, body)
+            for waiter in self._waiting.pop((lid, eid), ()):
+                waiter(None)
+        tag.on_done(None)
+
     def _on_failed(self, tags: list[Any], exc: BaseException) -> None:
         for tag in tags:
             if tag is None:
+                continue
+            if type(tag) is _Batch:
+                for eid in tag.entry_ids:
+                    self._pending.pop((tag.ledger_id, eid), None)
+                    for waiter in self._waiting.pop((tag.ledger_id, eid), ()):
+                        waiter(_bk(fresh_copy(exc)))
+                tag.on_done(_bk(exc))
                 continue
             lid, eid, _body, on_done = tag
             self._pending.pop((lid, eid), None)
@@ -252,27 +288,52 @@ class DbLedgersMixin:
 
     def add_batch(self, ledger_id: int, entry_ids: Sequence[int], bodies: Sequence[bytes],
                   master_key: bytes, recovery: bool, on_done: BatchCallback) -> None:
-        """Each entry as a single add; ``on_done`` once for the lot."""
-        self._checked(ledger_id, master_key, recovery)
+        """Entries of one ledger: each checked like a single add, the new ones journaled as
+        one append (their records back to back); ``on_done`` once for the lot."""
+        st = self._checked(ledger_id, master_key, recovery)
         if len(entry_ids) != len(bodies) or not bodies:
             raise BadRequestError(f"ledger {ledger_id}: a batch of {len(bodies)} entries "
                                   f"and {len(entry_ids)} ids")
         outcomes: list[BKError | None] = [None] * len(bodies)
-        left = [len(bodies)]
+        left = [len(bodies) + 1]  # (+1: the setup below, settled last)
 
-        def one(i: int) -> AddCallback:
-            def settle(error: BKError | None) -> None:
+        def settle(i: int, error: BKError | None) -> None:
+            if i >= 0:
                 outcomes[i] = error
-                left[0] -= 1
-                if not left[0]:
-                    on_done(None if not any(outcomes) else outcomes)
-            return settle
+            left[0] -= 1
+            if not left[0]:
+                on_done(None if not any(outcomes) else outcomes)
 
+        new_ids: list[int] = []
+        new_bodies: list[bytes] = []
         for i, (eid, body) in enumerate(zip(entry_ids, bodies, strict=True)):
-            try:
-                self.add_entry(ledger_id, eid, body, master_key, recovery, one(i))
-            except BKError as exc:
-                one(i)(exc)
+            if (eid <= st.last or (ledger_id, eid) in self._pending
+                    or len(body) < ENTRY_HEADER_SIZE or eid < 0
+                    or _IDS.unpack_from(body) != (ledger_id, eid)):
+                try:  # the general path: a duplicate, a refusal
+                    self.add_entry(ledger_id, eid, body, master_key, recovery,
+                                   lambda e, i=i: settle(i, e))  # type: ignore[misc]
+                except BKError as exc:
+                    settle(i, exc)
+                continue
+            new_ids.append(eid)
+            new_bodies.append(body)
+            self._pending[(ledger_id, eid)] = body
+        if new_ids:
+            index = {eid: i for i, eid in enumerate(entry_ids)}
+
+            def batch_done(error: BKError | None) -> None:
+                for eid in new_ids:
+                    settle(index[eid], error)
+
+            self.journal.append_nowait(b"".join(map(encode_entry, new_bodies)),
+                                       _Batch(ledger_id, new_ids, new_bodies, batch_done),
+                                       len(new_ids))
+            lac = max(map(piggyback_lac, new_bodies))
+            if lac > st.arrived_lac:
+                st.arrived_lac = lac
+                self._on_change(ledger_id)
+        settle(-1, None)
 
     def fence(self, ledger_id: int, master_key: bytes) -> Awaitable[None]:
         st = self._checked(ledger_id, master_key, True, deleted=NoSuchLedgerError)
@@ -303,7 +364,7 @@ class DbLedgersMixin:
         self._deleted.add(ledger_id)
         self._ledgers.pop(ledger_id, None)
         gone = self._cache.pop(ledger_id, {})
-        self.cache_bytes -= sum(map(len, gone.values()))
+        self.cache_bytes -= sum(len(b) + ENTRY_OVERHEAD for b in gone.values())
         self._flushing.pop(ledger_id, None)
         for log_id in self.logs.drop_ledger(ledger_id):
             self.logs.logs.pop(log_id)  # (its files go once a checkpoint no longer names it)

@@ -128,18 +128,28 @@ class EntryLogs:
         data = self.fs.open_append(self.path(log_id, "log"), bulk=True)
         idx = self.fs.open_append(self.path(log_id, "idx"), bulk=True)
         info = LogInfo(log_id, 0)
-        rows: list[bytes] = []
-        offset = 0
+        rows = bytearray()
+        chunk = bytearray()
+        offset = n = 0
+        pack = ROW.pack
         try:
             for lid, eid, body in items:
                 run = info.ledgers.get(lid)
                 if run is None:
-                    run = info.ledgers[lid] = LedgerRun(len(rows), len(rows), eid, eid, 0)
-                run.hi, run.last, run.nbytes = len(rows) + 1, eid, run.nbytes + len(body)
-                rows.append(ROW.pack(lid, eid, offset, len(body)))
-                data.write(body)
+                    run = info.ledgers[lid] = LedgerRun(n, n, eid, eid, 0)
+                n += 1
+                run.hi, run.last, run.nbytes = n, eid, run.nbytes + len(body)
+                rows += pack(lid, eid, offset, len(body))
+                chunk += body
                 offset += len(body)
-            idx.write(b"".join(rows))
+                if len(chunk) >= 1 << 20:  # (written in chunks: one call per MiB)
+                    data.write(chunk)
+                    chunk = bytearray()
+                if len(rows) >= 1 << 20:
+                    idx.write(rows)
+                    rows = bytearray()
+            data.write(chunk)
+            idx.write(rows)
             await data.sync()
             await idx.sync()
         finally:
