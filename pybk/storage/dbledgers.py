@@ -409,9 +409,23 @@ class DbLedgersMixin:
         out: list[tuple[int, Status, bytes | None]] = []
         errors: dict[int, BKError] = {}
         total = absent = 0
-        for eid in entry_ids:
+        ahead: dict[int, bytes] = {}
+        cached = self._cache.get(ledger_id, {})
+        for i, eid in enumerate(entry_ids):
+            if eid not in ahead and eid not in cached and eid >= 0:
+                # a run of ascending ids off the entry logs in two preads
+                n = 1
+                while (i + n < len(entry_ids) and entry_ids[i + n] == eid + n
+                       and n < 1024):
+                    n += 1
+                if n > 1:
+                    try:
+                        run = self.logs.read_run(ledger_id, eid, n, max_bytes - total)
+                    except OSError as exc:
+                        raise IOBookieError(f"ledger {ledger_id}: {exc}") from None
+                    ahead = dict(zip(range(eid, eid + len(run)), run, strict=True))
             try:
-                body = self.read(ledger_id, eid)
+                body = ahead.get(eid) or self.read(ledger_id, eid)
             except BKError as exc:
                 errors[len(out)] = exc
                 out.append((eid, exc.status, None))
