@@ -20,7 +20,7 @@ import asyncio
 import json
 import posixpath
 from collections.abc import Awaitable, Callable, Container
-from typing import Any
+from typing import Any, Final
 
 from pybk.errors import CorruptRecordError
 from pybk.stats import BookieStats
@@ -35,10 +35,13 @@ from pybk.storage.records import Record
 from pybk.storage.replay import scan_segment
 from pybk.storage.startup import ReplayReport, check_header
 
-__all__ = ["DB_CHECKPOINT", "ENTRY_LOG_DIR", "DbLedgerStore"]
+__all__ = ["DB_CHECKPOINT", "DB_LOG_UNSYNCED", "ENTRY_LOG_DIR", "DbLedgerStore"]
 
 DB_CHECKPOINT = "db-checkpoint"
 ENTRY_LOG_DIR = "entrylogs"
+#: mutation switch (a name in ``StoreConfig.mutations``): a flush names its entry log in the
+#: checkpoint (and trims the journal) without having synced the log
+DB_LOG_UNSYNCED: Final = "db_log_unsynced"
 
 
 class DbLedgerStore(DbLedgersMixin):
@@ -64,7 +67,8 @@ class DbLedgerStore(DbLedgersMixin):
         self.config = config or StoreConfig()
         self._init_ledgers(on_ledger_change or (lambda lid: None))
         self.logs = EntryLogs(fs, posixpath.join(data_dir, ENTRY_LOG_DIR),
-                              self.config.db_read_ahead_bytes)
+                              self.config.db_read_ahead_bytes,
+                              skip_sync=DB_LOG_UNSYNCED in self.config.mutations)
         self.report = ReplayReport()
         self.suspect: list[str] = []
         self.damaged: dict[tuple[int, int], str] = {}

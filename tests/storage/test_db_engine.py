@@ -12,11 +12,13 @@ from click.testing import CliRunner
 
 import pybk
 from pybk.cli import main
+from pybk.errors import BKError
 from pybk.server.process import process_bookie_config
-from pybk.storage import MemFileSystem
-from pybk.storage.dbstore import DbLedgerStore
+from pybk.storage import FileSystem, MemFileSystem
+from pybk.storage.dbstore import DB_LOG_UNSYNCED, DbLedgerStore
+from pybk.storage.engine import LedgerStorage
 from pybk.storage.store import LedgerStore, StoreConfig
-from pybk.testing.ledger_storage_conformance import KEY, body
+from pybk.testing.ledger_storage_conformance import CHECKS, KEY, body
 
 IID = str(uuid.UUID(int=38, version=4))
 
@@ -121,3 +123,13 @@ async def test_a_local_cluster_runs_the_db_engine_end_to_end(tmp_path: Path) -> 
                                                                 for i in range(50)]
     async with pybk.LocalCluster(tmp_path / "j", bookies=1) as cluster:
         assert isinstance(next(iter(cluster._bookies.values())).store, LedgerStore)
+
+
+async def test_the_conformance_suite_catches_an_entry_log_named_before_it_is_synced() -> None:
+    def broken(fs: FileSystem, data_dir: str) -> LedgerStorage:
+        return DbLedgerStore(fs, data_dir, IID, StoreConfig(
+            storage="db", segment_size=8192, db_write_cache_bytes=4096,
+            mutations=frozenset({DB_LOG_UNSYNCED})))
+
+    with pytest.raises((AssertionError, BKError)):
+        await CHECKS["crash_keeps_acked"](broken)
