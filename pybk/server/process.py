@@ -31,7 +31,7 @@ from pybk.runtime.dirlock import DirectoryLock
 from pybk.runtime.gctune import SERVER_GC_THRESHOLD, tune_gc_for_server
 from pybk.runtime.loopwatch import LoopWatch
 from pybk.storage.scrub import Scrubber
-from pybk.storage.store import INLINE_SYNC_ALWAYS
+from pybk.storage.store import INLINE_SYNC_ALWAYS, LedgerStore
 from pybk.transport.listener import raise_open_file_limit
 from pybk.transport.server import BookieServer, ServerConfig
 from pybk.transport.tls import server_context
@@ -305,8 +305,8 @@ class BookieProcess:
         """Verify every stored record in the background; damage is reported by the bookie's
         info and metrics and marks the ledger under-replicated (auto-recovery copies it)."""
         store = self.bookie.store
-        if not self.config.scrub_rate or store is None:
-            return
+        if not self.config.scrub_rate or not isinstance(store, LedgerStore):
+            return  # (the scrubber walks the journal engine's segments; the db engine: none)
         self.scrubber = Scrubber(store, rate=self.config.scrub_rate, on_damage=self._damaged)
         self.scrubber.start()
         damaged = Gauge("pybk_bookie_damaged_entries", "entries the scrubber found damaged "
