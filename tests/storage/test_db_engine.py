@@ -4,6 +4,7 @@ engine chosen by configuration (a LocalCluster end to end, the command line)."""
 
 from __future__ import annotations
 
+import random
 import uuid
 from pathlib import Path
 
@@ -133,3 +134,34 @@ async def test_the_conformance_suite_catches_an_entry_log_named_before_it_is_syn
 
     with pytest.raises((AssertionError, BKError)):
         await CHECKS["crash_keeps_acked"](broken)
+
+
+@pytest.mark.parametrize("mode", ["drop", "torn", "reorder"])
+async def test_a_crash_between_the_entry_log_and_the_checkpoint_loses_nothing(
+        mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    fs = MemFileSystem()
+    s = await _db(fs)
+    acked = [(lid, eid) for eid in range(20) for lid in (1, 2, 3)]
+    for lid, eid in acked:
+        await s.add(lid, eid, body(lid, eid), KEY)
+    await s.checkpoint()
+    more = [(lid, eid) for eid in range(20, 40) for lid in (1, 2, 3)]
+    for lid, eid in more:
+        await s.add(lid, eid, body(lid, eid), KEY)
+
+    async def power_cut(*_: object) -> None:
+        raise OSError("power cut after the entry log, before the checkpoint file")
+
+    monkeypatch.setattr(s, "_write_checkpoint", power_cut)
+    with pytest.raises(OSError, match="power cut"):
+        await s.checkpoint()
+    assert len(fs.listdir("/data/entrylogs")) == 4  # the new log is on disk, unnamed
+    s.abandon(OSError("crash"))
+    fs.crash(mode, random.Random(4))
+    s = await _db(fs)
+    assert sorted(s.report.leftovers_removed) == [
+        "0000000000000001.idx", "0000000000000001.log"]
+    for lid, eid in acked + more:
+        assert s.read(lid, eid) == body(lid, eid), (mode, lid, eid)
+    s._check()
+    await s.close()
