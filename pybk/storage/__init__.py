@@ -10,9 +10,13 @@
                (its knobs), ``startup`` (checkpoint chain + replay), ``writes`` (adds,
                fences, LAC writes, deletions, the journal callbacks), ``reads``,
                ``checkpointer`` (bases and deltas) and ``compaction``
+* ``engine``   LedgerStorage, the seam a bookie drives its engine through; ``engines``
+               builds the one ``StoreConfig.storage`` names
+* ``dbstore``  DbLedgerStore, the second engine: ``dbledgers`` (ledger state, write cache,
+               adds and reads), ``entrylogs`` (entry logs, location index, read-ahead)
 
-The journal *is* the entry store: entries are read back from the segment files through the
-index, so there is no second copy to keep consistent.
+In the default engine the journal *is* the entry store: entries are read back from the
+segment files through the index, so there is no second copy to keep consistent.
 """
 
 from pybk.storage.fs import FileHandle, FileSystem, SimulatedCrash
