@@ -179,6 +179,7 @@ bench: $(STAMP) bench-deps
 	$(PY) benchmarks/tiered_read.py --mb 1024
 	$(PY) benchmarks/sim_seeds.py
 	$(PY) benchmarks/gc_soak.py
+	$(PY) benchmarks/storage_scale.py
 	$(VENV)/bin/pybk bench
 
 clean:

@@ -16,6 +16,7 @@ Design notes: docs/internals.md, "pybk/cluster.py".
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import pathlib
@@ -58,6 +59,7 @@ class LocalCluster:
         metrics: Any = None,
         tune_gc: bool = False,
         bookie_dirs: Sequence[str | os.PathLike[str]] | None = None,
+        storage: str | None = None,
     ) -> None:
         if isinstance(bookies, int):
             if bookies < 0:
@@ -80,6 +82,10 @@ class LocalCluster:
             self._dirs = dict(zip(ids, dirs, strict=True))
         self._fs = fs
         self._metadata_arg = metadata
+        if storage is not None:  # the engine ("journal" or "db") over bookie_config's
+            from pybk.bookie import BookieConfig
+
+            bookie_config = dataclasses.replace(bookie_config or BookieConfig(), storage=storage)
         self._bookie_config = bookie_config
         self._client_config = client_config
         self._rng = rng if rng is not None else random.Random()

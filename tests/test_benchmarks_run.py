@@ -103,6 +103,11 @@ CASES = {
                           r"deferred/10\s+[\d,]+\s+[\d.]+ ms\s+[\d.]+x",
                           r"target: deferred/10 durable rate >= 2x synced: [\d.]+x -> "
                           r"(met|NOT MET)"]),
+    "storage_scale.py": (["--entries", "20000"],
+                         [r"writes \(entries/s\)\s+[\d,]+\s+[\d,]+\s+[\d.]+x",
+                          r"restart \(s\)\s+[\d.]+", r"catch-up interleaved",
+                          r"RSS < 512 MB at 100M \(extrapolated\): [\d,]+ MB: (met|NOT MET)",
+                          r"interleaved within 2x of alone: .*(met|NOT MET)"]),
     "abuse.py": (["--seconds", "1", "--scale", "0.05"],
                  [r"quiet\s+\d+", r"attacked\s+\d+", r"ratio\s+[\d.]+",
                   r"bookie peak RSS \d+ MiB", r"new clients during the attack"]),

@@ -43,13 +43,11 @@ from pybk.metadata.base import MetadataStore
 from pybk.runtime import sometimes
 from pybk.runtime.ratelog import RateLimitedLog
 from pybk.stats import BookieStats
+from pybk.storage.engine import LedgerStorage
+from pybk.storage.engines import make_engine
 from pybk.storage.fs import FileSystem
 from pybk.storage.store import AddCallback as EntryCallback
-from pybk.storage.store import (
-    CompactionResult,
-    LedgerStore,
-    ResolveFuture,
-)
+from pybk.storage.store import CompactionResult, ResolveFuture
 from pybk.wire import (
     AddBatchRequest,
     AddCallback,
@@ -126,7 +124,7 @@ class Bookie:
                                 else None)
         self.rng = rng or random.Random()
         self.instance_id = ""
-        self.store: LedgerStore | None = None
+        self.store: LedgerStorage | None = None
         self.on_state_change: Callable[[str], None] | None = None
         #: told when a journal operation failed for want of file descriptors (EMFILE,
         #: ENFILE): the owner frees some (a bookie process closes connections); the journal
@@ -215,7 +213,7 @@ class Bookie:
         self.fs.makedirs(self.data_dir)
         self.instance_id = await check_cookie(self.fs, self.data_dir, self.bookie_id,
                                               self.cookie_store, self.rng)
-        store = LedgerStore(
+        store = make_engine(
             self.fs, self.data_dir, self.instance_id, self.config,
             on_fatal=self._on_journal_fatal, on_write_error=self._on_write_error,
             on_ledger_change=self._polls.wake, watched=self._polls.by_ledger,
@@ -393,7 +391,7 @@ class Bookie:
 
     # ================================================================== requests
 
-    def _store(self) -> LedgerStore:
+    def _store(self) -> LedgerStorage:
         if self.store is None or self._state == STOPPED:
             raise BookieStoppedError(f"bookie {self.bookie_id} is stopped")
         return self.store
@@ -582,7 +580,7 @@ class Bookie:
         await store.write_lac(req.ledger_id, req.lac, req.body, req.master_key)
         return WriteLacResponse(Status.OK, req.ledger_id)
 
-    def _read_entry(self, store: LedgerStore, ledger_id: int, entry_id: int) -> bytes:
+    def _read_entry(self, store: LedgerStorage, ledger_id: int, entry_id: int) -> bytes:
         try:
             return store.read(ledger_id, entry_id)
         except (CorruptRecordError, IOBookieError) as exc:
@@ -625,15 +623,15 @@ class Bookie:
             entry_id = store.state(lid).last_entry
         return ReadResponse(Status.OK, lid, entry_id, body, lac=store.lac(lid))
 
-    async def _long_poll(self, store: LedgerStore, req: ReadRequest,
+    async def _long_poll(self, store: LedgerStorage, req: ReadRequest,
                          previous_lac: int) -> ReadResponse:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + req.timeout
         lid = req.ledger_id
         while True:
-            if store.index.is_deleted(lid):
+            if store.is_deleted(lid):
                 raise NoSuchLedgerError(f"ledger {lid} was deleted on this bookie")
-            st = store.index.get(lid)
+            st = store.find(lid)
             if st is not None and (st.lac > previous_lac or st.fenced):
                 if st.lac <= previous_lac:
                     _LONG_POLL_FENCED()
@@ -648,16 +646,16 @@ class Bookie:
                 raise BookieStoppedError(f"bookie {self.bookie_id} stopped during a long poll")
         return self._poll_answer(store, req, previous_lac)
 
-    def _poll_answer(self, store: LedgerStore, req: ReadRequest,
+    def _poll_answer(self, store: LedgerStorage, req: ReadRequest,
                      previous_lac: int) -> ReadResponse:
         lid = req.ledger_id
-        if store.index.is_deleted(lid):
+        if store.is_deleted(lid):
             raise NoSuchLedgerError(f"ledger {lid} was deleted on this bookie")
-        st = store.index.get(lid)
+        st = store.find(lid)
         lac = -1 if st is None else st.lac
         wanted = previous_lac + 1
         body = None
-        if st is not None and wanted in st.entries:
+        if st is not None and store.entry_size(lid, wanted) is not None:
             body = self._read_entry(store, lid, wanted)
         return ReadResponse(Status.OK, lid, wanted, body, lac=lac)
 
@@ -670,7 +668,7 @@ class Bookie:
         store = self._store()
         st = store.state(req.ledger_id)
         last = None
-        if st.entries:
+        if st.last_entry >= 0:
             last = self._read_entry(store, req.ledger_id, -1)
         return ReadLacResponse(Status.OK, req.ledger_id, st.explicit_lac_body, last)
 

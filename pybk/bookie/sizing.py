@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from pybk.storage.engine import LedgerStorage
 from pybk.storage.reads import READ_MAX_ABSENT
-from pybk.storage.store import LedgerStore
 from pybk.wire import ReadBatchRequest, ReadLacRequest, ReadRequest, Request
 
 __all__ = ["READ_BATCH_MAX_BYTES", "READ_ENTRY_COST", "answer_size"]
@@ -19,26 +19,26 @@ READ_BATCH_MAX_BYTES: Final = 4 << 20
 READ_ENTRY_COST: Final = 64
 
 
-def answer_size(store: LedgerStore, request: Request) -> int | None:
+def answer_size(store: LedgerStorage, request: Request) -> int | None:
     """Bytes of entry data the answer to ``request`` will carry: 0 for an entry the store
     lacks, None for a request it does not size. A batched read's answer stops at
     READ_BATCH_MAX_BYTES or READ_MAX_ABSENT ids not held; every id answered costs
     READ_ENTRY_COST besides its bytes (an absent one too)."""
     if isinstance(request, ReadBatchRequest):
-        st = store.index.get(request.ledger_id)
-        if st is None:
+        lid = request.ledger_id
+        if store.find(lid) is None:
             return 0
         total = absent = 0
-        get = st.entries.get
+        size_of = store.entry_size
         for eid in request.entry_ids:
-            loc = get(eid)
-            if loc is None:
+            size = size_of(lid, eid)
+            if size is None:
                 total += READ_ENTRY_COST
                 absent += 1
                 if absent >= READ_MAX_ABSENT:
                     break
             else:
-                total += READ_ENTRY_COST + loc[2]
+                total += READ_ENTRY_COST + size
             if total >= READ_BATCH_MAX_BYTES:
                 return READ_BATCH_MAX_BYTES
         return total
@@ -48,13 +48,13 @@ def answer_size(store: LedgerStore, request: Request) -> int | None:
         entry_id = -1
     else:
         return None
-    st = store.index.get(request.ledger_id)
+    st = store.find(request.ledger_id)
     if st is None:
         return 0
     if entry_id == -1:
-        entry_id = st.entries.last
-    loc = st.entries.get(entry_id) if entry_id >= 0 else None
-    size = 0 if loc is None else loc[2]
+        entry_id = st.last_entry
+    held = store.entry_size(request.ledger_id, entry_id)
+    size = 0 if held is None else held
     if isinstance(request, ReadLacRequest) and st.explicit_lac_body:
         size += len(st.explicit_lac_body)
     return size

@@ -25,7 +25,7 @@ from pybk.errors import (
     UnknownLedgerStateError,
 )
 from pybk.metadata.base import MetadataStore
-from pybk.storage.store import LedgerStore
+from pybk.storage.engine import LedgerStorage
 
 __all__ = ["UNKNOWN_LEDGER_CHECKS", "UnknownLedgerCheck", "fence_checked"]
 
@@ -68,11 +68,11 @@ class UnknownLedgerCheck:
             raise UnauthorizedError(f"{what} of ledger {ledger_id}: master key does not match")
 
 
-async def fence_checked(check: UnknownLedgerCheck | None, store: LedgerStore, ledger_id: int,
+async def fence_checked(check: UnknownLedgerCheck | None, store: LedgerStorage, ledger_id: int,
                         key: bytes) -> None:
     """Fence durably (``store.fence``); a ledger ``store`` does not hold only once ``check``
     (None: no check) let it."""
-    if (check is not None and store.index.get(ledger_id) is None
-            and not store.index.is_deleted(ledger_id)):
+    if (check is not None and store.find(ledger_id) is None
+            and not store.is_deleted(ledger_id)):
         await check.check(ledger_id, key, "a fence")
     await store.fence(ledger_id, key)

@@ -22,6 +22,7 @@ from pybk.cli.limits import ByteSize, server_config_from, server_limit_options
 from pybk.errors import BKError
 from pybk.metadata._common import check_rack
 from pybk.runtime.eventloop import DEFAULT_LOOP, LOOPS, LoopUnavailableError, loop_factory
+from pybk.storage.config import STORAGE_ENGINES
 
 __all__ = ["bookie"]
 
@@ -90,6 +91,9 @@ def http_options(fn: Any) -> Any:
 @click.option("--preallocate/--no-preallocate", default=True, show_default=True,
               help="Make journal segments ahead of use and write them in place (faster "
                    "syncs; each segment takes its full size on disk from the start).")
+@click.option("--storage", type=click.Choice(STORAGE_ENGINES), default="journal", show_default=True,
+              help="Storage engine: journal (entries read from the journal) or db (write "
+                   "cache flushed into entry logs sorted per ledger, on-disk index).")
 @click.option("--rack", default="", help="Network location /region/rack (rack-aware placement).")
 @click.option("--session-timeout", type=click.FloatRange(0, min_open=True), default=None,
               help="Seconds after which a dead bookie leaves the bookie list (SQLite lease, "
@@ -123,6 +127,7 @@ def bookie(
     scrub_rate: int,
     segment_mb: int,
     preallocate: bool,
+    storage: str,
     rack: str,
     session_timeout: float | None,
     run_autorecovery: bool,
@@ -164,6 +169,7 @@ def bookie(
         scrub_rate=scrub_rate,
         segment_size=segment_mb << 20,
         preallocate=preallocate,
+        storage=storage,
         rack=rack,
         session_timeout=session_timeout,
         autorecovery=run_autorecovery,

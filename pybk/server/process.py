@@ -31,7 +31,7 @@ from pybk.runtime.dirlock import DirectoryLock
 from pybk.runtime.gctune import SERVER_GC_THRESHOLD, tune_gc_for_server
 from pybk.runtime.loopwatch import LoopWatch
 from pybk.storage.scrub import Scrubber
-from pybk.storage.store import INLINE_SYNC_ALWAYS
+from pybk.storage.store import INLINE_SYNC_ALWAYS, LedgerStore
 from pybk.transport.listener import raise_open_file_limit
 from pybk.transport.server import BookieServer, ServerConfig
 from pybk.transport.tls import server_context
@@ -89,6 +89,8 @@ class BookieProcessConfig:
     #: journal segment size and preallocation (used when ``bookie_config`` is None)
     segment_size: int = 64 << 20
     preallocate: bool = True
+    #: the storage engine (used when ``bookie_config`` is None): "journal" or "db"
+    storage: str = "journal"
 
     def resolved_bookie_id(self) -> str:
         if self.bookie_id:
@@ -129,7 +131,8 @@ class BookieProcessConfig:
         )
 
 
-def process_bookie_config(*, preallocate: bool = True, segment_size: int = 64 << 20) -> Any:
+def process_bookie_config(*, preallocate: bool = True, segment_size: int = 64 << 20,
+                          storage: str = "journal") -> Any:
     """The ``BookieConfig`` a ``pybk bookie`` process runs with (benchmarks give an
     in-process cluster the same one, to compare like with like).
 
@@ -143,7 +146,7 @@ def process_bookie_config(*, preallocate: bool = True, segment_size: int = 64 <<
     return BookieConfig(journal_inline_sync_max=INLINE_SYNC_ALWAYS,
                         journal_overlap_syncs=True,
                         journal_preallocate=preallocate,
-                        segment_size=segment_size)
+                        segment_size=segment_size, storage=storage)
 
 
 def _write_atomically(path: str, text: str) -> None:
@@ -203,7 +206,8 @@ class BookieProcess:
         bookie_config = cfg.bookie_config
         if bookie_config is None:
             bookie_config = process_bookie_config(preallocate=cfg.preallocate,
-                                                  segment_size=cfg.segment_size)
+                                                  segment_size=cfg.segment_size,
+                                                  storage=cfg.storage)
         stats = None
         if cfg.http_port is not None or cfg.metrics_port is not None:
             from pybk.stats import BookieStats
@@ -301,8 +305,8 @@ class BookieProcess:
         """Verify every stored record in the background; damage is reported by the bookie's
         info and metrics and marks the ledger under-replicated (auto-recovery copies it)."""
         store = self.bookie.store
-        if not self.config.scrub_rate or store is None:
-            return
+        if not self.config.scrub_rate or not isinstance(store, LedgerStore):
+            return  # (the scrubber walks the journal engine's segments; the db engine: none)
         self.scrubber = Scrubber(store, rate=self.config.scrub_rate, on_damage=self._damaged)
         self.scrubber.start()
         damaged = Gauge("pybk_bookie_damaged_entries", "entries the scrubber found damaged "

@@ -52,10 +52,15 @@ class SimConfig:
     #: long_poll_parallel``), else to one at a time (production's default). True here, so
     #: a scenario saved before the knob existed runs as it did
     parallel_long_polls: bool = True
+    #: the bookies' storage engine ("journal" or "db", with a small write cache so flushes
+    #: run often); not drawn per seed (a draw would change the traces of pinned seeds)
+    storage: str = "journal"
 
     def __post_init__(self) -> None:
         if self.journal not in JOURNAL_MODES:
             raise ValueError(f"journal mode must be one of {JOURNAL_MODES}, not {self.journal!r}")
+        if self.storage not in ("journal", "db"):
+            raise ValueError(f"storage must be journal or db, not {self.storage!r}")
 
     @classmethod
     def draw(cls, seed: int) -> SimConfig:
@@ -97,6 +102,9 @@ class SimConfig:
         if self.checkpoints:
             knobs.update(checkpoint_interval=2.0, checkpoint_delta_ratio=4.0,
                          checkpoint_max_deltas=8)
+        if self.storage == "db":
+            knobs.update(storage="db", db_write_cache_bytes=16 << 10,
+                         db_read_ahead_bytes=8 << 10)
         return BookieConfig(**knobs)
 
     def describe(self) -> str:
@@ -104,7 +112,8 @@ class SimConfig:
                 f"{' checkpoints=2s' if self.checkpoints else ''} sync_delay={self.sync_delay}"
                 f"{f' split_min={self.split_min}' if self.overlapped else ''}"
                 f" adds={'batched' if self.batched_adds else 'single'}"
-                f" long_polls={'parallel' if self.parallel_long_polls else 'sequential'}")
+                f" long_polls={'parallel' if self.parallel_long_polls else 'sequential'}"
+                f"{' storage=db' if self.storage == 'db' else ''}")
 
     def coverage(self) -> list[str]:
         """Coverage markers naming this configuration (one seed counts once per marker)."""
@@ -115,6 +124,8 @@ class SimConfig:
             out.append("config_preallocated_segments")
         if self.checkpoints:
             out.append("config_frequent_checkpoints")
+        if self.storage == "db":
+            out.append("config_storage_db")
         return out
 
     def to_doc(self) -> dict[str, Any]:

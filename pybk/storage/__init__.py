@@ -6,13 +6,10 @@
 * ``journal``  the write side: segment files, serial group commit, rotation
 * ``replay``   the read side at start-up: verify segments, torn tail vs corruption
 * ``index``    entry locations and per-ledger state, checkpoint file format
-* ``store``    LedgerStore: the engine the bookie drives, put together from ``config``
-               (its knobs), ``startup`` (checkpoint chain + replay), ``writes`` (adds,
-               fences, LAC writes, deletions, the journal callbacks), ``reads``,
-               ``checkpointer`` (bases and deltas) and ``compaction``
-
-The journal *is* the entry store: entries are read back from the segment files through the
-index, so there is no second copy to keep consistent.
+* ``engine``   LedgerStorage, the seam a bookie drives its engine through (``engines``
+               builds the one ``StoreConfig.storage`` names): ``store`` (LedgerStore, the
+               journal is the entry store; default) or ``dbstore`` (DbLedgerStore: write
+               cache, entry logs); docs/internals.md has their modules
 """
 
 from pybk.storage.fs import FileHandle, FileSystem, SimulatedCrash

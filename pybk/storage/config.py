@@ -11,10 +11,14 @@ import sys
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["INLINE_SYNC_ALWAYS", "JOURNAL_DIR", "MAX_MASTER_KEY_SIZE", "StoreConfig"]
+__all__ = [
+    "INLINE_SYNC_ALWAYS", "JOURNAL_DIR", "MAX_MASTER_KEY_SIZE", "STORAGE_ENGINES", "StoreConfig",
+]
 
 #: the journal's directory inside a data directory
 JOURNAL_DIR: Final = "journal"
+#: the storage engines a bookie can run (``StoreConfig.storage``)
+STORAGE_ENGINES: Final = ("journal", "db")
 
 #: ``journal_inline_sync_max`` for a bookie alone on its event loop: every batch syncs inline.
 INLINE_SYNC_ALWAYS: Final = sys.maxsize
@@ -85,6 +89,13 @@ class StoreConfig:
     #: this fraction of the base's size or number ``checkpoint_max_deltas``; then a new base
     checkpoint_delta_ratio: float = 0.5
     checkpoint_max_deltas: int = 64
+    #: the storage engine: "journal" (the journal is the entry store: LedgerStore) or "db"
+    #: (write cache flushed into entry logs at checkpoints: DbLedgerStore)
+    storage: str = "journal"
+    #: db engine: flush the write cache (start a checkpoint) once it holds this many bytes
+    db_write_cache_bytes: int = 64 << 20
+    #: db engine: the read-ahead cache's bound in bytes
+    db_read_ahead_bytes: int = 16 << 20
     #: names of deliberately broken behaviours (mutation switches) for checker tests, made
     #: by the outermost layer (``pybk.testing.Mutations``); empty in production
     mutations: frozenset[str] = frozenset()
@@ -103,6 +114,11 @@ class StoreConfig:
         _at_least(self, "compaction_threshold", 0.0, 1.0)
         _at_least(self, "checkpoint_delta_ratio", 0.0)
         _at_least(self, "checkpoint_max_deltas", 0)
+        _at_least(self, "db_write_cache_bytes", 1)
+        _at_least(self, "db_read_ahead_bytes", 0)
+        if self.storage not in STORAGE_ENGINES:
+            raise ValueError(f"{type(self).__name__}.storage must be one of "
+                             f"{', '.join(STORAGE_ENGINES)}, got {self.storage!r}")
         if not (isinstance(self.mutations, frozenset)
                 and all(isinstance(m, str) for m in self.mutations)):
             raise TypeError(f"mutations must be a frozenset of switch names, not "

@@ -85,6 +85,19 @@ class ReadsMixin:
             self._absent(f"ledger {ledger_id} is not on this bookie", NoSuchLedgerError)
         return st
 
+    def find(self, ledger_id: int) -> LedgerState | None:
+        """The ledger's state, or None when unknown or deleted."""
+        return self.index.get(ledger_id)
+
+    def is_deleted(self, ledger_id: int) -> bool:
+        return self.index.is_deleted(ledger_id)
+
+    def entry_size(self, ledger_id: int, entry_id: int) -> int | None:
+        """The record size of a held entry (from the index, no disk access), else None."""
+        st = self.index.get(ledger_id)
+        loc = None if st is None or entry_id < 0 else st.entries.get(entry_id)
+        return None if loc is None else loc[2]
+
     def _absent(self, what: str, cls: type[BKError]) -> NoReturn:
         """Raise "absent", or "unknown" while data may have been lost (rule R4: a bookie that
         started without part of a suspect segment cannot prove absence; it is in limbo)."""

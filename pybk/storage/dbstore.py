@@ -1,0 +1,275 @@
+"""DbLedgerStore: a storage engine in the manner of BookKeeper's DbLedgerStorage.
+
+The journal stays the durability log (an add is answered after the fsync that covers it),
+but it is not where entries live: a durable entry goes to a *write cache* (per ledger, per
+entry), and each checkpoint flushes the cache, sorted by (ledger, entry), into a new entry
+log (:mod:`pybk.storage.entrylogs`) with its on-disk location index, then writes the
+checkpoint file (ledger metadata, the logs' summaries, the journal position it covers) and
+deletes the journal segments before that position. Start-up loads the checkpoint and replays
+the journal from its mark, so nothing acknowledged is lost at a crash. Memory holds the write
+cache (flushed when it passes ``db_write_cache_bytes``), the read-ahead cache, and per-ledger
+(not per-entry) state.
+
+Deleting a ledger drops it from every log's summary; a log left with nothing live is deleted,
+and :meth:`DbLedgerStore.compact` rewrites logs whose live fraction is low.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import posixpath
+from collections.abc import Awaitable, Callable, Container
+from typing import Any, Final
+
+from pybk.errors import CorruptRecordError
+from pybk.stats import BookieStats
+from pybk.storage.compaction import CompactionResult
+from pybk.storage.config import JOURNAL_DIR, StoreConfig
+from pybk.storage.dbledgers import DbLedgersMixin
+from pybk.storage.entrylogs import EntryLogs, summary_from_json, summary_to_json
+from pybk.storage.fs import FileSystem
+from pybk.storage.index import Position
+from pybk.storage.journal import Journal, parse_segment_name, segment_name
+from pybk.storage.records import Record
+from pybk.storage.replay import scan_segment
+from pybk.storage.startup import ReplayReport, check_header
+
+__all__ = ["DB_CHECKPOINT", "DB_LOG_UNSYNCED", "ENTRY_LOG_DIR", "DbLedgerStore"]
+
+DB_CHECKPOINT = "db-checkpoint"
+ENTRY_LOG_DIR = "entrylogs"
+#: mutation switch (a name in ``StoreConfig.mutations``): a flush names its entry log in the
+#: checkpoint (and trims the journal) without having synced the log
+DB_LOG_UNSYNCED: Final = "db_log_unsynced"
+
+
+class DbLedgerStore(DbLedgersMixin):
+    """See the module docstring; writes, reads and ledger state are :class:`DbLedgersMixin`'s."""
+
+    def __init__(
+        self,
+        fs: FileSystem,
+        data_dir: str,
+        instance_id: str,
+        config: StoreConfig | None = None,
+        *,
+        on_fatal: Callable[[BaseException], None] | None = None,
+        on_write_error: Callable[[OSError], None] | None = None,
+        on_ledger_change: Callable[[int], None] | None = None,
+        watched: Container[int] | None = None,
+        stats: BookieStats | None = None,
+    ) -> None:
+        self.fs = fs
+        self.data_dir = data_dir
+        self.journal_dir = posixpath.join(data_dir, JOURNAL_DIR)
+        self.instance_id = instance_id
+        self.config = config or StoreConfig()
+        self._init_ledgers(on_ledger_change or (lambda lid: None))
+        self.logs = EntryLogs(fs, posixpath.join(data_dir, ENTRY_LOG_DIR),
+                              self.config.db_read_ahead_bytes,
+                              skip_sync=DB_LOG_UNSYNCED in self.config.mutations)
+        self.report = ReplayReport()
+        self.suspect: list[str] = []
+        self.damaged: dict[tuple[int, int], str] = {}
+        self.read_only_reason = ""
+        self._cp_lock = asyncio.Lock()
+        self._next_log = 0
+        self._cp_stats = {"bases": 0, "deltas": 0, "flushes": 0, "entries_flushed": 0}
+        self._flush_task: asyncio.Task[object] | None = None
+        c = self.config
+        self.journal = Journal(
+            fs, self.journal_dir, instance_id,
+            on_synced=self._on_synced, on_failed=self._on_failed,
+            on_fatal=on_fatal or (lambda exc: None),
+            on_write_error=on_write_error or (lambda exc: None),
+            max_wait=c.journal_max_wait, max_batch_bytes=c.journal_max_batch_bytes,
+            max_batch_count=c.journal_max_batch_count, segment_size=c.segment_size,
+            initial_segment_size=c.segment_initial_size,
+            inline_sync_max=c.journal_inline_sync_max, overlap_syncs=c.journal_overlap_syncs,
+            overlap_split_min=c.journal_overlap_split_min, preallocate=c.journal_preallocate,
+            zero_fill_below=c.journal_zero_fill_below, stats=stats,
+        )
+
+    @property
+    def checkpoint_path(self) -> str:
+        return posixpath.join(self.data_dir, DB_CHECKPOINT)
+
+    # ================================================================== start-up / shut-down
+
+    async def open(self) -> None:
+        """Load the checkpoint, drop unnamed entry logs, replay the journal from the mark."""
+        fs = self.fs
+        fs.makedirs(self.journal_dir)
+        pos = self._load_checkpoint()
+        self.report.leftovers_removed.extend(self.logs.remove_unnamed())
+        seqs = sorted(s for s in (parse_segment_name(n) for n in fs.listdir(self.journal_dir))
+                      if s is not None)
+        for seq in seqs:
+            path = posixpath.join(self.journal_dir, segment_name(seq))
+            if pos is not None and seq < pos.seg:
+                fs.delete(path)  # covered by the checkpoint; the crash came before the delete
+                self.report.leftovers_removed.append(path)
+                continue
+            start = pos.offset if pos is not None and seq == pos.seg else None
+            if fs.file_size(path) == 0 and seq == seqs[-1]:
+                fs.delete(path)
+                continue
+            if start is None:
+                check_header(fs, path, seq, self.instance_id)
+            scan = scan_segment(
+                fs, path, seq, self.instance_id, start=start,
+                batch_seq=pos.batch_seq if start is not None and pos is not None else 0,
+                is_last=seq == seqs[-1], allow_suspect=self.config.allow_suspect_segments,
+                apply=self._replayed)
+            self.report.segments_scanned += 1
+            self.report.records_replayed += scan.records
+            if scan.corruption is not None:
+                self.suspect.append(f"{path}@{scan.corruption.offset}")
+            if scan.torn_bytes or scan.zero_tail:
+                self.report.torn_tails += bool(scan.torn_bytes)
+                self.report.torn_bytes += scan.torn_bytes
+                fs.truncate(path, scan.end)
+                fh = fs.open_append(path)
+                try:
+                    await fh.sync()
+                finally:
+                    fh.close()
+        await self.journal.open(max([*seqs, -1]) + 1)
+        await self.checkpoint()
+
+    def _load_checkpoint(self) -> Position | None:
+        if not self.fs.exists(self.checkpoint_path):
+            return None
+        try:
+            doc = json.loads(self.fs.read_file(self.checkpoint_path))
+        except ValueError as exc:
+            raise CorruptRecordError(f"{self.checkpoint_path}: unreadable ({exc})",
+                                     path=self.checkpoint_path, offset=0) from None
+        self.report.checkpoint_loaded = True
+        self._next_log = doc["next_log"]
+        for log_id, summary in doc["logs"].items():
+            self.logs.add(summary_from_json(int(log_id), summary))
+        self._load_ledgers(doc)
+        return Position(*doc["pos"]) if doc["pos"] is not None else None
+
+    def _replayed(self, rec: Record, seg: int) -> None:
+        self._apply(rec)
+
+    async def close(self) -> None:
+        """Drain the journal, flush and checkpoint, close files."""
+        await self.journal.drain()
+        try:
+            if self.journal.failed is None:
+                await self.checkpoint()
+        except OSError:
+            pass  # the journal holds everything; the next start replays it
+        finally:
+            await self.journal.close()
+
+    def abandon(self, exc: BaseException) -> None:
+        """Crash: no sync, every pending write fails with ``exc``."""
+        if self._flush_task is not None:
+            self._flush_task.cancel()
+        self.journal.abandon(exc)
+
+    # ================================================================== checkpoints
+
+    def _cache_full(self) -> None:
+        """The write cache passed its bound: flush it (one flush at a time)."""
+        if self._flush_task is None or self._flush_task.done():
+            self._flush_task = asyncio.get_running_loop().create_task(self.checkpoint())
+
+    async def checkpoint(self) -> Position:
+        """Flush the write cache into a new entry log, write the checkpoint file naming it
+        and the journal position it covers, then delete the journal segments before it."""
+        async with self._cp_lock:
+            pos = self.journal.position
+            flushing = self._take_cache()
+            meta = self._dump_ledgers()
+            if flushing:
+                log_id = self._next_log
+                self._next_log += 1
+                info = await self.logs.write(log_id, (
+                    (lid, eid, body) for lid in sorted(flushing)
+                    for eid, body in sorted(flushing[lid].items())))
+                for lid in list(info.ledgers):
+                    if self.is_deleted(lid):  # deleted while it was being flushed
+                        del info.ledgers[lid]
+                self.logs.add(info)
+                self._cp_stats["flushes"] += 1
+                self._cp_stats["entries_flushed"] += sum(map(len, flushing.values()))
+            await self._write_checkpoint(pos, meta)
+            self.logs.remove_unnamed()  # (logs of deleted ledgers, once no longer named)
+            self._flushed(flushing)
+            self._cp_stats["bases"] += 1
+            self._drop_segments(pos.seg)
+            return pos
+
+    async def _write_checkpoint(self, pos: Position, meta: dict[str, Any]) -> None:
+        doc = {"pos": list(pos), "next_log": self._next_log,
+               "logs": {str(i): summary_to_json(info) for i, info in self.logs.logs.items()},
+               **meta}
+        await self.fs.write_file_atomic(self.checkpoint_path, json.dumps(doc).encode())
+
+    def _drop_segments(self, before: int) -> None:
+        for name in self.fs.listdir(self.journal_dir):
+            seq = parse_segment_name(name)
+            if seq is not None and seq < before and seq != self.journal.segment_seq:
+                self.fs.delete(posixpath.join(self.journal_dir, name))
+
+    @property
+    def checkpoint_stats(self) -> dict[str, int]:
+        return self._cp_stats
+
+    # ================================================================== garbage collection
+
+    def segment_usage(self) -> dict[int, tuple[int, int]]:
+        """log id -> (live bytes, file bytes) of the entry logs."""
+        return {i: (info.live, info.size) for i, info in self.logs.logs.items()}
+
+    async def compact(self, threshold: float | None = None, *,
+                      pace: Callable[[int], Awaitable[None]] | None = None,
+                      ) -> CompactionResult:
+        """Rewrite entry logs whose live fraction is below ``threshold`` into one new log,
+        checkpoint (naming the new log, not the old ones), then delete the old ones."""
+        limit = self.config.compaction_threshold if threshold is None else threshold
+        result = CompactionResult()
+        async with self._cp_lock:
+            victims = [i for i, info in sorted(self.logs.logs.items())
+                       if info.size and info.live < limit * info.size]
+            if not victims:
+                return result
+            items = sorted(item for i in victims for item in self.logs.live_items(i))
+            log_id = self._next_log
+            self._next_log += 1
+            if items:
+                info = await self.logs.write(log_id, iter(items))
+                self.logs.add(info)
+                result.entries_moved = len(items)
+                result.bytes_moved = info.size
+                if pace is not None:
+                    await pace(info.size)
+            old = {i: self.logs.logs.pop(i) for i in victims}
+            try:
+                await self._write_checkpoint(self.journal.position, self._dump_ledgers())
+            except BaseException:
+                self.logs.logs.update(old)
+                raise
+            for i, info in old.items():
+                self.logs.delete(i)
+                result.segments_compacted.append(i)
+                result.bytes_freed += info.size
+            self.logs.cache.drop_all()
+            return result
+
+    # ================================================================== invariants
+
+    def _check(self) -> None:
+        """Assert the engine's invariants (stateful tests)."""
+        self.journal._check()
+        for info in self.logs.logs.values():
+            for lid, run in info.ledgers.items():
+                assert not self.is_deleted(lid), (info.log_id, lid)
+                assert run.lo < run.hi and run.first <= run.last, (info.log_id, lid, run)
+        self._check_ledgers()

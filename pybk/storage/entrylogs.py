@@ -1,0 +1,322 @@
+"""Entry logs: where the db engine (:mod:`pybk.storage.dbstore`) keeps entries after a flush.
+
+Each flush writes one log: ``NNN.log`` holds the flushed entries sorted by (ledger, entry),
+so one ledger's entries sit together, and ``NNN.idx`` their locations as fixed rows
+``(ledger, entry, offset, size)`` in the same order: the on-disk entry-location index. In
+memory each log keeps only a summary per ledger (its rows, first and last entry id, bytes),
+never a row per entry; a lookup reads one row (a dense run) or bisects the ledger's rows with
+``pread``. A read that misses fills a read-ahead cache, bounded in bytes, with the entries
+that follow in the same log (the next reads of a catch-up reader).
+
+All I/O goes through the FileSystem seam. A log is written and synced before the checkpoint
+that names it; one the checkpoint does not name is a leftover of a crash and is deleted.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import struct
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from pybk.errors import IOBookieError
+from pybk.storage.fs import FileSystem
+
+__all__ = ["ROW", "EntryLogs", "LedgerRun", "LogInfo", "ReadAheadCache"]
+
+#: one location row: ledger, entry, offset in the .log, size
+ROW = struct.Struct(">qqQI")
+
+
+@dataclass
+class LedgerRun:
+    """One ledger's rows in one log: rows [lo, hi), entry ids first..last, ``nbytes``."""
+
+    lo: int
+    hi: int
+    first: int
+    last: int
+    nbytes: int
+
+    @property
+    def dense(self) -> bool:
+        return self.last - self.first + 1 == self.hi - self.lo
+
+
+@dataclass
+class LogInfo:
+    """One entry log's summary (kept in memory and in the checkpoint)."""
+
+    log_id: int
+    size: int
+    ledgers: dict[int, LedgerRun] = field(default_factory=dict)
+
+    @property
+    def live(self) -> int:
+        return sum(run.nbytes for run in self.ledgers.values())
+
+
+class ReadAheadCache:
+    """(ledger, entry) -> body, least recently used first out, bounded in bytes."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.nbytes = 0
+        self._items: OrderedDict[tuple[int, int], bytes] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, key: tuple[int, int]) -> bytes | None:
+        body = self._items.get(key)
+        if body is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._items.move_to_end(key)
+        return body
+
+    def put(self, key: tuple[int, int], body: bytes) -> None:
+        if len(body) > self.max_bytes or key in self._items:
+            return
+        self._items[key] = body
+        self.nbytes += len(body)
+        while self.nbytes > self.max_bytes:
+            _, old = self._items.popitem(last=False)
+            self.nbytes -= len(old)
+
+    def drop_ledger(self, ledger_id: int) -> None:
+        for key in [k for k in self._items if k[0] == ledger_id]:
+            self.nbytes -= len(self._items.pop(key))
+
+    def drop_all(self) -> None:
+        self._items.clear()
+        self.nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class EntryLogs:
+    """The entry logs under ``directory`` (see the module docstring)."""
+
+    def __init__(self, fs: FileSystem, directory: str, read_ahead_bytes: int = 4 << 20,
+                 read_ahead_entries: int = 64, *, skip_sync: bool = False) -> None:
+        self.fs = fs
+        self.dir = directory
+        self.logs: dict[int, LogInfo] = {}
+        self.cache = ReadAheadCache(read_ahead_bytes)
+        self.read_ahead_entries = read_ahead_entries
+        #: a mutation switch (pybk.storage.dbstore.DB_LOG_UNSYNCED): logs are never synced
+        self.skip_sync = skip_sync
+
+    def path(self, log_id: int, ext: str) -> str:
+        return posixpath.join(self.dir, f"{log_id:016d}.{ext}")
+
+    def remove_unnamed(self) -> list[str]:
+        """Delete files of logs no checkpoint names (a crash during a flush)."""
+        self.fs.makedirs(self.dir)
+        gone = []
+        for name in self.fs.listdir(self.dir):
+            stem = name.split(".")[0]
+            if not stem.isdigit() or int(stem) not in self.logs:
+                self.fs.delete(posixpath.join(self.dir, name))
+                gone.append(name)
+        return gone
+
+    async def write(self, log_id: int,
+                    items: Iterable[tuple[int, int, bytes]]) -> LogInfo:
+        """Write log ``log_id`` of ``items`` (ascending (ledger, entry)) and sync it."""
+        self.fs.makedirs(self.dir)
+        data = self.fs.open_append(self.path(log_id, "log"), bulk=True)
+        idx = self.fs.open_append(self.path(log_id, "idx"), bulk=True)
+        info = LogInfo(log_id, 0)
+        rows = bytearray()
+        chunk = bytearray()
+        offset = n = 0
+        pack = ROW.pack
+        try:
+            for lid, eid, body in items:
+                run = info.ledgers.get(lid)
+                if run is None:
+                    run = info.ledgers[lid] = LedgerRun(n, n, eid, eid, 0)
+                n += 1
+                run.hi, run.last, run.nbytes = n, eid, run.nbytes + len(body)
+                rows += pack(lid, eid, offset, len(body))
+                chunk += body
+                offset += len(body)
+                if len(chunk) >= 1 << 20:  # (written in chunks: one call per MiB)
+                    data.write(chunk)
+                    chunk = bytearray()
+                if len(rows) >= 1 << 20:
+                    idx.write(rows)
+                    rows = bytearray()
+            data.write(chunk)
+            idx.write(rows)
+            if not self.skip_sync:
+                await data.sync()
+                await idx.sync()
+        finally:
+            data.close()
+            idx.close()
+        await self.fs.fsync_dir(self.dir)
+        info.size = offset
+        return info
+
+    def add(self, info: LogInfo) -> None:
+        self.logs[info.log_id] = info
+
+    def _rows(self, log_id: int, row: int, count: int) -> bytes:
+        """``count`` location rows from ``row`` on; IOBookieError when the index is short
+        (a log named by the checkpoint lost its bytes: damage, never a silent miss)."""
+        path = self.path(log_id, "idx")
+        try:
+            raw = self.fs.pread(path, row * ROW.size, count * ROW.size)
+        except OSError as exc:
+            raise IOBookieError(f"reading {path}: {exc}") from None
+        if len(raw) != count * ROW.size:
+            raise IOBookieError(f"{path}: location index is short (rows {row}..{row + count}"
+                                f" of a log the checkpoint names)")
+        return raw
+
+    def _row(self, log_id: int, row: int) -> tuple[int, int, int, int]:
+        lid, eid, off, size = ROW.unpack(self._rows(log_id, row, 1))
+        return lid, eid, off, size
+
+    def locate(self, ledger_id: int, entry_id: int) -> tuple[int, int, int, int] | None:
+        """(log id, row, offset, size) of a flushed entry, newest log first; None if absent."""
+        for log_id in sorted(self.logs, reverse=True):
+            run = self.logs[log_id].ledgers.get(ledger_id)
+            if run is None or not run.first <= entry_id <= run.last:
+                continue
+            if run.dense:
+                row = run.lo + entry_id - run.first
+                _, _, off, size = self._row(log_id, row)
+                return log_id, row, off, size
+            lo, hi = run.lo, run.hi
+            while lo < hi:
+                mid = (lo + hi) // 2
+                _, eid, off, size = self._row(log_id, mid)
+                if eid == entry_id:
+                    return log_id, mid, off, size
+                lo, hi = (mid + 1, hi) if eid < entry_id else (lo, mid)
+        return None
+
+    def read(self, ledger_id: int, entry_id: int) -> bytes | None:
+        """A flushed entry's body (through the read-ahead cache), None when not flushed."""
+        key = (ledger_id, entry_id)
+        body = self.cache.get(key)
+        if body is not None:
+            return body
+        where = self.locate(ledger_id, entry_id)
+        if where is None:
+            return None
+        log_id, row, _, _ = where
+        run = self.logs[log_id].ledgers[ledger_id]
+        upto = min(run.hi, row + max(1, self.read_ahead_entries))
+        try:
+            raw = self._rows(log_id, row, upto - row)
+            locs = [ROW.unpack_from(raw, i * ROW.size) for i in range(upto - row)]
+            start = locs[0][2]
+            end = locs[-1][2] + locs[-1][3]
+            span = self.fs.pread(self.path(log_id, "log"), start, end - start)
+        except OSError as exc:
+            raise IOBookieError(f"reading ledger {ledger_id} entry {entry_id} from entry "
+                                f"log {log_id}: {exc}") from None
+        if len(span) != end - start:
+            raise IOBookieError(f"entry log {log_id} is short: ledger {ledger_id} entry "
+                                f"{entry_id} cut off")
+        for lid, eid, off, size in locs[1:]:
+            self.cache.put((lid, eid), span[off - start:off - start + size])
+        _, _, off, size = locs[0]
+        return span[off - start:off - start + size]
+
+    def read_run(self, ledger_id: int, first: int, count: int, max_bytes: int) -> list[bytes]:
+        """Bodies of entries ``first``, ``first + 1``, ... of a ledger as long as they sit
+        consecutively in one log (at most ``count``, stopping once ``max_bytes`` are
+        reached): one ``pread`` of their rows and one of their bytes. Empty when ``first``
+        is not flushed. The batched read's path, past the read-ahead cache."""
+        where = self.locate(ledger_id, first)
+        if where is None:
+            return []
+        log_id, row, _, _ = where
+        run = self.logs[log_id].ledgers[ledger_id]
+        upto = min(run.hi, row + count)
+        raw = self._rows(log_id, row, upto - row)
+        locs = []
+        total = 0
+        for i in range(upto - row):
+            _, eid, off, size = ROW.unpack_from(raw, i * ROW.size)
+            if eid != first + i:
+                break
+            locs.append((off, size))
+            total += size
+            if total >= max_bytes:
+                break
+        start = locs[0][0]
+        span = self.fs.pread(self.path(log_id, "log"), start,
+                             locs[-1][0] + locs[-1][1] - start)
+        if len(span) != locs[-1][0] + locs[-1][1] - start:
+            raise IOBookieError(f"entry log {log_id} is short: ledger {ledger_id} entries "
+                                f"from {first} cut off")
+        return [span[off - start:off - start + size] for off, size in locs]
+
+    def entry_ids(self, ledger_id: int) -> Iterator[int]:
+        """Every flushed entry id of the ledger (ascending per log; logs oldest first)."""
+        for log_id in sorted(self.logs):
+            run = self.logs[log_id].ledgers.get(ledger_id)
+            if run is None:
+                continue
+            if run.dense:
+                yield from range(run.first, run.last + 1)
+                continue
+            raw = self._rows(log_id, run.lo, run.hi - run.lo)
+            for i in range(run.hi - run.lo):
+                yield ROW.unpack_from(raw, i * ROW.size)[1]
+
+    def size_of(self, ledger_id: int, entry_id: int) -> int | None:
+        where = self.locate(ledger_id, entry_id)
+        return None if where is None else where[3]
+
+    def last_entry(self, ledger_id: int) -> int:
+        runs = [info.ledgers[ledger_id].last for info in self.logs.values()
+                if ledger_id in info.ledgers]
+        return max(runs, default=-1)
+
+    def drop_ledger(self, ledger_id: int) -> list[int]:
+        """Forget a deleted ledger; returns the logs left with nothing live (to delete)."""
+        self.cache.drop_ledger(ledger_id)
+        empty = []
+        for info in self.logs.values():
+            if info.ledgers.pop(ledger_id, None) is not None and not info.ledgers:
+                empty.append(info.log_id)
+        return empty
+
+    def delete(self, log_id: int) -> None:
+        """Forget log ``log_id`` and delete its files (once no checkpoint names it)."""
+        self.logs.pop(log_id, None)
+        for ext in ("log", "idx"):
+            if self.fs.exists(self.path(log_id, ext)):
+                self.fs.delete(self.path(log_id, ext))
+
+    def live_items(self, log_id: int) -> Iterator[tuple[int, int, bytes]]:
+        """(ledger, entry, body) of the live entries of one log, in its order."""
+        info = self.logs[log_id]
+        for lid in sorted(info.ledgers):
+            run = info.ledgers[lid]
+            raw = self._rows(log_id, run.lo, run.hi - run.lo)
+            for i in range(run.hi - run.lo):
+                _, eid, off, size = ROW.unpack_from(raw, i * ROW.size)
+                yield lid, eid, self.fs.pread(self.path(log_id, "log"), off, size)
+
+
+def summary_to_json(info: LogInfo) -> dict[str, object]:
+    return {"size": info.size,
+            "ledgers": {str(lid): [r.lo, r.hi, r.first, r.last, r.nbytes]
+                        for lid, r in info.ledgers.items()}}
+
+
+def summary_from_json(log_id: int, doc: dict[str, object]) -> LogInfo:
+    ledgers = doc["ledgers"]
+    size = doc["size"]
+    assert isinstance(ledgers, dict) and isinstance(size, int)
+    return LogInfo(log_id, size, {int(lid): LedgerRun(*vals) for lid, vals in ledgers.items()})
