@@ -31,7 +31,7 @@ MATRIX_PYTHONS ?= $(shell .ci/pythons $(PYTHON))
 # The suite runs in two processes (pytest-xdist), a test file to each at a time (module
 # fixtures such as a ZooKeeper server or a Spark session are made once); PARALLEL= runs it in
 # one. Most tests wait on processes, disks and timers, so two share the 2 cores well.
-PARALLEL ?= -n 2 --dist loadfile
+PARALLEL ?= -n 2 --dist loadgroup
 MATRIX_DIR     ?= .venvs
 # What the other interpreters run (docs/pythons.md says why each is in): every area whose
 # behaviour changed between 3.11 and 3.13 (asyncio's gather, wait_for and task factories,

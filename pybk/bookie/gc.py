@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pybk.errors import NoSuchLedgerError
+from pybk.runtime.eventloop import gather, within
 
 if TYPE_CHECKING:
     from pybk.bookie.bookie import Bookie
@@ -147,7 +148,7 @@ class GarbageCollector:
         self.stop()
         task, self._task = self._task, None
         if task is not None:
-            await asyncio.gather(task, return_exceptions=True)
+            await gather(task, return_exceptions=True)
 
     def abandon(self) -> None:
         """Crash: cancel a run under way (its steps are crash-safe on disk)."""
@@ -161,7 +162,7 @@ class GarbageCollector:
         rate = self.config.gc_compaction_rate
         if rate > 0 and not self._stopping.is_set():
             try:
-                await asyncio.wait_for(self._stopping.wait(), nbytes / rate)
+                await within(self._stopping.wait(), nbytes / rate)
             except TimeoutError:
                 pass
 

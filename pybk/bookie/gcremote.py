@@ -16,6 +16,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from pybk.errors import KeyExistsError, MetadataVersionError, NoSuchKeyError
+from pybk.runtime.eventloop import gather
 
 if TYPE_CHECKING:
     from pybk.bookie.gc import GarbageCollector
@@ -128,7 +129,7 @@ class GcRemote:
             self._watch = None
         task, self._task = self._task, None
         if task is not None:
-            await asyncio.gather(task, return_exceptions=True)
+            await gather(task, return_exceptions=True)
 
     def stop(self) -> None:
         if self._retry is not None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from pybk.errors import BKError
 from pybk.logs.mirror import LogMirror, unframe
-from pybk.runtime.eventloop import within
+from pybk.runtime.eventloop import wait, within
 from pybk.sim.checker import Violation
 from pybk.sim.cluster import SimCluster
 from pybk.sim.loop import sleep
@@ -222,14 +222,14 @@ class MirrorProc(Process):
                                        window=self.rng.choice((1, 4)), label=self.name)
                 task = asyncio.get_running_loop().create_task(mirror.run())
                 if self.rng.random() < 0.5:  # a crash at any moment
-                    await asyncio.wait({task}, timeout=self.rng.expovariate(0.5))
+                    await wait({task}, timeout=self.rng.expovariate(0.5))
                 else:  # a crash just after a batch was acknowledged (the next in flight)
                     copied = mirror.stats.records
                     for _ in range(200):
                         if task.done() or mirror.stats.records > copied:
                             break
                         await sleep(0.05)
-                    await asyncio.wait({task}, timeout=self.rng.uniform(0.0, 0.01))
+                    await wait({task}, timeout=self.rng.uniform(0.0, 0.01))
                 if not task.done():
                     task.cancel()
                     self.ext.mirror_crashes += 1

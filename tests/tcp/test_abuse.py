@@ -436,7 +436,9 @@ async def test_unauthenticated_flood_does_not_lock_out_token_clients(bookie_fact
     await attack.start()
     try:
         await wait_for(lambda: attack.stats["opened"] >= 1100, 30, "the flood is running")
-        assert await _served(bookie, 10, auth_token=b"s3cret") < 10
+        # (the question is lockout, not speed: with the suite's other process and the flood
+        # on the same 2 cores, a first answer can take more than 10 s)
+        assert await _served(bookie, 30, auth_token=b"s3cret") < 30
         m = await bookie.ametrics()
         assert m["pybk_server_unauthenticated_connections"] <= 128
     finally:

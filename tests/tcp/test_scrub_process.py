@@ -38,27 +38,29 @@ async def test_a_flipped_byte_in_a_sealed_segment_is_reported_and_marked(tmp_pat
     first = sorted(n for n in os.listdir(journal) if n.endswith(".seg"))[0]
     _flip(journal / first, 200 << 10)  # a sealed segment the checkpoint covers
     await bookie.astart()
-
-    async def damaged() -> bool:
-        return (await bookie.ametrics()).get("pybk_bookie_damaged_entries", 0) >= 1
-
-    await wait_for(damaged, 30, "the scrubber finds the damage")
-
-    async def resolve(_b: str) -> str:
-        return bookie.address
-
-    transport = TcpTransport(resolve)
     try:
-        info = await transport.send("b1", BookieInfoRequest(), 10)
-        assert info.status == Status.OK and "damaged entries" in info.message, info
-    finally:
-        await transport.close()
-    store = open_store(bookie.metadata)
-    try:
-        async def marked() -> bool:
-            return lh.id in await store.list_under_replicated()
+        async def damaged() -> bool:
+            return (await bookie.ametrics()).get("pybk_bookie_damaged_entries", 0) >= 1
 
-        await wait_for(marked, 10, "the ledger marked under-replicated")
+        await wait_for(damaged, 30, "the scrubber finds the damage")
+
+        async def resolve(_b: str) -> str:
+            return bookie.address
+
+        transport = TcpTransport(resolve)
+        try:
+            info = await transport.send("b1", BookieInfoRequest(), 10)
+            assert info.status == Status.OK and "damaged entries" in info.message, info
+        finally:
+            await transport.close()
+        store = open_store(bookie.metadata)
+        try:
+            async def marked() -> bool:
+                return lh.id in await store.list_under_replicated()
+
+            await wait_for(marked, 10, "the ledger marked under-replicated")
+        finally:
+            await store.close()
+        assert "scrubber: ledger" in bookie.log()
     finally:
-        await store.close()
-    assert "scrubber: ledger" in bookie.log()
+        bookie.stop()  # (by PID: the second start is this test's to stop)
