@@ -121,7 +121,7 @@ pytest: dist
 pytest-wheel: $(WHEEL_STAMP) system-deps
 	$(UV) pip install -q --python $(WHEEL_VENV)/bin/python --reinstall --no-deps "$(WHEEL)"
 	PYBK_WHEEL=$(WHEEL) PYBK_SDIST=$(SDIST) $(WHEEL_VENV)/bin/pytest -q -p no:cacheprovider \
-	  $(PARALLEL)
+	  $(PARALLEL) --durations=25
 
 # MATRIX_TESTS on each of MATRIX_PYTHONS, against the same wheel (a venv per interpreter,
 # made again when setup.cfg changes)
