@@ -217,7 +217,7 @@ async def test_gc_trigger_and_details(cluster: Cluster, http: aiohttp.ClientSess
     async with http.get(cluster.url("b0", "/api/v1/bookie/gc_details")) as r:
         details = await r.json()
     assert details["bookie"] == "b0" and details["running"] is False
-    assert details["runs"] >= 1 and details["majorCompactionCounter"] == 1
+    assert details["runs"] >= 1 and details["majorCompactionCounter"] >= 1
     assert details["last_run"] == done and details["interval"] == 0
 
 
