@@ -166,11 +166,11 @@ async def test_retention_by_size_and_by_age() -> None:
         w = await aged.writer()
         for _ in range(4):
             await w.append(b"x")
-        await until(lambda: not w._rolling)  # segment 2 completed at the old time
+        await w._wait_roll()  # segment 2 completed at the old time (and its retention ran)
         now[0] += 3600  # an hour later (the injected wall clock)
         for _ in range(2):
             last = await w.append(b"y")
-        await until(lambda: not w._rolling)
+        await w._wait_roll()  # the roll and the retention it runs after it
         md = await aged.metadata()
         assert md.truncated_before is not None and md.truncated_before.segment == 3
         assert [r.data async for r in aged.reader(stop_at=last)] == [b"y", b"y"]
