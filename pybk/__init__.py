@@ -37,7 +37,11 @@ from pybk.errors import (
     MetadataVersionError,
     NoSuchEntryError,
     NoSuchLedgerError,
+    NoSuchNamespaceError,
+    NoSuchTenantError,
+    NotEmptyError,
     NotEnoughBookiesError,
+    QuotaExceededError,
     ReadOnlyBookieError,
     RecordTooLargeError,
     TimeoutError,
@@ -46,6 +50,7 @@ from pybk.errors import (
 )
 from pybk.logs import Log, LogReader, LogRecord, LogWriter, Namespace, Position
 from pybk.metadata.base import LedgerMetadata
+from pybk.metadata.tenancy import NamespaceInfo, NamespacePolicies, TenantInfo
 from pybk.ops import AutoRecoveryConfig
 from pybk.tables import (
     AsyncTable,
@@ -107,12 +112,18 @@ __all__ = [
     "MetadataVersionError",
     "Namespace",
     "NamespaceExistsError",
+    "NamespaceInfo",
     "NamespaceNotFoundError",
+    "NamespacePolicies",
     "NoSuchEntryError",
     "NoSuchLedgerError",
+    "NoSuchNamespaceError",
+    "NoSuchTenantError",
+    "NotEmptyError",
     "NotEnoughBookiesError",
     "PlacementPolicy",
     "Position",
+    "QuotaExceededError",
     "RackAwarePlacementPolicy",
     "RangeFencedError",
     "ReadHandle",
@@ -124,6 +135,7 @@ __all__ = [
     "TableExistsError",
     "TableNotFoundError",
     "Tables",
+    "TenantInfo",
     "TimeoutError",
     "UnauthorizedError",
     "WALFollower",

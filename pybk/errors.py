@@ -59,6 +59,11 @@ class Status(enum.IntEnum):
     # refused by the client before an entry id is taken (never sent by bookies)
     ENTRY_TOO_LARGE = 34
     DUPLICATE_ENTRY_ID = 35
+    # multi-tenancy: a storage or count quota refuses (sent by bookies); records that are missing
+    QUOTA_EXCEEDED = 36
+    NO_SUCH_TENANT = 37
+    NO_SUCH_NAMESPACE = 38
+    NOT_EMPTY = 39
     GENERIC_ERROR = 100  # BKError itself (no more specific class)
 
 
@@ -340,6 +345,31 @@ class LockedError(BKError):
         return (_locked_error, (self.args, self.pid))
 
 
+class QuotaExceededError(BKError):
+    """A tenant is over a quota (bytes stored, logs, ledgers): new ledgers and entries of
+    that tenant are refused until it is under again; other tenants keep writing."""
+
+    status = Status.QUOTA_EXCEEDED
+
+
+class NoSuchTenantError(BKError):
+    """No tenant of that name in the metadata store."""
+
+    status = Status.NO_SUCH_TENANT
+
+
+class NoSuchNamespaceError(BKError):
+    """No namespace of that name (``tenant/namespace``) in the metadata store."""
+
+    status = Status.NO_SUCH_NAMESPACE
+
+
+class NotEmptyError(BKError):
+    """A tenant with namespaces, or a namespace with logs, refuses deletion unless forced."""
+
+    status = Status.NOT_EMPTY
+
+
 def _locked_error(args: tuple[object, ...], pid: int | None) -> LockedError:
     return LockedError(*args, pid=pid)
 
@@ -414,8 +444,12 @@ __all__ = [
     "NoSuchEntryError",
     "NoSuchKeyError",
     "NoSuchLedgerError",
+    "NoSuchNamespaceError",
+    "NoSuchTenantError",
+    "NotEmptyError",
     "NotEnoughBookiesError",
     "ProtocolError",
+    "QuotaExceededError",
     "ReadOnlyBookieError",
     "RecordTooLargeError",
     "Status",
