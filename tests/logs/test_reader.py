@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from logs_kit import mem_cluster, until
+from logs_kit import mem_cluster
 
 from pybk import AlreadyTruncatedError, CorruptRecordError, LogNotFoundError, Position
 from pybk.logs import TRUNCATED, ReaderOptions
