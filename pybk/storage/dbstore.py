@@ -61,6 +61,7 @@ class DbLedgerStore(DbLedgersMixin):
         stats: BookieStats | None = None,
     ) -> None:
         self.fs = fs
+        self._on_write_error = on_write_error or (lambda exc: None)
         self.data_dir = data_dir
         self.journal_dir = posixpath.join(data_dir, JOURNAL_DIR)
         self.instance_id = instance_id
@@ -77,12 +78,15 @@ class DbLedgerStore(DbLedgersMixin):
         self._next_log = 0
         self._cp_stats = {"bases": 0, "deltas": 0, "flushes": 0, "entries_flushed": 0}
         self._flush_task: asyncio.Task[object] | None = None
+        #: the journal position the entry logs cover (the last checkpoint's): what is after
+        #: it may be only in the write cache, so a checkpoint that flushes nothing names it
+        self._covered = Position(0, 0, 0)
         c = self.config
         self.journal = Journal(
             fs, self.journal_dir, instance_id,
             on_synced=self._on_synced, on_failed=self._on_failed,
             on_fatal=on_fatal or (lambda exc: None),
-            on_write_error=on_write_error or (lambda exc: None),
+            on_write_error=self._on_write_error,
             max_wait=c.journal_max_wait, max_batch_bytes=c.journal_max_batch_bytes,
             max_batch_count=c.journal_max_batch_count, segment_size=c.segment_size,
             initial_segment_size=c.segment_initial_size,
@@ -151,7 +155,10 @@ class DbLedgerStore(DbLedgersMixin):
         for log_id, summary in doc["logs"].items():
             self.logs.add(summary_from_json(int(log_id), summary))
         self._load_ledgers(doc)
-        return Position(*doc["pos"]) if doc["pos"] is not None else None
+        if doc["pos"] is None:
+            return None
+        self._covered = Position(*doc["pos"])
+        return self._covered
 
     def _replayed(self, rec: Record, seg: int) -> None:
         self._apply(rec)
@@ -178,7 +185,15 @@ class DbLedgerStore(DbLedgersMixin):
     def _cache_full(self) -> None:
         """The write cache passed its bound: flush it (one flush at a time)."""
         if self._flush_task is None or self._flush_task.done():
-            self._flush_task = asyncio.get_running_loop().create_task(self.checkpoint())
+            self._flush_task = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        """A flush of a full cache. A disk error keeps the cache (the next flush retries it;
+        the journal still holds it) and goes to the bookie (ENOSPC: read-only)."""
+        try:
+            await self.checkpoint()
+        except OSError as exc:
+            self._on_write_error(exc)
 
     async def checkpoint(self) -> Position:
         """Flush the write cache into a new entry log, write the checkpoint file naming it
@@ -211,6 +226,7 @@ class DbLedgerStore(DbLedgersMixin):
                "logs": {str(i): summary_to_json(info) for i, info in self.logs.logs.items()},
                **meta}
         await self.fs.write_file_atomic(self.checkpoint_path, json.dumps(doc).encode())
+        self._covered = pos
 
     def _drop_segments(self, before: int) -> None:
         for name in self.fs.listdir(self.journal_dir):
@@ -251,8 +267,8 @@ class DbLedgerStore(DbLedgersMixin):
                 if pace is not None:
                     await pace(info.size)
             old = {i: self.logs.logs.pop(i) for i in victims}
-            try:
-                await self._write_checkpoint(self.journal.position, self._dump_ledgers())
+            try:  # (not the journal's position: what is after it is still in the cache)
+                await self._write_checkpoint(self._covered, self._dump_ledgers())
             except BaseException:
                 self.logs.logs.update(old)
                 raise
