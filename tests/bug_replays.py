@@ -247,6 +247,16 @@ REPLAYS: list[Replay] = [
          (6.0, "crash", {"mode": "drop"})],
         seed=1, mutation="ack_before_fsync", expect=frozenset({"I9", "I10", "I11", "L1"}),
     ),
+    Replay(
+        "BK-659", "https://github.com/apache/bookkeeper/issues/659",
+        "a compaction moves the journal's checkpoint mark past entries that are still only in "
+        "the write cache: the journal holding them is trimmed, and a crash loses them (db "
+        "engine: ledgers deleted so compaction runs, bookies crashing after it)",
+        (2, 2, 1), 4,
+        [(14.0, "crash", {}), (19.0, "crash", {}), (24.0, "crash", {}), (28.0, "crash", {})],
+        duration=32.0, config=SimConfig(storage="db", checkpoints=True),
+        mutation="db_compaction_covers_cache", expect=frozenset({"I9", "I10", "L1"}),
+    ),
 ]
 
 

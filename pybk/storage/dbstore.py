@@ -35,13 +35,17 @@ from pybk.storage.records import Record
 from pybk.storage.replay import scan_segment
 from pybk.storage.startup import ReplayReport, check_header
 
-__all__ = ["DB_CHECKPOINT", "DB_LOG_UNSYNCED", "ENTRY_LOG_DIR", "DbLedgerStore"]
+__all__ = ["DB_CHECKPOINT", "DB_COMPACTION_COVERS_CACHE", "DB_LOG_UNSYNCED", "ENTRY_LOG_DIR",
+           "DbLedgerStore"]
 
 DB_CHECKPOINT = "db-checkpoint"
 ENTRY_LOG_DIR = "entrylogs"
 #: mutation switch (a name in ``StoreConfig.mutations``): a flush names its entry log in the
 #: checkpoint (and trims the journal) without having synced the log
 DB_LOG_UNSYNCED: Final = "db_log_unsynced"
+#: mutation switch: a compaction's checkpoint names the journal's end, as if the write cache
+#: were in the entry logs (the journal before it is trimmed at the next start: lost at a crash)
+DB_COMPACTION_COVERS_CACHE: Final = "db_compaction_covers_cache"
 
 
 class DbLedgerStore(DbLedgersMixin):
@@ -267,8 +271,10 @@ class DbLedgerStore(DbLedgersMixin):
                 if pace is not None:
                     await pace(info.size)
             old = {i: self.logs.logs.pop(i) for i in victims}
-            try:  # (not the journal's position: what is after it is still in the cache)
-                await self._write_checkpoint(self._covered, self._dump_ledgers())
+            covered = (self.journal.position if DB_COMPACTION_COVERS_CACHE in self.config.mutations
+                       else self._covered)  # (not the journal's end: after it, the cache)
+            try:
+                await self._write_checkpoint(covered, self._dump_ledgers())
             except BaseException:
                 self.logs.logs.update(old)
                 raise

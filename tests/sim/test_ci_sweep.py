@@ -45,6 +45,7 @@ MUST_RUN = (
     "config_adds_batched",
     "config_long_polls_parallel",
     "config_long_polls_sequential",
+    "config_storage_db",
     "journal_inline_syncs",
     "journal_batches_overlapped",
     "journal_batches_splits",

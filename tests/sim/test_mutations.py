@@ -48,6 +48,10 @@ EXPECTED = {
     mutations.SEGMENT_COMPLETED_AT_STALE_LAC: {"LG1", "LG4"},
     # the LAC told before the Qa-th ack: a reader sees what Qa bookies never acknowledged
     mutations.LAC_BEFORE_QUORUM: {"I3", "L5"},
+    # the db engine: an entry log named in a checkpoint before it is synced, and a
+    # compaction's checkpoint that covers what is only in the write cache (a crash loses both)
+    mutations.DB_LOG_UNSYNCED: {"I9", "I10", "I11", "L1"},
+    mutations.DB_COMPACTION_COVERS_CACHE: {"I9", "I10", "L1"},
 }
 
 
@@ -55,7 +59,10 @@ EXPECTED = {
 #: caught instead by the named bug replay (tests/bug_replays.py) that aims at it. A replaced
 #: bookie's late reply needs a lost request and a late answer on the same entry: 2 of the
 #: first 400 CI seeds (86 and 337) on 28 Nov.
-BY_REPLAY = {mutations.COUNTS_REPLACED_BOOKIES_ACKS: "BK-4651"}
+BY_REPLAY = {mutations.COUNTS_REPLACED_BOOKIES_ACKS: "BK-4651",
+             # the db engine in one seed of four, a compaction then a crash of the same
+             # bookie before its next checkpoint: none of the first 60 CI seeds (29 Nov)
+             mutations.DB_COMPACTION_COVERS_CACHE: "BK-659"}
 
 
 def test_every_switch_has_its_expected_invariants() -> None:
