@@ -111,6 +111,9 @@ $(WHEEL_STAMP): setup.cfg pyproject.toml Makefile $(STAMP)
 	$(UV) pip install -q --python $(WHEEL_VENV)/bin/python "$(WHEEL)[test,speed,spark]"
 	touch $(WHEEL_STAMP)
 
+# Each run's temporary files under the checkout (--basetemp): pytest prunes all but the last
+# three runs' directories under /tmp/pytest-of-USER, so another pytest run on the same machine
+# could delete a long suite's files while it uses them.
 # The suite against the installed wheel. The venv is made once (dependencies from the wheel's
 # metadata); this checkout's wheel is reinstalled into it on every run. The pytest script (not
 # python -m pytest) keeps the checkout off sys.path: `import pybk` finds the wheel's
@@ -120,8 +123,9 @@ pytest: dist
 
 pytest-wheel: $(WHEEL_STAMP) system-deps
 	$(UV) pip install -q --python $(WHEEL_VENV)/bin/python --reinstall --no-deps "$(WHEEL)"
+	mkdir -p .pytest-tmp
 	PYBK_WHEEL=$(WHEEL) PYBK_SDIST=$(SDIST) $(WHEEL_VENV)/bin/pytest -q -p no:cacheprovider \
-	  $(PARALLEL) --durations=25
+	  --basetemp=$(CURDIR)/.pytest-tmp/wheel $(PARALLEL) --durations=25
 
 # MATRIX_TESTS on each of MATRIX_PYTHONS, against the same wheel (a venv per interpreter,
 # made again when setup.cfg changes)
@@ -141,8 +145,9 @@ matrix-wheel: system-deps $(STAMP)
 	    touch $$venv/.installed; \
 	  fi; \
 	  $(UV) pip install -q --python $$venv/bin/python --reinstall --no-deps "$(WHEEL)"; \
+	  mkdir -p .pytest-tmp; \
 	  PYBK_WHEEL=$(WHEEL) PYBK_SDIST=$(SDIST) $$venv/bin/pytest -q -p no:cacheprovider \
-	    $(PARALLEL) $(MATRIX_TESTS); \
+	    --basetemp=$(CURDIR)/.pytest-tmp/py$$v $(PARALLEL) $(MATRIX_TESTS); \
 	done
 
 # the documentation site (mkdocs.yml; docs/site.md) into site/: every warning an error
