@@ -14,7 +14,9 @@ per seed (each knob from a stream of its own, so adding a knob does not move the
 * the client's long polls: one bookie at a time (``ClientConfig.long_poll_parallel=False``,
   the default) or every bookie of the ensemble at once;
 * the bookies' ledger storage engine: the journal's own, or the db engine (entry logs and
-  an on-disk index, ``storage="db"``), whose checkpoints and compactions crash differently.
+  an on-disk index, ``storage="db"``), whose checkpoints and compactions crash differently;
+* the writer's LAC: sent as soon as it moves (production's default) or only piggybacked and
+  at the explicit interval (readers and tails then wait on the other path).
 
 ``SimConfig.describe()`` is the trace's header; ``coverage()`` names the markers the sweep's
 coverage table counts, so a sweep shows that each configuration ran.
@@ -57,6 +59,10 @@ class SimConfig:
     #: the bookies' storage engine ("journal" or "db", with a small write cache so flushes
     #: run often): db in one seed of four
     storage: str = "journal"
+    #: the writer sends its LAC as soon as it moves and nothing follows (``ClientConfig.
+    #: immediate_lac``, production's default), else only piggybacked and every explicit
+    #: interval; drawn off in one seed of four
+    immediate_lac: bool = True
 
     def __post_init__(self) -> None:
         if self.journal not in JOURNAL_MODES:
@@ -77,6 +83,7 @@ class SimConfig:
             # (production's default, one bookie at a time, in two seeds of three)
             parallel_long_polls=derive_rng(seed, "long_polls").random() < 1 / 3,
             storage="db" if derive_rng(seed, "storage").random() < 0.25 else "journal",
+            immediate_lac=derive_rng(seed, "lac").random() >= 0.25,
         )
 
     @property
@@ -116,13 +123,15 @@ class SimConfig:
                 f"{f' split_min={self.split_min}' if self.overlapped else ''}"
                 f" adds={'batched' if self.batched_adds else 'single'}"
                 f" long_polls={'parallel' if self.parallel_long_polls else 'sequential'}"
-                f"{' storage=db' if self.storage == 'db' else ''}")
+                f"{' storage=db' if self.storage == 'db' else ''}"
+                f"{'' if self.immediate_lac else ' lac=interval'}")
 
     def coverage(self) -> list[str]:
         """Coverage markers naming this configuration (one seed counts once per marker)."""
         out = [f"config_journal_{self.journal}",
                f"config_adds_{'batched' if self.batched_adds else 'single'}",
-               f"config_long_polls_{'parallel' if self.parallel_long_polls else 'sequential'}"]
+               f"config_long_polls_{'parallel' if self.parallel_long_polls else 'sequential'}",
+               f"config_lac_{'immediate' if self.immediate_lac else 'interval'}"]
         if self.preallocate:
             out.append("config_preallocated_segments")
         if self.checkpoints:

@@ -323,7 +323,7 @@ class SimRun:
         return ClientConfig(add_timeout=2.0, read_timeout=2.0, speculative_read_delay=0.5,
                             long_poll_timeout=1.0, explicit_lac_interval=0.5,
                             long_poll_parallel=self.config.parallel_long_polls,
-                            mutations=self.mutations)
+                            immediate_lac=self.config.immediate_lac, mutations=self.mutations)
 
     # -- observing from the outside -----------------------------------------------------------
 

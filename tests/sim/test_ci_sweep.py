@@ -46,6 +46,8 @@ MUST_RUN = (
     "config_long_polls_parallel",
     "config_long_polls_sequential",
     "config_storage_db",
+    "config_lac_immediate",
+    "config_lac_interval",
     "journal_inline_syncs",
     "journal_batches_overlapped",
     "journal_batches_splits",
