@@ -3,20 +3,13 @@
 A harness proves only the paths it runs, so every mode a production deployment can run is drawn
 per seed (each knob from a stream of its own, so adding a knob does not move the others):
 
-* the journal's sync mode: ``serial`` (a sync thread per batch: LocalCluster, the embedded WAL),
-  ``overlapped`` (a batch answered while the next one syncs), ``inline`` (small batches synced
-  on the loop's own thread) and ``bookie`` (inline *and* overlapped: what ``pybk bookie`` runs);
-* preallocated journal segments (made ahead as synced zeros, written in place, small so they
-  rotate often);
-* frequent index checkpoints, mostly deltas (chains of up to 8);
-* the disk's sync latency;
-* the client's add path: one ``append`` per entry, or batched ``append_many`` calls;
-* the client's long polls: one bookie at a time (``ClientConfig.long_poll_parallel=False``,
-  the default) or every bookie of the ensemble at once;
-* the bookies' ledger storage engine: the journal's own, or the db engine (entry logs and
-  an on-disk index, ``storage="db"``), whose checkpoints and compactions crash differently;
-* the writer's LAC: sent as soon as it moves (production's default) or only piggybacked and
-  at the explicit interval (readers and tails then wait on the other path).
+* the journal's sync mode: ``serial`` (a sync thread per batch), ``overlapped`` (a batch
+  answered while the next syncs), ``inline`` (small batches synced on the loop's thread) and
+  ``bookie`` (inline and overlapped: what ``pybk bookie`` runs);
+* preallocated journal segments, frequent index checkpoints (mostly deltas), sync latency;
+* the client's add path (``append`` or ``append_many``) and long polls (one bookie at a time
+  or the whole ensemble), and the writer's LAC (immediate, or only piggybacked/at intervals);
+* the bookies' storage engine: the journal's own or the db engine (``storage="db"``).
 
 ``SimConfig.describe()`` is the trace's header; ``coverage()`` names the markers the sweep's
 coverage table counts, so a sweep shows that each configuration ran.
