@@ -29,6 +29,7 @@ from pybk.cli.log_mirror import log_mirror  # noqa: F401 - registers `pybk log m
 from pybk.cli.log_tier import log_cursors  # noqa: F401 - registers the data-life commands
 from pybk.cli.simulate import simulate
 from pybk.cli.table import table
+from pybk.cli.tenancy import namespace, tenant
 from pybk.server.processes import spawn_bookie, stop_pid, wait_ready
 
 __all__ = ["main", "spawn_bookie", "stop_pid", "wait_ready"]
@@ -63,5 +64,7 @@ main.add_command(autorecovery)
 main.add_command(cluster)
 main.add_command(ledger)
 main.add_command(table)
+main.add_command(tenant)
+main.add_command(namespace)
 main.add_command(log)
 main.add_command(simulate)

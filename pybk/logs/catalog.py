@@ -22,6 +22,7 @@ from pybk.logs.meta import LogMetadata, log_key
 from pybk.logs.offload import delete_objects
 from pybk.logs.truncation import truncated_segments
 from pybk.metadata.base import MetadataStore, VersionedValue
+from pybk.metadata.tenancy import NAMESPACE_KEY
 
 if TYPE_CHECKING:
     from pybk.client import Client
@@ -38,13 +39,18 @@ class LogCatalog:
     """One log's metadata in one namespace, through one client."""
 
     def __init__(
-        self, client: Client, namespace: str, name: str, clock: Callable[[], float]
+        self, client: Client, namespace: str, name: str, clock: Callable[[], float],
+        *, tenancy: str | None = None,
     ) -> None:
         self.client = client
         self.namespace = namespace
         self.name = name
         self.key = log_key(namespace, name)
         self._clock = clock
+        #: custom metadata every ledger of this log carries besides its own tag: the tenancy
+        #: namespace (``tenant/namespace``) a bookie enforces policies by, when there is one
+        self.ledger_tags: dict[str, bytes] = (
+            {} if tenancy is None else {NAMESPACE_KEY: tenancy.encode()})
 
     @property
     def store(self) -> MetadataStore:

@@ -457,7 +457,7 @@ async def _recover(cat: LogCatalog, record: CursorRecord) -> AckState:
 async def _new_ledger(cat: LogCatalog, key: str, cfg: LogConfig) -> LedgerHandle:
     return await cat.client.create_ledger(
         cfg.ensemble_size, cfg.write_quorum, cfg.ack_quorum, cfg.digest_type, b"",
-        custom_metadata={"pybk.cursor": key.encode()},
+        custom_metadata={"pybk.cursor": key.encode(), **cat.ledger_tags},
     )
 
 

@@ -137,7 +137,9 @@ class Log:
         ``flush_bytes``, ``flush_records``, ``max_envelope_bytes``, ``max_pending_bytes``."""
         md = await self._cat.read()
         return SegmentBuilder(self._cat.client, self._cat.key, md.config,
-                              custom_metadata=custom_metadata, create_ledger=create_ledger,
+                              custom_metadata={**self._cat.ledger_tags,
+                                               **dict(custom_metadata or {})},
+                              create_ledger=create_ledger,
                               **knobs)
 
     async def publish(

@@ -227,7 +227,7 @@ class LogWriter:
         cfg = self._md.config
         return await self._cat.client.create_ledger(
             cfg.ensemble_size, cfg.write_quorum, cfg.ack_quorum, cfg.digest_type, b"",
-            custom_metadata={"pybk.log": self._cat.key.encode()},
+            custom_metadata={"pybk.log": self._cat.key.encode(), **self._cat.ledger_tags},
         )
 
     async def _start_segment(self, completed: SegmentInfo | None) -> None:

@@ -24,6 +24,7 @@ from pybk.metadata.base import LedgerMetadata
 from pybk.ops.auditor import bookie_index, read_all_metadata
 from pybk.ops.replicator import Outcome, repair_ledger
 from pybk.ops.settings import AutoRecoverySettings
+from pybk.ops.tenancy_admin import TenancyAdmin
 from pybk.ops.worker import ledger_lock
 from pybk.runtime.eventloop import within
 from pybk.wire import BookieInfoRequest, BookieInfoResponse, Status
@@ -67,8 +68,9 @@ class RecoveryReport:
                 "bytes_copied": self.bytes_copied}
 
 
-class Admin:
-    """Cluster administration through one client (see the module doc)."""
+class Admin(TenancyAdmin):
+    """Cluster administration through one client (see the module doc); tenants and
+    namespaces: :class:`pybk.ops.tenancy_admin.TenancyAdmin`."""
 
     def __init__(self, client: Client, *, passwords: Sequence[bytes] = (b"",),
                  copy_window: int = 64) -> None:

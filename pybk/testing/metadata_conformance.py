@@ -42,6 +42,7 @@ from pybk.metadata.base import (
     LedgerMetadata,
     MetadataStore,
 )
+from pybk.testing.tenancy_conformance import TENANCY_CHECKS
 
 __all__ = [
     "CHECKS",
@@ -869,32 +870,19 @@ async def check_values_bad_arguments(backend: MetadataBackend) -> None:
 
 
 CHECKS: list[Callable[[MetadataBackend], Awaitable[None]]] = [
-    check_create_read_round_trip,
-    check_create_records_the_creation_time,
-    check_cas_conflict,
-    check_update_loop_under_concurrent_updaters,
-    check_delete_and_list,
-    check_id_allocation_unique_under_concurrency,
-    check_watch_ledger_fires_on_change_and_delete,
-    check_watch_bookies_fires_on_membership_change,
-    check_read_only_flag,
-    check_registration_vanishes_with_its_owner,
-    check_clean_close_unregisters,
-    check_cookies,
-    check_under_replication_marks,
-    check_under_replication_marks_clear_only_what_was_repaired,
-    check_registration_carries_its_rack,
-    check_locks_are_exclusive_and_released,
-    check_lock_vanishes_with_its_owner,
-    check_election_has_one_leader_and_fails_over,
-    check_corrupt_metadata_is_an_error,
-    check_bad_arguments_are_value_errors,
-    check_values_create_read_cas,
-    check_values_update_loop_under_concurrent_updaters,
-    check_values_list_by_prefix,
-    check_values_watch,
-    check_watches_fire_for_changes_made_through_the_same_store,
-    check_values_bad_arguments,
+    check_create_read_round_trip, check_create_records_the_creation_time, check_cas_conflict,
+    check_update_loop_under_concurrent_updaters, check_delete_and_list,
+    check_id_allocation_unique_under_concurrency, check_watch_ledger_fires_on_change_and_delete,
+    check_watch_bookies_fires_on_membership_change, check_read_only_flag,
+    check_registration_vanishes_with_its_owner, check_clean_close_unregisters, check_cookies,
+    check_under_replication_marks, check_under_replication_marks_clear_only_what_was_repaired,
+    check_registration_carries_its_rack, check_locks_are_exclusive_and_released,
+    check_lock_vanishes_with_its_owner, check_election_has_one_leader_and_fails_over,
+    check_corrupt_metadata_is_an_error, check_bad_arguments_are_value_errors,
+    check_values_create_read_cas, check_values_update_loop_under_concurrent_updaters,
+    check_values_list_by_prefix, check_values_watch,
+    check_watches_fire_for_changes_made_through_the_same_store, check_values_bad_arguments,
+    *TENANCY_CHECKS,  # tenants and namespaces (pybk.testing.tenancy_conformance)
 ]
 
 

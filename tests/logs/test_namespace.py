@@ -58,8 +58,8 @@ async def test_bad_names_are_refused(name: str) -> None:
         client = cluster.client()
         with pytest.raises(ValueError, match="name"):
             await client.namespace("default").create_log(name)
-        with pytest.raises(ValueError, match="name"):
-            client.namespace(name)
+        with pytest.raises(ValueError, match="name"):  # ("a/b" is a tenancy namespace)
+            client.namespace(name if name != "a/b" else "a/b/c")
         with pytest.raises(TypeError):
             await client.namespace("default").open_log(3)  # type: ignore[arg-type]
 

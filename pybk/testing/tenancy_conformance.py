@@ -1,0 +1,73 @@
+"""Tenancy records on a metadata backend (part of :data:`pybk.testing.metadata_conformance.
+CHECKS`): tenants and namespaces are JSON values under ``tenancy/``, so what this checks is
+that a backend keeps them apart, lists them by prefix and lets one concurrent create win."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from pybk.errors import (
+    KeyExistsError,
+    NoSuchNamespaceError,
+    NoSuchTenantError,
+    NotEmptyError,
+)
+from pybk.metadata.tenancy import NamespacePolicies, TenancyRecords
+
+if TYPE_CHECKING:
+    from pybk.testing.metadata_conformance import MetadataBackend
+
+__all__ = ["TENANCY_CHECKS"]
+
+
+async def check_tenancy_records_round_trip(backend: MetadataBackend) -> None:
+    a, b = TenancyRecords(await backend.open()), TenancyRecords(await backend.open())
+    await a.create_tenant("acme", default_policies=NamespacePolicies(max_logs=5))
+    await a.create_tenant("globex")
+    assert await b.list_tenants() == ["acme", "globex"]
+    ns = await b.create_namespace("acme/orders")  # the tenant's defaults
+    assert ns.policies.max_logs == 5 and ns.full_name == "acme/orders"
+    mine = NamespacePolicies(write_bytes_per_s=1 << 20, isolation_group="g1",
+                             placement="region-aware", ensemble_size=4, write_quorum=3,
+                             ack_quorum=2, retention_seconds=3600.0)
+    await a.create_namespace("acme/billing", policies=mine)
+    await a.create_namespace("globex/orders")
+    assert (await a.namespace("acme/billing")).policies == mine
+    assert await b.list_namespaces("acme") == ["acme/billing", "acme/orders"]
+    assert await b.list_namespaces() == ["acme/billing", "acme/orders", "globex/orders"]
+    updated = await b.update_namespace("acme/orders", NamespacePolicies(max_storage_bytes=10))
+    assert (await a.namespace("acme/orders")).policies.max_storage_bytes == 10
+    assert updated.version == (await a.namespace("acme/orders")).version
+
+
+async def check_tenancy_records_refuse_what_they_must(backend: MetadataBackend) -> None:
+    r = TenancyRecords(await backend.open())
+    try:
+        await r.create_namespace("nobody/ns")
+        raise AssertionError("a namespace of a missing tenant was created")
+    except NoSuchTenantError:
+        pass
+    await r.create_tenant("t")
+    outcomes = await asyncio.gather(*(r.create_namespace("t/ns") for _ in range(4)),
+                                    return_exceptions=True)
+    assert sum(not isinstance(o, BaseException) for o in outcomes) == 1, outcomes
+    assert all(isinstance(o, KeyExistsError) for o in outcomes
+               if isinstance(o, BaseException)), outcomes
+    try:
+        await r.delete_tenant("t")
+        raise AssertionError("a tenant with a namespace was deleted")
+    except NotEmptyError:
+        pass
+    await r.delete_namespace("t/ns", empty=True)
+    for missing in (r.namespace("t/ns"), r.update_namespace("t/ns", NamespacePolicies())):
+        try:
+            await missing
+            raise AssertionError("a deleted namespace was found")
+        except NoSuchNamespaceError:
+            pass
+    await r.delete_tenant("t")
+    assert await r.list_tenants() == []
+
+
+TENANCY_CHECKS = [check_tenancy_records_round_trip, check_tenancy_records_refuse_what_they_must]
