@@ -54,6 +54,17 @@ def metric_names(expr: str) -> set[str]:
     return names
 
 
+def balanced(expr: str) -> bool:
+    """Brackets outside strings nest and close."""
+    stack: list[str] = []
+    for ch in re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr):
+        if ch in "([{":
+            stack.append(")]}"["([{".index(ch)])
+        elif ch in ")]}" and (not stack or stack.pop() != ch):
+            return False
+    return not stack
+
+
 def _panels(dash: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
     """(row title, panel) for every panel, rows' nested panels included."""
     row = ""
@@ -108,6 +119,8 @@ def test_metric_names_finds_metrics_not_functions_labels_or_keywords() -> None:
             'event="refused_y"}[$__rate_interval]))) / on (instance) group_left '
             'max without (z) (pybk_y) and pybk_z == 1 or vector(0)')
     assert metric_names(expr) == {"pybk_x_bucket", "pybk_y", "pybk_z"}
+    assert balanced(expr) and not balanced("sum(rate(pybk_x[5m])") \
+        and not balanced('max(pybk_x{a="("}])')
 
 
 def test_the_dashboard_is_valid_grafana(dashboard: dict[str, Any]) -> None:
@@ -132,6 +145,7 @@ def test_the_dashboard_is_valid_grafana(dashboard: dict[str, Any]) -> None:
         assert len(refs) == len(set(refs)), p["title"]
         for t in p["targets"]:
             assert t["expr"].strip() and metric_names(t["expr"]), (p["title"], t)
+            assert balanced(t["expr"]), (p["title"], t["expr"])
             used = set(re.findall(r"\$(\w+)", t["expr"] + json.dumps(t["datasource"])))
             assert used - {"__rate_interval"} <= variables, (p["title"], used)
 
