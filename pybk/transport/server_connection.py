@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import hmac
+import inspect
 import socket
 from collections.abc import Callable
 from logging import ERROR, INFO
@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 from pybk.errors import BKError, ProtocolError, status_of
 from pybk.transport import codec
+from pybk.transport.identity import ANONYMOUS
 from pybk.transport.limits import REQUEST_OVERHEAD
 from pybk.wire import (
     AddBatchRequest,
@@ -31,6 +32,7 @@ from pybk.wire import (
     AuthResponse,
     BookieInfoRequest,
     BookieInfoResponse,
+    ReadBatchRequest,
     ReadRequest,
     ReadResponse,
     Request,
@@ -109,7 +111,13 @@ class ServerConnection(asyncio.Protocol):
         self.peer_ip = peer_ip
         #: counted against the unauthenticated budget (TLS handshake or AUTH still to come)
         self.unproven = unproven
-        self.authenticated = server.auth_token is None
+        self.authenticated = not server.identities.authenticates
+        #: who this connection is (docs/tenancy.md): a tenant, from its token or certificate
+        self.principal: str = ANONYMOUS
+        #: the request at the head of the queue waits on the tenancy gate (a rate delay, a
+        #: namespace lookup); ``_gated`` is the event the gate let through
+        self._gate_wait: asyncio.Task[Any] | None = None
+        self._gated: codec.Event | None = None
         self.codec = codec.Connection(
             "server",
             max_frame=self.cfg.max_frame if self.authenticated else self.cfg.pre_auth_max_frame,
@@ -169,6 +177,12 @@ class ServerConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=max(budget // 4, 1), low=budget // 8)
         now = self.loop.time()
         self.last_activity = self.progress_at = now
+        identities = self.server.identities
+        if identities.subjects:
+            tenant = identities.by_certificate(transport.get_extra_info("peercert"))
+            if tenant is not None:  # a mapped client certificate is its proof
+                self.principal = tenant
+                self._accept_auth()
         if self.unproven and self.authenticated:  # a TLS handshake was all it had to do
             self._prove()
 
@@ -179,6 +193,8 @@ class ServerConnection(asyncio.Protocol):
         self.out.clear()
         self._set_unsent(0)
         self.release()
+        if self._gate_wait is not None:
+            self._gate_wait.cancel()
         self.cancel_long_polls()
 
     def cancel_long_polls(self) -> None:
@@ -327,6 +343,20 @@ class ServerConnection(asyncio.Protocol):
                 self.blocked = "in_flight"
                 server.stats.incr("in_flight_full")
                 return
+            if server.gate is not None and self._gated is not event and type(request) in _GATED:
+                if self._gate_wait is not None:
+                    self.blocked = "tenancy"
+                    return
+                verdict = server.gate.check(self.principal, request)
+                if verdict is not None:
+                    if inspect.isawaitable(verdict):
+                        self._wait_gate(event, verdict)
+                        return
+                    self._dequeue(event)
+                    server.stats.incr("tenancy_refused")
+                    self._respond(event.request_id, verdict)
+                    continue
+            self._gated = None
             if isinstance(request, AddRequest):  # (the hot path: request_cost inlined)
                 cost = REQUEST_OVERHEAD + len(request.body)
             else:
@@ -386,6 +416,33 @@ class ServerConnection(asyncio.Protocol):
             self.tasks[task] = request
             self._costs[task] = (cost, long_poll)
             task.add_done_callback(self._task_done)
+
+    def _wait_gate(self, event: codec.Event, verdict: Any) -> None:
+        """The head request waits on the gate: nothing starts or is read meanwhile."""
+        self.blocked = "tenancy"
+        self.server.stats.incr("tenancy_delayed")
+        task: asyncio.Task[Any] = self.loop.create_task(_await(verdict))
+        self._gate_wait = task
+        task.add_done_callback(lambda t: self._gate_done(event, t))
+
+    def _gate_done(self, event: codec.Event, task: asyncio.Task[Any]) -> None:
+        self._gate_wait = None
+        if self.closing or task.cancelled() or not self.queue or self.queue[0] is not event:
+            return
+        exc = task.exception()
+        if exc is not None:
+            assert isinstance(event, codec.RequestReceived)
+            self._dequeue(event)
+            self._respond(event.request_id, error_response(event.request, status_of(exc),
+                                                           str(exc)))
+        elif task.result() is not None:
+            assert isinstance(event, codec.RequestReceived)
+            self._dequeue(event)
+            self.server.stats.incr("tenancy_refused")
+            self._respond(event.request_id, task.result())
+        else:
+            self._gated = event
+        self._pump()
 
     def _defer(self, request_id: int, request: Request, cost: int) -> None:
         self._deferred.append((request_id, request, cost))
@@ -473,6 +530,8 @@ class ServerConnection(asyncio.Protocol):
             response = error_response(request, status_of(exc), message)
         finally:
             self._settle(asyncio.current_task())
+        if server.gate is not None:
+            server.gate.answered(self.principal, request, response)
         if (isinstance(request, BookieInfoRequest) and request.versions
                 and isinstance(response, BookieInfoResponse)):
             # the client asks which protocol version it may use (docs/protocol.md)
@@ -486,26 +545,33 @@ class ServerConnection(asyncio.Protocol):
         self._answered(request_id, response)
 
     def _authenticate(self, request_id: int, request: AuthRequest) -> None:
-        expected = self.server.auth_token
-        if expected is None or hmac.compare_digest(request.token, expected):
+        identities = self.server.identities
+        principal = identities.by_token(request.token) if identities.authenticates \
+            else self.principal
+        if principal is not None:
             self._respond(request_id, AuthResponse(Status.OK))
-            if not self.authenticated:
-                self.authenticated = True
-                self._prove()
-                self.codec.max_frame = self.cfg.max_frame
-                self.codec.hold_after_auth = False
-                try:  # frames pipelined behind AUTH, now judged against the full cap
-                    events = self.codec.receive_data(b"")
-                    self.queue.extend(events)
-                    self.queued_bytes += sum(map(_event_size, events))
-                except ProtocolError as exc:
-                    self.server.stats.incr(_classify(exc))
-                    self.close_after_flush()
+            self.principal = principal
+            self._accept_auth()
             return
         self.server.stats.incr("auth_failed")
         self.server.remote_event("authentication failed", f"from {self.peer_ip}", INFO)
         self._respond(request_id, AuthResponse(Status.UNAUTHORIZED, "authentication failed"))
         self.close_after_flush()
+
+    def _accept_auth(self) -> None:
+        if self.authenticated:
+            return
+        self.authenticated = True
+        self._prove()
+        self.codec.max_frame = self.cfg.max_frame
+        self.codec.hold_after_auth = False
+        try:  # frames pipelined behind AUTH, now judged against the full cap
+            events = self.codec.receive_data(b"")
+            self.queue.extend(events)
+            self.queued_bytes += sum(map(_event_size, events))
+        except ProtocolError as exc:
+            self.server.stats.incr(_classify(exc))
+            self.close_after_flush()
 
     def _prove(self) -> None:
         if self.unproven and not self.released:
@@ -568,6 +634,7 @@ class ServerConnection(asyncio.Protocol):
         want_pause = (
             self.closing
             or self.server.stopping
+            or self._gate_wait is not None
             or self.queued_bytes >= self.cfg.max_queued_bytes
         )
         if want_pause and not self.read_paused:
@@ -653,6 +720,13 @@ class ServerConnection(asyncio.Protocol):
             self.server.stats.incr(reason)
             self.server.remote_event("closing connections", f"{self.peer_ip}: {reason}", INFO)
             self.abort()
+
+
+_GATED: Final = (AddRequest, AddBatchRequest, ReadRequest, ReadBatchRequest)
+
+
+async def _await(verdict: Any) -> Any:
+    return await verdict
 
 
 class _FastAddReply:
