@@ -48,7 +48,7 @@ from pybk.wire import (
     error_response,
 )
 
-__all__ = ["LEDGER_CACHE", "TenancyEnforcer", "TokenBucket"]
+__all__ = ["LEDGER_CACHE", "TenancyEnforcer", "TokenBucket", "enable_tenancy"]
 
 log = logging.getLogger("pybk.bookie.tenancy")
 
@@ -335,7 +335,7 @@ class TenancyEnforcer:
         yield stored
         yield quota
 
-    def describe(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
         return {"authenticated": self.authenticated,
                 "principal_without_auth": None if self.authenticated else ANONYMOUS,
                 "namespaces": sorted(self.usage.by_namespace)}
@@ -348,3 +348,13 @@ async def _wait(delay: float) -> None:
 def _log_failure(task: asyncio.Task[None]) -> None:
     if not task.cancelled() and task.exception() is not None:
         log.warning("reading a namespace's policies failed: %r", task.exception())
+
+
+async def enable_tenancy(bookie: Any, store: MetadataStore, *,
+                         authenticated: bool) -> TenancyEnforcer:
+    """Give ``bookie`` (started) a tenancy gate against ``store``: both transports ask it.
+    ``authenticated``: connections carry real principals (tenant tokens or certificates)."""
+    enforcer = TenancyEnforcer(store, lambda: bookie.store, authenticated=authenticated)
+    await enforcer.start()
+    bookie.tenancy = enforcer
+    return enforcer

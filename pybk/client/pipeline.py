@@ -19,6 +19,7 @@ from pybk.errors import (
     EntryTooLargeError,
     LedgerFencedError,
     NotEnoughBookiesError,
+    QuotaExceededError,
     UnauthorizedError,
     fresh_copy,
 )
@@ -39,8 +40,9 @@ __all__ = [
 #: or one outcome per entry, in the batch's order (see pybk.transport.base)
 AddOutcome = BKError | None | Sequence[BKError | None]
 
-#: errors that end the pipeline instead of replacing the bookie that sent them
-_FATAL = (LedgerFencedError, UnauthorizedError, EntryTooLargeError)
+#: errors that end the pipeline instead of replacing the bookie that sent them (a namespace
+#: over its storage quota: the add fails to the caller, other ledgers keep writing)
+_FATAL = (LedgerFencedError, UnauthorizedError, EntryTooLargeError, QuotaExceededError)
 
 
 class Send(NamedTuple):
