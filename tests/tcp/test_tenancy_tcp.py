@@ -1,0 +1,196 @@
+"""Tenancy over TCP: principals from tenant tokens and from client certificates (real TLS on
+loopback, trustme), cross-tenant refusal, rate delays in order, quotas; bad tenant files."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import pytest
+import trustme
+
+import pybk
+from pybk.bookie import Bookie
+from pybk.bookie.tenancy import enable_tenancy
+from pybk.errors import QuotaExceededError, UnauthorizedError
+from pybk.metadata.base import BookieRegistration
+from pybk.metadata.memory import MemoryMetadataStore
+from pybk.metadata.tenancy import NAMESPACE_KEY, NamespacePolicies, TenancyRecords
+from pybk.storage import MemFileSystem
+from pybk.transport.identity import (
+    ANONYMOUS,
+    Identities,
+    parse_tenant_lines,
+    unknown_tenants,
+)
+from pybk.transport.server import BookieServer
+from pybk.transport.tcp import TcpTransport
+from pybk.transport.tls import client_context, server_context
+
+ALL3 = {"ensemble_size": 3, "write_quorum": 3, "ack_quorum": 3}
+TOKENS = "# tenant:token\nacme:tok-acme\n\nglobex:tok-globex\n"
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory) -> dict[str, Any]:
+    ca = trustme.CA()
+    d = tmp_path_factory.mktemp("pki")
+    paths = {n: d / f"{n}.pem" for n in ("ca", "server", "acme", "globex")}
+    ca.cert_pem.write_to_path(paths["ca"])
+    ca.issue_cert("127.0.0.1", "localhost").private_key_and_cert_chain_pem.write_to_path(
+        paths["server"])
+    for name in ("acme", "globex"):
+        ca.issue_cert(f"{name}@pybk.test", common_name=f"{name}-app"
+                      ).private_key_and_cert_chain_pem.write_to_path(paths[name])
+    return paths
+
+
+@asynccontextmanager
+async def _bookies(identities: Identities, ssl_context: ssl.SSLContext | None = None,
+                   policies: dict[str, NamespacePolicies] | None = None
+                   ) -> AsyncIterator[MemoryMetadataStore]:
+    store = MemoryMetadataStore()
+    records = TenancyRecords(store)
+    for tenant in ("acme", "globex"):
+        await records.create_tenant(tenant)
+    for ns, pol in (policies or {"acme/orders": NamespacePolicies()}).items():
+        await records.create_namespace(ns, policies=pol)
+    async with AsyncExitStack() as stack:
+        for i in range(3):
+            fs = MemFileSystem()
+            fs.makedirs(f"/b{i}")
+            bookie = Bookie(f"b{i}", f"/b{i}", fs=fs)
+            await bookie.start()
+            stack.push_async_callback(bookie.stop)
+            gate = await enable_tenancy(bookie, store, authenticated=True)
+            server = BookieServer(bookie.handle, add=bookie.add_request,
+                                  response_size=bookie.response_size_hint,
+                                  ssl_context=ssl_context, identities=identities, gate=gate)
+            await server.start()
+            stack.push_async_callback(server.stop)
+            host, port = server.address
+            await store.register_bookie(BookieRegistration(f"b{i}", f"{host}:{port}"))
+        yield store
+
+
+async def _ledger(client: pybk.Client, ns: str) -> Any:
+    return await client.create_ledger(custom_metadata={NAMESPACE_KEY: ns.encode()}, **ALL3)
+
+
+def _client(store: MemoryMetadataStore, **transport: Any) -> pybk.Client:
+    return pybk.Client(store, transport=TcpTransport.from_store(store, **transport))
+
+
+async def test_tokens_name_the_tenant(tmp_path):
+    identities = Identities(parse_tenant_lines(TOKENS, "token"))
+    async with _bookies(identities) as store:
+        acme = _client(store, auth_token=b"tok-acme")
+        globex = _client(store, auth_token=b"tok-globex")
+        try:
+            lh = await _ledger(acme, "acme/orders")
+            await lh.append(b"acme's")
+            intruder = await _ledger(globex, "acme/orders")
+            with pytest.raises(UnauthorizedError):
+                await intruder.append(b"not globex's")
+        finally:
+            for c in (acme, globex):
+                await c.transport.close()
+                await c.close()
+
+
+async def test_certificate_subjects_name_the_tenant(pki):
+    identities = Identities(subjects={"acme-app": "acme", "globex-app": "globex"})
+    ctx = server_context(pki["server"], cafile=pki["ca"], require_client_cert=True)
+    async with _bookies(identities, ctx) as store:
+        acme = _client(store, ssl_context=client_context(pki["ca"], certfile=pki["acme"]))
+        globex = _client(store, ssl_context=client_context(pki["ca"], certfile=pki["globex"]))
+        try:
+            lh = await _ledger(acme, "acme/orders")
+            await lh.append(b"acme's")
+            intruder = await _ledger(globex, "acme/orders")
+            with pytest.raises(UnauthorizedError):
+                await intruder.append(b"not globex's")
+        finally:
+            for c in (acme, globex):
+                await c.transport.close()
+                await c.close()
+
+
+async def test_rate_delays_in_order_and_quota_over_tcp():
+    identities = Identities(parse_tenant_lines(TOKENS, "token"))
+    policies = {"acme/slow": NamespacePolicies(write_records_per_s=50),
+                "acme/small": NamespacePolicies(max_storage_bytes=4000),
+                "globex/app": NamespacePolicies()}
+    async with _bookies(identities, policies=policies) as store:
+        acme = _client(store, auth_token=b"tok-acme")
+        globex = _client(store, auth_token=b"tok-globex")
+        try:
+            slow = await _ledger(acme, "acme/slow")
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            await asyncio.gather(*(slow.append(f"e{i}".encode()) for i in range(100)))
+            assert loop.time() - start >= 0.8  # 100 at 50/s with 50 saved: about 1 s
+            got = [e.data for e in await slow.read(0, 99)]
+            assert got == [f"e{i}".encode() for i in range(100)]
+            small = await _ledger(acme, "acme/small")
+            other = await _ledger(globex, "globex/app")
+            with pytest.raises(QuotaExceededError):
+                for _ in range(20):
+                    await small.append(b"q" * 1000)
+            for _ in range(10):
+                await other.append(b"b" * 1000)
+        finally:
+            for c in (acme, globex):
+                await c.transport.close()
+                await c.close()
+
+
+def test_tenant_file_errors(tmp_path):
+    with pytest.raises(ValueError, match="line 2: expected 'tenant:token'"):
+        parse_tenant_lines("acme:t1\nno-colon-here\n", "token")
+    with pytest.raises(ValueError, match="line 1: expected"):
+        parse_tenant_lines("acme:\n", "token")
+    with pytest.raises(ValueError, match="line 1: bad tenant name"):
+        parse_tenant_lines("bad tenant!:t1\n", "token")
+    with pytest.raises(ValueError, match="line 2: this token is listed twice"):
+        parse_tenant_lines("acme:t1\nglobex:t1\n", "token")
+    f = tmp_path / "tokens"
+    f.write_text(TOKENS)
+    ids = Identities.from_files(f)
+    assert ids.by_token(b"tok-globex") == "globex" and ids.by_token(b"nope") is None
+    assert unknown_tenants(ids, ["acme"]) == ["globex"]
+    assert ANONYMOUS in Identities().describe()
+
+
+def test_cli_bad_tenant_file_is_a_usage_error(tmp_path):
+    from click.testing import CliRunner
+
+    from pybk.cli import main
+
+    bad = tmp_path / "tokens"
+    bad.write_text("acme:t1\njust-a-token\n")
+    r = CliRunner().invoke(main, ["bookie", "--data", str(tmp_path / "d"), "--metadata",
+                                  f"sqlite:///{tmp_path}/m.db", "--port", "0", "--bookie-id",
+                                  "b1", "--tenant-tokens", str(bad)])
+    assert r.exit_code == 2, r.output
+    assert "line 2: expected 'tenant:token'" in r.output
+
+
+async def test_process_refuses_unknown_tenants(tmp_path):
+    from pybk.errors import NoSuchTenantError
+    from pybk.server.process import BookieProcess, BookieProcessConfig
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text("ghost:t1\n")
+    store = MemoryMetadataStore()
+    process = BookieProcess(BookieProcessConfig(
+        data_dir=str(tmp_path / "d"), metadata="memory://", port=0, bookie_id="b1",
+        tenant_tokens=str(tokens)), store=store)
+    try:
+        with pytest.raises(NoSuchTenantError, match="ghost"):
+            await process.start()
+    finally:
+        await process.stop()
