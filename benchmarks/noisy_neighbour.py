@@ -150,13 +150,14 @@ async def noisy_writer(client: pybk.Client, stop: asyncio.Event, window: int, si
 
 
 async def noisy_reader(client: pybk.Client, stop: asyncio.Event, entries: int, size: int,
-                       window: int) -> int:
+                       window: int, ready: asyncio.Event) -> int:
     lh = await client.create_ledger(custom_metadata={NAMESPACE_KEY: b"acme/bulk"}, **QUORUMS)
     body = b"r" * size
     for start in range(0, entries, 256):
         await asyncio.gather(*(lh.append(body) for _ in range(min(256, entries - start))))
     await lh.close()
     reader = await client.open_ledger(lh.id, recovery=False)
+    ready.set()  # (the backlog is written before B starts: only its reading is measured)
     done = 0
 
     async def one() -> None:
@@ -177,13 +178,15 @@ async def scenario(args: argparse.Namespace, tcp: bool, mode: str, noise: str
         b = await bench.client("globex")
         stop = asyncio.Event()
         noisy = None
+        ready = asyncio.Event()
         if mode != "alone":
             a = await bench.client("acme")
             if noise == "write":
                 noisy = asyncio.ensure_future(noisy_writer(a, stop, args.a_window, args.a_size))
             else:
                 noisy = asyncio.ensure_future(noisy_reader(
-                    a, stop, args.backlog, args.a_size, args.a_window // 16 or 1))
+                    a, stop, args.backlog, args.a_size, args.a_window // 16 or 1, ready))
+                await ready.wait()
             await asyncio.sleep(args.warmup)
         lat, tput = await steady_b(b, args.b_rate, args.duration, args.b_size)
         stop.set()
@@ -200,7 +203,7 @@ def main() -> None:
     p.add_argument("--a-window", type=int, default=256, help="A's appends in flight")
     p.add_argument("--a-write-rate", type=int, default=4 << 20, help="A's write bytes/s")
     p.add_argument("--a-read-rate", type=int, default=8 << 20, help="A's read bytes/s")
-    p.add_argument("--backlog", type=int, default=4000, help="entries A reads over and over")
+    p.add_argument("--backlog", type=int, default=2000, help="entries A reads over and over")
     p.add_argument("--warmup", type=float, default=0.5)
     p.add_argument("--quick", action="store_true", help="a few seconds in all (tests)")
     args = p.parse_args()
