@@ -22,6 +22,7 @@ from pybk.bookie.tenancy import enable_tenancy
 from pybk.metadata.base import BookieRegistration
 from pybk.metadata.memory import MemoryMetadataStore
 from pybk.metadata.tenancy import NAMESPACE_KEY, NamespacePolicies, TenancyRecords
+from pybk.server.process import FAIR_SHARE
 from pybk.storage import MemFileSystem
 from pybk.transport.identity import Identities
 from pybk.transport.local import LocalTransport
@@ -70,7 +71,8 @@ class Bench:
             if self.tcp:
                 server = BookieServer(bookie.handle, add=bookie.add_request,
                                       response_size=bookie.response_size_hint,
-                                      identities=identities, gate=gate)
+                                      identities=identities, gate=gate,
+                                      fair_share=FAIR_SHARE if self.enforce else None)
                 await server.start()
                 self.stack.push_async_callback(server.stop)
                 host, port = server.address

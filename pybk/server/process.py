@@ -47,6 +47,9 @@ __all__ = [
 
 log = logging.getLogger("pybk.server.process")
 
+#: adds in a bookie's add path at once before tenants take turns (pybk.transport.fairness)
+FAIR_SHARE = 512
+
 
 @dataclass
 class BookieProcessConfig:
@@ -243,6 +246,7 @@ class BookieProcess:
             config=server_cfg,
             identities=identities,
             gate=self.tenancy,
+            fair_share=FAIR_SHARE if cfg.tenancy else None,
         )
         await self.server.start()
         if self.tenancy is not None:

@@ -27,7 +27,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from pybk.runtime.ratelog import RateLimitedLog
 from pybk.transport.admission import Admission
-from pybk.transport.fairness import Gate
+from pybk.transport.fairness import FairShare, Gate
 from pybk.transport.identity import Identities
 from pybk.transport.limits import REQUEST_OVERHEAD, ServerConfig
 from pybk.transport.listener import (
@@ -148,6 +148,7 @@ class BookieServer:
         response_size: ResponseSize | None = None,
         identities: Identities | None = None,
         gate: Gate | None = None,
+        fair_share: int | None = None,
     ) -> None:
         if auth_token is not None and not auth_token:
             raise ValueError("auth_token must be non-empty (or None for no authentication)")
@@ -157,6 +158,10 @@ class BookieServer:
             self.identities.cluster_token = auth_token
         #: the tenancy gate asked before an add or a read starts (docs/tenancy.md)
         self.gate = gate
+        #: adds in the add path at once across connections, handed out round-robin across
+        #: tenants past that (``add`` only; None: no cap)
+        self.fair = FairShare(fair_share) if fair_share is not None and add is not None \
+            else None
         self.handler = handler
         #: the bookie's add path (``Bookie.add_request``): ADD and ADD_BATCH requests go
         #: there, no task per request; without it, ``add_nowait`` (single adds) or the handler

@@ -118,6 +118,8 @@ class ServerConnection(asyncio.Protocol):
         #: namespace lookup); ``_gated`` is the event the gate let through
         self._gate_wait: asyncio.Task[Any] | None = None
         self._gated: codec.Event | None = None
+        #: a slot of the server's fair share handed to this connection, not used yet
+        self._fair_ticket = False
         self.codec = codec.Connection(
             "server",
             max_frame=self.cfg.max_frame if self.authenticated else self.cfg.pre_auth_max_frame,
@@ -195,6 +197,12 @@ class ServerConnection(asyncio.Protocol):
         self.release()
         if self._gate_wait is not None:
             self._gate_wait.cancel()
+        fair = self.server.fair
+        if fair is not None:
+            fair.forget(self)
+            if self._fair_ticket:
+                self._fair_ticket = False
+                fair.release()
         self.cancel_long_polls()
 
     def cancel_long_polls(self) -> None:
@@ -356,7 +364,7 @@ class ServerConnection(asyncio.Protocol):
                     server.stats.incr("tenancy_refused")
                     self._respond(event.request_id, verdict)
                     continue
-            self._gated = None
+                self._gated = event  # (not asked again when it waits below for a budget)
             if isinstance(request, AddRequest):  # (the hot path: request_cost inlined)
                 cost = REQUEST_OVERHEAD + len(request.body)
             else:
@@ -382,10 +390,18 @@ class ServerConnection(asyncio.Protocol):
                     return
                 request = bounded
                 long_poll = is_long_poll(request)
+            kind = type(request)
+            fair = server.fair
+            if fair is not None and (kind is AddRequest or kind is AddBatchRequest):
+                if self._fair_ticket:
+                    self._fair_ticket = False
+                elif not fair.try_acquire(self.principal, self):
+                    self.blocked = "fair"
+                    server.stats.incr("fair_share_wait")
+                    return
             self._dequeue(event)
             self.in_flight += 1
             self._charge(reserved=cost)
-            kind = type(request)
             if kind is AddRequest or kind is AddBatchRequest:
                 adder = server.add
                 if adder is not None:
@@ -479,7 +495,14 @@ class ServerConnection(asyncio.Protocol):
         queue.popleft()
         self.queued_bytes = self.queued_bytes - share if queue else 0
 
+    def fair_granted(self) -> None:
+        """The server's fair share handed this connection a slot for its next add."""
+        self._fair_ticket = True
+        self.loop.call_soon(self._pump)
+
     def _fast_add_done(self, request_id: int, response: Response, cost: int) -> None:
+        if self.server.fair is not None:
+            self.server.fair.release()
         self.in_flight -= 1
         self.fast_adds -= 1
         if not self.fast_adds:

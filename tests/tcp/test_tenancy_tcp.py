@@ -20,6 +20,7 @@ from pybk.metadata.base import BookieRegistration
 from pybk.metadata.memory import MemoryMetadataStore
 from pybk.metadata.tenancy import NAMESPACE_KEY, NamespacePolicies, TenancyRecords
 from pybk.storage import MemFileSystem
+from pybk.transport.fairness import FairShare
 from pybk.transport.identity import (
     ANONYMOUS,
     Identities,
@@ -58,6 +59,7 @@ async def _bookies(identities: Identities, ssl_context: ssl.SSLContext | None = 
         await records.create_tenant(tenant)
     for ns, pol in (policies or {"acme/orders": NamespacePolicies()}).items():
         await records.create_namespace(ns, policies=pol)
+    store.servers = []  # type: ignore[attr-defined]
     async with AsyncExitStack() as stack:
         for i in range(3):
             fs = MemFileSystem()
@@ -68,8 +70,10 @@ async def _bookies(identities: Identities, ssl_context: ssl.SSLContext | None = 
             gate = await enable_tenancy(bookie, store, authenticated=True)
             server = BookieServer(bookie.handle, add=bookie.add_request,
                                   response_size=bookie.response_size_hint,
-                                  ssl_context=ssl_context, identities=identities, gate=gate)
+                                  ssl_context=ssl_context, identities=identities, gate=gate,
+                                  fair_share=8)
             await server.start()
+            store.servers.append(server)  # type: ignore[attr-defined]
             stack.push_async_callback(server.stop)
             host, port = server.address
             await store.register_bookie(BookieRegistration(f"b{i}", f"{host}:{port}"))
@@ -142,6 +146,57 @@ async def test_rate_delays_in_order_and_quota_over_tcp():
                     await small.append(b"q" * 1000)
             for _ in range(10):
                 await other.append(b"b" * 1000)
+        finally:
+            for c in (acme, globex):
+                await c.transport.close()
+                await c.close()
+
+
+def test_fair_share_round_robin_across_tenants():
+    granted: list[str] = []
+
+    class Conn:
+        closing = False
+
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def fair_granted(self) -> None:
+            granted.append(self.name)
+
+    fair = FairShare(2)
+    a1, a2, a3, b1 = Conn("a1"), Conn("a2"), Conn("a3"), Conn("b1")
+    assert fair.try_acquire("acme", a1) and fair.try_acquire("acme", a2)
+    assert not fair.try_acquire("acme", a3)  # full: acme's third waits...
+    assert not fair.try_acquire("acme", a1)
+    assert not fair.try_acquire("globex", b1)  # ...and globex's first, behind it
+    fair.release()
+    fair.release()
+    assert granted == ["a3", "b1"]  # one turn each, not acme's whole backlog first
+    fair.release()
+    assert granted == ["a3", "b1", "a1"]
+    fair.forget(a1)
+    with pytest.raises(ValueError):
+        FairShare(0)
+
+
+async def test_fair_share_under_a_flood_over_tcp():
+    identities = Identities(parse_tenant_lines(TOKENS, "token"))
+    policies = {"acme/bulk": NamespacePolicies(), "globex/app": NamespacePolicies()}
+    async with _bookies(identities, policies=policies) as store:
+        acme = _client(store, auth_token=b"tok-acme")
+        globex = _client(store, auth_token=b"tok-globex")
+        try:
+            bulk = await _ledger(acme, "acme/bulk")
+            app = await _ledger(globex, "globex/app")
+            flood = [asyncio.ensure_future(bulk.append(b"a" * 2000)) for _ in range(500)]
+            await asyncio.sleep(0)
+            for i in range(20):
+                await app.append(f"b{i}".encode())
+            await asyncio.gather(*flood)
+            assert sum(s.fair.waits for s in store.servers) > 0  # the cap was reached
+            assert [e.data for e in await app.read(0, 19)] == [
+                f"b{i}".encode() for i in range(20)]
         finally:
             for c in (acme, globex):
                 await c.transport.close()
