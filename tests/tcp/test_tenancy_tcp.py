@@ -249,3 +249,53 @@ async def test_process_refuses_unknown_tenants(tmp_path):
             await process.start()
     finally:
         await process.stop()
+
+
+async def test_bookie_process_enforces_and_exports_tenant_metrics(tmp_path, capsys):
+    import urllib.request
+
+    from pybk.server.process import BookieProcess, BookieProcessConfig
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text(TOKENS)
+    store = MemoryMetadataStore()
+    records = TenancyRecords(store)
+    for tenant in ("acme", "globex"):
+        await records.create_tenant(tenant)
+    await records.create_namespace("acme/orders", policies=NamespacePolicies(
+        max_storage_bytes=1 << 20))
+    process = BookieProcess(BookieProcessConfig(
+        data_dir=str(tmp_path / "d"), metadata="memory://", port=0, bookie_id="b1",
+        metrics_port=0, tenant_tokens=str(tokens)), store=store)
+    await process.start()
+    try:
+        assert "2 tenant tokens" in capsys.readouterr().out  # the ready line says who is who
+        acme = _client(store, auth_token=b"tok-acme")
+        globex = _client(store, auth_token=b"tok-globex")
+        try:
+            one = {"ensemble_size": 1, "write_quorum": 1, "ack_quorum": 1}
+            lh = await acme.create_ledger(
+                custom_metadata={NAMESPACE_KEY: b"acme/orders"}, **one)
+            await lh.append(b"x" * 100)
+            bad = await globex.create_ledger(
+                custom_metadata={NAMESPACE_KEY: b"acme/orders"}, **one)
+            with pytest.raises(UnauthorizedError):
+                await bad.append(b"y")
+        finally:
+            for c in (acme, globex):
+                await c.transport.close()
+                await c.close()
+
+        def fetch() -> str:
+            url = f"http://{process.metrics_address}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return str(resp.read().decode())
+
+        text = await asyncio.to_thread(fetch)
+        assert 'pybk_tenant_write_records_total{namespace="acme/orders",tenant="acme"} 1.0' \
+            in text
+        assert ('pybk_tenant_rejected_requests_total{namespace="acme/orders",'
+                'reason="unauthorized",tenant="globex"} 1.0') in text
+        assert 'pybk_tenant_storage_quota_bytes{namespace="acme/orders",tenant="acme"}' in text
+    finally:
+        await process.stop()
