@@ -207,6 +207,8 @@ def main() -> None:
     p.add_argument("--a-read-rate", type=int, default=8 << 20, help="A's read bytes/s")
     p.add_argument("--backlog", type=int, default=2000, help="entries A reads over and over")
     p.add_argument("--warmup", type=float, default=0.5)
+    p.add_argument("--transports", choices=("both", "in-proc", "tcp"), default="both")
+    p.add_argument("--noise", choices=("both", "write", "read"), default="both")
     p.add_argument("--quick", action="store_true", help="a few seconds in all (tests)")
     args = p.parse_args()
     if args.quick:
@@ -218,8 +220,9 @@ def main() -> None:
           f"{args.a_read_rate} read B/s; 3 bookies E3/Qw2/Qa2 on memory file systems")
     print(f"{'transport':9} {'A does':6} {'scenario':15} {'B p99 ms':>9} {'B appends/s':>12} "
           f"{'A ops':>8} {'p99 x alone':>12} {'tput / alone':>13}  verdict")
-    for tcp in (False, True):
-        for noise in ("write", "read"):
+    for tcp in [t for t in (False, True)
+                if args.transports in ("both", "tcp" if t else "in-proc")]:
+        for noise in [n for n in ("write", "read") if args.noise in ("both", n)]:
             rows = {}
             for mode in ("alone", "enforced", "no enforcement"):
                 rows[mode] = asyncio.run(scenario(args, tcp, mode, noise))

@@ -54,23 +54,26 @@ log = logging.getLogger("pybk.bookie.tenancy")
 
 #: ledgers whose namespace is remembered (least recently used ones are read again)
 LEDGER_CACHE: Final = 100_000
+#: a bucket saves at most this many seconds of its rate (a burst's size): small, so that a
+#: throttled tenant's work reaches the journal spread out rather than in bursts
+BURST_SECONDS: Final = 0.1
 _UNKNOWN: Final = object()
 
 
 class TokenBucket:
-    """``rate`` tokens a second, up to one second's worth saved; taking may go into debt,
-    and the debt is the delay (the request is late, never refused)."""
+    """``rate`` tokens a second, up to ``burst`` seconds' worth saved; taking may go into
+    debt, and the debt is the delay (the request is late, never refused)."""
 
-    __slots__ = ("at", "rate", "tokens")
+    __slots__ = ("at", "cap", "rate", "tokens")
 
-    def __init__(self, rate: float, now: float) -> None:
+    def __init__(self, rate: float, now: float, burst: float = BURST_SECONDS) -> None:
         self.rate = float(rate)
-        self.tokens = self.rate
+        self.cap = self.tokens = self.rate * burst
         self.at = now
 
     def take(self, n: float, now: float) -> float:
         """Take ``n`` tokens; the seconds until the bucket is out of debt again."""
-        self.tokens = min(self.rate, self.tokens + (now - self.at) * self.rate) - n
+        self.tokens = min(self.cap, self.tokens + (now - self.at) * self.rate) - n
         self.at = now
         return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
 
