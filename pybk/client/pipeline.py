@@ -1,10 +1,9 @@
 """The quorum write pipeline, sans-IO: events in, actions out (the h11 / aioquic style).
 
 :class:`WritePipeline` holds every rule of BookKeeper's add path (``PendingAddOp``,
-``sendAddSuccessCallbacks``, ``ensembleChangeLoop`` in BookKeeper's client) and
-nothing else: no awaits, no transport, no metadata store, no clock. An async driver
-(:class:`pybk.client.writer.AddPipeline`) feeds it events and carries out what it asks (listed
-in docs/internals.md, "pybk/client/pipeline.py").
+``sendAddSuccessCallbacks``, ``ensembleChangeLoop`` in BookKeeper's client) and nothing
+else: no awaits, no transport, no metadata store, no clock. An async driver (:class:`pybk.
+client.writer.AddPipeline`) feeds it events and does what it asks (docs/internals.md).
 """
 
 from __future__ import annotations
@@ -40,8 +39,7 @@ __all__ = [
 #: or one outcome per entry, in the batch's order (see pybk.transport.base)
 AddOutcome = BKError | None | Sequence[BKError | None]
 
-#: errors that end the pipeline instead of replacing the bookie that sent them (a namespace
-#: over its storage quota: the add fails to the caller, other ledgers keep writing)
+#: errors that end the pipeline instead of replacing the bookie that sent them
 _FATAL = (LedgerFencedError, UnauthorizedError, EntryTooLargeError, QuotaExceededError)
 
 

@@ -74,9 +74,12 @@ class FairShare:
             self.in_use += 1
             conn.fair_granted()
 
-    def forget(self, conn: _Waiter) -> None:
-        """A closing connection leaves every queue."""
+    def forget(self, conn: _Waiter, holding: bool = False) -> None:
+        """A closing connection leaves every queue (and gives back the place it was handed
+        but did not use, when ``holding``)."""
         for tenant in [t for t, q in self.waiting.items() if conn in q]:
             del self.waiting[tenant][conn]
             if not self.waiting[tenant]:
                 del self.waiting[tenant]
+        if holding:
+            self.release()

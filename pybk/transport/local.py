@@ -11,12 +11,8 @@ Timeouts use :class:`pybk.transport.deadlines.Deadlines` (the loop's clock: virt
 simulator; one timer for all requests). A timed-out request is not cancelled on the bookie:
 like a slow network, the bookie may still apply it. Tests that need to hold, fail, drop or
 delay requests wrap this transport in :class:`pybk.testing.HookedTransport` (this module
-knows nothing of them).
-
-A bookie with a tenancy gate (``bookie.tenancy``: :class:`pybk.transport.fairness.Gate`) is
-asked before each add and read, as over TCP, for this transport's ``principal``: refusals
-become the add's or read's error, delays hold this transport's later adds to that bookie in
-order behind the delayed one.
+knows nothing of them). A bookie's tenancy gate (``bookie.tenancy``) is asked as over TCP,
+for this transport's ``principal`` (docs/tenancy.md).
 """
 
 from __future__ import annotations

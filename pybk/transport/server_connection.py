@@ -13,7 +13,6 @@ import asyncio
 import collections
 import dataclasses
 import inspect
-import socket
 from collections.abc import Callable
 from logging import ERROR, INFO
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -22,23 +21,29 @@ from pybk.errors import BKError, ProtocolError, status_of
 from pybk.transport import codec
 from pybk.transport.identity import ANONYMOUS
 from pybk.transport.limits import REQUEST_OVERHEAD
+from pybk.transport.server_parts import (
+    GATED,
+    FastAddReply,
+    NowaitReply,
+    await_verdict,
+    classify_error,
+    event_size,
+    is_long_poll,
+    peer_closed,
+)
 from pybk.wire import (
     AddBatchRequest,
     AddCallback,
     AddLike,
-    AddOutcome,
     AddRequest,
     AuthRequest,
     AuthResponse,
     BookieInfoRequest,
     BookieInfoResponse,
-    ReadBatchRequest,
-    ReadRequest,
     ReadResponse,
     Request,
     Response,
     Status,
-    add_response,
     error_response,
 )
 
@@ -58,43 +63,12 @@ EOF_CHECK_BYTES: Final = 4096
 #: (LONG_POLL_START_DELAY): if the peer hangs up right behind its burst, they never start
 LONG_POLLS_AT_ONCE: Final = 16
 LONG_POLL_START_DELAY: Final = 0.005
-#: TCP_INFO's first byte is the socket's state; CLOSE-WAIT: the peer closed its side
-_TCP_CLOSE_WAIT: Final = 8
-_TCP_CLOSE: Final = 7
 
 #: ``add(request, on_done)``: the bookie's add path (``Bookie.add_request``)
 AddPath = Callable[[AddLike, AddCallback], None]
 #: ``add_nowait(request, reply)``: answer an add by calling ``reply(response)`` exactly once
 #: (the older form, kept for callers that have one)
 AddNowait = Callable[[AddRequest, Callable[[Response], None]], None]
-
-
-def _classify(exc: ProtocolError) -> str:
-    """A counter name for a fatal framing error."""
-    text = str(exc)
-    if "cap" in text:
-        return "frame_too_large"
-    if "CRC" in text:
-        return "bad_crc"
-    if "version" in text:
-        return "bad_version"
-    if "operation" in text:
-        return "bad_operation"
-    return "bad_frame"
-
-
-def _event_size(event: codec.Event) -> int:
-    """Memory a decoded, queued request holds (for the read-ahead bound)."""
-    if isinstance(event, codec.RequestReceived):
-        body = getattr(event.request, "body", None)
-        return REQUEST_OVERHEAD + (len(body) if isinstance(body, bytes) else 0)
-    return REQUEST_OVERHEAD
-
-
-def is_long_poll(request: Request) -> bool:
-    """A READ that waits for the LAC to move (previous_lac set, timeout > 0)."""
-    return isinstance(request, ReadRequest) and request.previous_lac is not None \
-        and request.timeout > 0
 
 
 class ServerConnection(asyncio.Protocol):
@@ -114,11 +88,10 @@ class ServerConnection(asyncio.Protocol):
         self.authenticated = not server.identities.authenticates
         #: who this connection is (docs/tenancy.md): a tenant, from its token or certificate
         self.principal: str = ANONYMOUS
-        #: the request at the head of the queue waits on the tenancy gate (a rate delay, a
-        #: namespace lookup); ``_gated`` is the event the gate let through
+        #: the head request waits on the tenancy gate / the event the gate let through / a
+        #: place in the server's fair share handed to this connection, not used yet
         self._gate_wait: asyncio.Task[Any] | None = None
         self._gated: codec.Event | None = None
-        #: a slot of the server's fair share handed to this connection, not used yet
         self._fair_ticket = False
         self.codec = codec.Connection(
             "server",
@@ -179,12 +152,10 @@ class ServerConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=max(budget // 4, 1), low=budget // 8)
         now = self.loop.time()
         self.last_activity = self.progress_at = now
-        identities = self.server.identities
-        if identities.subjects:
-            tenant = identities.by_certificate(transport.get_extra_info("peercert"))
-            if tenant is not None:  # a mapped client certificate is its proof
-                self.principal = tenant
-                self._accept_auth()
+        tenant = self.server.identities.by_certificate(transport.get_extra_info("peercert"))
+        if tenant is not None:  # a mapped client certificate is its proof
+            self.principal = tenant
+            self._accept_auth()
         if self.unproven and self.authenticated:  # a TLS handshake was all it had to do
             self._prove()
 
@@ -197,12 +168,9 @@ class ServerConnection(asyncio.Protocol):
         self.release()
         if self._gate_wait is not None:
             self._gate_wait.cancel()
-        fair = self.server.fair
-        if fair is not None:
-            fair.forget(self)
-            if self._fair_ticket:
-                self._fair_ticket = False
-                fair.release()
+        if self.server.fair is not None:
+            self.server.fair.forget(self, self._fair_ticket)
+            self._fair_ticket = False
         self.cancel_long_polls()
 
     def cancel_long_polls(self) -> None:
@@ -225,7 +193,7 @@ class ServerConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
-        if len(data) >= EOF_CHECK_BYTES and self.peer_closed():
+        if len(data) >= EOF_CHECK_BYTES and peer_closed(self.transport):
             # a burst of requests with the close right behind it (a flood that hangs up):
             # nobody will read the answers, so nothing is decoded, let alone started
             self.server.stats.incr("peer_closed")
@@ -234,7 +202,7 @@ class ServerConnection(asyncio.Protocol):
         try:
             events = self.codec.receive_data(data)
         except ProtocolError as exc:
-            self.server.stats.incr(_classify(exc))
+            self.server.stats.incr(classify_error(exc))
             self.server.remote_event("protocol errors", f"{self.peer_ip}: {exc}", INFO)
             self.abort()
             return
@@ -311,7 +279,7 @@ class ServerConnection(asyncio.Protocol):
 
     def _pump(self) -> None:
         """Start queued requests while the caps and budgets allow; then pause/resume reading."""
-        if self._pumping:  # a fast add answered synchronously while we were starting it
+        if self._pumping or self._gate_wait is not None:  # (re-entered; the head waits)
             return
         self._pumping = True
         try:
@@ -351,10 +319,7 @@ class ServerConnection(asyncio.Protocol):
                 self.blocked = "in_flight"
                 server.stats.incr("in_flight_full")
                 return
-            if server.gate is not None and self._gated is not event and type(request) in _GATED:
-                if self._gate_wait is not None:
-                    self.blocked = "tenancy"
-                    return
+            if server.gate is not None and self._gated is not event and type(request) in GATED:
                 verdict = server.gate.check(self.principal, request)
                 if verdict is not None:
                     if inspect.isawaitable(verdict):
@@ -410,14 +375,14 @@ class ServerConnection(asyncio.Protocol):
                     self.fast_adds += 1
                     self.fast_adds_idle.clear()
                     adder(request,  # type: ignore[arg-type]
-                          _FastAddReply(self, event.request_id, request, cost))  # type: ignore[arg-type]
+                          FastAddReply(self, event.request_id, request, cost))  # type: ignore[arg-type]
                     continue
                 add_nowait = server.add_nowait
                 if add_nowait is not None and kind is AddRequest:
                     self.fast_adds += 1
                     self.fast_adds_idle.clear()
                     add_nowait(request,  # type: ignore[arg-type]
-                               _NowaitReply(self, event.request_id, cost))
+                               NowaitReply(self, event.request_id, cost))
                     continue
             if long_poll:
                 server.long_polls += 1
@@ -433,31 +398,22 @@ class ServerConnection(asyncio.Protocol):
             self._costs[task] = (cost, long_poll)
             task.add_done_callback(self._task_done)
 
-    def _wait_gate(self, event: codec.Event, verdict: Any) -> None:
+    def _wait_gate(self, event: codec.RequestReceived, verdict: Any) -> None:
         """The head request waits on the gate: nothing starts or is read meanwhile."""
         self.blocked = "tenancy"
         self.server.stats.incr("tenancy_delayed")
-        task: asyncio.Task[Any] = self.loop.create_task(_await(verdict))
-        self._gate_wait = task
-        task.add_done_callback(lambda t: self._gate_done(event, t))
+        self._gate_wait = self.loop.create_task(await_verdict(verdict, event.request))
+        self._gate_wait.add_done_callback(lambda t: self._gate_done(event, t))
 
-    def _gate_done(self, event: codec.Event, task: asyncio.Task[Any]) -> None:
+    def _gate_done(self, event: codec.RequestReceived, task: asyncio.Task[Any]) -> None:
         self._gate_wait = None
         if self.closing or task.cancelled() or not self.queue or self.queue[0] is not event:
             return
-        exc = task.exception()
-        if exc is not None:
-            assert isinstance(event, codec.RequestReceived)
-            self._dequeue(event)
-            self._respond(event.request_id, error_response(event.request, status_of(exc),
-                                                           str(exc)))
-        elif task.result() is not None:
-            assert isinstance(event, codec.RequestReceived)
+        self._gated = event
+        if task.result() is not None:  # refused (or the check failed: said as an error)
             self._dequeue(event)
             self.server.stats.incr("tenancy_refused")
             self._respond(event.request_id, task.result())
-        else:
-            self._gated = event
         self._pump()
 
     def _defer(self, request_id: int, request: Request, cost: int) -> None:
@@ -500,7 +456,7 @@ class ServerConnection(asyncio.Protocol):
         self._fair_ticket = True
         self.loop.call_soon(self._pump)
 
-    def _fast_add_done(self, request_id: int, response: Response, cost: int) -> None:
+    def fast_add_done(self, request_id: int, response: Response, cost: int) -> None:
         if self.server.fair is not None:
             self.server.fair.release()
         self.in_flight -= 1
@@ -591,9 +547,9 @@ class ServerConnection(asyncio.Protocol):
         try:  # frames pipelined behind AUTH, now judged against the full cap
             events = self.codec.receive_data(b"")
             self.queue.extend(events)
-            self.queued_bytes += sum(map(_event_size, events))
+            self.queued_bytes += sum(map(event_size, events))
         except ProtocolError as exc:
-            self.server.stats.incr(_classify(exc))
+            self.server.stats.incr(classify_error(exc))
             self.close_after_flush()
 
     def _prove(self) -> None:
@@ -698,20 +654,6 @@ class ServerConnection(asyncio.Protocol):
         elif self.handshake is not None:  # still in its TLS handshake
             self.handshake.cancel()
 
-    def peer_closed(self) -> bool:
-        """Has the peer closed its side, though we are not reading (the kernel knows)?"""
-        transport = self.transport
-        if transport is None:
-            return False
-        sock = transport.get_extra_info("socket")
-        if sock is None or not hasattr(socket, "TCP_INFO"):
-            return False
-        try:
-            state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
-        except (OSError, IndexError, TypeError):
-            return False
-        return state in (_TCP_CLOSE_WAIT, _TCP_CLOSE)
-
     def check_deadlines(self, now: float) -> None:
         """Called by the server's sweeper: auth, frame, write and idle deadlines; a peer
         that closed while we were not reading."""
@@ -737,48 +679,9 @@ class ServerConnection(asyncio.Protocol):
             and now - self.last_activity > cfg.idle_timeout
         ):
             reason = "idle_timeout"
-        elif self.read_paused and self.peer_closed():
+        elif self.read_paused and peer_closed(self.transport):
             reason = "peer_closed"
         if reason is not None:
             self.server.stats.incr(reason)
             self.server.remote_event("closing connections", f"{self.peer_ip}: {reason}", INFO)
             self.abort()
-
-
-_GATED: Final = (AddRequest, AddBatchRequest, ReadRequest, ReadBatchRequest)
-
-
-async def _await(verdict: Any) -> Any:
-    return await verdict
-
-
-class _FastAddReply:
-    """The ``on_done`` of one add on the bookie's add path: the outcome becomes the answer
-    frame, and the bytes it held are given back (a slotted object, not a closure)."""
-
-    __slots__ = ("conn", "cost", "request", "request_id")
-
-    def __init__(self, conn: ServerConnection, request_id: int, request: AddLike,
-                 cost: int) -> None:
-        self.conn = conn
-        self.request_id = request_id
-        self.request = request
-        self.cost = cost
-
-    def __call__(self, outcome: AddOutcome) -> None:
-        self.conn._fast_add_done(self.request_id, add_response(self.request, outcome),
-                                 self.cost)
-
-
-class _NowaitReply:
-    """The reply callback of one add through an ``add_nowait`` (answers with a response)."""
-
-    __slots__ = ("conn", "cost", "request_id")
-
-    def __init__(self, conn: ServerConnection, request_id: int, cost: int) -> None:
-        self.conn = conn
-        self.request_id = request_id
-        self.cost = cost
-
-    def __call__(self, response: Response) -> None:
-        self.conn._fast_add_done(self.request_id, response, self.cost)
