@@ -34,7 +34,6 @@ from pybk.errors import NoSuchLedgerError, NoSuchNamespaceError
 from pybk.metadata.base import MetadataStore, Watch
 from pybk.metadata.tenancy import NAMESPACE_KEY, NamespacePolicies, TenancyRecords
 from pybk.storage.engine import LedgerStorage
-from pybk.transport.identity import ANONYMOUS, CLUSTER
 from pybk.wire import (
     AddBatchRequest,
     AddRequest,
@@ -52,6 +51,9 @@ __all__ = ["LEDGER_CACHE", "TenancyEnforcer", "TokenBucket", "enable_tenancy"]
 
 log = logging.getLogger("pybk.bookie.tenancy")
 
+#: the principals of pybk.transport.identity (the bookie never imports the transport)
+ANONYMOUS: Final = "_anonymous"
+CLUSTER: Final = "_cluster"
 #: ledgers whose namespace is remembered (least recently used ones are read again)
 LEDGER_CACHE: Final = 100_000
 #: a bucket saves at most this many seconds of its rate (a burst's size): small, so that a

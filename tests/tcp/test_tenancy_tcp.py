@@ -218,6 +218,10 @@ def test_tenant_file_errors(tmp_path):
     assert ids.by_token(b"tok-globex") == "globex" and ids.by_token(b"nope") is None
     assert unknown_tenants(ids, ["acme"]) == ["globex"]
     assert ANONYMOUS in Identities().describe()
+    from pybk.bookie import tenancy
+    from pybk.transport import identity
+
+    assert (tenancy.ANONYMOUS, tenancy.CLUSTER) == (identity.ANONYMOUS, identity.CLUSTER)
 
 
 def test_cli_bad_tenant_file_is_a_usage_error(tmp_path):
