@@ -185,6 +185,7 @@ bench: $(STAMP) bench-deps
 	$(PY) benchmarks/sim_seeds.py
 	$(PY) benchmarks/gc_soak.py
 	$(PY) benchmarks/storage_scale.py
+	$(PY) benchmarks/noisy_neighbour.py
 	$(VENV)/bin/pybk bench
 
 clean:

@@ -60,6 +60,10 @@ CASES = {
     "table_ops.py": (["--duration", "0.3", "--gets", "50", "--no-etcd"],
                      [r"pybk tables \(E3 Qw3 Qa2\)\s+\d+", r"SQLite \(1 writer, FULL\)\s+\d+",
                       r"target: get p50 < 1 ms in process: [\d.]+ ms -> (met|NOT MET)"]),
+    "noisy_neighbour.py": (["--quick"],
+                           [r"in-proc\s+write\s+enforced\s+[\d.]+\s+[\d.]+\s+\d+\s+[\d.]+\s+[\d.]+"
+                            r"\s+p99 (met|NOT MET)",
+                            r"tcp\s+read\s+no enforcement\s+[\d.]+", r"throughput (met|NOT MET)"]),
     "lone_commit.py": (["--quick"],
                        [r"sqlite WAL, sync=FULL\s+[\d.]+\s+[\d.]+\s+[\d,]+",
                         r"wal 1 replica \(sync\)\s+[\d.]+", r"async wal default\s+[\d.]+",

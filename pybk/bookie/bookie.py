@@ -126,6 +126,8 @@ class Bookie:
         self.instance_id = ""
         self.store: LedgerStorage | None = None
         self.on_state_change: Callable[[str], None] | None = None
+        #: the tenancy gate the transports ask before adds and reads (pybk.bookie.tenancy)
+        self.tenancy: Any = None
         #: told when a journal operation failed for want of file descriptors (EMFILE,
         #: ENFILE): the owner frees some (a bookie process closes connections); the journal
         #: retries the operation, the bookie stays writable

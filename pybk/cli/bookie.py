@@ -106,6 +106,14 @@ def http_options(fn: Any) -> Any:
 @click.option("--loop", type=click.Choice(LOOPS), default=DEFAULT_LOOP, show_default=True,
               help="Event loop; uvloop needs pip install 'pybk[speed]'.")
 @server_limit_options
+@click.option("--tenant-tokens", "tenant_tokens", type=click.Path(dir_okay=False),
+              help="File of 'tenant:token' lines: a client authenticating with a token "
+                   "is that tenant (docs/tenancy.md).")
+@click.option("--tenant-subjects", "tenant_subjects", type=click.Path(dir_okay=False),
+              help="File of 'tenant:CN' lines: a client certificate whose subject common "
+                   "name is CN is that tenant (mutual TLS).")
+@click.option("--no-tenancy", "no_tenancy", is_flag=True,
+              help="Do not enforce namespace ownership, rates or storage quotas.")
 @click.pass_context
 def bookie(
     ctx: click.Context,
@@ -136,6 +144,9 @@ def bookie(
     autorecovery_config: Any,
     placement: Any,
     loop: str,
+    tenant_tokens: str | None,
+    tenant_subjects: str | None,
+    no_tenancy: bool,
     **limits: Any,
 ) -> None:
     """Run a bookie server (`pybk bookie --data DIR --metadata URI`), or `pybk bookie list`,
@@ -150,6 +161,7 @@ def bookie(
     if not data or not metadata:
         raise click.UsageError("pybk bookie needs --data DIR and --metadata URI")
     from pybk.server.process import BookieProcessConfig, run
+    from pybk.transport.identity import Identities
 
     config = BookieProcessConfig(
         data_dir=data,
@@ -178,10 +190,14 @@ def bookie(
         http_config=http_config,
         placement=placement,
         server_config=server_config_from(limits, stop_grace=stop_grace),
+        tenant_tokens=tenant_tokens,
+        tenant_subjects=tenant_subjects,
+        tenancy=not no_tenancy,
     )
     try:
         config.resolved_bookie_id()
         config.ssl_context()
+        Identities.from_files(tenant_tokens, tenant_subjects)  # (bad lines: said now)
         check_rack(rack)
         loop_factory(loop)
     except (ValueError, ssl.SSLError, OSError, LoopUnavailableError) as exc:

@@ -1,10 +1,9 @@
 """The quorum write pipeline, sans-IO: events in, actions out (the h11 / aioquic style).
 
 :class:`WritePipeline` holds every rule of BookKeeper's add path (``PendingAddOp``,
-``sendAddSuccessCallbacks``, ``ensembleChangeLoop`` in BookKeeper's client) and
-nothing else: no awaits, no transport, no metadata store, no clock. An async driver
-(:class:`pybk.client.writer.AddPipeline`) feeds it events and carries out what it asks (listed
-in docs/internals.md, "pybk/client/pipeline.py").
+``sendAddSuccessCallbacks``, ``ensembleChangeLoop`` in BookKeeper's client) and nothing
+else: no awaits, no transport, no metadata store, no clock. An async driver (:class:`pybk.
+client.writer.AddPipeline`) feeds it events and does what it asks (docs/internals.md).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from pybk.errors import (
     EntryTooLargeError,
     LedgerFencedError,
     NotEnoughBookiesError,
+    QuotaExceededError,
     UnauthorizedError,
     fresh_copy,
 )
@@ -40,7 +40,7 @@ __all__ = [
 AddOutcome = BKError | None | Sequence[BKError | None]
 
 #: errors that end the pipeline instead of replacing the bookie that sent them
-_FATAL = (LedgerFencedError, UnauthorizedError, EntryTooLargeError)
+_FATAL = (LedgerFencedError, UnauthorizedError, EntryTooLargeError, QuotaExceededError)
 
 
 class Send(NamedTuple):

@@ -47,6 +47,9 @@ __all__ = [
 
 log = logging.getLogger("pybk.server.process")
 
+#: adds in a bookie's add path at once before tenants take turns (pybk.transport.fairness)
+FAIR_SHARE = 512
+
 
 @dataclass
 class BookieProcessConfig:
@@ -91,6 +94,11 @@ class BookieProcessConfig:
     preallocate: bool = True
     #: the storage engine (used when ``bookie_config`` is None): "journal" or "db"
     storage: str = "journal"
+    #: files of ``tenant:token`` and ``tenant:certificate-subject-CN`` lines (docs/tenancy.md)
+    tenant_tokens: str | None = None
+    tenant_subjects: str | None = None
+    #: enforce namespace ownership, rates and storage quotas (docs/tenancy.md)
+    tenancy: bool = True
 
     def resolved_bookie_id(self) -> str:
         if self.bookie_id:
@@ -169,6 +177,7 @@ class BookieProcess:
         self.store: MetadataStore | None = None
         self.bookie: Any = None
         self.server: BookieServer | None = None
+        self.tenancy: Any = None  # the bookie's tenancy gate (pybk.bookie.tenancy)
         self.address = ""
         self._stop = asyncio.Event()
         self._registry_updates: list[asyncio.Task[None]] = []
@@ -218,6 +227,13 @@ class BookieProcess:
             stats=stats,
         )
         await self.bookie.start()
+        identities = await self._identities()
+        if cfg.tenancy:
+            from pybk.bookie.tenancy import enable_tenancy
+
+            self.tenancy = await enable_tenancy(
+                self.bookie, self.store, authenticated=bool(identities.tokens
+                                                            or identities.subjects))
         server_cfg = cfg.server_config or ServerConfig(stop_grace=cfg.stop_grace)
         self.server = BookieServer(
             self.bookie.handle,
@@ -228,8 +244,13 @@ class BookieProcess:
             ssl_context=self._ssl,
             auth_token=cfg.auth_token,
             config=server_cfg,
+            identities=identities,
+            gate=self.tenancy,
+            fair_share=FAIR_SHARE if cfg.tenancy else None,
         )
         await self.server.start()
+        if self.tenancy is not None:
+            self.server.registry.register(self.tenancy)
         self.bookie.on_descriptors_exhausted = self._descriptors_exhausted
         _, port = self.server.address
         host = cfg.advertise()
@@ -263,12 +284,33 @@ class BookieProcess:
             "metrics": self.metrics_address,
             "http": self.http_address,
             "autorecovery": self.autorecovery is not None,
+            "tenancy": identities.describe() if cfg.tenancy else "not enforced",
         }
         line = json.dumps(info, sort_keys=True)
         print(line, flush=True)
         if cfg.ready_file:
             _write_atomically(cfg.ready_file, line + "\n")
         log.info("bookie %s serving on %s", self.bookie_id, self.address)
+
+    async def _identities(self) -> Any:
+        """Who connections are: the tenant files, checked against the tenant records (a
+        tenant named there must exist); logged once."""
+        from pybk.errors import NoSuchTenantError
+        from pybk.metadata.tenancy import TenancyRecords
+        from pybk.transport.identity import Identities, unknown_tenants
+
+        cfg = self.config
+        identities = Identities.from_files(cfg.tenant_tokens, cfg.tenant_subjects)
+        if identities.tenants():
+            assert self.store is not None
+            unknown = unknown_tenants(identities,
+                                      await TenancyRecords(self.store).list_tenants())
+            if unknown:
+                raise NoSuchTenantError(f"the tenant files name tenants that do not exist: "
+                                 f"{', '.join(unknown)} (create them: pybk tenant create)")
+        log.info("tenancy: %s%s", identities.describe(),
+                 "" if cfg.tenancy else " (enforcement off)")
+        return identities
 
     async def _start_operations(self) -> None:
         """The client that reaches the other bookies (as a client of the cluster: the same
@@ -416,6 +458,8 @@ class BookieProcess:
             await self._client.close()
         for task in self._registry_updates:
             task.cancel()
+        if self.tenancy is not None:
+            self.tenancy.stop()
         if self.bookie is not None:
             try:
                 await self.bookie.stop()

@@ -11,19 +11,30 @@ Timeouts use :class:`pybk.transport.deadlines.Deadlines` (the loop's clock: virt
 simulator; one timer for all requests). A timed-out request is not cancelled on the bookie:
 like a slow network, the bookie may still apply it. Tests that need to hold, fail, drop or
 delay requests wrap this transport in :class:`pybk.testing.HookedTransport` (this module
-knows nothing of them).
+knows nothing of them). A bookie's tenancy gate (``bookie.tenancy``) is asked as over TCP,
+for this transport's ``principal`` (docs/tenancy.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import inspect
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any, Protocol
 
-from pybk.errors import BKError, BookieUnavailableError, ClientClosedError, TimeoutError
+from pybk.errors import (
+    BKError,
+    BookieUnavailableError,
+    ClientClosedError,
+    TimeoutError,
+    error_for_status,
+)
 from pybk.transport.base import Transport, settle_add
 from pybk.transport.deadlines import Deadlines
+from pybk.transport.fairness import Gate
+from pybk.transport.identity import ANONYMOUS
 from pybk.wire import (
     AddBatchRequest,
     AddCallback,
@@ -54,8 +65,13 @@ class _BookieLike(Protocol):
 class LocalTransport(Transport):
     """Calls the bookies of ``bookies`` (read live: it may change) directly."""
 
-    def __init__(self, bookies: Mapping[str, _BookieLike]) -> None:
+    def __init__(self, bookies: Mapping[str, _BookieLike], *,
+                 principal: str = ANONYMOUS) -> None:
         self.bookies = bookies
+        #: the tenant this transport's requests are (docs/tenancy.md)
+        self.principal = principal
+        #: adds held behind a delayed one, per bookie (kept in order)
+        self._held: dict[str, collections.deque[tuple[AddLike, AddCallback]]] = {}
         self._closed = False
         self.sent = 0  # requests sent (for tests and benchmarks)
         self._deadlines = Deadlines()
@@ -75,11 +91,59 @@ class LocalTransport(Transport):
         if timeout is not None:
             reply = _AddReply(on_done, self._deadlines, bookie_id, request, timeout)
             on_done = reply
+        gate: Gate | None = getattr(bookie, "tenancy", None)
+        if gate is not None:
+            held = self._held.get(bookie_id)
+            if held is not None:  # behind a delayed add: in order
+                held.append((request, on_done))
+                return
+            verdict = gate.check(self.principal, request)
+            if verdict is not None:
+                if inspect.isawaitable(verdict):
+                    self._held[bookie_id] = collections.deque([(request, on_done)])
+                    asyncio.ensure_future(self._release_held(bookie_id, gate, verdict))  # noqa: RUF006
+                else:
+                    settle_add(on_done, error_for_status(verdict.status, verdict.message))
+                return
+        self._add_now(bookie, bookie_id, request, on_done)
+
+    def _add_now(self, bookie: _BookieLike, bookie_id: str, request: AddLike,
+                 on_done: AddCallback) -> None:
         try:
             bookie.add_request(request, on_done)
         except Exception as exc:  # the bookie's contract is to answer, never to raise
             log.error("bookie %s raised adding %r", bookie_id, request, exc_info=exc)
             settle_add(on_done, BookieUnavailableError(f"bookie {bookie_id} failed: {exc!r}"))
+
+    async def _release_held(self, bookie_id: str, gate: Gate,
+                            verdict: Awaitable[Response | None]) -> None:
+        """Wait out the head add's gate, then let the held adds through in order (each asks
+        the gate itself; another delay waits again)."""
+        held = self._held[bookie_id]
+        checked = True
+        try:
+            while held:
+                request, on_done = held[0]
+                answer = await verdict if checked else gate.check(self.principal, request)
+                if inspect.isawaitable(answer):
+                    verdict, checked = answer, True
+                    continue
+                held.popleft()
+                checked = False
+                bookie = self.bookies.get(bookie_id)
+                if answer is not None:
+                    settle_add(on_done, error_for_status(answer.status, answer.message))
+                elif bookie is None or bookie.state == BookieState.STOPPED or self._closed:
+                    settle_add(on_done, BookieUnavailableError(f"bookie {bookie_id} is not "
+                                                               "running"))
+                else:
+                    self._add_now(bookie, bookie_id, request, on_done)
+        except Exception as exc:
+            while held:
+                settle_add(held.popleft()[1], BookieUnavailableError(
+                    f"bookie {bookie_id}: tenancy check failed: {exc!r}"))
+        finally:
+            del self._held[bookie_id]
 
     # -- every other request -----------------------------------------------------------------
 
@@ -106,7 +170,8 @@ class LocalTransport(Transport):
             token = self._deadlines.add(
                 timeout, lambda: _fail(fut, _timeout(bookie_id, request, timeout)))
         # the task stays reachable through what it awaits (the bookie holds those futures)
-        asyncio.ensure_future(_call(bookie, bookie_id, request, fut, self._deadlines, token))  # noqa: RUF006
+        asyncio.ensure_future(_call(bookie, bookie_id, request, fut, self._deadlines, token,  # noqa: RUF006
+                                    self.principal))
         return fut
 
     async def close(self) -> None:
@@ -157,12 +222,19 @@ def _answer(fut: asyncio.Future[Response], request: AddLike, outcome: AddOutcome
 
 async def _call(
     bookie: _BookieLike, bookie_id: str, request: Request, fut: asyncio.Future[Response],
-    deadlines: Deadlines, token: int | None,
+    deadlines: Deadlines, token: int | None, principal: str = ANONYMOUS,
 ) -> None:
     """Run one request on the bookie and settle ``fut`` (one task per request, no extra hop)."""
+    gate: Gate | None = getattr(bookie, "tenancy", None)
     try:
         try:
-            response = await bookie.handle(request)
+            refusal = None
+            if gate is not None:
+                verdict = gate.check(principal, request)
+                refusal = await verdict if inspect.isawaitable(verdict) else verdict
+            response = refusal or await bookie.handle(request)
+            if gate is not None and refusal is None:
+                gate.answered(principal, request, response)
         finally:
             if token is not None:
                 deadlines.discard(token)

@@ -27,6 +27,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from pybk.runtime.ratelog import RateLimitedLog
 from pybk.transport.admission import Admission
+from pybk.transport.fairness import FairShare, Gate
+from pybk.transport.identity import Identities
 from pybk.transport.limits import REQUEST_OVERHEAD, ServerConfig
 from pybk.transport.listener import (
     ACCEPT_BATCH,
@@ -144,9 +146,22 @@ class BookieServer:
         add_nowait: AddNowait | None = None,
         add: AddPath | None = None,
         response_size: ResponseSize | None = None,
+        identities: Identities | None = None,
+        gate: Gate | None = None,
+        fair_share: int | None = None,
     ) -> None:
         if auth_token is not None and not auth_token:
             raise ValueError("auth_token must be non-empty (or None for no authentication)")
+        #: who connections are (tenant tokens, certificate subjects, the cluster token)
+        self.identities = identities or Identities()
+        if auth_token is not None:
+            self.identities.cluster_token = auth_token
+        #: the tenancy gate asked before an add or a read starts (docs/tenancy.md)
+        self.gate = gate
+        #: adds in the add path at once across connections, handed out round-robin across
+        #: tenants past that (``add`` only; None: no cap)
+        self.fair = FairShare(fair_share) if fair_share is not None and add is not None \
+            else None
         self.handler = handler
         #: the bookie's add path (``Bookie.add_request``): ADD and ADD_BATCH requests go
         #: there, no task per request; without it, ``add_nowait`` (single adds) or the handler
@@ -233,7 +248,7 @@ class BookieServer:
         # may displace the oldest unproven one, and a client's connection must get the turns
         # to prove itself (its TLS handshake or AUTH read) before max_unauthenticated newer
         # ones could have displaced it
-        unproven = self.ssl_context is not None or self.auth_token is not None
+        unproven = self.ssl_context is not None or self.identities.authenticates
         batch = max(1, self.config.max_unauthenticated // 16) if unproven else ACCEPT_BATCH
         self._listener = Listener(self._sockets, self._on_accept, self._on_accept_error,
                                   batch=min(batch, ACCEPT_BATCH))
@@ -253,7 +268,7 @@ class BookieServer:
         if self.stopping:
             self._refuse(sock, "refused_stopping", peer_ip)
             return
-        unproven = self.ssl_context is not None or self.auth_token is not None
+        unproven = self.ssl_context is not None or self.identities.authenticates
         decision = self.admission.decide(peer_ip, unproven)
         if (decision.displace_ip is not None and self._displace(
                 decision.displace_ip, decision.unproven_only)) or (

@@ -12,31 +12,38 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import hmac
-import socket
+import inspect
 from collections.abc import Callable
 from logging import ERROR, INFO
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from pybk.errors import BKError, ProtocolError, status_of
 from pybk.transport import codec
+from pybk.transport.identity import ANONYMOUS
 from pybk.transport.limits import REQUEST_OVERHEAD
+from pybk.transport.server_parts import (
+    GATED,
+    FastAddReply,
+    NowaitReply,
+    await_verdict,
+    classify_error,
+    event_size,
+    is_long_poll,
+    peer_closed,
+)
 from pybk.wire import (
     AddBatchRequest,
     AddCallback,
     AddLike,
-    AddOutcome,
     AddRequest,
     AuthRequest,
     AuthResponse,
     BookieInfoRequest,
     BookieInfoResponse,
-    ReadRequest,
     ReadResponse,
     Request,
     Response,
     Status,
-    add_response,
     error_response,
 )
 
@@ -56,43 +63,12 @@ EOF_CHECK_BYTES: Final = 4096
 #: (LONG_POLL_START_DELAY): if the peer hangs up right behind its burst, they never start
 LONG_POLLS_AT_ONCE: Final = 16
 LONG_POLL_START_DELAY: Final = 0.005
-#: TCP_INFO's first byte is the socket's state; CLOSE-WAIT: the peer closed its side
-_TCP_CLOSE_WAIT: Final = 8
-_TCP_CLOSE: Final = 7
 
 #: ``add(request, on_done)``: the bookie's add path (``Bookie.add_request``)
 AddPath = Callable[[AddLike, AddCallback], None]
 #: ``add_nowait(request, reply)``: answer an add by calling ``reply(response)`` exactly once
 #: (the older form, kept for callers that have one)
 AddNowait = Callable[[AddRequest, Callable[[Response], None]], None]
-
-
-def _classify(exc: ProtocolError) -> str:
-    """A counter name for a fatal framing error."""
-    text = str(exc)
-    if "cap" in text:
-        return "frame_too_large"
-    if "CRC" in text:
-        return "bad_crc"
-    if "version" in text:
-        return "bad_version"
-    if "operation" in text:
-        return "bad_operation"
-    return "bad_frame"
-
-
-def _event_size(event: codec.Event) -> int:
-    """Memory a decoded, queued request holds (for the read-ahead bound)."""
-    if isinstance(event, codec.RequestReceived):
-        body = getattr(event.request, "body", None)
-        return REQUEST_OVERHEAD + (len(body) if isinstance(body, bytes) else 0)
-    return REQUEST_OVERHEAD
-
-
-def is_long_poll(request: Request) -> bool:
-    """A READ that waits for the LAC to move (previous_lac set, timeout > 0)."""
-    return isinstance(request, ReadRequest) and request.previous_lac is not None \
-        and request.timeout > 0
 
 
 class ServerConnection(asyncio.Protocol):
@@ -109,7 +85,14 @@ class ServerConnection(asyncio.Protocol):
         self.peer_ip = peer_ip
         #: counted against the unauthenticated budget (TLS handshake or AUTH still to come)
         self.unproven = unproven
-        self.authenticated = server.auth_token is None
+        self.authenticated = not server.identities.authenticates
+        #: who this connection is (docs/tenancy.md): a tenant, from its token or certificate
+        self.principal: str = ANONYMOUS
+        #: the head request waits on the tenancy gate / the event the gate let through / a
+        #: place in the server's fair share handed to this connection, not used yet
+        self._gate_wait: asyncio.Task[Any] | None = None
+        self._gated: codec.Event | None = None
+        self._fair_ticket = False
         self.codec = codec.Connection(
             "server",
             max_frame=self.cfg.max_frame if self.authenticated else self.cfg.pre_auth_max_frame,
@@ -169,6 +152,10 @@ class ServerConnection(asyncio.Protocol):
         transport.set_write_buffer_limits(high=max(budget // 4, 1), low=budget // 8)
         now = self.loop.time()
         self.last_activity = self.progress_at = now
+        tenant = self.server.identities.by_certificate(transport.get_extra_info("peercert"))
+        if tenant is not None:  # a mapped client certificate is its proof
+            self.principal = tenant
+            self._accept_auth()
         if self.unproven and self.authenticated:  # a TLS handshake was all it had to do
             self._prove()
 
@@ -179,6 +166,11 @@ class ServerConnection(asyncio.Protocol):
         self.out.clear()
         self._set_unsent(0)
         self.release()
+        if self._gate_wait is not None:
+            self._gate_wait.cancel()
+        if self.server.fair is not None:
+            self.server.fair.forget(self, self._fair_ticket)
+            self._fair_ticket = False
         self.cancel_long_polls()
 
     def cancel_long_polls(self) -> None:
@@ -201,7 +193,7 @@ class ServerConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.closing:
             return
-        if len(data) >= EOF_CHECK_BYTES and self.peer_closed():
+        if len(data) >= EOF_CHECK_BYTES and peer_closed(self.transport):
             # a burst of requests with the close right behind it (a flood that hangs up):
             # nobody will read the answers, so nothing is decoded, let alone started
             self.server.stats.incr("peer_closed")
@@ -210,7 +202,7 @@ class ServerConnection(asyncio.Protocol):
         try:
             events = self.codec.receive_data(data)
         except ProtocolError as exc:
-            self.server.stats.incr(_classify(exc))
+            self.server.stats.incr(classify_error(exc))
             self.server.remote_event("protocol errors", f"{self.peer_ip}: {exc}", INFO)
             self.abort()
             return
@@ -287,7 +279,7 @@ class ServerConnection(asyncio.Protocol):
 
     def _pump(self) -> None:
         """Start queued requests while the caps and budgets allow; then pause/resume reading."""
-        if self._pumping:  # a fast add answered synchronously while we were starting it
+        if self._pumping or self._gate_wait is not None:  # (re-entered; the head waits)
             return
         self._pumping = True
         try:
@@ -327,6 +319,17 @@ class ServerConnection(asyncio.Protocol):
                 self.blocked = "in_flight"
                 server.stats.incr("in_flight_full")
                 return
+            if server.gate is not None and self._gated is not event and type(request) in GATED:
+                verdict = server.gate.check(self.principal, request)
+                if verdict is not None:
+                    if inspect.isawaitable(verdict):
+                        self._wait_gate(event, verdict)
+                        return
+                    self._dequeue(event)
+                    server.stats.incr("tenancy_refused")
+                    self._respond(event.request_id, verdict)
+                    continue
+                self._gated = event  # (not asked again when it waits below for a budget)
             if isinstance(request, AddRequest):  # (the hot path: request_cost inlined)
                 cost = REQUEST_OVERHEAD + len(request.body)
             else:
@@ -352,10 +355,18 @@ class ServerConnection(asyncio.Protocol):
                     return
                 request = bounded
                 long_poll = is_long_poll(request)
+            kind = type(request)
+            fair = server.fair
+            if fair is not None and (kind is AddRequest or kind is AddBatchRequest):
+                if self._fair_ticket:
+                    self._fair_ticket = False
+                elif not fair.try_acquire(self.principal, self):
+                    self.blocked = "fair"
+                    server.stats.incr("fair_share_wait")
+                    return
             self._dequeue(event)
             self.in_flight += 1
             self._charge(reserved=cost)
-            kind = type(request)
             if kind is AddRequest or kind is AddBatchRequest:
                 adder = server.add
                 if adder is not None:
@@ -364,14 +375,14 @@ class ServerConnection(asyncio.Protocol):
                     self.fast_adds += 1
                     self.fast_adds_idle.clear()
                     adder(request,  # type: ignore[arg-type]
-                          _FastAddReply(self, event.request_id, request, cost))  # type: ignore[arg-type]
+                          FastAddReply(self, event.request_id, request, cost))  # type: ignore[arg-type]
                     continue
                 add_nowait = server.add_nowait
                 if add_nowait is not None and kind is AddRequest:
                     self.fast_adds += 1
                     self.fast_adds_idle.clear()
                     add_nowait(request,  # type: ignore[arg-type]
-                               _NowaitReply(self, event.request_id, cost))
+                               NowaitReply(self, event.request_id, cost))
                     continue
             if long_poll:
                 server.long_polls += 1
@@ -386,6 +397,24 @@ class ServerConnection(asyncio.Protocol):
             self.tasks[task] = request
             self._costs[task] = (cost, long_poll)
             task.add_done_callback(self._task_done)
+
+    def _wait_gate(self, event: codec.RequestReceived, verdict: Any) -> None:
+        """The head request waits on the gate: nothing starts or is read meanwhile."""
+        self.blocked = "tenancy"
+        self.server.stats.incr("tenancy_delayed")
+        self._gate_wait = self.loop.create_task(await_verdict(verdict, event.request))
+        self._gate_wait.add_done_callback(lambda t: self._gate_done(event, t))
+
+    def _gate_done(self, event: codec.RequestReceived, task: asyncio.Task[Any]) -> None:
+        self._gate_wait = None
+        if self.closing or task.cancelled() or not self.queue or self.queue[0] is not event:
+            return
+        self._gated = event
+        if task.result() is not None:  # refused (or the check failed: said as an error)
+            self._dequeue(event)
+            self.server.stats.incr("tenancy_refused")
+            self._respond(event.request_id, task.result())
+        self._pump()
 
     def _defer(self, request_id: int, request: Request, cost: int) -> None:
         self._deferred.append((request_id, request, cost))
@@ -422,7 +451,14 @@ class ServerConnection(asyncio.Protocol):
         queue.popleft()
         self.queued_bytes = self.queued_bytes - share if queue else 0
 
-    def _fast_add_done(self, request_id: int, response: Response, cost: int) -> None:
+    def fair_granted(self) -> None:
+        """The server's fair share handed this connection a slot for its next add."""
+        self._fair_ticket = True
+        self.loop.call_soon(self._pump)
+
+    def fast_add_done(self, request_id: int, response: Response, cost: int) -> None:
+        if self.server.fair is not None:
+            self.server.fair.release()
         self.in_flight -= 1
         self.fast_adds -= 1
         if not self.fast_adds:
@@ -473,6 +509,8 @@ class ServerConnection(asyncio.Protocol):
             response = error_response(request, status_of(exc), message)
         finally:
             self._settle(asyncio.current_task())
+        if server.gate is not None:
+            server.gate.answered(self.principal, request, response)
         if (isinstance(request, BookieInfoRequest) and request.versions
                 and isinstance(response, BookieInfoResponse)):
             # the client asks which protocol version it may use (docs/protocol.md)
@@ -486,26 +524,33 @@ class ServerConnection(asyncio.Protocol):
         self._answered(request_id, response)
 
     def _authenticate(self, request_id: int, request: AuthRequest) -> None:
-        expected = self.server.auth_token
-        if expected is None or hmac.compare_digest(request.token, expected):
+        identities = self.server.identities
+        principal = identities.by_token(request.token) if identities.authenticates \
+            else self.principal
+        if principal is not None:
             self._respond(request_id, AuthResponse(Status.OK))
-            if not self.authenticated:
-                self.authenticated = True
-                self._prove()
-                self.codec.max_frame = self.cfg.max_frame
-                self.codec.hold_after_auth = False
-                try:  # frames pipelined behind AUTH, now judged against the full cap
-                    events = self.codec.receive_data(b"")
-                    self.queue.extend(events)
-                    self.queued_bytes += sum(map(_event_size, events))
-                except ProtocolError as exc:
-                    self.server.stats.incr(_classify(exc))
-                    self.close_after_flush()
+            self.principal = principal
+            self._accept_auth()
             return
         self.server.stats.incr("auth_failed")
         self.server.remote_event("authentication failed", f"from {self.peer_ip}", INFO)
         self._respond(request_id, AuthResponse(Status.UNAUTHORIZED, "authentication failed"))
         self.close_after_flush()
+
+    def _accept_auth(self) -> None:
+        if self.authenticated:
+            return
+        self.authenticated = True
+        self._prove()
+        self.codec.max_frame = self.cfg.max_frame
+        self.codec.hold_after_auth = False
+        try:  # frames pipelined behind AUTH, now judged against the full cap
+            events = self.codec.receive_data(b"")
+            self.queue.extend(events)
+            self.queued_bytes += sum(map(event_size, events))
+        except ProtocolError as exc:
+            self.server.stats.incr(classify_error(exc))
+            self.close_after_flush()
 
     def _prove(self) -> None:
         if self.unproven and not self.released:
@@ -568,6 +613,7 @@ class ServerConnection(asyncio.Protocol):
         want_pause = (
             self.closing
             or self.server.stopping
+            or self._gate_wait is not None
             or self.queued_bytes >= self.cfg.max_queued_bytes
         )
         if want_pause and not self.read_paused:
@@ -608,20 +654,6 @@ class ServerConnection(asyncio.Protocol):
         elif self.handshake is not None:  # still in its TLS handshake
             self.handshake.cancel()
 
-    def peer_closed(self) -> bool:
-        """Has the peer closed its side, though we are not reading (the kernel knows)?"""
-        transport = self.transport
-        if transport is None:
-            return False
-        sock = transport.get_extra_info("socket")
-        if sock is None or not hasattr(socket, "TCP_INFO"):
-            return False
-        try:
-            state = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
-        except (OSError, IndexError, TypeError):
-            return False
-        return state in (_TCP_CLOSE_WAIT, _TCP_CLOSE)
-
     def check_deadlines(self, now: float) -> None:
         """Called by the server's sweeper: auth, frame, write and idle deadlines; a peer
         that closed while we were not reading."""
@@ -647,41 +679,9 @@ class ServerConnection(asyncio.Protocol):
             and now - self.last_activity > cfg.idle_timeout
         ):
             reason = "idle_timeout"
-        elif self.read_paused and self.peer_closed():
+        elif self.read_paused and peer_closed(self.transport):
             reason = "peer_closed"
         if reason is not None:
             self.server.stats.incr(reason)
             self.server.remote_event("closing connections", f"{self.peer_ip}: {reason}", INFO)
             self.abort()
-
-
-class _FastAddReply:
-    """The ``on_done`` of one add on the bookie's add path: the outcome becomes the answer
-    frame, and the bytes it held are given back (a slotted object, not a closure)."""
-
-    __slots__ = ("conn", "cost", "request", "request_id")
-
-    def __init__(self, conn: ServerConnection, request_id: int, request: AddLike,
-                 cost: int) -> None:
-        self.conn = conn
-        self.request_id = request_id
-        self.request = request
-        self.cost = cost
-
-    def __call__(self, outcome: AddOutcome) -> None:
-        self.conn._fast_add_done(self.request_id, add_response(self.request, outcome),
-                                 self.cost)
-
-
-class _NowaitReply:
-    """The reply callback of one add through an ``add_nowait`` (answers with a response)."""
-
-    __slots__ = ("conn", "cost", "request_id")
-
-    def __init__(self, conn: ServerConnection, request_id: int, cost: int) -> None:
-        self.conn = conn
-        self.request_id = request_id
-        self.cost = cost
-
-    def __call__(self, response: Response) -> None:
-        self.conn._fast_add_done(self.request_id, response, self.cost)

@@ -136,7 +136,7 @@ async def _resolver_dummy(bookie_id: str) -> str:
 
 def test_auth_request_token_comparison_uses_hmac(monkeypatch):
     """The token check goes through hmac.compare_digest (constant time)."""
-    import pybk.transport.server_connection as server_mod
+    import pybk.transport.identity as server_mod  # (the token check lives there)
 
     seen = []
     real = server_mod.hmac.compare_digest
