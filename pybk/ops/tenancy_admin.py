@@ -65,7 +65,16 @@ class TenancyAdmin:
         return await self._records.create_namespace(name, policies=policies)
 
     async def list_namespaces(self, tenant: str | None = None) -> list[str]:
+        """``tenant/namespace`` names, of one tenant (NoSuchTenantError if none) or of all."""
+        if tenant is not None:
+            await self._records.tenant(tenant)
         return await self._records.list_namespaces(tenant)
+
+    async def namespace_logs(self, name: str) -> list[str]:
+        """The names of the namespace's logs (NoSuchNamespaceError if there is none)."""
+        await self._records.namespace(name)
+        names: list[str] = await self._client.namespace(name).list_logs()
+        return names
 
     async def namespace_info(self, name: str) -> NamespaceInfo:
         """NoSuchNamespaceError if there is none."""

@@ -23,10 +23,19 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from pybk.errors import BKError, BookieStateError, NoSuchLedgerError
+from pybk.errors import (
+    BKError,
+    BookieStateError,
+    KeyExistsError,
+    NoSuchLedgerError,
+    NoSuchNamespaceError,
+    NoSuchTenantError,
+    NotEmptyError,
+)
 from pybk.metadata.base import LedgerMetadata
 from pybk.ops.admin import Admin
 from pybk.runtime.ratelog import RateLimitedLog
+from pybk.server.http_tenancy import tenancy_routes
 from pybk.transport.listener import Listener, bind_sockets
 
 if TYPE_CHECKING:
@@ -141,6 +150,9 @@ class AdminHttpServer:
             (get, "/api/v1/autorecovery/decommission", self._decommission_status),
         ):
             app.router.add_route(verb, path, handler)
+        for t_verb, t_path, t_handler in (
+                () if self._admin is None else tenancy_routes(self._admin)):
+            app.router.add_route(t_verb, t_path, t_handler)
         runner = web.AppRunner(
             app, access_log=None, keepalive_timeout=cfg.keepalive_timeout,
             max_line_size=cfg.max_header_bytes, max_field_size=cfg.max_header_bytes,
@@ -255,7 +267,7 @@ class AdminHttpServer:
         if self._in_flight >= self.config.max_requests_in_flight:
             self.refused["requests"] += 1
             return _error(503, "too many requests in flight", "TooManyRequests")
-        if request.method == "PUT":
+        if request.method in ("PUT", "DELETE", "POST"):
             refusal = self._mutation_refusal(request)
             if refusal is not None:
                 return refusal
@@ -271,8 +283,12 @@ class AdminHttpServer:
             raise
         except ValueError as exc:
             return _error(400, str(exc), type(exc).__name__)
-        except NoSuchLedgerError as exc:
+        except TypeError as exc:  # (a policy of the wrong type)
+            return _error(400, str(exc), type(exc).__name__)
+        except (NoSuchLedgerError, NoSuchTenantError, NoSuchNamespaceError) as exc:
             return _error(404, str(exc), type(exc).__name__)
+        except (NotEmptyError, KeyExistsError) as exc:
+            return _error(409, str(exc), type(exc).__name__)
         except BookieStateError as exc:
             return _error(409, str(exc), type(exc).__name__)
         except BKError as exc:
