@@ -1,5 +1,5 @@
 """The table workload: table servers and their clients under all faults, and the table
-invariants (opt in: ``Workload(table_clients=N)``).
+invariants (``Workload(table_clients=N)``; the swarm draws it in one seed of eight).
 
 One table (namespace ``sim``, one range, so every server competes for the same range) is
 made with the seed's topology. Each **table client** process is a table server of its own (a
@@ -66,6 +66,7 @@ class TableWorkload:
         run = self.run
         e, qw, qa = run.topology
         self.knobs = {"ensemble_size": e, "write_quorum": qw, "ack_quorum": qa}
+        run.cover("workload_tables")
         admin = self.engine(run.cluster.client("table-admin"), 10)
         await admin.create_namespace(NAMESPACE)
         self.info = await admin.catalog.create_table(NAMESPACE, TABLE, 1)

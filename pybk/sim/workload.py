@@ -65,7 +65,7 @@ class Workload:
     log_rate: float = 8.0
     #: the log writer truncates the log now and then
     log_truncates: bool = True
-    #: table servers with their clients on one range (pybk.sim.tables; opt in, not drawn)
+    #: table servers with their clients on one range (pybk.sim.tables; drawn in one seed of 8)
     table_clients: int = 0
     #: a log mirrored into a second simulated cluster (pybk.sim.mirror; opt in, not drawn)
     mirror: bool = False
@@ -78,10 +78,13 @@ class Workload:
     def draw(cls, rng: random.Random) -> Workload:
         """A seed's load when the caller gives none (swarm testing: light and heavy loads
         find different bugs): the writers' add rate and the log's append rate vary, and half
-        of the seeds also run the log workload (pybk.sim.logs)."""
+        of the seeds also run the log workload (pybk.sim.logs), one in eight table servers
+        and their clients (pybk.sim.tables; drawn last, so the earlier draws stay put)."""
         logs = 1 if rng.random() < 0.5 else 0
-        return cls(add_rate=rng.choice((6.0, 12.0, 25.0)), log_rate=rng.choice((3.0, 8.0)),
-                   log_writers=logs, log_readers=logs)
+        add_rate, log_rate = rng.choice((6.0, 12.0, 25.0)), rng.choice((3.0, 8.0))
+        tables = 3 if rng.random() < 1 / 8 else 0
+        return cls(add_rate=add_rate, log_rate=log_rate, log_writers=logs, log_readers=logs,
+                   table_clients=tables)
 
 
 @dataclass

@@ -18,6 +18,13 @@ def test_tables_under_faults(seed: int) -> None:
     assert any("a table server takes the range over and reads: ok" in line for line in r.trace)
 
 
-def test_the_table_workload_is_off_unless_asked_for() -> None:
+def test_the_table_workload_is_drawn_in_some_seeds_and_leaves_the_other_draws_alone() -> None:
+    from pybk.sim.cluster import derive_rng
+
     assert Workload().table_clients == 0
-    assert Workload.draw(__import__("random").Random(1)).table_clients == 0
+    drawn = [Workload.draw(derive_rng(seed, "workload")) for seed in range(400)]
+    assert 25 <= sum(w.table_clients > 0 for w in drawn) <= 75
+    # (drawn last: a seed's rates and log processes are what they were before tables)
+    # (the values seeds 0-2 drew before the table draw existed)
+    assert [(w.add_rate, w.log_rate, w.log_writers) for w in drawn[:3]] == [
+        (25.0, 3.0, 1), (12.0, 8.0, 0), (25.0, 8.0, 1)]
