@@ -37,6 +37,7 @@ __all__ = [
     "check_metadata",
     "check_owner",
     "check_prefix",
+    "check_group",
     "check_rack",
     "check_registration",
     "check_value",
@@ -129,7 +130,18 @@ def check_registration(registration: object) -> BookieRegistration:
         raise TypeError(f"expected BookieRegistration, got {type(registration).__name__}")
     check_bookie_id(registration.bookie_id)
     check_rack(registration.rack)
+    check_group(registration.group)
     return registration
+
+
+def check_group(group: object) -> str:
+    """An isolation group: "" (none) or 1-100 of ``[A-Za-z0-9._-]``."""
+    if not isinstance(group, str):
+        raise TypeError(f"group must be a str, not {type(group).__name__}")
+    if group and (len(group) > 100 or not all(c.isalnum() or c in "._-" for c in group)
+                  or not group.isascii()):
+        raise ValueError(f"bad isolation group {group!r}: 1-100 letters, digits and ._-")
+    return group
 
 
 def check_rack(rack: object) -> str:
