@@ -110,7 +110,7 @@ async def test_bookies_ledgers_and_marks(cluster: Cluster, http: aiohttp.ClientS
         bookies = (await r.json())["bookies"]
     assert [b["id"] for b in bookies] == ["b0", "b1", "b2", "b3"]
     assert bookies[3] == {"id": "b3", "address": cluster.processes["b3"].address,
-                          "state": "writable", "rack": "/dc/r1"}
+                          "state": "writable", "rack": "/dc/r1", "group": ""}
     async with http.get(cluster.url("b0", "/api/v1/bookie/list_bookies?type=ro")) as r:
         assert (await r.json())["bookies"] == []
     async with http.get(cluster.url("b0", "/api/v1/ledger/list")) as r:
