@@ -11,6 +11,7 @@ from pybk.client.placement import (
     DefaultPlacementPolicy,
     PlacementPolicy,
     RackAwarePlacementPolicy,
+    RegionAwarePlacementPolicy,
 )
 from pybk.client.reader import LedgerEntry, ReadHandle
 from pybk.client.writer import LedgerHandle
@@ -129,6 +130,7 @@ __all__ = [
     "ReadHandle",
     "ReadOnlyBookieError",
     "RecordTooLargeError",
+    "RegionAwarePlacementPolicy",
     "Table",
     "TableBadRequestError",
     "TableError",

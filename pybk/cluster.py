@@ -54,6 +54,7 @@ class LocalCluster:
         rng: random.Random | None = None,
         transport_wrapper: Callable[[Transport], Transport] | None = None,
         racks: Mapping[str, str] | None = None,
+        groups: Mapping[str, str] | None = None,
         autorecovery: bool = False,
         autorecovery_config: Any = None,
         metrics: Any = None,
@@ -98,6 +99,8 @@ class LocalCluster:
         self._wrap = transport_wrapper
         #: bookie id -> network location ``/region/rack`` it registers with
         self.racks: dict[str, str] = dict(racks or {})
+        #: bookie id -> isolation group it registers with
+        self.groups: dict[str, str] = dict(groups or {})
         #: run auto-recovery (an auditor candidate and a replication worker) next to each
         #: running bookie; a pybk.ops.AutoRecoveryConfig tunes it
         self.autorecovery = autorecovery
@@ -287,7 +290,8 @@ class LocalCluster:
             return
         await self.store.register_bookie(
             BookieRegistration(bookie_id, "", read_only=(state == READ_ONLY),
-                               rack=self.racks.get(bookie_id, ""))
+                               rack=self.racks.get(bookie_id, ""),
+                               group=self.groups.get(bookie_id, ""))
         )
 
     def _on_state_change(self, bookie_id: str, state: str) -> None:
@@ -315,8 +319,10 @@ class LocalCluster:
             raise BookieStateError(f"bookie {bookie_id!r} is already running")
         await self._start(bookie_id)
 
-    async def add_bookie(self, bookie_id: str | None = None, *, rack: str | None = None) -> str:
-        """Start one more bookie (in ``rack`` when given); returns its id."""
+    async def add_bookie(self, bookie_id: str | None = None, *, rack: str | None = None,
+                         group: str | None = None) -> str:
+        """Start one more bookie (in ``rack`` and isolation ``group`` when given); returns
+        its id."""
         if bookie_id is None:
             n = len(self._known)
             while f"bookie-{n}" in self._known:
@@ -326,6 +332,8 @@ class LocalCluster:
             raise ValueError(f"bookie {bookie_id!r} already exists")
         if rack is not None:
             self.racks[bookie_id] = rack
+        if group is not None:
+            self.groups[bookie_id] = group
         await self._start(bookie_id)
         return bookie_id
 

@@ -20,7 +20,7 @@ from pybk.cli.common import (
 )
 from pybk.cli.limits import ByteSize, server_config_from, server_limit_options
 from pybk.errors import BKError
-from pybk.metadata._common import check_rack
+from pybk.metadata._common import check_group, check_rack
 from pybk.runtime.eventloop import DEFAULT_LOOP, LOOPS, LoopUnavailableError, loop_factory
 from pybk.storage.config import STORAGE_ENGINES
 
@@ -95,6 +95,8 @@ def http_options(fn: Any) -> Any:
               help="Storage engine: journal (entries read from the journal) or db (write "
                    "cache flushed into entry logs sorted per ledger, on-disk index).")
 @click.option("--rack", default="", help="Network location /region/rack (rack-aware placement).")
+@click.option("--group", default="", help="Isolation group (namespaces bound to it place "
+                                          "their ledgers on its bookies only).")
 @click.option("--session-timeout", type=click.FloatRange(0, min_open=True), default=None,
               help="Seconds after which a dead bookie leaves the bookie list (SQLite lease, "
                    "ZooKeeper session; default 10).")
@@ -137,6 +139,7 @@ def bookie(
     preallocate: bool,
     storage: str,
     rack: str,
+    group: str,
     session_timeout: float | None,
     run_autorecovery: bool,
     http_port: int | None,
@@ -183,6 +186,7 @@ def bookie(
         preallocate=preallocate,
         storage=storage,
         rack=rack,
+        group=group,
         session_timeout=session_timeout,
         autorecovery=run_autorecovery,
         autorecovery_config=autorecovery_config,
@@ -199,6 +203,7 @@ def bookie(
         config.ssl_context()
         Identities.from_files(tenant_tokens, tenant_subjects)  # (bad lines: said now)
         check_rack(rack)
+        check_group(group)
         loop_factory(loop)
     except (ValueError, ssl.SSLError, OSError, LoopUnavailableError) as exc:
         raise click.UsageError(str(exc)) from exc
@@ -215,7 +220,7 @@ def bookie(
 @client_options
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def bookie_list(conn: Conn, as_json: bool) -> None:
-    """List live bookies (id, address, writable/read-only, rack). A bookie that died
+    """List live bookies (id, address, writable/read-only, rack, group). A bookie that died
     without a clean stop leaves the list when its session/lease times out."""
 
     async def go() -> list[Any]:
@@ -232,13 +237,14 @@ def bookie_list(conn: Conn, as_json: bool) -> None:
             click.echo(
                 json.dumps(
                     {"bookie_id": r.bookie_id, "address": r.address, "read_only": r.read_only,
-                     "state": "read-only" if r.read_only else "writable", "rack": r.rack}
+                     "state": "read-only" if r.read_only else "writable", "rack": r.rack,
+                     "group": r.group}
                 )
             )
         return
     for r in regs:
         state = "read-only" if r.read_only else "writable"
-        click.echo(f"{r.bookie_id}\t{r.address}\t{state}\t{r.rack or '-'}")
+        click.echo(f"{r.bookie_id}\t{r.address}\t{state}\t{r.rack or '-'}\t{r.group or '-'}")
     if not regs:
         click.echo("no live bookies", err=True)
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from pybk.client.adv import LedgerHandleAdv
 from pybk.client.context import ClientConfig, ClientContext
 from pybk.client.deferred import DeferredSyncLedgerHandle, WriteFlag, check_write_flags
+from pybk.client.isolation import ledger_namespace, namespace_policies, placement_for
 from pybk.client.placement import PlacementPolicy, refresh_topology, writable_nodes
 from pybk.client.quorum import validate_quorums
 from pybk.client.reader import LedgerEntry, ReadHandle
@@ -34,6 +35,7 @@ from pybk.errors import (
     UnauthorizedError,
 )
 from pybk.metadata.base import LedgerMetadata, MetadataStore
+from pybk.metadata.tenancy_usage import release_ledger, reserve_ledger
 from pybk.stats import ClientStats
 from pybk.transport.base import Transport
 from pybk.wire import (
@@ -248,8 +250,28 @@ class Client:
                     f"custom_metadata maps str to bytes; got {key!r}: {type(value).__name__}"
                 )
         ctx = self._context()
-        nodes = await writable_nodes(ctx)
-        ensemble = ctx.policy.new_ensemble(nodes, ensemble_size, write_quorum, ctx.rng)
+        policy = await placement_for(ctx, custom, creating=True)
+        nodes = await writable_nodes(ctx, policy)
+        ensemble = policy.new_ensemble(nodes, ensemble_size, write_quorum, ctx.rng)
+        namespace = ledger_namespace(custom)
+        if namespace is None:
+            return await self._create(ctx, ensemble, ensemble_size, write_quorum, ack_quorum,
+                                      digest_type, password, custom, ledger_id)
+        limits = await namespace_policies(ctx, namespace)
+        await reserve_ledger(ctx.store, namespace, limits.max_ledgers)
+        try:
+            return await self._create(ctx, ensemble, ensemble_size, write_quorum, ack_quorum,
+                                      digest_type, password, custom, ledger_id)
+        except BaseException:
+            await release_ledger(ctx.store, namespace)
+            raise
+
+    @staticmethod
+    async def _create(
+        ctx: ClientContext, ensemble: Sequence[str], ensemble_size: int, write_quorum: int,
+        ack_quorum: int, digest_type: str, password: bytes, custom: dict[str, bytes],
+        ledger_id: int | None,
+    ) -> tuple[ClientContext, LedgerMetadata, DigestManager, bytes]:
         if ledger_id is None:
             ledger_id = await ctx.store.allocate_ledger_id()
         md = LedgerMetadata(
@@ -316,11 +338,16 @@ class Client:
         return await self._context().store.read_ledger(ledger_id)
 
     async def delete_ledger(self, ledger_id: int) -> None:
-        """Delete a ledger (its metadata; bookies drop the data lazily)."""
+        """Delete a ledger (its metadata; bookies drop the data lazily). A ledger of a
+        namespace leaves its ledger count."""
+        store = self._context().store
         try:
-            await self._context().store.delete_ledger(ledger_id)
+            namespace = ledger_namespace((await store.read_ledger(ledger_id)).custom_metadata)
+            await store.delete_ledger(ledger_id)
         except NoSuchLedgerError as exc:
             raise NoSuchLedgerError(f"ledger {ledger_id} does not exist") from exc
+        if namespace is not None:
+            await release_ledger(store, namespace)
 
     async def list_ledgers(self) -> list[int]:
         """Every ledger id, ascending."""

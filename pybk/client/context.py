@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from pybk.client.placement import DefaultPlacementPolicy, PlacementPolicy
 from pybk.metadata.base import MetadataStore
+from pybk.metadata.tenancy import NamespacePolicies
 from pybk.stats import ClientStats
 from pybk.transport.base import Transport
 from pybk.transport.messages import DEFAULT_MAX_FRAME, MAX_BATCH_ENTRIES
@@ -145,6 +146,9 @@ class ClientContext:
     #: who picks new ensembles and replacements (pybk.client.placement): the
     #: client's own (``Client(placement=...)``) or, by default, ``config.placement``
     placement: PlacementPolicy | None = None
+    #: namespace -> (its policies, loop time they expire): pybk.client.isolation's cache
+    namespace_policies: dict[str, tuple[NamespacePolicies, float]] = field(
+        default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.placement is None:

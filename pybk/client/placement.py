@@ -37,8 +37,10 @@ __all__ = [
     "DefaultPlacementPolicy",
     "PlacementPolicy",
     "RackAwarePlacementPolicy",
+    "RegionAwarePlacementPolicy",
     "min_racks_per_write_set",
     "refresh_topology",
+    "region_of",
     "writable_nodes",
 ]
 
@@ -57,11 +59,18 @@ RACK_PLAN_IGNORES_WRAP: Final = "rack_plan_ignores_wrap"
 
 @dataclass(frozen=True, slots=True)
 class BookieNode:
-    """A candidate bookie: its id, its rack, its free disk in bytes when known."""
+    """A candidate bookie: its id, its rack, its free disk in bytes when known, its
+    isolation group ("" when in none)."""
 
     bookie_id: str
     rack: str = DEFAULT_RACK
     free_bytes: int | None = None
+    group: str = ""
+
+
+def region_of(rack: str) -> str:
+    """A location's region: the first component of ``/region/rack``."""
+    return (rack or DEFAULT_RACK).lstrip("/").split("/", 1)[0]
 
 
 def write_sets(ensemble_size: int, write_quorum: int) -> list[list[int]]:
@@ -326,6 +335,88 @@ class RackAwarePlacementPolicy(DefaultPlacementPolicy):
         return self._pick(best, 1, rng)[0]
 
 
+class RegionAwarePlacementPolicy(RackAwarePlacementPolicy):
+    """Spread each write set over regions (the first component of ``/region/rack``), then
+    over racks within a region: every write set spans ``min_regions`` regions when the
+    writable bookies allow it (fewer when not, unless ``strict``)."""
+
+    def __init__(self, *, min_regions: int = 2, strict: bool = False,
+                 racks: Mapping[str, str] | None = None, local_rack: str | None = None,
+                 disk_weighted: bool = False, max_weight_multiple: float = 3.0,
+                 mutations: frozenset[str] = frozenset()) -> None:
+        super().__init__(strict=strict, racks=racks, local_rack=local_rack,
+                         disk_weighted=disk_weighted, max_weight_multiple=max_weight_multiple,
+                         mutations=mutations)
+        if isinstance(min_regions, bool) or not isinstance(min_regions, int) \
+                or min_regions < 1:
+            raise ValueError(f"min_regions must be an int >= 1, got {min_regions!r}")
+        self.min_regions = min_regions
+
+    def region(self, node: BookieNode) -> str:
+        return region_of(self.rack(node))
+
+    def new_ensemble(self, candidates: Sequence[BookieNode], ensemble_size: int,
+                     write_quorum: int, rng: random.Random,
+                     exclude: Sequence[str] = ()) -> list[str]:
+        nodes = _ensemble_candidates(candidates, ensemble_size, write_quorum, exclude)
+        by_region: dict[str, list[BookieNode]] = {}
+        for node in nodes:
+            by_region.setdefault(self.region(node), []).append(node)
+        wanted = min(self.min_regions, write_quorum)
+        for target in range(min(wanted, len(by_region)), 0, -1):
+            if self.strict and target < wanted:
+                break
+            plan = _rack_plan(by_region, ensemble_size, write_quorum, target, rng)
+            if plan is not None:
+                need: dict[str, int] = {}
+                for region in plan:
+                    need[region] = need.get(region, 0) + 1
+                chosen = {r: self._spread(by_region[r], n, rng) for r, n in need.items()}
+                return [chosen[region].pop(0) for region in plan]
+        raise NotEnoughBookiesError(
+            f"cannot spread each write set of {write_quorum} over {wanted} regions with "
+            f"{ensemble_size} bookies from {len(nodes)} writable ones in regions "
+            f"{ {r: len(b) for r, b in sorted(by_region.items())} } (strict placement)")
+
+    def _spread(self, nodes: Sequence[BookieNode], count: int,
+                rng: random.Random) -> list[str]:
+        """``count`` bookies of one region, taken from its racks in turn."""
+        by_rack: dict[str, list[BookieNode]] = {}
+        for node in nodes:
+            by_rack.setdefault(self.rack(node), []).append(node)
+        racks = sorted(by_rack)
+        rng.shuffle(racks)
+        pools = {r: self._pick(by_rack[r], len(by_rack[r]), rng) for r in racks}
+        out: list[str] = []
+        while len(out) < count:
+            for rack in racks:
+                if pools[rack] and len(out) < count:
+                    out.append(pools[rack].pop(0))
+        return out
+
+    def replace_bookie(self, candidates: Sequence[BookieNode], ensemble: Sequence[str],
+                       index: int, write_quorum: int, rng: random.Random,
+                       exclude: Sequence[str] = ()) -> str:
+        nodes = _replacements(candidates, ensemble, index, exclude)
+        rack_of = {n.bookie_id: self.rack(n) for n in candidates}
+        windows = [ws for ws in write_sets(len(ensemble), write_quorum) if index in ws]
+        others = [[rack_of.get(ensemble[i], DEFAULT_RACK) for i in ws if i != index]
+                  for ws in windows]
+
+        def score(rack: str) -> tuple[int, int]:  # fewest regions, then racks, of a window
+            return (min(len({region_of(r) for r in [rack, *o]}) for o in others),
+                    min(len({rack, *o}) for o in others))
+
+        scores = {self.rack(n): score(self.rack(n)) for n in nodes}
+        top = max(scores.values())
+        wanted = min(self.min_regions, write_quorum)
+        if self.strict and top[0] < wanted:
+            raise NotEnoughBookiesError(
+                f"no writable bookie keeps every write set through slot {index} of "
+                f"{list(ensemble)} on {wanted} regions (strict placement)")
+        return self._pick([n for n in nodes if scores[self.rack(n)] == top], 1, rng)[0]
+
+
 def _rack_plan(by_rack: Mapping[str, list[BookieNode]], size: int, write_quorum: int,
                target: int, rng: random.Random, wrap: bool = True) -> list[str] | None:
     """A rack for each ensemble slot such that every cyclic window of ``write_quorum`` slots
@@ -386,11 +477,12 @@ async def writable_nodes(ctx: ClientContext, policy: PlacementPolicy | None = No
     regs = await ctx.store.list_bookies()
     ctx.topology.update({r.bookie_id: r.rack or DEFAULT_RACK for r in regs})
     excluded = set(exclude)
-    nodes = [BookieNode(r.bookie_id, r.rack or DEFAULT_RACK) for r in regs
+    nodes = [BookieNode(r.bookie_id, r.rack or DEFAULT_RACK, group=r.group) for r in regs
              if not r.read_only and r.bookie_id not in excluded]
     if policy.wants_disk_usage and nodes:
         free = await _free_bytes(ctx, [n.bookie_id for n in nodes])
-        nodes = [BookieNode(n.bookie_id, n.rack, free.get(n.bookie_id)) for n in nodes]
+        nodes = [BookieNode(n.bookie_id, n.rack, free.get(n.bookie_id), n.group)
+                 for n in nodes]
     return nodes
 
 

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
+from pybk.client.isolation import placement_for
 from pybk.client.pipeline import (
     ChangeEnsemble,
     Fail,
@@ -27,7 +28,7 @@ from pybk.client.pipeline import (
     SendLac,
     WritePipeline,
 )
-from pybk.client.placement import BookieNode, writable_nodes
+from pybk.client.placement import BookieNode, PlacementPolicy, writable_nodes
 from pybk.client.quorum import Quorums, plan_ensemble_change
 from pybk.client.reads import LedgerEntry, read_range
 from pybk.errors import (
@@ -377,12 +378,13 @@ class AddPipeline:
                 for index, bookie in failed.items():
                     log.info("ledger %s: bookie %s (slot %d) failed: %s", self.ledger_id,
                              bookie, index, core.failure_causes.get(bookie, "?"))
-                writable = await writable_nodes(self.ctx)
+                policy = await placement_for(self.ctx, self.metadata.custom_metadata)
+                writable = await writable_nodes(self.ctx, policy)
                 if self.recovery:
                     try:
                         change = plan_ensemble_change(core.ensembles, core.lac, failed,
                                                       writable, self.ctx.rng,
-                                                      self.ctx.policy, self._write_quorum)
+                                                      policy, self._write_quorum)
                     except NotEnoughBookiesError:
                         core.write_around(failed)  # raises if Qa is out of reach
                         log.info("ledger %s: writing around failed bookies %s (no spare)",
@@ -392,7 +394,7 @@ class AddPipeline:
                         self._log_change(change.ensembles)
                         core.ensemble_changed(change.ensembles)
                 else:
-                    ensembles = await self._commit_change(failed, writable)
+                    ensembles = await self._commit_change(failed, writable, policy)
                     self._log_change(ensembles)
                     core.ensemble_changed(ensembles)
         except NotEnoughBookiesError as exc:
@@ -419,10 +421,10 @@ class AddPipeline:
             log.info("ledger %s: ensemble %s -> %s from entry %d", self.ledger_id,
                      self.core.ensemble, new, max(ensembles))
 
-    async def _commit_change(self, failed: dict[int, str],
-                             writable: Sequence[BookieNode]) -> dict[int, tuple[str, ...]]:
+    async def _commit_change(self, failed: dict[int, str], writable: Sequence[BookieNode],
+                             placement: PlacementPolicy) -> dict[int, tuple[str, ...]]:
         """CAS the new ensemble into the metadata (the one place a writer changes it)."""
-        lac, rng, placement = self.core.lac, self.ctx.rng, self.ctx.policy
+        lac, rng = self.core.lac, self.ctx.rng
         write_quorum = self._write_quorum
 
         def transform(md: LedgerMetadata) -> LedgerMetadata | None:

@@ -32,6 +32,7 @@ __all__ = [
     "LockElection",
     "check_bookie_id",
     "check_expected_marks",
+    "check_group",
     "check_key",
     "check_ledger_id",
     "check_metadata",
@@ -129,7 +130,18 @@ def check_registration(registration: object) -> BookieRegistration:
         raise TypeError(f"expected BookieRegistration, got {type(registration).__name__}")
     check_bookie_id(registration.bookie_id)
     check_rack(registration.rack)
+    check_group(registration.group)
     return registration
+
+
+def check_group(group: object) -> str:
+    """An isolation group: "" (none) or 1-100 of ``[A-Za-z0-9._-]``."""
+    if not isinstance(group, str):
+        raise TypeError(f"group must be a str, not {type(group).__name__}")
+    if group and (len(group) > 100 or not all(c.isalnum() or c in "._-" for c in group)
+                  or not group.isascii()):
+        raise ValueError(f"bad isolation group {group!r}: 1-100 letters, digits and ._-")
+    return group
 
 
 def check_rack(rack: object) -> str:

@@ -199,6 +199,8 @@ class BookieRegistration:
     read_only: bool = False
     #: network location ``/region/rack`` for rack-aware placement; "" when not configured
     rack: str = ""
+    #: isolation group (bookies a namespace may be bound to); "" when in none
+    group: str = ""
 
 
 @dataclass(frozen=True)

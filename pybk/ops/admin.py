@@ -45,10 +45,12 @@ class BookieInfo:
     address: str
     state: str  # "writable" | "read-only"
     rack: str
+    #: isolation group ("" when in none)
+    group: str = ""
 
     def as_dict(self) -> dict[str, str]:
         return {"id": self.id, "address": self.address, "state": self.state,
-                "rack": self.rack}
+                "rack": self.rack, "group": self.group}
 
 
 @dataclass
@@ -93,7 +95,7 @@ class Admin(TenancyAdmin):
         unregistering leaves this list when its registration lapses (its metadata
         session's timeout / lease)."""
         return [BookieInfo(r.bookie_id, r.address, "read-only" if r.read_only else "writable",
-                           r.rack) for r in await self._ctx.store.list_bookies()]
+                           r.rack, r.group) for r in await self._ctx.store.list_bookies()]
 
     async def bookie_info(self, bookie_id: str, timeout: float = 5.0) -> dict[str, Any]:
         """What the bookie itself says: free and total disk, state, reason."""

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from pybk.client.context import ClientContext
+from pybk.client.isolation import placement_for
 from pybk.client.pipeline import batch_spans
 from pybk.client.placement import writable_nodes
 from pybk.client.quorum import Quorums
@@ -348,9 +349,10 @@ async def _repair_slot(ctx: ClientContext, md: LedgerMetadata, access: LedgerAcc
                 return
         log.warning("ledger %s: %s cannot serve entries %s; moving slot %d of fragment %d",
                     md.ledger_id, repair.bookie, damaged[:10], index, fragment.first)
-    nodes = await writable_nodes(ctx, exclude=[repair.bookie])
+    policy = await placement_for(ctx, md.custom_metadata, rereplication=True)
+    nodes = await writable_nodes(ctx, policy, exclude=[repair.bookie])
     not_live = [b for b in fragment.ensemble if b not in live]
-    target = ctx.policy.replace_bookie(
+    target = policy.replace_bookie(
         nodes, fragment.ensemble, index, md.write_quorum, ctx.rng,
         exclude=[repair.bookie, *not_live])
     copier = _Copier(ctx, md, access, target, window)

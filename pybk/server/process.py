@@ -86,6 +86,8 @@ class BookieProcessConfig:
     session_timeout: float | None = None
     #: network location ``/region/rack`` for rack-aware placement
     rack: str = ""
+    #: isolation group: namespaces bound to it place their ledgers on its bookies only
+    group: str = ""
     #: how auto-recovery and the admin endpoint choose target bookies (a pybk
     #: PlacementPolicy; None: random among writable bookies)
     placement: Any = None
@@ -398,6 +400,7 @@ class BookieProcess:
         return {
             "bookie_id": self.bookie_id, "address": self.address, "state": bookie.state,
             "reason": bookie.state_reason, "rack": self.config.rack,
+            "group": self.config.group,
             "free_bytes": free, "total_bytes": total,
             "ledgers": len(store.ledger_ids()) if store is not None else 0,
             "autorecovery": None if self.autorecovery is None else self.autorecovery.status(),
@@ -408,7 +411,7 @@ class BookieProcess:
         read_only = getattr(self.bookie, "state", WRITABLE) == READ_ONLY
         await self.store.register_bookie(
             BookieRegistration(self.bookie_id, self.address, read_only=read_only,
-                               rack=self.config.rack)
+                               rack=self.config.rack, group=self.config.group)
         )
         self._registered = True
 

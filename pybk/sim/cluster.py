@@ -117,6 +117,8 @@ class SimCluster:
         self.on_bookie_started: list[Callable[[SimBookie], Any]] = []
         #: bookie id -> the network location it registers with (rack-aware placement)
         self.racks: dict[str, str] = {}
+        #: bookie id -> the isolation group it registers with
+        self.groups: dict[str, str] = {}
         #: the placement policy of the clients made from here on (None: the default)
         self.placement: Any = None
         #: called as ``listener(bookie_id, ledger_id)`` when a bookie's garbage collector is
@@ -211,7 +213,8 @@ class SimCluster:
 
     def registration(self, bookie_id: str, read_only: bool) -> BookieRegistration:
         """What a bookie registers: in-process (no address), with its rack if it has one."""
-        return BookieRegistration(bookie_id, "", read_only, self.racks.get(bookie_id, ""))
+        return BookieRegistration(bookie_id, "", read_only, self.racks.get(bookie_id, ""),
+                                  self.groups.get(bookie_id, ""))
 
     def _gc_collected(self, bookie_id: str, ledger_id: int) -> None:
         for listener in self.on_gc_collect:

@@ -42,6 +42,7 @@ from pybk.sim.net import NetConfig
 from pybk.sim.racks import RackPlacementSim
 from pybk.sim.scenario import Scenario, draw_schedule
 from pybk.sim.tables import TableWorkload
+from pybk.sim.tenancy import TenancySim
 from pybk.sim.userapp import UserApp
 from pybk.sim.workload import (
     PASSWORD,
@@ -115,6 +116,7 @@ EXTENSIONS: dict[str, Callable[[SimRun], Extension | None]] = {
     "logs": LogWorkload.for_run,
     "racks": RackPlacementSim.for_run,
     "tables": TableWorkload.for_run,
+    "tenancy": TenancySim.for_run,
     "app": UserApp.for_run,
 }
 

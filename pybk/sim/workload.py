@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from pybk.metadata.tenancy import NAMESPACE_KEY
 from pybk.runtime.eventloop import within
 from pybk.sim.findings import EXPECTED
 from pybk.sim.history import FAIL, INFO, OK, History
@@ -69,6 +70,9 @@ class Workload:
     table_clients: int = 0
     #: a log mirrored into a second simulated cluster (pybk.sim.mirror; opt in, not drawn)
     mirror: bool = False
+    #: bookies in isolation groups and regions; half the writers' ledgers belong to a
+    #: namespace bound to a group, placed region-aware (pybk.sim.tenancy; opt in, not drawn)
+    tenancy: bool = False
 
     @classmethod
     def small(cls) -> Workload:
@@ -92,6 +96,8 @@ class Registry:
     """What the processes share: the ledgers created so far and who writes them."""
 
     ledgers: list[int] = field(default_factory=list)
+    #: the namespace (``tenant/ns``) writers put every other ledger in (None: none)
+    namespace: str | None = None
     writing: dict[int, str] = field(default_factory=dict)
     pending: dict[int, int] = field(default_factory=dict)  # ledger -> adds in flight
     closed: list[int] = field(default_factory=list)
@@ -183,11 +189,16 @@ class Writer(Process):
 
     async def run(self) -> None:
         e, qw, qa = self.topology
+        made = 0
         while not self.stopping:
+            ns = self.reg.namespace if made % 2 == 0 else None
+            custom = {} if ns is None else {NAMESPACE_KEY: ns.encode()}
             try:
                 lh = await self.client.create_ledger(ensemble_size=e, write_quorum=qw,
                                                      ack_quorum=qa, digest_type="CRC32C",
-                                                     password=PASSWORD)
+                                                     password=PASSWORD,
+                                                     custom_metadata=custom)
+                made += 1
             except Exception as exc:
                 if not self.expected(exc, "create_ledger"):
                     return

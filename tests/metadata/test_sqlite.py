@@ -70,7 +70,7 @@ async def test_file_is_in_wal_mode_with_a_schema_version(tmp_path: Path) -> None
     await store.close()
     conn = sqlite3.connect(path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
     conn.close()
 
 
@@ -88,9 +88,9 @@ async def test_a_version_1_file_is_upgraded_in_place(tmp_path: Path) -> None:
     conn.close()
     store = SqliteMetadataStore(str(path))
     assert await store.list_bookies() == [BookieRegistration("bk-old", "h:1", False, "")]
-    await store.register_bookie(BookieRegistration("bk-new", "h:2", rack="/r1/a"))
-    assert {r.bookie_id: r.rack for r in await store.list_bookies()} == {
-        "bk-new": "/r1/a", "bk-old": ""}
+    await store.register_bookie(BookieRegistration("bk-new", "h:2", rack="/r1/a", group="g"))
+    assert {r.bookie_id: (r.rack, r.group) for r in await store.list_bookies()} == {
+        "bk-new": ("/r1/a", "g"), "bk-old": ("", "")}
     assert await store.try_lock("x", "me")
     await store.close()
 

@@ -13,7 +13,8 @@ def test_cluster_takes_autorecovery_and_racks() -> None:
     params = inspect.signature(pybk.LocalCluster).parameters
     assert params["autorecovery"].default is False
     assert {"racks", "autorecovery_config", "metrics"} <= set(params)
-    assert "rack" in inspect.signature(pybk.LocalCluster.add_bookie).parameters
+    assert {"rack", "group"} <= set(inspect.signature(pybk.LocalCluster.add_bookie).parameters)
+    assert "groups" in params
 
 
 def test_admin_methods() -> None:
@@ -23,12 +24,14 @@ def test_admin_methods() -> None:
                  "autorecovery_status", "set_lost_bookie_recovery_delay", "bookie_info"):
         assert inspect.iscoroutinefunction(getattr(admin, name)), name
     assert {f.name for f in dataclasses.fields(BookieInfo)} == {"id", "address", "state",
-                                                                 "rack"}
+                                                                 "rack", "group"}
 
 
 def test_placement_and_auto_recovery_names() -> None:
     assert issubclass(pybk.RackAwarePlacementPolicy, pybk.PlacementPolicy)
     assert issubclass(pybk.DefaultPlacementPolicy, pybk.PlacementPolicy)
+    assert issubclass(pybk.RegionAwarePlacementPolicy, pybk.RackAwarePlacementPolicy)
+    assert "min_regions" in inspect.signature(pybk.RegionAwarePlacementPolicy).parameters
     params = inspect.signature(pybk.RackAwarePlacementPolicy).parameters
     assert {"min_racks_per_write_quorum", "strict", "racks", "local_rack"} <= set(params)
     assert pybk.ClientConfig().placement.__class__ is pybk.DefaultPlacementPolicy

@@ -176,6 +176,9 @@ async def test_autorecovery_switches_and_bad_input(tmp_path: Path) -> None:
     code, out = await asyncio.to_thread(cli, "bookie", "--data", str(tmp_path / "x"),
                                         "--metadata", m, "--bookie-id", "x", "--rack", "r1")
     assert code == 2 and "rack" in out
+    code, out = await asyncio.to_thread(cli, "bookie", "--data", str(tmp_path / "x"),
+                                        "--metadata", m, "--bookie-id", "x", "--group", "a b")
+    assert code == 2 and "isolation group" in out
 
 
 async def test_standalone_autorecovery_re_replicates_and_elects_itself(procs: Procs) -> None:

@@ -48,7 +48,7 @@ async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
     c = Cluster(tmp_path, MemoryMetadataStore())
     try:
         for i in range(4):
-            await c.start(f"b{i}", rack=f"/dc/r{i % 2}")
+            await c.start(f"b{i}", rack=f"/dc/r{i % 2}", group="gold" if i == 3 else "")
         yield c
     finally:
         for b in list(c.processes):
@@ -110,7 +110,8 @@ async def test_bookies_ledgers_and_marks(cluster: Cluster, http: aiohttp.ClientS
         bookies = (await r.json())["bookies"]
     assert [b["id"] for b in bookies] == ["b0", "b1", "b2", "b3"]
     assert bookies[3] == {"id": "b3", "address": cluster.processes["b3"].address,
-                          "state": "writable", "rack": "/dc/r1"}
+                          "state": "writable", "rack": "/dc/r1", "group": "gold"}
+    assert bookies[0]["group"] == ""
     async with http.get(cluster.url("b0", "/api/v1/bookie/list_bookies?type=ro")) as r:
         assert (await r.json())["bookies"] == []
     async with http.get(cluster.url("b0", "/api/v1/ledger/list")) as r:

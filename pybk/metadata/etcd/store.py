@@ -290,7 +290,7 @@ class EtcdMetadataStore(MetadataStore):
     async def _put_registration(self, r: BookieRegistration) -> None:
         lease = await self._lease.ensure()
         doc = {"address": r.address, "read_only": r.read_only, "rack": r.rack,
-               "holder": self.owner}
+               "group": r.group, "holder": self.owner}
         await self._client.put(self.keys.bookie(r.bookie_id),
                                json.dumps(doc, sort_keys=True).encode(), lease)
 
@@ -308,7 +308,8 @@ class EtcdMetadataStore(MetadataStore):
         for kv in kvs:
             doc = json.loads(unb64(kv.get("value")))
             out.append(BookieRegistration(self.keys.bookie_name(kv["key"]), str(doc["address"]),
-                                          bool(doc.get("read_only")), str(doc.get("rack", ""))))
+                                          bool(doc.get("read_only")), str(doc.get("rack", "")),
+                                          str(doc.get("group", ""))))
         return sorted(out, key=lambda b: b.bookie_id)
 
     async def _lease_lost(self) -> None:

@@ -45,7 +45,8 @@ __all__ = [
 
 log = logging.getLogger("pybk.metadata.sqlite")
 
-SCHEMA_VERSION = 3  # 2: bookies.rack, locks; 3: locks.version, released locks kept a while
+SCHEMA_VERSION = 4  # 2: bookies.rack, locks; 3: locks.version, released locks kept a while;
+#                    4: bookies.isolation_group
 #: seconds a released lock's row is kept (its version tells watchers it was released)
 TOMBSTONE_KEEP = 3600.0
 
@@ -67,11 +68,11 @@ INSERT OR IGNORE INTO counters VALUES
 """
 
 UPSERT_BOOKIE = """
-INSERT INTO bookies (bookie_id, address, read_only, owner, expires_at, rack)
-VALUES (?, ?, ?, ?, ?, ?)
+INSERT INTO bookies (bookie_id, address, read_only, owner, expires_at, rack, isolation_group)
+VALUES (?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (bookie_id) DO UPDATE SET address = excluded.address,
     read_only = excluded.read_only, owner = excluded.owner, expires_at = excluded.expires_at,
-    rack = excluded.rack
+    rack = excluded.rack, isolation_group = excluded.isolation_group
 """
 
 
@@ -122,6 +123,9 @@ def open_connection(path: str, *, busy_timeout: float, synchronous: str) -> sqli
             columns = {row[1] for row in conn.execute("PRAGMA table_info(bookies)")}
             if "rack" not in columns:  # a version 1 file: registrations gain a location
                 conn.execute("ALTER TABLE bookies ADD COLUMN rack TEXT NOT NULL DEFAULT ''")
+            if "isolation_group" not in columns:  # before version 4: no isolation groups
+                conn.execute(
+                    "ALTER TABLE bookies ADD COLUMN isolation_group TEXT NOT NULL DEFAULT ''")
             columns = {row[1] for row in conn.execute("PRAGMA table_info(locks)")}
             if "version" not in columns:  # a version 2 file: locks gain a version
                 conn.execute("ALTER TABLE locks ADD COLUMN version INTEGER NOT NULL DEFAULT 0")
@@ -199,11 +203,13 @@ def live_bookies(conn: sqlite3.Connection) -> tuple[list[BookieRegistration], in
     now = time.time()
     version = counter(conn, "bookies")  # before the rows: a write in between fires a watch
     rows = conn.execute(
-        "SELECT bookie_id, address, read_only, rack FROM bookies WHERE expires_at > ?"
+        "SELECT bookie_id, address, read_only, rack, isolation_group FROM bookies"
+        " WHERE expires_at > ?"
         " ORDER BY bookie_id",
         (now,),
     ).fetchall()
-    return [BookieRegistration(b, a, bool(ro), str(rack)) for b, a, ro, rack in rows], version, now
+    return [BookieRegistration(b, a, bool(ro), str(rack), str(group))
+            for b, a, ro, rack, group in rows], version, now
 
 
 def refresh_registrations(
@@ -224,7 +230,8 @@ def refresh_registrations(
             cur = conn.execute(
                 UPSERT_BOOKIE
                 + " WHERE bookies.owner = excluded.owner OR bookies.expires_at <= ?",
-                (r.bookie_id, r.address, int(r.read_only), owner, now + ttl, r.rack, now),
+                (r.bookie_id, r.address, int(r.read_only), owner, now + ttl, r.rack, r.group,
+                 now),
             )
             if cur.rowcount and (row is None or row[1] <= now or row[0] != owner):
                 revived = True

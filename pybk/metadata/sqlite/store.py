@@ -327,7 +327,8 @@ class SqliteMetadataStore(MetadataStore):
             with immediate(conn):
                 conn.execute(
                     UPSERT_BOOKIE,
-                    (r.bookie_id, r.address, int(r.read_only), owner, time.time() + ttl, r.rack),
+                    (r.bookie_id, r.address, int(r.read_only), owner, time.time() + ttl, r.rack,
+                     r.group),
                 )
                 bump_bookies(conn)
 

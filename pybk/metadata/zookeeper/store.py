@@ -432,7 +432,8 @@ class ZooKeeperMetadataStore(MetadataStore):
         has not expired yet); on re-registration after our own session expired it is left
         alone (a newer incarnation of the bookie owns it now)."""
         path = self._layout.bookie(reg.bookie_id, reg.read_only)
-        data = json.dumps({"address": reg.address, "rack": reg.rack}).encode()
+        data = json.dumps({"address": reg.address, "rack": reg.rack,
+                           "group": reg.group}).encode()
         for _ in range(5):
             try:
                 await self._bridge.call(
@@ -511,11 +512,12 @@ class ZooKeeperMetadataStore(MetadataStore):
                 try:
                     doc = json.loads(data)
                     address, rack = str(doc["address"]), str(doc.get("rack", ""))
+                    group = str(doc.get("group", ""))  # (absent before isolation groups)
                 except (ValueError, KeyError, TypeError, AttributeError) as exc:
                     raise CorruptRecordError(
                         f"ZooKeeper registration of bookie {name}: {exc}"
                     ) from exc
-                found[name] = BookieRegistration(name, address, ro, rack)
+                found[name] = BookieRegistration(name, address, ro, rack, group)
         self._bookie_watchers.seen = Seen(tuple(pzxids), before)  # what watches compare with
         return [found[b] for b in sorted(found)]
 
