@@ -1,13 +1,12 @@
 """The write path's driver: pipelined adds, in-order acks, ensemble changes, close.
 
-The rules live in :class:`pybk.client.pipeline.WritePipeline`, a sans-IO object (events
-in, actions out). :class:`AddPipeline` only carries out what it asks: it frames payloads
-(one digest per entry: the same body goes to every replica), hands the pipeline's
-:class:`~pybk.client.pipeline.Send` actions to the transport's typed add path (one
-request per bookie for the entries pushed in one loop iteration), feeds the bookies'
-outcomes back, settles the callers' futures, and runs the ensemble change (the metadata
-store's CAS, or recovery's local plan) when asked. It serves two users (listed in
-docs/internals.md, "pybk/client/writer.py").
+The rules live in :class:`pybk.client.pipeline.WritePipeline`, a sans-IO object (events in,
+actions out). :class:`AddPipeline` only carries out what it asks: it frames payloads (one
+digest per entry: the same body goes to every replica), hands the pipeline's ``Send`` actions
+to the transport's typed add path (one request per bookie for the entries pushed in one loop
+iteration), feeds the bookies' outcomes back, settles the callers' futures, and runs the
+ensemble change (the metadata store's CAS, or recovery's local plan; placed by the ledger's
+namespace policies) when asked. Its two users: docs/internals.md, "pybk/client/writer.py".
 """
 
 from __future__ import annotations
@@ -100,8 +99,7 @@ class AddReply:
 
     def part(self, indices: list[int]) -> AddReply:
         """The reply for the entries ``indices`` of this batch alone (a transport that splits
-        the batch lets each part answer as soon as it is done; see
-        ``pybk.transport.base.split_callback``)."""
+        the batch lets each part answer once done: ``pybk.transport.base.split_callback``)."""
         send = self.send
         return AddReply(self.pipeline, send._replace(
             entry_ids=[send.entry_ids[i] for i in indices],
@@ -378,7 +376,7 @@ class AddPipeline:
                 for index, bookie in failed.items():
                     log.info("ledger %s: bookie %s (slot %d) failed: %s", self.ledger_id,
                              bookie, index, core.failure_causes.get(bookie, "?"))
-                policy = await placement_for(self.ctx, self.metadata.custom_metadata)
+                policy = await placement_for(self.ctx, self.metadata.custom_metadata)  # its ns
                 writable = await writable_nodes(self.ctx, policy)
                 if self.recovery:
                     try:

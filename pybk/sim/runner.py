@@ -115,9 +115,7 @@ EXTENSIONS: dict[str, Callable[[SimRun], Extension | None]] = {
     "autorecovery": AutoRecoverySim.for_run,
     "logs": LogWorkload.for_run,
     "racks": RackPlacementSim.for_run,
-    "tables": TableWorkload.for_run,
-    "tenancy": TenancySim.for_run,
-    "app": UserApp.for_run,
+    "tables": TableWorkload.for_run, "tenancy": TenancySim.for_run, "app": UserApp.for_run,
 }
 
 

@@ -540,21 +540,6 @@ async def check_registration_carries_its_rack(backend: MetadataBackend) -> None:
             BookieRegistration("bk-3", "h:3", rack=bad)), f"rack {bad!r}")
 
 
-async def check_registration_carries_its_group(backend: MetadataBackend) -> None:
-    store, reader = await backend.open(), await backend.open()
-    await store.register_bookie(BookieRegistration("bk-1", "h:1", rack="/eu/r1", group="gold"))
-    await store.register_bookie(BookieRegistration("bk-2", "h:2"))
-    assert await reader.list_bookies() == [
-        BookieRegistration("bk-1", "h:1", rack="/eu/r1", group="gold"),
-        BookieRegistration("bk-2", "h:2", group=""),
-    ]
-    await store.register_bookie(BookieRegistration("bk-1", "h:1", True, "/eu/r1", "silver"))
-    assert (await reader.list_bookies())[0].group == "silver"
-    for bad in ("a/b", "a b", "x" * 101):
-        await _raises(ValueError, lambda bad=bad: store.register_bookie(  # type: ignore[misc]
-            BookieRegistration("bk-3", "h:3", group=bad)), f"group {bad!r}")
-
-
 # -- locks and elections -----------------------------------------------------------------------
 
 
@@ -891,8 +876,7 @@ CHECKS: list[Callable[[MetadataBackend], Awaitable[None]]] = [
     check_watch_bookies_fires_on_membership_change, check_read_only_flag,
     check_registration_vanishes_with_its_owner, check_clean_close_unregisters, check_cookies,
     check_under_replication_marks, check_under_replication_marks_clear_only_what_was_repaired,
-    check_registration_carries_its_rack, check_registration_carries_its_group,
-    check_locks_are_exclusive_and_released,
+    check_registration_carries_its_rack, check_locks_are_exclusive_and_released,
     check_lock_vanishes_with_its_owner, check_election_has_one_leader_and_fails_over,
     check_corrupt_metadata_is_an_error, check_bad_arguments_are_value_errors,
     check_values_create_read_cas, check_values_update_loop_under_concurrent_updaters,

@@ -1,6 +1,7 @@
-"""Tenancy records on a metadata backend (part of :data:`pybk.testing.metadata_conformance.
-CHECKS`): tenants and namespaces are JSON values under ``tenancy/``, so what this checks is
-that a backend keeps them apart, lists them by prefix and lets one concurrent create win."""
+"""Tenancy on a metadata backend (part of :data:`pybk.testing.metadata_conformance.CHECKS`):
+tenants and namespaces are JSON values under ``tenancy/``, so what this checks is that a
+backend keeps them apart, lists them by prefix and lets one concurrent create win; and that a
+bookie's registration carries its isolation group."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pybk.errors import (
     NoSuchTenantError,
     NotEmptyError,
 )
+from pybk.metadata.base import BookieRegistration
 from pybk.metadata.tenancy import NamespacePolicies, TenancyRecords
 
 if TYPE_CHECKING:
@@ -70,4 +72,23 @@ async def check_tenancy_records_refuse_what_they_must(backend: MetadataBackend) 
     assert await r.list_tenants() == []
 
 
-TENANCY_CHECKS = [check_tenancy_records_round_trip, check_tenancy_records_refuse_what_they_must]
+async def check_registration_carries_its_group(backend: MetadataBackend) -> None:
+    store, reader = await backend.open(), await backend.open()
+    await store.register_bookie(BookieRegistration("bk-1", "h:1", rack="/eu/r1", group="gold"))
+    await store.register_bookie(BookieRegistration("bk-2", "h:2"))
+    assert await reader.list_bookies() == [
+        BookieRegistration("bk-1", "h:1", rack="/eu/r1", group="gold"),
+        BookieRegistration("bk-2", "h:2", group=""),
+    ]
+    await store.register_bookie(BookieRegistration("bk-1", "h:1", True, "/eu/r1", "silver"))
+    assert (await reader.list_bookies())[0].group == "silver"
+    for bad in ("a/b", "a b", "x" * 101):
+        try:
+            await store.register_bookie(BookieRegistration("bk-3", "h:3", group=bad))
+        except ValueError:
+            continue
+        raise AssertionError(f"group {bad!r} was accepted")
+
+
+TENANCY_CHECKS = [check_tenancy_records_round_trip, check_tenancy_records_refuse_what_they_must,
+                  check_registration_carries_its_group]

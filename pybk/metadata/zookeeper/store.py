@@ -1,9 +1,8 @@
 """ZooKeeper metadata store (``zk://host:port[,host:port]/root``) with kazoo: the API.
 
-The layout below the root is in :mod:`.paths` (and docs/zookeeper.md), the bridge from
-kazoo's threads to the event loop in :mod:`.bridge`, watches and the election recipe in
-:mod:`.recipes`; this module maps the :class:`~pybk.metadata.base.MetadataStore` contract onto
-them.
+The layout below the root is in :mod:`.paths` (and docs/zookeeper.md), the bridge from kazoo's
+threads to the loop in :mod:`.bridge`, watches and the election in :mod:`.recipes`; this module
+maps the :class:`~pybk.metadata.base.MetadataStore` contract onto them.
 
 Ledger metadata versions are znode versions (CAS = ``set(..., version=v)``). Ids are never
 reused by the allocator, so a re-created ledger's restarted znode version cannot be confused
@@ -432,8 +431,7 @@ class ZooKeeperMetadataStore(MetadataStore):
         has not expired yet); on re-registration after our own session expired it is left
         alone (a newer incarnation of the bookie owns it now)."""
         path = self._layout.bookie(reg.bookie_id, reg.read_only)
-        data = json.dumps({"address": reg.address, "rack": reg.rack,
-                           "group": reg.group}).encode()
+        data = json.dumps({"address": reg.address, "rack": reg.rack, "group": reg.group}).encode()
         for _ in range(5):
             try:
                 await self._bridge.call(
