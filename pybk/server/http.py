@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
-import json
 import logging
 import socket
 import ssl
@@ -35,7 +34,7 @@ from pybk.errors import (
 from pybk.metadata.base import LedgerMetadata
 from pybk.ops.admin import Admin
 from pybk.runtime.ratelog import RateLimitedLog
-from pybk.server.http_tenancy import tenancy_routes
+from pybk.server.http_tenancy import json_body, tenancy_routes
 from pybk.transport.listener import Listener, bind_sockets
 
 if TYPE_CHECKING:
@@ -387,7 +386,7 @@ class AdminHttpServer:
         return web.json_response({"delay_seconds": delay})
 
     async def _set_delay(self, request: web.Request) -> web.StreamResponse:
-        body = await _json_body(request)
+        body = await json_body(request)
         delay = body.get("delay_seconds")
         if delay is not None and (isinstance(delay, bool) or not isinstance(delay, int | float)):
             raise ValueError(f"delay_seconds must be a number or null, not {delay!r}")
@@ -395,7 +394,7 @@ class AdminHttpServer:
         return web.json_response({"delay_seconds": delay})
 
     async def _decommission(self, request: web.Request) -> web.StreamResponse:
-        body = await _json_body(request)
+        body = await json_body(request)
         bookie = body.get("bookie_src")
         if not isinstance(bookie, str) or not bookie:
             raise ValueError('the body must be {"bookie_src": "<bookie id>"}')
@@ -477,15 +476,3 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
-
-
-
-async def _json_body(request: web.Request) -> dict[str, Any]:
-    raw = await request.read()
-    try:
-        body = json.loads(raw or b"{}")
-    except ValueError as exc:
-        raise ValueError(f"the body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise ValueError("the body must be a JSON object")
-    return body

@@ -21,7 +21,7 @@ from pybk.errors import NoSuchNamespaceError, NoSuchTenantError
 from pybk.metadata.tenancy import NamespaceInfo, NamespacePolicies, TenantInfo
 from pybk.ops.admin import Admin
 
-__all__ = ["tenancy_routes"]
+__all__ = ["json_body", "tenancy_routes"]
 
 Handler = Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]
 
@@ -40,14 +40,16 @@ def _force(request: web.Request) -> bool:
     return value in ("true", "1")
 
 
-async def _policies(request: web.Request) -> dict[str, Any]:
+async def json_body(request: web.Request) -> dict[str, Any]:
+    """A request's JSON object body (empty: ``{}``); ValueError for anything else (the admin
+    server answers 400). Shared with :mod:`pybk.server.http`."""
     raw = await request.read()
     try:
         body = json.loads(raw or b"{}")
     except ValueError as exc:
         raise ValueError(f"the body is not JSON: {exc}") from None
     if not isinstance(body, dict):
-        raise ValueError("the body must be a JSON object of policy fields")
+        raise ValueError("the body must be a JSON object")
     return body
 
 
@@ -78,13 +80,12 @@ def tenancy_routes(admin: Admin) -> list[tuple[str, str, Handler]]:
         return web.json_response(_tenant(await admin.tenant_info(_name(request))))
 
     async def put_tenant(request: web.Request) -> web.StreamResponse:
-        name, body = _name(request), await _policies(request)
+        name, body = _name(request), await json_body(request)
         try:
-            await admin.tenant_info(name)
+            current = (await admin.tenant_info(name)).default_policies
         except NoSuchTenantError:
             return web.json_response(_tenant(await admin.create_tenant(
                 name, default_policies=_over(NamespacePolicies(), body))), status=201)
-        current = (await admin.tenant_info(name)).default_policies
         return web.json_response(_tenant(await admin.update_tenant(
             name, default_policies=_over(current, body))))
 
@@ -103,14 +104,13 @@ def tenancy_routes(admin: Admin) -> list[tuple[str, str, Handler]]:
         return web.json_response(doc)
 
     async def put_namespace(request: web.Request) -> web.StreamResponse:
-        name, body = _name(request), await _policies(request)
+        name, body = _name(request), await json_body(request)
         try:
-            await admin.namespace_info(name)
+            current = (await admin.namespace_info(name)).policies
         except NoSuchNamespaceError:
             base = (await admin.tenant_info(name.partition("/")[0])).default_policies
             return web.json_response(_namespace(await admin.create_namespace(
                 name, policies=_over(base, body))), status=201)
-        current = (await admin.namespace_info(name)).policies
         return web.json_response(_namespace(await admin.update_namespace(
             name, policies=_over(current, body))))
 
