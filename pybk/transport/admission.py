@@ -9,10 +9,14 @@ that budget.
 
 A cap that is full does not lock a newcomer out: if one address holds at least two
 connections more (of the full kind) than the newcomer's address, one of that address's
-connections is displaced to make room (the caller closes it). Otherwise the newcomer takes
-the place of the oldest connection that has not proven itself (or, with none, of the oldest
-that has sent nothing): thousands of addresses holding one silent connection each cannot
-lock a client with a token or certificate out, since it proves itself before it is oldest.
+connections is displaced to make room (the caller closes it). A full unproven budget is
+paid for by an address holding several unproven connections (the newcomer's own when it
+holds as many as anyone), so a flood from a few addresses churns only its own places and
+a client's lone connection keeps its time to prove itself. With every address holding one,
+the newcomer takes the place of the oldest unproven connection (or, with none, of the
+oldest that has sent nothing): thousands of addresses holding one silent connection each
+cannot lock a client with a token or certificate out, since it proves itself before it is
+oldest.
 """
 
 from __future__ import annotations
@@ -62,8 +66,14 @@ class Admission:
             return Decision(PER_IP_CAP)
         if unproven and self.unproven >= self.max_unproven:
             top = _top(self.unproven_per_ip)
-            if top is not None and top[1] >= self.unproven_per_ip[ip] + 2:
-                return Decision(displace_ip=top[0], unproven_only=True)
+            own = self.unproven_per_ip[ip]
+            if top is not None and top[1] >= 2:
+                # an address holding several pays for the newcomer: the newcomer's own one
+                # when it holds as many as anyone, else the one holding the most. A lone
+                # unproven connection of another address is never the price of a flood
+                victim = ip if own >= top[1] else top[0]
+                return Decision(UNPROVEN_BUDGET if victim == ip else None,
+                                displace_ip=victim, unproven_only=True)
             return Decision(UNPROVEN_BUDGET, unproven_only=True, oldest=True)
         if self.total >= self.max_total:
             top = _top(self.per_ip)

@@ -53,8 +53,9 @@ def test_no_displacement_between_equals():
 def test_unproven_connections_have_their_own_budget():
     a = Admission(max_total=100, max_per_ip=100, max_unproven=3)
     _fill(a, "attacker", 3, unproven=True)
-    # more unproven from the same address: refused (it holds the most already)
-    assert a.decide("attacker", True).refused == UNPROVEN_BUDGET
+    # more unproven from the same address: only in place of one of its own
+    d = a.decide("attacker", True)
+    assert d.refused == UNPROVEN_BUDGET and d.displace_ip == "attacker" and not d.oldest
     # proven connections are not limited by the unproven budget
     assert a.decide("attacker", False).refused is None
     # another address displaces one of the attacker's unproven connections
@@ -65,6 +66,34 @@ def test_unproven_connections_have_their_own_budget():
     a.proven("client")  # authenticated: leaves the budget
     assert a.unproven == 2 and a.unproven_per_ip["attacker"] == 2
     assert "client" not in a.unproven_per_ip and a.per_ip["client"] == 1
+
+
+def test_a_flood_from_few_addresses_never_displaces_a_lone_client():
+    """Two addresses hold the whole unproven budget and reconnect at once when displaced; a
+    client's single unproven connection is never their price, whichever of them comes."""
+    a = Admission(max_total=1000, max_per_ip=1000, max_unproven=128)
+    _fill(a, "x", 64, unproven=True)
+    _fill(a, "y", 64, unproven=True)
+    d = a.decide("client", True)
+    assert d.refused is None and d.displace_ip in ("x", "y")
+    a.remove(d.displace_ip, True)
+    a.add("client", True)
+    for i in range(1000):
+        newcomer = "x" if i % 3 else "y"
+        d = a.decide(newcomer, True)
+        assert d.displace_ip in ("x", "y") and not d.oldest, d
+        a.remove(d.displace_ip, True)
+        a.add(newcomer, True)
+        assert abs(a.unproven_per_ip["x"] - a.unproven_per_ip["y"]) <= 1
+    assert a.unproven_per_ip["client"] == 1 and a.unproven == 128
+
+
+def test_many_lone_addresses_displace_the_oldest():
+    a = Admission(max_total=1000, max_per_ip=1000, max_unproven=4)
+    for ip in "abcd":
+        _fill(a, ip, 1, unproven=True)
+    d = a.decide("e", True)
+    assert d.oldest and d.displace_ip is None and d.refused == UNPROVEN_BUDGET
 
 
 def test_counts_return_to_zero():
