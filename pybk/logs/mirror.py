@@ -286,14 +286,16 @@ class LogMirror:
         while True:
             try:
                 src = await self.source.last_position()
+                asked = True
             except (BKError, OSError, TimeoutError):
-                pass  # the copy fails on its own if it must
-            else:
+                asked = False  # the copy fails on its own if it must
+            now = self._now()  # (once: a caught-up mirror's lag is exactly 0)
+            if asked:
                 st.source_position = src
                 if src is None or (st.position is not None and st.position >= src):
-                    st.caught_up_at = self._now()
+                    st.caught_up_at = now
             caught = st.caught_up_at if st.caught_up_at is not None else caught
-            st.lag_seconds = self._now() - caught
+            st.lag_seconds = now - caught
             await asyncio.sleep(self.lag_interval)
 
 

@@ -375,6 +375,34 @@ async def test_lag_is_a_metric(tmp_path: Path) -> None:
             await task
 
 
+async def test_a_caught_up_mirror_lags_exactly_zero_on_a_clock_that_moves(
+        tmp_path: Path) -> None:
+    """Loop time moves between any two reads of it: the lag of a mirror holding all of the
+    source is 0.0, not the microseconds between two reads."""
+    async with two_clusters(tmp_path) as (a, b):
+        src = await a.client().namespace().create_log("tick")
+        dst = await b.client().namespace().create_log("tick")
+        ticks = [0.0]
+
+        def clock() -> float:
+            ticks[0] += 1e-6
+            return ticks[0]
+
+        mirror = LogMirror(src, dst, lag_interval=0.001, clock=clock)
+        async with await src.writer() as w:
+            await w.append(b"one")
+            task = asyncio.create_task(mirror.run())
+            await until(lambda: mirror.stats.records == 1, timeout=20)
+            await until(lambda: mirror.stats.source_position == w.last_position)
+            for _ in range(20):  # each pass of the watcher sets the lag again
+                seen = ticks[0]
+                await until(lambda seen=seen: ticks[0] > seen + 2e-6)
+                assert mirror.stats.lag_seconds == 0.0
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
 async def test_a_source_truncated_past_the_copy_stops_the_service(tmp_path: Path) -> None:
     async with two_clusters(tmp_path) as (a, b):
         src = await a.client().namespace().create_log("t", roll_entries=1)
