@@ -264,12 +264,10 @@ class TenancyRecords:
             raise NoSuchNamespaceError(f"no namespace {full_name!r}") from None
         return replace(info, version=v.version)
 
-    async def delete_namespace(self, full_name: str, *, empty: bool) -> None:
-        """``empty``: the caller found no logs or ledgers in it (else NotEmptyError)."""
+    async def delete_namespace(self, full_name: str) -> None:
+        """Delete the record only: whether its logs go first is the admin's rule
+        (:meth:`pybk.ops.Admin.delete_namespace`)."""
         tenant, ns = split_namespace(full_name)
-        if not empty:
-            raise NotEmptyError(f"namespace {full_name!r} still has logs (delete them, "
-                                "or force)")
         try:
             await self.store.delete_value(f"{_NAMESPACES}{tenant}/{ns}")
         except NoSuchKeyError:

@@ -72,9 +72,14 @@ class TenancyAdmin:
 
     async def namespace_logs(self, name: str) -> list[str]:
         """The names of the namespace's logs (NoSuchNamespaceError if there is none)."""
-        await self._records.namespace(name)
+        return (await self.namespace_details(name))[1]
+
+    async def namespace_details(self, name: str) -> tuple[NamespaceInfo, list[str]]:
+        """The namespace's record and the names of its logs, the record read once
+        (NoSuchNamespaceError if there is none)."""
+        info = await self._records.namespace(name)
         names: list[str] = await self._client.namespace(name).list_logs()
-        return names
+        return info, names
 
     async def namespace_info(self, name: str) -> NamespaceInfo:
         """NoSuchNamespaceError if there is none."""
@@ -98,4 +103,4 @@ class TenancyAdmin:
                                 "them first, or force")
         for log_name in names:
             await logs.delete_log(log_name)
-        await self._records.delete_namespace(name, empty=True)
+        await self._records.delete_namespace(name)

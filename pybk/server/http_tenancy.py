@@ -99,8 +99,9 @@ def tenancy_routes(admin: Admin) -> list[tuple[str, str, Handler]]:
 
     async def get_namespace(request: web.Request) -> web.StreamResponse:
         name = _name(request)
-        doc = _namespace(await admin.namespace_info(name))
-        doc["logs"] = await admin.namespace_logs(name)
+        info, logs = await admin.namespace_details(name)
+        doc = _namespace(info)
+        doc["logs"] = logs
         return web.json_response(doc)
 
     async def put_namespace(request: web.Request) -> web.StreamResponse:

@@ -61,7 +61,7 @@ async def check_tenancy_records_refuse_what_they_must(backend: MetadataBackend) 
         raise AssertionError("a tenant with a namespace was deleted")
     except NotEmptyError:
         pass
-    await r.delete_namespace("t/ns", empty=True)
+    await r.delete_namespace("t/ns")
     for missing in (r.namespace("t/ns"), r.update_namespace("t/ns", NamespacePolicies())):
         try:
             await missing
