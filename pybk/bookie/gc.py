@@ -16,16 +16,17 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from pybk.errors import NoSuchLedgerError
 from pybk.runtime.eventloop import gather, within
 
 if TYPE_CHECKING:
     from pybk.bookie.bookie import Bookie
-    from pybk.metadata.base import MetadataStore
+    from pybk.metadata.base import LedgerMetadata
 
-__all__ = ["GarbageCollector", "GcResult", "GcStats", "metadata_liveness"]
+__all__ = ["GC_IGNORES_MIN_AGE", "GarbageCollector", "GcResult", "GcStats", "ReadsLedgers",
+           "metadata_liveness"]
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +38,22 @@ PRESSURE_RUN_GAP = 10.0
 #: the threshold that picks only segments with no live byte (live < DEAD_ONLY x size)
 DEAD_ONLY = 1e-12
 
+#: mutation switch (a name in ``BookieConfig.mutations``): the collector considers ledgers
+#: however recently it first saw them, so a metadata replica that has not yet learned of a
+#: new ledger gets its data deleted
+GC_IGNORES_MIN_AGE: Final = "gc_ignores_min_age"
+
 #: ``is_live(ledger_id)``: True unless the metadata definitely no longer has the ledger
 IsLive = Callable[[int], Awaitable[bool]]
 
 
-def metadata_liveness(store: MetadataStore) -> IsLive:
+class ReadsLedgers(Protocol):
+    """What the liveness check reads: a metadata store, or a view of one."""
+
+    async def read_ledger(self, ledger_id: int) -> LedgerMetadata: ...
+
+
+def metadata_liveness(store: ReadsLedgers) -> IsLive:
     """``is_live`` over a metadata store: only a definite NoSuchLedgerError says "gone";
     any other failure (unreachable, timed out, damaged metadata) says "live" (rule R8)."""
 
@@ -113,6 +125,7 @@ class GarbageCollector:
         self.is_live = is_live
         self.list_ledgers = list_ledgers
         self.stats = GcStats()
+        self._ignores_min_age = GC_IGNORES_MIN_AGE in self.config.mutations
         #: told ``(ledger_id)`` right before a collected ledger is deleted (the simulator
         #: checks each against the metadata's history)
         self.on_collect: Callable[[int], None] | None = None
@@ -272,7 +285,7 @@ class GarbageCollector:
         if self.bookie.journal_failed:
             result.skipped = "the journal failed: nothing is written until a restart"
             return
-        min_age = self.config.gc_min_ledger_age
+        min_age = 0.0 if self._ignores_min_age else self.config.gc_min_ledger_age
         local = [lid for lid in self._note_ledgers(now)
                  if now - self._first_seen[lid] >= min_age]
         if not local:

@@ -21,6 +21,7 @@ from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE
 from pybk.metadata.base import BookieRegistration
 from pybk.metadata.memory import MemoryMetadataStore
 from pybk.metadata.memory_watches import PolledDelivery
+from pybk.sim.follower import CreationLog, FollowerView
 from pybk.sim.loop import sleep
 from pybk.sim.net import NetConfig, SimNetwork
 from pybk.storage.memfs import MemFileSystem
@@ -37,6 +38,8 @@ __all__ = [
 ]
 
 DATA_DIR = "/bookie"
+#: how far behind (loop seconds) the collectors' metadata replica is for new ledgers
+FOLLOWER_LAG = 0.5
 #: the simulated machines' wall clock at virtual time 0 (as ``SimRun.wall_clock``'s)
 WALL_EPOCH = 1_700_000_000.0
 
@@ -102,6 +105,12 @@ class SimCluster:
         #: called as ``listener(op, key)`` after each metadata operation was applied (the
         #: runner learns of every ledger deletion, whoever made it)
         self.on_meta_applied: list[Callable[[str, object], Awaitable[None] | None]] = []
+        #: the collectors read the metadata as a replica this far behind for new ledgers
+        #: (pybk.sim.follower): half the simulated bookies' gc_min_ledger_age, so the
+        #: collector's age guard is what keeps a ledger its listing does not show yet
+        self.gc_metadata_lag = FOLLOWER_LAG
+        self.creations = CreationLog(lambda: asyncio.get_running_loop().time())
+        self.on_meta_applied.append(self.creations.applied)
         self.network = SimNetwork(self.rng("net"), net, trace=self._log, count=self._count)
         self.bookie_config = bookie_config
         self.client_config = client_config
@@ -198,9 +207,9 @@ class SimCluster:
         if bookie.gc is not None:  # the collector asks the metadata as clients do (faults too)
             from pybk.bookie.gc import metadata_liveness
 
-            gc_store = self.store.session()
-            bookie.gc.is_live = metadata_liveness(gc_store)
-            bookie.gc.list_ledgers = gc_store.list_ledgers
+            view = FollowerView(self.store.session(), self.creations, self.gc_metadata_lag)
+            bookie.gc.is_live = metadata_liveness(view)
+            bookie.gc.list_ledgers = view.list_ledgers
             bookie.gc.on_collect = lambda lid, b=bookie_id: self._gc_collected(b, lid)
         for hook in self.on_bookie_started:
             await hook(sb)

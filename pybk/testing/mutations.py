@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from typing import Final
 
 from pybk.bookie.bookie import NO_SUCH_ENTRY_ON_IO_ERROR
+from pybk.bookie.gc import GC_IGNORES_MIN_AGE
 from pybk.client.isolation import REREPLICATION_LEAVES_GROUP
 from pybk.client.placement import RACK_PLAN_IGNORES_WRAP
 from pybk.client.reader import LEDGER_TAIL_SKIPS_ON_ERROR
@@ -50,6 +51,7 @@ __all__ = [
     "DB_LOG_UNSYNCED",
     "DELTA_SKIPS_LEDGER_STATE",
     "ENSEMBLE_BEFORE_COPY_DURABLE",
+    "GC_IGNORES_MIN_AGE",
     "INLINE_SYNC_SKIPS_FSYNC",
     "KNOWN",
     "LAC_BEFORE_QUORUM",
@@ -75,7 +77,7 @@ KNOWN: Final = frozenset(
      TAIL_READER_SKIPS_ON_ERROR, SEGMENT_COMPLETED_AT_STALE_LAC, COUNTS_REPLACED_BOOKIES_ACKS,
      RACK_PLAN_IGNORES_WRAP, LEDGER_TAIL_SKIPS_ON_ERROR, LAC_BEFORE_QUORUM,
      DB_LOG_UNSYNCED, DB_COMPACTION_COVERS_CACHE,
-     REREPLICATION_LEAVES_GROUP}
+     REREPLICATION_LEAVES_GROUP, GC_IGNORES_MIN_AGE}
 )
 
 

@@ -1,22 +1,15 @@
 """Who may connect: the connection caps, and fair displacement when they are full.
 
-Pure bookkeeping (no sockets), so the rules can be tested on their own. A connection is
-counted from the moment it is accepted, TLS handshake included, until it is gone. It starts
-*unproven* when the server asks for something first (a TLS handshake, an AUTH token) and
-counts against the small ``max_unproven`` budget until it has done so: authenticated
-connections can therefore never be crowded out by unauthenticated ones, which hold at most
-that budget.
+Pure bookkeeping (no sockets), so the rules can be tested on their own. A connection counts
+from its accept until it is gone; it is *unproven* while the server waits for its TLS
+handshake or AUTH token, and unproven ones hold at most the small ``max_unproven`` budget.
 
-A cap that is full does not lock a newcomer out: if one address holds at least two
-connections more (of the full kind) than the newcomer's address, one of that address's
-connections is displaced to make room (the caller closes it). A full unproven budget is
-paid for by an address holding several unproven connections (the newcomer's own when it
-holds as many as anyone), so a flood from a few addresses churns only its own places and
-a client's lone connection keeps its time to prove itself. With every address holding one,
-the newcomer takes the place of the oldest unproven connection (or, with none, of the
-oldest that has sent nothing): thousands of addresses holding one silent connection each
-cannot lock a client with a token or certificate out, since it proves itself before it is
-oldest.
+A full cap does not lock a newcomer out. An address holding two more connections than the
+newcomer's gives one up. A full unproven budget is paid for by an address holding several
+(the newcomer's own when it holds as many as anyone): a flood from a few addresses churns
+its own places, and a client's lone connection keeps its time to prove itself. With every
+address holding one, the oldest unproven connection (else the oldest silent one) makes
+room: thousands of addresses cannot lock out a client that proves itself before it is oldest.
 """
 
 from __future__ import annotations
