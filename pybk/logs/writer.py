@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Sequence
 from functools import partial
 from itertools import accumulate, repeat
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from pybk.client.writer import LedgerHandle
 from pybk.errors import (
@@ -28,7 +28,6 @@ from pybk.errors import (
     EndOfStreamError,
     LedgerClosedError,
     LedgerFencedError,
-    MetadataVersionError,
     NoSuchLedgerError,
     RecordTooLargeError,
     TooManyRequestsError,
@@ -38,22 +37,17 @@ from pybk.errors import (
 )
 from pybk.logs import envelope
 from pybk.logs.config import WriterOptions
-from pybk.logs.meta import COMPLETED, IN_PROGRESS, LogMetadata, SegmentInfo
+from pybk.logs.meta import COMPLETED, LogMetadata, SegmentInfo
 from pybk.logs.position import Position
 from pybk.logs.retention import housekeep
 from pybk.logs.tail import register_writer, unregister_writer
+from pybk.logs.takeover import take_over
 from pybk.logs.truncation import plan_truncation
 
 if TYPE_CHECKING:
     from pybk.logs.catalog import LogCatalog
 
-__all__ = ["SEGMENT_COMPLETED_AT_STALE_LAC", "LogWriter", "take_over"]
-
-#: mutation switch (a name in ``ClientConfig.mutations``; registry: ``pybk.testing.mutations``):
-#: a new writer completes the segment it takes over at the LAC its bookies reported before
-#: the recovery, not at the recovered last entry (the old writer's last acknowledged
-#: records, not yet covered by a LAC, drop out of the log)
-SEGMENT_COMPLETED_AT_STALE_LAC: Final = "segment_completed_at_stale_lac"
+__all__ = ["LogWriter"]
 
 log = logging.getLogger(__name__)
 
@@ -935,89 +929,3 @@ async def _abandon_ledger(cat: LogCatalog, lh: LedgerHandle) -> None:
         await cat.delete_ledger(lh.id)
     except BKError as exc:
         log.warning("log %s: could not delete unused ledger %d: %s", cat.name, lh.id, exc)
-
-
-async def take_over(cat: LogCatalog, label: str, during: str) -> LogMetadata:
-    """A new writer's takeover (a writer opening, or a publish that fences the writer): take
-    the writer lock, recover what an earlier writer left; losing the log to yet another
-    writer meanwhile is a WriterConflictError (``during`` says when, for its message)."""
-    md = await _take_lock(cat, label)
-    try:
-        return await _recover(cat, md)
-    except LedgerFencedError as exc:
-        raise WriterConflictError(
-            f"log {cat.name!r}: another writer took it over {during} ({exc})") from exc
-
-
-async def _take_lock(cat: LogCatalog, label: str) -> LogMetadata:
-    """Take the writer lock: the log's epoch + 1, by CAS. Losing the CAS to another writer
-    that opened the log at the same time is WriterConflictError; losing it to any other
-    change (a truncation, the old writer's roll) is retried."""
-    for _ in range(100):
-        md = await cat.read()
-        new = md.with_changes(epoch=md.epoch + 1, writer=label)
-        try:
-            stored = await cat.store.write_value(cat.key, new.to_bytes(), md.version)
-        except MetadataVersionError:
-            current = await cat.read()
-            if current.epoch != md.epoch:
-                raise WriterConflictError(
-                    f"log {cat.name!r}: writer {current.writer or 'unnamed'} opened it at the "
-                    f"same time and holds it (epoch {current.epoch})"
-                ) from None
-            continue
-        return LogMetadata.from_bytes(stored.value, stored.version)
-    raise WriterConflictError(f"log {cat.name!r}: could not take the writer lock (contention)")
-
-
-async def _recover(cat: LogCatalog, md: LogMetadata) -> LogMetadata:
-    """Seal what earlier writers left: the in-progress segment (fenced, completed at its
-    recovered end or deleted when empty), ledgers made ahead, a half-done truncation."""
-    epoch = md.epoch
-    for seg in [s for s in md.segments if s.state == IN_PROGRESS]:
-        completed = await _recover_segment(cat, seg)
-        if completed is None:
-            await cat.delete_ledger(seg.ledger_id)
-            md = await cat.update(partial(_drop_segment, seg.seq), epoch=epoch)
-        else:
-            md = await cat.update(partial(_put_segment, completed), epoch=epoch)
-    if md.allocated:
-        allocated = set(md.allocated)
-        for lid in sorted(allocated):
-            await cat.delete_ledger(lid)
-        md = await cat.update(
-            lambda cur: cur.with_changes(allocated=tuple(x for x in cur.allocated
-                                                         if x not in allocated)),
-            epoch=epoch,
-        )
-    return await cat.purge_truncated(md, epoch=epoch)
-
-
-def _drop_segment(seq: int, md: LogMetadata) -> LogMetadata:
-    return md.without_segments([seq])
-
-
-def _put_segment(seg: SegmentInfo, md: LogMetadata) -> LogMetadata:
-    return md.replace_segment(seg)
-
-
-async def _recover_segment(cat: LogCatalog, seg: SegmentInfo) -> SegmentInfo | None:
-    """Fence and seal one in-progress segment; its completed info, or None when empty."""
-    stale: int | None = None
-    try:
-        if SEGMENT_COMPLETED_AT_STALE_LAC in cat.client.config.mutations:  # broken build
-            stale = (await cat.client.open_ledger(seg.ledger_id, recovery=False)
-                     ).last_add_confirmed
-        rh = await cat.client.open_ledger(seg.ledger_id, recovery=True)
-    except NoSuchLedgerError:
-        return None
-    last = rh.last_add_confirmed if stale is None else min(stale, rh.last_add_confirmed)
-    if last < 0:
-        return None
-    (entry,) = await rh.read(last, last)
-    header = envelope.decode_header(entry.data)
-    return seg.with_changes(
-        state=COMPLETED, last_entry=last, last_slot=header.count - 1,
-        records=header.first_index + header.count, bytes=rh.length,
-        max_txid=header.max_txid, mtime_ms=cat.now_ms(),
-    )
