@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 
 __all__ = ["AppendsMixin"]
 
-log = logging.getLogger(__name__)
+#: the writer's logger (its messages kept one name across the writer's modules)
+log = logging.getLogger("pybk.logs.writer")
 
 _new_tuple = tuple.__new__
 _drain = deque  # deque(iterator, 0): run an iterator to its end in C
