@@ -29,8 +29,8 @@ from pybk.logs import envelope
 from pybk.logs.builder import BuiltSegment
 from pybk.logs.meta import COMPLETED, LogMetadata, SegmentInfo
 from pybk.logs.position import Position
+from pybk.logs.takeover import take_over
 from pybk.logs.truncation import plan_retention, plan_truncation
-from pybk.logs.writer import take_over
 from pybk.metadata.base import CLOSED
 from pybk.runtime.eventloop import gather
 

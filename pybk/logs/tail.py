@@ -31,7 +31,8 @@ def register_writer(cat: LogCatalog, writer: LogWriter) -> None:
     _LIVE.setdefault(cat.client, {})[cat.key] = writer
 
 
-def unregister_writer(cat: LogCatalog, writer: LogWriter) -> None:
+def unregister_writer(cat: LogCatalog, writer: object) -> None:
+    """Forget ``writer`` as the log's live writer (if it still is: compared by identity)."""
     per = _LIVE.get(cat.client)
     if per is not None and per.get(cat.key) is writer:
         del per[cat.key]

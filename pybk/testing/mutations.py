@@ -32,7 +32,7 @@ from pybk.client.writer import (
     LAC_BEFORE_QUORUM,
 )
 from pybk.logs.reader import TAIL_READER_SKIPS_ON_ERROR
-from pybk.logs.writer import SEGMENT_COMPLETED_AT_STALE_LAC
+from pybk.logs.takeover import SEGMENT_COMPLETED_AT_STALE_LAC
 from pybk.ops.replicator import ENSEMBLE_BEFORE_COPY_DURABLE
 from pybk.storage.dbstore import DB_COMPACTION_COVERS_CACHE, DB_LOG_UNSYNCED
 from pybk.storage.startup import REPLAY_DAMAGE_AS_TORN_TAIL
