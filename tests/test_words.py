@@ -20,7 +20,6 @@ MAX_MODULE_LINES = 600
 #: wave's merges, 28 Nov): the list may only shrink, and a listed module may only get smaller
 #: (splitting them is open work: docs/architecture.md)
 OVER_LIMIT: dict[str, int] = {
-    "storage/index.py": 606,
     "client/pipeline.py": 626,
     "transport/server_connection.py": 687,
     "client/writer.py": 708,

@@ -5,7 +5,8 @@
 * ``records``  on-disk framing: segment headers, CRC-framed batches and records
 * ``journal``  the write side: segment files, serial group commit, rotation
 * ``replay``   the read side at start-up: verify segments, torn tail vs corruption
-* ``index``    entry locations and per-ledger state, checkpoint file format
+* ``index``    entry locations and per-ledger state (``entryindex``: one ledger's locations in
+               array columns), checkpoint file format
 * ``engine``   LedgerStorage, the seam a bookie drives its engine through (``engines``
                builds the one ``StoreConfig.storage`` names): ``store`` (LedgerStore, the
                journal is the entry store; default) or ``dbstore`` (DbLedgerStore: write
