@@ -3,7 +3,8 @@
 * ``fs``       the FileSystem seam; ``osfs`` the real one, ``memfs`` one in memory with crash
                semantics (the simulator's disk)
 * ``records``  on-disk framing: segment headers, CRC-framed batches and records
-* ``journal``  the write side: segment files, serial group commit, rotation
+* ``journal``  the write side: segment files, serial group commit, rotation (``journalbatch``:
+               a batch on its way; ``prealloc``: segment files made ahead of use)
 * ``replay``   the read side at start-up: verify segments, torn tail vs corruption
 * ``index``    entry locations and per-ledger state (``entryindex``: one ledger's locations in
                array columns), checkpoint file format
