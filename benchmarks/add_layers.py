@@ -57,19 +57,22 @@ def _cut_below_client() -> None:
 def _cut_below_bookies() -> None:
     """The journal completes each batch at once, as if written and synced: records are
     still made by the store, positions and offsets computed as the journal does."""
-    from pybk.storage import journal as J
+    from pybk.storage.index import Position
+    from pybk.storage.journal import Journal
+    from pybk.storage.journalbatch import JournalBatch
+    from pybk.storage.records import BATCH_HEADER_SIZE
 
-    assert hasattr(J.Journal, "_write_batch") and hasattr(J.Journal, "_take")
+    assert hasattr(Journal, "_write_batch") and hasattr(Journal, "_take")
 
     async def write_batch(self: Any) -> None:
         data, tags, futs, entries = self._take(0)
-        offsets = list(accumulate(map(len, data), initial=J.BATCH_HEADER_SIZE))
-        batch = J._Batch(tags, offsets, futs, offsets[-1], entries)
-        batch.position = J.Position(self._seq, offsets[-1], self._batch_seq)
+        offsets = list(accumulate(map(len, data), initial=BATCH_HEADER_SIZE))
+        batch = JournalBatch(tags, offsets, futs, offsets[-1], entries)
+        batch.position = Position(self._seq, offsets[-1], self._batch_seq)
         self._batch_seq += 1
         self._complete(batch)
 
-    J.Journal._write_batch = write_batch  # type: ignore[method-assign]
+    Journal._write_batch = write_batch  # type: ignore[method-assign]
 
 
 async def _driver_only(count: int) -> tuple[float, float]:

@@ -20,13 +20,9 @@ MAX_MODULE_LINES = 600
 #: wave's merges, 28 Nov): the list may only shrink, and a listed module may only get smaller
 #: (splitting them is open work: docs/architecture.md)
 OVER_LIMIT: dict[str, int] = {
-    "storage/index.py": 606,
     "client/pipeline.py": 626,
     "transport/server_connection.py": 687,
     "client/writer.py": 708,
-    "storage/writes.py": 710,
-    "bookie/bookie.py": 741,
-    "storage/journal.py": 742,
     "transport/messages.py": 797,
     "metadata/zookeeper/store.py": 840,
     "sim/runner.py": 943,

@@ -1,6 +1,7 @@
 """The bookie: request handling over the storage engine, and the process that serves it.
 
-* ``bookie``    :class:`Bookie`: add / read / fence / LAC / long poll over a LedgerStore
+* ``bookie``    :class:`Bookie`: add / read / fence / LAC / long poll over a LedgerStore (its
+                reads and long polls in ``reads``, its upkeep on request in ``maintenance``)
 * ``config``    :class:`BookieConfig`: the storage knobs plus the bookie's own
 * ``state``     writable / read-only / stopped
 * ``cookie``    identity of a data directory (rule R4)

@@ -5,7 +5,9 @@ response; request-level failures become a status and a message, never an excepti
 unexpected exception becomes IO_ERROR with its text (the bookie keeps serving).
 
 What the bookie adds on top of :class:`pybk.storage.store.LedgerStore` (listed in
-docs/internals.md, "pybk/bookie/bookie.py").
+docs/internals.md, "pybk/bookie/bookie.py"). Its reads and long polls are
+:mod:`pybk.bookie.reads`, its upkeep on request (ledger deletion, garbage collection,
+compaction, checkpoints) :mod:`pybk.bookie.maintenance`: mixins of the one Bookie class.
 """
 
 from __future__ import annotations
@@ -20,22 +22,19 @@ from typing import Any, Final
 from pybk.bookie.config import BookieConfig
 from pybk.bookie.cookie import check_cookie
 from pybk.bookie.deferred import DeferredAdd, DeferredSyncs, force_reply
-from pybk.bookie.gc import GarbageCollector, GcResult, metadata_liveness
+from pybk.bookie.gc import GarbageCollector, metadata_liveness
 from pybk.bookie.gcremote import GcRemote
 from pybk.bookie.longpoll import LongPollWaiters
+from pybk.bookie.maintenance import BookieMaintenance
+from pybk.bookie.reads import NO_SUCH_ENTRY_ON_IO_ERROR, BookieReads
 from pybk.bookie.replies import CountedAdd, Respond, state_message
-from pybk.bookie.sizing import READ_BATCH_MAX_BYTES, answer_size
 from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE, BookieState
 from pybk.bookie.unknown import UnknownLedgerCheck, fence_checked
 from pybk.errors import (
-    BadRequestError,
     BKError,
     BookieStateError,
     BookieStoppedError,
-    CorruptRecordError,
     IOBookieError,
-    NoSuchEntryError,
-    NoSuchLedgerError,
     ReadOnlyBookieError,
     status_of,
 )
@@ -47,7 +46,7 @@ from pybk.storage.engine import LedgerStorage
 from pybk.storage.engines import make_engine
 from pybk.storage.fs import FileSystem
 from pybk.storage.store import AddCallback as EntryCallback
-from pybk.storage.store import CompactionResult, ResolveFuture
+from pybk.storage.store import ResolveFuture
 from pybk.wire import (
     AddBatchRequest,
     AddCallback,
@@ -61,11 +60,8 @@ from pybk.wire import (
     ListEntriesRequest,
     ListEntriesResponse,
     ReadBatchRequest,
-    ReadBatchResponse,
     ReadLacRequest,
-    ReadLacResponse,
     ReadRequest,
-    ReadResponse,
     Request,
     Response,
     Status,
@@ -80,21 +76,12 @@ log = logging.getLogger(__name__)
 _RECOVERY_ON_FULL_DISK = sometimes.point(
     "bookie.recovery_add_on_full_disk",
     "a bookie read-only for its disk still took a recovery add (how a ledger gets sealed)")
-_LONG_POLL_FENCED = sometimes.point(
-    "bookie.long_poll_ended_by_fence", "a parked long poll was answered because of a fence")
 
 #: seconds between two log lines of one kind of error a remote request can cause
 REMOTE_LOG_INTERVAL: Final = 10.0
-#: the highest entry id (entry ids are signed 64-bit on the wire)
-MAX_ENTRY_ID: Final = (1 << 63) - 1
-
-#: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``):
-#: the bookie answers NoSuchEntry when reading an entry fails with an I/O or checksum error
-#: (BookKeeper #2908), which lets recovery call a stored entry absent
-NO_SUCH_ENTRY_ON_IO_ERROR: Final = "no_such_entry_on_io_error"
 
 
-class Bookie:
+class Bookie(BookieReads, BookieMaintenance):
     """One bookie over one data directory. See the module docstring and docs/contracts.md."""
 
     def __init__(
@@ -582,98 +569,6 @@ class Bookie:
         await store.write_lac(req.ledger_id, req.lac, req.body, req.master_key)
         return WriteLacResponse(Status.OK, req.ledger_id)
 
-    def _read_entry(self, store: LedgerStorage, ledger_id: int, entry_id: int) -> bytes:
-        try:
-            return store.read(ledger_id, entry_id)
-        except (CorruptRecordError, IOBookieError) as exc:
-            if self._no_such_entry_on_io_error:  # a broken build (mutation switch)
-                raise NoSuchEntryError(str(exc)) from None
-            self._remote_error("damaged or unreadable entries read", str(exc))
-            raise
-
-    def _read_batch(self, req: ReadBatchRequest) -> ReadBatchResponse:
-        """Several entries at once (``LedgerStore.read_many``: one pread for neighbouring
-        records, an answer kept within :data:`READ_BATCH_MAX_BYTES`); each entry answered on
-        its own, like :meth:`_read` would."""
-        store = self._store()
-        lid = req.ledger_id
-        out, errors = store.read_many(lid, req.entry_ids, READ_BATCH_MAX_BYTES)
-        for index, err in errors.items():
-            if isinstance(err, CorruptRecordError | IOBookieError):
-                if self._no_such_entry_on_io_error:  # a broken build (mutation switch)
-                    out[index] = (out[index][0], Status.NO_SUCH_ENTRY, None)
-                else:
-                    self._remote_error("damaged or unreadable entries read", str(err))
-        return ReadBatchResponse(Status.OK, lid, store.lac(lid), tuple(out))
-
-    async def _read(self, req: ReadRequest) -> ReadResponse:
-        store = self._store()
-        lid = req.ledger_id
-        if req.previous_lac is not None and req.previous_lac >= MAX_ENTRY_ID:
-            raise BadRequestError(f"ledger {lid}: previous_lac {req.previous_lac} leaves no "
-                                  "entry id to wait for (entry ids are below 2^63-1)")
-        if req.fence:
-            await fence_checked(self.unknown_ledgers, store, lid, req.master_key)
-        if req.previous_lac is not None and req.timeout > 0:
-            return await self._long_poll(store, req, req.previous_lac)
-        if req.previous_lac is not None:
-            # a non-waiting LAC probe: answer like a long poll that timed out at once
-            return self._poll_answer(store, req, req.previous_lac)
-        body = self._read_entry(store, lid, req.entry_id)
-        entry_id = req.entry_id
-        if entry_id == -1:
-            entry_id = store.state(lid).last_entry
-        return ReadResponse(Status.OK, lid, entry_id, body, lac=store.lac(lid))
-
-    async def _long_poll(self, store: LedgerStorage, req: ReadRequest,
-                         previous_lac: int) -> ReadResponse:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + req.timeout
-        lid = req.ledger_id
-        while True:
-            if store.is_deleted(lid):
-                raise NoSuchLedgerError(f"ledger {lid} was deleted on this bookie")
-            st = store.find(lid)
-            if st is not None and (st.lac > previous_lac or st.fenced):
-                if st.lac <= previous_lac:
-                    _LONG_POLL_FENCED()
-                break
-            if self._journal_failed or self._state == STOPPED:
-                break
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                break
-            await self._polls.wait(lid, remaining)
-            if self.store is not store:
-                raise BookieStoppedError(f"bookie {self.bookie_id} stopped during a long poll")
-        return self._poll_answer(store, req, previous_lac)
-
-    def _poll_answer(self, store: LedgerStorage, req: ReadRequest,
-                     previous_lac: int) -> ReadResponse:
-        lid = req.ledger_id
-        if store.is_deleted(lid):
-            raise NoSuchLedgerError(f"ledger {lid} was deleted on this bookie")
-        st = store.find(lid)
-        lac = -1 if st is None else st.lac
-        wanted = previous_lac + 1
-        body = None
-        if st is not None and store.entry_size(lid, wanted) is not None:
-            body = self._read_entry(store, lid, wanted)
-        return ReadResponse(Status.OK, lid, wanted, body, lac=lac)
-
-    def response_size_hint(self, request: Request) -> int | None:
-        """Bytes of entry data the answer to ``request`` will carry, from the index alone
-        (:func:`pybk.bookie.sizing.answer_size`); None when stopped."""
-        return None if self.store is None else answer_size(self.store, request)
-
-    def _read_lac(self, req: ReadLacRequest) -> ReadLacResponse:
-        store = self._store()
-        st = store.state(req.ledger_id)
-        last = None
-        if st.last_entry >= 0:
-            last = self._read_entry(store, req.ledger_id, -1)
-        return ReadLacResponse(Status.OK, req.ledger_id, st.explicit_lac_body, last)
-
     def _info(self) -> BookieInfoResponse:
         try:
             free, total = self.disk_usage()
@@ -681,52 +576,6 @@ class Bookie:
             raise IOBookieError(f"disk usage: {exc}") from None
         return BookieInfoResponse(Status.OK, self.bookie_id, free, total, self._state,
                                   state_message(self._reason, self.store))
-
-    # ================================================================== admin
-
-    async def delete_ledger(self, ledger_id: int) -> None:
-        """Delete a ledger's data on this bookie (journaled tombstone; durable on return)."""
-        await self._store().delete_ledger(ledger_id)
-
-    async def run_gc(self, *, force: bool = True) -> GcResult:
-        """One run of the garbage collector now (the scheduled run's code; ``force``: major
-        compaction too). Raises BookieStateError without a metadata store to ask."""
-        self._store()
-        if self.gc is None:
-            raise BookieStateError(f"bookie {self.bookie_id} has no metadata store: "
-                                   "nothing to collect against")
-        return await self.gc.run(force=force)
-
-    async def collect_garbage(
-        self, is_live: Callable[[int], Awaitable[bool]], *, compact: bool = True
-    ) -> list[int]:
-        """Delete local ledgers ``is_live`` calls gone, then compact (``run_gc`` is the
-        scheduled collector's run, against the metadata store).
-
-        ``is_live(ledger_id)`` asks the metadata; it is asked twice per candidate, the second
-        time right before deleting (rule R8: never delete on a stale or transient answer).
-        Returns the deleted ledger ids."""
-        store = self._store()
-        deleted = []
-        candidates = [lid for lid in store.ledger_ids() if not await is_live(lid)]
-        for lid in candidates:
-            if await is_live(lid):
-                continue
-            await store.delete_ledger(lid)
-            deleted.append(lid)
-        if compact:
-            await self.compact()
-        return deleted
-
-    async def compact(self, threshold: float | None = None) -> CompactionResult:
-        """Rewrite mostly-dead journal segments (see LedgerStore.compact)."""
-        store = self._store()
-        if self._journal_failed:
-            raise ReadOnlyBookieError(f"bookie {self.bookie_id} is read-only: {self._reason}")
-        return await store.compact(threshold)
-
-    async def checkpoint(self) -> None:
-        await self._store().checkpoint()
 
     def _check(self) -> None:
         """Assert invariants (stateful tests)."""
@@ -737,4 +586,4 @@ class Bookie:
             assert not self._journal_failed and not self._disk_full
 
 
-__all__ = ["NO_SUCH_ENTRY_ON_IO_ERROR", "Bookie"]
+__all__ = ["Bookie"]

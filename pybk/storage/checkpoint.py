@@ -27,17 +27,10 @@ from typing import Final
 import crc32c
 
 from pybk.errors import CorruptRecordError
+from pybk.storage.entryindex import EntryColumns, EntryIndex, Loc, empty_columns
 from pybk.storage.fs import FileSystem
 from pybk.storage.idranges import IdRanges
-from pybk.storage.index import (
-    EntryColumns,
-    EntryIndex,
-    Index,
-    LedgerState,
-    Loc,
-    Position,
-    empty_columns,
-)
+from pybk.storage.index import Index, LedgerState, Position
 
 __all__ = [
     "BASE",

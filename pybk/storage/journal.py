@@ -16,17 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import logging
 import posixpath
 from collections.abc import Callable
 from itertools import accumulate
 from typing import Any
 
 from pybk.errors import IOBookieError, JournalFailedError, ReadOnlyBookieError, fresh_copy
-from pybk.runtime.eventloop import gather, yield_now
+from pybk.runtime.eventloop import yield_now
 from pybk.stats import BookieStats
 from pybk.storage.fs import FileHandle, FileSystem
 from pybk.storage.index import Position
+from pybk.storage.journalbatch import JournalBatch, fail_futures
+from pybk.storage.prealloc import PREP_SUFFIX, SegmentPreparer, drop_partial
 from pybk.storage.records import (
     BATCH_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
@@ -34,8 +35,8 @@ from pybk.storage.records import (
     encode_segment_header,
 )
 
-__all__ = ["PREP_CHUNK", "PREP_SUFFIX", "SEGMENT_SUFFIX", "FailedCallback", "Journal",
-           "SyncedCallback", "parse_segment_name", "segment_name"]
+__all__ = ["SEGMENT_SUFFIX", "FailedCallback", "Journal", "SyncedCallback",
+           "parse_segment_name", "segment_name"]
 
 #: ``on_synced(segment_seq, tags, offsets)`` once a batch is durable: ``tags[i]`` is the tag
 #: of the batch's i-th item (None: appended without one), ``offsets[i]`` where that item
@@ -45,13 +46,6 @@ SyncedCallback = Callable[[int, list[Any], list[int]], None]
 FailedCallback = Callable[[list[Any], BaseException], None]
 
 SEGMENT_SUFFIX = ".seg"
-#: a segment file being made ahead of use (preallocated), not yet renamed into place
-PREP_SUFFIX = ".prep"
-#: bytes of zeros written per step when making a preallocated segment
-PREP_CHUNK = 1 << 20
-
-log = logging.getLogger(__name__)
-
 
 def segment_name(seq: int) -> str:
     return f"{seq:016x}{SEGMENT_SUFFIX}"
@@ -132,9 +126,9 @@ class Journal:
         self._position = Position(0, 0, 0)
         self._task: asyncio.Task[None] | None = None
         #: the batch being written or synced
-        self._inflight: _Batch | None = None
+        self._inflight: JournalBatch | None = None
         #: overlapped journal: the last batch, synced and not completed yet
-        self._done: _Batch | None = None
+        self._done: JournalBatch | None = None
         self._wake: asyncio.Event | None = None
         self._idle: asyncio.Event | None = None
         self._closing = False
@@ -152,16 +146,14 @@ class Journal:
         #: the active segment is a preallocated one written in place (its file is
         #: ``segment_size`` long, or longer once a batch crossed that), not appended to
         self._in_place = False
-        #: the background task making the next segment's file, and its sequence number
-        self._prep_task: asyncio.Task[bool] | None = None
-        self._prep_seq = -1
-        #: bytes/s of journal writes from which the next segment is only reserved, not
-        #: zero-filled (the zeros would compete with the data for the disk)
-        self.zero_fill_below = zero_fill_below
         self._opened_at = 0.0  # loop time the active segment was opened
         self.stats = {"batches": 0, "records": 0, "bytes": 0, "rotations": 0, "write_errors": 0,
                       "inline_syncs": 0, "overlapped": 0, "splits": 0, "preallocated": 0,
                       "zero_filled": 0, "allocated": 0, "prealloc_failures": 0}
+        #: makes preallocated segments ahead of use (``preallocate``)
+        self.preparer = SegmentPreparer(fs, directory, instance_id,
+                                        segment_path=self.segment_path, size_of=self.size_of,
+                                        zero_fill_below=zero_fill_below, stats=self.stats)
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -184,9 +176,6 @@ class Journal:
         grown = self.initial_segment_size << min(max(0, seq - self._first_seq), 48)
         return min(self.segment_size, grown)
 
-    def prep_path(self, seq: int) -> str:
-        return self.segment_path(seq) + PREP_SUFFIX
-
     async def open(self, seq: int) -> None:
         """Start a fresh active segment ``seq`` and the writer task."""
         self._first_seq = seq
@@ -203,7 +192,7 @@ class Journal:
 
     async def _new_segment(self, seq: int) -> None:
         path = self.segment_path(seq)
-        fh = await self._open_prepared(seq) if self.preallocate else None
+        fh = await self.preparer.open_prepared(seq) if self.preallocate else None
         in_place = fh is not None
         if fh is None:
             fh = self.fs.open_append(path)
@@ -223,96 +212,6 @@ class Journal:
         self._position = Position(seq, SEGMENT_HEADER_SIZE, 0)
         self._opened_at = asyncio.get_running_loop().time()
 
-    def _prepare_next(self, written: int) -> None:
-        """Start making the next segment's file in the background once the active one is half
-        full (not at once: a short-lived bookie should not pay for a segment it never uses);
-        zero-filled unless the journal writes ``zero_fill_below`` bytes/s or more."""
-        loop = asyncio.get_running_loop()
-        elapsed = loop.time() - self._opened_at
-        zero_fill = written < self.zero_fill_below * elapsed
-        seq = self._seq + 1
-        self._prep_seq = seq
-        self._prep_task = loop.create_task(self._prepare_ahead(seq, zero_fill),
-                                           name="pybk-journal-prealloc")
-
-    async def _open_prepared(self, seq: int) -> FileHandle | None:
-        """Segment ``seq`` renamed into place from its prepared file (made now if no
-        background task was making it), open to be written in place; None when it could not
-        be made (the caller then creates a plain segment)."""
-        task, self._prep_task = self._prep_task, None
-        if task is not None and self._prep_seq == seq:
-            ready = await task
-        else:
-            if task is not None:
-                task.cancel()
-            try:
-                await self._prepare(seq)
-                ready = True
-            except OSError as exc:
-                ready = self._prep_failed(seq, exc)
-        if not ready:
-            return None
-        path = self.segment_path(seq)
-        self.fs.rename(self.prep_path(seq), path)
-        await self.fs.fsync_dir(self.directory)
-        self.stats["preallocated"] += 1
-        return self.fs.open_rewrite(path, SEGMENT_HEADER_SIZE)
-
-    async def _prepare(self, seq: int, zero_fill: bool = True) -> None:
-        """Make segment ``seq``'s file under its temporary name: its header, then its blocks
-        up to ``segment_size``, zeros written out (``zero_fill``) or only reserved
-        (``FileHandle.allocate``); synced.
-
-        Zeros go out a chunk (a MiB) at a time and each chunk is synced before the next is
-        written: the journal's own syncs share the disk, and one that queues behind the
-        flush of a whole segment of zeros waits for all of it (measured, a lone writer with
-        16 MiB segments: longest add 18 ms, 4 ms paced; 256 writers x 100 B: +5% entries/s)."""
-        path = self.prep_path(seq)
-        size = self.size_of(seq)
-        if self.fs.exists(path):
-            self.fs.delete(path)
-        fh = self.fs.open_append(path, bulk=True)
-        try:
-            fh.write(encode_segment_header(seq, self.instance_id))
-            if zero_fill:
-                zeros = memoryview(bytes(min(PREP_CHUNK, size)))
-                while fh.size() < size:
-                    fh.write(zeros[: size - fh.size()])
-                    if fh.size() < size:
-                        await fh.sync()  # (the last chunk: synced below)
-            else:
-                fh.allocate(size)
-            await fh.sync()
-        finally:
-            fh.close()
-        self.stats["zero_filled" if zero_fill else "allocated"] += 1
-
-    async def _prepare_ahead(self, seq: int, zero_fill: bool) -> bool:
-        """The background form of :meth:`_prepare`: True once the file is ready; never raises
-        (a failure only means the next segment is created the plain way)."""
-        try:
-            await self._prepare(seq, zero_fill)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # an OSError, or a test's injected crash
-            return self._prep_failed(seq, exc)
-        return True
-
-    def _prep_failed(self, seq: int, exc: BaseException) -> bool:
-        self.stats["prealloc_failures"] += 1
-        # a full disk is reported by the bookie turning read-only; anything else is news
-        level = (logging.INFO if isinstance(exc, OSError) and exc.errno == errno.ENOSPC
-                 else logging.WARNING)
-        log.log(level, "journal %s: preallocating segment %d failed (%s); it will be created "
-                "without preallocation", self.directory, seq, exc)
-        self._drop_partial(self.prep_path(seq))
-        return False
-
-    def _stop_preparing(self) -> None:
-        if self._prep_task is not None:
-            self._prep_task.cancel()
-            self._prep_task = None
-
     async def close(self) -> None:
         """Write and sync everything appended so far, then stop and close the segment."""
         self._closing = True
@@ -323,10 +222,7 @@ class Journal:
                 await self._task
             finally:
                 self._task = None
-        task = self._prep_task
-        self._stop_preparing()
-        if task is not None:
-            await gather(task, return_exceptions=True)
+        await self.preparer.close()
         if self._fh is not None:
             self._fh.close()
             self._fh = None
@@ -338,7 +234,7 @@ class Journal:
         if self._task is not None:
             self._task.cancel()
             self._task = None
-        self._stop_preparing()
+        self.preparer.stop()
         self._fail_inflight(exc)
         self._fail_buffer(exc)
         if self._fh is not None:
@@ -354,7 +250,7 @@ class Journal:
         or through ``on_failed`` if the batch could not be written."""
         if self.failed is not None or self._closing or self._task is None:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            _fail_futures([fut], self._refusal())
+            fail_futures([fut], self._refusal())
             return fut
         self.append_nowait(data, tag)
         fut = self._new_future()
@@ -403,7 +299,7 @@ class Journal:
         except Exception as exc:  # a bug or an injected fault: never leave a waiter hanging
             err = JournalFailedError(f"journal writer stopped: {type(exc).__name__}: {exc}")
             self.failed = err
-            self._stop_preparing()
+            self.preparer.stop()
             self._fail_inflight(err)
             self._fail_buffer(err)
             self._on_fatal(err)
@@ -446,9 +342,10 @@ class Journal:
                 return
             fh = self._fh
             size = self.size_of(self._seq)
-            if (self.preallocate and self._prep_seq <= self._seq and fh is not None
-                    and fh.size() >= size // 2):
-                self._prepare_next(fh.size() - SEGMENT_HEADER_SIZE)
+            if (self.preallocate and self.preparer.seq <= self._seq and fh is not None
+                    and fh.size() >= size // 2):  # (half full: see SegmentPreparer.start)
+                elapsed = loop.time() - self._opened_at
+                self.preparer.start(self._seq + 1, fh.size() - SEGMENT_HEADER_SIZE, elapsed)
             if fh is not None and fh.size() >= size:
                 self._complete_done()  # answer it now, not after the new segment's syncs
                 old_seq, old_size = self._seq, fh.size()
@@ -456,7 +353,7 @@ class Journal:
                     await self._new_segment(old_seq + 1)
                 except OSError as exc:
                     if (_rotation_can_wait(exc)
-                            and self._drop_partial(self.segment_path(old_seq + 1))):
+                            and drop_partial(self.fs, self.segment_path(old_seq + 1))):
                         # no room (or no descriptor) for a new segment: keep appending to
                         # this one (rotation is retried after the next batch); the owner
                         # turns read-only (ENOSPC) or frees descriptors (EMFILE, ENFILE)
@@ -467,16 +364,6 @@ class Journal:
                 self.stats["rotations"] += 1
                 if self._on_rotate is not None:
                     self._on_rotate(old_seq, old_size, old_seq + 1)
-
-    def _drop_partial(self, path: str) -> bool:
-        """Remove a file whose creation failed (a segment, a prepared one); False if even
-        that fails (it is then removed at the next start at the latest)."""
-        try:
-            if self.fs.exists(path):
-                self.fs.delete(path)
-        except OSError:
-            return False
-        return True
 
     def _take(self, count: int = 0,
               ) -> tuple[list[bytes], list[Any], list[asyncio.Future[None] | None], int]:
@@ -579,7 +466,7 @@ class Journal:
                 break
         return min(n, len(self._weights) - 1)
 
-    def _write(self, fh: FileHandle, count: int) -> _Batch | None:
+    def _write(self, fh: FileHandle, count: int) -> JournalBatch | None:
         """Write the first ``count`` buffered records (0: all the limits allow) as one batch;
         None if the write failed (then the batch is answered with the error)."""
         data, tags, futs, entries = self._take(count)
@@ -588,7 +475,7 @@ class Journal:
         end = before + BATCH_HEADER_SIZE + len(payload)
         # each record's start offset: the running sizes after the batch header
         offsets = list(accumulate(map(len, data), initial=before + BATCH_HEADER_SIZE))
-        batch = _Batch(tags, offsets, futs, end - before, entries)
+        batch = JournalBatch(tags, offsets, futs, end - before, entries)
         self._inflight = batch
         try:
             fh.write(encode_batch(self._batch_seq, payload))
@@ -604,7 +491,7 @@ class Journal:
         records (0: never): for such a batch the thread hop costs about half the sync."""
         return records <= self.inline_sync_max
 
-    def _complete(self, batch: _Batch) -> None:
+    def _complete(self, batch: JournalBatch) -> None:
         # Index update and position move happen together, synchronously: any observer sees
         # an index that reflects exactly the batches up to ``position`` (checkpoints rely on it).
         batch.completed = True
@@ -622,7 +509,7 @@ class Journal:
         if done is not None:
             self._complete(done)
 
-    def _write_failed(self, exc: OSError, before: int, batch: _Batch) -> None:
+    def _write_failed(self, exc: OSError, before: int, batch: JournalBatch) -> None:
         """A write failed (ENOSPC, EIO): drop whatever prefix reached the file so no garbage
         sits between batches, fail this batch, and keep going (or die if we cannot)."""
         self.stats["write_errors"] += 1
@@ -646,7 +533,7 @@ class Journal:
         else:
             err = IOBookieError(f"journal write to {path} failed: {exc}")
         self._on_failed(batch.tags, err)
-        _fail_futures(batch.futs, err)
+        fail_futures(batch.futs, err)
         self._on_write_error(exc)
 
     def _fatal(self, exc: OSError, what: str) -> None:
@@ -655,7 +542,7 @@ class Journal:
         err = JournalFailedError(f"journal failed: {what}: {exc}; no write covered by it "
                                  "is acknowledged and the journal accepts no more writes")
         self.failed = err
-        self._stop_preparing()
+        self.preparer.stop()
         self._fail_inflight(err)
         self._fail_buffer(err)
         self._on_fatal(err)
@@ -671,7 +558,7 @@ class Journal:
                        if f is None or not f.done()]
             if pending:
                 self._on_failed(pending, exc)
-            _fail_futures(batch.futs, exc)
+            fail_futures(batch.futs, exc)
 
     def _fail_buffer(self, exc: BaseException) -> None:
         tags, futs = self._tags, self._futs
@@ -679,7 +566,7 @@ class Journal:
         self._weights, self._entries = [], 0
         if tags:
             self._on_failed(tags, exc)
-        _fail_futures(futs, exc)
+        fail_futures(futs, exc)
         if self._idle is not None:
             self._idle.set()
 
@@ -697,30 +584,8 @@ class Journal:
                 assert self.preallocate
                 want = max(self.size_of(self._seq), self._fh.size())
                 assert self.fs.file_size(self._fh.path) == want
-        if self._prep_task is not None:  # only ever the next segment is made ahead
-            assert self.preallocate and self._prep_seq == self._seq + 1
-
-
-class _Batch:
-    """One batch on its way: written, then synced, then completed (answered) exactly once."""
-
-    __slots__ = ("bytes", "completed", "entries", "futs", "offsets", "position", "tags")
-
-    def __init__(self, tags: list[Any], offsets: list[int],
-                 futs: list[asyncio.Future[None] | None], size: int, entries: int) -> None:
-        self.tags = tags
-        self.entries = entries  # the entries its records hold (their weights)
-        self.offsets = offsets  # where each item starts in the segment, then the batch's end
-        self.futs = futs
-        self.bytes = size
-        #: where the segment ends after this batch (set once written)
-        self.position: Position | None = None
-        #: answered (successfully or not): never again
-        self.completed = False
-
-    @property
-    def records(self) -> int:
-        return len(self.tags)
+        if self.preparer.task is not None:  # only ever the next segment is made ahead
+            assert self.preallocate and self.preparer.seq == self._seq + 1
 
 
 def _rotation_can_wait(exc: OSError) -> bool:
@@ -731,12 +596,3 @@ def _rotation_can_wait(exc: OSError) -> bool:
 
 def _no_loop() -> asyncio.Future[None]:
     raise RuntimeError("journal is not open")
-
-
-def _fail_futures(futs: list[asyncio.Future[None] | None], exc: BaseException) -> None:
-    """Fail every pending future of ``futs`` (None: an append without one), each with its own
-    copy of ``exc``, marked as retrieved (the caller may never look)."""
-    for fut in filter(None, futs):
-        if not fut.done():
-            fut.set_exception(fresh_copy(exc))
-            fut.exception()

@@ -5,7 +5,8 @@ The store is put together from one module per concern:
 * :mod:`pybk.storage.config`: the knobs (:class:`StoreConfig`);
 * :mod:`pybk.storage.startup`: start-up (checkpoint chain, journal replay, leftovers);
 * :mod:`pybk.storage.writes`: adds (one entry or a batch), fences, explicit LACs,
-  deletions, and the journal callbacks that complete them;
+  deletions, and the journal callbacks that complete them (:mod:`pybk.storage.addbatch`:
+  a batch's admission, journal tag and answer);
 * :mod:`pybk.storage.reads`: entries and ledger state answered from the index;
 * :mod:`pybk.storage.checkpointer`: the checkpoint chain (bases and deltas);
 * :mod:`pybk.storage.compaction`: rewriting mostly-dead segments.

@@ -9,9 +9,9 @@ the covering fsync.
 
 Every write is one journal append whose *tag* comes back through ``on_synced`` (durable, with
 where it starts in the segment) or ``on_failed``: a tuple ``(ledger, entry, lac, size,
-on_done, state)`` for one entry or a metadata record (size 0), a :class:`_BatchTag` for the
-entries of one :meth:`WritesMixin.add_batch` (one append of their records, one index update,
-one answer for the lot).
+on_done, state)`` for one entry or a metadata record (size 0), a
+:class:`~pybk.storage.addbatch.BatchTag` for the entries of one :meth:`WritesMixin.add_batch`
+(one append of their records, one index update, one answer for the lot).
 """
 
 from __future__ import annotations
@@ -20,10 +20,8 @@ import asyncio
 import logging
 import struct
 from collections.abc import Awaitable, Callable, Container, Sequence
-from itertools import accumulate, islice, repeat
-from operator import add as _add
-from operator import lt as _lt
-from typing import Any, Final
+from itertools import accumulate
+from typing import Any
 
 import crc32c
 
@@ -31,20 +29,29 @@ from pybk.errors import (
     BadRequestError,
     BKError,
     EntryExistsError,
-    IOBookieError,
     LedgerFencedError,
     NoSuchLedgerError,
     UnauthorizedError,
     fresh_copy,
+)
+from pybk.storage.addbatch import (
+    Admitted,
+    BatchTag,
+    admit_run,
+    bk_error,
+    forget_pending,
+    notify,
+    unpack_entry_ids_lac,
 )
 from pybk.storage.config import MAX_MASTER_KEY_SIZE
 from pybk.storage.index import LedgerState
 from pybk.storage.journal import Journal
 from pybk.storage.reads import Held, ReadsMixin
 from pybk.storage.records import (
+    ENTRY_CRC,
+    ENTRY_TYPE,
     RECORD_HEADER,
     RECORD_HEADER_SIZE,
-    RecordType,
     encode_delete,
     encode_entry,
     encode_explicit_lac,
@@ -85,7 +92,7 @@ class WritesMixin(ReadsMixin):
         for tag, offset in zip(tags, offsets, strict=False):  # (offsets: one more, the end)
             if tag is None:
                 continue
-            if type(tag) is _BatchTag:
+            if type(tag) is BatchTag:
                 live += self._index_batch(tag, seg, offset)
                 done.append(tag.on_done)
                 lid = tag.ledger_id
@@ -130,11 +137,11 @@ class WritesMixin(ReadsMixin):
             except Exception:  # a listener's bug must not break the journal's completion
                 log.exception("add callback failed")
 
-    def _index_batch(self, tag: _BatchTag, seg: int, start: int) -> int:
+    def _index_batch(self, tag: BatchTag, seg: int, start: int) -> int:
         """Put the entries of a synced batch in the index; the live bytes added in ``seg``."""
         st = tag.state
         ids = tag.entry_ids
-        _forget_pending(st, tag)
+        forget_pending(st, tag)
         if st.deleted:
             return 0  # deleted while in flight: its bytes are garbage
         if tag.lac > st.max_piggyback_lac:
@@ -157,7 +164,7 @@ class WritesMixin(ReadsMixin):
         for tag in tags:
             if tag is None:
                 continue
-            if type(tag) is _BatchTag:
+            if type(tag) is BatchTag:
                 for eid in tag.entry_ids:
                     out.extend(also.pop((tag.ledger_id, eid), ()))
             elif tag[3]:
@@ -172,20 +179,20 @@ class WritesMixin(ReadsMixin):
         for tag in tags:
             if tag is None:
                 continue
-            if type(tag) is _BatchTag:
+            if type(tag) is BatchTag:
                 lid, st = tag.ledger_id, tag.state
-                _forget_pending(st, tag)
+                forget_pending(st, tag)
                 for eid in tag.entry_ids:
                     for waiter in self._also_waiting.pop((lid, eid), ()):
-                        _notify(waiter, _bk_error(fresh_copy(exc)), lid, eid)
-                _notify(tag.on_done, _bk_error(exc), lid, tag.entry_ids[0])
+                        notify(waiter, bk_error(fresh_copy(exc)), lid, eid)
+                notify(tag.on_done, bk_error(exc), lid, tag.entry_ids[0])
                 continue
             lid, eid, _lac, size, on_done, st = tag
             if size:
                 st.pending.pop(eid, None)
                 for waiter in [on_done, *self._also_waiting.pop((lid, eid), ())]:
                     if waiter is not None:
-                        _notify(waiter, _bk_error(fresh_copy(exc)), lid, eid)
+                        notify(waiter, bk_error(fresh_copy(exc)), lid, eid)
             else:  # a master-key record was lost: journal it again with the next write
                 st.master_key = None
 
@@ -233,7 +240,7 @@ class WritesMixin(ReadsMixin):
         completion (no future, no loop callback per entry), so it must be quick and must not
         raise; it may already have run when ``add_entry`` returns."""
         try:
-            blid, beid, lac = _unpack_entry_ids_lac(body)
+            blid, beid, lac = unpack_entry_ids_lac(body)
         except struct.error:  # shorter than the header (the length test, paid only here)
             raise BadRequestError(
                 f"ledger {ledger_id} entry {entry_id}: entry of {len(body)} bytes is shorter "
@@ -299,10 +306,10 @@ class WritesMixin(ReadsMixin):
         if len(entry_ids) != len(bodies) or not bodies:
             raise BadRequestError(f"ledger {ledger_id}: a batch of {len(bodies)} entries "
                                   f"with {len(entry_ids)} ids")
-        run = _admit_run(ledger_id, st, entry_ids, bodies)
+        run = admit_run(ledger_id, st, entry_ids, bodies)
         if run is not None:  # the common batch, admitted in C-level passes
             data, ids, sizes, lac = run
-            tag = _BatchTag(ledger_id, st, ids, sizes, lac, True, on_done, bodies)
+            tag = BatchTag(ledger_id, st, ids, sizes, lac, True, on_done, bodies)
             st.runs.append(tag)  # (in flight: a second add of one of them finds it)
             try:
                 if st.master_key is None:
@@ -310,12 +317,12 @@ class WritesMixin(ReadsMixin):
                                                (ledger_id, -1, -1, 0, None, st))
                 self.journal.append_nowait(data, tag, len(ids))
             except BaseException:  # nothing of this batch is on its way: forget it
-                _forget_pending(st, tag)
+                forget_pending(st, tag)
                 raise
             if lac > st.arrived_lac:
                 self._lac_arrived(ledger_id, st, lac)
             return
-        batch = _Admitted(len(bodies), on_done)
+        batch = Admitted(len(bodies), on_done)
         try:
             self._admit(batch, ledger_id, st, entry_ids, bodies)
             if batch.records:
@@ -324,7 +331,7 @@ class WritesMixin(ReadsMixin):
                                                (ledger_id, -1, -1, 0, None, st))
                 self.journal.append_nowait(
                     b"".join(batch.records),
-                    _BatchTag(ledger_id, st, batch.ids, batch.sizes, batch.lac,
+                    BatchTag(ledger_id, st, batch.ids, batch.sizes, batch.lac,
                               batch.ascending, batch.on_written()), len(batch.ids))
         except BaseException:
             for eid in batch.ids:  # nothing of this batch is on its way: forget it
@@ -337,7 +344,7 @@ class WritesMixin(ReadsMixin):
         if batch.lac > st.arrived_lac:
             self._lac_arrived(ledger_id, st, batch.lac)
 
-    def _admit(self, batch: _Admitted, ledger_id: int, st: LedgerState,
+    def _admit(self, batch: Admitted, ledger_id: int, st: LedgerState,
                entry_ids: Sequence[int], bodies: Sequence[bytes]) -> None:
         """Check each entry of a batch like a single add; gather the records to write."""
         pending = st.pending
@@ -350,7 +357,7 @@ class WritesMixin(ReadsMixin):
         for i, body in enumerate(bodies):
             eid = entry_ids[i]
             try:
-                blid, beid, lac = _unpack_entry_ids_lac(body)
+                blid, beid, lac = unpack_entry_ids_lac(body)
             except struct.error:
                 batch.refuse(i, BadRequestError(
                     f"add of ({ledger_id}, {eid}): entry of {len(body)} bytes is shorter than "
@@ -420,7 +427,7 @@ class WritesMixin(ReadsMixin):
         if held is Held.DIFFERENT:
             raise EntryExistsError(
                 f"ledger {ledger_id} entry {entry_id} exists with different bytes")
-        _notify(on_done, None, ledger_id, entry_id)
+        notify(on_done, None, ledger_id, entry_id)
 
     def fence(self, ledger_id: int, master_key: bytes) -> Awaitable[None]:
         """Fence durably (creating the ledger, fenced, if unknown). Takes effect at once; the
@@ -488,6 +495,7 @@ class WritesMixin(ReadsMixin):
         self._on_ledger_change(ledger_id)
         return fut
 
+
 #: ``on_done(error)`` of :meth:`WritesMixin.add_entry`: None once durable, else the error (a
 #: BKError: what refused the add or what the journal failed with)
 AddCallback = Callable[[BKError | None], None]
@@ -497,79 +505,8 @@ AddCallback = Callable[[BKError | None], None]
 #: ``Index`` keeps for the ledger's whole life (a deletion marks it, never replaces it; only
 #: ``open`` replaces the index, before any write), so batch completion needs no lookup.
 _Tag = tuple[int, int, int, int, "AddCallback | None", LedgerState]
-#: the ids and piggybacked LAC of a framed entry's header (its length field skipped, not
-#: converted), needing the whole header like ENTRY_HEADER
-_ENTRY_IDS_LAC = struct.Struct(">qqq8x")
-assert _ENTRY_IDS_LAC.size == ENTRY_HEADER_SIZE
-_unpack_entry_ids_lac = _ENTRY_IDS_LAC.unpack_from
 _pack_record_header = RECORD_HEADER.pack
 _crc32c = crc32c.crc32c
-#: an ENTRY record's CRC starts from its type byte's (see pybk.storage.records.encode_entry)
-ENTRY_TYPE: Final = int(RecordType.ENTRY)
-ENTRY_CRC: Final = crc32c.crc32c(bytes([ENTRY_TYPE]))
-
-
-def _admit_run(ledger_id: int, st: LedgerState, entry_ids: Sequence[int],
-               bodies: Sequence[bytes]) -> tuple[bytes, list[int], list[int], int] | None:
-    """The common batch, admitted with a few C-level passes instead of a Python step per
-    entry: ids strictly ascending from the index's dense end on (so none is held), none
-    being written, every body's header naming its ledger and id. Returns what to journal
-    (the records back to back, exactly what :meth:`WritesMixin._admit` makes), their ids,
-    record sizes and highest piggybacked LAC (the caller keeps the batch's tag in
-    ``LedgerState.runs`` while it is in flight: no dict entry per entry); None (and nothing
-    changed) when any of that does not hold: the batch then takes the per-entry
-    checks, which refuse or answer each entry alone."""
-    entries = st.entries
-    n = len(bodies)
-    if entries.sparse is not None or len(entry_ids) != n or n < _RUN_MIN:
-        return None  # (a few entries: the per-entry checks cost less than the passes)
-    ids = list(entry_ids)
-    first = ids[0]
-    if first < entries.end or first < 0 or (
-            n > 1 and not all(map(_lt, ids, islice(ids, 1, None)))):
-        return None
-    if st.pending and not st.pending.keys().isdisjoint(ids):
-        return None
-    last = ids[-1]
-    for other in st.runs:  # batches in flight: (in order) all below, unless resent
-        if other.entry_ids[0] <= last and other.entry_ids[-1] >= first:
-            return None
-    try:
-        heads = list(map(_unpack_entry_ids_lac, bodies))
-    except struct.error:  # a body shorter than the header
-        return None
-    lids, eids, lacs = zip(*heads, strict=True)
-    if lids.count(ledger_id) != n or list(eids) != ids:
-        return None
-    lens = list(map(len, bodies))
-    records: list[bytes] = [b""] * (2 * n)
-    records[::2] = map(_pack_record_header, lens, map(_crc32c, bodies, repeat(ENTRY_CRC)),
-                       repeat(ENTRY_TYPE))
-    records[1::2] = bodies
-    return (b"".join(records), ids, list(map(_add, lens, repeat(RECORD_HEADER_SIZE))),
-            max(lacs))
-
-
-#: from this many entries on, a batch may be admitted by :func:`_admit_run`
-_RUN_MIN: Final = 8
-
-
-def _forget_pending(st: LedgerState, tag: _BatchTag) -> None:
-    """A batch is no longer in flight (durable, failed, or never sent)."""
-    if tag.bodies is not None:
-        st.runs.remove(tag)
-        return
-    pop = st.pending.pop
-    for eid in tag.entry_ids:
-        pop(eid, None)
-
-
-def _notify(on_done: Callable[[Any], None], error: Any, lid: int, eid: int) -> None:
-    """Run one add callback; its bug must not break the journal's batch completion."""
-    try:
-        on_done(error)
-    except Exception:
-        log.exception("add callback for ledger %s entry %s failed", lid, eid)
 
 
 class ResolveFuture:
@@ -591,120 +528,5 @@ class ResolveFuture:
             fut.exception()  # the caller may never look; do not warn
 
 
-
-
 #: ``on_done(outcome)`` of :meth:`WritesMixin.add_batch` (an AddOutcome for the whole batch)
 BatchCallback = Callable[[AddOutcome], None]
-
-
-class _BatchTag:
-    """The journal tag of one :meth:`WritesMixin.add_batch`'s records (one append)."""
-
-    __slots__ = ("ascending", "bodies", "entry_ids", "lac", "ledger_id", "on_done", "sizes",
-                 "state")
-
-    def __init__(self, ledger_id: int, state: LedgerState, entry_ids: list[int],
-                 sizes: list[int], lac: int, ascending: bool, on_done: BatchCallback,
-                 bodies: Sequence[bytes] | None = None) -> None:
-        self.ledger_id = ledger_id
-        self.state = state
-        self.entry_ids = entry_ids
-        self.sizes = sizes  # each record's size, in the append's order
-        self.lac = lac  # the highest piggybacked LAC among them
-        self.ascending = ascending
-        self.on_done = on_done
-        #: the bodies, for a batch kept in ``LedgerState.runs`` while in flight (the fast
-        #: path); None: its entries are in ``LedgerState.pending`` one by one
-        self.bodies = bodies
-
-
-class _Admitted:
-    """What admitting one batch gathered: the records to append (and their ids, sizes, the
-    batch index of each) and, once an entry is not written by that append (refused, already
-    held, or waiting for an identical add in flight), the :class:`_Parts` that answers."""
-
-    __slots__ = ("ascending", "ids", "lac", "n", "on_done", "parts", "records", "sizes",
-                 "where")
-
-    def __init__(self, n: int, on_done: BatchCallback) -> None:
-        self.n = n
-        self.on_done = on_done
-        self.records: list[bytes] = []
-        self.ids: list[int] = []
-        self.sizes: list[int] = []
-        self.where: list[int] = []
-        self.lac = -1
-        self.ascending = True
-        self.parts: _Parts | None = None
-
-    def _parts(self) -> _Parts:
-        if self.parts is None:
-            self.parts = _Parts(self.n, self.on_done)
-        return self.parts
-
-    def refuse(self, i: int, error: BKError) -> None:
-        self._parts().results[i] = error
-
-    def held(self, i: int) -> None:
-        self._parts()
-
-    def waiting(self, i: int) -> AddCallback:
-        return self._parts().part([i])
-
-    def on_written(self) -> BatchCallback:
-        """The callback of the journal append of :attr:`records`."""
-        if self.parts is None:
-            return self.on_done  # the common case: the append answers for the whole batch
-        settle = self.parts.part(self.where)
-
-        def on_written(outcome: AddOutcome) -> None:
-            settle(outcome if isinstance(outcome, BKError) else None)
-
-        return on_written
-
-
-class _Parts:
-    """Collects the outcome of each part of a batch and answers ``on_done`` once, when the
-    last part is in."""
-
-    __slots__ = ("left", "on_done", "results")
-
-    def __init__(self, n: int, on_done: BatchCallback) -> None:
-        self.results: list[BKError | None] = [None] * n
-        self.on_done: BatchCallback | None = on_done
-        self.left = 1  # until ready(): parts may settle while the batch is being admitted
-
-    def part(self, indices: list[int]) -> AddCallback:
-        self.left += 1
-
-        def settle(error: BaseException | None) -> None:
-            if error is not None:
-                err = _bk_error(error)
-                for i in indices:
-                    self.results[i] = err
-            self._one_done()
-
-        return settle
-
-    def ready(self) -> None:
-        self._one_done()
-
-    def abandon(self) -> None:
-        """The batch was refused as a whole (raised): its parts answer nobody."""
-        self.on_done = None
-
-    def _one_done(self) -> None:
-        self.left -= 1
-        if self.left or self.on_done is None:
-            return
-        results = self.results
-        outcome: AddOutcome = None if all(r is None for r in results) else results
-        _notify(self.on_done, outcome, -1, -1)
-
-
-def _bk_error(exc: BaseException) -> BKError:
-    """The error an add reports for ``exc`` (what the journal failed with is a BKError; any
-    other exception is a bug, reported as an I/O error of this bookie)."""
-    if isinstance(exc, BKError):
-        return exc
-    return IOBookieError(f"unexpected {type(exc).__name__}: {exc}")

@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from pybk.bookie.bookie import NO_SUCH_ENTRY_ON_IO_ERROR
 from pybk.bookie.gc import GC_IGNORES_MIN_AGE
+from pybk.bookie.reads import NO_SUCH_ENTRY_ON_IO_ERROR
 from pybk.client.isolation import REREPLICATION_LEAVES_GROUP
 from pybk.client.placement import RACK_PLAN_IGNORES_WRAP
 from pybk.client.reader import LEDGER_TAIL_SKIPS_ON_ERROR

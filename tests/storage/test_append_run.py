@@ -7,7 +7,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pybk.storage.index import MAX_GAP, EntryIndex
+from pybk.storage.entryindex import MAX_GAP, EntryIndex
 
 
 def _columns(e: EntryIndex) -> tuple[object, ...]:

@@ -1,4 +1,4 @@
-"""The store's batch fast path (``_admit_run``: a clean batch admitted in C-level passes)
+"""The store's batch fast path (``admit_run``: a clean batch admitted in C-level passes)
 writes exactly what the per-entry path writes, and every batch it cannot vouch for takes the
 per-entry checks (so each bad entry still fails alone and nothing acknowledged is lost)."""
 
@@ -12,9 +12,8 @@ import pytest
 
 from pybk.errors import BadRequestError, EntryExistsError
 from pybk.storage import MemFileSystem
-from pybk.storage import writes as writes_mod
+from pybk.storage.addbatch import Admitted, admit_run
 from pybk.storage.records import encode_entry
-from pybk.storage.writes import _Admitted
 from pybk.wire import AddOutcome
 
 from ..storage_kit import KEY, body, open_store
@@ -47,7 +46,7 @@ def test_fast_path_records_equal_the_per_entry_records(s: Any) -> None:
     ids = [0, 1, 3, 4, 6, 7, 9, 10, 12]  # striped: holes, ascending
     bodies = [body(5, e) for e in ids]
     st = s.index.ledger(5)
-    run = writes_mod._admit_run(5, st, ids, bodies)
+    run = admit_run(5, st, ids, bodies)
     assert run is not None
     data, got_ids, sizes, lac = run
     assert data == b"".join(encode_entry(b) for b in bodies)
@@ -56,7 +55,7 @@ def test_fast_path_records_equal_the_per_entry_records(s: Any) -> None:
     assert not st.pending  # (the caller keeps the batch in st.runs while in flight)
     # the per-entry path makes the same bytes
     st2 = s.index.ledger(6)
-    batch = _Admitted(len(ids), lambda _o: None)
+    batch = Admitted(len(ids), lambda _o: None)
     s._admit(batch, 6, st2, ids, [body(6, e) for e in ids])
     assert b"".join(batch.records) == b"".join(encode_entry(body(6, e)) for e in ids)
 
@@ -74,11 +73,11 @@ def test_batches_the_fast_path_declines_change_nothing(s: Any) -> None:
     cases = [(ids + tail, bodies + [body(5, e) for e in tail]) for ids, bodies in cases]
     cases.append((list(range(2, 8)), [body(5, e) for e in range(2, 8)]))  # too few
     for ids, bodies in cases:
-        assert writes_mod._admit_run(5, st, ids, bodies) is None
+        assert admit_run(5, st, ids, bodies) is None
         assert not st.pending
     st.pending[3] = body(5, 3)  # one in flight: a batch overlapping it is declined
     ids = list(range(2, 12))
-    assert writes_mod._admit_run(5, st, ids, [body(5, e) for e in ids]) is None
+    assert admit_run(5, st, ids, [body(5, e) for e in ids]) is None
     assert list(st.pending) == [3]
 
 

@@ -20,7 +20,8 @@ from pybk.storage.checkpoint import (
     delta_checkpoint_name,
     parse_delta_checkpoint_name,
 )
-from pybk.storage.index import EntryColumns, Index, Loc, Position
+from pybk.storage.entryindex import EntryColumns, Loc
+from pybk.storage.index import Index, Position
 from pybk.storage.store import LedgerStore, StoreConfig
 
 

@@ -387,7 +387,7 @@ def test_entry_index_matches_a_dict_and_its_changes_rebuild_it():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from pybk.storage.index import MAX_GAP, EntryIndex
+    from pybk.storage.entryindex import MAX_GAP, EntryIndex
 
     ids = st.one_of(st.integers(0, 3 * MAX_GAP), st.integers(0, 10**9))
 
@@ -439,7 +439,7 @@ def test_entry_index_matches_a_dict_and_its_changes_rebuild_it():
 def test_columns_that_do_not_continue_the_run_are_put_one_by_one():
     from array import array
 
-    from pybk.storage.index import EntryColumns, EntryIndex
+    from pybk.storage.entryindex import EntryColumns, EntryIndex
 
     idx = EntryIndex()
     for eid in range(10):

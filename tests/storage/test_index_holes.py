@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from pybk.storage.index import MAX_GAP, EntryIndex
+from pybk.storage.entryindex import MAX_GAP, EntryIndex
 
 
 @pytest.mark.parametrize("spacing", [2, 4, 17, 65])

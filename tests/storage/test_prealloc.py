@@ -11,7 +11,8 @@ import pytest
 
 from pybk.errors import CorruptRecordError, JournalFailedError, ReadOnlyBookieError
 from pybk.storage import MemFileSystem
-from pybk.storage.journal import PREP_CHUNK, PREP_SUFFIX, parse_segment_name
+from pybk.storage.journal import parse_segment_name
+from pybk.storage.prealloc import PREP_CHUNK, PREP_SUFFIX
 from pybk.storage.records import SEGMENT_HEADER_SIZE
 from pybk.storage.store import LedgerStore, StoreConfig
 from pybk.wire import DigestManager
@@ -92,7 +93,7 @@ async def test_a_sealed_segment_ending_in_zeros_is_corruption_not_a_tail():
 async def test_a_failed_background_preparation_falls_back_to_a_plain_segment():
     fs = MemFileSystem()
     s = await _store(fs)
-    fs.fail_next_fsync(path_prefix=s.journal.prep_path(1))  # the next segment's prep
+    fs.fail_next_fsync(path_prefix=s.journal.preparer.prep_path(1))  # the next segment's prep
     await _fill(s, 20)
     stats = s.journal.stats
     assert stats["prealloc_failures"] == 1 and stats["rotations"] >= 2
@@ -142,8 +143,8 @@ async def test_leftover_prepared_files_are_removed_at_start():
         fs = MemFileSystem()
         s = await _store(fs)
         await _fill(s, 6)  # past half of the active segment: the next one is being made
-        assert s.journal._prep_task is not None
-        await s.journal._prep_task
+        assert s.journal.preparer.task is not None
+        await s.journal.preparer.task
         assert any(n.endswith(PREP_SUFFIX) for n in fs.listdir(s.journal_dir))
         s.abandon(JournalFailedError("crash"))
         fs.crash("torn")
