@@ -21,10 +21,7 @@ MAX_MODULE_LINES = 600
 #: (splitting them is open work: docs/architecture.md)
 OVER_LIMIT: dict[str, int] = {
     "client/pipeline.py": 626,
-    "transport/server_connection.py": 687,
     "client/writer.py": 708,
-    "transport/messages.py": 797,
-    "metadata/zookeeper/store.py": 840,
     "sim/runner.py": 943,
     "testing/metadata_conformance.py": 975,
 }

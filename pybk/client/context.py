@@ -14,7 +14,7 @@ from pybk.metadata.base import MetadataStore
 from pybk.metadata.tenancy import NamespacePolicies
 from pybk.stats import ClientStats
 from pybk.transport.base import Transport
-from pybk.transport.messages import DEFAULT_MAX_FRAME, MAX_BATCH_ENTRIES
+from pybk.transport.wireformat import DEFAULT_MAX_FRAME, MAX_BATCH_ENTRIES
 
 __all__ = ["DEFAULT_MAX_ENTRY_SIZE", "ClientConfig", "ClientContext"]
 

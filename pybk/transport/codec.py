@@ -4,8 +4,8 @@
 stream into frames, checks each length prefix against the frame cap *before* buffering the
 frame, holds frames back after an AUTH request until the caller has judged the token, and stays
 broken after damage to the framing. How each message is laid out is
-:mod:`pybk.transport.messages` (the message tables); the format is documented in
-``docs/protocol.md``.
+:mod:`pybk.transport.messages` (the message tables, on :mod:`pybk.transport.wireformat`); the
+format is documented in ``docs/protocol.md``.
 
 Nothing here touches a socket, a clock or a thread (the h11 pattern), so the same object runs
 under the TCP server, the TCP client, the simulator and hypothesis.
@@ -18,6 +18,15 @@ import struct
 from pybk.errors import ProtocolError
 from pybk.transport.errorreplies import error_response_for_op
 from pybk.transport.messages import (
+    Event,
+    MessageRejected,
+    RequestReceived,
+    ResponseReceived,
+    decode_frame,
+    encode_request,
+    encode_response,
+)
+from pybk.transport.wireformat import (
     DEFAULT_MAX_FRAME,
     FLAG_FENCE,
     FLAG_LONG_POLL,
@@ -32,13 +41,6 @@ from pybk.transport.messages import (
     PRE_AUTH_MAX_FRAME,
     PREFIX_SIZE,
     PROTOCOL_VERSION,
-    Event,
-    MessageRejected,
-    RequestReceived,
-    ResponseReceived,
-    decode_frame,
-    encode_request,
-    encode_response,
 )
 from pybk.wire import AuthRequest, Request, Response
 

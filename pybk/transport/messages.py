@@ -3,7 +3,9 @@
 Pure functions from messages to frame bytes and from frame bytes to messages (the framing
 state machine that cuts a byte stream into frames is :class:`pybk.transport.codec.Connection`).
 The format is documented in ``docs/protocol.md``; in short, every frame is (listed in
-docs/internals.md, "pybk/transport/messages.py").
+docs/internals.md, "pybk/transport/messages.py"). The frame header, flags, caps and body
+primitives are :mod:`.wireformat`; the write path's messages (ADD, ADD_BATCH) take the
+one-pass forms of :mod:`.fastpath`. Their public names are importable from here too.
 """
 
 from __future__ import annotations
@@ -11,12 +13,48 @@ from __future__ import annotations
 import math
 import struct
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
 import crc32c
 
 from pybk.errors import ProtocolError
 from pybk.transport.errorreplies import error_response_for_op
+from pybk.transport.fastpath import (
+    add_flags,
+    check_batch,
+    decode_add_request,
+    decode_add_response,
+    decode_batch_request,
+    encode_add_request,
+    encode_add_response,
+    encode_batch_request,
+)
+from pybk.transport.wireformat import (
+    ALLOWED_FLAGS,
+    BODY_OFFSET,
+    DEFAULT_MAX_FRAME,
+    FLAG_DEFERRED_SYNC,
+    FLAG_FENCE,
+    FLAG_LONG_POLL,
+    FLAG_RECOVERY,
+    FLAG_RESPONSE,
+    FLAG_VERSIONS,
+    HEADER,
+    HEADER_SIZE,
+    MAX_BATCH_ENTRIES,
+    MAX_MESSAGE,
+    MAX_TIMEOUT,
+    MIN_FRAME,
+    OPS_OF_VERSION,
+    PRE_AUTH_MAX_FRAME,
+    PREFIX,
+    PREFIX_SIZE,
+    PROTOCOL_VERSION,
+    STATUS_BY_CODE,
+    BodyReader,
+    BodyWriter,
+    frame_version,
+)
 from pybk.wire import (
     AddBatchRequest,
     AddBatchResponse,
@@ -73,50 +111,6 @@ __all__ = [
     "frame_version",
 ]
 
-#: The newest protocol version this code speaks. Version 2 adds ADD_BATCH (and the
-#: BOOKIE_INFO flag that tells a client so), version 3 FORCE and the deferred-sync add flag; a
-#: frame carries the lowest version that defines its operation, so everything a version-1 peer
-#: knows still travels as version 1.
-PROTOCOL_VERSION: Final = 3
-#: the operations each frame version may carry
-_OPS_OF_VERSION: Final = {
-    1: frozenset(op for op in Op if op not in (Op.ADD_BATCH, Op.READ_BATCH, Op.FORCE)),
-    2: frozenset(op for op in Op if op is not Op.FORCE), 3: frozenset(Op)}
-
-#: Default cap on one frame (length field value), as BookKeeper's nettyMaxFrameSizeBytes.
-DEFAULT_MAX_FRAME: Final = 5 * 1024 * 1024
-#: Cap on frames before a connection has authenticated (only AUTH is allowed then).
-PRE_AUTH_MAX_FRAME: Final = 4 * 1024
-
-_PREFIX = struct.Struct(">II")  # length, crc32c
-_HEADER = struct.Struct(">BBHQ")  # version, op, flags, request id
-PREFIX_SIZE: Final = _PREFIX.size  # 8
-HEADER_SIZE: Final = _HEADER.size  # 12
-#: Smallest legal value of the length field (CRC + header, empty body).
-MIN_FRAME: Final = 4 + HEADER_SIZE
-
-# flags
-FLAG_RESPONSE: Final = 0x8000
-FLAG_RECOVERY: Final = 0x0001  # ADD: recovery add
-FLAG_DEFERRED_SYNC: Final = 0x0002  # ADD: answer before the journal's fsync (version 3)
-FLAG_FENCE: Final = 0x0001  # READ: fence first
-FLAG_LONG_POLL: Final = 0x0002  # READ: previous_lac present
-#: BOOKIE_INFO request: also tell your newest protocol version; on the response: it follows
-FLAG_VERSIONS: Final = 0x0001
-_ALLOWED_FLAGS: Final = {
-    Op.ADD: FLAG_RECOVERY | FLAG_DEFERRED_SYNC,
-    Op.ADD_BATCH: FLAG_RECOVERY | FLAG_DEFERRED_SYNC,
-    Op.READ: FLAG_FENCE | FLAG_LONG_POLL,
-    Op.BOOKIE_INFO: FLAG_VERSIONS,
-}
-#: the most entries one ADD_BATCH may carry (a count above it is refused before anything is
-#: decoded: it bounds the per-entry objects a frame can make a bookie build)
-MAX_BATCH_ENTRIES: Final = 65536
-
-_NONE_LEN: Final = 0xFFFFFFFF  # length value meaning "absent" (optional bytes)
-MAX_MESSAGE: Final = 64 * 1024  # cap on an error message / short string
-MAX_TIMEOUT: Final = 24 * 3600.0  # long-poll timeouts beyond a day are refused
-
 _Q = struct.Struct(">q")
 _QQ = struct.Struct(">qq")
 _QQQ = struct.Struct(">qqq")
@@ -124,101 +118,10 @@ _B = struct.Struct(">B")
 _H = struct.Struct(">H")
 _D = struct.Struct(">d")
 _I = struct.Struct(">I")
+_II = struct.Struct(">II")
+_QH = struct.Struct(">qH")
 
 _OPS: Final = {int(op): op for op in Op}
-_STATUSES: Final = frozenset(int(s) for s in Status)
-_STATUS_BY_CODE: Final = {int(s): s for s in Status}
-
-
-# --------------------------------------------------------------------------- body writer
-
-
-class _Writer:
-    """Accumulates body parts; every int is range-checked by struct (ValueError if not)."""
-
-    __slots__ = ("parts",)
-
-    def __init__(self) -> None:
-        self.parts: list[bytes] = []
-
-    def raw(self, data: bytes) -> None:
-        self.parts.append(data)
-
-    def blob(self, data: bytes | None) -> None:
-        if data is None:
-            self.parts.append(_I.pack(_NONE_LEN))
-            return
-        if len(data) >= _NONE_LEN:
-            raise ValueError(f"byte string of {len(data)} bytes is too long to encode")
-        self.parts.append(_I.pack(len(data)))
-        self.parts.append(bytes(data))
-
-    def text(self, value: str) -> None:
-        data = value.encode("utf-8")
-        if len(data) > MAX_MESSAGE:
-            data = data[: MAX_MESSAGE - 3].decode("utf-8", "ignore").encode() + b"..."
-        self.blob(data)
-
-
-# --------------------------------------------------------------------------- body reader
-
-
-class _Reader:
-    """Reads a body strictly: every length is checked against the bytes left before use."""
-
-    __slots__ = ("data", "pos")
-
-    def __init__(self, data: memoryview) -> None:
-        self.data = data
-        self.pos = 0
-
-    def left(self) -> int:
-        return len(self.data) - self.pos
-
-    def take(self, st: struct.Struct) -> tuple[Any, ...]:
-        if st.size > self.left():
-            raise ProtocolError(f"body truncated: need {st.size} bytes, {self.left()} left")
-        values = st.unpack_from(self.data, self.pos)
-        self.pos += st.size
-        return values
-
-    def i64(self) -> int:
-        return int(self.take(_Q)[0])
-
-    def blob(self, limit: int | None = None) -> bytes | None:
-        (n,) = self.take(_I)
-        if n == _NONE_LEN:
-            return None
-        if n > self.left():
-            raise ProtocolError(f"byte string of {n} bytes exceeds the {self.left()} bytes left")
-        if limit is not None and n > limit:
-            raise ProtocolError(f"string of {n} bytes exceeds its {limit}-byte cap")
-        out = bytes(self.data[self.pos : self.pos + n])
-        self.pos += n
-        return out
-
-    def required_blob(self, what: str, limit: int | None = None) -> bytes:
-        data = self.blob(limit)
-        if data is None:
-            raise ProtocolError(f"{what} must be present")
-        return data
-
-    def text(self, what: str) -> str:
-        data = self.required_blob(what, MAX_MESSAGE)
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise ProtocolError(f"{what} is not valid UTF-8") from exc
-
-    def status(self) -> Status:
-        (code,) = self.take(_H)
-        if code not in _STATUSES:
-            raise ProtocolError(f"unknown status code {code}")
-        return Status(code)
-
-    def done(self) -> None:
-        if self.left():
-            raise ProtocolError(f"{self.left()} trailing bytes after the message body")
 
 
 # --------------------------------------------------------------------------- events
@@ -254,31 +157,25 @@ class MessageRejected:
 
 Event = RequestReceived | ResponseReceived | MessageRejected
 
-
 # --------------------------------------------------------------------------- encoding
 
 
-def frame_version(op: Op) -> int:
-    """The version byte of a frame of ``op``: the first protocol version defining ``op``."""
-    return 3 if op is Op.FORCE else 2 if op is Op.ADD_BATCH or op is Op.READ_BATCH else 1
-
-
-def _encode_request_body(req: Request, w: _Writer) -> int:
+def _encode_request_body(req: Request, w: BodyWriter) -> int:
     """Append the body of ``req`` to ``w``; return its flags."""
     if isinstance(req, AddRequest):
         w.raw(_QQ.pack(req.ledger_id, req.entry_id))
         w.blob(req.master_key)
         w.blob(req.body)
-        return _add_flags(req)
+        return add_flags(req)
     if isinstance(req, AddBatchRequest):
-        _check_batch(req)
+        check_batch(req)
         w.raw(_Q.pack(req.ledger_id))
         w.blob(req.master_key)
         w.raw(_I.pack(len(req.bodies)))
         for entry_id, body in zip(req.entry_ids, req.bodies, strict=True):
             w.raw(_Q.pack(entry_id))
             w.blob(body)
-        return _add_flags(req)
+        return add_flags(req)
     if isinstance(req, ReadRequest):
         if not math.isfinite(req.timeout) or req.timeout < 0 or req.timeout > MAX_TIMEOUT:
             raise ValueError(f"read timeout must be within [0, {MAX_TIMEOUT}], not {req.timeout}")
@@ -319,19 +216,7 @@ def _encode_request_body(req: Request, w: _Writer) -> int:
     raise TypeError(f"not a pybk request: {req!r}")
 
 
-def _add_flags(req: AddRequest | AddBatchRequest) -> int:
-    return (FLAG_RECOVERY if req.recovery else 0) | (
-        FLAG_DEFERRED_SYNC if req.deferred_sync else 0)
-
-
-def _check_batch(req: AddBatchRequest) -> None:
-    n = len(req.bodies)
-    if not 1 <= n <= MAX_BATCH_ENTRIES or len(req.entry_ids) != n:
-        raise ValueError(f"an ADD_BATCH carries 1 to {MAX_BATCH_ENTRIES} entries, each with "
-                         f"an id: {len(req.entry_ids)} ids, {n} bodies")
-
-
-def _encode_response_body(resp: Response, w: _Writer) -> int:
+def _encode_response_body(resp: Response, w: BodyWriter) -> int:
     """Append the body of ``resp`` to ``w``; return its flags."""
     w.raw(_H.pack(int(resp.status)))
     w.text(resp.message)
@@ -382,79 +267,14 @@ def _encode_response_body(resp: Response, w: _Writer) -> int:
 
 
 def _frame(op: int, flags: int, request_id: int, parts: list[bytes]) -> bytes:
-    header = _HEADER.pack(frame_version(Op(op)), op, flags, request_id)
+    header = HEADER.pack(frame_version(Op(op)), op, flags, request_id)
     crc = crc32c.crc32c(header)
     for part in parts:
         crc = crc32c.crc32c(part, crc)
     length = 4 + HEADER_SIZE + sum(len(p) for p in parts)
     if length > 0xFFFFFFFF:
         raise ValueError(f"message of {length} bytes is too large for one frame")
-    return b"".join([_PREFIX.pack(length, crc), header, *parts])
-
-
-# Fast paths for the messages of the write path (one per replica per entry, or per batch):
-# one struct pack for header + fixed fields, CRC chained over the parts, one join. Same bytes
-# as the generic path (the round-trip tests run through both).
-_ADD_REQ_HEAD = struct.Struct(">BBHQqqI")  # header, ledger, entry, key length
-_ADD_RESP_HEAD = struct.Struct(">BBHQHI")  # header, status, message length
-_BATCH_REQ_HEAD = struct.Struct(">BBHQqI")  # header, ledger, key length
-_QI = struct.Struct(">qI")  # one batch entry: id, body length
-_QQI = struct.Struct(">qqI")
-_HI = struct.Struct(">HI")
-_II = struct.Struct(">II")
-_QII = struct.Struct(">qII")
-_QH = struct.Struct(">qH")
-
-
-def _encode_add_request(request_id: int, req: AddRequest) -> bytes:
-    key, body = req.master_key, req.body
-    head = _ADD_REQ_HEAD.pack(
-        1,
-        Op.ADD,
-        _add_flags(req),
-        request_id,
-        req.ledger_id,
-        req.entry_id,
-        len(key),
-    )
-    mid = _I.pack(len(body))
-    crc = crc32c.crc32c(body, crc32c.crc32c(mid, crc32c.crc32c(key, crc32c.crc32c(head))))
-    length = 4 + len(head) + len(key) + 4 + len(body)
-    return b"".join((_PREFIX.pack(length, crc), head, key, mid, body))
-
-
-def _encode_batch_request(request_id: int, req: AddBatchRequest) -> bytes:
-    """ADD_BATCH: the bodies are referenced, not copied, until the one join of the frame."""
-    _check_batch(req)
-    key = req.master_key
-    parts: list[bytes] = [b"", _BATCH_REQ_HEAD.pack(
-        2, Op.ADD_BATCH, _add_flags(req), request_id, req.ledger_id,
-        len(key)), key, _I.pack(len(req.bodies))]
-    crc32 = crc32c.crc32c
-    crc = crc32(parts[3], crc32(key, crc32(parts[1])))
-    length = 4 + _BATCH_REQ_HEAD.size + len(key) + 4
-    pack = _QI.pack
-    append = parts.append
-    for entry_id, body in zip(req.entry_ids, req.bodies, strict=True):
-        mid = pack(entry_id, len(body))
-        crc = crc32(body, crc32(mid, crc))
-        append(mid)
-        append(body)
-        length += 12 + len(body)
-    parts[0] = _PREFIX.pack(length, crc)
-    return b"".join(parts)
-
-
-def _encode_add_response(request_id: int, resp: AddResponse) -> bytes:
-    msg = resp.message.encode("utf-8") if resp.message else b""
-    if len(msg) > MAX_MESSAGE:
-        w = _Writer()
-        w.text(resp.message)
-        msg = w.parts[-1]
-    head = _ADD_RESP_HEAD.pack(1, Op.ADD, FLAG_RESPONSE, request_id, int(resp.status), len(msg))
-    tail = _QQ.pack(resp.ledger_id, resp.entry_id)
-    crc = crc32c.crc32c(tail, crc32c.crc32c(msg, crc32c.crc32c(head)))
-    return b"".join((_PREFIX.pack(4 + len(head) + len(msg) + 16, crc), head, msg, tail))
+    return b"".join([PREFIX.pack(length, crc), header, *parts])
 
 
 def encode_request(request_id: int, request: Request) -> bytes:
@@ -462,10 +282,10 @@ def encode_request(request_id: int, request: Request) -> bytes:
     kind = type(request)
     try:
         if kind is AddRequest:
-            return _encode_add_request(request_id, request)  # type: ignore[arg-type]
+            return encode_add_request(request_id, request)  # type: ignore[arg-type]
         if kind is AddBatchRequest:
-            return _encode_batch_request(request_id, request)  # type: ignore[arg-type]
-        w = _Writer()
+            return encode_batch_request(request_id, request)  # type: ignore[arg-type]
+        w = BodyWriter()
         flags = _encode_request_body(request, w)
         return _frame(int(request.op), flags, request_id, w.parts)
     except struct.error as exc:
@@ -476,8 +296,8 @@ def encode_response(request_id: int, response: Response) -> bytes:
     """One frame carrying ``response`` to request ``request_id``."""
     try:
         if type(response) is AddResponse:
-            return _encode_add_response(request_id, response)
-        w = _Writer()
+            return encode_add_response(request_id, response)
+        w = BodyWriter()
         flags = _encode_response_body(response, w)
         return _frame(int(response.op), flags, request_id, w.parts)
     except struct.error as exc:
@@ -487,7 +307,7 @@ def encode_response(request_id: int, response: Response) -> bytes:
 # --------------------------------------------------------------------------- decoding
 
 
-def _decode_request(op: Op, flags: int, r: _Reader) -> Request:
+def _decode_request(op: Op, flags: int, r: BodyReader) -> Request:
     if op is Op.ADD:
         ledger_id, entry_id = r.take(_QQ)
         key = r.required_blob("master key")
@@ -560,7 +380,7 @@ def _decode_request(op: Op, flags: int, r: _Reader) -> Request:
     return AuthRequest(token)
 
 
-def _decode_response(op: Op, r: _Reader, flags: int = FLAG_RESPONSE) -> Response:
+def _decode_response(op: Op, r: BodyReader, flags: int = FLAG_RESPONSE) -> Response:
     status = r.status()
     message = r.text("message")
     if op is Op.ADD:
@@ -635,110 +455,10 @@ def _decode_response(op: Op, r: _Reader, flags: int = FLAG_RESPONSE) -> Response
 
 
 def _status(code: int) -> Status:
-    status = _STATUS_BY_CODE.get(code)
+    status = STATUS_BY_CODE.get(code)
     if status is None:
         raise ProtocolError(f"unknown status code {code}")
     return status
-
-
-_BODY = PREFIX_SIZE - 4 + HEADER_SIZE  # offset of the body in a frame without its length
-
-
-def _fast_add_request(f: bytes | memoryview, flags: int) -> AddRequest:
-    """ADD request body, decoded straight from the frame (``f`` = crc + header + body)."""
-    n, p = len(f), _BODY
-    if n - p < _QQI.size:
-        raise ProtocolError(f"body truncated: need {_QQI.size} bytes, {n - p} left")
-    ledger_id, entry_id, klen = _QQI.unpack_from(f, p)
-    p += _QQI.size
-    if klen == _NONE_LEN:
-        raise ProtocolError("master key must be present")
-    if klen > n - p:
-        raise ProtocolError(f"byte string of {klen} bytes exceeds the {n - p} bytes left")
-    key = bytes(f[p : p + klen])
-    p += klen
-    if n - p < 4:
-        raise ProtocolError(f"body truncated: need 4 bytes, {n - p} left")
-    (blen,) = _I.unpack_from(f, p)
-    p += 4
-    if blen == _NONE_LEN:
-        raise ProtocolError("entry body must be present")
-    if blen > n - p:
-        raise ProtocolError(f"byte string of {blen} bytes exceeds the {n - p} bytes left")
-    if blen < n - p:
-        raise ProtocolError(f"{n - p - blen} trailing bytes after the message body")
-    return AddRequest(ledger_id, entry_id, key, bytes(f[p:]), bool(flags & FLAG_RECOVERY),
-                      bool(flags & FLAG_DEFERRED_SYNC))
-
-
-def _fast_batch_request(f: bytes | memoryview, flags: int) -> AddBatchRequest:
-    """ADD_BATCH request body, decoded straight from the frame (same refusals as
-    :func:`_decode_request`): each body is copied out once, nothing else per entry."""
-    n, p = len(f), _BODY
-    if n - p < 12:
-        raise ProtocolError(f"body truncated: need 12 bytes, {n - p} left")
-    ledger_id, klen = _QI.unpack_from(f, p)
-    p += 12
-    if klen == _NONE_LEN:
-        raise ProtocolError("master key must be present")
-    if klen > n - p:
-        raise ProtocolError(f"byte string of {klen} bytes exceeds the {n - p} bytes left")
-    key = bytes(f[p : p + klen])
-    p += klen
-    if n - p < 4:
-        raise ProtocolError(f"body truncated: need 4 bytes, {n - p} left")
-    (count,) = _I.unpack_from(f, p)
-    p += 4
-    if not 1 <= count <= MAX_BATCH_ENTRIES or count * 12 > n - p:
-        raise ProtocolError(f"batch of {count} entries: 1 to {MAX_BATCH_ENTRIES}, "
-                            f"each at least 12 bytes of the {n - p} left")
-    ids: list[int] = []
-    bodies: list[bytes] = []
-    unpack = _QI.unpack_from
-    for _ in range(count):
-        if n - p < 12:
-            raise ProtocolError(f"body truncated: need 12 bytes, {n - p} left")
-        entry_id, blen = unpack(f, p)
-        p += 12
-        if blen == _NONE_LEN:
-            raise ProtocolError("entry body must be present")
-        if blen > n - p:
-            raise ProtocolError(f"byte string of {blen} bytes exceeds the {n - p} bytes left")
-        ids.append(entry_id)
-        bodies.append(bytes(f[p : p + blen]))
-        p += blen
-    if p != n:
-        raise ProtocolError(f"{n - p} trailing bytes after the message body")
-    return AddBatchRequest(ledger_id, key, ids, bodies, bool(flags & FLAG_RECOVERY),
-                           bool(flags & FLAG_DEFERRED_SYNC))
-
-
-def _fast_add_response(f: bytes | memoryview) -> AddResponse:
-    n, p = len(f), _BODY
-    if n - p < _HI.size:
-        raise ProtocolError(f"body truncated: need {_HI.size} bytes, {n - p} left")
-    code, mlen = _HI.unpack_from(f, p)
-    p += _HI.size
-    status = _STATUS_BY_CODE.get(code)
-    if status is None:
-        raise ProtocolError(f"unknown status code {code}")
-    if mlen == _NONE_LEN:
-        raise ProtocolError("message must be present")
-    if mlen > n - p:
-        raise ProtocolError(f"byte string of {mlen} bytes exceeds the {n - p} bytes left")
-    if mlen > MAX_MESSAGE:
-        raise ProtocolError(f"string of {mlen} bytes exceeds its {MAX_MESSAGE}-byte cap")
-    try:
-        message = bytes(f[p : p + mlen]).decode("utf-8") if mlen else ""
-    except UnicodeDecodeError as exc:
-        raise ProtocolError("message is not valid UTF-8") from exc
-    p += mlen
-    if n - p < _QQ.size:
-        raise ProtocolError(f"body truncated: need {_QQ.size} bytes, {n - p} left")
-    if n - p > _QQ.size:
-        raise ProtocolError(f"{n - p - _QQ.size} trailing bytes after the message body")
-    ledger_id, entry_id = _QQ.unpack_from(f, p)
-    return AddResponse(status, ledger_id, entry_id, message)
 
 
 # --------------------------------------------------------------------------- one frame
@@ -755,8 +475,8 @@ def decode_frame(frame: bytes | memoryview, role: str) -> Event:
     (crc,) = _I.unpack_from(frame, 0)
     if crc32c.crc32c(frame[4:]) != crc:
         raise ProtocolError("frame CRC mismatch")
-    version, op_code, flags, request_id = _HEADER.unpack_from(frame, 4)
-    ops = _OPS_OF_VERSION.get(version)
+    version, op_code, flags, request_id = HEADER.unpack_from(frame, 4)
+    ops = OPS_OF_VERSION.get(version)
     if ops is None:
         raise ProtocolError(f"unknown protocol version {version}")
     op = _OPS.get(op_code)
@@ -768,20 +488,20 @@ def decode_frame(frame: bytes | memoryview, role: str) -> Event:
         raise ProtocolError(f"unexpected {kind} frame on the {role} side")
     try:
         if is_response:
-            if flags & ~FLAG_RESPONSE & ~_ALLOWED_FLAGS.get(op, 0) or (
+            if flags & ~FLAG_RESPONSE & ~ALLOWED_FLAGS.get(op, 0) or (
                     flags != FLAG_RESPONSE and op is not Op.BOOKIE_INFO):
                 raise ProtocolError(f"unknown response flags {flags:#06x}")
             if op is Op.ADD:
-                return ResponseReceived(request_id, _fast_add_response(frame))
-            body = _Reader(memoryview(bytes(frame[_BODY:])))  # (no view of the caller's
+                return ResponseReceived(request_id, decode_add_response(frame))
+            body = BodyReader(memoryview(bytes(frame[BODY_OFFSET:])))  # (no view of the caller's
             return ResponseReceived(request_id, _decode_response(op, body, flags))  # buffer)
-        if flags & ~_ALLOWED_FLAGS.get(op, 0):
+        if flags & ~ALLOWED_FLAGS.get(op, 0):
             raise ProtocolError(f"unknown flags {flags:#06x} for {op.name}")
         if op is Op.ADD:
-            return RequestReceived(request_id, _fast_add_request(frame, flags))
+            return RequestReceived(request_id, decode_add_request(frame, flags))
         if op is Op.ADD_BATCH:
-            return RequestReceived(request_id, _fast_batch_request(frame, flags))
-        body = _Reader(memoryview(bytes(frame[_BODY:])))
+            return RequestReceived(request_id, decode_batch_request(frame, flags))
+        body = BodyReader(memoryview(bytes(frame[BODY_OFFSET:])))
         return RequestReceived(request_id, _decode_request(op, flags, body))
     except ProtocolError as exc:
         return MessageRejected(request_id, op, exc)

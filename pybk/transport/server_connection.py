@@ -1,9 +1,11 @@
 """One accepted connection of a bookie's TCP server: framing, authentication, the request
 flow under the in-flight cap and the byte budgets, and the connection's deadlines.
 
-:class:`ServerConnection` is the asyncio protocol object; :class:`pybk.transport.server.
-BookieServer` makes one per accepted socket (before any TLS handshake), owns the caps and the
-bookie-wide budget, and calls :meth:`ServerConnection.check_deadlines` from its sweeper.
+:class:`ServerConnection` is the asyncio protocol object (its byte account and outgoing
+answers: :class:`~pybk.transport.server_budgets.BudgetedConnection`);
+:class:`pybk.transport.server.BookieServer` makes one per accepted socket (before any TLS
+handshake), owns the caps and the bookie-wide budget, and calls
+:meth:`ServerConnection.check_deadlines` from its sweeper.
 The module doc of :mod:`pybk.transport.server` says what each bound defends against.
 """
 
@@ -21,6 +23,7 @@ from pybk.errors import BKError, ProtocolError, status_of
 from pybk.transport import codec
 from pybk.transport.identity import ANONYMOUS
 from pybk.transport.limits import REQUEST_OVERHEAD
+from pybk.transport.server_budgets import BudgetedConnection
 from pybk.transport.server_parts import (
     GATED,
     FastAddReply,
@@ -50,12 +53,8 @@ from pybk.wire import (
 if TYPE_CHECKING:
     from pybk.transport.server import BookieServer
 
-__all__ = ["SMALL", "SMALL_FLOOR", "AddNowait", "AddPath", "ServerConnection", "is_long_poll"]
-#: a request whose bytes are at most this is "small": it still starts when the bookie's
-#: budget is spent, as long as its connection holds at most SMALL_FLOOR (adds of a writer
-#: keep flowing while hostile connections sit on the budget)
-SMALL: Final = 64 << 10
-SMALL_FLOOR: Final = 256 << 10
+__all__ = ["AddNowait", "AddPath", "ServerConnection", "is_long_poll"]
+
 #: a read bringing this many bytes at once first asks the kernel whether the peer has
 #: already closed (one getsockopt): a flood that sends and hangs up costs no decoding
 EOF_CHECK_BYTES: Final = 4096
@@ -71,17 +70,16 @@ AddPath = Callable[[AddLike, AddCallback], None]
 AddNowait = Callable[[AddRequest, Callable[[Response], None]], None]
 
 
-class ServerConnection(asyncio.Protocol):
+class ServerConnection(BudgetedConnection):
     """One accepted connection (a protocol object: asyncio calls it back on the loop).
 
     Registered with the server from ``accept()`` on; :meth:`release` (exactly once) gives
-    its place back, whether its handshake failed or it closed later."""
+    its place back, whether its handshake failed or it closed later. What it holds against
+    the budgets and its answers on their way out: :class:`BudgetedConnection`."""
 
     def __init__(self, server: BookieServer, peer_ip: str, unproven: bool) -> None:
-        self.server = server
-        self.cfg = server.config
-        self.loop = server.loop
-        self.transport: asyncio.Transport | None = None
+        now = server.loop.time()
+        super().__init__(server, now)
         self.peer_ip = peer_ip
         #: counted against the unauthenticated budget (TLS handshake or AUTH still to come)
         self.unproven = unproven
@@ -118,24 +116,13 @@ class ServerConnection(asyncio.Protocol):
         self.fast_adds_idle = asyncio.Event()
         self.fast_adds_idle.set()
         self._pumping = False
-        self.out: list[bytes] = []
-        self.out_bytes = 0
-        self.flush_scheduled = False
         self.read_paused = False
         #: why the last pump stopped short ("connection"/"bookie" budget, "in_flight"), or None
         self.blocked: str | None = None
-        #: bytes charged to the budgets: started requests' reservations, and answers not
-        #: yet taken by the peer (in ``out`` or in the transport's buffer)
-        self.reserved = 0
-        self.unsent = 0
-        self.written = 0  # bytes handed to the transport, ever
-        self.sent_seen = 0  # of those, how many had left its buffer at the last look
         self.closing = False
         self.released = False
-        now = self.loop.time()
         self.connected_at = now
         self.last_activity = now
-        self.progress_at = now
         self.partial_since: float | None = None
 
     # -- asyncio callbacks -------------------------------------------------------------------
@@ -227,53 +214,6 @@ class ServerConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._refresh_unsent()
         self._pump()
-
-    # -- budgets -------------------------------------------------------------------------------
-
-    @property
-    def held(self) -> int:
-        """Bytes this connection holds against the budgets."""
-        return self.reserved + self.unsent
-
-    def _charge(self, reserved: int = 0, unsent: int = 0) -> None:
-        before = self.reserved + self.unsent
-        self.reserved += reserved
-        self.unsent += unsent
-        self.server._held_changed(before, self.reserved + self.unsent)
-
-    def _set_unsent(self, n: int) -> None:
-        if n != self.unsent:
-            self._charge(unsent=n - self.unsent)
-
-    def _refresh_unsent(self) -> None:
-        """Answers still waiting = those in ``out`` + the transport's buffer; note progress."""
-        transport = self.transport
-        buffered = 0
-        if transport is not None and not transport.is_closing():
-            buffered = transport.get_write_buffer_size()
-        sent = self.written - buffered
-        if sent != self.sent_seen or not buffered:  # (nothing waiting: nothing is late)
-            self.sent_seen = sent
-            self.progress_at = self.loop.time()
-        self._set_unsent(self.out_bytes + buffered)
-
-    def _admissible(self, cost: int) -> str | None:
-        """None if a request of ``cost`` bytes may start now, else whose budget is spent."""
-        held = self.reserved + self.unsent
-        if held and held + cost > self.cfg.connection_budget:
-            return "connection"
-        server = self.server
-        total = server.held
-        if total and total + cost > self.cfg.bookie_budget:
-            if cost <= SMALL and held <= SMALL_FLOOR:
-                return None
-            # over the budget: still a fair share for a connection holding little, up to
-            # twice the budget in all (so one holder cannot keep every other one waiting)
-            if (total + cost <= 2 * self.cfg.bookie_budget
-                    and held + cost <= self.cfg.bookie_budget // max(1, server.holders)):
-                return None
-            return "bookie"
-        return None
 
     # -- request flow ------------------------------------------------------------------------
 
@@ -564,46 +504,6 @@ class ServerConnection(asyncio.Protocol):
         )
         self._respond(request_id, response)
         self.close_after_flush()
-
-    def _respond(self, request_id: int, response: Response, release: int = 0) -> None:
-        """Queue ``response`` for the next flush; ``release``: bytes its request held, given
-        back in the same step as the answer's are charged."""
-        if self.transport is None or self.transport.is_closing():
-            if release:
-                self._charge(reserved=-release)
-            return
-        try:
-            frame = codec.encode_response(request_id, response)
-        except (ValueError, TypeError) as exc:  # a handler bug; tell the client, keep serving
-            self.server.remote_event("unencodable answers", f"{response!r:.200}: {exc}", ERROR)
-            frame = codec.encode_response(
-                request_id,
-                codec.error_response_for_op(response.op, Status.GENERIC_ERROR, str(exc)),
-            )
-        now = self.loop.time()
-        if not self.unsent:  # the peer has this long to take it, counted from now
-            self.progress_at = now
-        self.out.append(frame)
-        self.out_bytes += len(frame)
-        self._charge(reserved=-release, unsent=len(frame))
-        self.last_activity = now
-        if not self.flush_scheduled:
-            if not self.in_flight and not self.queue:
-                self._flush()  # nothing else to answer (a lone client): now, not a pass later
-                return
-            self.flush_scheduled = True
-            self.loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self.flush_scheduled = False
-        if self.out and self.transport is not None and not self.transport.is_closing():
-            data = self.out[0] if len(self.out) == 1 else b"".join(self.out)
-            self.transport.write(data)
-            self.written += len(data)
-            self.server.stats.incr("writes")
-        self.out.clear()
-        self.out_bytes = 0
-        self._refresh_unsent()
 
     def _set_reading(self) -> None:
         """Read while the read-ahead has room, even when nothing can start (so a close is

@@ -59,12 +59,12 @@ def test_a_batch_decoder_that_drops_the_recovery_flag_is_caught(
     """The bug of a fast ADD_BATCH decoder that loses the flag recovery writes carry: with
     message objects handed over, no seed saw it; through the codec, recovery cannot write
     back to the fenced bookies and the run makes no progress."""
-    original = messages._fast_batch_request
+    original = messages.decode_batch_request
 
     def broken(frame: Any, flags: int) -> AddBatchRequest:
         return dataclasses.replace(original(frame, flags), recovery=False)
 
-    monkeypatch.setattr(messages, "_fast_batch_request", broken)
+    monkeypatch.setattr(messages, "decode_batch_request", broken)
     caught = [s for s in range(8)
               if not sim.run(s, duration=30.0, faults=sim.Faults.all()).ok]
     assert len(caught) >= 3, caught

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pybk.errors import ProtocolError
-from pybk.transport import codec, messages
+from pybk.transport import codec, fastpath, messages, wireformat
 from pybk.transport.codec import (
     Connection,
     MessageRejected,
@@ -341,13 +341,13 @@ def test_hold_after_auth_leaves_following_frames_buffered():
 
 
 def _generic_request(rid: int, req) -> bytes:
-    w = messages._Writer()
+    w = wireformat.BodyWriter()
     flags = messages._encode_request_body(req, w)
     return messages._frame(int(req.op), flags, rid, w.parts)
 
 
 def _generic_response(rid: int, resp) -> bytes:
-    w = messages._Writer()
+    w = wireformat.BodyWriter()
     messages._encode_response_body(resp, w)
     return messages._frame(int(resp.op), codec.FLAG_RESPONSE, rid, w.parts)
 
@@ -377,15 +377,16 @@ def test_add_fast_decoders_agree_with_generic_on_any_body(kind, body, flags):
     """Any ADD body: the fast decoder and the generic one accept/refuse alike."""
     if kind == "req":
         frame = bytes(4 + 12) + body
-        fast = _outcome(messages._fast_add_request, frame, flags & codec.FLAG_RECOVERY)
+        fast = _outcome(fastpath.decode_add_request, frame, flags & codec.FLAG_RECOVERY)
         generic = _outcome(
             messages._decode_request, Op.ADD, flags & codec.FLAG_RECOVERY,
-            messages._Reader(memoryview(body)),
+            wireformat.BodyReader(memoryview(body)),
         )  # fmt: skip
     else:
         frame = bytes(4 + 12) + body
-        fast = _outcome(messages._fast_add_response, frame)
-        generic = _outcome(messages._decode_response, Op.ADD, messages._Reader(memoryview(body)))
+        fast = _outcome(fastpath.decode_add_response, frame)
+        generic = _outcome(messages._decode_response, Op.ADD,
+                           wireformat.BodyReader(memoryview(body)))
     assert fast == generic
 
 
@@ -394,16 +395,16 @@ def test_add_fast_decoders_on_valid_prefixes():
     body = _generic_request(1, req)[8 + 12 :]
     for cut in range(len(body) + 1):
         part = body[:cut]
-        fast = _outcome(messages._fast_add_request, bytes(16) + part, codec.FLAG_RECOVERY)
+        fast = _outcome(fastpath.decode_add_request, bytes(16) + part, codec.FLAG_RECOVERY)
         generic = _outcome(messages._decode_request, Op.ADD, codec.FLAG_RECOVERY,
-                           messages._Reader(memoryview(part)))
+                           wireformat.BodyReader(memoryview(part)))
         assert fast == generic
     resp = AddResponse(Status.FENCED, 3, 4, "fenced ✓")
     body = _generic_response(1, resp)[8 + 12 :]
     for cut in range(len(body) + 1):
         part = body[:cut]
-        assert _outcome(messages._fast_add_response, bytes(16) + part) == _outcome(
-            messages._decode_response, Op.ADD, messages._Reader(memoryview(part))
+        assert _outcome(fastpath.decode_add_response, bytes(16) + part) == _outcome(
+            messages._decode_response, Op.ADD, wireformat.BodyReader(memoryview(part))
         )
 
 
@@ -434,9 +435,9 @@ def test_batch_fast_encoder_matches_generic(rid, entries, ledger, key, recovery)
 def test_batch_fast_decoder_agrees_with_generic_on_any_body(body, flags):
     """Any ADD_BATCH body: the fast decoder and the generic one accept/refuse alike (and
     decode alike)."""
-    fast = _outcome(messages._fast_batch_request, bytes(16) + body, flags & codec.FLAG_RECOVERY)
+    fast = _outcome(fastpath.decode_batch_request, bytes(16) + body, flags & codec.FLAG_RECOVERY)
     generic = _outcome(messages._decode_request, Op.ADD_BATCH, flags & codec.FLAG_RECOVERY,
-                       messages._Reader(memoryview(body)))
+                       wireformat.BodyReader(memoryview(body)))
     assert fast == generic
 
 
@@ -445,9 +446,9 @@ def test_batch_fast_decoder_on_valid_prefixes():
     body = _generic_request(1, req)[8 + 12 :]
     for cut in range(len(body) + 1):
         part = body[:cut]
-        fast = _outcome(messages._fast_batch_request, bytes(16) + part, codec.FLAG_RECOVERY)
+        fast = _outcome(fastpath.decode_batch_request, bytes(16) + part, codec.FLAG_RECOVERY)
         generic = _outcome(messages._decode_request, Op.ADD_BATCH, codec.FLAG_RECOVERY,
-                           messages._Reader(memoryview(part)))
+                           wireformat.BodyReader(memoryview(part)))
         assert fast == generic
-    assert _outcome(messages._fast_batch_request, bytes(16) + body, codec.FLAG_RECOVERY) == (
+    assert _outcome(fastpath.decode_batch_request, bytes(16) + body, codec.FLAG_RECOVERY) == (
         "ok", req)

@@ -4,6 +4,8 @@
 * :mod:`.bridge`: kazoo's threads to the event loop, the connection and the session, one
   bounded call;
 * :mod:`.recipes`: shared watches and the ephemeral-sequential leader election;
+* :mod:`.keyvalues`, :mod:`.locks`, :mod:`.underreplication`: the key/value namespace, the
+  locks and the under-replication marks, each on the store's session;
 * :mod:`.store`: the :class:`~pybk.metadata.base.MetadataStore` API on top of them.
 """
 

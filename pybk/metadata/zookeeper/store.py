@@ -1,15 +1,15 @@
 """ZooKeeper metadata store (``zk://host:port[,host:port]/root``) with kazoo: the API.
 
 The layout below the root is in :mod:`.paths` (and docs/zookeeper.md), the bridge from kazoo's
-threads to the loop in :mod:`.bridge`, watches and the election in :mod:`.recipes`; this module
-maps the :class:`~pybk.metadata.base.MetadataStore` contract onto them.
+threads to the loop in :mod:`.bridge`, watches and the election in :mod:`.recipes`; the
+key/value namespace in :mod:`.keyvalues`, locks in :mod:`.locks` and under-replication marks
+in :mod:`.underreplication`. This module maps the :class:`~pybk.metadata.base.MetadataStore`
+contract onto them, and keeps ledgers, the bookie registry and cookies itself.
 
 Ledger metadata versions are znode versions (CAS = ``set(..., version=v)``). Ids are never
 reused by the allocator, so a re-created ledger's restarted znode version cannot be confused
-with an old one. Key/value versions are the znode's ``mzxid`` (the zxid of its last change,
-unique across the ensemble): a znode's own version restarts at 0 when a key is deleted and
-created again, and a stale compare-and-set must never succeed on the new key. A CAS reads the
-node, compares its mzxid and writes with the node's own version (a change in between fails it).
+with an old one. Key/value versions are the znode's ``mzxid`` instead (:mod:`.keyvalues`
+says why).
 
 Sessions: a registration and a lock are ephemeral znodes. When the session expires ZooKeeper
 deletes them; when kazoo establishes a new session this store re-creates its registrations
@@ -25,31 +25,24 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError, NotEmptyError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from pybk.errors import (
     ClientClosedError,
     CorruptRecordError,
-    KeyExistsError,
     LedgerExistsError,
     MetadataStoreError,
     MetadataVersionError,
-    NoSuchKeyError,
     NoSuchLedgerError,
 )
 from pybk.metadata._common import (
     check_bookie_id,
-    check_expected_marks,
     check_key,
     check_ledger_id,
     check_metadata,
     check_owner,
-    check_prefix,
     check_registration,
-    check_value,
-    merge_missing,
     stamped,
 )
 from pybk.metadata.base import (
@@ -61,7 +54,9 @@ from pybk.metadata.base import (
     Watch,
 )
 from pybk.metadata.zookeeper.bridge import KazooBridge
-from pybk.metadata.zookeeper.paths import BASE_DIRS, Layout, ledger_id_from
+from pybk.metadata.zookeeper.keyvalues import ZkKeyValues
+from pybk.metadata.zookeeper.locks import ZkLocks
+from pybk.metadata.zookeeper.paths import BASE_DIRS, Layout
 from pybk.metadata.zookeeper.recipes import (
     ChildrenWatches,
     DataWatches,
@@ -69,20 +64,11 @@ from pybk.metadata.zookeeper.recipes import (
     ZkElection,
     election_leader,
 )
+from pybk.metadata.zookeeper.underreplication import ZkUnderReplication, walk_ledger_tree
 
 __all__ = ["ZooKeeperMetadataStore"]
 
 log = logging.getLogger("pybk.metadata.zookeeper")
-
-#: First byte of a key's znode data (parents made by ``makepath`` hold b"").
-_KEY_MARK = b"\x01"
-
-
-def _key_version(data: bytes | None, stat: Any) -> int | None:
-    """A key's state for watches: a parent-only node counts as absent."""
-    if stat is None or not bytes(data or b"").startswith(_KEY_MARK):
-        return None
-    return int(stat.mzxid)
 
 
 class ZooKeeperMetadataStore(MetadataStore):
@@ -121,11 +107,10 @@ class ZooKeeperMetadataStore(MetadataStore):
         self._id_pool: list[int] = []  # claimed ids, next one last
         self._id_lock = asyncio.Lock()  # one block claim at a time per store
         self._own: dict[str, BookieRegistration] = {}
-        self._held: dict[str, int] = {}  # lock name -> session id it was taken in
         self._ledger_watchers: DataWatches[int] = DataWatches(self._bridge, self._layout.ledger)
-        self._value_watchers: DataWatches[str] = DataWatches(
-            self._bridge, self._layout.kv, _key_version)
-        self._lock_watchers: DataWatches[str] = DataWatches(self._bridge, self._layout.lock)
+        self._kv = ZkKeyValues(self._bridge, self._layout)
+        self._locks = ZkLocks(self._bridge, self._layout, hosts)
+        self._marks = ZkUnderReplication(self._bridge, self._layout)
         self._bookie_watchers = ChildrenWatches(
             self._bridge, [self._layout.bookies(False), self._layout.bookies(True)])
         self._elections: list[ZkElection] = []
@@ -155,13 +140,10 @@ class ZooKeeperMetadataStore(MetadataStore):
         re-register, drop the locks, make every watcher re-read."""
         if self._own:
             self._bridge.spawn(self._reregister())
-        lost, self._held = self._held, {}
-        for name in lost:
-            log.warning("ZooKeeper %s: lock %s lost with the session", self.hosts, name)
-            self._lock_watchers.fire(name)
+        self._locks.session_lost()
         self._ledger_watchers.fire_all()
-        self._value_watchers.fire_all()
-        self._lock_watchers.fire_all()
+        self._kv.watchers.fire_all()
+        self._locks.watchers.fire_all()
         self._bookie_watchers.fire()
         self._bookie_watchers.rearm()
 
@@ -281,146 +263,31 @@ class ZooKeeperMetadataStore(MetadataStore):
         self._ledger_watchers.saw(ledger_id, None, before)
 
     async def list_ledgers(self) -> list[int]:
-        return [lid for lid, _ in await self._walk("list_ledgers", self._layout.p("ledgers"), "L")]
+        return [lid for lid, _ in await walk_ledger_tree(
+            self._bridge, "list_ledgers", self._layout.p("ledgers"), "L")]
 
     # -- key/value namespace ---------------------------------------------------------------------
 
-    async def _get_key(self, op: str, key: str) -> tuple[bytes, Any]:
-        """(value, stat) of a key; NoSuchKeyError when absent or only a parent node."""
-        try:
-            data, stat = await self._bridge.call(
-                op, "get", self._layout.kv(key), expect=(NoNodeError,))
-        except NoNodeError:
-            raise NoSuchKeyError(f"key {key!r} does not exist") from None
-        data = bytes(data or b"")
-        if not data.startswith(_KEY_MARK):
-            raise NoSuchKeyError(f"key {key!r} does not exist")
-        return data[len(_KEY_MARK):], stat
-
     async def create_value(self, key: str, value: bytes) -> VersionedValue:
-        check_key(key)
-        data = check_value(key, value)
-        path = self._layout.kv(key)
-        before = self._bridge.last_zxid()
-        for _ in range(20):
-            try:
-                _, stat = await self._bridge.call(
-                    "create_value", "create", path, _KEY_MARK + data, makepath=True,
-                    include_data=True, expect=(NodeExistsError,),
-                )
-            except NodeExistsError:
-                # a parent node of deeper keys: it becomes this key, by CAS
-                try:
-                    old, stat = await self._bridge.call(
-                        "create_value", "get", path, expect=(NoNodeError,)
-                    )
-                except NoNodeError:
-                    continue
-                if bytes(old or b"").startswith(_KEY_MARK):
-                    raise KeyExistsError(f"key {key!r} already exists") from None
-                try:
-                    stat = await self._bridge.call(
-                        "create_value", "set", path, _KEY_MARK + data, version=stat.version,
-                        expect=(BadVersionError, NoNodeError),
-                    )
-                except (BadVersionError, NoNodeError):
-                    continue
-            self._value_watchers.saw(key, stat.mzxid, before)
-            return VersionedValue(key, data, stat.mzxid)
-        raise MetadataStoreError(f"could not create key {key!r}: contention")
+        return await self._kv.create_value(key, value)
 
     async def read_value(self, key: str) -> VersionedValue:
-        check_key(key)
-        before = self._bridge.last_zxid()
-        try:
-            data, stat = await self._get_key("read_value", key)
-        except NoSuchKeyError:
-            self._value_watchers.saw(key, None, before)
-            raise
-        self._value_watchers.saw(key, stat.mzxid, before)
-        return VersionedValue(key, data, stat.mzxid)
+        return await self._kv.read_value(key)
 
     async def write_value(
         self, key: str, value: bytes, expected_version: int
     ) -> VersionedValue:
-        check_key(key)
-        data = check_value(key, value)
-        before = self._bridge.last_zxid()
-        _, stat = await self._get_key("write_value", key)
-        if stat.mzxid != expected_version:
-            raise MetadataVersionError(
-                f"key {key!r}: version {expected_version} is stale (store has {stat.mzxid})"
-            )
-        try:
-            new = await self._bridge.call(
-                "write_value", "set", self._layout.kv(key), _KEY_MARK + data,
-                version=stat.version, expect=(BadVersionError, NoNodeError),
-            )
-        except BadVersionError:
-            raise MetadataVersionError(
-                f"key {key!r}: version {expected_version} is stale (changed meanwhile)"
-            ) from None
-        except NoNodeError:
-            raise NoSuchKeyError(f"key {key!r} does not exist") from None
-        self._value_watchers.saw(key, new.mzxid, before)
-        return VersionedValue(key, data, new.mzxid)
+        return await self._kv.write_value(key, value, expected_version)
 
     async def delete_value(self, key: str, expected_version: int | None = None) -> None:
-        check_key(key)
-        path = self._layout.kv(key)
-        before = self._bridge.last_zxid()
-        for _ in range(20):
-            _, stat = await self._get_key("delete_value", key)
-            if expected_version is not None and stat.mzxid != expected_version:
-                raise MetadataVersionError(
-                    f"key {key!r}: version {expected_version} is stale (store has {stat.mzxid})"
-                )
-            try:
-                if stat.numChildren:  # keys below it stay: it becomes a bare parent node
-                    await self._bridge.call(
-                        "delete_value", "set", path, b"", version=stat.version,
-                        expect=(BadVersionError, NoNodeError),
-                    )
-                else:
-                    await self._bridge.call(
-                        "delete_value", "delete", path, version=stat.version,
-                        expect=(BadVersionError, NoNodeError, NotEmptyError),
-                    )
-            except (BadVersionError, NoNodeError, NotEmptyError):
-                continue  # changed meanwhile: look again (a CAS then fails on the mzxid)
-            self._value_watchers.saw(key, None, before)
-            return
-        raise MetadataStoreError(f"could not delete key {key!r}: contention")
+        await self._kv.delete_value(key, expected_version)
 
     async def list_keys(self, prefix: str = "") -> list[str]:
-        check_prefix(prefix)
-        found: list[str] = []
-
-        async def walk(rel: str) -> None:
-            base = self._layout.p("kv", rel) if rel else self._layout.p("kv")
-            names = await self._bridge.children("list_keys", base)
-
-            async def visit(name: str) -> None:
-                child = f"{rel}/{name}" if rel else name
-                try:
-                    data, _ = await self._bridge.call(
-                        "list_keys", "get", f"{base}/{name}", expect=(NoNodeError,)
-                    )
-                except NoNodeError:
-                    return
-                if bytes(data or b"").startswith(_KEY_MARK):
-                    found.append(child)
-                await walk(child)
-
-            await asyncio.gather(*map(visit, names))
-
-        await walk(prefix[:-1])
-        return sorted(found)
+        return await self._kv.list_keys(prefix)
 
     def watch_value(self, key: str, callback: Callable[[str], None]) -> Watch:
         """One kazoo DataWatch per watched key and store (as for ledgers)."""
-        check_key(key)
-        return self._value_watchers.watch(key, lambda: callback(key))
+        return self._kv.watch_value(key, callback)
 
     # -- bookies -------------------------------------------------------------------------------
 
@@ -533,7 +400,7 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     async def sync_watches(self) -> bool:
         """Wait until every watch set so far had its first report (at most ``op_timeout``)."""
-        groups = (self._ledger_watchers, self._value_watchers, self._lock_watchers)
+        groups = (self._ledger_watchers, self._kv.watchers, self._locks.watchers)
         waiting = [w for g in groups for w in g.waiting()]
         children = self._bookie_watchers
         if not waiting and not children.waiting():
@@ -558,114 +425,22 @@ class ZooKeeperMetadataStore(MetadataStore):
     # -- locks and elections -------------------------------------------------------------------
 
     async def try_lock(self, name: str, owner: str) -> bool:
-        check_key(name)
-        check_owner(owner)
-        path = self._layout.lock(name)
-        await self._bridge.ensure_started()
-        before = self._bridge.last_zxid()
-        for _ in range(20):
-            session = self._bridge.session_id
-            try:
-                _, stat = await self._bridge.call(
-                    "try_lock", "create", path, owner.encode(), ephemeral=True, makepath=True,
-                    include_data=True, expect=(NodeExistsError,),
-                )
-                self._lock_watchers.saw(name, stat.mzxid, before)
-                self._took_lock(name, session)
-                return True
-            except NodeExistsError:
-                pass
-            try:
-                _, stat = await self._bridge.call("try_lock", "get", path, expect=(NoNodeError,))
-            except NoNodeError:
-                continue  # released meanwhile: try again
-            self._lock_watchers.saw(name, stat.mzxid, before)
-            if stat.ephemeralOwner == self._bridge.session_id:
-                self._took_lock(name, self._bridge.session_id)
-                return True
-            if stat.ephemeralOwner == 0:  # a persistent node: a parent of deeper locks
-                raise MetadataStoreError(
-                    f"ZooKeeper {self.hosts}: lock {name!r} is a parent of other locks")
-            return False
-        raise MetadataStoreError(f"could not take lock {name!r}: contention")
-
-    def _took_lock(self, name: str, session: int | None) -> None:
-        if session is None or session != self._bridge.session_id:
-            return  # the session changed under us: the node went with the old one
-        fresh = name not in self._held
-        self._held[name] = session
-        if fresh:
-            self._lock_watchers.fire(name)
+        return await self._locks.try_lock(name, owner)
 
     async def unlock(self, name: str) -> None:
-        check_key(name)
-        session = self._held.pop(name, None)
-        if session is None:
-            return
-        self._lock_watchers.fire(name)
-        path = self._layout.lock(name)
-        before = self._bridge.last_zxid()
-        try:
-            _, stat = await self._bridge.call("unlock", "get", path, expect=(NoNodeError,))
-        except NoNodeError:
-            self._lock_watchers.saw(name, None, before)
-            return
-        if stat.ephemeralOwner != session:
-            self._lock_watchers.saw(name, stat.mzxid, before)
-            return  # not ours any more
-        with contextlib.suppress(NoNodeError, BadVersionError, NotEmptyError):
-            await self._bridge.call(
-                "unlock", "delete", path, version=stat.version,
-                expect=(NoNodeError, BadVersionError, NotEmptyError),
-            )
-            self._lock_watchers.saw(name, None, before)
+        await self._locks.unlock(name)
 
     async def lock_owner(self, name: str) -> str | None:
-        check_key(name)
-        before = self._bridge.last_zxid()
-        try:
-            data, stat = await self._bridge.call(
-                "lock_owner", "get", self._layout.lock(name), expect=(NoNodeError,))
-        except NoNodeError:
-            self._lock_watchers.saw(name, None, before)
-            return None
-        self._lock_watchers.saw(name, stat.mzxid, before)
-        if stat.ephemeralOwner == 0:
-            return None  # a parent node of deeper locks
-        return bytes(data).decode(errors="replace")
+        return await self._locks.lock_owner(name)
 
     async def list_locks(self, prefix: str = "") -> dict[str, str]:
-        check_prefix(prefix)
-        found: dict[str, str] = {}
-
-        async def walk(rel: str) -> None:
-            names = await self._bridge.children("list_locks", self._layout.lock(rel))
-
-            async def visit(name: str) -> None:
-                child = f"{rel}/{name}" if rel else name
-                try:
-                    data, stat = await self._bridge.call(
-                        "list_locks", "get", self._layout.lock(child), expect=(NoNodeError,))
-                except NoNodeError:
-                    return
-                if stat.ephemeralOwner:
-                    found[child] = bytes(data).decode(errors="replace")
-                elif stat.numChildren:
-                    await walk(child)
-
-            await asyncio.gather(*map(visit, names))
-
-        await walk(prefix[:-1])
-        return dict(sorted(found.items()))
+        return await self._locks.list_locks(prefix)
 
     def holds_lock(self, name: str) -> bool:
-        session = self._held.get(name)
-        return (session is not None and session == self._bridge.session_id
-                and self._bridge.connected and not self._bridge.closed)
+        return self._locks.holds_lock(name)
 
     def watch_lock(self, name: str, callback: Callable[[str], None]) -> Watch:
-        check_key(name)
-        return self._lock_watchers.watch(name, lambda: callback(name))
+        return self._locks.watch_lock(name, callback)
 
     def election(self, name: str, candidate: str) -> Election:
         check_key(name)
@@ -681,74 +456,15 @@ class ZooKeeperMetadataStore(MetadataStore):
     # -- under-replication marks ---------------------------------------------------------------
 
     async def mark_under_replicated(self, ledger_id: int, missing_bookies: list[str]) -> None:
-        check_ledger_id(ledger_id)
-        for b in missing_bookies:
-            check_bookie_id(b)
-        path = self._layout.under_replicated(ledger_id)
-        for _ in range(100):
-            try:
-                data, stat = await self._bridge.call(
-                    "mark_under_replicated", "get", path, expect=(NoNodeError,)
-                )
-            except NoNodeError:
-                value = json.dumps(merge_missing([], missing_bookies)).encode()
-                try:
-                    await self._bridge.call(
-                        "mark_under_replicated", "create", path, value, makepath=True,
-                        expect=(NodeExistsError, NoNodeError),
-                    )
-                    return
-                except (NodeExistsError, NoNodeError):
-                    continue
-            merged = merge_missing(_parse_missing(data, ledger_id), missing_bookies)
-            try:
-                await self._bridge.call(
-                    "mark_under_replicated", "set", path, json.dumps(merged).encode(),
-                    version=stat.version, expect=(BadVersionError, NoNodeError),
-                )
-                return
-            except (BadVersionError, NoNodeError):
-                continue
-        raise MetadataVersionError(f"under-replication mark of ledger {ledger_id}: too contended")
+        await self._marks.mark_under_replicated(ledger_id, missing_bookies)
 
     async def list_under_replicated(self) -> dict[int, list[str]]:
-        base = self._layout.p("underreplication", "ledgers")
-        out: dict[int, list[str]] = {}
-        for lid, path in await self._walk("list_under_replicated", base, "urL"):
-            try:
-                data, _ = await self._bridge.call(
-                    "list_under_replicated", "get", path, expect=(NoNodeError,)
-                )
-            except NoNodeError:
-                continue
-            out[lid] = _parse_missing(data, lid)
-        return out
+        return await self._marks.list_under_replicated()
 
     async def clear_under_replicated(
         self, ledger_id: int, expected: Sequence[str] | None = None
     ) -> bool:
-        check_ledger_id(ledger_id)
-        want = check_expected_marks(expected)
-        path = self._layout.under_replicated(ledger_id)
-        for _ in range(100):
-            try:
-                data, stat = await self._bridge.call(
-                    "clear_under_replicated", "get", path, expect=(NoNodeError,))
-            except NoNodeError:
-                return False
-            if want is not None and _parse_missing(data, ledger_id) != want:
-                return False
-            try:
-                await self._bridge.call(
-                    "clear_under_replicated", "delete", path, version=stat.version,
-                    expect=(NoNodeError, BadVersionError),
-                )
-                return True
-            except NoNodeError:
-                return False
-            except BadVersionError:
-                continue  # widened meanwhile: compare again
-        raise MetadataVersionError(f"under-replication mark of ledger {ledger_id}: too contended")
+        return await self._marks.clear_under_replicated(ledger_id, expected)
 
     # -- cookies -------------------------------------------------------------------------------
 
@@ -808,33 +524,9 @@ class ZooKeeperMetadataStore(MetadataStore):
             with contextlib.suppress(Exception):
                 await election.resign()
         self._own.clear()
-        self._held.clear()
+        self._locks.forget()
         self._ledger_watchers.cancel_all()
-        self._value_watchers.cancel_all()
-        self._lock_watchers.cancel_all()
+        self._kv.watchers.cancel_all()
+        self._locks.watchers.cancel_all()
         self._bookie_watchers.cancel_all()
         await self._bridge.close()
-
-    async def _walk(self, op: str, base: str, prefix: str) -> list[tuple[int, str]]:
-        """(ledger id, path) of every leaf under a two-level hierarchical tree."""
-        out: list[tuple[int, str]] = []
-        for top in await self._bridge.children(op, base):
-            mids = await self._bridge.children(op, f"{base}/{top}")
-            leaves = await asyncio.gather(
-                *(self._bridge.children(op, f"{base}/{top}/{m}") for m in mids))
-            for mid, names in zip(mids, leaves, strict=True):
-                for leaf in names:
-                    lid = ledger_id_from(top, mid, leaf, prefix)
-                    if lid is not None:
-                        out.append((lid, f"{base}/{top}/{mid}/{leaf}"))
-        return sorted(out)
-
-
-def _parse_missing(data: bytes, ledger_id: int) -> list[str]:
-    try:
-        value = json.loads(data)
-    except ValueError as exc:
-        raise CorruptRecordError(f"under-replication mark of ledger {ledger_id}: {exc}") from exc
-    if not isinstance(value, list) or not all(isinstance(b, str) for b in value):
-        raise CorruptRecordError(f"under-replication mark of ledger {ledger_id}: not a list")
-    return value
