@@ -18,6 +18,7 @@ from pybk.client.writer import LedgerHandle
 from pybk.cluster import LocalCluster
 from pybk.errors import (
     AlreadyTruncatedError,
+    BacklogQuotaExceededError,
     BKError,
     BookieUnavailableError,
     CorruptRecordError,
@@ -80,6 +81,7 @@ __all__ = [
     "AsyncWALFollower",
     "AutoRecoveryConfig",
     "BKError",
+    "BacklogQuotaExceededError",
     "BookieUnavailableError",
     "Client",
     "ClientConfig",

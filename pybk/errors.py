@@ -352,6 +352,11 @@ class QuotaExceededError(BKError):
     status = Status.QUOTA_EXCEEDED
 
 
+class BacklogQuotaExceededError(QuotaExceededError):
+    """A log's slowest durable cursor is behind by more than the log's backlog quota and
+    its policy is "refuse": appends are refused until the cursors catch up (retryable)."""
+
+
 class NoSuchTenantError(BKError):
     """No tenant of that name in the metadata store."""
 
@@ -416,6 +421,7 @@ def fresh_copy(exc: BaseException) -> BaseException:
 __all__ = [
     "AlreadyTruncatedError",
     "BKError",
+    "BacklogQuotaExceededError",
     "BadRequestError",
     "BookieStateError",
     "BookieStoppedError",

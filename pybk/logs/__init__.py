@@ -8,6 +8,7 @@ docs/logs.md.
 :class:`LogMirror` copies a log to another cluster's.
 """
 
+from pybk.logs.backlog import Backlog, BacklogStats
 from pybk.logs.builder import BuiltSegment, SegmentBuilder
 from pybk.logs.config import CursorOptions, LogConfig, ReaderOptions, WriterOptions
 from pybk.logs.cursor import Cursor
@@ -37,6 +38,8 @@ __all__ = [
     "IN_PROGRESS",
     "OFFLOADED",
     "TRUNCATED",
+    "Backlog",
+    "BacklogStats",
     "BuiltSegment",
     "Cursor",
     "CursorOptions",

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from pybk.client.writer import LedgerHandle
 from pybk.errors import (
+    BacklogQuotaExceededError,
     ClientClosedError,
     EndOfStreamError,
     LedgerClosedError,
@@ -32,6 +33,7 @@ from pybk.errors import (
     fresh_copy,
 )
 from pybk.logs import envelope
+from pybk.logs.backlog import BacklogStats
 from pybk.logs.batch import Batch, Group, Sink, fail_sinks
 from pybk.logs.config import WriterOptions
 from pybk.logs.meta import SegmentInfo
@@ -96,6 +98,8 @@ class AppendsMixin:
     _ended: bool
     _blocked: bool
     _ack_event: asyncio.Event | None
+    backlog: BacklogStats
+    _backlog_refusal: str | None
     # the writer's other sides (rolling, housekeeping)
     _maybe_roll: Callable[[], None]
     _stop_housekeeping: Callable[[], None]
@@ -109,6 +113,11 @@ class AppendsMixin:
             raise EndOfStreamError(f"log {self._cat.name!r} is marked ended; no more records")
         if self._closed or self._closing:
             raise LedgerClosedError(f"log {self._cat.name!r}: this writer is closed")
+        if self._backlog_refusal is not None:
+            self.backlog.refused_appends += 1
+            raise BacklogQuotaExceededError(
+                f"log {self._cat.name!r}: its slowest cursor is {self._backlog_refusal}; "
+                "appends are refused until the cursors catch up (backlog_policy 'refuse')")
 
     def _check_txid(self, txid: object, floor: int) -> int:
         if isinstance(txid, bool) or not isinstance(txid, int):

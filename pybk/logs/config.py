@@ -14,7 +14,12 @@ from pybk.client.quorum import validate_quorums
 from pybk.logs.envelope import CODECS, HEADER_SIZE, MAX_RAW_SIZE, PER_RECORD_OVERHEAD
 from pybk.wire import DIGEST_TYPES
 
-__all__ = ["CursorOptions", "LogConfig", "ReaderOptions", "WriterOptions"]
+__all__ = ["BACKLOG_POLICIES", "CursorOptions", "LogConfig", "ReaderOptions", "WriterOptions"]
+
+#: what a log does once its slowest cursor is behind by more than its backlog quota: refuse
+#: new appends until the cursors catch up (Pulsar's producer_exception), or truncate the
+#: oldest backlog so the cursors skip ahead (consumer_backlog_eviction)
+BACKLOG_POLICIES = ("refuse", "evict")
 
 
 def _positive(name: str, value: Any, *, optional: bool = False, allow_float: bool = False) -> None:
@@ -59,6 +64,12 @@ class LogConfig:
     offload_url: str | None = None
     offload_options: dict[str, Any] = field(default_factory=dict)
     offload_deletion_lag: float = 4 * 3600.0
+    #: backlog quota (pybk.logs.backlog): the most the slowest durable cursor may be behind,
+    #: in bytes and in age (None: no limit), and what happens past it: "refuse" new appends
+    #: (BacklogQuotaExceededError) or "evict" the oldest backlog (cursors skip ahead)
+    backlog_quota_bytes: int | None = None
+    backlog_quota_seconds: float | None = None
+    backlog_policy: str = "refuse"
 
     def __post_init__(self) -> None:
         validate_quorums(self.ensemble_size, self.write_quorum, self.ack_quorum)
@@ -84,6 +95,12 @@ class LogConfig:
                              f"s3://bucket/prefix, got {self.offload_url!r}")
         if not isinstance(self.offload_options, dict):
             raise TypeError("offload_options must be a dict")
+        _positive("backlog_quota_bytes", self.backlog_quota_bytes, optional=True)
+        _positive("backlog_quota_seconds", self.backlog_quota_seconds, optional=True,
+                  allow_float=True)
+        if self.backlog_policy not in BACKLOG_POLICIES:
+            raise ValueError(f"backlog_policy must be one of {', '.join(BACKLOG_POLICIES)}, "
+                             f"not {self.backlog_policy!r}")
         if (isinstance(self.offload_deletion_lag, bool)
                 or not isinstance(self.offload_deletion_lag, int | float)
                 or self.offload_deletion_lag < 0):
@@ -118,13 +135,19 @@ class LogConfig:
             doc["offload_url"] = self.offload_url
             doc["offload_options"] = self.offload_options
             doc["offload_deletion_lag"] = self.offload_deletion_lag
+        if self.backlog_quota_bytes is not None or self.backlog_quota_seconds is not None:
+            doc["backlog_quota_bytes"] = self.backlog_quota_bytes
+            doc["backlog_quota_seconds"] = self.backlog_quota_seconds
+            doc["backlog_policy"] = self.backlog_policy
         return doc
 
     @classmethod
     def from_doc(cls, doc: dict[str, Any]) -> LogConfig:
         known = cls().to_doc()
         extra = {k: doc[k] for k in ("retention_after_consumed", "offload_url",
-                                     "offload_options", "offload_deletion_lag") if k in doc}
+                                     "offload_options", "offload_deletion_lag",
+                                     "backlog_quota_bytes", "backlog_quota_seconds",
+                                     "backlog_policy") if k in doc}
         return cls(**{k: doc[k] for k in known}, **extra)
 
 
@@ -153,11 +176,15 @@ class WriterOptions:
     #: how often (loop seconds) the writer applies the log's retention and offload policy
     #: besides after each roll (None: only after rolls)
     housekeeping_interval: float | None = 60.0
+    #: while the backlog quota refuses appends, how often (loop seconds) the writer checks
+    #: whether the cursors caught up
+    backlog_check_interval: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("flush_bytes", "flush_records", "max_record_bytes", "max_envelope_bytes",
                      "max_pending_bytes"):
             _positive(name, getattr(self, name))
+        _positive("backlog_check_interval", self.backlog_check_interval, allow_float=True)
         _positive("housekeeping_interval", self.housekeeping_interval, optional=True,
                   allow_float=True)
         if isinstance(self.flush_delay, bool) or not isinstance(self.flush_delay, int | float):

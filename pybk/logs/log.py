@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from pybk.logs.backlog import Backlog, measure_backlog
 from pybk.logs.builder import BuiltSegment, LedgerFactory, SegmentBuilder
 from pybk.logs.config import CursorOptions, LogConfig, ReaderOptions, WriterOptions
 from pybk.logs.cursor import Cursor, delete_cursor
@@ -20,7 +21,7 @@ from pybk.logs.offload import offload_segments, sweep_orphans
 from pybk.logs.position import Position
 from pybk.logs.publish import PublishResult, publish_segments
 from pybk.logs.reader import LogReader
-from pybk.logs.retention import housekeep
+from pybk.logs.retention import consumed_before, housekeep
 from pybk.logs.tail import last_position
 from pybk.logs.truncation import plan_truncation
 from pybk.logs.writer import LogWriter
@@ -212,6 +213,31 @@ class Log:
         replace(LogConfig(), retention_seconds=max_age, retention_bytes=max_bytes,
                 retention_after_consumed=after_consumed)  # checks the values first
         await self._cat.update(change)
+
+    async def set_backlog_quota(self, max_bytes: int | None = None,
+                                max_age: float | None = None, policy: str = "refuse",
+                                ) -> None:
+        """Set the log's backlog quota (stored in its config; pybk.logs.backlog): the most
+        its slowest durable cursor may be behind, in bytes and in seconds (None: no limit),
+        and the ``policy`` past it: "refuse" new appends until the cursors catch up, or
+        "evict" the oldest backlog (cursors behind skip ahead). The writer checks after each
+        roll and on its housekeeping interval."""
+        replace(LogConfig(), backlog_quota_bytes=max_bytes, backlog_quota_seconds=max_age,
+                backlog_policy=policy)  # checks the values first
+
+        def change(md: LogMetadata) -> LogMetadata:
+            return md.with_changes(config=replace(
+                md.config, backlog_quota_bytes=max_bytes, backlog_quota_seconds=max_age,
+                backlog_policy=policy))
+
+        await self._cat.update(change)
+
+    async def backlog(self) -> Backlog:
+        """How far the slowest durable cursor is behind now (completed segments only: the
+        writer's current segment is counted by the writer's own checks)."""
+        md = await self._cat.read()
+        consumed = await consumed_before(self._cat, md)
+        return measure_backlog(md, consumed, self._cat.now_ms())
 
     async def apply_retention(self) -> None:
         """Apply the retention (and the tier's deletion lag) now, without waiting for the

@@ -1,4 +1,5 @@
-"""Applying a log's retention: time, size and consumption by its durable cursors.
+"""Applying a log's retention (time, size and consumption by its durable cursors) and its
+backlog quota's eviction (pybk.logs.backlog).
 
 Run by the log's writer after each roll and every ``housekeeping_interval`` seconds of loop
 time, by a cursor whose mark-delete position moved to a later segment, and by hand
@@ -10,8 +11,17 @@ when every cursor is past it.
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pybk.logs.backlog import (
+    Backlog,
+    evicted_segments,
+    has_backlog_quota,
+    measure_backlog,
+    plan_eviction,
+)
 from pybk.logs.cursor_meta import read_cursor_states
 from pybk.logs.meta import LogMetadata
 from pybk.logs.offload import delete_bookie_copies
@@ -21,9 +31,20 @@ from pybk.logs.truncation import plan_retention, plan_truncation
 if TYPE_CHECKING:
     from pybk.logs.catalog import LogCatalog
 
-__all__ = ["apply_retention", "consumed_before", "housekeep"]
+__all__ = ["Eviction", "apply_retention", "consumed_before", "housekeep", "retain"]
+
+log = logging.getLogger(__name__)
 
 _FIRST = Position(1, 0, 0)
+
+
+@dataclass(frozen=True)
+class Eviction:
+    """What one backlog eviction dropped: segments, their bytes, and the new start."""
+
+    segments: int
+    bytes: int
+    before: Position
 
 
 async def consumed_before(cat: LogCatalog, md: LogMetadata) -> Position | None:
@@ -37,26 +58,51 @@ async def consumed_before(cat: LogCatalog, md: LogMetadata) -> Position | None:
     return min(floor if p is None else max(p, floor) for p in points)
 
 
-async def apply_retention(cat: LogCatalog, *, epoch: int | None = None) -> LogMetadata:
-    """Truncate what the log's retention lets go now; the metadata after it."""
+async def retain(cat: LogCatalog, *, epoch: int | None = None,
+                 current_bytes: int = 0) -> tuple[LogMetadata, Backlog, Eviction | None]:
+    """Retention, then the backlog quota's eviction (policy "evict"), as one truncation; the
+    metadata after it, the backlog left (pybk.logs.backlog; ``current_bytes``: what the
+    writer holds in its current segment) and what eviction dropped (None: nothing)."""
     md = await cat.read()
     cfg = md.config
-    if not cfg.retention_after_consumed and (
+    quota = has_backlog_quota(cfg)
+    if not (cfg.retention_after_consumed or quota) and (
         cfg.retention_seconds is None and cfg.retention_bytes is None
     ):
-        return md
-    consumed = await consumed_before(cat, md) if cfg.retention_after_consumed else None
-    before = plan_retention(md, cat.now_ms(), consumed)
-    if before is None:
-        return md
-    md = await cat.update(lambda cur: plan_truncation(cur, before), epoch=epoch)
-    return await cat.purge_truncated(md, epoch=epoch)
+        return md, Backlog(), None
+    consumed = await consumed_before(cat, md) if cfg.retention_after_consumed or quota else None
+    now = cat.now_ms()
+    before = plan_retention(md, now, consumed if cfg.retention_after_consumed else None)
+    evict = plan_eviction(md, consumed, now, current_bytes) if quota else None
+    evicted = None
+    if evict is not None and (before is None or evict > before):
+        assert consumed is not None  # (an eviction needs cursors)
+        gone = evicted_segments(md, consumed, evict)
+        evicted = Eviction(len(gone), sum(s.bytes for s in gone), evict)
+        before = evict
+        log.warning("log %s: backlog over its quota: %d segments (%d bytes) evicted, "
+                    "cursors behind skip to %s", cat.name, evicted.segments, evicted.bytes,
+                    evict)
+    if before is not None:
+        cut = before
+        md = await cat.update(lambda cur: plan_truncation(cur, cut), epoch=epoch)
+        md = await cat.purge_truncated(md, epoch=epoch)
+    backlog = measure_backlog(md, consumed, now, current_bytes) if quota else Backlog()
+    return md, backlog, evicted
 
 
-async def housekeep(cat: LogCatalog, *, epoch: int | None = None) -> LogMetadata:
-    """One round of what runs on its own: retention, then deleting the bookies' copies of
-    segments offloaded longer ago than the deletion lag."""
-    md = await apply_retention(cat, epoch=epoch)
+async def apply_retention(cat: LogCatalog, *, epoch: int | None = None) -> LogMetadata:
+    """Truncate what the log's retention (and backlog eviction) lets go now; the metadata
+    after it."""
+    return (await retain(cat, epoch=epoch))[0]
+
+
+async def housekeep(cat: LogCatalog, *, epoch: int | None = None, current_bytes: int = 0,
+                    ) -> tuple[LogMetadata, Backlog, Eviction | None]:
+    """One round of what runs on its own: retention and the backlog quota (see
+    :func:`retain`), then deleting the bookies' copies of segments offloaded longer ago than
+    the deletion lag."""
+    md, backlog, evicted = await retain(cat, epoch=epoch, current_bytes=current_bytes)
     if md.config.offload_url is not None:
         md = await delete_bookie_copies(cat, epoch=epoch)
-    return md
+    return md, backlog, evicted

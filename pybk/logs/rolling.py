@@ -26,8 +26,9 @@ from pybk.errors import (
     fresh_copy,
 )
 from pybk.logs.appends import AppendsMixin
+from pybk.logs.backlog import Backlog
 from pybk.logs.meta import COMPLETED, LogMetadata, SegmentInfo
-from pybk.logs.retention import housekeep
+from pybk.logs.retention import Eviction, housekeep
 
 if TYPE_CHECKING:
     from pybk.logs.catalog import LogCatalog
@@ -48,6 +49,8 @@ class RollingMixin(AppendsMixin):
     _roll_task: asyncio.Task[None] | None
     _tasks: set[asyncio.Task[None]]
     _keeper: asyncio.Task[None] | None
+    _backlog_task: asyncio.Task[None] | None
+    _retention_lock: asyncio.Lock
 
     # -- segments and their ledgers ----------------------------------------------------------
 
@@ -205,7 +208,59 @@ class RollingMixin(AppendsMixin):
             await asyncio.wait([asyncio.shield(t) for t in list(self._tasks)])
 
     async def _apply_retention(self) -> None:
-        self._md = await housekeep(self._cat, epoch=self._epoch)
+        async with self._retention_lock:  # one round at a time: each plans on the last one's
+            self._md, backlog, evicted = await housekeep(self._cat, epoch=self._epoch,
+                                                         current_bytes=self._seg_bytes)
+        self._note_backlog(backlog, evicted)
+
+    async def _check_backlog_at_open(self) -> None:
+        """A writer opened while the log is over its backlog quota refuses from the start
+        (a failed check is left to the next round: retention's own errors are not fatal)."""
+        try:
+            await self._apply_retention()
+        except (BKError, OSError) as exc:
+            log.info("log %s: the backlog check at open failed, will retry: %s",
+                     self._cat.name, exc)
+
+    def _note_backlog(self, backlog: Backlog, evicted: Eviction | None) -> None:
+        """Take a check's outcome: counts, and start or stop refusing appends."""
+        st = self.backlog
+        st.checks += 1
+        st.bytes, st.seconds = backlog.bytes, backlog.seconds
+        if evicted is not None:
+            st.evicted_segments += evicted.segments
+            st.evicted_bytes += evicted.bytes
+        refusal = backlog.over if self._md.config.backlog_policy == "refuse" else None
+        if refusal == self._backlog_refusal:
+            return
+        self._backlog_refusal = st.refusing = refusal
+        if refusal is not None:
+            log.warning("log %s: slowest cursor %s: appends refused until it catches up",
+                        self._cat.name, refusal)
+            self._blocked = True
+            if self._backlog_task is None:
+                self._backlog_task = self._loop.create_task(
+                    self._recheck_backlog(self._opts.backlog_check_interval))
+                self._backlog_task.add_done_callback(_retrieve)
+        else:
+            log.info("log %s: backlog under its quota again: appends resume", self._cat.name)
+            self._blocked = (self._error is not None or self._closing or self._closed
+                             or self._ended)
+
+    async def _recheck_backlog(self, interval: float) -> None:
+        """While appends are refused: check again every ``interval`` s of loop time."""
+        try:
+            while self._backlog_refusal is not None and not self._stopped():
+                await asyncio.sleep(interval)
+                try:
+                    await self._apply_retention()
+                except LedgerFencedError:
+                    return
+                except (BKError, OSError) as exc:
+                    log.info("log %s: backlog check failed, will retry: %s",
+                             self._cat.name, exc)
+        finally:
+            self._backlog_task = None
 
     def _start_housekeeping(self) -> None:
         """Retention on loop time every ``housekeeping_interval`` seconds (when set)."""
@@ -232,9 +287,10 @@ class RollingMixin(AppendsMixin):
         return self._closed or self._error is not None
 
     def _stop_housekeeping(self) -> None:
-        task, self._keeper = self._keeper, None
-        if task is not None:
-            task.cancel()
+        for task in (self._keeper, self._backlog_task):
+            if task is not None:
+                task.cancel()
+        self._keeper = None
 
     async def _release(self) -> None:
         """Give back the ledger made ahead (deleted, and dropped from ``allocated``)."""

@@ -22,6 +22,7 @@ from pybk.errors import (
     fresh_copy,
 )
 from pybk.logs import envelope
+from pybk.logs.backlog import BacklogStats, has_backlog_quota
 from pybk.logs.batch import Batch, Group, Sink
 from pybk.logs.config import WriterOptions
 from pybk.logs.meta import LogMetadata, SegmentInfo
@@ -100,6 +101,11 @@ class LogWriter(RollingMixin):
         #: set at the next acknowledgement (read-your-writes readers wait on it)
         self._ack_event: asyncio.Event | None = None
         self._keeper: asyncio.Task[None] | None = None  # retention on loop time
+        self._retention_lock = asyncio.Lock()
+        #: the log's backlog quota as this writer last checked it (pybk.logs.backlog)
+        self.backlog = BacklogStats()
+        self._backlog_refusal: str | None = None
+        self._backlog_task: asyncio.Task[None] | None = None
 
     # -- opening (takeover) ------------------------------------------------------------------
 
@@ -110,6 +116,8 @@ class LogWriter(RollingMixin):
         writer = cls(catalog, md, options, label)
         register_writer(catalog, writer)
         writer._start_housekeeping()
+        if has_backlog_quota(md.config) and not md.end_of_stream:
+            await writer._check_backlog_at_open()
         if not md.end_of_stream:
             try:
                 await writer._start_segment(None)
@@ -289,6 +297,6 @@ class LogWriter(RollingMixin):
             0 if self._buf_txids is None else envelope.TXID_OVERHEAD)
         assert self._buf_raw == sum(map(len, self._buf)) + per * len(self._buf)
         assert self._blocked == (self._error is not None or self._closing or self._closed
-                                 or self._ended)
+                                 or self._ended or self._backlog_refusal is not None)
         assert self._acked_serial <= self._serial
         assert not self._queued or self._rolling or self._lh is None or self._error is not None

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from pybk.logs.backlog import Backlog
 from pybk.logs.config import WriterOptions
 from pybk.logs.cursor import Cursor
 from pybk.logs.log import Log
@@ -105,6 +106,13 @@ class SyncLog(_Bound):
 
     def apply_retention(self) -> None:
         self._run(self.log.apply_retention())
+
+    def set_backlog_quota(self, max_bytes: int | None = None, max_age: float | None = None,
+                          policy: str = "refuse") -> None:
+        self._run(self.log.set_backlog_quota(max_bytes, max_age, policy))
+
+    def backlog(self) -> Backlog:
+        return self._run(self.log.backlog())
 
     def set_offload(self, url: str | None, **kwargs: Any) -> None:
         self._run(self.log.set_offload(url, **kwargs))
