@@ -19,7 +19,8 @@ from pybk.sim.history import History
 from pybk.sim.loop import SimDeadlock, SimLoop, SimTimeLimit
 from pybk.sim.mirror import MirrorSim  # (registers itself among the runner's EXTENSIONS)
 from pybk.sim.net import NetConfig, SimNetwork, SimTransport
-from pybk.sim.runner import TOPOLOGIES, SimResult, Stats, run
+from pybk.sim.result import SimResult, Stats
+from pybk.sim.runner import TOPOLOGIES, run
 from pybk.sim.scenario import FaultEvent, Scenario
 from pybk.sim.shrink import ShrinkResult, shrink
 from pybk.sim.userapp import CheckReport, Failure, Record, check, run_app

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from pybk.sim.history import OK, Event
 
 if TYPE_CHECKING:
-    from pybk.sim.runner import SimResult
+    from pybk.sim.result import SimResult
 
 __all__ = ["FAULT_COLOR", "VIOLATION_COLOR", "operations", "write_report"]
 

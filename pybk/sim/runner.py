@@ -6,7 +6,8 @@ store, the simulated network) and per-subsystem ``random.Random`` objects derive
 seed. What the seed decides is a :class:`~pybk.sim.scenario.Scenario` (topology, bookie count,
 configuration, workload, network fault rates and the schedule of faults); a scenario given
 in its place (``scenario=``, a replay file, a shrunk failure) runs the same way. A run has
-two phases (TigerBeetle's VOPR) (listed in docs/internals.md, "pybk/sim/runner.py").
+two phases (TigerBeetle's VOPR) (listed in docs/internals.md, "pybk/sim/runner.py"): the
+second is :mod:`pybk.sim.liveness`; what the run sees of bookies is :mod:`pybk.sim.observer`.
 """
 
 from __future__ import annotations
@@ -14,38 +15,34 @@ from __future__ import annotations
 import asyncio
 import gc
 import hashlib
-import shlex
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any, Protocol
 
-from pybk.bookie.inspect import inspect_data_dir
 from pybk.client.context import ClientConfig
-from pybk.errors import BKError, status_of
 from pybk.metadata.memory_watches import PolledDelivery
-from pybk.ops.auditor import merged_ranges
 from pybk.runtime import sometimes
-from pybk.runtime.eventloop import gather, within
 from pybk.sim.autorecovery import AutoRecoverySim
 from pybk.sim.checker import Checker, Violation
-from pybk.sim.cluster import DATA_DIR, SimBookie, SimCluster, derive_rng
+from pybk.sim.cluster import SimBookie, SimCluster, derive_rng
 from pybk.sim.configs import SimConfig
-from pybk.sim.faults import FaultPlan, Faults
+from pybk.sim.faults import Faults
 from pybk.sim.findings import LogFindings, is_expected
 from pybk.sim.history import History
 from pybk.sim.injectors import HANDLERS
+from pybk.sim.liveness import liveness_phase
 from pybk.sim.logs import LogWorkload
 from pybk.sim.loop import SimDeadlock, SimLoop, SimTimeLimit
 from pybk.sim.net import NetConfig
+from pybk.sim.observer import RunObserver
 from pybk.sim.racks import RackPlacementSim
+from pybk.sim.result import SimResult, Stats
 from pybk.sim.scenario import Scenario, draw_schedule
 from pybk.sim.tables import TableWorkload
 from pybk.sim.tenancy import TenancySim
 from pybk.sim.userapp import UserApp
 from pybk.sim.workload import (
-    PASSWORD,
     Deleter,
     Process,
     ProcessEnv,
@@ -55,22 +52,8 @@ from pybk.sim.workload import (
     Workload,
     Writer,
 )
-from pybk.storage.store import LedgerStore
 from pybk.testing.mutations import NO_MUTATIONS, Mutations
-from pybk.wire import (
-    AddBatchRequest,
-    AddLike,
-    AddOutcome,
-    AddRequest,
-    DigestManager,
-    ListEntriesRequest,
-    ReadBatchRequest,
-    ReadBatchResponse,
-    ReadRequest,
-    Request,
-    Response,
-    Status,
-)
+from pybk.wire import Request
 
 __all__ = ["EXTENSIONS", "PROCESSES", "SOMETIMES", "TOPOLOGIES", "Extension", "SimResult",
            "SimRun", "Stats", "run", "scenario_of"]
@@ -117,82 +100,6 @@ EXTENSIONS: dict[str, Callable[[SimRun], Extension | None]] = {
     "racks": RackPlacementSim.for_run,
     "tables": TableWorkload.for_run, "tenancy": TenancySim.for_run, "app": UserApp.for_run,
 }
-
-
-@dataclass
-class Stats:
-    virtual_seconds: float = 0.0
-    wall_seconds: float = 0.0
-    operations: int = 0
-    messages: int = 0
-    loop_steps: int = 0
-    faults: dict[str, int] = field(default_factory=dict)
-    coverage: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class SimResult:
-    seed: int
-    ok: bool
-    violations: list[Violation]
-    trace: list[str]
-    trace_hash: str
-    stats: Stats
-    topology: tuple[int, int, int]
-    bookies: int
-    plan: FaultPlan
-    faults_spec: str
-    duration: float
-    mutations: tuple[str, ...] = ()
-    error: str | None = None
-    #: the bookie count was given by the caller rather than drawn from the seed
-    bookies_given: bool = False
-    #: the configuration the bookies and writers ran (drawn per seed)
-    config: SimConfig | None = None
-    #: everything the run was made of, faults with the targets they resolved: save it
-    #: (``Scenario.save``) and ``pybk simulate --replay FILE`` runs it again
-    scenario: Scenario | None = None
-    #: the run replayed a scenario (a file, a shrunk failure) rather than a seed's draw
-    replayed: bool = False
-    #: every event of the run, when asked for (``run(keep_history=True)``: reports)
-    history: list[Any] | None = None
-
-    def command(self) -> str:
-        """The shell command that replays this run. ``--bookies`` appears only when the run
-        was given one: a count drawn from the seed is drawn again (passing it explicitly
-        changes what the seed draws, so the run would differ). A replayed scenario is run
-        again from the file it came from (saved first, if it has none)."""
-        mutation = f" --mutation {','.join(self.mutations)}" if self.mutations else ""
-        if self.replayed:
-            source = self.scenario.source if self.scenario is not None else ""
-            if not source:
-                return ("pybk simulate --replay PATH --verbose, PATH a file the run's "
-                        "scenario was saved to (SimResult.scenario.save(PATH))")
-            return f"pybk simulate --replay {shlex.quote(source)}{mutation} --verbose"
-        extra = f" --bookies {self.bookies}" if self.bookies_given else ""
-        extra += mutation
-        return (f"pybk simulate --seed {self.seed} --faults {self.faults_spec} "
-                f"--duration {self.duration:g}{extra} --verbose")
-
-    def report(self) -> str:
-        head = (f"seed {self.seed}: {'ok' if self.ok else 'FAILED'} topology "
-                f"E,Qw,Qa={self.topology} bookies={self.bookies} "
-                f"{self.config.describe() if self.config else ''} {self.plan.describe()}")
-        lines = [head]
-        if self.error:
-            lines.append(f"  run error: {self.error}")
-        for v in self.violations:
-            lines.append(v.render(self.trace))
-        if not self.ok:
-            lines.append(f"  reproduce: {self.command()}")
-            if not self.replayed:
-                lines.append(f"  shrink:    pybk simulate --seed {self.seed} --faults "
-                             f"{self.faults_spec} --duration {self.duration:g}"
-                             + (f" --mutation {','.join(self.mutations)}"
-                                if self.mutations else "") + " --shrink")
-                lines.append(f"  pictures:  {self.command().removesuffix(' --verbose')} "
-                             f"--report sim-report-{self.seed}")
-        return "\n".join(lines)
 
 
 def scenario_of(seed: int, *, bookies: int | None = None, duration: float = 30.0,
@@ -242,20 +149,15 @@ class SimRun:
         #: called when faults stop (a fault armed for later disarms itself here)
         self.on_liveness: list[Callable[[], None]] = []
         self.spawned: Counter[str] = Counter()
-        #: ledger entries some client sent an AddRequest for (ever)
-        self.sent_adds: set[tuple[int, int]] = set()
-        #: ledgers whose metadata was deleted (by anyone: the deleter, a log truncation)
-        self.deleted: set[int] = set()
         #: seconds added to the virtual time for the wall clock the logs read (clock jumps)
         self.wall_offset = 0.0
-        self._digests: dict[int, DigestManager] = {}
-        self._served: set[tuple[str, int, int, bytes]] = set()
-        self._bodies: set[tuple[str, int, int, bytes]] = set()
+        #: the adds sent, the bookies' answers, the ledgers deleted (``observer.deleted``)
+        self.observer = RunObserver(self.history, self.cover)
         self.env = ProcessEnv(
             history=self.history, registry=self.registry, cover=self.cover,
             topology=self.topology, workload=self.workload,
             batched_adds=self.config.batched_adds,
-            was_sent=lambda lid, entry: (lid, entry) in self.sent_adds,
+            was_sent=self.observer.was_sent,
             wall_clock=self.wall_clock,
         )
         net = NetConfig(drop=self.plan.drop, duplicate=self.plan.duplicate,
@@ -265,15 +167,8 @@ class SimRun:
                                   count=self.count_fault, client_config=self._client_config(),
                                   bookie_config=self.config.bookie_config(mutations),
                                   watch_delivery=self._watch_delivery())
-        self.cluster.on_bookie_started.append(self._audit_restart)
-        self.cluster.on_meta_applied.append(self._meta_applied)
-        #: ledger -> the ensembles its metadata named when last recorded in the history
-        self._ensembles_seen: dict[int, Mapping[int, tuple[str, ...]]] = {}
-        network = self.cluster.network
-        network.add_observers.append(self._observe_add)
-        network.reply_observers.append(self._observe)
-        network.send_observers.append(self._sent)
-        network.on_handler_error = self._handler_error
+        self.observer.watch(self.cluster)
+        self.cluster.network.on_handler_error = self._handler_error
         self.extensions: list[Extension] = [
             ext for ext in (make(self) for _name, make in sorted(EXTENSIONS.items()))
             if ext is not None]
@@ -325,30 +220,7 @@ class SimRun:
                             long_poll_parallel=self.config.parallel_long_polls,
                             immediate_lac=self.config.immediate_lac, mutations=self.mutations)
 
-    # -- observing from the outside -----------------------------------------------------------
-
-    def _sent(self, client: str, bookie: str, req: Request) -> None:
-        kind = type(req)
-        if kind is AddRequest:
-            self.sent_adds.add((req.ledger_id, req.entry_id))  # type: ignore[union-attr]
-        elif kind is AddBatchRequest:  # (a writer's batch: one request, its entries)
-            lid = req.ledger_id  # type: ignore[union-attr]
-            self.sent_adds.update((lid, e) for e in req.entry_ids)  # type: ignore[union-attr]
-
-    def _meta_applied(self, op: str, key: object) -> None:
-        if op in ("create_ledger", "write_ledger") and isinstance(key, int):
-            try:
-                md = self.cluster.store.peek_ledger(key)
-            except (KeyError, BKError):
-                return
-            ens = md.ensembles
-            if self._ensembles_seen.get(key) != ens:  # (most writes change other things)
-                self._ensembles_seen[key] = ens
-                self.history.ensembles(key, md.ensemble_size, md.write_quorum, ens)
-            return
-        if op == "delete_ledger" and isinstance(key, int) and key not in self.deleted:
-            self.deleted.add(key)
-            self.history.delete("meta", key, "applied")
+    # -- observing from the outside (errors; the bookies' answers: pybk.sim.observer) --------
 
     def _handler_error(self, bookie: str, request: Request, exc: BaseException) -> None:
         import traceback
@@ -359,112 +231,11 @@ class SimRun:
     def _logged_error(self, logger: str, exc: BaseException, text: str) -> None:
         self.history.exception(logger, "logged", exc, text)
 
-    def _observe_add(self, bookie: str, client: str, req: AddLike, outcome: AddOutcome) -> None:
-        """A bookie answered an add (a batch: entry by entry, as the single adds it is made
-        of): an OK is a durability promise, even if the answer is lost on its way."""
-        lid = req.ledger_id
-        ids = (req.entry_id,) if type(req) is AddRequest else req.entry_ids  # type: ignore[union-attr]
-        whole = outcome is None or isinstance(outcome, BaseException)
-        for i, entry in enumerate(ids):
-            result = outcome if whole else outcome[i]  # type: ignore[index]
-            if result is None:
-                self.history.bookie_acked(bookie, lid, entry, req.recovery)
-                if req.recovery:
-                    self.cover("recovery_write_back")
-            elif status_of(result) == Status.FENCED:  # type: ignore[arg-type]
-                self.cover("add_rejected_by_fenced_bookie")
-
-    def _observe(self, bookie: str, client: str, req: Request, resp: Response) -> None:
-        """A bookie answered a request other than an add (a batched read: entry by entry,
-        as the single reads it stands for)."""
-        kind = type(req)
-        if kind is ReadRequest:
-            if req.previous_lac is not None:  # type: ignore[union-attr]
-                return
-            if req.fence:  # type: ignore[union-attr]
-                self.cover("fencing_read")
-            self._observe_read(bookie, req.ledger_id, req.entry_id,  # type: ignore[union-attr]
-                               resp.status, getattr(resp, "body", None), "read")
-        elif kind is ReadBatchRequest:
-            lid = req.ledger_id  # type: ignore[union-attr]
-            if type(resp) is not ReadBatchResponse or resp.status != Status.OK:
-                status = resp.status
-                for entry in req.entry_ids:  # type: ignore[union-attr]
-                    self._observe_read(bookie, lid, entry, status, None, "read")
-                return
-            for entry, status, body in resp.entries:
-                self._observe_read(bookie, lid, entry, status, body, "read")
-
-    def _observe_read(self, bookie: str, lid: int, entry: int, status: Status,
-                      body: bytes | None, how: str) -> None:
-        if status == Status.OK:
-            if body is None:
-                return
-            bodies = self._bodies
-            known = len(bodies)
-            bodies.add((bookie, lid, entry, body))
-            if len(bodies) == known:
-                return  # (the same bytes from the same bookie again: nothing new to check)
-            digest = self._digests.get(lid)
-            if digest is None:  # (CRC32C: the password plays no part)
-                digest = self._digests[lid] = DigestManager(lid, "CRC32C", PASSWORD)
-            expected = entry if entry >= 0 else None
-            good = digest.crc_checked(body, expected)  # (the common case: no object made)
-            if good is not None:
-                entry_id, payload = good[0], good[3]
-            else:
-                try:
-                    dec = digest.verify(body, expected)
-                except Exception:
-                    self.history.bookie_served(bookie, lid, entry, None, how)
-                    return
-                entry_id, payload = dec.entry_id, dec.payload
-            served = self._served
-            known = len(served)
-            served.add((bookie, lid, entry_id, payload))
-            if len(served) == known:
-                return  # (the same bytes again: nothing new for the checker)
-            self.history.bookie_served(bookie, lid, entry_id, payload, how)
-        elif status in (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER):
-            if entry >= 0:
-                self.history.bookie_absent(bookie, lid, entry, f"{how} {status.name}")
-        elif status in (Status.IO_ERROR, Status.CORRUPT, Status.UNKNOWN_LEDGER_STATE):
-            self.cover(f"bookie_read_{status.name.lower()}")
-
-    async def _audit_restart(self, sb: SimBookie) -> None:
-        """After a restart, before the bookie is reachable: does it hold what it acked?"""
-        if sb.incarnation > 1:
-            self.cover("bookie_restarted")
-            if sb.fs.counters.get("truncate", 0) > getattr(sb, "_truncates", 0):
-                self.cover("journal_tail_truncated")
-            sb._truncates = sb.fs.counters.get("truncate", 0)  # type: ignore[attr-defined]
-        await self.audit(sb, "restart")
+    # -- what fault handlers use (pybk.sim.injectors) -------------------------------------------
 
     async def audit(self, sb: SimBookie, how: str) -> None:
-        """Ask a bookie whether it holds every entry it acknowledged (the ledgers not deleted
-        since); read back a sample (all of it on a damaged bookie: a scrubber's pass)."""
-        bookie = sb.bookie
-        if bookie is None:
-            return
-        acked: dict[int, list[int]] = {}
-        for ev in self.history.acks.get(sb.bookie_id, ()):
-            if ev.ledger not in self.deleted:
-                acked.setdefault(ev.ledger, []).append(ev.entry)
-        for lid in sorted(acked):
-            entries = sorted(set(acked[lid]))
-            resp = await bookie.handle(ListEntriesRequest(lid))
-            if resp.status == Status.OK:
-                for e in _not_held(entries, getattr(resp, "ranges", ())):
-                    self.history.bookie_absent(sb.bookie_id, lid, e, f"{how} audit list")
-                if how != "final" and not sb.damaged:
-                    continue
-            sample = entries if sb.damaged else entries[-3:]
-            for e in sample:
-                r = await bookie.handle(ReadRequest(lid, e))
-                self._observe_read(sb.bookie_id, lid, e, r.status, getattr(r, "body", None),
-                                   f"{how} audit")
-
-    # -- what fault handlers use (pybk.sim.injectors) -------------------------------------------
+        """Does the bookie hold every entry it acknowledged? (:meth:`RunObserver.audit`)"""
+        await self.observer.audit(sb, how)
 
     def atlas_allows_damage(self, bid: str) -> bool:
         if bid in self.faulty:
@@ -660,158 +431,8 @@ class SimRun:
             await handler(self, ev)
 
     async def liveness(self) -> None:
-        loop = asyncio.get_running_loop()
-        c = self.cluster
-        for t in self.heal_tasks:
-            t.cancel()
-        for disarm in self.on_liveness:
-            disarm()
-        net = c.network
-        net.config = net.config.quiet()
-        net.heal()
-        c.meta_stall_until = 0.0
-        c.meta_cas_rate = 0.0
-        await self.reregister()
-        for sb in c.bookies.values():
-            sb.fs.set_capacity(1 << 40)
-            sb.fs.sync_delay = self.config.sync_delay
-            sb.fs.fault_hook = None  # (a timed crash still armed)
-            # Injected fsync failures that never met an fsync must not outlive the safety
-            # phase (MemFileSystem has no public way to withdraw them yet).
-            pending_eio = getattr(sb.fs, "_fsync_failures", None)
-            if isinstance(pending_eio, list):
-                pending_eio.clear()
-        for p in self.processes:
-            p.stop()
-            if not getattr(p, "winds_down", True):  # (a reader has nothing to finish)
-                task = self.tasks.get(p.name)
-                if task is not None:
-                    task.cancel()
-        self._count_store_coverage()
-        # Bookies: restart the ones that can; bounce the up ones (journal may have failed).
-        for bid, sb in c.bookies.items():
-            if sb.status == "up" and sb.bookie is not None and sb.bookie.state != "writable":
-                await c.crash_bookie(bid, "drop")
-            if sb.status in ("down", "refused"):
-                await self.restart(bid)
-        for bid, sb in c.bookies.items():
-            if sb.status != "up" and bid not in self.faulty:
-                self.history.liveness(f"restart {bid}", False,
-                                      f"undamaged bookie will not start: {sb.last_error}")
-        down = [b for b, sb in c.bookies.items() if sb.status != "up"]
-        tolerance = self.topology[2] - 1
-        spare = [b for b in c.up_bookies() if b not in self.faulty]
-        # Keep one more bookie down when the atlas allows it and spares remain to replace it
-        # (recovery writes back; with no replacement it cannot finish, as in BookKeeper). A
-        # damaged bookie is no spare: auto-recovery moves its damaged slots to a healthy
-        # bookie outside the ensemble, so the healthy ones left must still fill an ensemble.
-        if not self.plan.beyond_tolerance and len(set(down) | set(self.faulty)) < tolerance \
-                and spare and self.n - len(set(down) | set(self.faulty)) - 1 >= self.topology[0] \
-                and self.rng.random() < 0.3:
-            b = self.rng.choice(spare)
-            await c.crash_bookie(b, "drop")
-            down.append(b)
-        self.log(f"liveness: bookies down {sorted(down)} faulty {sorted(self.faulty)}")
-        # Let the workload wind down, then stop it for good.
-        tasks = list(self.tasks.values())
-        _done, pending = await asyncio.wait(tasks, timeout=10.0) if tasks else ((), ())
-        for t in pending:
-            t.cancel()
-        if pending:
-            await asyncio.wait(pending, timeout=5.0)
-        start = loop.time()
-        await self._ledgers_live(start)
-        for ext in self.extensions:
-            await ext.settle()
-        for sb in c.bookies.values():
-            if sb.status == "up":
-                await self.audit(sb, "final")
-            if sb.status == "up" and not sb.damaged:
-                self._inspect(sb)
-
-    def _count_store_coverage(self) -> None:
-        """Did the configuration's paths run? (overlapped batches, splits, inline syncs,
-        preallocated segments, rotations, checkpoints, delta chains loaded)."""
-        for sb in self.cluster.bookies.values():
-            store = sb.bookie.store if sb.status == "up" and sb.bookie is not None else None
-            if store is None:
-                continue
-            for stat, marker in (("overlapped", "batches_overlapped"),
-                                 ("splits", "batches_splits"),
-                                 ("inline_syncs", "inline_syncs"),
-                                 ("preallocated", "segments_preallocated"),
-                                 ("rotations", "segments_rotations")):
-                if store.journal.stats[stat]:
-                    self.coverage[f"journal_{marker}"] += store.journal.stats[stat]
-            for kind in ("bases", "deltas"):  # index checkpoints, and chains loaded
-                if store.checkpoint_stats[kind]:
-                    self.coverage[f"checkpoint_{kind}"] += store.checkpoint_stats[kind]
-            if store.report.checkpoint_deltas:
-                self.coverage["checkpoint_deltas_loaded"] += store.report.checkpoint_deltas
-
-    async def _ledgers_live(self, start: float) -> None:
-        """Every ledger recovers and reads back; a new ledger takes writes."""
-        loop = asyncio.get_running_loop()
-        c = self.cluster
-        final = Recoverer("final", c.client("final"), derive_rng(self.seed, "final"), self.env)
-        for lid in list(self.registry.ledgers):
-            if lid in self.registry.deleted:
-                continue
-            remaining = self.liveness_bound - (loop.time() - start)
-            last = await final.recover(lid, how="final", final=True,
-                                       bound=max(1.0, remaining))
-            if last is None:
-                self.history.liveness(f"recover L{lid}", False, "recovery did not complete")
-        w = Writer("final-w", final.client, derive_rng(self.seed, "final-w"), self.env)
-        ok = True
-        try:
-            # As wide as the live bookies allow (a wiped bookie stays out for good).
-            e = min(self.topology[0], len(c.up_bookies()))
-            qw = min(self.topology[1], e)
-            qa = min(self.topology[2], qw)
-            lh = await within(final.client.create_ledger(
-                ensemble_size=e, write_quorum=qw, ack_quorum=qa, digest_type="CRC32C",
-                password=PASSWORD), self.liveness_bound)
-            self.registry.ledgers.append(lh.id)
-            self.history.create("final-w", lh.id, qa=qa)
-            futs = []
-            for i in range(5):
-                payload = f"final-w:{lh.id}:{i}".encode()
-                fut = lh.append(payload)
-                self.history.add_invoke("final-w", lh.id, lh.last_add_pushed, payload)
-                fut.add_done_callback(lambda f, e=lh.last_add_pushed, lid=lh.id:
-                                      w._done(lid, e, f))
-                futs.append(fut)
-            await within(gather(*futs), self.liveness_bound)
-            await w._close(lh, lh.id)
-            await final.recover(lh.id, how="final", final=True, bound=self.liveness_bound)
-        except Exception as exc:
-            ok = False
-            final.expected(exc, "liveness: new ledger")
-            self.history.liveness("new ledger accepts writes", False,
-                                  f"{type(exc).__name__}: {exc}")
-        if ok:
-            self.history.liveness("new ledger accepts writes", True,
-                                  f"{loop.time() - start:.3f}s after heal")
-
-    def _inspect(self, sb: SimBookie) -> None:
-        """I14: the bookie's checkpoint chain and journal agree with its segments (a bookie
-        that never wrote nor loaded a checkpoint has no chain to compare: skipped)."""
-        store = sb.bookie.store if sb.bookie is not None else None  # (the journal engine's)
-        if not isinstance(store, LedgerStore) or not (
-                store.report.checkpoint_loaded or any(store.checkpoint_stats.values())):
-            return
-        report = inspect_data_dir(sb.fs, DATA_DIR)
-        self.cover("data_dir_inspected")
-        for st in store.index.ledgers.values():
-            if st.entries.holes:  # (striped ensembles leave ids out of a bookie's dense run)
-                self.cover("index_ledgers_with_holes")
-            if st.entries.sparse:  # (ids far off the run: recovery adds, re-replication)
-                self.cover("index_ledgers_with_sparse_ids")
-        if report.checkpoint.state == "ok" and report.checkpoint.deltas:
-            self.cover("data_dir_inspected_with_deltas")
-        if report.checkpoint.detail.startswith(("disagrees", "replay after", "its entries live")):
-            self.history.index_mismatch(sb.bookie_id, report.checkpoint.detail)
+        """The second phase (:func:`pybk.sim.liveness.liveness_phase`)."""
+        await liveness_phase(self)
 
     def unhandled_findings(self, loop: SimLoop) -> None:
         """Exceptions that escaped a callback or that no one retrieved from a task (the
@@ -820,20 +441,6 @@ class SimRun:
             if exc is None or is_expected(exc):
                 continue
             self.history.exception("loop", message, exc)
-
-
-def _not_held(entries: list[int], held: Any) -> list[int]:
-    """The entries (ascending) that no range ``(first, last)`` of ``held`` covers: one walk
-    over both, the ranges sorted and merged first (a bookie's list may come in any order)."""
-    merged = merged_ranges(held)
-    out = []
-    i = 0
-    for e in entries:
-        while i < len(merged) and merged[i][1] < e:
-            i += 1
-        if i == len(merged) or e < merged[i][0]:
-            out.append(e)
-    return out
 
 
 # -- running one seed ---------------------------------------------------------------------------

@@ -23,7 +23,8 @@ from pybk.sim.findings import EXPECTED
 from pybk.sim.workload import Process, Workload
 
 if TYPE_CHECKING:
-    from pybk.sim.runner import SimResult, SimRun
+    from pybk.sim.result import SimResult
+    from pybk.sim.runner import SimRun
 
 __all__ = ["AppCluster", "CheckReport", "Failure", "Record", "UserApp", "check", "run_app"]
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from types import TracebackType
 
 from pybk.metadata.base import MetadataStore
-from pybk.testing.metadata_conformance import MetadataBackend
+from pybk.testing.metadata_backends import MetadataBackend
 from pybk.testing.zookeeper import free_port
 
 __all__ = ["EtcdBackend", "EtcdCluster", "EtcdUnavailable"]

@@ -18,7 +18,7 @@ from pybk.metadata.base import BookieRegistration
 from pybk.metadata.tenancy import NamespacePolicies, TenancyRecords
 
 if TYPE_CHECKING:
-    from pybk.testing.metadata_conformance import MetadataBackend
+    from pybk.testing.metadata_backends import MetadataBackend
 
 __all__ = ["TENANCY_CHECKS"]
 

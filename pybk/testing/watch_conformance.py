@@ -20,7 +20,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from pybk.metadata.base import BookieRegistration, MetadataStore, Watch
-from pybk.testing.metadata_conformance import MetadataBackend, run_check, sample_metadata
+from pybk.testing.metadata_backends import MetadataBackend
+from pybk.testing.metadata_conformance import run_check
+from pybk.testing.metadata_helpers import sample_metadata
 
 __all__ = [
     "TRIALS",

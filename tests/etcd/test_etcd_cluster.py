@@ -29,7 +29,7 @@ from pybk.errors import MetadataStoreError
 from pybk.metadata import open_store
 from pybk.metadata.base import BookieRegistration
 from pybk.testing.etcd import EtcdCluster
-from pybk.testing.metadata_conformance import sample_metadata, wait_until
+from pybk.testing.metadata_helpers import sample_metadata, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from pybk.testing.etcd import EtcdBackend, EtcdCluster
-from pybk.testing.metadata_conformance import CHECKS, MetadataBackend, run_check
+from pybk.testing.metadata_backends import MetadataBackend
+from pybk.testing.metadata_conformance import CHECKS, run_check
 from pybk.testing.watch_conformance import WATCH_CHECKS
 
 Check = Callable[[MetadataBackend], Awaitable[None]]

@@ -14,7 +14,7 @@ from pybk.metadata.base import BookieRegistration
 from pybk.metadata.etcd import EtcdMetadataStore
 from pybk.metadata.uri import session_options
 from pybk.testing.etcd import EtcdCluster
-from pybk.testing.metadata_conformance import sample_metadata, wait_until
+from pybk.testing.metadata_helpers import sample_metadata, wait_until
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from pybk.testing.metadata_conformance import MetadataBackend, ZooKeeperBackend
+from pybk.testing.metadata_backends import MetadataBackend, ZooKeeperBackend
 from pybk.testing.zookeeper import ZooKeeperServer
 
 

@@ -6,14 +6,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from pybk.testing.metadata_conformance import (
-    CHECKS,
-    MemoryBackend,
-    MetadataBackend,
-    SqliteBackend,
-    conformance_test,
-    run_check,
-)
+from pybk.testing.metadata_backends import MemoryBackend, MetadataBackend, SqliteBackend
+from pybk.testing.metadata_conformance import CHECKS, conformance_test, run_check
 
 Check = Callable[[MetadataBackend], Awaitable[None]]
 

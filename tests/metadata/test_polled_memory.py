@@ -10,7 +10,8 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from pybk.metadata.memory_watches import PolledDelivery
-from pybk.testing.metadata_conformance import CHECKS, MemoryBackend, MetadataBackend, run_check
+from pybk.testing.metadata_backends import MemoryBackend, MetadataBackend
+from pybk.testing.metadata_conformance import CHECKS, run_check
 from pybk.testing.watch_conformance import (
     WATCH_CHECKS,
     check_change_at_once_after_the_watch,

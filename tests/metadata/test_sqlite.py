@@ -15,7 +15,7 @@ from pybk.errors import ClientClosedError, CorruptRecordError
 from pybk.metadata import open_store
 from pybk.metadata.base import BookieRegistration
 from pybk.metadata.sqlite import SCHEMA_VERSION, SqliteMetadataStore
-from pybk.testing.metadata_conformance import sample_metadata, wait_until
+from pybk.testing.metadata_helpers import sample_metadata, wait_until
 
 WORKER = textwrap.dedent(
     """

@@ -6,12 +6,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from pybk.testing.metadata_conformance import (
-    MemoryBackend,
-    MetadataBackend,
-    SqliteBackend,
-    run_check,
-)
+from pybk.testing.metadata_backends import MemoryBackend, MetadataBackend, SqliteBackend
+from pybk.testing.metadata_conformance import run_check
 from pybk.testing.watch_conformance import WATCH_CHECKS, watch_conformance_test
 
 Check = Callable[[MetadataBackend], Awaitable[None]]

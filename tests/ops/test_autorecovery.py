@@ -16,7 +16,7 @@ from pybk.ops import AutoRecoveryConfig
 from pybk.ops.replicator import ENSEMBLE_BEFORE_COPY_DURABLE
 from pybk.storage.memfs import MemFileSystem
 from pybk.testing import HookedTransport
-from pybk.testing.metadata_conformance import wait_until
+from pybk.testing.metadata_helpers import wait_until
 from pybk.testing.replicas import replication_problems
 from pybk.wire import Op, Status
 

@@ -15,7 +15,7 @@ from pybk.client import Client
 from pybk.metadata.memory import MemoryMetadataStore
 from pybk.server.http import HttpConfig
 from pybk.server.process import BookieProcess, BookieProcessConfig, process_bookie_config
-from pybk.testing.metadata_conformance import wait_until
+from pybk.testing.metadata_helpers import wait_until
 
 TOKEN = b"s3cret-token"
 

@@ -106,7 +106,7 @@ async def test_one_address_cannot_take_every_connection(tmp_path: Path) -> None:
         async def released() -> bool:
             return server.connections_from("127.0.0.1") == 0
 
-        from pybk.testing.metadata_conformance import wait_until
+        from pybk.testing.metadata_helpers import wait_until
         await wait_until(released, 10.0, "the closed connections to be released")
         again = await _raw(process.http_address, b"GET /heartbeat HTTP/1.1\r\nHost: x\r\n"
                            b"Connection: close\r\n\r\n")

@@ -32,7 +32,7 @@ from pybk.metadata.tenancy_usage import namespace_usage
 from pybk.ops import AutoRecoveryConfig
 from pybk.storage.memfs import MemFileSystem
 from pybk.testing import HookedTransport
-from pybk.testing.metadata_conformance import wait_until
+from pybk.testing.metadata_helpers import wait_until
 
 CLIENT = ClientConfig(add_timeout=2.0, read_timeout=2.0, speculative_read_delay=0.0)
 FAST = AutoRecoveryConfig(open_ledger_grace=0.5, worker_poll_interval=0.2, retry_backoff=0.2,

@@ -12,7 +12,7 @@ from pybk.cluster import LocalCluster
 from pybk.ops import AutoRecoveryConfig
 from pybk.stats import Histogram
 from pybk.storage.memfs import MemFileSystem
-from pybk.testing.metadata_conformance import wait_until
+from pybk.testing.metadata_helpers import wait_until
 
 
 def scrape(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

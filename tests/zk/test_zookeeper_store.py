@@ -12,7 +12,7 @@ from pybk.errors import MetadataStoreError
 from pybk.metadata import open_store
 from pybk.metadata.base import BookieRegistration
 from pybk.metadata.zookeeper import ZooKeeperMetadataStore, ledger_subpath
-from pybk.testing.metadata_conformance import sample_metadata, wait_until
+from pybk.testing.metadata_helpers import sample_metadata, wait_until
 from pybk.testing.zookeeper import ZooKeeperServer, force_session_expiry
 
 _roots = itertools.count()
