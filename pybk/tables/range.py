@@ -7,7 +7,10 @@ checkpoints. Opening a range takes both logs' writer locks, which fences any pre
 (its next append fails: :class:`RangeFencedError`) and completes what it left in its last
 segment; then it loads the newest complete checkpoint and replays the commands after its
 revision up to the writer's last position (the catch-up point: nothing else can append while
-this owner holds the lock). A checkpoint is every row at one applied revision, written as
+this owner holds the lock). It serves only if the command log's writer epoch is still its own
+once it has caught up: a server that took the range over meanwhile may have checkpointed and
+truncated both logs past what this one read, leaving it behind (its revisions would restart
+below the log's). A checkpoint is every row at one applied revision, written as
 records to the checkpoint log (a header, chunks, a footer); once it is durable both logs are
 truncated behind it, so no state lives only on a server's disk and the logs do not grow.
 """
@@ -35,7 +38,10 @@ from pybk.tables.command import Command, decode, encode
 from pybk.tables.errors import RangeFencedError, TableError
 from pybk.tables.mvcc import KeyValue, MVCCStore, Row
 
-__all__ = ["APPLY_BEFORE_ACK", "RangeOwner", "load_checkpoint", "log_names", "open_or_create"]
+__all__ = [
+    "APPLY_BEFORE_ACK", "TABLES_CATCH_UP_UNCHECKED", "RangeOwner", "load_checkpoint",
+    "log_names", "open_or_create",
+]
 
 #: mutation switch, read from ``ClientConfig.mutations``: a command is applied (visible to
 #: reads) when it is appended, before the log acknowledges it; a crash then loses what readers
@@ -43,6 +49,12 @@ __all__ = ["APPLY_BEFORE_ACK", "RangeOwner", "load_checkpoint", "log_names", "op
 #: of eight, but none of the first 60 with it forced on catches this switch: their faults do
 #: not crash a table server between an append and its acknowledgement.)
 APPLY_BEFORE_ACK: Final = "tables_apply_before_ack"
+
+#: mutation switch (registry: ``pybk.testing.mutations``): a new owner serves once it has
+#: replayed, without checking that no other owner took the range over while it caught up;
+#: one that did may have truncated the logs past what this owner read, which then numbers
+#: its commands below the log's last txid (simulator seed 226)
+TABLES_CATCH_UP_UNCHECKED: Final = "tables_catch_up_unchecked"
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +136,7 @@ class RangeOwner:
         self.replayed = 0
         self.checkpoint_revision = 0
         self._apply_early = APPLY_BEFORE_ACK in mutations
+        self._catch_up_unchecked = TABLES_CATCH_UP_UNCHECKED in mutations
         self._early: dict[int, tuple[str, Any]] = {}  # (the mutation's results)
 
     # -- opening: take over, restore, replay ---------------------------------------------------
@@ -131,6 +144,15 @@ class RangeOwner:
     async def open(self) -> RangeOwner:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
+        try:
+            await self._take_over_and_catch_up()
+        except BaseException:
+            await self.abandon()  # (its writers: a failed open leaves nothing running)
+            raise
+        self._on_event("recovery_seconds", loop.time() - t0)
+        return self
+
+    async def _take_over_and_catch_up(self) -> None:
         cmd_name, ckpt_name = log_names(self.table_id, self.range_id)
         cmd_log = await open_or_create(self._ns, cmd_name, self._knobs)
         ckpt_log = await open_or_create(self._ns, ckpt_name, self._knobs)
@@ -150,10 +172,30 @@ class RangeOwner:
                                 pass  # it failed for its caller too, and changed nothing
                             self.replayed += 1
                         self._applied_pos = rec.position
+        if not self._catch_up_unchecked:
+            await self._check_caught_up()
         self._since_checkpoint = self.replayed
         self._next_rev = self.store.revision + 1
-        self._on_event("recovery_seconds", loop.time() - t0)
-        return self
+
+    async def _check_caught_up(self) -> None:
+        """The state just restored is the range's whole state: no other owner took the
+        command log over since this one did. One that did may have checkpointed and
+        truncated both logs past what this owner read (its newer checkpoint beyond this
+        owner's end of the checkpoint log, the commands before it gone), leaving this owner
+        behind with no error from either reader; it must not serve (nor number commands) from
+        there: RangeFencedError, and the caller's next call opens the range again."""
+        cmd_log, writer = self._cmd_log, self._writer
+        assert cmd_log is not None and writer is not None
+        md = await cmd_log.metadata()
+        if md.epoch != writer.epoch:
+            raise RangeFencedError(
+                f"range {self.range_id} was taken over while this server caught up (the "
+                f"command log is at writer epoch {md.epoch}, this server's is {writer.epoch})")
+        floor = writer.metadata.max_txid
+        if self.store.revision < floor:  # (cannot happen while the epoch is this owner's)
+            raise TableError(
+                f"range {self.range_id} caught up to revision {self.store.revision}, below "
+                f"the command log's last txid {floor}")
 
     async def _restore(self, ckpt_log: Log, last: Position | None) -> None:
         found = await load_checkpoint(ckpt_log, last)

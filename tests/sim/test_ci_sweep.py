@@ -66,10 +66,6 @@ MUST_RUN = (
 KNOWN_BUGS: dict[str, str] = {
     # Example of the form, from the bug this sweep found in the journal (fixed in 04bc3d6):
     # "bookie-torn-segment-header": "will not start: CorruptRecordError: /bookie/j",
-    # found by the first sweep drawing the table workload (29 Nov, seed 226): a range owner
-    # that took over computed its next revision below the command log's recorded max txid
-    # (the log writer refused it, so nothing wrong was written; the table server stopped)
-    "tables-revision-below-log-txid": "is below the log's last txid",
 }
 
 

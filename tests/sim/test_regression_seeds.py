@@ -27,10 +27,7 @@ def load() -> list[tuple[int, str, float, str]]:
 
 #: Seeds blocked by an open bug in another layer (strict: the test fails once it is fixed,
 #: so the marker gets removed). See KNOWN_BUGS in test_ci_sweep.py.
-BLOCKED: dict[int, str] = {
-    226: "tables-revision-below-log-txid: a range owner's next revision below the command "
-         "log's max txid after a takeover (open, issue 36)",
-}
+BLOCKED: dict[int, str] = {}
 
 
 def params() -> list[object]:
