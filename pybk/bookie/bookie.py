@@ -29,6 +29,7 @@ from pybk.bookie.maintenance import BookieMaintenance
 from pybk.bookie.reads import NO_SUCH_ENTRY_ON_IO_ERROR, BookieReads
 from pybk.bookie.replies import CountedAdd, Respond, state_message
 from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE, BookieState
+from pybk.bookie.turns import ADMIT_CHUNK, admit_in_turns
 from pybk.bookie.unknown import UnknownLedgerCheck, fence_checked
 from pybk.errors import (
     BKError,
@@ -138,6 +139,8 @@ class Bookie(BookieReads, BookieMaintenance):
         self._remote_log: RateLimitedLog | None = None
         #: the garbage collector (pybk.bookie.gc), while started with a metadata store
         self.gc: GarbageCollector | None = None
+        #: batched adds of more entries are admitted over several loop turns (bookie/turns.py)
+        self.admit_chunk = ADMIT_CHUNK
         self._gc_remote: GcRemote | None = None
 
     def _remote_error(self, kind: str, detail: str, exc: BaseException | None = None) -> None:
@@ -508,6 +511,13 @@ class Bookie(BookieReads, BookieMaintenance):
         if request.deferred_sync:  # answered once the journal took it (pybk.bookie.deferred)
             on_done = self.deferred.start(request.ledger_id, on_done)
         if type(request) is AddBatchRequest:
+            if len(request.bodies) > self.admit_chunk and len(request.entry_ids) == len(
+                    request.bodies):  # (a large batch: over several loop turns)
+                admit_in_turns(self.add_batch, request.ledger_id, request.entry_ids,
+                               request.bodies, request.master_key, on_done, request.recovery,
+                               on_done.admitted if isinstance(on_done, DeferredAdd) else None,
+                               self.admit_chunk)
+                return
             self.add_batch(request.ledger_id, request.entry_ids, request.bodies,
                            request.master_key, on_done, request.recovery)
         else:

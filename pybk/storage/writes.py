@@ -346,7 +346,10 @@ class WritesMixin(ReadsMixin):
 
     def _admit(self, batch: Admitted, ledger_id: int, st: LedgerState,
                entry_ids: Sequence[int], bodies: Sequence[bytes]) -> None:
-        """Check each entry of a batch like a single add; gather the records to write."""
+        """Check each entry of a batch like a single add; gather the records to write. The
+        entries refused for one reason share one error (named after the first of them): a
+        batch of 65,536 refusals costs one error object, not 65,536."""
+        shared: dict[str, BKError] = {}
         pending = st.pending
         entries = st.entries
         end = entries.end
@@ -359,19 +362,22 @@ class WritesMixin(ReadsMixin):
             try:
                 blid, beid, lac = unpack_entry_ids_lac(body)
             except struct.error:
-                batch.refuse(i, BadRequestError(
-                    f"add of ({ledger_id}, {eid}): entry of {len(body)} bytes is shorter than "
-                    f"the {ENTRY_HEADER_SIZE}-byte header"))
+                batch.refuse(i, shared.get("short") or shared.setdefault(
+                    "short", BadRequestError(f"add of ({ledger_id}, {eid}): entry of "
+                                             f"{len(body)} bytes is shorter than the "
+                                             f"{ENTRY_HEADER_SIZE}-byte header")))
                 continue
             if blid != ledger_id or beid != eid or eid < 0:
-                batch.refuse(i, BadRequestError(
-                    f"add of ({ledger_id}, {eid}) carries an entry framed as ({blid}, {beid})"))
+                batch.refuse(i, shared.get("framed") or shared.setdefault(
+                    "framed", BadRequestError(f"add of ({ledger_id}, {eid}) carries an entry "
+                                              f"framed as ({blid}, {beid})")))
                 continue
             waiting = st.pending_body(eid) if st.runs else pending.get(eid)
             if waiting is not None:
                 if waiting != body:
-                    batch.refuse(i, EntryExistsError(
-                        f"ledger {ledger_id} entry {eid} is being written with different bytes"))
+                    batch.refuse(i, shared.get("writing") or shared.setdefault(
+                        "writing", EntryExistsError(f"ledger {ledger_id} entry {eid} is being "
+                                                    "written with different bytes")))
                 else:  # identical: answered with the original, after the fsync that covers it
                     self._also_waiting.setdefault((ledger_id, eid), []).append(
                         batch.waiting(i))
@@ -380,8 +386,9 @@ class WritesMixin(ReadsMixin):
                 held = self.compare_held(ledger_id, st, eid, body)
                 if held is not Held.DAMAGED:
                     if held is Held.DIFFERENT:
-                        batch.refuse(i, EntryExistsError(
-                            f"ledger {ledger_id} entry {eid} exists with different bytes"))
+                        batch.refuse(i, shared.get("exists") or shared.setdefault(
+                            "exists", EntryExistsError(f"ledger {ledger_id} entry {eid} "
+                                                       "exists with different bytes")))
                     else:
                         batch.held(i)  # identical: a durable no-op
                     continue

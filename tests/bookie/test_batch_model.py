@@ -156,3 +156,29 @@ class BatchBookieMachine(BookieMachine):
 
 BatchBookieMachine.TestCase.settings = BookieMachine.TestCase.settings
 test_batched_bookie_state_machine = BatchBookieMachine.TestCase
+
+
+class ChunkedBatchBookieMachine(BatchBookieMachine):
+    """The same machine with batches of more than 3 entries admitted over several loop
+    turns (pybk.bookie.turns), as the bookie admits batches of more than 2,048."""
+
+    def _start(self):  # type: ignore[no-untyped-def]
+        b = super()._start()
+        b.admit_chunk = 3
+        return b
+
+    def _submit(self, request: AddBatchRequest) -> asyncio.Future[AddOutcome]:
+        """As the base machine's, from inside the loop (where a server submits: the later
+        chunks are scheduled on it)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            async def inside() -> AddOutcome:
+                return await super(ChunkedBatchBookieMachine, self)._submit(request)
+
+            return self.loop.create_task(inside())
+        return super()._submit(request)
+
+
+ChunkedBatchBookieMachine.TestCase.settings = BookieMachine.TestCase.settings
+test_chunked_batched_bookie_state_machine = ChunkedBatchBookieMachine.TestCase
