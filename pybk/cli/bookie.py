@@ -86,6 +86,8 @@ def http_options(fn: Any) -> Any:
 @click.option("--metrics-port", type=click.IntRange(0, 65535), help="Prometheus HTTP port.")
 @click.option("--scrub-rate", type=ByteSize(), default="8MiB", show_default=True,
               help="Bytes a second the local scrubber verifies (0: none).")
+@click.option("--scrub-interval", type=click.FloatRange(min=0.001), default=3600.0,
+              show_default=True, help="Seconds between the scrubber's passes (one at start).")
 @click.option("--segment-mb", type=click.IntRange(1, 1 << 16), default=64, show_default=True,
               help="Journal segment size in MiB.")
 @click.option("--preallocate/--no-preallocate", default=True, show_default=True,
@@ -135,6 +137,7 @@ def bookie(
     stop_grace: float,
     metrics_port: int | None,
     scrub_rate: int,
+    scrub_interval: float,
     segment_mb: int,
     preallocate: bool,
     storage: str,
@@ -182,6 +185,7 @@ def bookie(
         stop_grace=stop_grace,
         metrics_port=metrics_port,
         scrub_rate=scrub_rate,
+        scrub_interval=scrub_interval,
         segment_size=segment_mb << 20,
         preallocate=preallocate,
         storage=storage,

@@ -74,6 +74,8 @@ class BookieProcessConfig:
     #: the local scrubber verifies every stored record at most this many bytes a second
     #: (pybk.storage.scrub; damage marks the ledger under-replicated); 0: no scrubber
     scrub_rate: float = 8 << 20
+    #: seconds between the scrubber's passes (the first one runs at start)
+    scrub_interval: float = 3600.0
     #: the HTTP admin endpoint (pybk.server.http) on this port; None: none
     http_port: int | None = None
     #: its bounds and token (a pybk.server.http.HttpConfig; host/port are filled in)
@@ -351,7 +353,8 @@ class BookieProcess:
         store = self.bookie.store
         if not self.config.scrub_rate or not isinstance(store, LedgerStore):
             return  # (the scrubber walks the journal engine's segments; the db engine: none)
-        self.scrubber = Scrubber(store, rate=self.config.scrub_rate, on_damage=self._damaged)
+        self.scrubber = Scrubber(store, rate=self.config.scrub_rate,
+                                 interval=self.config.scrub_interval, on_damage=self._damaged)
         self.scrubber.start()
         damaged = Gauge("pybk_bookie_damaged_entries", "entries the scrubber found damaged "
                         "(not repaired yet)", registry=self.registry)

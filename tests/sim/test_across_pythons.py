@@ -45,7 +45,7 @@ def hashes_here() -> dict[str, str]:
 
 
 @pytest.mark.skipif(not OTHERS, reason="no other interpreter given (PYBK_OTHER_PYTHONS)")
-@pytest.mark.timeout(900)  # (three interpreters x 200 seeds: about 160 s alone, more beside the suite)
+@pytest.mark.timeout(900)  # (three interpreters x 200 seeds: ~160 s alone, more in the suite)
 def test_a_few_hundred_seeds_give_the_same_traces_on_every_interpreter(tmp_path: Path) -> None:
     src = tmp_path / "src"
     shutil.copytree(Path(pybk.__file__).parent, src / "pybk",

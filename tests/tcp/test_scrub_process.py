@@ -10,11 +10,15 @@ from pathlib import Path
 
 import pytest
 from abuse_kit import BookieUnderTest, wait_for
+from ops_kit import RECOVERY_ARGS
 
 from pybk.client import Client
 from pybk.metadata import open_store
+from pybk.testing.replicas import replication_problems
 from pybk.transport.tcp import TcpTransport
 from pybk.wire import BookieInfoRequest, Status
+
+from .proc_cluster import ProcCluster
 
 pytestmark = pytest.mark.integration
 
@@ -64,3 +68,42 @@ async def test_a_flipped_byte_in_a_sealed_segment_is_reported_and_marked(tmp_pat
         assert "scrubber: ledger" in bookie.log()
     finally:
         bookie.stop()  # (by PID: the second start is this test's to stop)
+
+
+async def test_damage_under_a_running_cluster_is_repaired_with_nothing_lost(
+        tmp_path: Path) -> None:
+    """Four ``pybk bookie --autorecovery`` processes; a byte flipped in a sealed segment of
+    one of them while it runs: its scrubber finds it, auto-recovery moves that replica to
+    another bookie, and every entry reads back as written."""
+    cluster = ProcCluster(tmp_path, 4, extra_args=[*RECOVERY_ARGS, "--segment-mb", "1",
+                                                   "--scrub-rate", "64MiB",
+                                                   "--scrub-interval", "1"])
+    await cluster.start()
+    try:
+        data = [bytes([i % 251]) * (64 << 10) for i in range(48)]  # 3 MiB: sealed segments
+        async with Client(cluster.metadata) as client:
+            lh = await client.create_ledger(3, 3, 2)
+            await lh.append_many(data)
+            await lh.close()
+            victim = lh.metadata.ensembles[0][0]
+            journal = tmp_path / "bookies" / victim / "journal"
+            first = sorted(n for n in os.listdir(journal) if n.endswith(".seg"))[0]
+            _flip(journal / first, 200 << 10)  # while the bookie runs
+            store = open_store(cluster.metadata)
+            try:
+                async def repaired() -> bool:
+                    md = await store.read_ledger(lh.id)
+                    return (all(victim not in ens for ens in md.ensembles.values())
+                            and not await store.list_under_replicated())
+
+                await wait_for(repaired, 90, "the damaged replica moved to another bookie")
+                assert await replication_problems(store, client.transport) == []
+            finally:
+                await store.close()
+            rh = await client.open_ledger(lh.id)
+            got = [e.data for e in await rh.read(0, len(data) - 1)]
+            assert got == data  # nothing lost
+            await rh.close()
+        assert "scrubber: ledger" in cluster.log(victim)
+    finally:
+        cluster.stop_all()
