@@ -21,7 +21,6 @@ MAX_MODULE_LINES = 600
 #: (splitting them is open work: docs/architecture.md)
 OVER_LIMIT: dict[str, int] = {
     "storage/index.py": 606,
-    "client/pipeline.py": 626,
     "transport/server_connection.py": 687,
     "client/writer.py": 708,
     "storage/writes.py": 710,
