@@ -3,16 +3,28 @@
 :class:`WritePipeline` holds every rule of BookKeeper's add path (``PendingAddOp``,
 ``sendAddSuccessCallbacks``, ``ensembleChangeLoop`` in BookKeeper's client) and nothing
 else: no awaits, no transport, no metadata store, no clock. An async driver (:class:`pybk.
-client.writer.AddPipeline`) feeds it events and does what it asks (docs/internals.md).
+client.writer.AddPipeline`) feeds it events and does what it asks (docs/internals.md). The
+actions are defined in :mod:`pybk.client.write_actions` (exported here too), the batch limits'
+cut in :mod:`pybk.client.batching`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
+from pybk.client.batching import batch_spans
 from pybk.client.lacflush import LacFlush
 from pybk.client.quorum import Quorums
+from pybk.client.write_actions import (
+    Action,
+    AddOutcome,
+    ChangeEnsemble,
+    Fail,
+    Resolve,
+    Send,
+    SendLac,
+)
 from pybk.errors import (
     BKError,
     EntryTooLargeError,
@@ -32,82 +44,14 @@ __all__ = [
     "Send",
     "SendLac",
     "WritePipeline",
-    "batch_spans",
 ]
-
-#: What a bookie said about a batch: None (every entry stored), one error for every entry,
-#: or one outcome per entry, in the batch's order (see pybk.transport.base)
-AddOutcome = BKError | None | Sequence[BKError | None]
 
 #: errors that end the pipeline instead of replacing the bookie that sent them
 _FATAL = (LedgerFencedError, UnauthorizedError, EntryTooLargeError, QuotaExceededError)
 
 
-class Send(NamedTuple):
-    """Send ``bodies`` (entries ``entry_ids``, ascending) to the bookie in ensemble ``slot``."""
-
-    slot: int
-    bookie: str
-    epoch: int
-    entry_ids: list[int]
-    bodies: list[bytes]
-
-
-class Resolve(NamedTuple):
-    """Entries ``first..last`` are confirmed (in order); ``waiters[i]`` is the waiter of entry
-    ``first + i`` (None: nobody waits on that one)."""
-
-    first: int
-    last: int
-    waiters: list[Any]
-
-
-class Fail(NamedTuple):
-    """The pipeline failed with ``error``: settle every waiter in ``waiters`` with it."""
-
-    error: BaseException
-    waiters: list[Any]
-
-
-class ChangeEnsemble(NamedTuple):
-    """Bookies failed and no change is in progress: start one. The driver loops on
-    :meth:`WritePipeline.take_failed` until it returns nothing, then calls
-    :meth:`WritePipeline.change_done`."""
-
-
-class SendLac(NamedTuple):
-    """Send ``lac`` to every bookie of ``bookies`` (readers tailing the ledger then see the
-    last entries): the writer went quiet, or its timer ticked while idle
-    (:mod:`pybk.client.lacflush`)."""
-
-    lac: int
-    bookies: list[str]
-
-
-Action = Send | Resolve | Fail | ChangeEnsemble | SendLac
-
-
 #: from this many entries on, :meth:`WritePipeline._distribute` queues by stride slices
 _SLICE_MIN: Final = 8
-
-
-def batch_spans(bodies: Sequence[bytes], max_entries: int, max_bytes: int,
-                ) -> list[tuple[int, int]]:
-    """The ``(start, end)`` index spans that cut ``bodies`` (in order) into add batches of
-    at most ``max_entries`` entries and ``max_bytes`` bytes (``ClientConfig``'s batch limits;
-    a body over ``max_bytes`` is a batch of its own): the writer's sends and re-replication's
-    copies are cut the same way."""
-    spans = []
-    start = size = 0
-    for k, body in enumerate(bodies):
-        n = len(body)
-        if k > start and (k - start >= max_entries or size + n > max_bytes):
-            spans.append((start, k))
-            start, size = k, 0
-        size += n
-    if bodies:
-        spans.append((start, len(bodies)))
-    return spans
 
 
 class WritePipeline:

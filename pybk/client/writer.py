@@ -4,32 +4,31 @@ The rules live in :class:`pybk.client.pipeline.WritePipeline`, a sans-IO object 
 actions out). :class:`AddPipeline` only carries out what it asks: it frames payloads (one
 digest per entry: the same body goes to every replica), hands the pipeline's ``Send`` actions
 to the transport's typed add path (one request per bookie for the entries pushed in one loop
-iteration), feeds the bookies' outcomes back, settles the callers' futures, and runs the
-ensemble change (the metadata store's CAS, or recovery's local plan; placed by the ledger's
-namespace policies) when asked. Its two users: docs/internals.md, "pybk/client/writer.py".
+iteration), feeds the bookies' outcomes back, settles the callers' futures
+(:mod:`pybk.client.waiters`), and runs the ensemble change (:mod:`pybk.client.ensemble_change`:
+the metadata store's CAS, or recovery's local plan; placed by the ledger's namespace policies)
+when asked. Its two users: docs/internals.md, "pybk/client/writer.py".
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
-from collections import deque
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Final
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final
 
-from pybk.client.isolation import placement_for
-from pybk.client.pipeline import (
-    ChangeEnsemble,
-    Fail,
-    Resolve,
-    Send,
-    SendLac,
-    WritePipeline,
-)
-from pybk.client.placement import BookieNode, PlacementPolicy, writable_nodes
-from pybk.client.quorum import Quorums, plan_ensemble_change
+from pybk.client.ensemble_change import replace_failed_bookies
+from pybk.client.pipeline import WritePipeline
+from pybk.client.quorum import Quorums
 from pybk.client.reads import LedgerEntry, read_range
+from pybk.client.waiters import (
+    AddTimer,
+    BatchWaiter,
+    fail_waiters,
+    future_maker,
+    resolve_waiters,
+)
+from pybk.client.write_actions import ChangeEnsemble, Fail, Resolve, Send, SendLac
 from pybk.errors import (
     BKError,
     EntryNotConfirmedError,
@@ -37,13 +36,11 @@ from pybk.errors import (
     LedgerClosedError,
     LedgerFencedError,
     MetadataVersionError,
-    NotEnoughBookiesError,
     UnauthorizedError,
     UnexpectedConditionError,
     fresh_copy,
 )
-from pybk.metadata.base import CLOSED, IN_RECOVERY, OPEN, LedgerMetadata
-from pybk.runtime import sometimes
+from pybk.metadata.base import CLOSED, LedgerMetadata
 from pybk.wire import (
     AddBatchRequest,
     AddOutcome,
@@ -61,9 +58,6 @@ __all__ = ["ACK_OUT_OF_ORDER", "COUNTS_REPLACED_BOOKIES_ACKS", "LAC_BEFORE_QUORU
 
 log = logging.getLogger(__name__)
 
-_ENSEMBLE_CHANGED = sometimes.point(
-    "client.ensemble_change", "a writer replaced a bookie and resent what it held")
-
 #: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``):
 #: the writer acknowledges adds as soon as they reach Qa, not in entry-id order
 ACK_OUT_OF_ORDER: Final = "ack_out_of_order"
@@ -72,17 +66,6 @@ COUNTS_REPLACED_BOOKIES_ACKS: Final = "counts_replaced_bookies_acks"
 #: mutation switch: the writer tells its bookies a LAC covering entries before their Qa-th
 #: ack (what the immediate LAC must never do)
 LAC_BEFORE_QUORUM: Final = "lac_before_quorum"
-
-
-class _Batch:
-    """The waiter of the last entry of a :meth:`AddPipeline.push_many`: one future for the
-    whole batch, resolved with its entry ids once the last one is confirmed."""
-
-    __slots__ = ("first", "future")
-
-    def __init__(self, first: int, future: asyncio.Future[list[int]]) -> None:
-        self.first = first
-        self.future = future
 
 
 class AddReply:
@@ -143,7 +126,7 @@ class AddPipeline:
             lac_before_quorum=LAC_BEFORE_QUORUM in cfg.mutations,
         )
         self._loop = asyncio.get_running_loop()
-        self._new_future = _future_maker(self._loop)
+        self._new_future = future_maker(self._loop)
         self._flush_scheduled = False
         self._quiet_scheduled = False
         self._running = False
@@ -151,7 +134,6 @@ class AddPipeline:
         self._timer: asyncio.TimerHandle | None = None
         self._idle: asyncio.Future[None] | None = None
         self._timeout = cfg.add_timeout
-        self._write_quorum = metadata.write_quorum
         #: the writer's add latency, errors and ensemble changes, when the client keeps
         #: metrics (never a recovery's write-back)
         self._stats: ClientStats | None = None if recovery else ctx.stats
@@ -204,7 +186,7 @@ class AddPipeline:
         fut: asyncio.Future[int] = self._new_future()
         core.push(self._frame(core.lap + 1, core.lac, length, payload), length, fut)
         if self._stats is not None:
-            fut.add_done_callback(_AddTimer(self._stats, self._loop.time()))
+            fut.add_done_callback(AddTimer(self._stats, self._loop.time()))
         if not self._flush_scheduled:  # (_schedule, inlined: once per entry)
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
@@ -234,13 +216,13 @@ class AddPipeline:
             fut.set_result([])
             return fut
         if self._stats is not None:
-            fut.add_done_callback(_AddTimer(self._stats, self._loop.time()))
+            fut.add_done_callback(AddTimer(self._stats, self._loop.time()))
         first = core.lap + 1
         frame = self.digest.frame
         push = core.push
         length = core.length
         last = len(payloads) - 1
-        waiter = _Batch(first, fut)
+        waiter = BatchWaiter(first, fut)
         try:
             for i, payload in enumerate(payloads):
                 length += len(payload)
@@ -286,11 +268,11 @@ class AddPipeline:
             for action in actions:
                 kind = type(action)
                 if kind is Resolve:
-                    _resolve(action)  # type: ignore[arg-type]
+                    resolve_waiters(action)  # type: ignore[arg-type]
                 elif kind is Send:
                     self._send(action)  # type: ignore[arg-type]
                 elif kind is Fail:
-                    _fail_waiters(action)  # type: ignore[arg-type]
+                    fail_waiters(action)  # type: ignore[arg-type]
                 elif kind is ChangeEnsemble:
                     self._change_task = self._loop.create_task(self._change_loop())
                 elif kind is SendLac:
@@ -370,82 +352,13 @@ class AddPipeline:
     # -- ensemble change ---------------------------------------------------------------------
 
     async def _change_loop(self) -> None:
-        core = self.core
+        """Carry out a ``ChangeEnsemble`` (:mod:`pybk.client.ensemble_change`), then let the
+        pipeline confirm adds again."""
         try:
-            while failed := core.take_failed():
-                for index, bookie in failed.items():
-                    log.info("ledger %s: bookie %s (slot %d) failed: %s", self.ledger_id,
-                             bookie, index, core.failure_causes.get(bookie, "?"))
-                policy = await placement_for(self.ctx, self.metadata.custom_metadata)  # its ns
-                writable = await writable_nodes(self.ctx, policy)
-                if self.recovery:
-                    try:
-                        change = plan_ensemble_change(core.ensembles, core.lac, failed,
-                                                      writable, self.ctx.rng,
-                                                      policy, self._write_quorum)
-                    except NotEnoughBookiesError:
-                        core.write_around(failed)  # raises if Qa is out of reach
-                        log.info("ledger %s: writing around failed bookies %s (no spare)",
-                                 self.ledger_id, sorted(failed.values()))
-                        continue
-                    if change is not None:
-                        self._log_change(change.ensembles)
-                        core.ensemble_changed(change.ensembles)
-                else:
-                    ensembles = await self._commit_change(failed, writable, policy)
-                    self._log_change(ensembles)
-                    core.ensemble_changed(ensembles)
-        except NotEnoughBookiesError as exc:
-            # name what made the change necessary: "no spare bookie" alone hides the cause
-            # (a TLS or auth problem, a crashed bookie...)
-            causes = "; ".join(f"{b}: {c}" for b, c in sorted(core.failure_causes.items()))
-            core.fail(NotEnoughBookiesError(f"{exc} (replacing failed bookies: {causes})"))
-        except BKError as exc:
-            core.fail(exc)
-        except Exception as exc:  # a bug or a store failure: fail loudly, never hang
-            log.exception("ledger %s: ensemble change failed", self.ledger_id)
-            core.fail(exc)
+            await replace_failed_bookies(self, self._stats)
         finally:
-            core.change_done()
+            self.core.change_done()
             self._run()
-
-    def _log_change(self, ensembles: dict[int, tuple[str, ...]]) -> None:
-        new = list(ensembles[max(ensembles)])
-        if new != self.core.ensemble:
-            _ENSEMBLE_CHANGED()
-        if new != self.core.ensemble and self._stats is not None:
-            self._stats.ensemble_changes += 1
-        if new != self.core.ensemble:
-            log.info("ledger %s: ensemble %s -> %s from entry %d", self.ledger_id,
-                     self.core.ensemble, new, max(ensembles))
-
-    async def _commit_change(self, failed: dict[int, str], writable: Sequence[BookieNode],
-                             placement: PlacementPolicy) -> dict[int, tuple[str, ...]]:
-        """CAS the new ensemble into the metadata (the one place a writer changes it)."""
-        lac, rng = self.core.lac, self.ctx.rng
-        write_quorum = self._write_quorum
-
-        def transform(md: LedgerMetadata) -> LedgerMetadata | None:
-            if md.state != OPEN:
-                return None
-            change = plan_ensemble_change(md.ensembles, lac, failed, writable, rng, placement,
-                                          write_quorum)
-            if change is None:
-                return None
-            return md.with_changes(ensembles=change.ensembles)
-
-        md = await self.ctx.store.update_ledger(self.ledger_id, transform)
-        if md.state == CLOSED:
-            raise LedgerClosedError(
-                f"ledger {self.ledger_id} was closed by another client (recovered at "
-                f"last entry {md.last_entry_id}) during an ensemble change"
-            )
-        if md.state == IN_RECOVERY:
-            raise LedgerFencedError(
-                f"ledger {self.ledger_id} is being recovered by another client"
-            )
-        self.metadata = md
-        return {k: tuple(v) for k, v in md.ensembles.items()}
 
     # -- draining ----------------------------------------------------------------------------
 
@@ -465,68 +378,6 @@ class AddPipeline:
     def _check(self) -> None:
         """Assert the pipeline's invariants (tests call this)."""
         self.core._check()
-
-
-class _AddTimer:
-    """Done-callback of an append (or a batch) when the client keeps metrics."""
-
-    __slots__ = ("started", "stats")
-
-    def __init__(self, stats: ClientStats, started: float) -> None:
-        self.stats = stats
-        self.started = started
-
-    def __call__(self, fut: asyncio.Future[Any]) -> None:
-        stats = self.stats
-        if fut.cancelled() or fut.exception() is not None:
-            stats.add_errors += 1
-            return
-        stats.adds += 1
-        stats.add_latency.observe(fut.get_loop().time() - self.started)
-
-
-def _future_maker(loop: asyncio.AbstractEventLoop) -> Callable[[], asyncio.Future[Any]]:
-    """``loop.create_future`` as the cheapest call that makes the same future: asyncio's own
-    loops make a plain ``asyncio.Future(loop=loop)`` through a Python method (a frame per
-    append); a partial builds it in C. A loop with its own ``create_future`` (uvloop, a
-    test's) keeps it."""
-    if type(loop).create_future is asyncio.BaseEventLoop.create_future:
-        return functools.partial(asyncio.Future, loop=loop)
-    return loop.create_future
-
-
-def _resolve(action: Resolve) -> None:
-    waiters = action.waiters
-    if len(waiters) > 4 and None not in waiters:  # each its own future: one C pass
-        try:
-            deque(map(_set_result, waiters, range(action.first, action.last + 1)), maxlen=0)
-            return
-        except (asyncio.InvalidStateError, TypeError):
-            pass  # a cancelled future or a batch's waiter: the checked loop below settles
-            # the rest (those set already are done, so it skips them)
-    eid = action.first
-    for waiter in waiters:
-        if waiter is not None:
-            if type(waiter) is _Batch:
-                fut = waiter.future
-                if not fut.done():
-                    fut.set_result(list(range(waiter.first, eid + 1)))
-            elif not waiter.done():
-                waiter.set_result(eid)
-        eid += 1
-
-
-#: ``Future.set_result`` unbound (a C function on the loop's own futures; a waiter of another
-#: type makes it raise TypeError, and _resolve falls back to the checked loop)
-_set_result = asyncio.Future.set_result
-
-
-def _fail_waiters(action: Fail) -> None:
-    for waiter in action.waiters:
-        fut: Any = waiter.future if type(waiter) is _Batch else waiter
-        if not fut.done():
-            fut.set_exception(fresh_copy(action.error))
-            fut.exception()  # the caller may never look; do not warn
 
 
 class LedgerHandle:

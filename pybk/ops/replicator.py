@@ -14,9 +14,9 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from pybk.client.batching import batch_spans
 from pybk.client.context import ClientContext
 from pybk.client.isolation import placement_for
-from pybk.client.pipeline import batch_spans
 from pybk.client.placement import writable_nodes
 from pybk.client.quorum import Quorums
 from pybk.client.reads import summarize

@@ -22,8 +22,9 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from pybk.client.adv import AdvOrder
-from pybk.client.pipeline import ChangeEnsemble, Fail, Resolve, Send, SendLac, WritePipeline
+from pybk.client.pipeline import WritePipeline
 from pybk.client.quorum import Quorums
+from pybk.client.write_actions import ChangeEnsemble, Fail, Resolve, Send, SendLac
 from pybk.errors import BookieUnavailableError, DuplicateEntryIdError
 
 QUORUMS = [(3, 2, 2), (3, 3, 2), (4, 3, 2), (3, 2, 1), (2, 2, 2)]

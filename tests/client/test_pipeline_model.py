@@ -32,16 +32,16 @@ from hypothesis.stateful import (
     rule,
 )
 
-from pybk.client.pipeline import (
+from pybk.client.pipeline import WritePipeline
+from pybk.client.quorum import Quorums, plan_ensemble_change
+from pybk.client.write_actions import (
     Action,
     ChangeEnsemble,
     Fail,
     Resolve,
     Send,
     SendLac,
-    WritePipeline,
 )
-from pybk.client.quorum import Quorums, plan_ensemble_change
 from pybk.errors import (
     BKError,
     BookieUnavailableError,
