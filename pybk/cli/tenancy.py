@@ -36,6 +36,9 @@ _POLICY_OPTIONS: tuple[tuple[str, str, Any], ...] = (
     ("--roll-seconds", "roll_seconds", float),
     ("--retention-seconds", "retention_seconds", float),
     ("--retention-bytes", "retention_bytes", int),
+    ("--backlog-quota-bytes", "backlog_quota_bytes", int),
+    ("--backlog-quota-seconds", "backlog_quota_seconds", float),
+    ("--backlog-policy", "backlog_policy", click.Choice(["refuse", "evict"])),
 )
 
 

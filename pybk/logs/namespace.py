@@ -129,6 +129,9 @@ class Namespace:
         retention_seconds: float | None = None,
         retention_bytes: int | None = None,
         digest_type: str = "CRC32C",
+        backlog_quota_bytes: int | None = None,
+        backlog_quota_seconds: float | None = None,
+        backlog_policy: str = "refuse",
     ) -> Log:
         """Create an empty log; LogExistsError when the name is taken. The knobs are checked
         (ValueError naming one) before anything is stored; see LogConfig. In a tenancy
@@ -138,7 +141,10 @@ class Namespace:
                  "ack_quorum": ack_quorum, "compression": compression,
                  "roll_bytes": roll_bytes, "roll_entries": roll_entries,
                  "roll_seconds": roll_seconds, "retention_seconds": retention_seconds,
-                 "retention_bytes": retention_bytes}
+                 "retention_bytes": retention_bytes,
+                 "backlog_quota_bytes": backlog_quota_bytes,
+                 "backlog_quota_seconds": backlog_quota_seconds,
+                 "backlog_policy": backlog_policy}
         policies = None
         if self.tenancy is not None:
             policies = (await TenancyRecords(self.client.store).namespace(self.tenancy)).policies

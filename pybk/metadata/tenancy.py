@@ -104,14 +104,21 @@ class NamespacePolicies:
     roll_seconds: float | None = None
     retention_seconds: float | None = None
     retention_bytes: int | None = None
+    #: the backlog quota of the namespace's new logs (pybk.logs.backlog): "refuse" or "evict"
+    backlog_quota_bytes: int | None = None
+    backlog_quota_seconds: float | None = None
+    backlog_policy: str = "refuse"
 
     def __post_init__(self) -> None:
         for name in ("write_bytes_per_s", "write_records_per_s", "read_bytes_per_s",
                      "read_records_per_s", "max_storage_bytes", "max_logs", "max_ledgers",
-                     "roll_bytes", "roll_entries", "retention_bytes"):
+                     "roll_bytes", "roll_entries", "retention_bytes", "backlog_quota_bytes"):
             _limit(name, getattr(self, name))
-        for name in ("roll_seconds", "retention_seconds"):
+        for name in ("roll_seconds", "retention_seconds", "backlog_quota_seconds"):
             _limit(name, getattr(self, name), allow_float=True)
+        if self.backlog_policy not in ("refuse", "evict"):
+            raise ValueError(f"backlog_policy must be refuse or evict, got "
+                             f"{self.backlog_policy!r}")
         if self.placement not in PLACEMENTS:
             raise ValueError(f"placement must be one of {PLACEMENTS}, got {self.placement!r}")
         if self.isolation_group is not None and (

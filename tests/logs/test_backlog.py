@@ -146,3 +146,22 @@ async def test_a_writer_opened_over_the_quota_refuses_from_the_start() -> None:
         assert registry.get_sample_value("pybk_log_backlog_bytes", {"log": "l"}) > 0
         await w.close()
         await cur.close()
+
+
+async def test_a_tenancy_namespace_gives_its_logs_a_backlog_quota() -> None:
+    from pybk.metadata.tenancy import NamespacePolicies
+
+    async with mem_cluster() as cluster:
+        client = cluster.client()
+        admin = client.admin()
+        await admin.create_tenant("acme")
+        await admin.create_namespace("acme/events", policies=NamespacePolicies(
+            backlog_quota_bytes=1 << 20, backlog_policy="evict"))
+        ns = client.namespace("acme/events")
+        cfg = (await (await ns.create_log("a")).metadata()).config
+        assert (cfg.backlog_quota_bytes, cfg.backlog_policy) == (1 << 20, "evict")
+        own = await ns.create_log("b", backlog_quota_seconds=30.0, backlog_policy="refuse")
+        cfg = (await own.metadata()).config  # an explicit knob wins; the rest still inherits
+        assert (cfg.backlog_quota_bytes, cfg.backlog_quota_seconds) == (1 << 20, 30.0)
+        with pytest.raises(ValueError, match="backlog_policy"):
+            NamespacePolicies(backlog_policy="drop")
