@@ -121,18 +121,27 @@ def log_retention(conn: Conn, name: str, namespace: str, max_age: float | None,
               "with the log; credentials come from the environment).")
 @click.option("--deletion-lag", type=click.FloatRange(min=0), default=4 * 3600.0,
               show_default=True, help="With --url: seconds before the bookies' copy goes.")
+@click.option("--threshold-bytes", type=click.IntRange(min=1), default=None,
+              help="With --url: from now on the writer offloads by itself beyond this many "
+                   "bytes of completed segments on the bookies.")
+@click.option("--threshold-seconds", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="With --url: ... and segments completed longer ago than this.")
 @click.option("--before", metavar="POSITION", callback=parse_position, default=None,
               help="Only segments wholly before this position.")
 def log_offload(conn: Conn, name: str, namespace: str, url: str | None,
-                endpoint_url: str | None, deletion_lag: float,
-                before: Position | None) -> None:
+                endpoint_url: str | None, deletion_lag: float, threshold_bytes: int | None,
+                threshold_seconds: float | None, before: Position | None) -> None:
     """Offload NAME's completed segments to its tier; prints each segment offloaded."""
+    if url is None and (threshold_bytes is not None or threshold_seconds is not None):
+        raise click.UsageError("--threshold-bytes and --threshold-seconds need --url")
 
     async def go(client: Any) -> list[int]:
         lg = await client.namespace(namespace).open_log(name)
         if url is not None:
             opts = {"endpoint_url": endpoint_url} if endpoint_url else {}
-            await lg.set_offload(url, options=opts, deletion_lag=deletion_lag)
+            await lg.set_offload(url, options=opts, deletion_lag=deletion_lag,
+                                 threshold_bytes=threshold_bytes,
+                                 threshold_seconds=threshold_seconds)
         return list(await lg.offload(before))
 
     done = run_async(with_client(conn, go))

@@ -64,6 +64,10 @@ class LogConfig:
     offload_url: str | None = None
     offload_options: dict[str, Any] = field(default_factory=dict)
     offload_deletion_lag: float = 4 * 3600.0
+    #: offload by itself (pybk.logs.offload_trigger): keep at most this many bytes of
+    #: completed segments on the bookies, and offload segments completed longer ago than this
+    offload_threshold_bytes: int | None = None
+    offload_threshold_seconds: float | None = None
     #: backlog quota (pybk.logs.backlog): the most the slowest durable cursor may be behind,
     #: in bytes and in age (None: no limit), and what happens past it: "refuse" new appends
     #: (BacklogQuotaExceededError) or "evict" the oldest backlog (cursors skip ahead)
@@ -95,6 +99,9 @@ class LogConfig:
                              f"s3://bucket/prefix, got {self.offload_url!r}")
         if not isinstance(self.offload_options, dict):
             raise TypeError("offload_options must be a dict")
+        _positive("offload_threshold_bytes", self.offload_threshold_bytes, optional=True)
+        _positive("offload_threshold_seconds", self.offload_threshold_seconds, optional=True,
+                  allow_float=True)
         _positive("backlog_quota_bytes", self.backlog_quota_bytes, optional=True)
         _positive("backlog_quota_seconds", self.backlog_quota_seconds, optional=True,
                   allow_float=True)
@@ -135,6 +142,10 @@ class LogConfig:
             doc["offload_url"] = self.offload_url
             doc["offload_options"] = self.offload_options
             doc["offload_deletion_lag"] = self.offload_deletion_lag
+            if (self.offload_threshold_bytes is not None
+                    or self.offload_threshold_seconds is not None):
+                doc["offload_threshold_bytes"] = self.offload_threshold_bytes
+                doc["offload_threshold_seconds"] = self.offload_threshold_seconds
         if self.backlog_quota_bytes is not None or self.backlog_quota_seconds is not None:
             doc["backlog_quota_bytes"] = self.backlog_quota_bytes
             doc["backlog_quota_seconds"] = self.backlog_quota_seconds
@@ -146,6 +157,7 @@ class LogConfig:
         known = cls().to_doc()
         extra = {k: doc[k] for k in ("retention_after_consumed", "offload_url",
                                      "offload_options", "offload_deletion_lag",
+                                     "offload_threshold_bytes", "offload_threshold_seconds",
                                      "backlog_quota_bytes", "backlog_quota_seconds",
                                      "backlog_policy") if k in doc}
         return cls(**{k: doc[k] for k in known}, **extra)

@@ -250,19 +250,28 @@ class Log:
         *,
         options: dict[str, Any] | None = None,
         deletion_lag: float = 4 * 3600.0,
+        threshold_bytes: int | None = None,
+        threshold_seconds: float | None = None,
     ) -> None:
         """Configure the log's tier: an fsspec URL (``file:///path``, ``s3://bucket/prefix``;
         None: no tier), its filesystem ``options`` (e.g. ``{"endpoint_url": ...}``; stored
         in the metadata, so credentials belong in the environment), and how long after a
-        verified offload the bookies' copy is deleted (seconds, wall clock)."""
+        verified offload the bookies' copy is deleted (seconds, wall clock). With
+        ``threshold_bytes`` / ``threshold_seconds`` the writer offloads by itself: the oldest
+        completed segments beyond that many bytes on the bookies, and those completed longer
+        ago (pybk.logs.offload_trigger)."""
         cfg_check = replace(LogConfig(), offload_url=url, offload_options=dict(options or {}),
-                            offload_deletion_lag=deletion_lag)
+                            offload_deletion_lag=deletion_lag,
+                            offload_threshold_bytes=threshold_bytes,
+                            offload_threshold_seconds=threshold_seconds)
 
         def change(md: LogMetadata) -> LogMetadata:
             return md.with_changes(config=replace(
                 md.config, offload_url=cfg_check.offload_url,
                 offload_options=cfg_check.offload_options,
-                offload_deletion_lag=cfg_check.offload_deletion_lag))
+                offload_deletion_lag=cfg_check.offload_deletion_lag,
+                offload_threshold_bytes=threshold_bytes,
+                offload_threshold_seconds=threshold_seconds))
 
         await self._cat.update(change)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 from typing import TYPE_CHECKING, Any
 
 from pybk.client.writer import LedgerHandle
@@ -28,6 +29,9 @@ from pybk.errors import (
 from pybk.logs.appends import AppendsMixin
 from pybk.logs.backlog import Backlog
 from pybk.logs.meta import COMPLETED, LogMetadata, SegmentInfo
+from pybk.logs.offload import offload_segments
+from pybk.logs.offload_trigger import plan_offload
+from pybk.logs.position import Position
 from pybk.logs.retention import Eviction, housekeep
 
 if TYPE_CHECKING:
@@ -51,6 +55,8 @@ class RollingMixin(AppendsMixin):
     _keeper: asyncio.Task[None] | None
     _backlog_task: asyncio.Task[None] | None
     _retention_lock: asyncio.Lock
+    _offloading: asyncio.Task[None] | None
+    _offload_rng: random.Random
 
     # -- segments and their ledgers ----------------------------------------------------------
 
@@ -212,6 +218,30 @@ class RollingMixin(AppendsMixin):
             self._md, backlog, evicted = await housekeep(self._cat, epoch=self._epoch,
                                                          current_bytes=self._seg_bytes)
         self._note_backlog(backlog, evicted)
+        self._maybe_offload()
+
+    def _maybe_offload(self) -> None:
+        """Start an offload when the log's trigger says one is due (pybk.logs.offload_trigger;
+        one at a time, beside the appends)."""
+        if self._offloading is not None or self._stopped():
+            return
+        before = plan_offload(self._md, self._cat.now_ms())
+        if before is not None:
+            self._offloading = task = self._loop.create_task(self._offload(before))
+            task.add_done_callback(_retrieve)
+
+    async def _offload(self, before: Position | None) -> None:
+        """Offload what is due, then look again (segments completed meanwhile), until
+        nothing is due."""
+        try:
+            while before is not None and not self._stopped():
+                done = await offload_segments(self._cat, self._offload_rng, before=before)
+                log.info("log %s: segments %s offloaded", self._cat.name, done)
+                before = plan_offload(await self._cat.read(), self._cat.now_ms())
+        except Exception as exc:  # (the tier's own errors too): tried again next round
+            log.warning("log %s: offload failed, will retry: %r", self._cat.name, exc)
+        finally:
+            self._offloading = None
 
     async def _check_backlog_at_open(self) -> None:
         """A writer opened while the log is over its backlog quota refuses from the start
@@ -287,7 +317,7 @@ class RollingMixin(AppendsMixin):
         return self._closed or self._error is not None
 
     def _stop_housekeeping(self) -> None:
-        for task in (self._keeper, self._backlog_task):
+        for task in (self._keeper, self._backlog_task, self._offloading):
             if task is not None:
                 task.cancel()
         self._keeper = None

@@ -11,6 +11,7 @@ Design notes: docs/internals.md, "pybk/logs/writer.py".
 from __future__ import annotations
 
 import asyncio
+import random
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +103,10 @@ class LogWriter(RollingMixin):
         self._ack_event: asyncio.Event | None = None
         self._keeper: asyncio.Task[None] | None = None  # retention on loop time
         self._retention_lock = asyncio.Lock()
+        #: the offload the log's trigger started (pybk.logs.offload_trigger), and the names
+        #: of its uploads (per writer: its label and epoch)
+        self._offloading: asyncio.Task[None] | None = None
+        self._offload_rng = random.Random(f"{label}/{self._epoch}")
         #: the log's backlog quota as this writer last checked it (pybk.logs.backlog)
         self.backlog = BacklogStats()
         self._backlog_refusal: str | None = None

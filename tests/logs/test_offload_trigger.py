@@ -1,0 +1,62 @@
+"""Offload by itself (pybk.logs.offload_trigger): a writer keeps at most the threshold's
+bytes of completed segments on the bookies and sends older ones to the tier, and segments
+completed longer ago than the age threshold, while it appends; readers see every record."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from logs_kit import mem_cluster
+
+from pybk.logs import BOOKIES, COMPLETED, OFFLOADED, LogConfig, LogMetadata, SegmentInfo
+from pybk.logs.offload_trigger import plan_offload
+from pybk.logs.position import Position
+
+pytest.importorskip("fsspec")
+pytestmark = pytest.mark.timeout(60)
+
+
+def _md(**knobs: object) -> LogMetadata:
+    segs = tuple(SegmentInfo(seq, 100 + seq, COMPLETED, last_entry=1, last_slot=0, records=2,
+                             bytes=100, mtime_ms=seq * 10_000) for seq in range(1, 5))
+    cfg = LogConfig(offload_url="file:///tmp/tier", **knobs)  # type: ignore[arg-type]
+    return LogMetadata("default", "l", cfg, segments=(*segs, SegmentInfo(5, 105)))
+
+
+def test_the_plan_keeps_the_threshold_on_the_bookies_and_sends_the_old() -> None:
+    assert plan_offload(_md(), 50_000) is None  # no threshold: by hand only
+    assert plan_offload(_md(offload_threshold_bytes=250), 50_000) == Position(3, 0, 0)
+    assert plan_offload(_md(offload_threshold_bytes=400), 50_000) is None
+    assert plan_offload(_md(offload_threshold_seconds=25.0), 50_000) == Position(3, 0, 0)
+    both = _md(offload_threshold_bytes=400, offload_threshold_seconds=15.0)
+    assert plan_offload(both, 50_000) == Position(4, 0, 0)
+    with pytest.raises(ValueError, match="offload_threshold_bytes"):
+        LogConfig(offload_threshold_bytes=0)
+    cfg = _md(offload_threshold_bytes=250).config
+    assert LogConfig.from_doc(cfg.to_doc()) == cfg
+
+
+async def test_a_writer_offloads_beyond_the_threshold_while_it_appends(tmp_path: Path) -> None:
+    async with mem_cluster() as cluster:
+        log = await cluster.client().namespace().create_log("l", roll_entries=2)
+        await log.set_offload(f"file://{tmp_path}", deletion_lag=0, threshold_bytes=300)
+        async with await log.writer(housekeeping_interval=None) as w:
+            positions = [await w.append(b"record-%03d" % i) for i in range(20)]
+
+            async def settled() -> bool:
+                segs = [s for s in await log.segments() if s.state == COMPLETED]
+                on_bookies = sum(s.bytes for s in segs if s.tier == BOOKIES)
+                return on_bookies <= 300 and any(s.tier == OFFLOADED for s in segs)
+
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 20
+            while not await settled():
+                assert loop.time() < deadline, await log.segments()
+                await asyncio.sleep(0.02)
+        tiers = [s.tier for s in await log.segments() if s.state == COMPLETED]
+        assert tiers[0] == OFFLOADED and tiers[-1] == BOOKIES, tiers  # oldest first
+        async with log.reader(stop_at=positions[-1]) as r:
+            got = [rec.data async for rec in r]
+        assert got == [b"record-%03d" % i for i in range(20)]
