@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -39,6 +40,21 @@ def _name(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         return check_name(what, value)
     except (TypeError, ValueError) as exc:
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
+def side_options(side: str, cluster: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The TLS and token options of one side's cluster (its bookies may differ from the
+    other's: another CA, another token)."""
+    def add(fn: Callable[..., Any]) -> Callable[..., Any]:
+        for key, what in reversed((("tls_ca", "CA bundle"), ("tls_cert", "client certificate"),
+                                   ("tls_key", "client key"),
+                                   ("auth_token_file", "file holding the token"))):
+            flag = f"--{side}-{key.replace('_', '-')}"
+            fn = click.option(flag, f"{side}_{key}", default=None,
+                              type=click.Path(exists=True, dir_okay=False),
+                              help=f"The {cluster} cluster's {what}.")(fn)
+        return fn
+    return add
 
 
 @log.command("mirror")
@@ -63,9 +79,12 @@ def _name(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
               help="Address the metrics endpoint listens on.")
 @click.option("--timeout", type=click.FloatRange(0, min_open=True), default=30.0,
               show_default=True, help="Bound on connecting to each metadata store.")
+@side_options("from", "source")
+@side_options("to", "target")
 def log_mirror(source_uri: str, target_uri: str, name: str, namespace: str,
                to_namespace: str | None, to_log: str | None, drain: bool, batch: int,
-               metrics_port: int | None, metrics_host: str, timeout: float) -> None:
+               metrics_port: int | None, metrics_host: str, timeout: float,
+               **security: str | None) -> None:
     """Copy log NAME from the cluster of --from to the cluster of --to, in order and
     exactly once, following its tail until stopped (or until its stream ends).
 
@@ -84,8 +103,9 @@ def log_mirror(source_uri: str, target_uri: str, name: str, namespace: str,
             raise
     logging.basicConfig(level=os.environ.get("PYBK_LOG_LEVEL", "INFO"), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    src = Conn(source_uri, None, None, None, None, timeout)
-    dst = Conn(target_uri, None, None, None, None, timeout)
+    src, dst = (Conn(uri, security[f"{side}_tls_ca"], security[f"{side}_tls_cert"],
+                     security[f"{side}_tls_key"], security[f"{side}_auth_token_file"], timeout)
+                for uri, side in ((source_uri, "from"), (target_uri, "to")))
     try:
         last = asyncio.run(_serve(src, dst, name, namespace, to_namespace or namespace,
                                   to_log or name, drain, batch, metrics_port, metrics_host))
