@@ -52,7 +52,7 @@ async def test_bookie_gc_runs_the_collectors_and_reports(tmp_path: Path) -> None
         assert code == 0 and out.count("ledgers removed 2") == 3, out
         await c.stop_bookie("bookie-2")
         code, out = await asyncio.to_thread(cli, "bookie", "gc", "--metadata", m, "--bookie",
-                                            "bookie-2", "--timeout", "1")
+                                            "bookie-2", "--timeout", "5")
         assert code == 1 and "did not run" in out and "did not answer" in out, out
         code, out = await asyncio.to_thread(cli, "bookie", "inspect",
                                             str(c.bookie_dir("bookie-2")), "--json")

@@ -22,7 +22,9 @@ def test_time_jumps_exactly_to_the_next_timer_and_costs_no_wall_time() -> None:
 
     wall = time.perf_counter()
     end = run(main())
-    assert time.perf_counter() - wall < 1.0
+    # an hour of virtual time: a loop that slept would take an hour (the bound is wide so a
+    # busy machine cannot fail it; this is no measurement)
+    assert time.perf_counter() - wall < 60.0
     assert seen == [0.1, 2.5]
     assert end == 3600.0
 
