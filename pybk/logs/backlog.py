@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pybk.logs.config import LogConfig
 from pybk.logs.meta import COMPLETED, LogMetadata, SegmentInfo
 from pybk.logs.position import Position
+from pybk.logs.truncation import start_after
 
 __all__ = ["Backlog", "BacklogStats", "evicted_segments", "has_backlog_quota", "measure_backlog",
            "plan_eviction"]
@@ -106,12 +107,7 @@ def plan_eviction(md: LogMetadata, consumed_before: Position | None, now_ms: int
     ):
         total -= done[drop].bytes
         drop += 1
-    if drop == 0:
-        return None
-    before = Position(done[drop - 1].seq + 1, 0, 0)
-    if md.truncated_before is not None and before <= md.truncated_before:
-        return None
-    return before
+    return start_after(md, done[:drop])
 
 
 def evicted_segments(md: LogMetadata, consumed_before: Position,

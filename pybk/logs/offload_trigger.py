@@ -11,6 +11,7 @@ from __future__ import annotations
 from pybk.logs.config import LogConfig
 from pybk.logs.meta import BOOKIES, COMPLETED, LogMetadata
 from pybk.logs.position import Position
+from pybk.logs.truncation import oldest_beyond
 
 __all__ = ["has_offload_trigger", "plan_offload"]
 
@@ -28,14 +29,5 @@ def plan_offload(md: LogMetadata, now_ms: int) -> Position | None:
         return None
     done = [s for s in md.live_segments
             if s.state == COMPLETED and s.last_entry >= 0 and s.tier == BOOKIES]
-    n = 0
-    if cfg.offload_threshold_seconds is not None:
-        cutoff = now_ms - int(cfg.offload_threshold_seconds * 1000)
-        while n < len(done) and done[n].mtime_ms < cutoff:
-            n += 1
-    if cfg.offload_threshold_bytes is not None:
-        total = sum(s.bytes for s in done[n:])
-        while n < len(done) and total > cfg.offload_threshold_bytes:
-            total -= done[n].bytes
-            n += 1
+    n = oldest_beyond(done, now_ms, cfg.offload_threshold_seconds, cfg.offload_threshold_bytes)
     return None if n == 0 else Position(done[n - 1].seq + 1, 0, 0)

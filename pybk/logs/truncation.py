@@ -19,7 +19,8 @@ from __future__ import annotations
 from pybk.logs.meta import COMPLETED, TRUNCATED, LogMetadata, SegmentInfo
 from pybk.logs.position import Position
 
-__all__ = ["plan_retention", "plan_truncation", "truncated_segments"]
+__all__ = ["oldest_beyond", "plan_retention", "plan_truncation", "start_after",
+           "truncated_segments"]
 
 
 def plan_truncation(md: LogMetadata, before: Position) -> LogMetadata | None:
@@ -71,24 +72,20 @@ def plan_retention(
         if cfg.retention_seconds is None and cfg.retention_bytes is None:
             drop = n
         else:
-            drop = _by_age_and_size(done, now_ms, cfg.retention_seconds, cfg.retention_bytes,
-                                    either=True, limit=n)
+            drop = oldest_beyond(done, now_ms, cfg.retention_seconds, cfg.retention_bytes,
+                                 limit=n)
     elif cfg.retention_seconds is None and cfg.retention_bytes is None:
         return None
     else:
-        drop = _by_age_and_size(done, now_ms, cfg.retention_seconds, cfg.retention_bytes,
-                                either=False, limit=len(done))
-    if drop == 0:
-        return None
-    before = Position(done[drop - 1].seq + 1, 0, 0)
-    if md.truncated_before is not None and before <= md.truncated_before:
-        return None
-    return before
+        drop = oldest_beyond(done, now_ms, cfg.retention_seconds, cfg.retention_bytes)
+    return start_after(md, done[:drop])
 
 
-def _by_age_and_size(done: list[SegmentInfo], now_ms: int, seconds: float | None,
-                     size: int | None, *, either: bool, limit: int) -> int:
-    """How many of the oldest ``done`` segments (at most ``limit``) age and size drop."""
+def oldest_beyond(done: list[SegmentInfo], now_ms: int, seconds: float | None,
+                  size: int | None, *, limit: int | None = None) -> int:
+    """How many of the oldest ``done`` segments (at most ``limit``) are older than
+    ``seconds`` (completed before it) or, after those, keep the rest over ``size`` bytes."""
+    limit = len(done) if limit is None else limit
     drop = 0
     if seconds is not None:
         cutoff = now_ms - int(seconds * 1000)
@@ -100,3 +97,14 @@ def _by_age_and_size(done: list[SegmentInfo], now_ms: int, seconds: float | None
             total -= done[drop].bytes
             drop += 1
     return drop
+
+
+def start_after(md: LogMetadata, dropped: list[SegmentInfo]) -> Position | None:
+    """The start of the segment after the last of ``dropped`` (a truncation point), or None
+    when nothing is dropped or the log is truncated there already."""
+    if not dropped:
+        return None
+    before = Position(dropped[-1].seq + 1, 0, 0)
+    if md.truncated_before is not None and before <= md.truncated_before:
+        return None
+    return before
