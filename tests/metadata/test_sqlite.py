@@ -8,6 +8,7 @@ import sqlite3
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -339,3 +340,52 @@ def test_stores_opening_a_new_file_at_the_same_moment_all_start(tmp_path: Path) 
         conn = sqlite3.connect(path)
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         conn.close()
+
+
+def _in_the_child(store: SqliteMetadataStore, out: Any) -> None:
+    """A forked child: the parent's store is closed here and its connection is held, not
+    closed, even once the store is garbage."""
+    import gc
+
+    from pybk.metadata.sqlite import forksafe
+
+    held = forksafe.inherited()
+    try:
+        asyncio.run(store.read_ledger(1))
+        said = "used"
+    except ClientClosedError as exc:
+        said = str(exc)
+    del store
+    gc.collect()
+    out.send((held, said))
+    out.close()
+
+
+def test_a_forked_child_never_uses_nor_closes_the_parents_connection(tmp_path: Path) -> None:
+    import multiprocessing
+
+    store = SqliteMetadataStore(str(tmp_path / "m.db"))
+
+    async def write() -> None:
+        await store.create_ledger(sample_metadata(1))
+
+    asyncio.run(write())  # the store's connection is open now
+    ctx = multiprocessing.get_context("fork")
+    ours, theirs = ctx.Pipe()
+    child = ctx.Process(target=_in_the_child, args=(store, theirs))
+    child.start()
+    held, said = ours.recv()
+    child.join(30)
+    assert child.exitcode == 0
+    assert held == 1 and "forked from" in said
+    # the parent goes on with its connection, and the file is sound
+
+    async def read() -> int:
+        md = await store.read_ledger(1)
+        await store.close()
+        return md.ledger_id
+
+    assert asyncio.run(read()) == 1
+    conn = sqlite3.connect(tmp_path / "m.db")
+    assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    conn.close()

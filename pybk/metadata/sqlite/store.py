@@ -59,7 +59,7 @@ from pybk.metadata.base import (
     VersionedValue,
     Watch,
 )
-from pybk.metadata.sqlite import records
+from pybk.metadata.sqlite import forksafe, records
 from pybk.metadata.sqlite.locks import lock_row, release_lock, release_locks, take_lock
 from pybk.metadata.sqlite.schema import (
     UPSERT_BOOKIE,
@@ -130,6 +130,15 @@ class SqliteMetadataStore(MetadataStore):
         self._held: dict[str, tuple[str, float]] = {}
         self._heartbeat: asyncio.Task[None] | None = None
         self._watches = WatchPoller(self._run, poll_interval=poll_interval, name=self.owner[:8])
+        self._forked = False
+        forksafe.track(self)
+
+    def forked(self) -> sqlite3.Connection | None:
+        """In a child forked from this store's process: closed for good, and its connection
+        handed over to be held unclosed (pybk.metadata.sqlite.forksafe)."""
+        conn, self._conn = self._conn, None
+        self._closed = self._forked = True
+        return conn
 
     # -- thread plumbing ---------------------------------------------------------------------
 
@@ -143,6 +152,10 @@ class SqliteMetadataStore(MetadataStore):
     async def _run(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn(conn)`` on the store's thread; map SQLite failures to pybk errors."""
         if self._closed:
+            if self._forked:
+                raise ClientClosedError(
+                    f"SQLite metadata store {self.path} was opened in the process this one "
+                    f"was forked from: open a store in this process ({op})")
             raise ClientClosedError(f"SQLite metadata store {self.path} is closed ({op})")
 
         def call() -> T:
