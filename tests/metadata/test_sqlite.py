@@ -377,7 +377,7 @@ def test_a_forked_child_never_uses_nor_closes_the_parents_connection(tmp_path: P
     held, said = ours.recv()
     child.join(30)
     assert child.exitcode == 0
-    assert held == 1 and "forked from" in said
+    assert held >= 1 and "forked from" in said  # (this store's and any other open one's)
     # the parent goes on with its connection, and the file is sound
 
     async def read() -> int:
