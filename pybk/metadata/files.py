@@ -3,6 +3,7 @@ ledger's master key, and anyone who reads it can forge adds and fences."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 
@@ -13,19 +14,21 @@ def private_file(path: str) -> None:
     """Create the database file readable and writable by its owner only (it holds every
     ledger's master key: anyone who reads it can forge adds and fences); an existing file
     of ours, and its WAL and shared-memory files, lose any access by others. SQLite gives
-    the files it creates beside the database the database's own mode."""
+    the files it creates beside the database the database's own mode.
+
+    An existing file is changed by its path, never opened: closing any descriptor of a
+    database file drops every POSIX lock this process holds on it, so another connection
+    of this process (another thread's store) would lose its locks and other processes
+    could write under it (sqlite.org, "How To Corrupt", 2.2)."""
     if not path or path == ":memory:" or path.startswith("file:"):
         return
-    for name, create in ((path, True), (path + "-wal", False), (path + "-shm", False)):
-        try:
-            fd = os.open(name, os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0),
-                         0o600)
-        except OSError:
-            continue  # absent, or not ours to open: sqlite3 reports what matters
-        try:
-            st = os.fstat(fd)
+    try:  # a new file: nobody can hold a lock on a file that did not exist
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    except OSError:
+        pass  # there already (or not ours to make: sqlite3 reports what matters)
+    for name in (path, path + "-wal", path + "-shm"):
+        with contextlib.suppress(OSError):  # absent, or not ours
+            st = os.stat(name)
             mode = stat.S_IMODE(st.st_mode)
             if st.st_uid == os.geteuid() and mode & 0o077:
-                os.fchmod(fd, mode & ~0o077)
-        finally:
-            os.close(fd)
+                os.chmod(name, mode & ~0o077)

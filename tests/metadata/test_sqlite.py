@@ -389,3 +389,45 @@ def test_a_forked_child_never_uses_nor_closes_the_parents_connection(tmp_path: P
     conn = sqlite3.connect(tmp_path / "m.db")
     assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     conn.close()
+
+
+_TRY_WRITE = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], timeout=0, isolation_level=None)
+try:
+    conn.execute("BEGIN IMMEDIATE")
+    print("wrote")
+except sqlite3.OperationalError as exc:
+    print("locked" if "locked" in str(exc) else exc)
+"""
+
+
+def test_making_the_file_private_keeps_this_processs_locks(tmp_path: Path) -> None:
+    """A store opening in one thread must not drop the locks another connection of the
+    same process holds (closing any descriptor of the file drops them all): another
+    process wrote under a held write lock, and a Spark test's database was damaged."""
+    import subprocess
+
+    from pybk.metadata.files import private_file
+
+    path = str(tmp_path / "m.db")
+    asyncio.run(_create_store(path))
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("PRAGMA journal_mode=WAL")
+    holder.execute("BEGIN IMMEDIATE")  # this process holds the write lock
+
+    def other_process() -> str:
+        return subprocess.run([sys.executable, "-c", _TRY_WRITE, path], capture_output=True,
+                              text=True, timeout=30, check=True).stdout.strip()
+
+    assert other_process() == "locked"
+    private_file(path)  # what every new connection of this process does first
+    assert other_process() == "locked"  # still ours
+    holder.execute("ROLLBACK")
+    holder.close()
+
+
+async def _create_store(path: str) -> None:
+    store = SqliteMetadataStore(path)
+    await store.create_ledger(sample_metadata(1))
+    await store.close()
