@@ -51,11 +51,15 @@ MATRIX_TESTS := tests/test_package.py tests/test_public_api.py tests/test_eventl
 # "compat" mode): type checkers (mypy, pyright) follow it, where the default mode's import
 # hook leaves them with "Cannot find implementation or library stub for module named pybk".
 # The venvs are filled by uv (installed into the first one by pip): about 40 s a venv where
-# pip took 140 s with a warm cache, and make test builds four of them.
+# pip took 140 s with a warm cache, and make test builds four of them. uv keeps every build
+# of pyspark's source archive (about 0.5 GB each) in its cache: `uv cache prune` after each
+# install drops the unused ones (59 GB of them had filled this machine's disk past a bookie's
+# 95% read-only watermark).
 $(STAMP): setup.cfg pyproject.toml Makefile
 	$(PYTHON) -m venv --clear $(VENV)
 	$(PY) -m pip install -q --upgrade pip uv
 	$(UV) pip install -q --python $(PY) -e ".[test,speed,spark,docs]" -C editable_mode=compat
+	$(UV) cache prune -q
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -109,6 +113,7 @@ $(WHEEL_STAMP): setup.cfg pyproject.toml Makefile $(STAMP)
 	@test -f $(WHEEL) || $(MAKE) dist
 	$(UV) venv -q --clear --python $(PYTHON) $(WHEEL_VENV)
 	$(UV) pip install -q --python $(WHEEL_VENV)/bin/python "$(WHEEL)[test,speed,spark]"
+	$(UV) cache prune -q
 	touch $(WHEEL_STAMP)
 
 # Each run's temporary files under the checkout (--basetemp): pytest prunes all but the last
@@ -142,6 +147,7 @@ matrix-wheel: system-deps $(STAMP)
 	  if [ ! -f $$venv/.installed ] || [ setup.cfg -nt $$venv/.installed ]; then \
 	    $(UV) venv -q --clear --python $$py $$venv; \
 	    $(UV) pip install -q --python $$venv/bin/python "$(WHEEL)[test,speed,spark]"; \
+	    $(UV) cache prune -q; \
 	    touch $$venv/.installed; \
 	  fi; \
 	  $(UV) pip install -q --python $$venv/bin/python --reinstall --no-deps "$(WHEEL)"; \

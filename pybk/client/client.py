@@ -22,7 +22,12 @@ from pybk.client.adv import LedgerHandleAdv
 from pybk.client.context import ClientConfig, ClientContext
 from pybk.client.deferred import DeferredSyncLedgerHandle, WriteFlag, check_write_flags
 from pybk.client.isolation import ledger_namespace, namespace_policies, placement_for
-from pybk.client.placement import PlacementPolicy, refresh_topology, writable_nodes
+from pybk.client.placement import (
+    PlacementPolicy,
+    explain_shortage,
+    refresh_topology,
+    writable_nodes,
+)
 from pybk.client.quorum import validate_quorums
 from pybk.client.reader import LedgerEntry, ReadHandle
 from pybk.client.reads import read_lac_covered
@@ -32,6 +37,7 @@ from pybk.errors import (
     BKError,
     ClientClosedError,
     NoSuchLedgerError,
+    NotEnoughBookiesError,
     UnauthorizedError,
 )
 from pybk.metadata.base import LedgerMetadata, MetadataStore
@@ -252,7 +258,10 @@ class Client:
         ctx = self._context()
         policy = await placement_for(ctx, custom, creating=True)
         nodes = await writable_nodes(ctx, policy)
-        ensemble = policy.new_ensemble(nodes, ensemble_size, write_quorum, ctx.rng)
+        try:
+            ensemble = policy.new_ensemble(nodes, ensemble_size, write_quorum, ctx.rng)
+        except NotEnoughBookiesError as exc:
+            raise await explain_shortage(ctx, exc) from None
         namespace = ledger_namespace(custom)
         if namespace is None:
             return await self._create(ctx, ensemble, ensemble_size, write_quorum, ack_quorum,

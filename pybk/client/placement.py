@@ -486,6 +486,23 @@ async def writable_nodes(ctx: ClientContext, policy: PlacementPolicy | None = No
     return nodes
 
 
+async def explain_shortage(ctx: ClientContext,
+                           exc: NotEnoughBookiesError) -> NotEnoughBookiesError:
+    """``exc`` with the reason a user needs first: no bookie registered at all, or registered
+    bookies that are read-only (a disk past its ``disk_usage_threshold``, 95% by default, or
+    a failed journal: the bookie's log says which)."""
+    regs = await ctx.store.list_bookies()
+    if not regs:
+        return NotEnoughBookiesError(f"{exc}; no bookie is registered in the metadata store")
+    read_only = sorted(r.bookie_id for r in regs if r.read_only)
+    if not read_only:
+        return exc
+    return NotEnoughBookiesError(
+        f"{exc}; read-only: {read_only} (a bookie turns read-only when its disk is fuller "
+        f"than its disk_usage_threshold, 95% by default, or its journal failed: its log "
+        f"says which)")
+
+
 async def refresh_topology(ctx: ClientContext) -> None:
     """Learn every registered bookie's rack (reads that prefer the local rack need them)."""
     regs = await ctx.store.list_bookies()

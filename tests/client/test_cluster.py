@@ -114,9 +114,28 @@ async def test_read_only_bookie_is_registered_read_only_and_avoided() -> None:
         assert full not in (await client.ledger_metadata(lh.id)).ensembles[0]
 
 
+async def test_a_full_disk_is_named_when_no_bookie_can_take_a_ledger() -> None:
+    """A machine whose disk is past the watermark: the error says the bookies are read-only
+    and why, not only that none is writable (CI's disk once filled to 95%)."""
+    from pybk.bookie import BookieConfig
+    from pybk.storage.memfs import MemFileSystem
+
+    fs = MemFileSystem(capacity=4 << 20)
+    fs.open_append("/filler").write(b"\0" * (3 << 20))  # 75% used before any bookie starts
+    config = BookieConfig(disk_usage_threshold=0.5, disk_usage_low_water=0.4)
+    async with pybk.LocalCluster("/full", bookies=3, metadata="memory://", fs=fs,
+                                 bookie_config=config) as cluster:
+        with pytest.raises(pybk.NotEnoughBookiesError) as caught:
+            await cluster.client().create_ledger(3, 2, 2)
+    message = str(caught.value)
+    assert "have 0" in message
+    assert "read-only: ['bookie-0', 'bookie-1', 'bookie-2']" in message
+    assert "disk_usage_threshold" in message
+
+
 def test_sync_client_by_uri(tmp_path: pathlib.Path) -> None:
     uri = f"sqlite:///{tmp_path}/meta.db"
     with pybk.sync.Client(uri) as client:  # no cluster here: a TCP client (nothing to reach)
         assert client.list_ledgers() == []
-        with pytest.raises(pybk.NotEnoughBookiesError):
+        with pytest.raises(pybk.NotEnoughBookiesError, match="no bookie is registered"):
             client.create_ledger()
