@@ -114,6 +114,11 @@ class LedgerExistsError(BKError):
     status = Status.LEDGER_EXISTS
 
 
+class LedgerIdOverflowError(BKError):
+    """The metadata store has no ledger id left to hand out (ids are int64; the largest,
+    ``2**63 - 1``, is never handed out, only created by a caller who names it)."""
+
+
 class NotEnoughBookiesError(BKError):
     """Too few writable bookies to form (or repair) an ensemble."""
 
@@ -441,6 +446,7 @@ __all__ = [
     "LedgerClosedError",
     "LedgerExistsError",
     "LedgerFencedError",
+    "LedgerIdOverflowError",
     "LedgerRecoveryError",
     "LockedError",
     "LogExistsError",

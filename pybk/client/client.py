@@ -36,6 +36,7 @@ from pybk.client.writer import LedgerHandle
 from pybk.errors import (
     BKError,
     ClientClosedError,
+    LedgerExistsError,
     NoSuchLedgerError,
     NotEnoughBookiesError,
     UnauthorizedError,
@@ -60,6 +61,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Client", "ClientConfig", "DeferredSyncLedgerHandle", "LedgerEntry", "LedgerHandle",
            "LedgerHandleAdv", "ReadHandle"]
+
+#: ledger ids an unnamed create tries when the ids it was handed exist already
+_ALLOCATION_TRIES = 16
 
 
 class Client:
@@ -241,8 +245,8 @@ class Client:
         password: bytes, custom_metadata: Mapping[str, bytes] | None, ledger_id: int | None,
     ) -> tuple[ClientContext, LedgerMetadata, DigestManager, bytes]:
         if ledger_id is not None and (isinstance(ledger_id, bool) or not isinstance(ledger_id, int)
-                                      or ledger_id < 0):
-            raise ValueError(f"ledger_id must be an int >= 0, got {ledger_id!r}")
+                                      or not 0 <= ledger_id < 1 << 63):
+            raise ValueError(f"ledger_id must be an int in [0, 2**63 - 1], got {ledger_id!r}")
         validate_quorums(ensemble_size, write_quorum, ack_quorum)
         if digest_type not in DIGEST_TYPES:
             raise ValueError(
@@ -281,8 +285,28 @@ class Client:
         ack_quorum: int, digest_type: str, password: bytes, custom: dict[str, bytes],
         ledger_id: int | None,
     ) -> tuple[ClientContext, LedgerMetadata, DigestManager, bytes]:
-        if ledger_id is None:
-            ledger_id = await ctx.store.allocate_ledger_id()
+        chosen = ledger_id
+        for attempt in range(_ALLOCATION_TRIES):
+            lid = chosen if chosen is not None else await ctx.store.allocate_ledger_id()
+            md = Client._new_metadata(ctx, lid, ensemble, ensemble_size, write_quorum,
+                                      ack_quorum, digest_type, password, custom)
+            try:
+                md = await ctx.store.create_ledger(md)
+            except LedgerExistsError:
+                # an allocated id that a caller had created by name (a store whose allocator
+                # does not skip those): take the next one, as BookKeeper's create does
+                if chosen is not None or attempt == _ALLOCATION_TRIES - 1:
+                    raise
+                continue
+            break
+        if ctx.stats is not None:
+            ctx.stats.ledgers_created += 1
+        return ctx, md, DigestManager(md.ledger_id, digest_type, password), password
+
+    @staticmethod
+    def _new_metadata(ctx: ClientContext, ledger_id: int, ensemble: Sequence[str],
+                      ensemble_size: int, write_quorum: int, ack_quorum: int, digest_type: str,
+                      password: bytes, custom: dict[str, bytes]) -> LedgerMetadata:
         md = LedgerMetadata(
             ledger_id=ledger_id,
             ensemble_size=ensemble_size,
@@ -295,10 +319,7 @@ class Client:
         )
         if ctx.config.recovery_keys_in_metadata:
             md = md.with_changes(**recovery_keys(digest_type, password))
-        md = await ctx.store.create_ledger(md)
-        if ctx.stats is not None:
-            ctx.stats.ledgers_created += 1
-        return ctx, md, DigestManager(ledger_id, digest_type, password), password
+        return md
 
     async def open_ledger(
         self, ledger_id: int, password: bytes = b"", recovery: bool = True

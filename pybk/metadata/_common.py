@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from pybk.errors import BKError, ClientClosedError
+from pybk.errors import BKError, ClientClosedError, LedgerIdOverflowError
 from pybk.metadata.base import (
     MAX_KEY_LENGTH,
     MAX_VALUE_SIZE,
@@ -27,9 +27,11 @@ if TYPE_CHECKING:
     from pybk.metadata.base import MetadataStore
 
 __all__ = [
+    "MAX_LEDGER_ID",
     "MAX_OWNER_LENGTH",
     "CallbackWatch",
     "LockElection",
+    "allocatable",
     "check_bookie_id",
     "check_expected_marks",
     "check_group",
@@ -54,11 +56,28 @@ MAX_OWNER_LENGTH = 256
 _KEY_SEGMENT = re.compile(r"[A-Za-z0-9._:-]+")
 
 
+#: the largest ledger id (int64, as on the wire); created only by a caller who names it,
+#: never handed out by ``allocate_ledger_id``
+MAX_LEDGER_ID = (1 << 63) - 1
+
+
 def check_ledger_id(ledger_id: object) -> int:
-    """Ledger ids are non-negative ints; anything else is a caller error."""
-    if isinstance(ledger_id, bool) or not isinstance(ledger_id, int) or ledger_id < 0:
-        raise ValueError(f"ledger id must be a non-negative int, got {ledger_id!r}")
+    """Ledger ids are ints in [0, 2**63 - 1]; anything else is a caller error."""
+    if (isinstance(ledger_id, bool) or not isinstance(ledger_id, int) or ledger_id < 0
+            or ledger_id > MAX_LEDGER_ID):
+        raise ValueError(f"ledger id must be an int in [0, 2**63 - 1], got {ledger_id!r}")
     return ledger_id
+
+
+def allocatable(first: int, count: int) -> range:
+    """The ids of the block ``[first, first + count)`` an allocator may hand out (never
+    ``MAX_LEDGER_ID``; its ``stop`` is the allocator's next first id); LedgerIdOverflowError
+    when there is none left. Creating ``MAX_LEDGER_ID`` by name moves no allocator."""
+    if first >= MAX_LEDGER_ID:
+        raise LedgerIdOverflowError(
+            f"no ledger id left to hand out (the next would be {first}); ledgers created "
+            f"with an id of their own may still use any free id")
+    return range(first, min(first + count, MAX_LEDGER_ID))
 
 
 def stamped(metadata: LedgerMetadata, now: float) -> LedgerMetadata:

@@ -33,8 +33,10 @@ from pybk.errors import (
     NoSuchLedgerError,
 )
 from pybk.metadata._common import (
+    MAX_LEDGER_ID,
     CallbackWatch,
     LockElection,
+    allocatable,
     check_bookie_id,
     check_expected_marks,
     check_key,
@@ -202,9 +204,9 @@ class MemoryMetadataStore(MetadataStore):
     async def allocate_ledger_id(self) -> int:
         await self._enter("allocate_ledger_id")
         st = self._state
-        while st.next_id in st.ledgers:
+        while st.next_id in st.ledgers and st.next_id < MAX_LEDGER_ID:
             st.next_id += 1
-        lid = st.next_id
+        lid = allocatable(st.next_id, 1)[0]
         st.next_id += 1
         return lid
 
@@ -218,7 +220,8 @@ class MemoryMetadataStore(MetadataStore):
             raise LedgerExistsError(f"ledger {metadata.ledger_id} already exists")
         version = st.bump_version()
         st.ledgers[metadata.ledger_id] = (data, version)
-        st.next_id = max(st.next_id, metadata.ledger_id + 1)
+        if metadata.ledger_id < MAX_LEDGER_ID:
+            st.next_id = max(st.next_id, metadata.ledger_id + 1)
         self._returned_ledgers[metadata.ledger_id] = version
         await self._applied("create_ledger", metadata.ledger_id)
         return metadata.with_changes(version=version)

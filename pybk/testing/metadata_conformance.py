@@ -43,6 +43,7 @@ from pybk.testing.metadata_ledger_checks import (
     check_create_records_the_creation_time,
     check_delete_and_list,
     check_id_allocation_unique_under_concurrency,
+    check_the_largest_ledger_id,
     check_update_loop_under_concurrent_updaters,
 )
 from pybk.testing.metadata_registration_checks import (
@@ -86,6 +87,7 @@ __all__ = [
     "check_id_allocation_unique_under_concurrency",
     "check_read_only_flag",
     "check_registration_vanishes_with_its_owner",
+    "check_the_largest_ledger_id",
     "check_under_replication_marks",
     "check_update_loop_under_concurrent_updaters",
     "check_values_bad_arguments",
@@ -107,7 +109,8 @@ __all__ = [
 CHECKS: list[Callable[[MetadataBackend], Awaitable[None]]] = [
     check_create_read_round_trip, check_create_records_the_creation_time, check_cas_conflict,
     check_update_loop_under_concurrent_updaters, check_delete_and_list,
-    check_id_allocation_unique_under_concurrency, check_watch_ledger_fires_on_change_and_delete,
+    check_id_allocation_unique_under_concurrency, check_the_largest_ledger_id,
+    check_watch_ledger_fires_on_change_and_delete,
     check_watch_bookies_fires_on_membership_change, check_read_only_flag,
     check_registration_vanishes_with_its_owner, check_clean_close_unregisters, check_cookies,
     check_under_replication_marks, check_under_replication_marks_clear_only_what_was_repaired,

@@ -27,6 +27,7 @@ __all__ = [
     "check_create_records_the_creation_time",
     "check_delete_and_list",
     "check_id_allocation_unique_under_concurrency",
+    "check_the_largest_ledger_id",
     "check_update_loop_under_concurrent_updaters",
 ]
 
@@ -206,6 +207,8 @@ async def check_bad_arguments_are_value_errors(backend: MetadataBackend) -> None
     store = await backend.open()
     for call in (
         lambda: store.read_ledger(-1),
+        lambda: store.read_ledger(1 << 63),
+        lambda: store.create_ledger(sample_metadata(1 << 63)),
         lambda: store.delete_ledger(-5),
         lambda: store.create_ledger(sample_metadata(-2)),
         lambda: store.create_ledger(sample_metadata(1, state="BOGUS")),
@@ -219,3 +222,17 @@ async def check_bad_arguments_are_value_errors(backend: MetadataBackend) -> None
         else:
             raise AssertionError("bad argument accepted")
     assert await store.list_ledgers() == []
+
+
+async def check_the_largest_ledger_id(backend: MetadataBackend) -> None:
+    """``2**63 - 1`` (the wire's int64 max) can be created by name and read back, and the
+    allocator never hands it out, nor anything above it, afterwards."""
+    store = await backend.open()
+    largest = (1 << 63) - 1
+    await store.create_ledger(sample_metadata(largest))
+    assert (await store.read_ledger(largest)).ledger_id == largest
+    for _ in range(3):
+        lid = await store.allocate_ledger_id()
+        assert 0 <= lid < largest, lid
+        await store.create_ledger(sample_metadata(lid))
+    assert largest in await store.list_ledgers()

@@ -30,6 +30,7 @@ from pybk.errors import (
 )
 from pybk.metadata._common import (
     LockElection,
+    allocatable,
     check_bookie_id,
     check_expected_marks,
     check_key,
@@ -152,16 +153,16 @@ class EtcdMetadataStore(MetadataStore):
         key = self.keys.idgen
         kv, _ = await self._client.get(key)
         first = int(unb64(kv.get("value"))) if kv else 0
+        ids = allocatable(first, self._id_block)
         cmp = _at(key, _rev(kv)) if kv else _absent(key)
-        ok, _ = await self._client.txn([cmp], [_put(key, b"%d" % (first + self._id_block))])
+        ok, _ = await self._client.txn([cmp], [_put(key, b"%d" % ids.stop)])
         if not ok:
             return  # another allocator won this block: the caller claims again
         # skip ids a caller created by hand (create_ledger with its own id)
         block = await self._client.get_range(
-            self.keys.ledger(first), self.keys.ledger(first + self._id_block), keys_only=True)
+            self.keys.ledger(ids[0]), self.keys.ledger(ids[-1] + 1), keys_only=True)
         taken = {self.keys.ledger_id(k["key"]) for k in block[0]}
-        self._id_pool = [i for i in range(first + self._id_block - 1, first - 1, -1)
-                         if i not in taken]
+        self._id_pool = [i for i in reversed(ids) if i not in taken]
 
     async def create_ledger(self, metadata: LedgerMetadata) -> LedgerMetadata:
         check_metadata(metadata)

@@ -38,7 +38,9 @@ from pybk.errors import (
     NoSuchLedgerError,
 )
 from pybk.metadata._common import (
+    MAX_LEDGER_ID,
     LockElection,
+    allocatable,
     check_bookie_id,
     check_expected_marks,
     check_key,
@@ -186,9 +188,9 @@ class SqliteMetadataStore(MetadataStore):
 
             def claim(conn: sqlite3.Connection) -> list[int]:
                 with immediate(conn):
-                    first = counter(conn, "next_ledger_id")
-                    set_counter(conn, "next_ledger_id", first + block)
-                return list(range(first, first + block))
+                    ids = allocatable(counter(conn, "next_ledger_id"), block)
+                    set_counter(conn, "next_ledger_id", ids.stop)
+                return list(ids)
 
             claimed = await self._run("allocate_ledger_id", claim)
             self._id_pool = claimed[::-1]
@@ -206,7 +208,7 @@ class SqliteMetadataStore(MetadataStore):
                     raise LedgerExistsError(f"ledger {lid} already exists")
                 version = bump(conn)
                 conn.execute("INSERT INTO ledgers VALUES (?, ?, ?)", (lid, data, version))
-                if counter(conn, "next_ledger_id") <= lid:
+                if lid < MAX_LEDGER_ID and counter(conn, "next_ledger_id") <= lid:
                     set_counter(conn, "next_ledger_id", lid + 1)
                 return version
 

@@ -37,6 +37,7 @@ from pybk.errors import (
     NoSuchLedgerError,
 )
 from pybk.metadata._common import (
+    allocatable,
     check_bookie_id,
     check_key,
     check_ledger_id,
@@ -179,15 +180,16 @@ class ZooKeeperMetadataStore(MetadataStore):
             except ValueError:
                 raise CorruptRecordError(f"ZooKeeper {path}: not an integer: {data[:32]!r}") \
                     from None
+            ids = allocatable(first, self._id_block)
             try:
                 await self._bridge.call(
                     "allocate_ledger_id", "set", path,
-                    str(first + self._id_block).encode(), version=stat.version,
+                    str(ids.stop).encode(), version=stat.version,
                     expect=(BadVersionError,),
                 )
             except BadVersionError:
                 continue  # another client claimed this block first
-            self._id_pool = list(range(first + self._id_block - 1, first - 1, -1))
+            self._id_pool = list(reversed(ids))
         return self._id_pool.pop()
 
     async def create_ledger(self, metadata: LedgerMetadata) -> LedgerMetadata:
