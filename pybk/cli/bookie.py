@@ -20,7 +20,7 @@ from pybk.cli.common import (
 )
 from pybk.cli.limits import ByteSize, server_config_from, server_limit_options
 from pybk.errors import BKError
-from pybk.metadata._common import check_group, check_rack
+from pybk.metadata.base import check_group, check_rack
 from pybk.runtime.eventloop import DEFAULT_LOOP, LOOPS, LoopUnavailableError, loop_factory
 from pybk.storage.config import STORAGE_ENGINES
 

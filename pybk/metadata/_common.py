@@ -21,6 +21,8 @@ from pybk.metadata.base import (
     Election,
     LedgerMetadata,
     Watch,
+    check_group,
+    check_rack,
 )
 
 if TYPE_CHECKING:
@@ -151,26 +153,6 @@ def check_registration(registration: object) -> BookieRegistration:
     check_rack(registration.rack)
     check_group(registration.group)
     return registration
-
-
-def check_group(group: object) -> str:
-    """An isolation group: "" (none) or 1-100 of ``[A-Za-z0-9._-]``."""
-    if not isinstance(group, str):
-        raise TypeError(f"group must be a str, not {type(group).__name__}")
-    if group and (len(group) > 100 or not all(c.isalnum() or c in "._-" for c in group)
-                  or not group.isascii()):
-        raise ValueError(f"bad isolation group {group!r}: 1-100 letters, digits and ._-")
-    return group
-
-
-def check_rack(rack: object) -> str:
-    """A network location: "" (unknown) or ``/seg[/seg...]`` with no empty segment."""
-    if not isinstance(rack, str):
-        raise TypeError(f"rack must be a str, not {type(rack).__name__}")
-    if rack and (not rack.startswith("/") or any(not s for s in rack[1:].split("/"))
-                 or len(rack) > MAX_OWNER_LENGTH):
-        raise ValueError(f"bad rack {rack!r}: expected '' or a location like /region/rack")
-    return rack
 
 
 def check_owner(owner: object) -> str:

@@ -41,6 +41,8 @@ __all__ = [
     "ValueTransform",
     "VersionedValue",
     "Watch",
+    "check_group",
+    "check_rack",
 ]
 
 OPEN: Final = "OPEN"
@@ -201,6 +203,30 @@ class BookieRegistration:
     rack: str = ""
     #: isolation group (bookies a namespace may be bound to); "" when in none
     group: str = ""
+
+
+#: the longest network location a registration may carry
+_MAX_RACK_LENGTH: Final = 256
+
+
+def check_group(group: object) -> str:
+    """An isolation group: "" (none) or 1-100 of ``[A-Za-z0-9._-]``."""
+    if not isinstance(group, str):
+        raise TypeError(f"group must be a str, not {type(group).__name__}")
+    if group and (len(group) > 100 or not all(c.isalnum() or c in "._-" for c in group)
+                  or not group.isascii()):
+        raise ValueError(f"bad isolation group {group!r}: 1-100 letters, digits and ._-")
+    return group
+
+
+def check_rack(rack: object) -> str:
+    """A network location: "" (unknown) or ``/seg[/seg...]`` with no empty segment."""
+    if not isinstance(rack, str):
+        raise TypeError(f"rack must be a str, not {type(rack).__name__}")
+    if rack and (not rack.startswith("/") or any(not s for s in rack[1:].split("/"))
+                 or len(rack) > _MAX_RACK_LENGTH):
+        raise ValueError(f"bad rack {rack!r}: expected '' or a location like /region/rack")
+    return rack
 
 
 @dataclass(frozen=True)
