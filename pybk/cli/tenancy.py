@@ -39,6 +39,10 @@ _POLICY_OPTIONS: tuple[tuple[str, str, Any], ...] = (
     ("--backlog-quota-bytes", "backlog_quota_bytes", int),
     ("--backlog-quota-seconds", "backlog_quota_seconds", float),
     ("--backlog-policy", "backlog_policy", click.Choice(["refuse", "evict"])),
+    ("--offload-url", "offload_url", str),
+    ("--offload-deletion-lag", "offload_deletion_lag", float),
+    ("--offload-threshold-bytes", "offload_threshold_bytes", int),
+    ("--offload-threshold-seconds", "offload_threshold_seconds", float),
 )
 
 

@@ -69,7 +69,7 @@ def _knobs(given: Mapping[str, object], policies: NamespacePolicies | None) -> d
         for knob, value in given.items():
             policy = getattr(policies, knob)
             if value == getattr(_DEFAULTS, knob) and policy is not None:
-                out[knob] = policy
+                out[knob] = dict(policy) if isinstance(policy, dict) else policy
     return out
 
 
@@ -132,9 +132,15 @@ class Namespace:
         backlog_quota_bytes: int | None = None,
         backlog_quota_seconds: float | None = None,
         backlog_policy: str = "refuse",
+        offload_url: str | None = None,
+        offload_options: dict[str, Any] | None = None,
+        offload_deletion_lag: float = 4 * 3600.0,
+        offload_threshold_bytes: int | None = None,
+        offload_threshold_seconds: float | None = None,
     ) -> Log:
         """Create an empty log; LogExistsError when the name is taken. The knobs are checked
-        (ValueError naming one) before anything is stored; see LogConfig. In a tenancy
+        (ValueError naming one) before anything is stored; see LogConfig (the ``offload_*``
+        ones are :meth:`Log.set_offload`'s, set at creation). In a tenancy
         namespace a knob left at its default takes the namespace's policy (when it sets one),
         and at its ``max_logs`` the create fails with QuotaExceededError."""
         given = {"ensemble_size": ensemble_size, "write_quorum": write_quorum,
@@ -144,7 +150,11 @@ class Namespace:
                  "retention_bytes": retention_bytes,
                  "backlog_quota_bytes": backlog_quota_bytes,
                  "backlog_quota_seconds": backlog_quota_seconds,
-                 "backlog_policy": backlog_policy}
+                 "backlog_policy": backlog_policy,
+                 "offload_url": offload_url, "offload_options": dict(offload_options or {}),
+                 "offload_deletion_lag": offload_deletion_lag,
+                 "offload_threshold_bytes": offload_threshold_bytes,
+                 "offload_threshold_seconds": offload_threshold_seconds}
         policies = None
         if self.tenancy is not None:
             policies = (await TenancyRecords(self.client.store).namespace(self.tenancy)).policies

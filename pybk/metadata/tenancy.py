@@ -108,14 +108,25 @@ class NamespacePolicies:
     backlog_quota_bytes: int | None = None
     backlog_quota_seconds: float | None = None
     backlog_policy: str = "refuse"
+    #: the tier of the namespace's new logs (pybk.logs.offload_trigger; Pulsar's namespace
+    #: offload policies): an fsspec URL, its filesystem options (no credentials: they are
+    #: stored), the deletion lag (None: the log's default) and the offload thresholds
+    offload_url: str | None = None
+    offload_options: dict[str, Any] | None = None
+    offload_deletion_lag: float | None = None
+    offload_threshold_bytes: int | None = None
+    offload_threshold_seconds: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("write_bytes_per_s", "write_records_per_s", "read_bytes_per_s",
                      "read_records_per_s", "max_storage_bytes", "max_logs", "max_ledgers",
-                     "roll_bytes", "roll_entries", "retention_bytes", "backlog_quota_bytes"):
+                     "roll_bytes", "roll_entries", "retention_bytes", "backlog_quota_bytes",
+                     "offload_threshold_bytes"):
             _limit(name, getattr(self, name))
-        for name in ("roll_seconds", "retention_seconds", "backlog_quota_seconds"):
+        for name in ("roll_seconds", "retention_seconds", "backlog_quota_seconds",
+                     "offload_threshold_seconds"):
             _limit(name, getattr(self, name), allow_float=True)
+        self._check_offload()
         if self.backlog_policy not in ("refuse", "evict"):
             raise ValueError(f"backlog_policy must be refuse or evict, got "
                              f"{self.backlog_policy!r}")
@@ -130,6 +141,27 @@ class NamespacePolicies:
         if not self.ensemble_size >= self.write_quorum >= self.ack_quorum:
             raise ValueError("need ensemble_size >= write_quorum >= ack_quorum, got "
                              f"{self.ensemble_size}/{self.write_quorum}/{self.ack_quorum}")
+
+    def _check_offload(self) -> None:
+        url, options = self.offload_url, self.offload_options
+        if url is not None and (not isinstance(url, str) or "://" not in url):
+            raise ValueError(f"offload_url must be a URL such as file:///path or "
+                             f"s3://bucket/prefix, got {url!r}")
+        if options is not None and (not isinstance(options, dict)
+                                    or not all(isinstance(k, str) for k in options)):
+            raise ValueError(f"offload_options must be a dict with str keys, got {options!r}")
+        if options is not None:
+            try:
+                json.dumps(options)
+            except (TypeError, ValueError):
+                raise ValueError("offload_options must be JSON (they are stored)") from None
+        lag = self.offload_deletion_lag
+        if lag is not None and (isinstance(lag, bool) or not isinstance(lag, (int, float))
+                                or lag < 0):
+            raise ValueError(f"offload_deletion_lag must be seconds >= 0 or None, got {lag!r}")
+        thresholds = (self.offload_threshold_bytes, self.offload_threshold_seconds)
+        if url is None and any(t is not None for t in thresholds):
+            raise ValueError("offload thresholds need an offload_url")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

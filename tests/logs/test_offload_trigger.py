@@ -60,3 +60,48 @@ async def test_a_writer_offloads_beyond_the_threshold_while_it_appends(tmp_path:
         async with log.reader(stop_at=positions[-1]) as r:
             got = [rec.data async for rec in r]
         assert got == [b"record-%03d" % i for i in range(20)]
+
+
+async def test_a_tenancy_namespace_gives_its_new_logs_a_tier_that_offloads_by_itself(
+        tmp_path: Path) -> None:
+    from pybk.metadata.tenancy import NamespacePolicies
+
+    async with mem_cluster() as cluster:
+        admin = cluster.client().admin()
+        await admin.create_tenant("acme")
+        await admin.create_namespace("acme/events", policies=NamespacePolicies(
+            roll_entries=2, offload_url=f"file://{tmp_path}", offload_deletion_lag=0,
+            offload_threshold_bytes=300))
+        ns = cluster.client().namespace("acme/events")
+        log = await ns.create_log("a")  # no set_offload: the namespace's policy
+        cfg = (await log.metadata()).config
+        assert (cfg.offload_url, cfg.offload_threshold_bytes, cfg.offload_deletion_lag) == (
+            f"file://{tmp_path}", 300, 0)
+        own = await ns.create_log("b", offload_threshold_seconds=60.0)
+        cfg = (await own.metadata()).config  # a knob given wins; the rest still inherits
+        assert (cfg.offload_threshold_seconds, cfg.offload_threshold_bytes) == (60.0, 300)
+        async with await log.writer(housekeeping_interval=None) as w:
+            positions = [await w.append(b"record-%03d" % i) for i in range(20)]
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 20
+            while not any(s.tier == OFFLOADED for s in await log.segments()):
+                assert loop.time() < deadline, await log.segments()
+                await asyncio.sleep(0.02)
+        async with log.reader(stop_at=positions[-1]) as r:
+            assert [rec.data async for rec in r] == [b"record-%03d" % i for i in range(20)]
+
+
+def test_namespace_offload_policies_are_checked() -> None:
+    from pybk.metadata.tenancy import NamespacePolicies
+
+    with pytest.raises(ValueError, match="offload_url"):
+        NamespacePolicies(offload_url="/no/scheme")
+    with pytest.raises(ValueError, match="need an offload_url"):
+        NamespacePolicies(offload_threshold_bytes=100)
+    with pytest.raises(ValueError, match="offload_options"):
+        NamespacePolicies(offload_url="file:///t", offload_options={"x": object()})
+    with pytest.raises(ValueError, match="offload_deletion_lag"):
+        NamespacePolicies(offload_url="file:///t", offload_deletion_lag=-1)
+    kept = NamespacePolicies(offload_url="s3://b/p", offload_options={"endpoint_url": "u"},
+                             offload_threshold_seconds=30.0)
+    assert NamespacePolicies.from_dict(kept.to_dict()) == kept

@@ -39,6 +39,11 @@ def test_tenants_and_namespaces_from_the_shell(tmp_path: Path) -> None:
                                "--placement", "region-aware").stdout)
     assert updated["policies"]["placement"] == "region-aware"
     assert updated["policies"]["isolation_group"] == "g1"  # what the update did not name
+    tiered = json.loads(_pybk(env, "namespace", "update", "acme/orders", "--offload-url",
+                              f"file://{tmp_path}/tier", "--offload-threshold-bytes",
+                              "1000000").stdout)["policies"]
+    assert (tiered["offload_url"], tiered["offload_threshold_bytes"]) == (
+        f"file://{tmp_path}/tier", 1000000)
     with pybk.sync.Client(env["PYBK_METADATA"]) as client:
         client.namespace("acme/orders").create_log("events")
     shown = json.loads(_pybk(env, "namespace", "show", "acme/orders").stdout)
@@ -62,6 +67,9 @@ def test_bad_input_from_the_shell(tmp_path: Path) -> None:
     assert "KeyExistsError" in _pybk(env, "tenant", "create", "acme", code=1).output
     bad = _pybk(env, "namespace", "create", "acme/x", "--max-logs", "0", code=2)
     assert "max_logs" in bad.output
+    bad = _pybk(env, "namespace", "create", "acme/x", "--offload-threshold-seconds", "5",
+                code=2)
+    assert "need an offload_url" in bad.output
     bad = _pybk(env, "namespace", "create", "acme/x", "--placement", "anywhere", code=2)
     assert "anywhere" in bad.output
     assert "ValueError" in _pybk(env, "tenant", "create", "bad name", code=1).output
