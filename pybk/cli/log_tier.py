@@ -126,14 +126,19 @@ def log_retention(conn: Conn, name: str, namespace: str, max_age: float | None,
                    "bytes of completed segments on the bookies.")
 @click.option("--threshold-seconds", type=click.FloatRange(min=0, min_open=True), default=None,
               help="With --url: ... and segments completed longer ago than this.")
+@click.option("--bytes-per-s", type=click.IntRange(min=1), default=None,
+              help="With --url: the most bytes a second an offload reads from the bookies.")
 @click.option("--before", metavar="POSITION", callback=parse_position, default=None,
               help="Only segments wholly before this position.")
 def log_offload(conn: Conn, name: str, namespace: str, url: str | None,
                 endpoint_url: str | None, deletion_lag: float, threshold_bytes: int | None,
-                threshold_seconds: float | None, before: Position | None) -> None:
+                threshold_seconds: float | None, bytes_per_s: int | None,
+                before: Position | None) -> None:
     """Offload NAME's completed segments to its tier; prints each segment offloaded."""
-    if url is None and (threshold_bytes is not None or threshold_seconds is not None):
-        raise click.UsageError("--threshold-bytes and --threshold-seconds need --url")
+    if url is None and (threshold_bytes is not None or threshold_seconds is not None
+                        or bytes_per_s is not None):
+        raise click.UsageError("--threshold-bytes, --threshold-seconds and --bytes-per-s "
+                               "need --url")
 
     async def go(client: Any) -> list[int]:
         lg = await client.namespace(namespace).open_log(name)
@@ -141,7 +146,8 @@ def log_offload(conn: Conn, name: str, namespace: str, url: str | None,
             opts = {"endpoint_url": endpoint_url} if endpoint_url else {}
             await lg.set_offload(url, options=opts, deletion_lag=deletion_lag,
                                  threshold_bytes=threshold_bytes,
-                                 threshold_seconds=threshold_seconds)
+                                 threshold_seconds=threshold_seconds,
+                                 bytes_per_s=bytes_per_s)
         return list(await lg.offload(before))
 
     done = run_async(with_client(conn, go))

@@ -43,6 +43,7 @@ _POLICY_OPTIONS: tuple[tuple[str, str, Any], ...] = (
     ("--offload-deletion-lag", "offload_deletion_lag", float),
     ("--offload-threshold-bytes", "offload_threshold_bytes", int),
     ("--offload-threshold-seconds", "offload_threshold_seconds", float),
+    ("--offload-bytes-per-s", "offload_bytes_per_s", int),
 )
 
 

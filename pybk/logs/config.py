@@ -68,6 +68,9 @@ class LogConfig:
     #: completed segments on the bookies, and offload segments completed longer ago than this
     offload_threshold_bytes: int | None = None
     offload_threshold_seconds: float | None = None
+    #: offload throttling: the most bytes a second an offload reads from the bookies (None:
+    #: as fast as they answer), so offloading a backlog does not starve the log's readers
+    offload_bytes_per_s: int | None = None
     #: backlog quota (pybk.logs.backlog): the most the slowest durable cursor may be behind,
     #: in bytes and in age (None: no limit), and what happens past it: "refuse" new appends
     #: (BacklogQuotaExceededError) or "evict" the oldest backlog (cursors skip ahead)
@@ -102,6 +105,7 @@ class LogConfig:
         _positive("offload_threshold_bytes", self.offload_threshold_bytes, optional=True)
         _positive("offload_threshold_seconds", self.offload_threshold_seconds, optional=True,
                   allow_float=True)
+        _positive("offload_bytes_per_s", self.offload_bytes_per_s, optional=True)
         _positive("backlog_quota_bytes", self.backlog_quota_bytes, optional=True)
         _positive("backlog_quota_seconds", self.backlog_quota_seconds, optional=True,
                   allow_float=True)
@@ -146,6 +150,8 @@ class LogConfig:
                     or self.offload_threshold_seconds is not None):
                 doc["offload_threshold_bytes"] = self.offload_threshold_bytes
                 doc["offload_threshold_seconds"] = self.offload_threshold_seconds
+            if self.offload_bytes_per_s is not None:
+                doc["offload_bytes_per_s"] = self.offload_bytes_per_s
         if self.backlog_quota_bytes is not None or self.backlog_quota_seconds is not None:
             doc["backlog_quota_bytes"] = self.backlog_quota_bytes
             doc["backlog_quota_seconds"] = self.backlog_quota_seconds
@@ -158,6 +164,7 @@ class LogConfig:
         extra = {k: doc[k] for k in ("retention_after_consumed", "offload_url",
                                      "offload_options", "offload_deletion_lag",
                                      "offload_threshold_bytes", "offload_threshold_seconds",
+                                     "offload_bytes_per_s",
                                      "backlog_quota_bytes", "backlog_quota_seconds",
                                      "backlog_policy") if k in doc}
         return cls(**{k: doc[k] for k in known}, **extra)

@@ -252,6 +252,7 @@ class Log:
         deletion_lag: float = 4 * 3600.0,
         threshold_bytes: int | None = None,
         threshold_seconds: float | None = None,
+        bytes_per_s: int | None = None,
     ) -> None:
         """Configure the log's tier: an fsspec URL (``file:///path``, ``s3://bucket/prefix``;
         None: no tier), its filesystem ``options`` (e.g. ``{"endpoint_url": ...}``; stored
@@ -259,11 +260,13 @@ class Log:
         verified offload the bookies' copy is deleted (seconds, wall clock). With
         ``threshold_bytes`` / ``threshold_seconds`` the writer offloads by itself: the oldest
         completed segments beyond that many bytes on the bookies, and those completed longer
-        ago (pybk.logs.offload_trigger)."""
+        ago (pybk.logs.offload_trigger). ``bytes_per_s`` throttles an offload's reads from
+        the bookies (None: unthrottled)."""
         cfg_check = replace(LogConfig(), offload_url=url, offload_options=dict(options or {}),
                             offload_deletion_lag=deletion_lag,
                             offload_threshold_bytes=threshold_bytes,
-                            offload_threshold_seconds=threshold_seconds)
+                            offload_threshold_seconds=threshold_seconds,
+                            offload_bytes_per_s=bytes_per_s)
 
         def change(md: LogMetadata) -> LogMetadata:
             return md.with_changes(config=replace(
@@ -271,7 +274,8 @@ class Log:
                 offload_options=cfg_check.offload_options,
                 offload_deletion_lag=cfg_check.offload_deletion_lag,
                 offload_threshold_bytes=threshold_bytes,
-                offload_threshold_seconds=threshold_seconds))
+                offload_threshold_seconds=threshold_seconds,
+                offload_bytes_per_s=bytes_per_s))
 
         await self._cat.update(change)
 

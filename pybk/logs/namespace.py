@@ -137,6 +137,7 @@ class Namespace:
         offload_deletion_lag: float = 4 * 3600.0,
         offload_threshold_bytes: int | None = None,
         offload_threshold_seconds: float | None = None,
+        offload_bytes_per_s: int | None = None,
     ) -> Log:
         """Create an empty log; LogExistsError when the name is taken. The knobs are checked
         (ValueError naming one) before anything is stored; see LogConfig (the ``offload_*``
@@ -154,7 +155,8 @@ class Namespace:
                  "offload_url": offload_url, "offload_options": dict(offload_options or {}),
                  "offload_deletion_lag": offload_deletion_lag,
                  "offload_threshold_bytes": offload_threshold_bytes,
-                 "offload_threshold_seconds": offload_threshold_seconds}
+                 "offload_threshold_seconds": offload_threshold_seconds,
+                 "offload_bytes_per_s": offload_bytes_per_s}
         policies = None
         if self.tenancy is not None:
             policies = (await TenancyRecords(self.client.store).namespace(self.tenancy)).policies

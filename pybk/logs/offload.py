@@ -87,7 +87,7 @@ async def _offload_one(cat: LogCatalog, seq: int, uid: str) -> None:
         return  # truncated or offloaded meanwhile
     path = store.base(cat.namespace, cat.name, seq, seg.ledger_id, uid)
     try:
-        await _upload(cat, store, path, seg)
+        await _upload(cat, store, path, seg, md.config.offload_bytes_per_s)
         await asyncio.to_thread(store.verify, path, seq, seg.ledger_id)
     except BaseException:
         await asyncio.to_thread(store.delete, path)
@@ -109,7 +109,31 @@ async def _offload_one(cat: LogCatalog, seq: int, uid: str) -> None:
         raise
 
 
-async def _upload(cat: LogCatalog, store: TierStore, path: str, seg: SegmentInfo) -> None:
+class _Pace:
+    """Reads at most ``rate`` bytes a second on average (None: unpaced), by the loop's
+    clock: before each read, wait until the bytes read so far were due."""
+
+    def __init__(self, rate: int | None) -> None:
+        self.rate = rate
+        self.read = 0
+        self.start: float | None = None
+
+    async def wait(self) -> None:
+        if self.rate is None:
+            return
+        now = asyncio.get_running_loop().time()
+        if self.start is None:
+            self.start = now
+        due = self.start + self.read / self.rate
+        if due > now:
+            await asyncio.sleep(due - now)
+
+    def took(self, n: int) -> None:
+        self.read += n
+
+
+async def _upload(cat: LogCatalog, store: TierStore, path: str, seg: SegmentInfo,
+                  rate: int | None) -> None:
     rh = await cat.client.open_ledger(seg.ledger_id, recovery=False)
     try:
         if rh.last_add_confirmed < seg.last_entry:
@@ -117,9 +141,12 @@ async def _upload(cat: LogCatalog, store: TierStore, path: str, seg: SegmentInfo
         offsets: list[int] = []
         chunks: list[list[bytes]] = []
         pos = 0
+        pace = _Pace(rate)
         for first in range(0, seg.last_entry + 1, _BATCH):
             last = min(seg.last_entry, first + _BATCH - 1)
+            await pace.wait()
             entries = await rh.read(first, last)
+            pace.took(sum(len(e.data) for e in entries))
             frames = frame_entries((e.entry_id, e.data) for e in entries)
             for e in entries:
                 offsets.append(pos)

@@ -116,12 +116,13 @@ class NamespacePolicies:
     offload_deletion_lag: float | None = None
     offload_threshold_bytes: int | None = None
     offload_threshold_seconds: float | None = None
+    offload_bytes_per_s: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("write_bytes_per_s", "write_records_per_s", "read_bytes_per_s",
                      "read_records_per_s", "max_storage_bytes", "max_logs", "max_ledgers",
                      "roll_bytes", "roll_entries", "retention_bytes", "backlog_quota_bytes",
-                     "offload_threshold_bytes"):
+                     "offload_threshold_bytes", "offload_bytes_per_s"):
             _limit(name, getattr(self, name))
         for name in ("roll_seconds", "retention_seconds", "backlog_quota_seconds",
                      "offload_threshold_seconds"):

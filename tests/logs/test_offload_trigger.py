@@ -105,3 +105,27 @@ def test_namespace_offload_policies_are_checked() -> None:
     kept = NamespacePolicies(offload_url="s3://b/p", offload_options={"endpoint_url": "u"},
                              offload_threshold_seconds=30.0)
     assert NamespacePolicies.from_dict(kept.to_dict()) == kept
+
+
+async def test_an_offload_reads_no_faster_than_its_throttle(tmp_path: Path) -> None:
+    """400 records of 100 bytes in one segment, read 100 entries at a time at 40,000 bytes a
+    second: the last read may start only once 30,000 bytes were due (0.75 s)."""
+    async with mem_cluster() as cluster:
+        ns = cluster.client().namespace()
+        timed: dict[str, float] = {}
+        for name, rate in (("fast", None), ("slow", 40_000)):
+            log = await ns.create_log(name, roll_bytes=None, offload_url=f"file://{tmp_path}",
+                                      offload_bytes_per_s=rate)
+            w = await log.writer()
+            async with w:
+                for i in range(400):
+                    await w.append(b"%0100d" % i)
+            assert (await log.metadata()).config.offload_bytes_per_s == rate
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            assert len(await log.offload()) == 1
+            timed[name] = loop.time() - start
+        assert timed["slow"] >= 0.75, timed
+        assert timed["fast"] < timed["slow"], timed
+    with pytest.raises(ValueError, match="offload_bytes_per_s"):
+        LogConfig(offload_bytes_per_s=0)

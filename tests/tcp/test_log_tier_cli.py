@@ -49,10 +49,11 @@ def test_cursor_retention_and_offload_commands(tmp_path: Path) -> None:
                                            "10"], env=env)
         assert no_url.exit_code == 2 and "need --url" in no_url.output
         out = pybk_log("offload", "orders", "--url", f"file://{tier}", "--deletion-lag", "0",
-                       "--threshold-bytes", "1000000")
+                       "--threshold-bytes", "1000000", "--bytes-per-s", "5000000")
         assert out.split() == [str(x) for x in seqs[1:]]
         cfg = json.loads(pybk_log("show", "orders", "--json"))["config"]
         assert cfg["offload_threshold_bytes"] == 1000000
+        assert cfg["offload_bytes_per_s"] == 5000000
         segs = json.loads(pybk_log("show", "orders", "--json"))["segments"]
         assert [s["tier"] for s in segs] == ["offloaded", "offloaded"]
         assert "tier" in pybk_log("show", "orders")  # (the table is cut at 80 columns here)
