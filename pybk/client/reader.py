@@ -317,6 +317,9 @@ class ReadHandle:
         next_id = start
         changed = asyncio.Event()
         watch = self._ctx.store.watch_ledger(self.id, lambda _lid: changed.set())
+        # the watch reports changes after what the store last returned, which may be newer
+        # than this handle's metadata (another handle of the client read it): read it now
+        await self._refresh_metadata()
         loop = asyncio.get_running_loop()
         backoff = 0.0  # before the next poll, after polls answered at once without the entry
         try:
