@@ -10,6 +10,9 @@ Two soaks, each sampling the bytes on disk (allocated blocks) every ``--sample``
 * **p99**: a lone writer's append p50 and p99, idle and while every bookie of a 3-bookie
   ``LocalCluster`` compacts (major, paced) segments half of which was deleted; target: the
   p99 while compacting within 1.5x of idle.
+* **logtime**: the same appends to a log (``pybk.logs``, E=Qw=3, 1 MiB segments) on a
+  3-bookie ``LocalCluster`` with retention by time (the seconds that hold ``--retain-mb``),
+  against the same bound.
 * **ledgers**: a 3-bookie ``LocalCluster`` (with the WAL's bookies) with
   ``--ledgers`` ledgers of ``--ledger-mb`` MB each (E=Qw=3), then all but a tenth deleted
   while a writer keeps appending to a live ledger. Bound: per bookie, 1.5 x its live data +
@@ -102,6 +105,36 @@ async def wal_soak(root: Path, args: argparse.Namespace) -> list[tuple[float, in
             await asyncio.sleep(max(0.0, start + (appended / len(record)) / args.rate
                                     - loop.time()))
         samples.append((loop.time() - start, disk_bytes(root)))
+    return samples
+
+
+# -- a log with time-based retention ---------------------------------------------------------
+
+
+async def log_time_soak(root: Path, args: argparse.Namespace) -> list[tuple[float, int]]:
+    """A log (E=Qw=3, 1 MiB segments) on a 3-bookie LocalCluster with the WAL's bookies,
+    appended at the WAL soak's rate and kept by age: the seconds that hold ``--retain-mb``."""
+    seconds = args.minutes * 60
+    keep_s = args.retain_mb * MB / (args.rate * args.record)
+    record = os.urandom(args.record)
+    samples: list[tuple[float, int]] = []
+    async with LocalCluster(root / "logtime", 3, bookie_config=bookie_config(args)) as c:
+        log = await c.client().namespace().create_log(
+            "soak", ensemble_size=3, write_quorum=3, ack_quorum=2, roll_bytes=1 << 20,
+            retention_seconds=keep_s)
+        async with await log.writer() as w:
+            loop = asyncio.get_running_loop()
+            start = next_sample = loop.time()
+            per_tick = max(1, round(args.rate * 0.01))
+            appended = 0
+            while (now := loop.time()) - start < seconds:
+                await asyncio.gather(*(w.append(record) for _ in range(per_tick)))
+                appended += per_tick
+                if now >= next_sample:
+                    next_sample += args.sample
+                    samples.append((now - start, disk_bytes(root / "logtime")))
+                await asyncio.sleep(max(0.0, start + appended / args.rate - loop.time()))
+        samples.append((loop.time() - start, disk_bytes(root / "logtime")))
     return samples
 
 
@@ -250,7 +283,7 @@ def main() -> None:
     p.add_argument("--p99-mb", type=float, default=40.0,
                    help="data per bookie (half of it deleted) for the p99 row")
     p.add_argument("--p99-seconds", type=float, default=3.0, help="the idle p99's window")
-    p.add_argument("--only", choices=("wal", "ledgers", "p99"), default=None)
+    p.add_argument("--only", choices=("wal", "logtime", "ledgers", "p99"), default=None)
     p.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
     p.add_argument("--plot", default=None, help="draw disk use over time to this PNG")
     args = p.parse_args()
@@ -283,6 +316,23 @@ def main() -> None:
                   f"{args.retain_mb:g} + 16) = {bound / MB:.1f} MB: "
                   f"{'met' if met else 'NOT MET'}")
             series[f"WAL keeping its last {args.retain_mb:g} MB"] = (samples, bound)
+        if args.only in (None, "logtime"):
+            retain = args.retain_mb * MB
+            bound = REPLICAS * (1.5 * retain + 16 * MB)
+            keep_s = retain / (args.rate * args.record)
+            samples = asyncio.run(log_time_soak(root, args))
+            print(f"\nlogtime: a log appended at {args.rate:g} x {args.record} B records/s for "
+                  f"{args.minutes:g} min, retention by time: {keep_s:g} s (~"
+                  f"{args.retain_mb:g} MB)")
+            table(samples, bound)
+            late = [u for t, u in samples if t >= samples[-1][0] / 2]
+            peak = max(late)
+            met = peak <= bound
+            ok &= met
+            print(f"  second half's largest: {peak / MB:.1f} MB; bound {REPLICAS} x (1.5 x "
+                  f"{args.retain_mb:g} + 16) = {bound / MB:.1f} MB: "
+                  f"{'met' if met else 'NOT MET'}")
+            series[f"log keeping {keep_s:g} s"] = (samples, bound)
         if args.only in (None, "ledgers"):
             samples, within, bound_each = asyncio.run(ledgers_soak(root, args))
             keep = max(1, args.ledgers // 10)

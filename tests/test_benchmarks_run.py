@@ -88,6 +88,7 @@ CASES = {
                     "0.2", "--gc-interval", "1", "--sample", "0.5", "--p99-mb", "2",
                     "--p99-seconds", "0.3"],
                    [r"second half's largest: [\d.]+ MB; bound 3 x \(1.5 x 10 \+ 16\) = 93.0 MB",
+                    r"logtime: a log appended at 500 x 1000 B records/s for 0.05 min, retention",
                     r"every bookie within 1.5 x live \+ 16 MB \([\d.]+ MB\) after: ",
                     r"p99 compacting / idle: [\d.]+x; target <= 1.5x: (met|NOT MET)",
                     r"verdict: (all met|NOT all met)"]),
