@@ -1,5 +1,6 @@
 """``pybk log`` commands for a log's data life: its durable cursors, retention policy and
-tiered storage (``cursors``, ``delete-cursor``, ``retention``, ``offload``). Registered on the
+tiered storage (``cursors``, ``delete-cursor``, ``reset-cursor``, ``retention``,
+``offload``). Registered on the
 ``pybk log`` group by :mod:`pybk.cli`; the same conventions as the other ``pybk log``
 commands (data on stdout, messages on stderr, one-line errors)."""
 
@@ -16,7 +17,8 @@ from pybk.logs.cursor import check_cursor_name
 from pybk.logs.namespace import check_name
 from pybk.logs.position import Position
 
-__all__ = ["log_cursors", "log_delete_cursor", "log_offload", "log_retention"]
+__all__ = ["log_cursors", "log_delete_cursor", "log_offload", "log_reset_cursor",
+           "log_retention"]
 
 
 def _name(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -82,6 +84,26 @@ def log_delete_cursor(conn: Conn, name: str, cursor: str, namespace: str) -> Non
 
     run_async(with_client(conn, go))
     click.echo(f"deleted cursor {cursor!r} of log {name!r}", err=True)
+
+
+@log.command("reset-cursor")
+@client_options
+@_NAME
+@click.argument("cursor", callback=_cursor)
+@click.argument("position", callback=parse_position)
+@click.option("--create", is_flag=True, help="Create CURSOR there if it does not exist.")
+@_NAMESPACE
+def log_reset_cursor(conn: Conn, name: str, cursor: str, position: Position, create: bool,
+                     namespace: str) -> None:
+    """Move CURSOR of NAME to POSITION (segment:entry:slot): every record before it counts
+    as consumed, and its next consumer resumes there (its consumer, if any, is fenced)."""
+
+    async def go(client: Any) -> None:
+        lg = await client.namespace(namespace).open_log(name)
+        await lg.reset_cursor(cursor, position, create=create)
+
+    run_async(with_client(conn, go))
+    click.echo(f"cursor {cursor!r} of log {name!r} resumes at {position}", err=True)
 
 
 @log.command("retention")

@@ -11,11 +11,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from pybk.errors import CursorNotFoundError
 from pybk.logs.backlog import Backlog, measure_backlog
 from pybk.logs.builder import BuiltSegment, LedgerFactory, SegmentBuilder
 from pybk.logs.config import CursorOptions, LogConfig, ReaderOptions, WriterOptions
 from pybk.logs.cursor import Cursor, delete_cursor
 from pybk.logs.cursor_meta import read_cursor_states
+from pybk.logs.cursor_reset import reset_cursor
 from pybk.logs.meta import LogMetadata, SegmentInfo
 from pybk.logs.offload import offload_segments, sweep_orphans
 from pybk.logs.position import Position
@@ -194,6 +196,21 @@ class Log:
         """Delete a durable cursor (its consumer, if any, is fenced); CursorNotFoundError
         when there is none. Retention no longer waits for it."""
         await delete_cursor(self._cat, name)
+
+    async def cursor_resume_point(self, name: str) -> Position | None:
+        """Where cursor ``name``'s next consumer resumes (None: at the oldest record kept);
+        CursorNotFoundError when there is no such cursor."""
+        state = (await read_cursor_states(self._cat)).get(name)
+        if state is None:
+            raise CursorNotFoundError(f"log {self.name!r} has no cursor {name!r}")
+        return state.resume_point()
+
+    async def reset_cursor(self, name: str, position: Position, *,
+                           create: bool = False) -> None:
+        """Move durable cursor ``name`` (Pulsar's ``resetCursor``): every record before
+        ``position`` counts as consumed and the next consumer resumes there; the consumer
+        holding it is fenced. CursorNotFoundError when there is none (unless ``create``)."""
+        await reset_cursor(self._cat, name, position, create=create)
 
     async def set_retention(
         self,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pybk.logs.config import LogConfig
+from pybk.logs.cursor import check_cursor_name
 from pybk.logs.namespace import check_name
 from pybk.logs.position import Position
 from pybk.metadata.registry import parse_uri, schemes
@@ -50,6 +51,9 @@ class SourceOptions:
     ending_position: str = "latest"
     max_records_per_trigger: int | None = None
     max_partition_bytes: int = 128 << 20
+    #: a streaming read's durable cursor: where a new query starts, and reset to each
+    #: committed batch's end (retention by consumption and backlog quotas see the query)
+    cursor: str | None = None
 
     @property
     def log_key(self) -> str:
@@ -204,7 +208,15 @@ def parse_options(options: Mapping[str, Any], *, mode: str) -> SourceOptions:
         kwargs["ending_position"] = end
     if mode == "stream-read":
         kwargs["max_records_per_trigger"] = _int(options, "maxRecordsPerTrigger", None)
-    elif _get(options, "maxRecordsPerTrigger") is not None:
+        cursor = _get(options, "cursor")
+        if cursor is not None:
+            try:
+                kwargs["cursor"] = check_cursor_name(cursor.strip())
+            except (ValueError, TypeError) as exc:
+                raise OptionError("cursor", str(exc)) from None
+    elif _get(options, "cursor") is not None:
+        raise OptionError("cursor", "applies to streaming reads only")
+    if mode != "stream-read" and _get(options, "maxRecordsPerTrigger") is not None:
         raise OptionError("maxRecordsPerTrigger", "applies to streaming reads only")
     if mode != "read" and _get(options, "endingPosition") is not None:
         raise OptionError("endingPosition", "applies to batch reads only")

@@ -24,6 +24,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from pybk.errors import CursorNotFoundError
+from pybk.logs.log import Log
 from pybk.logs.meta import TRUNCATED, LogMetadata
 from pybk.logs.position import Position
 from pybk.spark import jobs, runtime
@@ -54,6 +56,7 @@ class PybkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = opts
         self._finder: TailFinder | None = None
         self._target: Position | None = None  # availableNow: where the query stops
+        self._cursor_at: Position | None = None  # where this query last reset its cursor
 
     # -- offsets -----------------------------------------------------------------------------
 
@@ -80,6 +83,10 @@ class PybkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return tail
 
     def initialOffset(self) -> dict[str, str]:
+        if self.opts.cursor is not None:  # a new query resumes where the cursor is
+            at = runtime.run(self._cursor_start())
+            if at is not None:
+                return self._offset(at)
         start = self.opts.start()
         if isinstance(start, Position):
             return self._offset(start)
@@ -99,6 +106,8 @@ class PybkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict[str, Any] | None = None,
                      limit: ReadLimit | None = None) -> dict[str, str]:
         begin = self._position(start) if start else FIRST
+        if start and self.opts.cursor is not None:
+            self._consumed(begin)  # (the batch that ended at ``start`` is done)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         if max_rows is None and limit is None:
             max_rows = self.opts.max_records_per_trigger
@@ -156,8 +165,35 @@ class PybkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[Any]:
         return read_partition(self.opts, partition)
 
+    async def _log(self) -> Log:
+        client = await runtime.aclient(self.opts.metadata)
+        return await client.namespace(self.opts.namespace).open_log(self.opts.log)
+
+    async def _cursor_start(self) -> Position | None:
+        """The cursor's resume point (None: no cursor yet, or it consumed nothing)."""
+        assert self.opts.cursor is not None
+        try:
+            return await (await self._log()).cursor_resume_point(self.opts.cursor)
+        except CursorNotFoundError:
+            return None
+
     def commit(self, end: dict[str, Any]) -> None:
-        self._position(end)  # nothing to release: positions are the whole state
+        """The batch up to ``end`` is done: the query's cursor (if any) consumed it all."""
+        pos = self._position(end)
+        if self.opts.cursor is not None:
+            self._consumed(pos)
+
+    def _consumed(self, pos: Position) -> None:
+        """Reset the query's cursor to ``pos``, once per position. Spark commits a batch to
+        the source only when it plans the next one, so the cursor is also moved when the
+        next batch's start is asked for: the last batch of an availableNow run counts too."""
+        if pos != self._cursor_at:
+            runtime.run(self._reset(pos))
+            self._cursor_at = pos
+
+    async def _reset(self, pos: Position) -> None:
+        assert self.opts.cursor is not None
+        await (await self._log()).reset_cursor(self.opts.cursor, pos, create=True)
 
     def stop(self) -> None:
         finder, self._finder = self._finder, None

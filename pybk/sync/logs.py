@@ -100,6 +100,12 @@ class SyncLog(_Bound):
     def delete_cursor(self, name: str) -> None:
         self._run(self.log.delete_cursor(name))
 
+    def cursor_resume_point(self, name: str) -> Position | None:
+        return self._run(self.log.cursor_resume_point(name))
+
+    def reset_cursor(self, name: str, position: Position, *, create: bool = False) -> None:
+        self._run(self.log.reset_cursor(name, position, create=create))
+
     def set_retention(self, max_age: float | None = None, max_bytes: int | None = None,
                       after_consumed: bool = False) -> None:
         self._run(self.log.set_retention(max_age, max_bytes, after_consumed))

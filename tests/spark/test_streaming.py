@@ -196,3 +196,47 @@ def test_a_checkpoint_of_another_log_is_refused(spark: Any, bookies: Any,
     with pytest.raises(Exception, match=r"option 'log': the query's checkpoint was made "
                                         r"reading 'logs/default/first'"):
         q.awaitTermination(120)
+
+
+def test_a_query_with_a_cursor_records_its_progress_and_a_new_query_resumes_there(
+        spark: Any, bookies: Any, tmp_path: Path) -> None:
+    """option cursor: each committed batch resets the log's durable cursor to its end
+    (retention by consumption sees the query), and a query with a new checkpoint starts
+    where the cursor is, not at startingPosition."""
+    from pyspark.sql import functions as F
+
+    bookies.create_log("cur-src")
+    bookies.create_log("cur-sink")
+
+    def append(first: int, last: int) -> None:
+        spark.range(first, last, numPartitions=1).select(
+            F.concat(F.lit("v"), F.col("id").cast("string")).alias("value")).write \
+            .format("pybk").option("metadata", bookies.metadata).option("log", "cur-src") \
+            .mode("append").save()
+
+    def run(checkpoint: Path) -> None:
+        q = _sink(_source(spark, bookies, "cur-src", cursor="spark-q",
+                          maxRecordsPerTrigger="100"), bookies, "cur-sink", checkpoint) \
+            .trigger(availableNow=True).start()
+        q.awaitTermination(180)
+        assert not q.isActive and q.exception() is None
+
+    def resume_point() -> Any:
+        async def go(client: pybk.Client) -> Any:
+            log = await client.namespace().open_log("cur-src")
+            return await log.cursor_resume_point("spark-q")
+
+        return bookies.run(bookies._with_client(go))
+
+    append(0, 250)
+    run(tmp_path / "ck1")
+    src = bookies.records("cur-src")
+    assert resume_point() == src[-1].position.next_slot()
+    append(250, 300)
+    run(tmp_path / "ck2")  # a new checkpoint: the cursor, not "earliest", says where
+    copied = bookies.records("cur-sink")
+    assert [r.data for r in copied] == [b"v%d" % i for i in range(300)]
+    assert resume_point() == bookies.records("cur-src")[-1].position.next_slot()
+    bad = _source(spark, bookies, "cur-src", cursor="../x")
+    with pytest.raises(Exception, match="option 'cursor'"):
+        bad.writeStream.format("console").start().awaitTermination(60)

@@ -59,6 +59,18 @@ def test_cursor_retention_and_offload_commands(tmp_path: Path) -> None:
         assert "tier" in pybk_log("show", "orders")  # (the table is cut at 80 columns here)
         out = pybk_log("read", "orders", "--format", "raw")
         assert out.split() == ["b", "c"]  # from the tier
+        pybk_log("reset-cursor", "orders", "audit", str(first.position), "--create")
+        assert pybk_log("cursors", "orders").split()[:2] == ["audit", "-"]  # none acked
+        with pybk.sync.Client(cluster.metadata) as client:
+            log = client.namespace().open_log("orders")
+            assert log.cursor_resume_point("audit") == first.position
+        bad = CliRunner().invoke(main, ["log", "reset-cursor", "orders", "audit", "1:x"],
+                                 env=env)
+        assert bad.exit_code == 2 and "not a position" in bad.output
+        gone = CliRunner().invoke(main, ["log", "reset-cursor", "orders", "nobody", "1:0:0"],
+                                  env=env)
+        assert gone.exit_code == 1 and "CursorNotFoundError" in gone.stderr
+        pybk_log("delete-cursor", "orders", "audit")
         pybk_log("delete-cursor", "orders", "billing")
         assert pybk_log("cursors", "orders").strip() == ""
         bad = CliRunner().invoke(main, ["log", "delete-cursor", "orders", "../x"], env=env)
