@@ -64,6 +64,7 @@ class Status(enum.IntEnum):
     NO_SUCH_TENANT = 37
     NO_SUCH_NAMESPACE = 38
     NOT_EMPTY = 39
+    LEDGER_ID_OVERFLOW = 40  # the metadata store has no ledger id left to hand out
     GENERIC_ERROR = 100  # BKError itself (no more specific class)
 
 
@@ -117,6 +118,8 @@ class LedgerExistsError(BKError):
 class LedgerIdOverflowError(BKError):
     """The metadata store has no ledger id left to hand out (ids are int64; the largest,
     ``2**63 - 1``, is never handed out, only created by a caller who names it)."""
+
+    status = Status.LEDGER_ID_OVERFLOW
 
 
 class NotEnoughBookiesError(BKError):
