@@ -48,6 +48,8 @@ def refusal_hint(exc: MirrorAccessError) -> str:
     hints = {
         "needs-tls": f"pass {p}-tls-ca FILE (the CA of the {cluster} cluster's bookies; "
                      f"{p}-tls-cert and {p}-tls-key too if they want a client certificate)",
+        "no-tls": f"drop {p}-tls-ca, {p}-tls-cert and {p}-tls-key: the {cluster} "
+                  "cluster's bookies do not speak TLS",
         "tls-verify": f"check {p}-tls-ca: it must hold the CA that signed the {cluster} "
                       "bookies' certificates",
         "needs-token": f"pass {p}-auth-token-file FILE (the {cluster} cluster's token)",

@@ -78,9 +78,9 @@ TARGET: Final = "target"
 
 class MirrorAccessError(UnauthorizedError):
     """A cluster refused the mirror's credentials, which retrying cannot mend: its bookies
-    want TLS and the mirror has none, their certificate fails verification, a token is
-    missing or refused, or a ledger's master key does not match. ``side`` is ``"source"``
-    or ``"target"``; ``refusals`` the bookies that refused and how
+    want TLS and the mirror has none (or the reverse), their certificate fails
+    verification, a token is missing or refused, or a ledger's master key does not match.
+    ``side`` is ``"source"`` or ``"target"``; ``refusals`` the bookies that refused and how
     (:class:`pybk.transport.refusals.Refusal`; empty for a refusal only the error names)."""
 
     def __init__(self, message: str, *, side: str = SOURCE,
@@ -91,7 +91,7 @@ class MirrorAccessError(UnauthorizedError):
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        """The refusals' kinds (``needs-tls``, ``tls-verify``, ``needs-token``,
+        """The refusals' kinds (``needs-tls``, ``no-tls``, ``tls-verify``, ``needs-token``,
         ``token-refused``), each once, in order; ``("unauthorized",)`` without refusals."""
         return tuple(dict.fromkeys(r.kind for r in self.refusals)) or ("unauthorized",)
 

@@ -10,8 +10,9 @@ The TCP transport records each such refusal here, per bookie, with the bookie's 
 a later answer from that bookie forgets it. Only proof counts: a plain connection dropped
 before any answer is *probed* with a TLS handshake (no verification, nothing sent after
 it), and only a handshake that completes (or a TLS alert from the peer) records
-``needs-tls``; a bookie that is restarting refuses or drops the probe too and stays
-transient.
+``needs-tls``; a TLS handshake that fails is probed with a plain BOOKIE_INFO request, and
+only an answer records ``no-tls``. A bookie that is restarting refuses or drops the probe
+too and stays transient.
 """
 
 from __future__ import annotations
@@ -21,18 +22,23 @@ import contextlib
 import ssl
 from typing import Final, NamedTuple
 
-__all__ = ["NEEDS_TLS", "NEEDS_TOKEN", "REFUSAL_KINDS", "TLS_VERIFY", "TOKEN_REFUSED",
-           "Refusal", "RefusalLog", "speaks_tls"]
+from pybk.transport import codec
+from pybk.wire import BookieInfoRequest
+
+__all__ = ["NEEDS_TLS", "NEEDS_TOKEN", "NO_TLS", "REFUSAL_KINDS", "TLS_VERIFY",
+           "TOKEN_REFUSED", "Refusal", "RefusalLog", "speaks_plain", "speaks_tls"]
 
 #: the bookie speaks TLS; this client connected without it
 NEEDS_TLS: Final = "needs-tls"
+#: the bookie speaks plain TCP; this client connected with TLS
+NO_TLS: Final = "no-tls"
 #: the bookie's certificate failed this client's verification (another CA, another name)
 TLS_VERIFY: Final = "tls-verify"
 #: the bookie wants a token; this client sent none
 NEEDS_TOKEN: Final = "needs-token"
 #: the bookie refused this client's token
 TOKEN_REFUSED: Final = "token-refused"
-REFUSAL_KINDS: Final = (NEEDS_TLS, TLS_VERIFY, NEEDS_TOKEN, TOKEN_REFUSED)
+REFUSAL_KINDS: Final = (NEEDS_TLS, NO_TLS, TLS_VERIFY, NEEDS_TOKEN, TOKEN_REFUSED)
 
 
 class Refusal(NamedTuple):
@@ -49,6 +55,7 @@ class Refusal(NamedTuple):
         """One phrase for an error message."""
         what = {
             NEEDS_TLS: "refused the connection without TLS (it speaks TLS; no TLS was given)",
+            NO_TLS: "does not speak TLS (it answers plain TCP; TLS was given)",
             TLS_VERIFY: "presented a certificate that failed verification",
             NEEDS_TOKEN: "wants an auth token and none was given",
             TOKEN_REFUSED: "refused the auth token",
@@ -78,6 +85,25 @@ async def speaks_tls(host: str, port: int, timeout: float) -> bool:
     return True
 
 
+async def speaks_plain(host: str, port: int, timeout: float) -> bool:
+    """Whether ``host:port`` answers a plain BOOKIE_INFO request with a well-formed response
+    (whatever its status: a bookie wanting a token refuses it, in plain TCP)."""
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                writer.write(codec.encode_request(1, BookieInfoRequest()))
+                conn = codec.Connection("client")
+                while data := await reader.read(65536):
+                    if events := conn.receive_data(data):
+                        return isinstance(events[0], codec.ResponseReceived)
+                return False
+            finally:
+                writer.close()
+    except Exception:  # refused, dropped, timed out, not the protocol: not proof
+        return False
+
+
 class RefusalLog:
     """The refusals a transport saw, the latest per bookie, and its probes in flight."""
 
@@ -95,16 +121,19 @@ class RefusalLog:
         """The bookie answered: whatever it refused before is mended."""
         self._by_bookie.pop(bookie_id, None)
 
-    def probe_tls(self, bookie_id: str, address: str, host: str, port: int,
-                  timeout: float) -> None:
-        """Probe whether a bookie that dropped a plain connection unanswered speaks TLS
-        (at most one probe per bookie at a time)."""
+    def probe(self, bookie_id: str, address: str, host: str, port: int, timeout: float,
+              *, tls: bool) -> None:
+        """Probe a bookie that dropped a connection unanswered: with ``tls`` (the connection
+        was plain) whether it speaks TLS, else whether it speaks plain TCP (at most one
+        probe per bookie at a time)."""
         if any(t.get_name() == bookie_id for t in self._probes):
             return
 
         async def probe() -> None:
-            if await speaks_tls(host, port, timeout):
+            if tls and await speaks_tls(host, port, timeout):
                 self.record(bookie_id, address, NEEDS_TLS)
+            elif not tls and await speaks_plain(host, port, timeout):
+                self.record(bookie_id, address, NO_TLS)
 
         task = asyncio.get_running_loop().create_task(probe(), name=bookie_id)
         self._probes.add(task)

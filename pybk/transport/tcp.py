@@ -378,7 +378,7 @@ class _ClientConnection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         why = f": {exc}" if exc else ""
         if not self.answered and not self.closed and self.owner.ssl_context is None:
-            self.owner._probe_tls(self)  # dropped unanswered: does the bookie want TLS?
+            self.owner._probe(self)  # dropped unanswered: does the bookie want TLS?
         self.fail(f"connection to bookie {self.bookie_id} at {self.address} lost{why}")
 
     # -- failure -----------------------------------------------------------------------------
@@ -534,6 +534,9 @@ class TcpTransport(Transport):
             if isinstance(exc, ssl.SSLCertVerificationError):
                 self.refusal_log.record(conn.bookie_id, conn.address, TLS_VERIFY,
                                         str(exc.verify_message or exc))
+            elif self.ssl_context is not None and isinstance(
+                    exc, ssl.SSLError | ConnectionResetError | ConnectionAbortedError):
+                self._probe(conn)  # the handshake failed: is the bookie plain TCP?
             if isinstance(exc, BookieUnavailableError):
                 conn.fail(str(exc))
             else:
@@ -554,11 +557,11 @@ class TcpTransport(Transport):
         self._backoff.pop(bookie_id, None)
         self.refusal_log.forget(bookie_id)
 
-    def _probe_tls(self, conn: _ClientConnection) -> None:
+    def _probe(self, conn: _ClientConnection) -> None:
         with contextlib.suppress(ValueError):  # (no address: it never connected)
             host, port = parse_address(conn.address)
-            self.refusal_log.probe_tls(conn.bookie_id, conn.address, host, port,
-                                       self.connect_timeout)
+            self.refusal_log.probe(conn.bookie_id, conn.address, host, port,
+                                   self.connect_timeout, tls=self.ssl_context is None)
 
     async def refusals(self, since: float | None = None) -> list[Refusal]:
         return await self.refusal_log.settled(since)

@@ -27,7 +27,7 @@ from pybk.cli.log_mirror import EXIT_REFUSED
 from pybk.client import Client
 from pybk.logs.mirror import LogMirror, MirrorAccessError, open_target, unframe
 from pybk.ops.mirror import MirrorService
-from pybk.transport.refusals import speaks_tls
+from pybk.transport.refusals import speaks_plain, speaks_tls
 from pybk.transport.tls import client_context
 
 from .proc_cluster import ProcCluster
@@ -130,15 +130,24 @@ def test_refused_source_credentials_exit_3_naming_what_to_fix(
     assert line.endswith(hint), line
 
 
+@pytest.mark.parametrize(("source", "target", "said", "hint"), [
+    ("plain", "secure", "wants an auth token and none was given",
+     "pass --to-auth-token-file FILE (the target cluster's token)"),
+    ("plain", "plain", "does not speak TLS (it answers plain TCP; TLS was given)",
+     "drop --to-tls-ca, --to-tls-cert and --to-tls-key: the target cluster's bookies do not "
+     "speak TLS"),
+], ids=["no-token", "tls-to-plain"])
 def test_a_target_refusing_the_mirror_names_the_target_and_its_options(
-        clusters: Clusters) -> None:
-    code, line, took = _mirror(clusters.plain.metadata, clusters.secure.metadata,
-                               "--to-log", "copy", "--to-tls-ca", clusters.opt("ca.pem"))
+        clusters: Clusters, source: str, target: str, said: str, hint: str) -> None:
+    """(Follow mode: the failed appends end the run although the source has nothing new.)"""
+    code, line, took = _mirror(getattr(clusters, source).metadata,
+                               getattr(clusters, target).metadata, "--to-log", "copy",
+                               "--to-tls-ca", clusters.opt("ca.pem"))
     assert code == EXIT_REFUSED, line
     assert took < BOUND, took
-    assert "MirrorAccessError: target bookie bookie-" in line, line
-    assert "wants an auth token and none was given" in line, line
-    assert line.endswith("pass --to-auth-token-file FILE (the target cluster's token)"), line
+    assert re.match(rf"pybk: error: MirrorAccessError: target bookie bookie-\d at "
+                    rf"127\.0\.0\.1:\d+ {re.escape(said)}", line), line
+    assert line.endswith(hint), line
 
 
 async def test_the_library_raises_mirror_access_error(clusters: Clusters) -> None:
@@ -208,8 +217,9 @@ def test_a_source_whose_bookies_are_down_then_restart_heals(
 
 
 async def test_only_a_completed_tls_handshake_says_a_peer_wants_tls(tmp_path: Path) -> None:
-    """The probe behind ``needs-tls``: a listener that drops connections (as a stopping
-    bookie does) or a closed port is not taken for a TLS peer."""
+    """The probes behind ``needs-tls`` and ``no-tls``: a listener that drops connections (as
+    a stopping bookie does) or a closed port is taken for neither a TLS nor a plain bookie
+    (a real plain bookie answering: the ``tls-to-plain`` case above)."""
     async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.close()
 
@@ -226,6 +236,10 @@ async def test_only_a_completed_tls_handshake_says_a_peer_wants_tls(tmp_path: Pa
         assert await speaks_tls("127.0.0.1", tls.sockets[0].getsockname()[1], 5.0)
         assert not await speaks_tls("127.0.0.1", plain.sockets[0].getsockname()[1], 5.0)
         assert not await speaks_tls("127.0.0.1", closed_port, 5.0)
+        # and the reverse probe (a TLS client meeting a plain bookie): neither is plain
+        assert not await speaks_plain("127.0.0.1", tls.sockets[0].getsockname()[1], 5.0)
+        assert not await speaks_plain("127.0.0.1", plain.sockets[0].getsockname()[1], 5.0)
+        assert not await speaks_plain("127.0.0.1", closed_port, 5.0)
     finally:
         for server in (plain, tls):
             server.close()
