@@ -26,7 +26,7 @@ import struct
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple, NoReturn
 
 import crc32c
 
@@ -232,6 +232,9 @@ class LogMirror:
         self.stats = stats if stats is not None else MirrorStats()
         self._clock = clock
         self._side = TARGET  # the cluster the run is waiting on (which side a failure hit)
+        self._reading: asyncio.Task[object] | None = None  # the run, while it reads the source
+        self._append_failed = False
+        self._copies = 0  # runs' copies started (an append's callback knows its own)
 
     def _now(self) -> float:
         if self._clock is not None:
@@ -328,6 +331,8 @@ class LogMirror:
     async def _copy(self, writer: LogWriter, resume: Position | None,
                     stop_at: Position | None) -> None:
         inflight: deque[asyncio.Future[list[Position]]] = deque()
+        self._append_failed = False
+        self._copies += 1
         self._side = SOURCE
         async with self.source.reader(start=resume, stop_at=stop_at) as reader:
             while True:
@@ -354,42 +359,49 @@ class LogMirror:
                           inflight: deque[asyncio.Future[list[Position]]]) -> list[LogRecord]:
         """The source's next batch. While waiting for it (a source without new records keeps
         the reader waiting), a failed append on the target ends the wait with its error:
-        the run must not go on as if the target held what it was sent."""
-        if not inflight:
-            return await reader.read_batch(self.batch_records)
-        read = asyncio.ensure_future(reader.read_batch(self.batch_records))
-        failed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def on_done(f: asyncio.Future[list[Position]]) -> None:
-            if not failed.done() and (f.cancelled() or f.exception() is not None):
-                failed.set_result(None)
-
-        for f in inflight:
-            f.add_done_callback(on_done)
+        the run must not go on as if the target held what it was sent. (The failed append's
+        callback cancels this task: no task per batch on the hot path.)"""
+        task = asyncio.current_task()
+        if self._append_failed:
+            return self._raise_failed_append(inflight)
+        self._reading = task
         try:
-            await asyncio.wait((read, failed), return_when=asyncio.FIRST_COMPLETED)
+            return await reader.read_batch(self.batch_records)
+        except asyncio.CancelledError:
+            if task is None or not self._failed_append_seen() or task.uncancel() > 0:
+                raise  # not ours (or another cancel as well)
+            return self._raise_failed_append(inflight)
         finally:
-            for f in inflight:
-                f.remove_done_callback(on_done)
-            if not read.done():
-                read.cancel()
-                await asyncio.wait((read,))
-        if not read.cancelled() and (read.exception() is None or not failed.done()):
-            return read.result()
+            self._reading = None
+
+    def _raise_failed_append(self, inflight: deque[asyncio.Future[list[Position]]]) -> NoReturn:
         self._side = TARGET
         for f in inflight:
             if f.done():
                 f.result()  # raises the first failed append's error
-        raise AssertionError("unreachable: an append failed")  # pragma: no cover
+        raise AssertionError("an append failed but none of those in flight did")
+
+    def _failed_append_seen(self) -> bool:
+        return self._append_failed
+
+    def _on_failed_append(self, copy: int) -> None:
+        if copy != self._copies:
+            return  # an append of an earlier run (its writer aborted) failing late
+        self._append_failed = True
+        task, self._reading = self._reading, None
+        if task is not None:
+            task.cancel()
 
     def _send(self, writer: LogWriter, batch: list[LogRecord]) -> asyncio.Future[list[Position]]:
         framed = [frame(r.position, r.data, r.key) for r in batch]
         txids = [r.txid for r in batch]
         fut = writer.append_many(framed, txids if any(t is not None for t in txids) else None)
         last, count, nbytes = batch[-1].position, len(batch), sum(len(r.data) for r in batch)
+        copy = self._copies
 
         def acked(f: asyncio.Future[list[Position]]) -> None:
             if f.cancelled() or f.exception() is not None:
+                self._on_failed_append(copy)
                 return
             st = self.stats  # batches are acknowledged in order, so this only moves on
             st.records += count

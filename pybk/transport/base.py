@@ -87,7 +87,8 @@ class Transport(abc.ABC):
     async def refusals(self, since: float | None = None) -> list[Refusal]:
         """Bookies that refused this transport's credentials (no TLS where TLS is wanted, a
         certificate failing verification, a token missing or refused), the latest per
-        bookie, seen at or after loop time ``since``; forgotten once the bookie answers.
+        bookie, seen (or confirmed by a request refused while backing off from it) at or
+        after loop time ``since``; forgotten once the bookie answers or cannot be reached.
         Waits for the probes in flight (bounded). Transports without credentials: none."""
         return []
 

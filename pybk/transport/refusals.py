@@ -7,7 +7,7 @@ on every try, until someone changes the client's configuration. A long-running c
 mirror) must tell the two apart to stop and say what is missing instead of looping.
 
 The TCP transport records each such refusal here, per bookie, with the bookie's address;
-a later answer from that bookie forgets it. Only proof counts: a plain connection dropped
+a later answer from that bookie, or a connection it refuses (it is down), forgets it. Only proof counts: a plain connection dropped
 before any answer is *probed* with a TLS handshake (no verification, nothing sent after
 it), and only a handshake that completes (or a TLS alert from the peer) records
 ``needs-tls``; a TLS handshake that fails is probed with a plain BOOKIE_INFO request, and
@@ -116,6 +116,12 @@ class RefusalLog:
             raise ValueError(f"unknown refusal kind {kind!r}")
         now = asyncio.get_running_loop().time()
         self._by_bookie[bookie_id] = Refusal(bookie_id, address, kind, detail, now)
+
+    def touch(self, bookie_id: str) -> None:
+        """The bookie's refusal still holds (the transport refused a request without trying
+        it again, backing off after that refusal): it counts as seen now."""
+        if (refusal := self._by_bookie.get(bookie_id)) is not None:
+            self._by_bookie[bookie_id] = refusal._replace(at=asyncio.get_running_loop().time())
 
     def forget(self, bookie_id: str) -> None:
         """The bookie answered: whatever it refused before is mended."""

@@ -16,7 +16,6 @@ Design notes: docs/internals.md, "pybk/transport/tcp.py".
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 from collections.abc import Awaitable, Callable, Sequence
@@ -502,6 +501,7 @@ class TcpTransport(Transport):
             loop = asyncio.get_running_loop()
             retry_at, _ = self._backoff.get(bookie_id, (0.0, 0.0))
             if loop.time() < retry_at:
+                self.refusal_log.touch(bookie_id)  # (a refusal is why it backs off)
                 raise BookieUnavailableError(f"bookie {bookie_id} unreachable (backing off)")
             conn = _ClientConnection(self, bookie_id, slot)
             self._conns[(bookie_id, slot)] = conn
@@ -537,6 +537,8 @@ class TcpTransport(Transport):
             elif self.ssl_context is not None and isinstance(
                     exc, ssl.SSLError | ConnectionResetError | ConnectionAbortedError):
                 self._probe(conn)  # the handshake failed: is the bookie plain TCP?
+            elif not isinstance(exc, ssl.SSLError | ConnectionResetError | ConnectionAbortedError):
+                self.refusal_log.forget(conn.bookie_id)  # unreachable: its refusal is moot
             if isinstance(exc, BookieUnavailableError):
                 conn.fail(str(exc))
             else:
@@ -557,11 +559,9 @@ class TcpTransport(Transport):
         self._backoff.pop(bookie_id, None)
         self.refusal_log.forget(bookie_id)
 
-    def _probe(self, conn: _ClientConnection) -> None:
-        with contextlib.suppress(ValueError):  # (no address: it never connected)
-            host, port = parse_address(conn.address)
-            self.refusal_log.probe(conn.bookie_id, conn.address, host, port,
-                                   self.connect_timeout, tls=self.ssl_context is None)
+    def _probe(self, conn: _ClientConnection) -> None:  # (conn.address: it connected)
+        self.refusal_log.probe(conn.bookie_id, conn.address, *parse_address(conn.address),
+                               self.connect_timeout, tls=self.ssl_context is None)
 
     async def refusals(self, since: float | None = None) -> list[Refusal]:
         return await self.refusal_log.settled(since)
