@@ -7,12 +7,12 @@ on every try, until someone changes the client's configuration. A long-running c
 mirror) must tell the two apart to stop and say what is missing instead of looping.
 
 The TCP transport records each such refusal here, per bookie, with the bookie's address;
-a later answer from that bookie, or a connection it refuses (it is down), forgets it. Only proof counts: a plain connection dropped
-before any answer is *probed* with a TLS handshake (no verification, nothing sent after
-it), and only a handshake that completes (or a TLS alert from the peer) records
-``needs-tls``; a TLS handshake that fails is probed with a plain BOOKIE_INFO request, and
-only an answer records ``no-tls``. A bookie that is restarting refuses or drops the probe
-too and stays transient.
+a later answer from that bookie, or a connection it refuses (it is down), forgets it.
+Only proof counts: a plain connection dropped before any answer is *probed* with a TLS
+handshake (no verification, nothing sent after it), and only a handshake that completes
+(or a TLS alert from the peer) records ``needs-tls``; a TLS handshake that fails is probed
+with a plain BOOKIE_INFO request, and only an answer records ``no-tls``. A bookie that is
+restarting refuses or drops the probe too and stays transient.
 """
 
 from __future__ import annotations
