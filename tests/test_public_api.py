@@ -60,3 +60,22 @@ def test_metadata_and_entry_fields() -> None:
             "ensembles", "digest_type", "custom_metadata", "version"} <= fields
     entry = pybk.LedgerEntry(1, 2, b"x")
     assert (entry.ledger_id, entry.entry_id, entry.data) == (1, 2, b"x")
+
+
+def test_log_mirror_names() -> None:
+    from pybk.logs import Log, LogMirror, MirrorAccessError, MirrorError
+    from pybk.ops import MirrorService
+    from pybk.transport.base import Transport
+    from pybk.transport.refusals import REFUSAL_KINDS, Refusal
+
+    assert issubclass(MirrorAccessError, pybk.UnauthorizedError)
+    assert issubclass(MirrorError, pybk.CorruptRecordError)
+    _has_methods(LogMirror, "run", "drain", "resume_position", "source_position")
+    _has_methods(MirrorService, "run", "drain")
+    _has_methods(Transport, "refusals")
+    assert isinstance(Log.client, property)
+    err = MirrorAccessError("x", side="target")
+    assert (err.side, err.refusals, err.kinds) == ("target", (), ("unauthorized",))
+    assert Refusal._fields == ("bookie_id", "address", "kind", "detail", "at")
+    assert set(REFUSAL_KINDS) == {"needs-tls", "no-tls", "tls-verify", "needs-token",
+                                  "token-refused"}

@@ -7,6 +7,12 @@ target log is created with the source's configuration when it does not exist. A 
 ``{"event": "ready", ...}`` on stdout says it started (with the metrics port when
 ``--metrics-port`` serves Prometheus metrics at ``/metrics``); on exit the last source
 position the target holds is printed (``-``: none).
+
+Exit status: 0 after a clean stop or drain; 1 for an error retrying cannot heal (a target
+that is not a mirror's, a source truncated past the copy); 2 for bad usage;
+:data:`EXIT_REFUSED` (3) when a cluster refused the mirror's credentials (its bookies want
+TLS, their certificate fails verification, a token is missing or refused): the message says
+which side, which bookie, and which option to pass or check.
 """
 
 from __future__ import annotations
@@ -27,9 +33,37 @@ import click
 from pybk.cli.common import Conn, check_metadata_uri, echo_data, fail, printing
 from pybk.cli.log import log
 from pybk.errors import BKError
+from pybk.logs.mirror import MirrorAccessError
 from pybk.logs.namespace import check_name
 
-__all__ = ["log_mirror"]
+__all__ = ["EXIT_REFUSED", "log_mirror", "refusal_hint"]
+
+#: the exit status of a mirror whose credentials a cluster refused (retrying cannot help)
+EXIT_REFUSED = 3
+
+
+def refusal_hint(exc: MirrorAccessError) -> str:
+    """What to pass or check, in this command's options, for a refusal."""
+    p, cluster = ("--from", "source") if exc.side == "source" else ("--to", "target")
+    hints = {
+        "needs-tls": f"pass {p}-tls-ca FILE (the CA of the {cluster} cluster's bookies; "
+                     f"{p}-tls-cert and {p}-tls-key too if they want a client certificate)",
+        "no-tls": f"drop {p}-tls-ca, {p}-tls-cert and {p}-tls-key: the {cluster} "
+                  "cluster's bookies do not speak TLS",
+        "tls-verify": f"check {p}-tls-ca: it must hold the CA that signed the {cluster} "
+                      "bookies' certificates",
+        "needs-token": f"pass {p}-auth-token-file FILE (the {cluster} cluster's token)",
+        "token-refused": f"check {p}-auth-token-file: the {cluster} bookies do not accept "
+                         "its token",
+        "unauthorized": f"check the {cluster} cluster's credentials ({p}-tls-ca, "
+                        f"{p}-auth-token-file) and that the log is that cluster's",
+    }
+    return "; ".join(hints[k] for k in exc.kinds)
+
+
+def _refused(exc: MirrorAccessError) -> None:
+    click.echo(f"pybk: error: {type(exc).__name__}: {exc}: {refusal_hint(exc)}", err=True)
+    raise SystemExit(EXIT_REFUSED)
 
 
 def _name(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -89,7 +123,10 @@ def log_mirror(source_uri: str, target_uri: str, name: str, namespace: str,
     exactly once, following its tail until stopped (or until its stream ends).
 
     Every target record carries the source position it copies, so a restart (after a crash
-    of this process, of bookies or of the network) resumes exactly where the target ends."""
+    of this process, of bookies or of the network) resumes exactly where the target ends.
+    Failures of bookies or the network are retried; refused credentials (no TLS where the
+    bookies want it, a certificate failing verification, a missing or refused token) stop
+    it with exit status 3 and a line naming the side, the bookie and the option to pass."""
     if source_uri == target_uri and (to_namespace or namespace) == namespace and (
             to_log or name) == name:
         raise click.UsageError("--from and --to name the same log: nothing to mirror")
@@ -109,6 +146,8 @@ def log_mirror(source_uri: str, target_uri: str, name: str, namespace: str,
     try:
         last = asyncio.run(_serve(src, dst, name, namespace, to_namespace or namespace,
                                   to_log or name, drain, batch, metrics_port, metrics_host))
+    except MirrorAccessError as exc:  # one line, exit 3: restarting would not help
+        _refused(exc)
     except (BKError, ValueError, OSError, TimeoutError) as exc:  # one line, exit 1
         fail(f"{type(exc).__name__}: {exc or 'no detail'}")
     with printing():

@@ -367,7 +367,9 @@ def _take_answer(
                 f"{bookie}: answered entry {eid} in place of entry {expected}")])
             continue
         if status != ok or body is None:
-            retry[eid] = (1, [error_for_status(status, f"{bookie}: no entry {eid}")])
+            said = ("no entry" if status in _ABSENT or status == ok
+                    else f"{Status(status).name} for entry")
+            retry[eid] = (1, [error_for_status(status, f"{bookie}: {said} {eid}")])
             continue
         good = crc_checked(body, eid)
         if good is not None:

@@ -24,7 +24,13 @@ from pybk.logs.meta import (
     OffloadInfo,
     SegmentInfo,
 )
-from pybk.logs.mirror import LogMirror, MirroredRecord, MirrorError, MirrorStats
+from pybk.logs.mirror import (
+    LogMirror,
+    MirrorAccessError,
+    MirroredRecord,
+    MirrorError,
+    MirrorStats,
+)
 from pybk.logs.namespace import Namespace
 from pybk.logs.position import LogRecord, Position
 from pybk.logs.publish import PublishResult
@@ -50,6 +56,7 @@ __all__ = [
     "LogReader",
     "LogRecord",
     "LogWriter",
+    "MirrorAccessError",
     "MirrorError",
     "MirrorStats",
     "MirroredRecord",

@@ -29,6 +29,7 @@ from pybk.logs.truncation import plan_truncation
 from pybk.logs.writer import LogWriter
 
 if TYPE_CHECKING:
+    from pybk.client.client import Client
     from pybk.logs.catalog import LogCatalog
 
 __all__ = ["Log"]
@@ -48,6 +49,11 @@ class Log:
     @property
     def namespace(self) -> str:
         return self._cat.namespace
+
+    @property
+    def client(self) -> Client:
+        """The client this handle works through (its cluster's store and transport)."""
+        return self._cat.client
 
     async def writer(
         self, options: WriterOptions | None = None, *, label: str | None = None, **knobs: object

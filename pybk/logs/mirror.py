@@ -24,24 +24,33 @@ import asyncio
 import contextlib
 import struct
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple, NoReturn
 
 import crc32c
 
-from pybk.errors import BKError, CorruptRecordError, LogExistsError
+from pybk.errors import (
+    AlreadyTruncatedError,
+    BKError,
+    CorruptRecordError,
+    LogExistsError,
+    UnauthorizedError,
+)
 from pybk.logs.config import ReaderOptions
 from pybk.logs.position import LogRecord, Position
+from pybk.transport.refusals import Refusal
 
 if TYPE_CHECKING:
     from pybk.logs.log import Log
     from pybk.logs.namespace import Namespace
+    from pybk.logs.reader import LogReader
     from pybk.logs.writer import LogWriter
 
 __all__ = [
     "FRAME_MAGIC",
     "LogMirror",
+    "MirrorAccessError",
     "MirrorError",
     "MirrorStats",
     "MirroredRecord",
@@ -61,6 +70,50 @@ _U32 = struct.Struct(">I")
 class MirrorError(CorruptRecordError):
     """The target log cannot be a mirror's target: its last record is not a mirror frame
     (something else wrote to it), or a frame is damaged."""
+
+
+SOURCE: Final = "source"
+TARGET: Final = "target"
+
+
+class MirrorAccessError(UnauthorizedError):
+    """A cluster refused the mirror's credentials, which retrying cannot mend: its bookies
+    want TLS and the mirror has none (or the reverse), their certificate fails
+    verification, a token is missing or refused, or a ledger's master key does not match.
+    ``side`` is ``"source"`` or ``"target"``; ``refusals`` the bookies that refused and how
+    (:class:`pybk.transport.refusals.Refusal`; empty for a refusal only the error names)."""
+
+    def __init__(self, message: str, *, side: str = SOURCE,
+                 refusals: Sequence[Refusal] = ()) -> None:
+        super().__init__(message)
+        self.side = side
+        self.refusals = tuple(refusals)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """The refusals' kinds (``needs-tls``, ``no-tls``, ``tls-verify``, ``needs-token``,
+        ``token-refused``), each once, in order; ``("unauthorized",)`` without refusals."""
+        return tuple(dict.fromkeys(r.kind for r in self.refusals)) or ("unauthorized",)
+
+
+async def access_error(log: Log, side: str, exc: BaseException,
+                       since: float) -> MirrorAccessError | None:
+    """``exc`` (what failed on ``side``, whose log is ``log``) as a MirrorAccessError when
+    it came from refused credentials: a bookie of that cluster refused them at or after
+    loop time ``since`` (proof recorded by its transport), or the error is an
+    UnauthorizedError. None: a failure a retry may mend."""
+    if isinstance(exc, MirrorAccessError):
+        return exc
+    if not isinstance(exc, BKError | OSError) or isinstance(
+            exc, CorruptRecordError | AlreadyTruncatedError | ValueError | TypeError):
+        return None  # (those say what is wrong themselves)
+    refusals = await log.client.transport.refusals(since)
+    if not refusals and not isinstance(exc, UnauthorizedError):
+        return None
+    said = "; ".join(f"{side} {r.describe()}" for r in refusals) or \
+        f"the {side} cluster refused the mirror"
+    return MirrorAccessError(f"{said} [{type(exc).__name__}: {exc}]", side=side,
+                             refusals=refusals)
 
 
 class MirroredRecord(NamedTuple):
@@ -148,6 +201,8 @@ class LogMirror:
     of the call and returns (the failover step). Any failure (a bookie, the network, the
     target's writer fenced) ends the run with its error: running again resumes from the
     target's truth, so a supervisor (:class:`pybk.ops.mirror.MirrorService`) only restarts.
+    A failure caused by refused credentials ends it with :class:`MirrorAccessError` (which
+    side, which bookie, what was refused): restarting cannot help.
     """
 
     def __init__(
@@ -176,16 +231,47 @@ class LogMirror:
         self.label = label
         self.stats = stats if stats is not None else MirrorStats()
         self._clock = clock
+        self._side = TARGET  # the cluster the run is waiting on (which side a failure hit)
+        self._reading: asyncio.Task[object] | None = None  # the run, while it reads the source
+        self._append_failed = False
+        self._copies = 0  # runs' copies started (an append's callback knows its own)
 
     def _now(self) -> float:
         if self._clock is not None:
             return self._clock()
         return asyncio.get_running_loop().time()
 
+    @contextlib.asynccontextmanager
+    async def _refusals_checked(self, side: str | None = None) -> AsyncIterator[None]:
+        """A failure inside (on ``side``; default: the side the run waits on) that came from
+        refused credentials is raised as MirrorAccessError."""
+        since = asyncio.get_running_loop().time()
+        try:
+            yield
+        except Exception as exc:
+            hit = side or self._side
+            refused = await access_error(self.source if hit == SOURCE else self.target, hit,
+                                         exc, since)
+            if refused is None or refused is exc:
+                raise
+            self.stats.last_error = f"{type(refused).__name__}: {refused}"
+            raise refused from exc
+
+    async def source_position(self) -> Position | None:
+        """The source's last position (MirrorAccessError: its cluster refused the mirror)."""
+        async with self._refusals_checked(SOURCE):
+            return await self.source.last_position()
+
     async def resume_position(self, writer: LogWriter | None = None) -> Position | None:
         """The last source position the target holds (None: the target holds no record),
         read from the target's last record. Pass the mirror's own open ``writer`` to read
         what it recovered; without one, the target's last position is asked of its bookies."""
+        if writer is None:
+            async with self._refusals_checked(TARGET):
+                return await self._resume_position(None)
+        return await self._resume_position(writer)
+
+    async def _resume_position(self, writer: LogWriter | None) -> Position | None:
         last = writer.last_position if writer is not None else await self.target.last_position()
         if last is None:
             return None
@@ -205,6 +291,11 @@ class LogMirror:
         """Copy from the target's truth onwards, following the source's tail, until cancelled,
         until the source's stream ends, or past ``stop_at`` (inclusive)."""
         self.stats.starts += 1
+        self._side = TARGET
+        async with self._refusals_checked():
+            await self._run(stop_at)
+
+    async def _run(self, stop_at: Position | None) -> None:
         try:
             writer = await self.target.writer(label=self.label)
         except BaseException as exc:
@@ -232,7 +323,7 @@ class LogMirror:
     async def drain(self) -> Position | None:
         """Copy up to the source's last record as of now and stop (the failover step, once
         the source's writers are stopped); the last source position the target holds."""
-        last = await self.source.last_position()
+        last = await self.source_position()
         if last is not None:
             await self.run(stop_at=last)
         return await self.resume_position()
@@ -240,9 +331,14 @@ class LogMirror:
     async def _copy(self, writer: LogWriter, resume: Position | None,
                     stop_at: Position | None) -> None:
         inflight: deque[asyncio.Future[list[Position]]] = deque()
+        self._append_failed = False
+        self._copies += 1
+        self._side = SOURCE
         async with self.source.reader(start=resume, stop_at=stop_at) as reader:
             while True:
-                batch = await reader.read_batch(self.batch_records)
+                self._side = SOURCE
+                batch = await self._next_batch(reader, inflight)
+                self._side = TARGET
                 if not batch:
                     break
                 if resume is not None:
@@ -253,18 +349,59 @@ class LogMirror:
                 inflight.append(self._send(writer, batch))
                 while len(inflight) >= self.window:
                     await inflight.popleft()  # bounded: at most ``window`` batches unacknowledged
+            self._side = TARGET
             while inflight:
                 await inflight.popleft()
+        self._side = TARGET
         await writer.flush()
+
+    async def _next_batch(self, reader: LogReader,
+                          inflight: deque[asyncio.Future[list[Position]]]) -> list[LogRecord]:
+        """The source's next batch. While waiting for it (a source without new records keeps
+        the reader waiting), a failed append on the target ends the wait with its error:
+        the run must not go on as if the target held what it was sent. (The failed append's
+        callback cancels this task: no task per batch on the hot path.)"""
+        task = asyncio.current_task()
+        if self._append_failed:
+            return self._raise_failed_append(inflight)
+        self._reading = task
+        try:
+            return await reader.read_batch(self.batch_records)
+        except asyncio.CancelledError:
+            if task is None or not self._failed_append_seen() or task.uncancel() > 0:
+                raise  # not ours (or another cancel as well)
+            return self._raise_failed_append(inflight)
+        finally:
+            self._reading = None
+
+    def _raise_failed_append(self, inflight: deque[asyncio.Future[list[Position]]]) -> NoReturn:
+        self._side = TARGET
+        for f in inflight:
+            if f.done():
+                f.result()  # raises the first failed append's error
+        raise AssertionError("an append failed but none of those in flight did")
+
+    def _failed_append_seen(self) -> bool:
+        return self._append_failed
+
+    def _on_failed_append(self, copy: int) -> None:
+        if copy != self._copies:
+            return  # an append of an earlier run (its writer aborted) failing late
+        self._append_failed = True
+        task, self._reading = self._reading, None
+        if task is not None:
+            task.cancel()
 
     def _send(self, writer: LogWriter, batch: list[LogRecord]) -> asyncio.Future[list[Position]]:
         framed = [frame(r.position, r.data, r.key) for r in batch]
         txids = [r.txid for r in batch]
         fut = writer.append_many(framed, txids if any(t is not None for t in txids) else None)
         last, count, nbytes = batch[-1].position, len(batch), sum(len(r.data) for r in batch)
+        copy = self._copies
 
         def acked(f: asyncio.Future[list[Position]]) -> None:
             if f.cancelled() or f.exception() is not None:
+                self._on_failed_append(copy)
                 return
             st = self.stats  # batches are acknowledged in order, so this only moves on
             st.records += count

@@ -1,9 +1,11 @@
-"""A log mirror run as a service: restarted after every failure, its lag exported.
+"""A log mirror run as a service: restarted after every failure it may heal, its lag exported.
 
 Why: a mirror's run ends at the first failure of either cluster (a bookie, the network, a
 takeover of the target's writer). Restarting is always safe, because a run resumes from the
 target's last record (:mod:`pybk.logs.mirror`), so the service only restarts, after a backoff
-with jitter from an injected random (loop time; the simulator can drive it).
+with jitter from an injected random (loop time; the simulator can drive it). Failures a
+restart cannot heal end it: refused credentials (MirrorAccessError), a target that is not a
+mirror's, a source truncated past the copy, bad input.
 """
 
 from __future__ import annotations
@@ -11,28 +13,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from pybk.errors import AlreadyTruncatedError, BKError
 from pybk.logs.log import Log
-from pybk.logs.mirror import LogMirror, MirrorError, MirrorStats
+from pybk.logs.mirror import LogMirror, MirrorAccessError, MirrorError, MirrorStats
 from pybk.logs.position import Position
 
 __all__ = ["MirrorCollector", "MirrorService"]
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 class MirrorService:
     """Keeps a :class:`~pybk.logs.mirror.LogMirror` of ``source`` into ``target`` running:
     ``await service.run()`` until cancelled (or the source's stream ended and everything is
     copied). A failure is logged and the mirror restarts after ``min_backoff`` doubling to
-    ``max_backoff`` seconds (times a jitter in [0.5, 1)); a target that is not a mirror's
-    (MirrorError), a source truncated past the copy (AlreadyTruncatedError) and bad input
-    (a record too large for the target included) are not retried."""
+    ``max_backoff`` seconds (times a jitter in [0.5, 1)); refused credentials
+    (MirrorAccessError: no TLS, a certificate failing verification, a token missing or
+    refused), a target that is not a mirror's (MirrorError), a source truncated past the
+    copy (AlreadyTruncatedError) and bad input (a record too large for the target included)
+    are not retried: ``run`` and ``drain`` raise them."""
 
     def __init__(
         self,
@@ -61,13 +68,17 @@ class MirrorService:
                   on_failure: Callable[[BaseException], None] | None = None) -> None:
         """Run the mirror, restarting after failures, until cancelled, until the source's
         stream ended, or past ``stop_at``."""
+        await self._retrying(lambda: self.mirror.run(stop_at=stop_at), on_failure)
+
+    async def _retrying(self, op: Callable[[], Awaitable[T]],
+                        on_failure: Callable[[BaseException], None] | None = None) -> T:
         backoff = self.min_backoff
         while True:
             try:
-                await self.mirror.run(stop_at=stop_at)
-                return
-            except (MirrorError, AlreadyTruncatedError, TypeError, ValueError):
-                raise  # retrying cannot help: the target or the source is not fit
+                return await op()
+            except (MirrorAccessError, MirrorError, AlreadyTruncatedError, TypeError,
+                    ValueError):
+                raise  # retrying cannot help: the credentials, the target or the source
             except (BKError, OSError, TimeoutError) as exc:
                 self.failures += 1
                 log.warning("mirror %s failed (%s: %s); restarting in about %.2f s",
@@ -80,10 +91,10 @@ class MirrorService:
     async def drain(self) -> Position | None:
         """Copy up to the source's last record as of now, restarting after failures (the
         failover step); the last source position the target holds."""
-        last = await self.mirror.source.last_position()
+        last = await self._retrying(self.mirror.source_position)
         if last is not None:
             await self.run(stop_at=last)
-        return await self.mirror.resume_position()
+        return await self._retrying(self.mirror.resume_position)
 
 
 class MirrorCollector(Collector):

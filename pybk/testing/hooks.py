@@ -26,6 +26,7 @@ from pybk.transport.base import (
     split_callback,
 )
 from pybk.transport.deadlines import Deadlines
+from pybk.transport.refusals import Refusal
 from pybk.wire import (
     AddBatchRequest,
     AddCallback,
@@ -440,6 +441,9 @@ class HookedTransport(Transport):
         for task in list(self._tasks):
             task.cancel()
         await self.inner.close()
+
+    async def refusals(self, since: float | None = None) -> list[Refusal]:
+        return await self.inner.refusals(since)
 
 
 def _pick(batch: asyncio.Future[Response], read: ReadRequest,

@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import Callable
 
 from pybk.errors import BKError, BookieUnavailableError, status_of
+from pybk.transport.refusals import Refusal
 from pybk.wire import (
     AddBatchRequest,
     AddCallback,
@@ -82,6 +83,14 @@ class Transport(abc.ABC):
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections. Pending requests fail with BookieUnavailableError."""
+
+    async def refusals(self, since: float | None = None) -> list[Refusal]:
+        """Bookies that refused this transport's credentials (no TLS where TLS is wanted, a
+        certificate failing verification, a token missing or refused), the latest per
+        bookie, seen (or confirmed by a request refused while backing off from it) at or
+        after loop time ``since``; forgotten once the bookie answers or cannot be reached.
+        Waits for the probes in flight (bounded). Transports without credentials: none."""
+        return []
 
 
 def split_callback(on_done: AddCallback, n: int,

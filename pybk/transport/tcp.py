@@ -37,6 +37,7 @@ from pybk.transport.base import (
     split_callback,
 )
 from pybk.transport.deadlines import Deadlines
+from pybk.transport.refusals import NEEDS_TOKEN, TLS_VERIFY, TOKEN_REFUSED, Refusal, RefusalLog
 from pybk.wire import (
     AddBatchRequest,
     AddCallback,
@@ -342,7 +343,8 @@ class _ClientConnection(asyncio.Protocol):
             if event.request_id == self.auth_id:
                 self.auth_id = None
                 if event.response.status != Status.OK:
-                    self._refuse_all(event.response.message or "authentication failed")
+                    self._refuse_all(event.response.message or "authentication failed",
+                                     TOKEN_REFUSED)
                     return
                 continue
             if event.request_id == self.versions_id:
@@ -351,7 +353,8 @@ class _ClientConnection(asyncio.Protocol):
                 if response.status == Status.UNAUTHORIZED:
                     # the bookie wants a token first: it refuses whatever comes before AUTH
                     # and closes, so every request on this connection is refused the same way
-                    self._refuse_all(response.message or "authentication required")
+                    self._refuse_all(response.message or "authentication required",
+                                     NEEDS_TOKEN)
                     return
                 if isinstance(response, BookieInfoResponse) and response.protocol_version:
                     self.peer_version = min(response.protocol_version, codec.PROTOCOL_VERSION)
@@ -366,16 +369,22 @@ class _ClientConnection(asyncio.Protocol):
                 )
                 return
             self.deadlines.discard(entry.token)
+            if event.response.status == Status.UNAUTHORIZED and self.owner.auth_token is None \
+                    and "authenticate" in (msg := event.response.message or ""):
+                self.owner.refusal_log.record(self.bookie_id, self.address, NEEDS_TOKEN, msg)
             entry.on_answer(event.response)
 
     def connection_lost(self, exc: Exception | None) -> None:
         why = f": {exc}" if exc else ""
+        if not self.answered and not self.closed and self.owner.ssl_context is None:
+            self.owner._probe(self)  # dropped unanswered: does the bookie want TLS?
         self.fail(f"connection to bookie {self.bookie_id} at {self.address} lost{why}")
 
     # -- failure -----------------------------------------------------------------------------
 
-    def _refuse_all(self, message: str) -> None:
+    def _refuse_all(self, message: str, kind: str) -> None:
         """The bookie refused our token: every pending request gets an UNAUTHORIZED answer."""
+        self.owner.refusal_log.record(self.bookie_id, self.address, kind, message)
         pending, self.pending = self.pending, {}
         self.deadlines.close()
         for entry in pending.values():
@@ -451,6 +460,8 @@ class TcpTransport(Transport):
         self._backoff: dict[str, tuple[float, float]] = {}  # bookie -> (retry_at, next delay)
         self._connects: set[asyncio.Task[None]] = set()
         self._closed = False
+        #: bookies that refused this client's credentials (pybk.transport.refusals)
+        self.refusal_log = RefusalLog()
 
     @classmethod
     def from_store(cls, store: MetadataStore, **kwargs: object) -> TcpTransport:
@@ -490,6 +501,7 @@ class TcpTransport(Transport):
             loop = asyncio.get_running_loop()
             retry_at, _ = self._backoff.get(bookie_id, (0.0, 0.0))
             if loop.time() < retry_at:
+                self.refusal_log.touch(bookie_id)  # (a refusal is why it backs off)
                 raise BookieUnavailableError(f"bookie {bookie_id} unreachable (backing off)")
             conn = _ClientConnection(self, bookie_id, slot)
             self._conns[(bookie_id, slot)] = conn
@@ -519,6 +531,14 @@ class TcpTransport(Transport):
             raise
         except Exception as exc:  # refused, unreachable, TLS handshake, resolver/metadata...
             log.info("cannot connect to bookie %s (%s): %r", conn.bookie_id, conn.address, exc)
+            if isinstance(exc, ssl.SSLCertVerificationError):
+                self.refusal_log.record(conn.bookie_id, conn.address, TLS_VERIFY,
+                                        str(exc.verify_message or exc))
+            elif self.ssl_context is not None and isinstance(
+                    exc, ssl.SSLError | ConnectionResetError | ConnectionAbortedError):
+                self._probe(conn)  # the handshake failed: is the bookie plain TCP?
+            elif not isinstance(exc, ssl.SSLError | ConnectionResetError | ConnectionAbortedError):
+                self.refusal_log.forget(conn.bookie_id)  # unreachable: its refusal is moot
             if isinstance(exc, BookieUnavailableError):
                 conn.fail(str(exc))
             else:
@@ -537,6 +557,14 @@ class TcpTransport(Transport):
     def _note_success(self, bookie_id: str) -> None:
         """The bookie answered: the next failure starts backing off from the beginning."""
         self._backoff.pop(bookie_id, None)
+        self.refusal_log.forget(bookie_id)
+
+    def _probe(self, conn: _ClientConnection) -> None:  # (conn.address: it connected)
+        self.refusal_log.probe(conn.bookie_id, conn.address, *parse_address(conn.address),
+                               self.connect_timeout, tls=self.ssl_context is None)
+
+    async def refusals(self, since: float | None = None) -> list[Refusal]:
+        return await self.refusal_log.settled(since)
 
     def _forget(self, conn: _ClientConnection) -> None:
         if self._conns.get((conn.bookie_id, conn.slot)) is conn:
@@ -554,6 +582,7 @@ class TcpTransport(Transport):
             conn.fail("transport closed")
         if self._connects:
             await asyncio.gather(*self._connects, return_exceptions=True)
+        await self.refusal_log.close()
 
 
 def _chain(src: asyncio.Future[Response], dst: asyncio.Future[Response]) -> None:

@@ -23,11 +23,11 @@ from pybk.client.context import ClientConfig
 from pybk.cluster import LocalCluster
 from pybk.errors import AlreadyTruncatedError, CorruptRecordError
 from pybk.logs import Log, LogRecord, Position
-from pybk.logs.mirror import LogMirror, MirrorError, frame, is_frame, unframe
+from pybk.logs.mirror import LogMirror, MirrorAccessError, MirrorError, frame, is_frame, unframe
 from pybk.ops.mirror import MirrorCollector, MirrorService
 from pybk.storage.memfs import MemFileSystem
 from pybk.testing import HookedTransport
-from pybk.wire import Op
+from pybk.wire import Op, Status
 
 
 @asynccontextmanager
@@ -312,6 +312,30 @@ async def test_a_network_partition_from_the_target_loses_and_doubles_nothing(
         assert len(source) == len(target) == 70
         assert_prefix(source, target)
         assert service.stats.starts == service.failures + 1
+
+
+async def test_a_target_refusing_the_mirror_ends_the_service_at_once(
+        tmp_path: Path) -> None:
+    """UNAUTHORIZED (a master key that does not match) is not retried: the service's run
+    raises MirrorAccessError naming the target after one start; unreachable is retried."""
+    async with two_clusters(tmp_path) as (a, b):
+        src = await a.client().namespace().create_log("k")
+        dst = await b.client().namespace().create_log("k")
+        async with await src.writer() as w:
+            await w.append_many([b"k%d" % i for i in range(5)])
+        service = MirrorService(src, dst, rng=random.Random(3), min_backoff=0.01,
+                                max_backoff=0.05)
+        cut = b.transport.hooks.unavailable(op=Op.ADD, times=2)
+        refused = b.transport.hooks.fail(op=Op.ADD, status=Status.UNAUTHORIZED)
+        with pytest.raises(MirrorAccessError) as caught:
+            await asyncio.wait_for(service.run(), 30)
+        assert caught.value.side == "target" and caught.value.kinds == ("unauthorized",)
+        assert "target cluster refused the mirror" in str(caught.value)
+        assert service.failures >= 1 and service.stats.starts == service.failures + 1
+        assert service.stats.last_error.startswith("MirrorAccessError: ")
+        refused.remove()
+        cut.remove()
+        assert await service.drain() == w.last_position
 
 
 async def test_failover_stop_writers_drain_then_write_to_the_target(tmp_path: Path) -> None:
