@@ -65,6 +65,9 @@ EXPECTED = {
     # a range owner overtaken while it caught up serves an old state: its next revision is
     # below the command log's last txid, the log writer refuses it, the table server dies
     mutations.TABLES_CATCH_UP_UNCHECKED: {"X1"},
+    # a table command applied before the log acknowledged it: a read sees a put that a crash
+    # then loses (the history is not linearizable)
+    mutations.APPLY_BEFORE_ACK: {"X1"},
 }
 
 
@@ -82,6 +85,14 @@ BY_REPLAY = {mutations.COUNTS_REPLACED_BOOKIES_ACKS: "BK-4651",
 BY_WORKLOAD = {mutations.REREPLICATION_LEAVES_GROUP:
                "tests/sim/test_tenancy_sim.py::test_the_simulator_catches_re_replication_out"
                "_of_the_group (Workload(tenancy=True))"}
+
+#: switches the sweep does not catch at all, each caught by the aimed test named. Applying a
+#: table command before the log acknowledges it needs a crash of the owner between the two
+#: while a read runs: none of the first 120 CI seeds (29 Nov; the tables workload is in one
+#: seed of eight)
+BY_TEST = {mutations.APPLY_BEFORE_ACK:
+           "tests/tables/test_linearizability.py::test_applying_before_the_log_acknowledges_is"
+           "_caught"}
 
 
 #: switches caught by a pinned regression seed (tests/sim/regression_seeds.txt, with the
@@ -116,8 +127,18 @@ def test_the_switches_left_to_seeds_have_one() -> None:
         assert (switch, seed) in pinned, f"{switch}: no regression seed {seed} runs it"
 
 
+def test_the_switches_left_to_tests_have_one() -> None:
+    root = Path(__file__).parents[1]
+    for switch, test in BY_TEST.items():
+        path, name = test.split("::")
+        source = (root.parent / path).read_text()
+        assert f"def {name}(" in source, test
+        assert switch in mutations.KNOWN
+
+
 @pytest.mark.parametrize("mutation", sorted(mutations.KNOWN - set(BY_REPLAY)
-                                            - set(BY_WORKLOAD) - set(BY_SEED)))
+                                            - set(BY_WORKLOAD) - set(BY_SEED)
+                                            - set(BY_TEST)))
 def test_sweep_catches_mutation(mutation: str) -> None:
     found = find_violation(list(CI_SEEDS)[:60], mutations=(mutation,), invariants=SAFETY)
     assert found is not None, f"{mutation}: no seed of the first 60 CI seeds caught it"
