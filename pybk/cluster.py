@@ -61,6 +61,7 @@ class LocalCluster:
         tune_gc: bool = False,
         bookie_dirs: Sequence[str | os.PathLike[str]] | None = None,
         storage: str | None = None,
+        tenancy: bool = True,
     ) -> None:
         if isinstance(bookies, int):
             if bookies < 0:
@@ -116,6 +117,9 @@ class LocalCluster:
             metrics.register(BookieCollector(lambda: list(self._bookies.values())))
             metrics.register(AutoRecoveryCollector(
                 lambda: [(b, r.stats) for b, r in self._recoveries.items()]))
+        #: enforce namespaces' rates and storage quotas in every bookie, as ``pybk bookie``
+        #: does by default (pybk.bookie.tenancy; every principal is anonymous in process)
+        self.tenancy = tenancy
         self.transport = self.local_transport()
         self._started = False
         #: apply :func:`pybk.runtime.gctune.tune_gc_for_server` once the bookies have started, and
@@ -167,6 +171,8 @@ class LocalCluster:
         await self.transport.close()
         for bookie_id in list(self._bookies):
             bookie = self._bookies.pop(bookie_id)
+            if bookie.tenancy is not None:
+                bookie.tenancy.stop()
             try:
                 await bookie.stop()
             except Exception:
@@ -238,6 +244,10 @@ class LocalCluster:
             kwargs["stats"] = BookieStats()
         bookie = Bookie(bookie_id, data_dir, **kwargs)
         await bookie.start()
+        if self.tenancy:
+            from pybk.bookie.tenancy import enable_tenancy
+
+            await enable_tenancy(bookie, self.store, authenticated=False)
         if bookie_id not in self._known:
             self._known.append(bookie_id)
         self._bookies[bookie_id] = bookie
@@ -307,6 +317,8 @@ class LocalCluster:
         if bookie is None:
             raise BookieStateError(f"bookie {bookie_id!r} is not running")
         bookie.on_state_change = None
+        if bookie.tenancy is not None:
+            bookie.tenancy.stop()
         bookie.crash()
         await self._stop_autorecovery(bookie_id)  # it dies with its bookie
         await self.store.unregister_bookie(bookie_id)

@@ -138,6 +138,8 @@ class AsyncWAL:
                         lock.acquire()
                         self._replica_locks.append(lock)
                     options["bookie_dirs"] = dirs
+                # (its metadata is its own: no tenant's namespace to enforce)
+                options.setdefault("tenancy", False)
                 self._cluster = LocalCluster(
                     self.path, self._bookies, client_config=self._client_config, **options
                 )

@@ -129,6 +129,7 @@ class AsyncTables:
                 self._lock = DirectoryLock(self.path, "tables directory")
                 self._lock.acquire()
                 options = dict(self._cluster_options)
+                options.setdefault("tenancy", False)  # (its own metadata: no tenants)
                 options.setdefault(  # as the embedded WAL's bookies (pybk/wal.py)
                     "bookie_config", BookieConfig(journal_preallocate=True, segment_size=16 << 20))
                 self._cluster = LocalCluster(self.path, self._bookies,

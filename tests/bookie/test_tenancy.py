@@ -223,3 +223,26 @@ async def test_metrics_have_the_dashboard_names(tmp_path):
         assert 'pybk_tenant_storage_quota_bytes{namespace="acme/orders",tenant="acme"}' in text
     finally:
         await cluster.close()
+
+
+@pytest.mark.parametrize("tenancy", [True, False])
+async def test_a_local_cluster_enforces_quotas_by_itself(tmp_path, tenancy):
+    """LocalCluster's bookies have their tenancy gate as ``pybk bookie``'s do (default on):
+    a namespace's storage quota refuses adds with no gate installed by hand."""
+    async with pybk.LocalCluster(tmp_path, bookies=3, tenancy=tenancy) as cluster:
+        records = TenancyRecords(cluster.store)
+        await records.create_tenant("acme")
+        await records.create_namespace("acme/small",
+                                       policies=NamespacePolicies(max_storage_bytes=8000))
+        lh = await _ledger(cluster.client(), "acme/small")
+        written = 0
+        if tenancy:
+            with pytest.raises(QuotaExceededError):
+                for _ in range(50):
+                    await lh.append(b"q" * 1000)
+                    written += 1
+            assert 5 <= written < 10
+        else:
+            for _ in range(20):
+                await lh.append(b"q" * 1000)
+            assert all(cluster.bookie(b).tenancy is None for b in cluster.bookie_ids)
