@@ -272,9 +272,9 @@ class DbLedgersMixin:
             self._waiting.setdefault(key, []).append(on_done)
             return
         # (an id past the last durable one is not held: no lookup on the common path)
-        held = self._held(ledger_id, entry_id) if entry_id <= st.last else None
-        if held is not None:
-            if held != body:
+        same = self._same_as_held(ledger_id, entry_id, body) if entry_id <= st.last else None
+        if same is not None:
+            if not same:
                 raise EntryExistsError(
                     f"ledger {ledger_id} entry {entry_id} exists with different bytes")
             on_done(None)
@@ -306,6 +306,9 @@ class DbLedgersMixin:
 
         new_ids: list[int] = []
         new_bodies: list[bytes] = []
+        #: entries refused for one reason share one error (named after the first of them):
+        #: a batch of 65,536 refusals holds one error object, not 65,536
+        shared: dict[type, BKError] = {}
         for i, (eid, body) in enumerate(zip(entry_ids, bodies, strict=True)):
             if (eid <= st.last or (ledger_id, eid) in self._pending
                     or len(body) < ENTRY_HEADER_SIZE or eid < 0
@@ -314,7 +317,7 @@ class DbLedgersMixin:
                     self.add_entry(ledger_id, eid, body, master_key, recovery,
                                    lambda e, i=i: settle(i, e))  # type: ignore[misc]
                 except BKError as exc:
-                    settle(i, exc)
+                    settle(i, shared.setdefault(type(exc), exc))
                 continue
             new_ids.append(eid)
             new_bodies.append(body)
@@ -370,6 +373,24 @@ class DbLedgersMixin:
             self.logs.logs.pop(log_id)  # (its files go once a checkpoint no longer names it)
 
     # ================================================================== reads
+
+    def _same_as_held(self, lid: int, eid: int, body: bytes) -> bool | None:
+        """None when ``eid`` is not held, else whether ``body`` equals the held copy. A
+        flushed copy is read back only when its stored size is ``body``'s: a small body
+        claiming a large held entry cannot make the bookie read that entry (and its
+        read-ahead) back."""
+        held = self._cache.get(lid, {}).get(eid)
+        if held is None:
+            held = self._flushing.get(lid, {}).get(eid)
+        if held is not None:
+            return held == body
+        size = self.logs.size_of(lid, eid)
+        if size is None:
+            return None
+        if size != len(body):
+            return False
+        stored = self.logs.read(lid, eid)
+        return None if stored is None else stored == body
 
     def _held(self, lid: int, eid: int) -> bytes | None:
         body = self._cache.get(lid, {}).get(eid)

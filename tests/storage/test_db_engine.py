@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import pybk
 from pybk.cli import main
-from pybk.errors import BKError
+from pybk.errors import BKError, EntryExistsError
 from pybk.server.process import process_bookie_config
 from pybk.storage import FileSystem, MemFileSystem
 from pybk.storage.dbstore import DB_LOG_UNSYNCED, DbLedgerStore
@@ -226,4 +226,34 @@ async def test_a_full_disk_during_a_cache_flush_is_a_write_error_not_a_lost_task
     for e in range(eid):
         assert s.read(1, e) == body(1, e, 100)
     s._check()
+    await s.close()
+
+
+async def test_small_duplicates_of_a_large_flushed_entry_read_nothing_back() -> None:
+    """A batch of small bodies claiming an entry held (flushed) as 1 MiB is refused from the
+    index's size alone, and its refusals share one error (issue 34's duplicate-add attack on
+    the db engine)."""
+    s = await _db(MemFileSystem(), read_ahead=4 << 20)
+    await s.add(1, 0, body(1, 0, 1 << 20), KEY)
+    await s.add(1, 1, body(1, 1, 100), KEY)
+    await s.checkpoint()  # both in an entry log, none in the write cache
+    reads = []
+    real_read = s.logs.read
+    s.logs.read = lambda lid, eid: reads.append((lid, eid)) or real_read(lid, eid)
+    outcome: list[object] = []
+    n = 5000
+    s.add_batch(1, [0] * n, [body(1, 0, 36)] * n, KEY, False, outcome.append)
+    while not outcome:
+        await asyncio.sleep(0)
+    errors = outcome[0]
+    assert isinstance(errors, list) and len(errors) == n
+    assert all(isinstance(e, EntryExistsError) for e in errors)
+    assert len({id(e) for e in errors}) == 1
+    assert reads == []
+    # a body of the held size is compared with the held bytes (read back once, as asked)
+    same: list[object] = []
+    s.add_batch(1, [1], [body(1, 1, 100)], KEY, False, same.append)
+    while not same:
+        await asyncio.sleep(0)
+    assert same == [None] and reads == [(1, 1)]
     await s.close()
