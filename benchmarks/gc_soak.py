@@ -269,6 +269,20 @@ def plot(path: str, series: dict[str, tuple[list[tuple[float, int]], float]]) ->
     print(f"plot written to {path}")
 
 
+def levels_off(samples: list[tuple[float, int]], args: argparse.Namespace,
+               series: dict[str, tuple[list[tuple[float, int]], float]], name: str) -> bool:
+    """Print the samples against the retained-bytes bound; met when the second half's
+    largest sample is within it (disk use levelled off under the bound and stayed)."""
+    bound = REPLICAS * (1.5 * args.retain_mb * MB + 16 * MB)
+    table(samples, bound)
+    peak = max(u for t, u in samples if t >= samples[-1][0] / 2)
+    met = peak <= bound
+    print(f"  second half's largest: {peak / MB:.1f} MB; bound {REPLICAS} x (1.5 x "
+          f"{args.retain_mb:g} + 16) = {bound / MB:.1f} MB: {'met' if met else 'NOT MET'}")
+    series[name] = (samples, bound)
+    return met
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=0.75, help="the WAL soak's length")
@@ -299,40 +313,20 @@ def main() -> None:
     ok = True
     try:
         if args.only in (None, "wal"):
-            retain = args.retain_mb * MB
-            bound = REPLICAS * (1.5 * retain + 16 * MB)
             began = time.perf_counter()
             samples = asyncio.run(wal_soak(root, args))
             written = args.rate * args.record * args.minutes * 60
             print(f"\nwal: {args.rate:g} x {args.record} B records/s for {args.minutes:g} min "
                   f"(~{written / MB:,.0f} MB appended), keeping the last {args.retain_mb:g} MB "
                   f"({time.perf_counter() - began:.0f} s)")
-            table(samples, bound)
-            late = [u for t, u in samples if t >= samples[-1][0] / 2]
-            peak = max(late)
-            met = peak <= bound
-            ok &= met
-            print(f"  second half's largest: {peak / MB:.1f} MB; bound {REPLICAS} x (1.5 x "
-                  f"{args.retain_mb:g} + 16) = {bound / MB:.1f} MB: "
-                  f"{'met' if met else 'NOT MET'}")
-            series[f"WAL keeping its last {args.retain_mb:g} MB"] = (samples, bound)
+            ok &= levels_off(samples, args, series, f"WAL keeping its last {args.retain_mb:g} MB")
         if args.only in (None, "logtime"):
-            retain = args.retain_mb * MB
-            bound = REPLICAS * (1.5 * retain + 16 * MB)
-            keep_s = retain / (args.rate * args.record)
+            keep_s = args.retain_mb * MB / (args.rate * args.record)
             samples = asyncio.run(log_time_soak(root, args))
             print(f"\nlogtime: a log appended at {args.rate:g} x {args.record} B records/s for "
                   f"{args.minutes:g} min, retention by time: {keep_s:g} s (~"
                   f"{args.retain_mb:g} MB)")
-            table(samples, bound)
-            late = [u for t, u in samples if t >= samples[-1][0] / 2]
-            peak = max(late)
-            met = peak <= bound
-            ok &= met
-            print(f"  second half's largest: {peak / MB:.1f} MB; bound {REPLICAS} x (1.5 x "
-                  f"{args.retain_mb:g} + 16) = {bound / MB:.1f} MB: "
-                  f"{'met' if met else 'NOT MET'}")
-            series[f"log keeping {keep_s:g} s"] = (samples, bound)
+            ok &= levels_off(samples, args, series, f"log keeping {keep_s:g} s")
         if args.only in (None, "ledgers"):
             samples, within, bound_each = asyncio.run(ledgers_soak(root, args))
             keep = max(1, args.ledgers // 10)
