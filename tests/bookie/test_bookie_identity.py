@@ -57,7 +57,6 @@ async def test_a_bookie_refuses_metadata_that_does_not_know_it(harness_cls):
     cookie names the old cluster used to adopt its old data silently (and new ledgers then
     collided with old ids). It refuses, naming the cluster it belongs to."""
     from pybk.bookie.cookie import CLUSTER_KEY
-
     from pybk.metadata.base import LedgerMetadata
 
     old = open_store("memory://")
