@@ -34,6 +34,7 @@ from pybk.errors import (
     fresh_copy,
 )
 from pybk.metadata.base import MetadataStore
+from pybk.runtime import sometimes
 from pybk.storage.engine import LedgerStorage
 
 __all__ = ["UNKNOWN_LEDGER_CHECKS", "UnknownLedgerCheck", "Vouched", "fence_checked"]
@@ -42,6 +43,11 @@ log = logging.getLogger(__name__)
 
 #: ledgers looked up in the metadata at once, per bookie
 UNKNOWN_LEDGER_CHECKS: Final = 64
+
+_SHARED = sometimes.point(
+    "bookie.unknown_ledger_check_shared",
+    "a request about a ledger not held here waited for the metadata read another one began "
+    "(a pipelined writer's adds share one check)")
 
 #: ``then(error)``: None when the request may create the ledger, else why not
 Vouched = Callable[[Exception | None], None]
@@ -91,6 +97,8 @@ class UnknownLedgerCheck:
             lookup = self._pending[ledger_id] = _Lookup()
             self.lookups += 1
             lookup.task = asyncio.ensure_future(self._look_up(ledger_id, lookup))
+        else:
+            _SHARED()
         lookup.waiters.append((master_key, what, then))
 
     async def check(self, ledger_id: int, master_key: bytes, what: str) -> None:
