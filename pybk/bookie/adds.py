@@ -88,8 +88,9 @@ class BookieAdds:
         the bookie's hot path (BookKeeper's ``addEntry`` with its write callback): no task,
         no future and no request or response object per entry. :meth:`add` is the awaitable
         form, :meth:`add_request` the one the transports drive."""
-        check = self._unknown(ledger_id)
-        if check is not None:
+        check = self.unknown_ledgers  # (inline: the hot path pays one lookup in the index)
+        if check is not None and (store := self.store) is not None and store.find(
+                ledger_id) is None and not store.is_deleted(ledger_id):
             admit = functools.partial(self._put_entry, ledger_id, entry_id, master_key, body,
                                       on_done, recovery)
             check.vouch(ledger_id, master_key, "an add",
@@ -130,8 +131,10 @@ class BookieAdds:
             on_done = CountedAdd(stats, request, on_done, asyncio.get_running_loop().time)
         if request.deferred_sync:  # answered once the journal took it (pybk.bookie.deferred)
             on_done = self.deferred.start(request.ledger_id, on_done)
-        check = self._unknown(request.ledger_id)
-        if check is not None:
+        check = self.unknown_ledgers  # (inline, as in add_entry)
+        lid = request.ledger_id
+        if check is not None and (store := self.store) is not None and store.find(
+                lid) is None and not store.is_deleted(lid):
             admit = functools.partial(self._admit_request, request, on_done)
             check.vouch(request.ledger_id, request.master_key, "an add",
                         functools.partial(self._vouched, admit, on_done, request.ledger_id))
