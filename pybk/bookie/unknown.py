@@ -125,9 +125,7 @@ class UnknownLedgerCheck:
     async def _look_up(self, ledger_id: int, lookup: _Lookup) -> None:
         found: bytes | Exception | None
         try:
-            found = (await self.store.read_ledger(ledger_id)).master_key
-        except NoSuchLedgerError:
-            found = None
+            found = await self._read_key(ledger_id)
         except asyncio.CancelledError:
             raise  # (abandoned: its requests were answered)
         except Exception as exc:
@@ -135,6 +133,18 @@ class UnknownLedgerCheck:
         if self._pending.get(ledger_id) is lookup:
             del self._pending[ledger_id]
         self._answer(ledger_id, lookup, found)
+
+    async def _read_key(self, ledger_id: int) -> bytes | None:
+        """The ledger's master key in the metadata (b"": not kept), None when absent. A
+        store whose reads may lag (ZooKeeper) is caught up and read again before "absent":
+        the creator made the ledger there before its first add."""
+        for last in (False, True):
+            try:
+                return (await self.store.read_ledger(ledger_id)).master_key
+            except NoSuchLedgerError:
+                if last or not await self.store.sync_reads():
+                    return None
+        return None
 
     def _answer(self, ledger_id: int, lookup: _Lookup, found: bytes | Exception | None) -> None:
         """Judge each waiting request (in arrival order) by ``found``: the metadata's key

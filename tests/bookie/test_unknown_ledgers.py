@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from pybk.bookie import Bookie, BookieConfig
-from pybk.errors import MetadataStoreError
+from pybk.errors import MetadataStoreError, NoSuchLedgerError
 from pybk.metadata.base import LedgerMetadata
 from pybk.metadata.memory import MemoryMetadataStore
 from pybk.storage import MemFileSystem
@@ -239,5 +239,41 @@ async def test_the_awaitable_and_callback_forms_are_checked_too():
         bookie.add_batch(5, [0, 1], [frame(5, 0), frame(5, 1)], KEY, got.append)
         await until(lambda: bool(got), "the batch answered")
         assert got == [None] and gate.reads == [8, 5]
+    finally:
+        await bookie.stop()
+
+
+class LaggingReplica(MemoryMetadataStore):
+    """A session whose reads miss the ledgers created since its last ``sync_reads`` (a
+    ZooKeeper server behind the leader)."""
+
+    def __init__(self, primary: MemoryMetadataStore) -> None:
+        super().__init__(_state=primary._state)
+        self.seen: set[int] = set()
+        self.syncs = 0
+
+    async def read_ledger(self, ledger_id: int) -> LedgerMetadata:
+        if ledger_id not in self.seen:
+            raise NoSuchLedgerError(f"ledger {ledger_id} does not exist (yet, here)")
+        return await super().read_ledger(ledger_id)
+
+    async def sync_reads(self) -> bool:
+        self.syncs += 1
+        self.seen = set(await self.list_ledgers())
+        return True
+
+
+async def test_a_lagging_metadata_session_is_caught_up_before_a_ledger_is_called_absent():
+    primary = MemoryMetadataStore()
+    replica = LaggingReplica(primary)
+    bookie = Bookie("b1", "/d", fs=MemFileSystem(), config=CONFIG, cookie_store=replica,
+                    rng=random.Random(1))
+    await bookie.start()
+    try:
+        await primary.create_ledger(LedgerMetadata(5, 1, 1, 1, {0: ("b1",)}, master_key=KEY))
+        assert await send(bookie, add(5, 0)) == Status.OK
+        assert replica.syncs == 1
+        assert await send(bookie, add(6, 0)) == Status.UNKNOWN_LEDGER_STATE
+        assert replica.syncs == 2  # (one catch-up per "absent", then the refusal)
     finally:
         await bookie.stop()
