@@ -100,6 +100,7 @@ from _targets_measures import (
 from pybk import Client, LocalCluster
 from pybk.bench import RecordFile
 from pybk.bench.tcp_floor import tcp_floor_servers
+from pybk.metadata.base import LedgerMetadata
 from pybk.runtime.eventloop import available_loops
 from pybk.server.process import tune_gc_for_server
 
@@ -168,7 +169,10 @@ async def _one_round(root: Path, args: argparse.Namespace, loop: str, out: dict[
         out["e1"] = run
         bookie = cluster.bookie(lh.metadata.last_ensemble[0])
         await lh.close()
-        direct = bookie_appender(bookie, 1 << 40, SIZE)  # an id the client never assigns
+        for lid in (1 << 40, (1 << 40) + 1):  # ids the client never assigns, in the metadata
+            await cluster.store.create_ledger(  # (a bookie refuses adds of ledgers it lacks)
+                LedgerMetadata(lid, 1, 1, 1, {0: (bookie.bookie_id,)}))
+        direct = bookie_appender(bookie, 1 << 40, SIZE)
         await closed_loop(direct, 1024, min(args.duration, 0.3))
         out["direct"] = await closed_loop(direct, 1024, args.duration)
         if hasattr(bookie, "add_batch"):  # a bookie that takes batches: drive it so too

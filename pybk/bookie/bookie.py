@@ -5,9 +5,10 @@ response; request-level failures become a status and a message, never an excepti
 unexpected exception becomes IO_ERROR with its text (the bookie keeps serving).
 
 What the bookie adds on top of :class:`pybk.storage.store.LedgerStore` (listed in
-docs/internals.md, "pybk/bookie/bookie.py"). Its reads and long polls are
-:mod:`pybk.bookie.reads`, its upkeep on request (ledger deletion, garbage collection,
-compaction, checkpoints) :mod:`pybk.bookie.maintenance`: mixins of the one Bookie class.
+docs/internals.md, "pybk/bookie/bookie.py"). Its adds are :mod:`pybk.bookie.adds`, its
+reads and long polls :mod:`pybk.bookie.reads`, its upkeep on request (ledger deletion,
+garbage collection, compaction, checkpoints) :mod:`pybk.bookie.maintenance`: mixins of the
+one Bookie class.
 """
 
 from __future__ import annotations
@@ -16,20 +17,21 @@ import asyncio
 import errno
 import logging
 import random
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
+from pybk.bookie.adds import BookieAdds
 from pybk.bookie.config import BookieConfig
 from pybk.bookie.cookie import check_cookie
-from pybk.bookie.deferred import DeferredAdd, DeferredSyncs, force_reply
+from pybk.bookie.deferred import DeferredSyncs, force_reply
 from pybk.bookie.gc import GarbageCollector, metadata_liveness
 from pybk.bookie.gcremote import GcRemote
 from pybk.bookie.longpoll import LongPollWaiters
 from pybk.bookie.maintenance import BookieMaintenance
 from pybk.bookie.reads import NO_SUCH_ENTRY_ON_IO_ERROR, BookieReads
-from pybk.bookie.replies import CountedAdd, Respond, state_message
+from pybk.bookie.replies import state_message
 from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE, BookieState
-from pybk.bookie.turns import ADMIT_CHUNK, admit_in_turns
+from pybk.bookie.turns import ADMIT_CHUNK
 from pybk.bookie.unknown import UnknownLedgerCheck, fence_checked
 from pybk.errors import (
     BKError,
@@ -40,17 +42,13 @@ from pybk.errors import (
     status_of,
 )
 from pybk.metadata.base import MetadataStore
-from pybk.runtime import sometimes
 from pybk.runtime.ratelog import RateLimitedLog
 from pybk.stats import BookieStats
 from pybk.storage.engine import LedgerStorage
 from pybk.storage.engines import make_engine
 from pybk.storage.fs import FileSystem
-from pybk.storage.store import AddCallback as EntryCallback
-from pybk.storage.store import ResolveFuture
 from pybk.wire import (
     AddBatchRequest,
-    AddCallback,
     AddOutcome,
     AddRequest,
     BookieInfoRequest,
@@ -74,15 +72,11 @@ from pybk.wire import (
 
 log = logging.getLogger(__name__)
 
-_RECOVERY_ON_FULL_DISK = sometimes.point(
-    "bookie.recovery_add_on_full_disk",
-    "a bookie read-only for its disk still took a recovery add (how a ledger gets sealed)")
-
 #: seconds between two log lines of one kind of error a remote request can cause
 REMOTE_LOG_INTERVAL: Final = 10.0
 
 
-class Bookie(BookieReads, BookieMaintenance):
+class Bookie(BookieAdds, BookieReads, BookieMaintenance):
     """One bookie over one data directory. See the module docstring and docs/contracts.md."""
 
     def __init__(
@@ -277,6 +271,8 @@ class Bookie(BookieReads, BookieMaintenance):
             self._fs_closed = True
 
     def _cancel_background(self) -> None:
+        if self.unknown_ledgers is not None:  # adds and fences waiting for the metadata
+            self.unknown_ledgers.abandon(BookieStoppedError(f"bookie {self.bookie_id} stopped"))
         if self._gc_remote is not None:
             self._gc_remote.stop()
             self._gc_remote = None
@@ -469,103 +465,6 @@ class Bookie(BookieReads, BookieMaintenance):
         self._remote_error("unexpected errors handling requests",
                            f"{type(exc).__name__}: {exc} on {request!r:.200}", exc)
         return error_response(request, status_of(exc), f"unexpected {type(exc).__name__}: {exc}")
-
-    def add_entry(self, ledger_id: int, entry_id: int, master_key: bytes, body: bytes,
-                  on_done: EntryCallback, recovery: bool = False) -> None:
-        """Store one framed entry and tell the outcome through ``on_done(error)``: ``None``
-        once the entry is durable and readable here, else the error (a :class:`BKError`:
-        ReadOnlyBookieError, LedgerFencedError, UnauthorizedError, EntryExistsError, ...).
-
-        ``on_done`` is called exactly once, possibly before this returns, synchronously
-        inside the journal's batch completion: it must be quick and must not raise. This is
-        the bookie's hot path (BookKeeper's ``addEntry`` with its write callback): no task,
-        no future and no request or response object per entry. :meth:`add` is the awaitable
-        form, :meth:`handle` the request/response one."""
-        store = self.store
-        if store is None or self._state == STOPPED or self._journal_failed or (
-                self._disk_full and not recovery):
-            on_done(self._add_refusal(recovery))
-            return
-        if self._disk_full:
-            _RECOVERY_ON_FULL_DISK()
-        try:
-            store.add_entry(ledger_id, entry_id, body, master_key, recovery, on_done)
-        except Exception as exc:
-            on_done(self._add_error(exc, ledger_id, entry_id))
-
-    def _add_refusal(self, recovery: bool) -> BKError:
-        """Why this bookie takes no add now (stopped, or read-only for this kind of add)."""
-        if self._state == STOPPED or self.store is None:
-            return BookieStoppedError(f"bookie {self.bookie_id} is stopped")
-        return ReadOnlyBookieError(f"bookie {self.bookie_id} is read-only: {self._reason}")
-
-    def add_request(self, request: AddRequest | AddBatchRequest, on_done: AddCallback) -> None:
-        """The add path every transport drives (the in-process transport, the TCP server, the
-        simulated network): ``on_done(outcome)`` exactly once, a :data:`AddOutcome` (None:
-        stored; a BKError; for a batch, possibly one outcome per entry), possibly before this
-        returns, from the journal's batch completion. No response object is made: a server
-        builds one only to put it on the wire."""
-        stats = self.stats
-        if stats is not None:  # one timing per request: a batch's entries share it
-            on_done = CountedAdd(stats, request, on_done, asyncio.get_running_loop().time)
-        if request.deferred_sync:  # answered once the journal took it (pybk.bookie.deferred)
-            on_done = self.deferred.start(request.ledger_id, on_done)
-        if type(request) is AddBatchRequest:
-            if len(request.bodies) > self.admit_chunk and len(request.entry_ids) == len(
-                    request.bodies):  # (a large batch: over several loop turns)
-                admit_in_turns(self.add_batch, request.ledger_id, request.entry_ids,
-                               request.bodies, request.master_key, on_done, request.recovery,
-                               on_done.admitted if isinstance(on_done, DeferredAdd) else None,
-                               self.admit_chunk)
-                return
-            self.add_batch(request.ledger_id, request.entry_ids, request.bodies,
-                           request.master_key, on_done, request.recovery)
-        else:
-            assert isinstance(request, AddRequest)
-            self.add_entry(request.ledger_id, request.entry_id, request.master_key,
-                           request.body, on_done, request.recovery)
-        if isinstance(on_done, DeferredAdd):
-            on_done.admitted()
-
-    def add_batch(self, ledger_id: int, entry_ids: Sequence[int], bodies: Sequence[bytes],
-                  master_key: bytes, on_done: AddCallback, recovery: bool = False) -> None:
-        """Store several framed entries of one ledger (``bodies[i]`` is entry
-        ``entry_ids[i]``) with one journal append, one index update and one answer:
-        ``on_done(outcome)`` once, like :meth:`add_request`. The bookie's state and the
-        ledger's checks apply to the whole batch; each entry's own checks to it alone."""
-        store = self.store
-        if store is None or self._state == STOPPED or self._journal_failed or (
-                self._disk_full and not recovery):
-            on_done(self._add_refusal(recovery))
-            return
-        try:
-            store.add_batch(ledger_id, entry_ids, bodies, master_key, recovery, on_done)
-        except Exception as exc:
-            on_done(self._add_error(exc, ledger_id, entry_ids[0] if entry_ids else -1))
-
-    def _add_error(self, exc: Exception, ledger_id: int, entry_id: int) -> BKError:
-        """What an add reports for ``exc`` raised while admitting it: a BKError as is;
-        anything else is a bug, logged with its traceback and reported as this bookie's I/O
-        error (the writer replaces the bookie)."""
-        if isinstance(exc, BKError):
-            return exc
-        self._remote_error("unexpected errors adding entries",
-                           f"({ledger_id}, {entry_id}): {type(exc).__name__}: {exc}", exc)
-        return IOBookieError(f"unexpected {type(exc).__name__}: {exc}")
-
-    def add(self, ledger_id: int, entry_id: int, master_key: bytes, body: bytes,
-            recovery: bool = False) -> asyncio.Future[None]:
-        """Awaitable form of :meth:`add_entry`: resolves once the entry is durable, raises
-        its error otherwise."""
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.add_entry(ledger_id, entry_id, master_key, body, ResolveFuture(fut), recovery)
-        return fut
-
-    def add_nowait(self, request: AddRequest, reply: Callable[[Response], None]) -> None:
-        """Answer an add through ``reply(response)``, called exactly once (possibly before
-        this returns): the same answers as ``await handle(request)``. :meth:`add_request`
-        with the outcome put in a response (for callers that want one)."""
-        self.add_request(request, Respond(request, reply))
 
     async def _fence(self, req: FenceRequest) -> FenceResponse:
         store = self._store()

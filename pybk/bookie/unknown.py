@@ -1,21 +1,29 @@
 """Requests about ledgers a bookie has never stored, checked against the metadata before
 they leave any state (issue: ledger-id squatting).
 
-Ledger ids are handed out in ascending blocks, so the next ones are easy to guess. A FENCE
-for a ledger the bookie does not know used to create it, fenced, under whatever master key
-it carried: a peer without the password could fence ids not yet handed out, and their
-creator's adds were then refused ("fenced", "master key does not match"). Such a request is
-now served only when the metadata holds the ledger (it is created there before any bookie
-hears of it) and, when the metadata keeps the ledger's master key, the keys match.
+Ledger ids are handed out in ascending blocks, so the next ones are easy to guess. A FENCE or
+an ADD (single, batched, recovery) for a ledger the bookie did not know used to create it
+under whatever master key it carried: a peer without the password could fence or write ids
+not yet handed out, and their creator's adds were then refused ("fenced", "master key does
+not match"). Such a request is now served only when the metadata holds the ledger (it is
+created there before any bookie hears of it) and, when the metadata keeps the ledger's master
+key, the keys match. Once the bookie holds the ledger, its own recorded key decides: no
+more metadata reads.
 
-The refusal for a ledger the metadata lacks is "unknown" (never "absent": a recovering
-client must not count a fence that did not happen as one that did). Each check costs one
-metadata read, so at most ``limit`` run at once; beyond, TOO_MANY_REQUESTS.
+Requests about one ledger that arrive while its metadata read is under way (a writer
+pipelines thousands of adds before the first answer) wait for that one read: each is then
+judged by its own key. The refusal for a ledger the metadata lacks is "unknown" (never
+"absent": a recovering client must not count a fence that did not happen as one that did).
+Each read costs the metadata store a request, so at most ``limit`` ledgers are looked up at
+once; a request that would start one more is refused TOO_MANY_REQUESTS.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import logging
+from collections.abc import Callable
 from typing import Final
 
 from pybk.errors import (
@@ -23,49 +31,143 @@ from pybk.errors import (
     TooManyRequestsError,
     UnauthorizedError,
     UnknownLedgerStateError,
+    fresh_copy,
 )
 from pybk.metadata.base import MetadataStore
+from pybk.runtime import sometimes
 from pybk.storage.engine import LedgerStorage
 
-__all__ = ["UNKNOWN_LEDGER_CHECKS", "UnknownLedgerCheck", "fence_checked"]
+__all__ = ["UNKNOWN_LEDGER_CHECKS", "UnknownLedgerCheck", "Vouched", "fence_checked"]
 
-#: metadata reads for unknown ledgers in flight at once, per bookie
+log = logging.getLogger(__name__)
+
+#: ledgers looked up in the metadata at once, per bookie
 UNKNOWN_LEDGER_CHECKS: Final = 64
+
+_SHARED = sometimes.point(
+    "bookie.unknown_ledger_check_shared",
+    "a request about a ledger not held here waited for the metadata read another one began "
+    "(a pipelined writer's adds share one check)")
+
+#: ``then(error)``: None when the request may create the ledger, else why not
+Vouched = Callable[[Exception | None], None]
+
+
+class _Lookup:
+    """One metadata read of a ledger and the requests waiting for it."""
+
+    __slots__ = ("task", "waiters")
+
+    def __init__(self) -> None:
+        self.waiters: list[tuple[bytes, str, Vouched]] = []
+        self.task: asyncio.Future[None] | None = None
 
 
 class UnknownLedgerCheck:
-    """Checks a request about a ledger this bookie does not hold against ``store``."""
+    """Checks requests about ledgers this bookie does not hold against ``store``: one
+    metadata read per ledger at a time, shared by every request that arrives meanwhile."""
 
     def __init__(self, store: MetadataStore, limit: int = UNKNOWN_LEDGER_CHECKS) -> None:
         self.store = store
         self.limit = limit
-        self.in_flight = 0
-        #: refused checks (tests, operators)
+        self._pending: dict[int, _Lookup] = {}
+        #: metadata reads made (tests, operators)
+        self.lookups = 0
+        #: refused requests (tests, operators)
         self.refused = 0
 
+    @property
+    def in_flight(self) -> int:
+        """Ledgers being looked up now."""
+        return len(self._pending)
+
+    def vouch(self, ledger_id: int, master_key: bytes, what: str, then: Vouched) -> None:
+        """Call ``then(None)`` once the metadata holds ``ledger_id`` (under ``master_key``,
+        when it keeps keys), else ``then(error)``: UnknownLedgerStateError (not in the
+        metadata), UnauthorizedError (another key), TooManyRequestsError (too many ledgers
+        being looked up) or the metadata's own error. ``what`` (e.g. "an add") names the
+        request in errors. ``then`` may run before this returns."""
+        lookup = self._pending.get(ledger_id)
+        if lookup is None:
+            if len(self._pending) >= self.limit:
+                self.refused += 1
+                then(TooManyRequestsError(f"{what} of ledger {ledger_id}: {self.limit} ledgers "
+                                          "this bookie does not hold are being looked up"))
+                return
+            lookup = self._pending[ledger_id] = _Lookup()
+            self.lookups += 1
+            lookup.task = asyncio.ensure_future(self._look_up(ledger_id, lookup))
+        else:
+            _SHARED()
+        lookup.waiters.append((master_key, what, then))
+
     async def check(self, ledger_id: int, master_key: bytes, what: str) -> None:
-        """Return if ``what`` (e.g. "fence") of ``ledger_id`` with ``master_key`` may create
-        the ledger here; raise UnknownLedgerStateError (not in the metadata),
-        UnauthorizedError (another key), TooManyRequestsError (too many checks at once) or the
-        metadata's own error."""
-        if self.in_flight >= self.limit:
-            self.refused += 1
-            raise TooManyRequestsError(
-                f"ledger {ledger_id}: {self.limit} checks of unknown ledgers already running")
-        self.in_flight += 1
+        """:meth:`vouch` awaited: return if allowed, else raise its error."""
+        fut: asyncio.Future[Exception | None] = asyncio.get_running_loop().create_future()
+
+        def then(error: Exception | None) -> None:
+            if not fut.done():
+                fut.set_result(error)
+
+        self.vouch(ledger_id, master_key, what, then)
+        error = await fut
+        if error is not None:
+            raise error
+
+    def abandon(self, error: Exception) -> None:
+        """Stop every lookup under way; their requests get ``error`` (the bookie stopped)."""
+        pending, self._pending = self._pending, {}
+        for ledger_id, lookup in pending.items():
+            if lookup.task is not None:
+                lookup.task.cancel()
+            self._answer(ledger_id, lookup, error)
+
+    async def _look_up(self, ledger_id: int, lookup: _Lookup) -> None:
+        found: bytes | Exception | None
         try:
-            md = await self.store.read_ledger(ledger_id)
-        except NoSuchLedgerError:
-            self.refused += 1
-            raise UnknownLedgerStateError(
-                f"{what} of ledger {ledger_id} refused: this bookie does not hold it and the "
-                "metadata does not either (a ledger is created in the metadata first)"
-            ) from None
-        finally:
-            self.in_flight -= 1
-        if md.master_key and not hmac.compare_digest(md.master_key, master_key):
-            self.refused += 1
-            raise UnauthorizedError(f"{what} of ledger {ledger_id}: master key does not match")
+            found = await self._read_key(ledger_id)
+        except asyncio.CancelledError:
+            raise  # (abandoned: its requests were answered)
+        except Exception as exc:
+            found = exc
+        if self._pending.get(ledger_id) is lookup:
+            del self._pending[ledger_id]
+        self._answer(ledger_id, lookup, found)
+
+    async def _read_key(self, ledger_id: int) -> bytes | None:
+        """The ledger's master key in the metadata (b"": not kept), None when absent. A
+        store whose reads may lag (ZooKeeper) is caught up and read again before "absent":
+        the creator made the ledger there before its first add."""
+        for last in (False, True):
+            try:
+                return (await self.store.read_ledger(ledger_id)).master_key
+            except NoSuchLedgerError:
+                if last or not await self.store.sync_reads():
+                    return None
+        return None
+
+    def _answer(self, ledger_id: int, lookup: _Lookup, found: bytes | Exception | None) -> None:
+        """Judge each waiting request (in arrival order) by ``found``: the metadata's key
+        (b"": not kept), None (no such ledger) or the error every one of them gets."""
+        waiters, lookup.waiters = lookup.waiters, []
+        for key, what, then in waiters:
+            error: Exception | None = None
+            if found is None:
+                error = UnknownLedgerStateError(
+                    f"{what} of ledger {ledger_id} refused: this bookie does not hold it and "
+                    "the metadata does not either (a ledger is created in the metadata first)")
+            elif isinstance(found, Exception):
+                copy = fresh_copy(found)
+                error = copy if isinstance(copy, Exception) else found
+            elif found and not hmac.compare_digest(found, key):
+                error = UnauthorizedError(f"{what} of ledger {ledger_id}: master key does not "
+                                          "match")
+            if error is not None:
+                self.refused += 1
+            try:
+                then(error)
+            except Exception:  # one request's bug must not leave the others unanswered
+                log.exception("answering a checked request failed")
 
 
 async def fence_checked(check: UnknownLedgerCheck | None, store: LedgerStorage, ledger_id: int,

@@ -351,6 +351,13 @@ class MetadataStore(abc.ABC):
     async def read_ledger(self, ledger_id: int) -> LedgerMetadata:
         """Current metadata with its version; NoSuchLedgerError if absent."""
 
+    async def sync_reads(self) -> bool:
+        """Catch this store's reads up with every write committed before the call, through
+        any session (ZooKeeper's ``sync``: its session's server may lag the leader). True when
+        reads could have been stale (a "no such ledger" read before may be read once more);
+        False, the default, for backends whose reads are never stale."""
+        return False
+
     @abc.abstractmethod
     async def write_ledger(self, metadata: LedgerMetadata, expected_version: int) -> LedgerMetadata:
         """Compare-and-set: store ``metadata`` only if the stored version is

@@ -86,8 +86,8 @@ class ReadsMixin:
         return st
 
     def find(self, ledger_id: int) -> LedgerState | None:
-        """The ledger's state, or None when unknown or deleted."""
-        return self.index.get(ledger_id)
+        """The ledger's state, or None when unknown or deleted (each add asks: one lookup)."""
+        return self.index.ledgers.get(ledger_id)
 
     def is_deleted(self, ledger_id: int) -> bool:
         return self.index.is_deleted(ledger_id)

@@ -57,11 +57,13 @@ async def test_a_bookie_refuses_metadata_that_does_not_know_it(harness_cls):
     cookie names the old cluster used to adopt its old data silently (and new ledgers then
     collided with old ids). It refuses, naming the cluster it belongs to."""
     from pybk.bookie.cookie import CLUSTER_KEY
+    from pybk.metadata.base import LedgerMetadata
 
     old = open_store("memory://")
+    await old.create_ledger(LedgerMetadata(1, 1, 1, 1, {0: ("b1",)}))
     h = harness_cls(cookie_store=old)
     await h.start()
-    await h.add(1, 0)
+    assert await h.add(1, 0) == Status.OK
     await h.bookie.stop()
     cluster = (await old.read_value(CLUSTER_KEY)).value.decode()
     h.cookie_store = open_store("memory://")  # the metadata, lost and made anew

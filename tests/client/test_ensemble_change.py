@@ -55,8 +55,8 @@ async def entries_on(cluster: object, bookie: str, ledger_id: int) -> tuple[tupl
 async def entries_reach(cluster: object, bookie: str, ledger_id: int,
                         want: tuple[tuple[int, int], ...]) -> None:
     """Wait (bounded) until ``bookie`` holds exactly ``want``: an add beyond the ack quorum
-    may land after the writer was answered (a bookie's tenancy gate looks a new ledger's
-    namespace up first)."""
+    may land after the writer was answered (a bookie first checks a new ledger against the
+    metadata, and its tenancy gate looks the ledger's namespace up)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 5
     while (got := await entries_on(cluster, bookie, ledger_id)) != want:

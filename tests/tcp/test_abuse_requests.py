@@ -43,7 +43,13 @@ async def test_remote_errors_are_clean_answers_and_their_log_lines_rate_limited(
     """A long poll with previous_lac = 2^63-1 used to fail encoding its answer (entry id
     2^63) and log an ERROR line per request; garbage on a connection logged a line per
     connection. Now: BAD_REQUEST, and a handful of log lines for hundreds of events."""
+    from pybk.metadata import open_store
+    from pybk.metadata.base import LedgerMetadata
+
     bookie = await bookie_factory().astart()
+    meta = open_store(bookie.metadata)  # (a bookie takes adds of ledgers the metadata holds)
+    await meta.create_ledger(LedgerMetadata(1, 1, 1, 1, {0: ("b1",)}))
+    await meta.close()
     transport = _transport(bookie)
     try:
         body = DigestManager(1).frame(0, -1, 1, b"x")
@@ -99,5 +105,50 @@ async def test_fences_of_ledgers_not_yet_created_cannot_squat_them(bookie_factor
             # recovery by the owner still fences (the metadata vouches for the ledger)
             rh = await client.open_ledger(lh.id, password=b"pw")
             assert rh.last_add_confirmed == 0
+        finally:
+            await transport.close()
+
+
+async def test_adds_of_ledgers_not_yet_created_cannot_squat_them(bookie_factory) -> None:
+    """Issue 34, "ledger-id squatting": an ADD (single, batched, recovery) of a ledger the
+    bookie did not know created it under the key it carried, so one add to each of the next
+    ids made their creator's adds fail ("master key does not match"). Now such an add is
+    refused ("unknown") unless the metadata holds the ledger, and under another key than the
+    metadata's it is refused too; a writer pipelining thousands of adds to a fresh ledger
+    over TCP is never refused (its adds share one metadata check)."""
+    from pybk.client import Client
+    from pybk.wire import AddBatchRequest
+
+    guess = master_key(b"guess")
+    bookie = await bookie_factory().astart()
+    async with Client(bookie.metadata) as client:
+        first = await client.create_ledger(1, 1, 1)
+        await first.append(b"x")
+        transport = _transport(bookie)
+        try:
+            for lid in range(first.id + 1, first.id + 201):
+                frames = [DigestManager(lid).frame(e, e - 1, 1, b"s") for e in (0, 1)]
+                for request in (AddRequest(lid, 0, guess, frames[0]),
+                                AddRequest(lid, 0, guess, frames[0], recovery=True),
+                                AddBatchRequest(lid, guess, (0, 1), tuple(frames))):
+                    r = await transport.send("b1", request, 10)
+                    assert r.status == Status.UNKNOWN_LEDGER_STATE, (lid, r)
+            for _ in range(20):  # the next ledgers are their creator's
+                lh = await client.create_ledger(1, 1, 1, password=b"pw")
+                assert await lh.append(b"mine") == 0
+                await lh.close()
+            # a ledger that exists and the bookie has not heard of yet, under another key
+            lh = await client.create_ledger(1, 1, 1, password=b"pw")
+            frame0 = DigestManager(lh.id).frame(0, -1, 1, b"s")
+            for request in (AddRequest(lh.id, 0, guess, frame0),
+                            AddBatchRequest(lh.id, guess, (0,), (frame0,))):
+                r = await transport.send("b1", request, 10)
+                assert r.status == Status.UNAUTHORIZED, r
+            # the owner pipelines 5,000 adds before the first answer: none refused
+            futs = [lh.append(b"e%d" % i) for i in range(5000)]
+            assert await asyncio.wait_for(asyncio.gather(*futs), 60) == list(range(5000))
+            await lh.close()
+            rh = await client.open_ledger(lh.id, password=b"pw")
+            assert rh.last_add_confirmed == 4999
         finally:
             await transport.close()

@@ -11,6 +11,7 @@ import pytest
 
 from pybk.bookie import BookieConfig
 from pybk.errors import BookieUnavailableError
+from pybk.metadata.base import LedgerMetadata
 from pybk.metadata.memory import MemoryMetadataStore
 from pybk.server.process import BookieProcess, BookieProcessConfig
 from pybk.transport.tcp import TcpTransport
@@ -77,6 +78,7 @@ async def test_token_protects_a_real_bookie(tmp_path, capsys):
     )  # fmt: skip
     process = BookieProcess(config, store=store)
     await process.start()
+    await store.create_ledger(LedgerMetadata(5, 1, 1, 1, {0: ("b1",)}))  # (as a client does)
     try:
         body = DigestManager(5).frame(0, -1, 1, b"x")
         add = AddRequest(5, 0, master_key(b""), body)

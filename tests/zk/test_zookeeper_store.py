@@ -331,3 +331,22 @@ async def test_re_registration_never_steals_from_a_newer_incarnation(
     assert [r.address for r in await observer.list_bookies()] == ["new:1"]
     for s in (old, new, observer):
         await s.close()
+
+
+async def test_sync_reads_catches_a_session_up_and_a_bookie_checks_through_it(
+    zk_server: ZooKeeperServer, root: str
+) -> None:
+    """A bookie's session may be on a server behind the one a client created a ledger on:
+    before calling a ledger absent, the unknown-ledger check syncs and reads again."""
+    from pybk.bookie.unknown import UnknownLedgerCheck
+
+    client, bookie = _store(zk_server, root), _store(zk_server, root)
+    assert await bookie.sync_reads() is True
+    check = UnknownLedgerCheck(bookie)
+    with pytest.raises(Exception, match="refused") as refused:
+        await check.check(7, b"k", "an add")
+    assert type(refused.value).__name__ == "UnknownLedgerStateError"
+    await client.create_ledger(sample_metadata(7).with_changes(master_key=b"k"))
+    await check.check(7, b"k", "an add")
+    for s in (client, bookie):
+        await s.close()

@@ -400,6 +400,11 @@ class ZooKeeperMetadataStore(MetadataStore):
         """Two kazoo ChildrenWatches per store (writable, read-only), shared by all watches."""
         return self._bookie_watchers.watch(callback)
 
+    async def sync_reads(self) -> bool:
+        """ZooKeeper's ``sync``: this session's server catches up with the leader."""
+        await self._bridge.call("sync_reads", "sync", self._layout.root or "/")
+        return True
+
     async def sync_watches(self) -> bool:
         """Wait until every watch set so far had its first report (at most ``op_timeout``)."""
         groups = (self._ledger_watchers, self._kv.watchers, self._locks.watchers)
