@@ -71,8 +71,8 @@ class AutoRecoverySim:
         self.violations: list[Violation] = []
         self._chaos: asyncio.Task[None] | None = None
         self._settling = False
-        #: no more crashes (the R3 checks under way are being judged)
-        self._calm = False
+        #: faults stopped and the R3 checks under way are being judged: no more crashes
+        self.calm = False
         self.lost: str | None = None
         #: called as ``listener(session, op)`` before each operation of an instance's
         #: session (a fault aimed at an auditor's first look at the registry)
@@ -198,7 +198,7 @@ class AutoRecoverySim:
         """Wait for the R3 checks under way (each is bounded), before the liveness phase
         heals the registry and forces audits. Meanwhile no instance crashes (each crash
         makes a new auditor, for which the loss is news: its bound starts again)."""
-        self._calm = True
+        self.calm = True
         while self.loss_checks:
             await gather(*self.loss_checks, return_exceptions=True)
             self.loss_checks = [t for t in self.loss_checks if not t.done()]
@@ -214,7 +214,7 @@ class AutoRecoverySim:
             await asyncio.sleep(self.rng.uniform(4.0, 12.0))
             if self._stopping():
                 return
-            if self._calm or not self.instances:  # (both gone: a host lost meanwhile)
+            if self.calm or not self.instances:  # (both gone: a host lost meanwhile)
                 continue
             name = self.rng.choice(sorted(self.instances))
             await self._crash_instance(name)

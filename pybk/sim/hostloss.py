@@ -19,8 +19,11 @@ registry.
 **R3** checks the outcome: within :data:`BOUND` virtual seconds of the loss (both sessions
 gone) plus the lost-bookie delay, the lost bookie's ledgers are marked under-replicated (or
 no longer name it, or an auditor noticed it and the delay has not passed). Time with the
-metadata stalled extends the bound, and a new auditor (elected, or restarted) starts it again:
-the loss is news to it, and its delay starts when it sees it, as in BookKeeper.
+metadata stalled (or the clock jumping) extends the bound, and a new auditor (elected, or
+restarted) starts it again: the loss is news to it, and its delay starts when it sees it, as
+in BookKeeper. The run waits for the checks under way before its liveness phase (which heals
+the registry and forces audits); a check judged then needs only an auditor that noticed the
+loss, not the marks its delay still holds back (that wait would lengthen the run for little).
 """
 
 from __future__ import annotations
@@ -151,7 +154,7 @@ async def _judge(ar: AutoRecoverySim, bookie: str) -> None:
     deadline = since + delay + BOUND
     auditor = _auditor(ar)
     while True:
-        how = await _acted_on(ar, bookie, since + delay)
+        how = await _acted_on(ar, bookie, delay, deadline)
         if how:
             run.log(f"R3: {bookie}'s loss {how} {loop.time() - since:.2f}s after it")
             run.cover("auditor_host_loss_noticed")
@@ -166,9 +169,12 @@ async def _judge(ar: AutoRecoverySim, bookie: str) -> None:
                 f"{loop.time() - since:.2f}s later (bound {BOUND}s after the "
                 f"{delay}s lost-bookie delay)", (line,)))
             return
+        before = loop.time()
         await asyncio.sleep(_TICK)
+        # (a clock jump is not time anyone had, and neither is a metadata stall)
+        deadline += max(0.0, loop.time() - before - _TICK)
         if run.cluster.meta_stall_until > loop.time():
-            deadline += _TICK  # (the metadata stalled: not counted)
+            deadline += _TICK
         now = _auditor(ar)
         if now is not auditor:
             # a new auditor (one elected, or none left): the loss is news to it, and its
@@ -177,16 +183,18 @@ async def _judge(ar: AutoRecoverySim, bookie: str) -> None:
             deadline = max(deadline, loop.time() + delay + BOUND)
 
 
-async def _acted_on(ar: AutoRecoverySim, bookie: str, due: float) -> str:
+async def _acted_on(ar: AutoRecoverySim, bookie: str, delay: float, deadline: float) -> str:
     """How auto-recovery has dealt with the loss so far ("" if not)."""
     store = ar.run.cluster.admin
     if bookie in {r.bookie_id for r in await store.list_bookies()}:
         return "ended (registered again)"
     if any(bookie in marked for marked in (await store.list_under_replicated()).values()):
         return "marked"
-    if asyncio.get_running_loop().time() < due and any(
-            bookie in i.auditor.lost_since for i in ar.instances.values()):
-        return ""  # (noticed; its delay has not passed: the marks are still to come)
+    seen = [i.auditor.lost_since[bookie] for i in ar.instances.values()
+            if bookie in i.auditor.lost_since]
+    if seen and ar.calm and min(seen) + delay <= deadline:
+        # (faults stopped: noticed in time, its marks due after the delay; not waited for)
+        return "noticed in time (judged as faults stop)"
     mds = []
     for lid in await store.list_ledgers():
         try:
