@@ -45,10 +45,13 @@ class Replay:
     expect: frozenset[str] = frozenset()
     #: coverage markers the run must reach (the scenario does what it says)
     reaches: tuple[str, ...] = ()
+    #: metadata watches delivered as real backends deliver them (polled, established late)
+    polled_watches: bool = False
 
     def scenario(self, seed: int | None = None) -> Scenario:
         kinds = list(dict.fromkeys(kind for _at, kind, _p in self.events))
-        plan = FaultPlan(events=kinds, weights={k: 1 for k in kinds}, **self.net)
+        plan = FaultPlan(events=kinds, weights={k: 1 for k in kinds},
+                         polled_watches=self.polled_watches, **self.net)
         return Scenario(
             seed=self.seed if seed is None else seed, duration=self.duration,
             topology=self.topology, bookies=self.bookies, config=self.config,
@@ -256,6 +259,23 @@ REPLAYS: list[Replay] = [
         [(14.0, "crash", {}), (19.0, "crash", {}), (24.0, "crash", {}), (28.0, "crash", {})],
         duration=32.0, config=SimConfig(storage="db", checkpoints=True),
         mutation="db_compaction_covers_cache", expect=frozenset({"I9", "I10", "L1"}),
+    ),
+    Replay(
+        # (pybk's own: issue 43, where the persistent backends' watches took their baseline
+        # at the first poll and missed this change; BookKeeper keeps its periodic bookie
+        # check for a lost notification, BK-4255, the issue linked)
+        "lost-auditor-host", "https://github.com/apache/bookkeeper/issues/4255",
+        "the host of the elected auditor goes, its bookie with it; the auditor's session "
+        "lapses first, a new auditor is elected and its first bookie check still sees the "
+        "bookie registered, the registration lapsing ms later: only its registry watch can "
+        "tell it (polled watches; the periodic check is production's hour), and the lost "
+        "bookie's ledgers must be marked within seconds",
+        (3, 3, 2), 5,
+        [(3.0, "lose_auditor_host", {"bookie": "b1", "order": "auditor_first", "aimed": True,
+                                     "session_timeout": 1.0, "gap": 0.01})],
+        duration=10.0, polled_watches=True, config=SimConfig(auditor_bookie_check=3600.0),
+        mutation="watch_baseline_at_first_poll", expect=frozenset({"R3"}),
+        reaches=("auditor_host_lapse_aimed", "auditor_host_loss_noticed"),
     ),
 ]
 

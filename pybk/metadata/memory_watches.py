@@ -8,11 +8,12 @@ much as ZooKeeper's watches arrive: a watch is *established* some time after it 
 ``poll_interval`` with the subject's version, several changes coalescing into one fire.
 
 Each watch keeps the baseline the watch guarantee asks for: the version its session last
-returned for the subject, else the version when the watch was set. ``baseline_at_first_poll``
-puts back the old bug of the persistent backends (the baseline taken at the watch's first
-poll, so a change between the set and that poll is never reported): a deliberately broken
-setting, for showing that the checks find what that bug breaks (the adversarial watch
-conformance does; the simulator's sweep does not yet, see docs/simulation.md).
+returned for the subject, else the version when the watch was set. The mutation switch
+:data:`WATCH_BASELINE_AT_FIRST_POLL` (in ``PolledDelivery.mutations``; or
+``baseline_at_first_poll=True``) puts back the old bug of the persistent backends: the
+baseline taken at the watch's first poll, so a change between the set and that poll is never
+reported. The adversarial watch conformance catches it, and so does the simulator's sweep
+(a new auditor that misses the loss of the bookie its predecessor shared a host with).
 """
 
 from __future__ import annotations
@@ -21,14 +22,18 @@ import asyncio
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from pybk.metadata._common import CallbackWatch
 
-__all__ = ["UNKNOWN", "PolledDelivery", "WatchPoller"]
+__all__ = ["UNKNOWN", "WATCH_BASELINE_AT_FIRST_POLL", "PolledDelivery", "WatchPoller"]
 
 #: a baseline to be taken at the first poll (the mutation)
 UNKNOWN: Any = object()
+#: mutation switch (a name in ``PolledDelivery.mutations``): each watch's baseline is what its
+#: first poll sees (the old SQLite and ZooKeeper backends' bug), not what its session last
+#: returned or what was there when it was set
+WATCH_BASELINE_AT_FIRST_POLL: Final = "watch_baseline_at_first_poll"
 
 
 @dataclass
@@ -40,11 +45,15 @@ class PolledDelivery:
     establish_delay: float = 0.1
     rng: random.Random = field(default_factory=lambda: random.Random(0))
     baseline_at_first_poll: bool = False
+    #: mutation switches (:data:`WATCH_BASELINE_AT_FIRST_POLL` sets ``baseline_at_first_poll``)
+    mutations: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.poll_interval <= 0 or self.establish_delay < 0:
             raise ValueError(f"need poll_interval > 0 and establish_delay >= 0, got "
                              f"{self.poll_interval} and {self.establish_delay}")
+        if WATCH_BASELINE_AT_FIRST_POLL in self.mutations:
+            self.baseline_at_first_poll = True
 
 
 @dataclass

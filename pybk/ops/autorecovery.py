@@ -117,11 +117,14 @@ class AutoRecovery:
         self.worker.wake()
         self.auditor.wake()
 
-    async def stop(self) -> None:
+    async def stop(self, *, resign: bool = True) -> None:
+        """Stop the auditor and the worker. ``resign=False`` stops as a killed process does:
+        the election is left as it stands, its lock going only when the store's session
+        lapses (the simulator's lost hosts)."""
         if not self._running:
             return
         self._running = False
-        if self._election is not None:
+        if self._election is not None and resign:
             with contextlib.suppress(Exception):
                 await self._election.resign()
         for task in (self._auditor_task, self._worker_task):

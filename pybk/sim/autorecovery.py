@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from pybk.client.quorum import Quorums
@@ -63,14 +63,22 @@ class AutoRecoverySim:
             lost_bookie_recovery_delay=rng.choice((0.0, 3.0, 8.0, 8.0)),
             open_ledger_grace=rng.choice((1.0, 3.0)),
             worker_poll_interval=0.5, retry_backoff=0.3, max_retry_backoff=3.0,
-            bookie_check_interval=5.0, ledger_check=rng.choice(("edges", "entries", "scrub")),
+            bookie_check_interval=run.config.auditor_bookie_check,
+            ledger_check=rng.choice(("edges", "entries", "scrub")),
             ledger_check_interval=rng.choice((0.0, 0.0, 0.0, 10.0)),
             copy_window=8, concurrent_repairs=2, passwords=(PASSWORD,))
         self.instances: dict[str, AutoRecovery] = {}
         self.violations: list[Violation] = []
         self._chaos: asyncio.Task[None] | None = None
         self._settling = False
+        #: faults stopped and the R3 checks under way are being judged: no more crashes
+        self.calm = False
         self.lost: str | None = None
+        #: called as ``listener(session, op)`` before each operation of an instance's
+        #: session (a fault aimed at an auditor's first look at the registry)
+        self.listeners: list[Callable[[str, str], None]] = []
+        #: the R3 checks of lost auditor hosts (pybk.sim.hostloss), judged before liveness
+        self.loss_checks: list[asyncio.Task[None]] = []
 
     # -- sessions with the R1 probe ----------------------------------------------------------
 
@@ -86,6 +94,8 @@ class AutoRecoverySim:
         async def before(op: str, key: object) -> None:
             if faults is not None:
                 await faults(op, key)
+            for listener in list(self.listeners):
+                listener(name, op)
             if op == "write_ledger" and isinstance(key, int):
                 stashed[key] = _peek(store, key)  # (synchronous: what the CAS replaces)
 
@@ -167,6 +177,32 @@ class AutoRecoverySim:
         self.run.log(f"autorecovery: {name} crashed")
         self.run.cover("autorecovery_instance_crashed")
 
+    async def halt_instance(self, name: str) -> MemoryMetadataStore:
+        """The instance's process dies with its host: its tasks stop, but its session (the
+        auditor's lock, the worker's ledger locks) lives on until the caller closes the
+        returned store (the session lapsed)."""
+        instance = self.instances.pop(name)
+        store = instance.ctx.store
+        assert isinstance(store, MemoryMetadataStore)
+        await instance.stop(resign=False)
+        self.run.log(f"autorecovery: {name} stopped with its host (session still held)")
+        return store
+
+    async def restart_instance(self, name: str) -> None:
+        """Start a stopped instance again (not once the liveness phase began: it does)."""
+        if name not in self.instances and not self._stopping():
+            await self._start_instance(name)
+            self.run.log(f"autorecovery: {name} restarted")
+
+    async def before_liveness(self) -> None:
+        """Wait for the R3 checks under way (each is bounded), before the liveness phase
+        heals the registry and forces audits. Meanwhile no instance crashes (each crash
+        makes a new auditor, for which the loss is news: its bound starts again)."""
+        self.calm = True
+        while self.loss_checks:
+            await gather(*self.loss_checks, return_exceptions=True)
+            self.loss_checks = [t for t in self.loss_checks if not t.done()]
+
     async def start(self) -> None:
         for name in INSTANCES:
             await self._start_instance(name)
@@ -178,6 +214,8 @@ class AutoRecoverySim:
             await asyncio.sleep(self.rng.uniform(4.0, 12.0))
             if self._stopping():
                 return
+            if self.calm or not self.instances:  # (both gone: a host lost meanwhile)
+                continue
             name = self.rng.choice(sorted(self.instances))
             await self._crash_instance(name)
             await asyncio.sleep(self.rng.uniform(0.5, 4.0))
@@ -360,6 +398,8 @@ class AutoRecoverySim:
         self._settling = True
         if self._chaos is not None:
             self._chaos.cancel()
+        for task in self.loss_checks:
+            task.cancel()
         for name in list(self.instances):
             instance = self.instances.pop(name)
             await instance.stop()

@@ -253,6 +253,12 @@ class SimCluster:
     def crash_now(self, bookie_id: str, mode: str = "drop") -> asyncio.Task[None]:
         """:meth:`crash_bookie` from a callback (a crash timed inside a write-to-sync window):
         the process dies now; its registration goes in the returned task."""
+        self.kill_bookie(bookie_id, mode)
+        return asyncio.get_running_loop().create_task(self.lapse_registration(bookie_id))
+
+    def kill_bookie(self, bookie_id: str, mode: str = "drop") -> None:
+        """The process dies now (as :meth:`crash_now`) but its registration stays until its
+        session lapses: the caller's :meth:`lapse_registration`, some time later."""
         sb = self.bookies[bookie_id]
         if sb.bookie is not None:
             sb.bookie.on_state_change = None
@@ -263,9 +269,9 @@ class SimCluster:
             sb.status = "down"
         self.network.set_bookie(bookie_id, None)
         self._log(f"{bookie_id} crashed ({mode})")
-        return asyncio.get_running_loop().create_task(self._unregister(bookie_id))
 
-    async def _unregister(self, bookie_id: str) -> None:
+    async def lapse_registration(self, bookie_id: str) -> None:
+        """A stopped bookie's registration goes (its session lapsed), unless it runs again."""
         if self.bookies[bookie_id].status == "up":
             return  # (restarted meanwhile: its registration is its new incarnation's)
         try:

@@ -9,7 +9,9 @@ per seed (each knob from a stream of its own, so adding a knob does not move the
 * preallocated journal segments, frequent index checkpoints (mostly deltas), sync latency;
 * the client's add path (``append`` or ``append_many``) and long polls (one bookie at a time
   or the whole ensemble), and the writer's LAC (immediate, or only piggybacked/at intervals);
-* the bookies' storage engine: the journal's own or the db engine (``storage="db"``).
+* the bookies' storage engine: the journal's own or the db engine (``storage="db"``);
+* the auditor's periodic bookie check: every 5 s, or every hour as in production (then a
+  bookie loss the auditor's registry watch misses goes unnoticed for the rest of the run).
 
 ``SimConfig.describe()`` is the trace's header; ``coverage()`` names the markers the sweep's
 coverage table counts, so a sweep shows that each configuration ran.
@@ -56,12 +58,18 @@ class SimConfig:
     #: immediate_lac``, production's default), else only piggybacked and every explicit
     #: interval; drawn off in one seed of four
     immediate_lac: bool = True
+    #: seconds between the simulated auditor's periodic bookie checks (it also checks on every
+    #: registry change its watch reports): 5, or production's hour in half the seeds
+    auditor_bookie_check: float = 5.0
 
     def __post_init__(self) -> None:
         if self.journal not in JOURNAL_MODES:
             raise ValueError(f"journal mode must be one of {JOURNAL_MODES}, not {self.journal!r}")
         if self.storage not in ("journal", "db"):
             raise ValueError(f"storage must be journal or db, not {self.storage!r}")
+        if not 0 < self.auditor_bookie_check < float("inf"):
+            raise ValueError(f"auditor_bookie_check must be a positive number of seconds, "
+                             f"not {self.auditor_bookie_check!r}")
 
     @classmethod
     def draw(cls, seed: int) -> SimConfig:
@@ -77,6 +85,8 @@ class SimConfig:
             parallel_long_polls=derive_rng(seed, "long_polls").random() < 1 / 3,
             storage="db" if derive_rng(seed, "storage").random() < 0.25 else "journal",
             immediate_lac=derive_rng(seed, "lac").random() >= 0.25,
+            auditor_bookie_check=3600.0 if derive_rng(seed, "auditor_check").random() < 0.5
+            else 5.0,
         )
 
     @property
@@ -117,7 +127,13 @@ class SimConfig:
                 f" adds={'batched' if self.batched_adds else 'single'}"
                 f" long_polls={'parallel' if self.parallel_long_polls else 'sequential'}"
                 f"{' storage=db' if self.storage == 'db' else ''}"
-                f"{'' if self.immediate_lac else ' lac=interval'}")
+                f"{'' if self.immediate_lac else ' lac=interval'}"
+                f"{f' auditor_check={self.auditor_bookie_check:g}s' if self.long_audits else ''}")
+
+    @property
+    def long_audits(self) -> bool:
+        """The auditor's periodic bookie check outlasts a run (production's hour)."""
+        return self.auditor_bookie_check >= 60.0
 
     def coverage(self) -> list[str]:
         """Coverage markers naming this configuration (one seed counts once per marker)."""
@@ -131,6 +147,7 @@ class SimConfig:
             out.append("config_frequent_checkpoints")
         if self.storage == "db":
             out.append("config_storage_db")
+        out.append(f"config_auditor_check_{'long' if self.long_audits else 'short'}")
         return out
 
     def to_doc(self) -> dict[str, Any]:

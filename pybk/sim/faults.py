@@ -9,13 +9,16 @@ bugs that uniform low rates never reach.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 
 __all__ = [
     "ALL_KINDS",
     "EVENT_KINDS",
     "FOCUS_MIXES",
+    "LATER_KINDS",
     "NET_KINDS",
+    "POLLED_SHARE",
     "FaultPlan",
     "Faults",
 ]
@@ -45,8 +48,15 @@ EVENT_KINDS = (
     "meta_cas",  # spurious compare-and-set conflicts for a while
     "meta_expire",  # the bookies' registry session expires (they vanish, then re-register)
     "clock_jump",  # the monotonic clock jumps ahead (every timer late), the wall clock +/-
+    "lose_auditor_host",  # the auditor's host goes: its bookie and auditor, sessions lapse later
 )
 ALL_KINDS = NET_KINDS + EVENT_KINDS
+#: Kinds added after the swarm's draws were settled: each is enabled from a stream of its own
+#: (``Faults.swarm``'s ``draws``), so that a seed that does not draw it keeps its plan.
+LATER_KINDS = ("lose_auditor_host",)
+#: The share of seeds (of a spec with fault kinds) whose metadata watches are polled, drawn
+#: from a stream of its own.
+POLLED_SHARE = 1 / 3
 
 #: Focused mixes: some seeds stress one dangerous area hard instead of everything a little
 #: (a uniform mix rarely lines up the two or three faults a real bug needs).
@@ -100,7 +110,7 @@ class Faults:
     @classmethod
     def process(cls) -> Faults:
         return cls(("crash", "wipe", "pause_writer", "crash_writer", "meta_stall", "meta_cas",
-                    "meta_expire", "clock_jump"))
+                    "meta_expire", "clock_jump", "lose_auditor_host"))
 
     @classmethod
     def disk(cls) -> Faults:
@@ -135,17 +145,29 @@ class Faults:
         return (text + (",beyond" if self.beyond_tolerance else "")
                 + (",polled_watches" if self.polled_watches else ""))
 
-    def swarm(self, rng: random.Random) -> FaultPlan:
-        """The concrete plan of one seed: a random subset of the allowed kinds, random rates."""
+    def swarm(self, rng: random.Random,
+              draws: Callable[[str], random.Random] | None = None) -> FaultPlan:
+        """The concrete plan of one seed: a random subset of the allowed kinds, random rates.
+
+        ``draws(name)`` gives the seed's stream ``name``: each of the :data:`LATER_KINDS` is
+        enabled as the others are (in 7 seeds of 10) but from a stream of its own, and the
+        metadata watches are polled in :data:`POLLED_SHARE` of the seeds (without ``draws``:
+        neither)."""
         plan = FaultPlan(beyond_tolerance=self.beyond_tolerance,
                          mean_interval=self.mean_interval * rng.choice((0.5, 1.0, 2.0)),
                          polled_watches=self.polled_watches)
-        enabled = [k for k in self.kinds if rng.random() < 0.7]
+        settled = [k for k in self.kinds if k not in LATER_KINDS]
+        enabled = [k for k in settled if rng.random() < 0.7]
         focus = [m for m in FOCUS_MIXES if set(m) <= set(self.kinds)]
         if focus and rng.random() < 0.5:
             enabled = list(rng.choice(focus))
+        if draws is not None:
+            enabled += [k for k in LATER_KINDS
+                        if k in self.kinds and draws(f"kind:{k}").random() < 0.7]
+            if self.kinds and draws("polled_watches").random() < POLLED_SHARE:
+                plan.polled_watches = True
         if self.kinds and not enabled:
-            enabled = [rng.choice(self.kinds)]
+            enabled = [rng.choice(settled or self.kinds)]
         for kind in NET_KINDS:
             if kind in enabled:
                 setattr(plan, kind, rng.choice((0.002, 0.01, 0.03)))

@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from pybk.sim.cluster import DATA_DIR
+from pybk.sim.hostloss import lose_auditor_host
 from pybk.sim.scenario import FaultEvent
 from pybk.sim.workload import Reader
 from pybk.storage.records import BATCH_HEADER_SIZE, SEGMENT_HEADER_SIZE, batch_at
@@ -497,3 +498,6 @@ async def clock_jump(run: SimRun, ev: FaultEvent) -> None:
         jump = getattr(loop, "jump", None)
         if jump is not None:
             jump(ahead)
+
+
+HANDLERS["lose_auditor_host"] = lose_auditor_host  # (pybk.sim.hostloss)

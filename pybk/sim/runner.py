@@ -111,7 +111,7 @@ def scenario_of(seed: int, *, bookies: int | None = None, duration: float = 30.0
     rng = derive_rng(seed, "runner")
     topo = topology or rng.choice([t for t in TOPOLOGIES if bookies is None or t[0] <= bookies])
     n = bookies if bookies is not None else topo[0] + rng.choice((0, 1, 1, 2))
-    plan = faults.swarm(derive_rng(seed, "swarm"))
+    plan = faults.swarm(derive_rng(seed, "swarm"), lambda name: derive_rng(seed, name))
     return Scenario(seed=seed, duration=duration, topology=topo, bookies=n,
                     config=SimConfig.draw(seed),
                     workload=workload or Workload.draw(derive_rng(seed, "workload")), plan=plan,
@@ -139,6 +139,8 @@ class SimRun:
         self.trace: list[str] = []
         self.fault_counts: Counter[str] = Counter()
         self.coverage: Counter[str] = Counter(scenario.config.coverage())
+        if scenario.plan.polled_watches:
+            self.coverage["config_watches_polled"] += 1
         self.loop: SimLoop | None = None
         self.history = History(log=self.log, now=self.now, trace=self.trace)
         self.registry = Registry()
@@ -176,13 +178,14 @@ class SimRun:
     def _watch_delivery(self) -> PolledDelivery | None:
         """How metadata watches arrive: at once, or (the plan's switch) as real backends
         deliver them, with a poll interval and an establishment delay drawn from a stream
-        of their own (the other draws of the seed stay as they were)."""
+        of their own (the other draws of the seed stay as they were). The run's mutation
+        switches go with it (``watch_baseline_at_first_poll``)."""
         if not self.plan.polled_watches:
             return None
         rng = derive_rng(self.seed, "watches")
         return PolledDelivery(
             poll_interval=rng.choice((0.02, 0.05, 0.2)),
-            establish_delay=rng.choice((0.0, 0.05, 0.3)), rng=rng)
+            establish_delay=rng.choice((0.0, 0.05, 0.3)), rng=rng, mutations=self.mutations)
 
     # -- trace -------------------------------------------------------------------------------
 
@@ -414,6 +417,10 @@ class SimRun:
         safety_end = loop.time() + self.duration
         await self.inject(safety_end)
         await asyncio.sleep(max(0.0, safety_end - loop.time()))
+        for ext in self.extensions:  # (checks of the safety phase still under way: bounded)
+            pending = getattr(ext, "before_liveness", None)
+            if pending is not None:
+                await pending()
         self.log("=== liveness phase: faults stop, network heals")
         await self.liveness()
 

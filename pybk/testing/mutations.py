@@ -5,7 +5,8 @@ one real BookKeeper-class bug at one place in the protocol code, and a test turn
 show that its checks catch the bug. The production code that consults a switch declares its
 name next to the code it breaks (``pybk.storage.store.ACK_BEFORE_FSYNC``, ...) and reads it
 once, when it is built, from the ``mutations`` frozenset of the config it already takes
-(``StoreConfig.mutations``, ``ClientConfig.mutations``): nothing reads them from the
+(``StoreConfig.mutations``, ``ClientConfig.mutations``, the memory store's
+``PolledDelivery.mutations``): nothing reads them from the
 environment or from global state, so two clusters in one process can run with different
 switches, and production code never imports this module.
 
@@ -33,6 +34,7 @@ from pybk.client.writer import (
 )
 from pybk.logs.reader import TAIL_READER_SKIPS_ON_ERROR
 from pybk.logs.takeover import SEGMENT_COMPLETED_AT_STALE_LAC
+from pybk.metadata.memory_watches import WATCH_BASELINE_AT_FIRST_POLL
 from pybk.ops.replicator import ENSEMBLE_BEFORE_COPY_DURABLE
 from pybk.storage.dbstore import DB_COMPACTION_COVERS_CACHE, DB_LOG_UNSYNCED
 from pybk.storage.startup import REPLAY_DAMAGE_AS_TORN_TAIL
@@ -69,6 +71,7 @@ __all__ = [
     "SEGMENT_COMPLETED_AT_STALE_LAC",
     "TABLES_CATCH_UP_UNCHECKED",
     "TAIL_READER_SKIPS_ON_ERROR",
+    "WATCH_BASELINE_AT_FIRST_POLL",
     "Mutations",
 ]
 
@@ -81,7 +84,7 @@ KNOWN: Final = frozenset(
      RACK_PLAN_IGNORES_WRAP, LEDGER_TAIL_SKIPS_ON_ERROR, LAC_BEFORE_QUORUM,
      DB_LOG_UNSYNCED, DB_COMPACTION_COVERS_CACHE,
      REREPLICATION_LEAVES_GROUP, GC_IGNORES_MIN_AGE, TABLES_CATCH_UP_UNCHECKED,
-     APPLY_BEFORE_ACK}
+     APPLY_BEFORE_ACK, WATCH_BASELINE_AT_FIRST_POLL}
 )
 
 

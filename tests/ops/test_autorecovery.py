@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -364,3 +365,40 @@ def test_a_replica_holds_its_entries_only_when_every_one_lies_in_a_listed_range(
     # overlapping ranges must not count an id twice to make up for a missing one
     assert not holds_all([(0, 5), (0, 5), (9, 29)], list(range(0, 30, 3)))
     assert not holds_all([(0, 3), (0, 3)], [0, 3, 6])
+
+
+async def _turns_until_auditor(instance: Any, turns: int = 50) -> bool:
+    for _ in range(turns):
+        if instance.is_auditor:
+            return True
+        await asyncio.sleep(0)
+    return instance.is_auditor
+
+
+@pytest.mark.parametrize("resign", [True, False])
+async def test_an_instance_killed_without_resigning_keeps_the_role_until_its_session_ends(
+    resign: bool,
+) -> None:
+    """``stop(resign=False)`` is a killed process (the simulator's lost host): the other
+    candidate takes over only once the dead one's session is gone, not at once."""
+    from pybk.metadata.memory import MemoryMetadataStore
+    from pybk.ops import AutoRecovery
+    from pybk.transport.local import LocalTransport
+
+    store = MemoryMetadataStore()
+    first = AutoRecovery(store.session(), LocalTransport({}), name="a", config=FAST)
+    second = AutoRecovery(store.session(), LocalTransport({}), name="b", config=FAST)
+    await first.start()
+    assert await _turns_until_auditor(first)
+    await second.start()
+    try:
+        await first.stop(resign=resign)
+        assert await _turns_until_auditor(second) == resign
+        await first.ctx.store.close()  # (its session lapses)
+
+        async def took_over() -> bool:
+            return second.is_auditor
+
+        await wait_until(took_over, 5.0, "the other candidate to become the auditor")
+    finally:
+        await second.stop()

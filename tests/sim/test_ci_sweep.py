@@ -31,6 +31,10 @@ MUST_REACH = (
     "crash_in_overlapped_sync_window",
     "add_failed_unsent",
     "ledger_recovery_error",
+    # the auditor's host lost, the registration lapsing just after the new auditor's first
+    # look (pybk.sim.hostloss), and R3 judged: the loss was marked in time
+    "auditor_host_lapse_aimed",
+    "auditor_host_loss_noticed",
 )
 
 #: Every configuration the swarm draws (pybk.sim.configs), and the paths each must run.
@@ -49,6 +53,9 @@ MUST_RUN = (
     "config_lac_immediate",
     "config_lac_interval",
     "workload_tables",
+    "config_auditor_check_short",
+    "config_auditor_check_long",
+    "config_watches_polled",
     "journal_inline_syncs",
     "journal_batches_overlapped",
     "journal_batches_splits",

@@ -78,3 +78,15 @@ def test_long_polls_run_one_bookie_at_a_time_or_all_at_once() -> None:
     hits = results[True].coverage["long_poll_hit"]
     assert results[True].messages - results[False].messages >= 3 * hits, (
         results[True].messages, results[False].messages, hits)
+
+
+def test_the_auditor_s_periodic_check_is_drawn_short_or_production_s_hour() -> None:
+    drawn = [SimConfig.draw(seed) for seed in range(40)]
+    assert {c.auditor_bookie_check for c in drawn} == {5.0, 3600.0}
+    long = next(c for c in drawn if c.long_audits)
+    assert "auditor_check=3600s" in long.describe()
+    assert "config_auditor_check_long" in long.coverage()
+    assert "config_auditor_check_short" in SimConfig().coverage()
+    for bad in (0.0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="auditor_bookie_check"):
+            SimConfig(auditor_bookie_check=bad)

@@ -24,3 +24,24 @@ def test_runs_with_polled_watches_pass() -> None:
     for seed in (0, 1):
         result = sim.run(seed, faults=Faults.parse("all,polled_watches"), duration=10.0)
         assert result.ok, result.report()
+
+
+def test_the_default_sweep_polls_watches_in_a_share_of_seeds_drawn_on_their_own() -> None:
+    """Polled watches and the later fault kinds are drawn from streams of their own: a seed
+    that draws neither keeps the plan and schedule it had before they existed."""
+    from pybk.sim.cluster import derive_rng
+    from pybk.sim.faults import LATER_KINDS, POLLED_SHARE
+
+    faults = Faults.all()
+    polled = unchanged = 0
+    for seed in range(150):
+        plan = scenario_of(seed, faults=faults).plan
+        before = faults.swarm(derive_rng(seed, "swarm"))  # (what a seed drew before)
+        polled += plan.polled_watches
+        if not set(LATER_KINDS) & set(plan.events):
+            assert (plan.events, plan.weights, plan.drop, plan.mean_interval) == (
+                before.events, before.weights, before.drop, before.mean_interval), seed
+            unchanged += 1
+    assert abs(polled / 150 - POLLED_SHARE) < 0.1, polled
+    assert 20 < unchanged < 100, unchanged
+    assert not scenario_of(3, faults=Faults.none()).plan.polled_watches
