@@ -495,8 +495,9 @@ async def explain_shortage(ctx: ClientContext,
     if not regs:
         return NotEnoughBookiesError(f"{exc}; no bookie is registered in the metadata store")
     read_only = sorted(r.bookie_id for r in regs if r.read_only)
-    if not read_only:
-        return exc
+    if not read_only:  # (more than chosen from: a registration back, a state flipped)
+        return NotEnoughBookiesError(
+            f"{exc}; registered now, none read-only: {sorted(r.bookie_id for r in regs)}")
     return NotEnoughBookiesError(
         f"{exc}; read-only: {read_only} (a bookie turns read-only when its disk is fuller "
         f"than its disk_usage_threshold, 95% by default, or its journal failed: its log "
