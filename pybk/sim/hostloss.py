@@ -1,29 +1,14 @@
 """The loss of the host the elected auditor runs on (fault ``lose_auditor_host``), and R3.
 
-In production auto-recovery runs next to a bookie. When that host goes, its bookie and the
-elected auditor stop together, and their metadata sessions lapse some time later (the
-session timeout), a little apart, in either order. The other auto-recovery instance is then
-elected, and its first bookie check may still see the lost bookie registered, the
-registration lapsing milliseconds later: only its registry watch can tell it then. The old
-persistent backends' watches missed exactly that change (their baseline taken at the first
-poll: mutation ``watch_baseline_at_first_poll``), and nothing happened until the hourly
-periodic check.
+The host's bookie and the elected auditor stop together; their metadata sessions lapse
+later, a little apart, in either order, and the bookie's registration may lapse just after
+the new auditor's first look at the registry, where only its registry watch can tell it
+(the watch the old backends missed: mutation ``watch_baseline_at_first_poll``).
 
-The fault stops the bookie (its disk kept) and the auditor instance (both come back once R3
-was judged: the host repaired), then lets the two sessions lapse ``session_timeout`` after
-the host went, ``gap`` apart, in the drawn ``order`` (the auditor's first in two losses of
-three). Three times in four the auditor's goes first, aimed where the bug hides: the
-registration lapses ``gap`` (milliseconds) after the new auditor's first look at the
-registry.
-
-**R3** checks the outcome: within :data:`BOUND` virtual seconds of the loss (both sessions
-gone) plus the lost-bookie delay, the lost bookie's ledgers are marked under-replicated (or
-no longer name it, or an auditor noticed it and the delay has not passed). Time with the
-metadata stalled (or the clock jumping) extends the bound, and a new auditor (elected, or
-restarted) starts it again: the loss is news to it, and its delay starts when it sees it, as
-in BookKeeper. The run waits for the checks under way before its liveness phase (which heals
-the registry and forces audits); a check judged then needs only an auditor that noticed the
-loss, not the marks its delay still holds back (that wait would lengthen the run for little).
+**R3**: within :data:`BOUND` virtual seconds of the loss plus the lost-bookie delay, the lost
+bookie's ledgers are marked under-replicated (or no longer name it). Metadata stalls, clock
+jumps and a new auditor extend the bound. The story (the aim, the orders, why a check is
+judged before the liveness phase) is in docs/internals.md, "pybk/sim/hostloss.py".
 """
 
 from __future__ import annotations
