@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from pybk.logs.catalog import LogCatalog
     from pybk.metadata.base import VersionedValue
 
-__all__ = ["Cursor", "check_cursor_name", "delete_cursor"]
+__all__ = ["Cursor", "check_cursor_name", "delete_cursor", "retire_ledger"]
 
 log = logging.getLogger(__name__)
 
@@ -476,6 +476,17 @@ async def _delete_ledger(cat: LogCatalog, ledger_id: int) -> None:
         pass
 
 
+async def retire_ledger(cat: LogCatalog, ledger_id: int) -> None:
+    """Fence a cursor's acknowledgement ledger (its owner's next acknowledgement fails) and
+    delete it; a ledger already gone is fine."""
+    try:
+        rh = await cat.client.open_ledger(ledger_id, recovery=True)
+        await rh.close()
+    except NoSuchLedgerError:
+        pass
+    await _delete_ledger(cat, ledger_id)
+
+
 async def delete_cursor(cat: LogCatalog, name: str) -> None:
     """Delete a cursor: fence its ledger (its owner's next acknowledgement fails), delete
     the ledger and the record. CursorNotFoundError when there is none."""
@@ -486,12 +497,7 @@ async def delete_cursor(cat: LogCatalog, name: str) -> None:
         raise CursorNotFoundError(f"log {cat.name!r} has no cursor {name!r}") from None
     record = CursorRecord.from_bytes(value.value, value.version)
     if record.ledger >= 0:
-        try:
-            rh = await cat.client.open_ledger(record.ledger, recovery=True)
-            await rh.close()
-        except NoSuchLedgerError:
-            pass
-        await _delete_ledger(cat, record.ledger)
+        await retire_ledger(cat, record.ledger)
     try:
         await cat.store.delete_value(key)
     except NoSuchKeyError:

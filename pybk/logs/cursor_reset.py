@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pybk.errors import CursorNotFoundError, KeyExistsError, NoSuchKeyError, NoSuchLedgerError
-from pybk.logs.cursor import check_cursor_name
+from pybk.errors import CursorNotFoundError, KeyExistsError, NoSuchKeyError
+from pybk.logs.cursor import check_cursor_name, retire_ledger
 from pybk.logs.cursor_meta import CursorRecord, cursor_key
 from pybk.logs.cursor_state import AckState, encode_state
 from pybk.logs.position import Position
@@ -53,9 +53,4 @@ async def reset_cursor(cat: LogCatalog, name: str, position: Position, *,
     except NoSuchKeyError:
         raise CursorNotFoundError(f"log {cat.name!r} has no cursor {name!r}") from None
     if old and old[0] >= 0:
-        try:
-            rh = await cat.client.open_ledger(old[0], recovery=True)  # its owner is fenced
-            await rh.close()
-            await cat.client.delete_ledger(old[0])
-        except NoSuchLedgerError:
-            pass
+        await retire_ledger(cat, old[0])  # its owner is fenced
