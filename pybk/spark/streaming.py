@@ -71,8 +71,7 @@ class PybkStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     async def _state(self) -> tuple[Any, LogMetadata, TailFinder]:
         client = await runtime.aclient(self.opts.metadata)
-        md = await (await client.namespace(self.opts.namespace).open_log(self.opts.log)) \
-            .metadata()
+        md = await (await self._log()).metadata()
         if self._finder is None:
             self._finder = TailFinder()
         return client, md, self._finder
