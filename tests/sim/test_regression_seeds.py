@@ -1,11 +1,12 @@
 """Replay tests/sim/regression_seeds.txt: every seed that once failed stays fixed (or, with
-its mutation on, stays caught)."""
+its mutation on, stays caught by an invariant the switch breaks, and passes without it)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from mutations_kit import EXPECTED
 
 from pybk.sim.faults import Faults
 from pybk.sim.runner import run
@@ -45,7 +46,10 @@ def test_regression_seed(seed: int, faults: str, duration: float, mutation: str)
     r = run(seed, duration=duration, faults=Faults.parse(faults),
             mutations=(mutation,) if mutation else ())
     if mutation:
-        safety = [v for v in r.violations if v.invariant != "I12"]
-        assert safety, f"seed {seed} no longer catches {mutation}"
+        caught = {v.invariant for v in r.violations} & EXPECTED[mutation]
+        assert caught, (f"seed {seed} no longer catches {mutation} by what it breaks "
+                        f"({sorted(EXPECTED[mutation])}):\n{r.report()}")
+        clean = run(seed, duration=duration, faults=Faults.parse(faults))
+        assert clean.ok, f"seed {seed} fails without {mutation} too:\n{clean.report()}"
     else:
         assert r.ok, r.report()
