@@ -160,7 +160,7 @@ class AutoRecoverySim:
         instance = AutoRecovery(
             self._session(name), run.cluster.network.endpoint(name), name=name,
             config=self.config,
-            client_config=run._client_config(), rng=derive_rng(run.seed, f"autorecovery:{name}"))
+            client_config=run.client_config(), rng=derive_rng(run.seed, f"autorecovery:{name}"))
         instance.owns_store = True
         await instance.start()
         self.instances[name] = instance
@@ -248,7 +248,7 @@ class AutoRecoverySim:
 
         client = Client(self._session("ar-admin"),
                         transport=run.cluster.network.endpoint("ar-admin"),
-                        config=run._client_config(), rng=derive_rng(run.seed, "ar-admin"))
+                        config=run.client_config(), rng=derive_rng(run.seed, "ar-admin"))
         run.cluster.clients["ar-admin"] = client
         admin = Admin(client, passwords=(PASSWORD,), copy_window=8)
         # the end state is read from the bookies directly (not through the network: the

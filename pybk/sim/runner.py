@@ -166,7 +166,7 @@ class SimRun:
                         reorder=self.plan.reorder, corrupt=self.plan.corrupt,
                         reset=self.plan.reset)
         self.cluster = SimCluster(self.seed, self.n, net=net, log=self.log,
-                                  count=self.count_fault, client_config=self._client_config(),
+                                  count=self.count_fault, client_config=self.client_config(),
                                   bookie_config=self.config.bookie_config(mutations),
                                   watch_delivery=self._watch_delivery())
         self.observer.watch(self.cluster)
@@ -217,7 +217,9 @@ class SimRun:
         self.fault_counts[kind] += 1
         self.history.fault(target, kind, detail)
 
-    def _client_config(self) -> ClientConfig:
+    def client_config(self) -> ClientConfig:
+        """What every simulated client of the run gets (writers, auto-recovery, the admin):
+        timeouts on the virtual clock's scale and the seed's drawn client knobs."""
         return ClientConfig(add_timeout=2.0, read_timeout=2.0, speculative_read_delay=0.5,
                             long_poll_timeout=1.0, explicit_lac_interval=0.5,
                             long_poll_parallel=self.config.parallel_long_polls,

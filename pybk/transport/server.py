@@ -473,7 +473,7 @@ class BookieServer:
         waiters, self._budget_waiters = self._budget_waiters, {}
         for conn in waiters:
             if not conn.closing:
-                conn._pump()
+                conn.pump()
 
     def _bound_long_poll(self, conn: ServerConnection, request: Request) -> Request | None:
         """A long poll waits at most ``long_poll_max_timeout``. With ``max_long_polls``
@@ -554,7 +554,7 @@ class BookieServer:
             # Still running after the grace: the client sees the connection drop (outcome
             # indeterminate); the handler itself is left to finish or be failed by the
             # bookie's own stop, never interrupted half way.
-            conn._flush()
+            conn.flush()
             if conn.transport is not None:
                 conn.transport.close()
         # close() waits for the send buffer to drain; a peer that does not read gets aborted.

@@ -126,12 +126,14 @@ class BudgetedConnection(asyncio.Protocol):
         self.last_activity = now
         if not self.flush_scheduled:
             if not self.in_flight and not self.queue:
-                self._flush()  # nothing else to answer (a lone client): now, not a pass later
+                self.flush()  # nothing else to answer (a lone client): now, not a pass later
                 return
             self.flush_scheduled = True
-            self.loop.call_soon(self._flush)
+            self.loop.call_soon(self.flush)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Write what is queued to the socket now (the server flushes each connection before
+        it drops it at shutdown)."""
         self.flush_scheduled = False
         if self.out and self.transport is not None and not self.transport.is_closing():
             data = self.out[0] if len(self.out) == 1 else b"".join(self.out)

@@ -200,7 +200,7 @@ class ServerConnection(BudgetedConnection):
             self.queue.extend(events)
             # (what the decoded requests hold: about the bytes they came in, plus objects)
             self.queued_bytes += len(data) + REQUEST_OVERHEAD * len(events)
-            self._pump()
+            self.pump()
         elif self.codec.buffered and self.partial_since is None:
             self.partial_since = now
 
@@ -213,11 +213,11 @@ class ServerConnection(BudgetedConnection):
 
     def resume_writing(self) -> None:
         self._refresh_unsent()
-        self._pump()
+        self.pump()
 
     # -- request flow ------------------------------------------------------------------------
 
-    def _pump(self) -> None:
+    def pump(self) -> None:
         """Start queued requests while the caps and budgets allow; then pause/resume reading."""
         if self._pumping or self._gate_wait is not None:  # (re-entered; the head waits)
             return
@@ -354,7 +354,7 @@ class ServerConnection(BudgetedConnection):
             self._dequeue(event)
             self.server.stats.incr("tenancy_refused")
             self._respond(event.request_id, task.result())
-        self._pump()
+        self.pump()
 
     def _defer(self, request_id: int, request: Request, cost: int) -> None:
         self._deferred.append((request_id, request, cost))
@@ -394,7 +394,7 @@ class ServerConnection(BudgetedConnection):
     def fair_granted(self) -> None:
         """The server's fair share handed this connection a slot for its next add."""
         self._fair_ticket = True
-        self.loop.call_soon(self._pump)
+        self.loop.call_soon(self.pump)
 
     def fast_add_done(self, request_id: int, response: Response, cost: int) -> None:
         if self.server.fair is not None:
@@ -407,11 +407,11 @@ class ServerConnection(BudgetedConnection):
 
     def _answered(self, request_id: int, response: Response, release: int = 0) -> None:
         """A request finished: give back the ``release`` bytes it held, send its response,
-        then start queued ones (or resume reading: ``_pump`` always ends by re-arming the
+        then start queued ones (or resume reading: ``pump`` always ends by re-arming the
         reader)."""
         self.server.stats.incr("requests")
         self._respond(request_id, response, release)
-        self._pump()
+        self.pump()
 
     def _settle(self, task: asyncio.Task[Any] | None) -> bool:
         """Give back what a task held (once: when it answers, or when it ends unstarted)."""
@@ -429,7 +429,7 @@ class ServerConnection(BudgetedConnection):
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self.tasks.pop(task, None)
         if self._settle(task):  # cancelled before it ran (its finally never did)
-            self._pump()
+            self.pump()
 
     async def _serve(self, request_id: int, request: Request, entry_uncharged: bool) -> None:
         server = self.server
@@ -541,7 +541,7 @@ class ServerConnection(BudgetedConnection):
         self.closing = True
         self.queue.clear()
         self.queued_bytes = 0
-        self._flush()
+        self.flush()
         if self.transport is not None:
             self.transport.close()
 
