@@ -50,11 +50,8 @@ class CompactionResult:
 
 def segment_usage(store: LedgerStore) -> dict[int, tuple[int, int]]:
     """seq -> (live bytes, file bytes) for the sealed segments."""
-    out = {}
-    for seq, size in sorted(store._segments.items()):
-        if size >= 0:
-            out[seq] = (store.index.seg_live.get(seq, 0), size)
-    return out
+    live = store.index.seg_live
+    return {seq: (live.get(seq, 0), size) for seq, size in store.segments.sealed()}
 
 
 async def compact(store: LedgerStore, threshold: float,
@@ -65,10 +62,11 @@ async def compact(store: LedgerStore, threshold: float,
     throttle); a wholly dead segment re-appends next to nothing."""
     result = CompactionResult()
     async with store.checkpointer.lock:
-        cp = await store._checkpoint_locked()
+        cp = await store.checkpoint_under_lock()
         candidates = []
+        retiring = store.segments.retiring
         for seq, (live, size) in segment_usage(store).items():
-            if seq < cp.seg and seq not in store._dead and live < threshold * max(size, 1):
+            if seq < cp.seg and seq not in retiring and live < threshold * max(size, 1):
                 candidates.append((live / max(size, 1), seq))
         futs: list[Awaitable[None]] = []
         chosen: list[int] = []
@@ -100,13 +98,13 @@ async def compact(store: LedgerStore, threshold: float,
         for seq in chosen:
             if store.index.seg_live.get(seq, 0):
                 raise AssertionError(f"segment {seq} still referenced after compaction")
-        store._dead.extend(chosen)
-        await store._checkpoint_locked()  # durable index no longer points into them
+        store.segments.retire(chosen)
+        await store.checkpoint_under_lock()  # durable index no longer points into them
         for seq in chosen:
-            result.bytes_freed += store._segments.pop(seq)
+            result.bytes_freed += store.segments.drop(seq)
             store.fs.delete(store.journal_path(seq))
         await store.fs.fsync_dir(store.journal_dir)
-        store._dead = [s for s in store._dead if s not in chosen]
+        store.segments.deleted(chosen)
         result.segments_compacted = chosen
     return result
 

@@ -41,6 +41,7 @@ from pybk.storage.config import (
 from pybk.storage.fs import FileSystem
 from pybk.storage.index import Index, Position
 from pybk.storage.journal import Journal
+from pybk.storage.segments import SegmentTable
 from pybk.storage.startup import ReplayReport, replay
 from pybk.storage.writes import AddCallback, BatchCallback, ResolveFuture, WritesMixin
 from pybk.wire import parse_entry_header
@@ -100,8 +101,7 @@ class LedgerStore(WritesMixin):
         #: (ledger, entry) -> callbacks of identical adds made while the first was pending
         self._also_waiting: dict[tuple[int, int], list[AddCallback]] = {}
         self._fence_futs: dict[int, asyncio.Future[None]] = {}
-        self._segments: dict[int, int] = {}  # seq -> size when sealed (active: -1)
-        self._dead: list[int] = []  # segments retired by compaction, not yet known deleted
+        self.segments = SegmentTable()
         self.checkpointer = Checkpointer(fs, data_dir)
         self.suspect: list[str] = []
         #: entries the scrubber found damaged: (ledger, entry) -> what (pybk.storage.scrub)
@@ -140,8 +140,7 @@ class LedgerStore(WritesMixin):
         done = await replay(self.fs, self.journal_dir, self.instance_id, self.config,
                             self.report, self.checkpointer)
         self.index = done.index
-        self._segments.update(done.segments)
-        self._dead = done.dead
+        self.segments.opened(done.segments, done.dead)
         self.suspect.extend(done.suspect)
         try:
             await self.journal.open(done.next_seq)
@@ -154,7 +153,7 @@ class LedgerStore(WritesMixin):
                                      "restart the bookie once space is freed")
             self.journal.failed = ReadOnlyBookieError(self.read_only_reason)
             return
-        self._segments[done.next_seq] = -1
+        self.segments.started(done.next_seq)
         try:
             await self.checkpoint()
         except OSError as exc:
@@ -181,12 +180,13 @@ class LedgerStore(WritesMixin):
     async def checkpoint(self) -> Position:
         """Persist the index with the journal position it covers (atomic file replace)."""
         async with self.checkpointer.lock:
-            return await self._checkpoint_locked()
+            return await self.checkpoint_under_lock()
 
-    async def _checkpoint_locked(self) -> Position:
+    async def checkpoint_under_lock(self) -> Position:
+        """:meth:`checkpoint` for a caller holding ``checkpointer.lock`` (compaction)."""
         # the position and the index are taken in one synchronous step (see the docstring)
-        return await self.checkpointer.write(self.index, self.journal.position, self._dead,
-                                             self.config)
+        return await self.checkpointer.write(self.index, self.journal.position,
+                                             self.segments.retiring, self.config)
 
     @property
     def _cp_pos(self) -> Position | None:
@@ -222,6 +222,6 @@ class LedgerStore(WritesMixin):
             for eid, body in st.pending_items():
                 assert parse_entry_header(body)[:2] == (lid, eid)
                 assert eid not in st.entries, (lid, eid)
-        assert self.journal.segment_seq in self._segments or self.journal.failed is not None
+        assert self.journal.segment_seq in self.segments or self.journal.failed is not None
         for seq in self.index.seg_live:
-            assert seq in self._segments, f"live entries in unknown segment {seq}"
+            assert seq in self.segments, f"live entries in unknown segment {seq}"

@@ -58,6 +58,7 @@ from pybk.storage.records import (
     encode_fence,
     encode_master_key,
 )
+from pybk.storage.segments import SegmentTable
 from pybk.wire import ENTRY_HEADER_SIZE, AddOutcome
 
 __all__ = ["AddCallback", "BatchCallback", "ResolveFuture", "WritesMixin"]
@@ -70,7 +71,7 @@ class WritesMixin(ReadsMixin):
     is one; an add of an entry already held reads it back to compare)."""
 
     journal: Journal
-    _segments: dict[int, int]
+    segments: SegmentTable
     _also_waiting: dict[tuple[int, int], list[AddCallback]]
     _fence_futs: dict[int, asyncio.Future[None]]
     _watched: Container[int] | None
@@ -172,8 +173,7 @@ class WritesMixin(ReadsMixin):
         return out
 
     def _on_rotate(self, old_seq: int, old_size: int, new_seq: int) -> None:
-        self._segments[old_seq] = old_size
-        self._segments[new_seq] = -1
+        self.segments.rotated(old_seq, old_size, new_seq)
 
     def _on_batch_failed(self, tags: list[Any], exc: BaseException) -> None:
         for tag in tags:
