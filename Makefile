@@ -190,6 +190,7 @@ bench: $(STAMP) bench-deps
 	$(PY) benchmarks/tiered_read.py --mb 1024
 	$(PY) benchmarks/sim_seeds.py
 	$(PY) benchmarks/gc_soak.py
+	$(PY) benchmarks/gc_cost.py
 	$(PY) benchmarks/storage_scale.py
 	$(PY) benchmarks/noisy_neighbour.py
 	$(VENV)/bin/pybk bench
