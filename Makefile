@@ -191,6 +191,7 @@ bench: $(STAMP) bench-deps
 	$(PY) benchmarks/sim_seeds.py
 	$(PY) benchmarks/gc_soak.py
 	$(PY) benchmarks/gc_cost.py
+	$(PY) benchmarks/metadata_ops.py
 	$(PY) benchmarks/storage_scale.py
 	$(PY) benchmarks/noisy_neighbour.py
 	$(VENV)/bin/pybk bench
