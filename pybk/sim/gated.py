@@ -136,10 +136,10 @@ class GateKeeper:
                               serve=partial(_refuse, refusal),
                               add=partial(_refuse_add, refusal))
         elif isinstance(request, ReadRequest | ReadBatchRequest):
+            # (the gate counts what the read's answer carried; no handler: the bookie is down)
             handler = net.handler_of(bookie_id)
-            if handler is not None:  # (the gate counts what the read's answer carried)
-                net.start_request(client, bookie_id, conn, gen, seq, request,
-                                  serve=partial(_read, handler, gate, principal))
+            serve = None if handler is None else partial(_read, handler, gate, principal)
+            net.start_request(client, bookie_id, conn, gen, seq, request, serve=serve)
         else:
             net.start_request(client, bookie_id, conn, gen, seq, request)
 

@@ -39,6 +39,8 @@ __all__ = ["T4_WINDOW", "GateChecks", "RateWindow"]
 
 #: T4 judges windows of up to this many seconds
 T4_WINDOW = 5.0
+#: violations kept per invariant (a broken gate breaks its rule at every admission)
+MAX_PER_INVARIANT = 5
 
 
 def _bytes(request: Request) -> tuple[int, int]:
@@ -101,10 +103,16 @@ class GateChecks:
         self.limits = limits
         self.ledger_namespace = ledger_namespace
         self.violations: list[Violation] = []
+        self.found: dict[str, int] = {}  # violations per invariant (kept or not)
         self.bookies: dict[str, _Incarnation] = {}
         net = run.cluster.network
         net.gatekeeper.watchers.append(self._decided)
         net.add_observers.append(self._answered)
+
+    def _violation(self, violation: Violation) -> None:
+        n = self.found[violation.invariant] = self.found.get(violation.invariant, 0) + 1
+        if n <= MAX_PER_INVARIANT:
+            self.violations.append(violation)
 
     def started(self, sb: SimBookie) -> None:
         """A bookie incarnation runs, with its gate: what it stores now is its start."""
@@ -152,7 +160,7 @@ class GateChecks:
             bucket = inc.buckets.setdefault((principal, ns, kind), RateWindow(rate))
             excess = bucket.admit(asked, now, n)
             if excess > 0:
-                self.violations.append(Violation(
+                self._violation(Violation(
                     "T4", lid, -1,
                     f"{bookie} started adds of {principal!r} in {ns} past the rate: "
                     f"{excess:.6f} {kind} over {rate}/s x the window + the burst, at "
@@ -174,7 +182,7 @@ class GateChecks:
         inc.bound = stored - inc.cluster - inc.most_in_flight
         self.run.cover("tenancy_quota_judged")
         if inc.bound >= quota:
-            self.violations.append(Violation(
+            self._violation(Violation(
                 "T3", lid, -1,
                 f"{bookie} admitted a new entry of {self.namespace} at t={now:.6f} while "
                 f"storing {stored} payload bytes of it: over its quota {quota} by more than "
@@ -197,7 +205,7 @@ class GateChecks:
         if refusal.status == Status.QUOTA_EXCEEDED and quota_add:
             self.run.cover("tenancy_quota_refused")
             return
-        self.violations.append(Violation(
+        self._violation(Violation(
             "T5", getattr(request, "ledger_id", -1), -1,
             f"{bookie} refused {type(request).__name__} of {client} (principal "
             f"{principal!r}, namespace {ns}) with {refusal.status.name}: "
