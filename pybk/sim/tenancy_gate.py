@@ -41,6 +41,8 @@ NAMESPACE = "sim/gold"
 CALM_NAMESPACE = "calm/main"
 TOKENS = {"sim-token": "sim", "calm-token": "calm"}
 CLUSTER_TOKEN = b"cluster-token"
+#: the calm writer adds at the workload's rate divided by this
+CALM_SHARE = 4
 _NOISY_CLIENTS = re.compile(r"(w|r|rc|d)\d+")
 _CALM_CLIENTS = re.compile(r"cw\d+|calm-final")
 
@@ -117,8 +119,11 @@ class TenancyGateSim:
         #: ledger -> its namespace, for every ledger created in one
         self.ledger_namespace: dict[int, str] = {}
         self.checks = GateChecks(run, NAMESPACE, self.limits, self.ledger_namespace)
-        #: the calm tenant's writer has a registry of its own (its namespace, its ledgers)
-        self.calm_env = replace(run.env, registry=Registry(namespace=CALM_NAMESPACE))
+        #: the calm tenant's writer has a registry of its own (its namespace, its ledgers),
+        #: and writes at a quarter of the workload's rate (what it shows needs no more)
+        wl = run.workload
+        self.calm_env = replace(run.env, registry=Registry(namespace=CALM_NAMESPACE),
+                                workload=replace(wl, add_rate=wl.add_rate / CALM_SHARE))
         _identities, run.cluster.network.principal_of = principals()
         run.cluster.on_bookie_started.append(self._started)
         run.cluster.on_meta_applied.append(self._meta_applied)

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from collections.abc import Awaitable
 
+import pytest
+
 from pybk import sim
-from pybk.bookie.tenancy import TENANCY_QUOTA_UNCHECKED
+from pybk.bookie.tenancy import TENANCY_QUOTA_UNCHECKED, TokenBucket
+from pybk.sim import tenancy_gate
 from pybk.sim.loop import run
 from pybk.sim.net import SimNetwork
 from pybk.sim.tenancy_checks import RateWindow
@@ -20,6 +24,8 @@ from pybk.wire import ReadRequest, Request, Response, Status, error_response
 GATE = sim.Workload(tenancy_gate=True)
 #: the seed whose drawn quota (2,000 bytes) a gate without its quota check breaks (T3)
 QUOTA_SEED = 1
+#: a seed that draws a write rate only (512 bytes a second)
+RATE_SEED = 26
 
 
 class Recorder:
@@ -145,3 +151,19 @@ def test_the_simulator_catches_a_gate_that_skips_its_quota() -> None:
     assert {v.invariant for v in broken.violations} == {"T3"}, broken.report()
     clean = sim.run(QUOTA_SEED, duration=12.0, workload=GATE)
     assert clean.ok, clean.report()
+
+
+def test_t4_catches_a_gate_that_never_delays(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a test-side broken gate: its buckets take tokens but never make a request wait
+    take = TokenBucket.take
+    monkeypatch.setattr(TokenBucket, "take", lambda self, n, now: take(self, n, now) * 0.0)
+    r = sim.run(RATE_SEED, duration=10.0, workload=GATE)
+    assert "T4" in {v.invariant for v in r.violations}, r.report()
+
+
+def test_t5_catches_a_tenant_refused_for_another_tenant(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a harness that gives the calm tenant's writer the noisy tenant's token: the bookies
+    # refuse its namespace's adds (UNAUTHORIZED), which no limit explains
+    monkeypatch.setattr(tenancy_gate, "_NOISY_CLIENTS", re.compile(r"(w|r|rc|d|cw)\d+"))
+    r = sim.run(RATE_SEED, duration=10.0, workload=GATE)
+    assert "T5" in {v.invariant for v in r.violations}, r.report()
