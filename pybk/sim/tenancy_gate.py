@@ -1,6 +1,6 @@
 """The bookies' tenancy gate in the simulator: ``Workload(tenancy=True)`` (beside its groups
 and regions, :mod:`pybk.sim.tenancy`) and ``Workload(tenancy_gate=True)`` (drawn in one seed
-of eight).
+of sixteen).
 
 Every bookie incarnation runs the production gate (:func:`pybk.bookie.tenancy.enable_tenancy`,
 authenticated, on the loop's time and the simulated metadata store) and the simulated network

@@ -74,7 +74,7 @@ class Workload:
     #: namespace bound to a group, placed region-aware (pybk.sim.tenancy; opt in, not drawn)
     tenancy: bool = False
     #: the bookies' tenancy gate: principals, a namespace with drawn limits beside another
-    #: tenant's (pybk.sim.tenancy_gate; drawn in one seed of eight; on with ``tenancy``)
+    #: tenant's (pybk.sim.tenancy_gate; drawn in one seed of sixteen; on with ``tenancy``)
     tenancy_gate: bool = False
 
     @classmethod
@@ -86,12 +86,12 @@ class Workload:
         """A seed's load when the caller gives none (swarm testing: light and heavy loads
         find different bugs): the writers' add rate and the log's append rate vary, and half
         of the seeds also run the log workload (pybk.sim.logs), one in eight table servers
-        and their clients (pybk.sim.tables) and one in eight the bookies' tenancy gate
+        and their clients (pybk.sim.tables) and one in sixteen the bookies' tenancy gate
         (pybk.sim.tenancy_gate; each drawn after the others, so the earlier draws stay put)."""
         logs = 1 if rng.random() < 0.5 else 0
         add_rate, log_rate = rng.choice((6.0, 12.0, 25.0)), rng.choice((3.0, 8.0))
         tables = 3 if rng.random() < 1 / 8 else 0
-        gate = rng.random() < 1 / 8
+        gate = rng.random() < 1 / 16
         return cls(add_rate=add_rate, log_rate=log_rate, log_writers=logs, log_readers=logs,
                    table_clients=tables, tenancy_gate=gate)
 
