@@ -47,7 +47,8 @@ from pybk.wire import (
     error_response,
 )
 
-__all__ = ["LEDGER_CACHE", "TenancyEnforcer", "TokenBucket", "enable_tenancy"]
+__all__ = ["LEDGER_CACHE", "TENANCY_QUOTA_UNCHECKED", "TenancyEnforcer", "TokenBucket",
+           "enable_tenancy"]
 
 log = logging.getLogger("pybk.bookie.tenancy")
 
@@ -59,6 +60,9 @@ LEDGER_CACHE: Final = 100_000
 #: a bucket saves at most this many seconds of its rate (a burst's size): small, so that a
 #: throttled tenant's work reaches the journal spread out rather than in bursts
 BURST_SECONDS: Final = 0.1
+#: mutation switch (pybk.testing.mutations): the storage quota is never checked, so a
+#: namespace at its quota keeps getting new entries admitted (counted, never refused)
+TENANCY_QUOTA_UNCHECKED: Final = "tenancy_quota_unchecked"
 _UNKNOWN: Final = object()
 
 
@@ -93,7 +97,8 @@ class TenancyEnforcer:
     """The bookie's tenancy gate (see the module doc)."""
 
     def __init__(self, store: MetadataStore, storage: Callable[[], LedgerStorage | None], *,
-                 authenticated: bool, ledger_cache: int = LEDGER_CACHE) -> None:
+                 authenticated: bool, ledger_cache: int = LEDGER_CACHE,
+                 mutations: frozenset[str] = frozenset()) -> None:
         self.store = store
         self.records = TenancyRecords(store)
         self.storage = storage
@@ -101,6 +106,7 @@ class TenancyEnforcer:
         #: namespaces are not checked for ownership (rates and quotas still apply)
         self.authenticated = authenticated
         self.ledger_cache = ledger_cache
+        self._quota_checked = TENANCY_QUOTA_UNCHECKED not in mutations
         self._ns: collections.OrderedDict[int, str | None] = collections.OrderedDict()
         self._lookups: dict[int, asyncio.Future[str | None]] = {}
         self._policies: dict[str, NamespacePolicies | None] = {}
@@ -238,7 +244,7 @@ class TenancyEnforcer:
         delay = 0.0
         if records:
             if (policies is not None and policies.max_storage_bytes is not None
-                    and not getattr(request, "recovery", False)
+                    and not getattr(request, "recovery", False) and self._quota_checked
                     and self._over_quota(ns, policies.max_storage_bytes)):
                 self.rejected[(principal, ns, "quota_exceeded")] += 1
                 return error_response(
@@ -355,11 +361,13 @@ def _log_failure(task: asyncio.Task[None]) -> None:
         log.warning("reading a namespace's policies failed: %r", task.exception())
 
 
-async def enable_tenancy(bookie: Any, store: MetadataStore, *,
-                         authenticated: bool) -> TenancyEnforcer:
-    """Give ``bookie`` (started) a tenancy gate against ``store``: both transports ask it.
-    ``authenticated``: connections carry real principals (tenant tokens or certificates)."""
-    enforcer = TenancyEnforcer(store, lambda: bookie.store, authenticated=authenticated)
+async def enable_tenancy(bookie: Any, store: MetadataStore, *, authenticated: bool,
+                         mutations: frozenset[str] = frozenset()) -> TenancyEnforcer:
+    """Give ``bookie`` (started) a tenancy gate against ``store``: both transports ask it
+    (and the simulator's network). ``authenticated``: connections carry real principals
+    (tenant tokens or certificates). ``mutations``: test-only broken behaviours."""
+    enforcer = TenancyEnforcer(store, lambda: bookie.store, authenticated=authenticated,
+                               mutations=mutations)
     await enforcer.start()
     bookie.tenancy = enforcer
     return enforcer

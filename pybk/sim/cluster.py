@@ -214,7 +214,7 @@ class SimCluster:
         for hook in self.on_bookie_started:
             await hook(sb)
         bookie.on_state_change = lambda state, b=bookie_id: self._state_changed(b, state)
-        self.network.set_bookie(bookie_id, bookie.handle, bookie.add_request)
+        self.network.set_bookie(bookie_id, bookie.handle, bookie.add_request, bookie.tenancy)
         read_only = getattr(bookie, "state", WRITABLE) == READ_ONLY
         await self.admin.register_bookie(self.registration(bookie_id, read_only))
         self._log(f"{bookie_id} started (incarnation {sb.incarnation}, state {bookie.state})")
@@ -262,6 +262,8 @@ class SimCluster:
         sb = self.bookies[bookie_id]
         if sb.bookie is not None:
             sb.bookie.on_state_change = None
+            if sb.bookie.tenancy is not None:  # (its gate's watches die with the process)
+                sb.bookie.tenancy.stop()
             sb.bookie.crash()
             sb.bookie = None
         sb.fs.crash(mode, self.rng(f"crash:{bookie_id}:{sb.incarnation}"))

@@ -23,6 +23,7 @@ from typing import Any
 
 from pybk.errors import BookieUnavailableError, ProtocolError
 from pybk.errors import TimeoutError as BKTimeoutError
+from pybk.sim.gated import GateKeeper
 from pybk.sim.links import (
     AddPending,
     Conn,
@@ -36,6 +37,7 @@ from pybk.sim.links import (
     observed,
 )
 from pybk.sim.loop import SimLoop
+from pybk.sim.serving import Serving, await_answer
 from pybk.sim.wire import WireRejected, damage, decode_request, decode_response
 from pybk.transport.base import (
     Transport,
@@ -45,6 +47,8 @@ from pybk.transport.base import (
     split_callback,
 )
 from pybk.transport.deadlines import Deadlines
+from pybk.transport.fairness import Gate
+from pybk.transport.identity import ANONYMOUS
 from pybk.transport.messages import encode_request, encode_response
 from pybk.wire import (
     AddBatchRequest,
@@ -87,6 +91,11 @@ class SimNetwork:
         self._bookies: dict[str, Handler | None] = {}
         self._adders: dict[str, AddPath | None] = {}
         self._deadlines = Deadlines()
+        #: the bookies' tenancy gates (pybk.sim.gated) and who each client is to them
+        self._gates: dict[str, Gate] = {}
+        self.gatekeeper = GateKeeper(self)
+        #: a client's principal (as a bookie would derive it from its token or certificate)
+        self.principal_of: Callable[[str], str] = lambda client: ANONYMOUS
         self._incarnation: dict[str, int] = {}
         self._conns: dict[tuple[str, str], Conn] = {}
         self._blocked: dict[tuple[str, str], bool] = {}
@@ -130,6 +139,10 @@ class SimNetwork:
             self._deliver_at = loop.deliver_at
         return loop
 
+    def running_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop the network runs on (bound at first use)."""
+        return self._loop or self._bind_loop()
+
     def _call_at(self, when: float, callback: Callable[..., object],
                  args: tuple[Any, ...]) -> None:
         """A message arrives at ``when`` (on another loop than a SimLoop)."""
@@ -144,16 +157,26 @@ class SimNetwork:
         return SimTransport(self, client, batch_adds=batch_adds)
 
     def set_bookie(self, bookie_id: str, handler: Handler | None,
-                   add: AddPath | None = None) -> None:
+                   add: AddPath | None = None, gate: Gate | None = None) -> None:
         """Install a bookie incarnation (or None: the bookie is down). Resets its connections.
         ``add`` is its add path (``Bookie.add_request``); without one, adds go to
-        ``handler`` like any request."""
+        ``handler`` like any request. ``gate``: its tenancy gate (``Bookie.tenancy``)."""
         self._incarnation[bookie_id] = self._incarnation.get(bookie_id, 0) + 1
         self._bookies[bookie_id] = handler
         self._adders[bookie_id] = add if handler is not None else None
+        if gate is not None and handler is not None:
+            self._gates[bookie_id] = gate
+        else:
+            self._gates.pop(bookie_id, None)
         for (client, bid) in sorted(self._conns):
             if bid == bookie_id:
                 self._reset(client, bid, "bookie restarted" if handler else "bookie down")
+
+    def gate_of(self, bookie_id: str) -> Gate | None:
+        return self._gates.get(bookie_id)
+
+    def handler_of(self, bookie_id: str) -> Handler | None:
+        return self._bookies.get(bookie_id)
 
     def bookie_up(self, bookie_id: str) -> bool:
         return self._bookies.get(bookie_id) is not None
@@ -369,21 +392,31 @@ class SimNetwork:
             request: Request = decoded
         else:
             request = msg  # type: ignore[assignment]
+        if self._gates and bookie_id in self._gates:  # (pybk.sim.gated: the bookie's gate)
+            self.gatekeeper.arrive(client, bookie_id, conn, gen, seq, request)
+            return
+        self.start_request(client, bookie_id, conn, gen, seq, request)
+
+    def start_request(self, client: str, bookie_id: str, conn: Conn, gen: int, seq: int,
+                      request: Request, serve: Handler | None = None,
+                      add: AddPath | None = None) -> None:
+        """Start a request that reached its bookie: an add on the bookie's add path (or
+        ``add``), any other request by its handler (or ``serve``)."""
         handler = self._bookies.get(bookie_id)
         if handler is None:
             self._reset(client, bookie_id, "bookie down")
             return
         incarnation = self._incarnation[bookie_id]
-        adder = self._adders.get(bookie_id)
+        adder = add or self._adders.get(bookie_id)
         if adder is not None and (type(request) is AddRequest
                                   or type(request) is AddBatchRequest):
             self._serve_add(adder, incarnation, client, bookie_id, conn, gen, seq, request)
             return
         # Any other request: the handler's coroutine stepped by hand, no task per request.
-        answer = handler(request)
+        answer = (serve or handler)(request)
         coro = answer if type(answer) is _CoroutineType or isinstance(answer, Coroutine) \
-            else _await(answer)
-        _Serving(self, coro, incarnation, client, bookie_id, conn, gen, seq, request).step()
+            else await_answer(answer)
+        Serving(self, coro, incarnation, client, bookie_id, conn, gen, seq, request).step()
 
     def _serve_add(self, adder: AddPath, incarnation: int, client: str, bookie_id: str,
                    conn: Conn, gen: int, seq: int, request: AddLike) -> None:
@@ -430,7 +463,7 @@ class SimNetwork:
             for observer in self.observers:
                 observer(bookie_id, client, single, response)
 
-    def _answer(self, job: _Serving, response: Response) -> None:
+    def answer(self, job: Serving, response: Response) -> None:
         bookie_id = job.bookie_id
         if self._incarnation.get(bookie_id) != job.incarnation:
             return  # the process died while handling: nobody sends the reply
@@ -476,7 +509,7 @@ class SimNetwork:
             self._reset_if(client, bookie_id, conn, gen, "undecodable frame")
         return None
 
-    def _raised(self, job: _Serving, exc: Exception) -> None:
+    def raised(self, job: Serving, exc: Exception) -> None:
         """A bookie must never raise from handle(): a finding (the connection resets, as a
         server that dropped the request on an exception would)."""
         bookie_id = job.bookie_id
@@ -499,48 +532,6 @@ class SimNetwork:
         if pending is not None:
             self._deadlines.discard(pending.token)
             pending.on_answer(answer)
-
-
-async def _await(answer: Awaitable[Response]) -> Response:
-    return await answer
-
-
-class _Serving:
-    """One request being answered: steps the handler's coroutine by hand, resuming it when
-    the future it waits on is done (what a Task does, without a Task per request)."""
-
-    __slots__ = ("bookie_id", "client", "conn", "coro", "gen", "incarnation", "net", "request",
-                 "seq")
-
-    def __init__(self, net: SimNetwork, coro: Coroutine[Any, Any, Response], incarnation: int,
-                 client: str, bookie_id: str, conn: Conn, gen: int, seq: int,
-                 request: Request) -> None:
-        self.net = net
-        self.coro = coro
-        self.incarnation = incarnation
-        self.client = client
-        self.bookie_id = bookie_id
-        self.conn = conn
-        self.gen = gen
-        self.seq = seq
-        self.request = request
-
-    def step(self, _done: object = None) -> None:
-        try:
-            waiting = self.coro.send(None)
-        except StopIteration as stop:
-            self.net._answer(self, stop.value)
-            return
-        except asyncio.CancelledError:
-            return  # (what it waited on was cancelled: the bookie went away)
-        except Exception as exc:
-            self.net._raised(self, exc)
-            return
-        if waiting is None:  # a bare yield (asyncio.sleep(0)): resume on the next turn
-            (self.net._loop or self.net._bind_loop()).call_soon(self.step)
-        else:  # a future: resume once it is done (its result is read by the coroutine)
-            waiting._asyncio_future_blocking = False
-            waiting.add_done_callback(self.step)
 
 
 class SimTransport(Transport):

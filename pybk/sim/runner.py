@@ -41,6 +41,7 @@ from pybk.sim.result import SimResult, Stats
 from pybk.sim.scenario import Scenario, draw_schedule
 from pybk.sim.tables import TableWorkload
 from pybk.sim.tenancy import TenancySim
+from pybk.sim.tenancy_gate import TenancyGateSim
 from pybk.sim.userapp import UserApp
 from pybk.sim.workload import (
     Deleter,
@@ -99,6 +100,7 @@ EXTENSIONS: dict[str, Callable[[SimRun], Extension | None]] = {
     "logs": LogWorkload.for_run,
     "racks": RackPlacementSim.for_run,
     "tables": TableWorkload.for_run, "tenancy": TenancySim.for_run, "app": UserApp.for_run,
+    "tenancy_gate": TenancyGateSim.for_run,
 }
 
 
@@ -272,7 +274,9 @@ class SimRun:
         return [p for p in self.processes if getattr(p, "is_writer", False) and not p.stopping]
 
     def ledger_writers(self) -> list[Writer]:
-        return [p for p in self.processes if isinstance(p, Writer) and not p.stopping]
+        """Live writers of the ledger workload (of its registry: not another tenant's)."""
+        return [p for p in self.processes
+                if isinstance(p, Writer) and not p.stopping and p.reg is self.registry]
 
     def recoverers(self) -> list[Recoverer]:
         return [p for p in self.processes if isinstance(p, Recoverer) and not p.stopping]

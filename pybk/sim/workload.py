@@ -73,6 +73,9 @@ class Workload:
     #: bookies in isolation groups and regions; half the writers' ledgers belong to a
     #: namespace bound to a group, placed region-aware (pybk.sim.tenancy; opt in, not drawn)
     tenancy: bool = False
+    #: the bookies' tenancy gate: principals, a namespace with drawn limits beside another
+    #: tenant's (pybk.sim.tenancy_gate; drawn in one seed of sixteen; on with ``tenancy``)
+    tenancy_gate: bool = False
 
     @classmethod
     def small(cls) -> Workload:
@@ -83,12 +86,14 @@ class Workload:
         """A seed's load when the caller gives none (swarm testing: light and heavy loads
         find different bugs): the writers' add rate and the log's append rate vary, and half
         of the seeds also run the log workload (pybk.sim.logs), one in eight table servers
-        and their clients (pybk.sim.tables; drawn last, so the earlier draws stay put)."""
+        and their clients (pybk.sim.tables) and one in sixteen the bookies' tenancy gate
+        (pybk.sim.tenancy_gate; each drawn after the others, so the earlier draws stay put)."""
         logs = 1 if rng.random() < 0.5 else 0
         add_rate, log_rate = rng.choice((6.0, 12.0, 25.0)), rng.choice((3.0, 8.0))
         tables = 3 if rng.random() < 1 / 8 else 0
+        gate = rng.random() < 1 / 16
         return cls(add_rate=add_rate, log_rate=log_rate, log_writers=logs, log_readers=logs,
-                   table_clients=tables)
+                   table_clients=tables, tenancy_gate=gate)
 
 
 @dataclass
@@ -121,6 +126,9 @@ class ProcessEnv:
     was_sent: Callable[[int, int], bool] = lambda lid, entry: True
     #: wall-clock seconds for logs (retention by age); jumps with the clock-jump fault
     wall_clock: Callable[[], float] = lambda: 0.0
+    #: the exceptions the run's faults and configuration explain (pybk.sim.findings; a
+    #: storage quota adds QuotaExceededError, pybk.sim.tenancy_gate)
+    expected: tuple[type[BaseException], ...] = EXPECTED
 
 
 class Process:
@@ -151,7 +159,7 @@ class Process:
     def expected(self, exc: BaseException, where: str) -> bool:
         """True if ``exc`` is an outcome injected faults explain (the caller goes on); else
         it is recorded as a finding (X1) and False."""
-        if isinstance(exc, EXPECTED):
+        if isinstance(exc, self.env.expected):
             return True
         self.unexpected(exc, where)
         return False
@@ -334,7 +342,7 @@ class Writer(Process):
         name = _err(exc)
         if name == "LedgerFencedError":
             self.cover("writer_fenced")
-        if not isinstance(exc, EXPECTED):
+        if not isinstance(exc, self.env.expected):
             self.unexpected(exc, f"add L{lid}:{entry}")
         # never sent to any bookie: it definitely did not happen
         outcome = INFO if self.env.was_sent(lid, entry) else FAIL

@@ -53,6 +53,9 @@ MUST_RUN = (
     "config_lac_immediate",
     "config_lac_interval",
     "workload_tables",
+    # the bookies' tenancy gate (pybk.sim.tenancy_gate), and a quota that refused adds
+    "config_tenancy_gate",
+    "tenancy_quota_refused",
     "config_auditor_check_short",
     "config_auditor_check_long",
     "config_watches_polled",
