@@ -15,9 +15,8 @@
   (QUOTA_EXCEEDED): never a read, a recovery add, a namespace without a quota (the calm
   tenant's), nor anyone for another tenant's limits.
 
-T3 and T4 judge a bookie once it knows the namespace's limits (its policies carry them).
-That a refused add is never acknowledged as durable, and that nothing acknowledged is lost,
-is the run's checker's: a refusal is an error answer its observers see like any other.
+T3 and T4 judge a bookie once it knows the namespace's limits; that nothing refused or
+acknowledged is lost is the run's checker's (a refusal is an ordinary error answer).
 """
 
 from __future__ import annotations
