@@ -2,11 +2,9 @@
 (what the gate promises, docs/tenancy.md; the run is :mod:`pybk.sim.tenancy_gate`'s):
 
 - **T3** (quota): a bookie admits a new entry (not a recovery add) of a namespace with a storage
-  quota only while the payload bytes it stores for the namespace, less the documented slack,
-  are under the quota. The slack: what the cluster principal wrote there since the bookie
-  started (re-replication is not charged until the next recount) and the most bytes of the
-  namespace's adds it had admitted and not yet answered at once (a recount from storage does
-  not see adds still in the journal). A bookie's count of record bytes only makes it stricter.
+  quota only while its stored payload bytes for the namespace, less a slack, are under the
+  quota. The slack: the cluster principal's writes there since the bookie started (not charged
+  until a recount) and the most bytes of the namespace's adds admitted and unanswered at once.
 - **T4** (rate): the adds of one (principal, namespace) a bookie let through that were asked
   at ``x`` or later and started by ``y`` carry at most ``rate * (y - x)`` bytes (records) plus
   a burst (the token bucket's ``rate * BURST_SECONDS``), for windows up to
