@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from pybk.runtime.eventloop import gather, within
 from pybk.sim.checker import Violation
+from pybk.sim.cursors import CursorConsumerProc, check_cursors
 from pybk.sim.history import FAIL, INFO, OK, Event, History
 from pybk.sim.loop import sleep
 from pybk.sim.workload import Process, ProcessEnv
@@ -49,6 +50,8 @@ class LogWorkload:
     """The log extension of a run (see the module docstring)."""
 
     name = "logs"
+    namespace = NAMESPACE
+    log_name = LOG_NAME
 
     @classmethod
     def for_run(cls, run: SimRun) -> LogWorkload | None:
@@ -60,6 +63,9 @@ class LogWorkload:
         self.active = ""
         self.readers = 0  # reader instances started (their numbers)
         self._last_tb: _Pos | None = None
+        self.consumers = 0  # cursor consumer instances started (pybk.sim.cursors)
+        #: the cursor's mark-delete position after its last acknowledgement that returned
+        self.cursor_floor: Any = None
 
     async def start(self) -> None:
         run = self.run
@@ -81,6 +87,10 @@ class LogWorkload:
             run.spawn(LogWriterProc, "lw", self)
         for _ in range(run.workload.log_readers):
             run.spawn(LogReaderProc, "lr", self)
+        if run.workload.log_cursors:
+            run.cover("workload_log_cursors")
+        for _ in range(run.workload.log_cursors):
+            run.spawn(CursorConsumerProc, "cc", self)
 
     def _meta_applied(self, op: str, key: object) -> Any:
         if op == "write_value" and key == self._key:
@@ -144,6 +154,26 @@ class LogWorkload:
                                  f"{type(exc).__name__}: {exc}")
             return
         run.history.liveness("the whole log reads back", True, f"{loop.time() - start:.3f}s")
+        if run.workload.log_cursors:
+            await self._settle_cursor(proc.last, start)
+
+    async def _settle_cursor(self, last: Any, start: float) -> None:
+        """Liveness: a last consumer takes the cursor over and reads to the log's end."""
+        run = self.run
+        loop = asyncio.get_running_loop()
+        client = run.cluster.client("log-final-c")
+        consumer = CursorConsumerProc("log-final-c", client, run.rng_for("log-final-c"),
+                                      run.env, self)
+        run.processes.append(consumer)
+        try:
+            await within(consumer.read_to(last), run.liveness_bound)
+        except Exception as exc:
+            consumer.expected(exc, "liveness: final cursor read")
+            run.history.liveness("the cursor reads to the end", False,
+                                 f"{type(exc).__name__}: {exc}")
+            return
+        run.history.liveness("the cursor reads to the end", True,
+                             f"{loop.time() - start:.3f}s")
 
     def check(self) -> list[Violation]:
         return check_logs(self.run.history)
@@ -267,6 +297,11 @@ class LogWriterProc(Process):
 
     async def _truncate(self, w: Any) -> None:
         before = self.last if self.rng.random() < 0.5 else self.last.next_slot()
+        if self.w.log_cursors:  # (retention after consumption: not past the cursor)
+            floor = self.ext.cursor_floor
+            if floor is None:
+                return
+            before = min(before, floor.next_slot())
         try:
             await within(w.truncate(before), 10.0)
         except Exception as exc:
@@ -492,6 +527,7 @@ def check_logs(history: History, max_per_invariant: int = 5) -> list[Violation]:
                     v("LG3", f"{key[0]} reader {key[1]}, started after the log was truncated "
                       f"before {tb}, returned {ev.pos}", start, ev)
                     break
+    out.extend(check_cursors(history, in_log, truncations, max_per_invariant))
     return out
 
 
