@@ -1,28 +1,18 @@
 """Durable cursors in the log workload: a consumer under all faults, and the cursor invariants
 (``Workload(log_cursors=1)``; the swarm draws it in a quarter of the seeds that run logs).
 
-A **cursor consumer** process subscribes to the cursor ``simcur`` of the simulated log (from
-the oldest record) and receives records; it acknowledges most of them, in shuffled batches of
-single acknowledgements or cumulatively, nacks some (handed out again later) and leaves some
-unacknowledged until its next restart. Now and then it restarts on its own, as a crash (the
-cursor aborted) or cleanly (closed); the writer faults (``crash_writer``, ``pause_writer``)
-aim at it too, and a crashed consumer process is replaced by a new one that takes the cursor
-over. The log writer truncates the log only up to what the cursor acknowledged (a real
-application's retention after consumption). In the liveness phase a last consumer takes the
-cursor over and reads to the end of the log.
-
+A **cursor consumer** subscribes to the log's cursor ``simcur`` and receives records; it
+acknowledges most (shuffled single acknowledgements, or cumulatively), nacks some and leaves
+some unacknowledged until it restarts, which it does on its own (a crash or a clean close);
+the writer faults aim at it too. In the liveness phase a last consumer reads to the end.
 What the cursor promises (docs/logs.md, "Durable cursors"), checked on the history:
 
-* **CU1** an acknowledgement that returned is never redelivered, whatever crashes later: no
-  record at (individual) or before (cumulative) a returned acknowledgement is handed out
-  after it returned.
-* **CU2** nothing unacknowledged is skipped: each consumer instance hands out every record of
-  the log up to the last it handed out that no acknowledgement asked for before the instance
-  subscribed covers (whether or not it returned), unless a truncation took it first.
-* **CU3** the mark-delete position never moves past what the consumer acknowledged: every
-  record at or before a mark-delete position a consumer saw (recovered when it subscribed,
-  or after an acknowledgement) was covered by an acknowledgement asked for before, or
-  truncated.
+* **CU1** an acknowledgement that returned is never redelivered, whatever crashes later;
+* **CU2** nothing unacknowledged is skipped: each consumer instance hands out every record up
+  to the last it handed out that no acknowledgement asked for before it subscribed covers,
+  unless a truncation took it first;
+* **CU3** a mark-delete position a consumer sees is never past a record no acknowledgement
+  asked for covers (unless truncated).
 
 Design notes: docs/internals.md, "pybk/sim/cursors.py".
 """
