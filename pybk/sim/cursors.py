@@ -59,7 +59,8 @@ class CursorConsumerProc(Process):
         self.held: list[Any] = []
 
     async def subscribe(self) -> Any:
-        ns = self.client.namespace(self.ext.namespace, clock=self.env.wall_clock)
+        ns = self.client.namespace(self.ext.namespace, clock=self.env.wall_clock,
+                                   tiers=self.env.tiers)
         log = await ns.open_log(self.ext.log_name)
         cur = await log.subscribe(CURSOR, start="earliest", label=self.name,
                                   redelivery_delay=self.rng.choice((0.2, 1.0)))

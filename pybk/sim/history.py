@@ -319,6 +319,12 @@ class History:
         return self._add("cursor_end", process, f"{process} #{instance} of {cursor} ends: "
                          f"{why}", value=instance, outcome=why, detail=cursor)
 
+    def tier_check(self, invariant: str, ok: bool, detail: str) -> Event:
+        """A tiered-storage check made at its instant (pybk.sim.tier): ``invariant`` held
+        or not."""
+        return self._add("tier_check", "tier", f"tier {invariant} {'ok' if ok else 'FAILED'} "
+                         f"{detail}", outcome=OK if ok else FAIL, detail=f"{invariant}|{detail}")
+
     # -- failures nobody expected --------------------------------------------------------------
 
     def exception(self, process: str, where: str, exc: BaseException, trace: str = "") -> Event:

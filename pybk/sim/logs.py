@@ -26,6 +26,7 @@ from pybk.sim.checker import Violation
 from pybk.sim.cursors import CursorConsumerProc, check_cursors
 from pybk.sim.history import FAIL, INFO, OK, Event, History
 from pybk.sim.loop import sleep
+from pybk.sim.tier import SimObjectStore, TierWatch, check_tier
 from pybk.sim.workload import Process, ProcessEnv
 
 if TYPE_CHECKING:
@@ -66,6 +67,9 @@ class LogWorkload:
         self.consumers = 0  # cursor consumer instances started (pybk.sim.cursors)
         #: the cursor's mark-delete position after its last acknowledgement that returned
         self.cursor_floor: Any = None
+        #: the simulated object store the log offloads to (Workload.log_offload), its watch
+        self.tier: SimObjectStore | None = None
+        self.tier_watch: TierWatch | None = None
 
     async def start(self) -> None:
         run = self.run
@@ -75,14 +79,17 @@ class LogWorkload:
         run.cluster.on_meta_applied.append(self._meta_applied)
         rng = run.rng_for("log-config")
         e, qw, qa = run.topology
+        offload: dict[str, Any] = {}
+        if run.workload.log_offload:
+            offload = self._start_tier()
         admin = run.cluster.client("log-admin")
-        ns = admin.namespace(NAMESPACE, clock=run.wall_clock)
-        await ns.create_log(
-            LOG_NAME, ensemble_size=e, write_quorum=qw, ack_quorum=qa,
-            roll_entries=rng.choice((8, 20, 50)), roll_bytes=None,
-            compression=rng.choice(("none", "zstd")),
-            retention_seconds=rng.choice((None, None, 30.0)),
-        )
+        ns = admin.namespace(NAMESPACE, clock=run.wall_clock, tiers=run.env.tiers)
+        knobs: dict[str, Any] = {
+            "ensemble_size": e, "write_quorum": qw, "ack_quorum": qa,
+            "roll_entries": rng.choice((8, 20, 50)), "roll_bytes": None,
+            "compression": rng.choice(("none", "zstd")),
+            "retention_seconds": rng.choice((None, None, 30.0))}
+        await ns.create_log(LOG_NAME, **(knobs | offload))
         for _ in range(run.workload.log_writers):
             run.spawn(LogWriterProc, "lw", self)
         for _ in range(run.workload.log_readers):
@@ -91,6 +98,22 @@ class LogWorkload:
             run.cover("workload_log_cursors")
         for _ in range(run.workload.log_cursors):
             run.spawn(CursorConsumerProc, "cc", self)
+
+    def _start_tier(self) -> dict[str, Any]:
+        """The simulated object store (pybk.sim.tier) every process's namespace opens, its
+        watch, and the log's offload settings (drawn from a stream of their own)."""
+        run = self.run
+        run.cover("workload_log_offload")
+        self.tier = store = SimObjectStore(run.rng_for("tier"), run.count_fault, run.cover)
+        run.on_liveness.append(store.disarm)
+        run.env.tiers = store.open
+        self.tier_watch = TierWatch(run, store, self._key, NAMESPACE, LOG_NAME)
+        run.cluster.on_meta_applied.append(self.tier_watch.meta_applied)
+        rng = run.rng_for("log-offload")
+        # (small segments: many of them complete, and go to the tier, in a run)
+        return {"roll_bytes": rng.choice((300, 1000)), "offload_url": "sim://tier",
+                "offload_threshold_bytes": rng.choice((1, 1, 2000)),
+                "offload_deletion_lag": rng.choice((0.0, 1.0, 5.0))}
 
     def _meta_applied(self, op: str, key: object) -> Any:
         if op == "write_value" and key == self._key:
@@ -156,6 +179,8 @@ class LogWorkload:
         run.history.liveness("the whole log reads back", True, f"{loop.time() - start:.3f}s")
         if run.workload.log_cursors:
             await self._settle_cursor(proc.last, start)
+        if self.tier_watch is not None:
+            await self.tier_watch.final_check()
 
     async def _settle_cursor(self, last: Any, start: float) -> None:
         """Liveness: a last consumer takes the cursor over and reads to the log's end."""
@@ -176,7 +201,7 @@ class LogWorkload:
                              f"{loop.time() - start:.3f}s")
 
     def check(self) -> list[Violation]:
-        return check_logs(self.run.history)
+        return check_logs(self.run.history) + check_tier(self.run.history)
 
     async def close(self) -> None:
         """Nothing to stop: the log's processes are the run's, cancelled with it."""
@@ -205,7 +230,7 @@ class LogWriterProc(Process):
         return f"log:{LOG_NAME}", list(lh.metadata.last_ensemble)
 
     async def _open(self) -> Any:
-        ns = self.client.namespace(NAMESPACE, clock=self.env.wall_clock)
+        ns = self.client.namespace(NAMESPACE, clock=self.env.wall_clock, tiers=self.env.tiers)
         log = await ns.open_log(LOG_NAME)
         w = await log.writer(label=self.name)
         self.h.log_writer_open(self.name, LOG_NAME, w.epoch, OK)
@@ -352,7 +377,7 @@ class LogReaderProc(Process):
     async def _follow(self, start: Any, stop_at: Any) -> Any:
         """One reader instance from ``start`` (None: the oldest), up to ``stop_at`` (None:
         following the tail); the position to start the next one from."""
-        ns = self.client.namespace(NAMESPACE, clock=self.env.wall_clock)
+        ns = self.client.namespace(NAMESPACE, clock=self.env.wall_clock, tiers=self.env.tiers)
         log = await ns.open_log(LOG_NAME)
         self.ext.readers += 1
         rid = self.ext.readers

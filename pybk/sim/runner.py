@@ -115,7 +115,7 @@ def scenario_of(seed: int, *, bookies: int | None = None, duration: float = 30.0
     return Scenario(seed=seed, duration=duration, topology=topo, bookies=n,
                     config=SimConfig.draw(seed),
                     workload=workload or Workload.draw(derive_rng(seed, "workload"),
-                                                       derive_rng(seed, "cursors")),
+                                                       lambda name: derive_rng(seed, name)),
                     plan=plan,
                     events=draw_schedule(plan, seed, duration), faults_spec=faults.spec(),
                     mutations=tuple(mutations))

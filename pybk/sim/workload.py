@@ -68,6 +68,9 @@ class Workload:
     log_truncates: bool = True
     #: cursor consumers of the log (pybk.sim.cursors; drawn in a quarter of the log seeds)
     log_cursors: int = 0
+    #: the log offloads its segments to a simulated object store (pybk.sim.tier; drawn in a
+    #: quarter of the log seeds)
+    log_offload: bool = False
     #: table servers with their clients on one range (pybk.sim.tables; drawn in one seed of 8)
     table_clients: int = 0
     #: a log mirrored into a second simulated cluster (pybk.sim.mirror; opt in, not drawn)
@@ -81,19 +84,22 @@ class Workload:
         return cls(entries_per_ledger=(4, 20), add_rate=10.0)
 
     @classmethod
-    def draw(cls, rng: random.Random, extra: random.Random | None = None) -> Workload:
+    def draw(cls, rng: random.Random,
+             extra: Callable[[str], random.Random] | None = None) -> Workload:
         """A seed's load when the caller gives none (swarm testing: light and heavy loads
         find different bugs): the writers' add rate and the log's append rate vary, and half
         of the seeds also run the log workload (pybk.sim.logs), one in eight table servers
         and their clients (pybk.sim.tables; drawn last, so the earlier draws stay put). A
-        quarter of the seeds with logs also run a cursor consumer (pybk.sim.cursors), drawn
-        from ``extra``, a stream of its own: a seed that does not draw it runs as before."""
+        quarter of the seeds with logs also run a cursor consumer (pybk.sim.cursors), and a
+        quarter offload to a simulated tier (pybk.sim.tier), each drawn from a stream of its
+        own (``extra(name)``): a seed that draws neither runs as before."""
         logs = 1 if rng.random() < 0.5 else 0
         add_rate, log_rate = rng.choice((6.0, 12.0, 25.0)), rng.choice((3.0, 8.0))
         tables = 3 if rng.random() < 1 / 8 else 0
-        cursors = 1 if logs and extra is not None and extra.random() < 1 / 4 else 0
+        cursors = 1 if logs and extra is not None and extra("cursors").random() < 1 / 4 else 0
+        offload = bool(logs and extra is not None and extra("offload").random() < 1 / 4)
         return cls(add_rate=add_rate, log_rate=log_rate, log_writers=logs, log_readers=logs,
-                   table_clients=tables, log_cursors=cursors)
+                   table_clients=tables, log_cursors=cursors, log_offload=offload)
 
 
 @dataclass
@@ -126,6 +132,8 @@ class ProcessEnv:
     was_sent: Callable[[int, int], bool] = lambda lid, entry: True
     #: wall-clock seconds for logs (retention by age); jumps with the clock-jump fault
     wall_clock: Callable[[], float] = lambda: 0.0
+    #: opens the logs' offload tiers (``client.namespace(tiers=)``; None: the default)
+    tiers: Any = None
 
 
 class Process:

@@ -108,11 +108,12 @@ def test_a_mark_delete_position_past_an_unacknowledged_record_is_cu3() -> None:
 def test_the_swarm_draws_cursors_from_a_stream_of_its_own() -> None:
     for seed in range(200):
         plain = Workload.draw(derive_rng(seed, "workload"))
-        drawn = Workload.draw(derive_rng(seed, "workload"), derive_rng(seed, "cursors"))
-        assert plain.log_cursors == 0
+        drawn = Workload.draw(derive_rng(seed, "workload"),
+                              lambda name, s=seed: derive_rng(s, name))
+        assert plain.log_cursors == 0 and not plain.log_offload
         assert drawn.log_cursors in (0, 1)
-        assert drawn.log_cursors == 0 or drawn.log_writers == 1
-        assert replace(drawn, log_cursors=0) == plain
+        assert (drawn.log_cursors == 0 and not drawn.log_offload) or drawn.log_writers == 1
+        assert replace(drawn, log_cursors=0, log_offload=False) == plain
     drawn_seeds = [s for s in range(200) if scenario_of(s).workload.log_cursors]
     assert 10 <= len(drawn_seeds) <= 45, drawn_seeds
     assert Workload.draw(random.Random(1), None).log_cursors == 0
