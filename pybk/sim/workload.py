@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from pybk.logs.tier_access import TierOpener
 from pybk.metadata.tenancy import NAMESPACE_KEY
 from pybk.runtime.eventloop import within
 from pybk.sim.findings import EXPECTED
@@ -133,7 +134,7 @@ class ProcessEnv:
     #: wall-clock seconds for logs (retention by age); jumps with the clock-jump fault
     wall_clock: Callable[[], float] = lambda: 0.0
     #: opens the logs' offload tiers (``client.namespace(tiers=)``; None: the default)
-    tiers: Any = None
+    tiers: TierOpener | None = None
 
 
 class Process:
