@@ -119,7 +119,10 @@ class Cursor:
         tb = md.truncated_before
         resume = state.resume_point()
         if tb is not None and (resume is None or resume < tb):
-            state = AckState(start=tb, ranges=[r for r in state.ranges if r[0] >= tb])
+            # (a range the truncation point falls inside keeps its part from there on: its
+            # records were acknowledged and must not be handed out again)
+            state = AckState(start=tb, ranges=[(max(lo, tb), hi) for lo, hi in state.ranges
+                                               if hi >= tb])
         lh = await _new_ledger(cat, key, md.config)
         try:
             await lh.append(encode_state(state))
