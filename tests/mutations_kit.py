@@ -10,7 +10,7 @@ from pybk.testing import mutations
 SAFETY = frozenset({
     "L1", "L2", "L3", "L4", "L5", "L6", "L7", "L8", "L9", "I1", "I3", "I5", "I7", "I9",
     "I10", "I11", "I14", "I15", "P1", "L10", "R1", "R2", "X1", "LG1", "LG2", "LG3", "LG4", "LG5",
-    "T1", "T2", "T3", "T4", "T5", "I16", "R3",
+    "T1", "T2", "T3", "T4", "T5", "I16", "R3", "CU1", "CU2", "CU3", "TS1", "TS2",
 })
 
 #: where each broken build must show up
@@ -64,4 +64,10 @@ EXPECTED = {
     # a bookie's tenancy gate that never checks the storage quota keeps admitting a
     # namespace's new entries past it
     mutations.TENANCY_QUOTA_UNCHECKED: {"T3"},
+    # a cursor's persisted mark-delete position past a record handed out and not
+    # acknowledged: the consumer that restarts recovers it (CU3) and skips the record (CU2)
+    mutations.MARK_DELETE_PAST_PENDING: {"CU2", "CU3"},
+    # an offload recorded complete when it starts: the bookies' copy goes while the objects
+    # are still being uploaded, or after an upload that failed and was cleaned up
+    mutations.OFFLOAD_COMPLETE_BEFORE_UPLOAD: {"TS1", "TS2"},
 }

@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from pybk.logs.namespace import Namespace
+    from pybk.logs.tier_access import TierOpener
     from pybk.ops.admin import Admin
 
 __all__ = ["Client", "ClientConfig", "DeferredSyncLedgerHandle", "LedgerEntry", "LedgerHandle",
@@ -397,14 +398,16 @@ class Client:
     # -- logs ----------------------------------------------------------------------------------
 
     def namespace(
-        self, name: str = "default", *, clock: Callable[[], float] | None = None
+        self, name: str = "default", *, clock: Callable[[], float] | None = None,
+        tiers: TierOpener | None = None,
     ) -> Namespace:
         """The logs of namespace ``name`` in this client's metadata store (pybk.logs).
         ``clock``: wall-clock seconds for segment times (retention by age); time.time by
-        default."""
+        default. ``tiers``: opens offload tiers (pybk.logs.tier_access; fsspec by default)."""
         from pybk.logs.namespace import Namespace
 
-        return Namespace(self, name, clock=clock, rng=random.Random(self._rng.getrandbits(64)))
+        return Namespace(self, name, clock=clock, rng=random.Random(self._rng.getrandbits(64)),
+                         tiers=tiers)
 
 
 def recovery_keys(digest_type: str, password: bytes) -> dict[str, bytes]:

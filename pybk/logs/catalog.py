@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pybk.errors import (
     LedgerFencedError,
@@ -20,6 +20,7 @@ from pybk.errors import (
 )
 from pybk.logs.meta import LogMetadata, log_key
 from pybk.logs.offload import delete_objects
+from pybk.logs.tier_access import TierAccess, TierOpener, open_threaded_tier
 from pybk.logs.truncation import truncated_segments
 from pybk.metadata.base import MetadataStore, VersionedValue
 from pybk.metadata.tenancy import NAMESPACE_KEY
@@ -40,13 +41,14 @@ class LogCatalog:
 
     def __init__(
         self, client: Client, namespace: str, name: str, clock: Callable[[], float],
-        *, tenancy: str | None = None,
+        *, tenancy: str | None = None, tiers: TierOpener | None = None,
     ) -> None:
         self.client = client
         self.namespace = namespace
         self.name = name
         self.key = log_key(namespace, name)
         self._clock = clock
+        self._tiers = tiers if tiers is not None else open_threaded_tier
         #: custom metadata every ledger of this log carries besides its own tag: the tenancy
         #: namespace (``tenant/namespace``) a bookie enforces policies by, when there is one
         self.ledger_tags: dict[str, bytes] = (
@@ -55,6 +57,11 @@ class LogCatalog:
     @property
     def store(self) -> MetadataStore:
         return self.client.store
+
+    async def open_tier(self, url: str, options: dict[str, Any] | None) -> TierAccess:
+        """The tier at ``url`` through the namespace's opener (fsspec in worker threads by
+        default; the simulator's own store under it)."""
+        return await self._tiers(url, dict(options or {}))
 
     def now_ms(self) -> int:
         """Wall-clock milliseconds (segment ages for retention; from the injected clock)."""

@@ -19,7 +19,7 @@ import heapq
 import logging
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from pybk.errors import (
     AlreadyTruncatedError,
@@ -46,9 +46,16 @@ if TYPE_CHECKING:
     from pybk.logs.catalog import LogCatalog
     from pybk.metadata.base import VersionedValue
 
-__all__ = ["Cursor", "check_cursor_name", "delete_cursor", "retire_ledger"]
+__all__ = ["MARK_DELETE_PAST_PENDING", "Cursor", "check_cursor_name", "delete_cursor",
+           "retire_ledger"]
 
 log = logging.getLogger(__name__)
+
+#: mutation switch (a name in ``ClientConfig.mutations``; registry: ``pybk.testing.mutations``):
+#: the persisted state's mark-delete position moves through the first acknowledged range even
+#: when a record handed out and not acknowledged lies before it, so a consumer that restarts
+#: skips that record (the simulator's CU2/CU3 catch it)
+MARK_DELETE_PAST_PENDING: Final = "cursor_mark_delete_past_pending"
 
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}")
 
@@ -89,6 +96,7 @@ class Cursor:
         self.persisted = 0
         self._retention: asyncio.Task[None] | None = None
         self._retain_again = False
+        self._md_past_pending = MARK_DELETE_PAST_PENDING in cat.client.config.mutations
 
     # -- opening (takeover) ------------------------------------------------------------------
 
@@ -111,7 +119,10 @@ class Cursor:
         tb = md.truncated_before
         resume = state.resume_point()
         if tb is not None and (resume is None or resume < tb):
-            state = AckState(start=tb, ranges=[r for r in state.ranges if r[0] >= tb])
+            # (a range the truncation point falls inside keeps its part from there on: its
+            # records were acknowledged and must not be handed out again)
+            state = AckState(start=tb, ranges=[(max(lo, tb), hi) for lo, hi in state.ranges
+                                               if hi >= tb])
         lh = await _new_ledger(cat, key, md.config)
         try:
             await lh.append(encode_state(state))
@@ -272,7 +283,7 @@ class Cursor:
     async def _write_once(self) -> None:
         try:
             snap = self._want
-            data = encode_state(self._state)
+            data = encode_state(self._stored())
             await self._lh.append(data)
             self._written = snap
             self._entries += 1
@@ -293,6 +304,14 @@ class Cursor:
             raise
         finally:
             self._writing = None
+
+    def _stored(self) -> AckState:
+        """The state to persist (the switch above breaks it)."""
+        if not self._md_past_pending or not self._state.ranges:
+            return self._state
+        st = self._state.copy_stored()
+        st.mark_delete = st.ranges.pop(0)[1]
+        return st
 
     def _kick_retention(self) -> None:
         """The mark-delete position reached a later segment: a segment may now be consumed

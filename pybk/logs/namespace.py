@@ -40,6 +40,7 @@ from pybk.logs.cursor_meta import cursor_prefix
 from pybk.logs.log import Log
 from pybk.logs.meta import LogMetadata, log_key
 from pybk.logs.offload import delete_objects
+from pybk.logs.tier_access import TierOpener
 from pybk.metadata.base import MetadataStore
 from pybk.metadata.tenancy import NamespacePolicies, TenancyRecords, split_namespace
 
@@ -94,6 +95,7 @@ class Namespace:
         *,
         clock: Callable[[], float] | None = None,
         rng: random.Random | None = None,
+        tiers: TierOpener | None = None,
     ) -> None:
         self.client = client
         #: the tenancy namespace ("tenant/namespace") this is, or None for a plain one
@@ -107,10 +109,12 @@ class Namespace:
         #: wall clock for segment times (retention by age); the outermost layer's default
         self._clock = clock if clock is not None else time.time
         self._rng = rng if rng is not None else random.Random()
+        #: opens offload tiers (pybk.logs.tier_access; None: fsspec in worker threads)
+        self._tiers = tiers
 
     def _catalog(self, name: str) -> LogCatalog:
         return LogCatalog(self.client, self._key_ns, check_name("log", name), self._clock,
-                          tenancy=self.tenancy)
+                          tenancy=self.tenancy, tiers=self._tiers)
 
     def _log(self, name: str) -> Log:
         return Log(self._catalog(name), random.Random(self._rng.getrandbits(64)))

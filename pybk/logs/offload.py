@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from array import array
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from pybk.client.reader import LedgerEntry
 from pybk.errors import (
@@ -20,23 +20,29 @@ from pybk.errors import (
 )
 from pybk.logs.meta import COMPLETED, LogMetadata, OffloadInfo, SegmentInfo
 from pybk.logs.position import Position
-from pybk.logs.tier_store import SegmentIndex, TierStore, frame_entries, parse_frames
+from pybk.logs.tier_access import TierAccess
+from pybk.logs.tier_store import SegmentIndex, frame_entries, parse_frames
 
 if TYPE_CHECKING:
     import random
 
     from pybk.logs.catalog import LogCatalog
 
-__all__ = ["OffloadedHandle", "delete_bookie_copies", "delete_objects", "offload_segments",
-           "sweep_orphans"]
+__all__ = ["OFFLOAD_COMPLETE_BEFORE_UPLOAD", "OffloadedHandle", "delete_bookie_copies",
+           "delete_objects", "offload_segments", "sweep_orphans"]
 
 log = logging.getLogger(__name__)
+
+#: mutation switch (a name in ``ClientConfig.mutations``; registry: ``pybk.testing.mutations``):
+#: an offload attempt is recorded complete when it starts, before its objects are uploaded
+#: and verified, so the bookies' copy may go first (the simulator's TS1 catches it)
+OFFLOAD_COMPLETE_BEFORE_UPLOAD: Final = "offload_complete_before_upload"
 
 _BATCH = 100  # entries read from the bookies per request (Pulsar's offloader: 100)
 
 
-def _store(url: str, md: LogMetadata) -> TierStore:
-    return TierStore(url, md.config.offload_options)
+async def _store(cat: LogCatalog, url: str, md: LogMetadata) -> TierAccess:
+    return await cat.open_tier(url, md.config.offload_options)
 
 
 async def offload_segments(
@@ -67,13 +73,15 @@ async def _offload_one(cat: LogCatalog, seq: int, uid: str) -> None:
     md = await cat.read()
     url = md.config.offload_url
     assert url is not None
-    store = await asyncio.to_thread(_store, url, md)
+    store = await _store(cat, url, md)
     seg = md.segment(seq)
     if seg is None or seg.tier != "bookies":
         return
     if seg.offload is not None:  # an earlier attempt that never completed
         await delete_objects(cat, md, [seg])
     attempt = OffloadInfo(uid=uid, url=url)
+    if OFFLOAD_COMPLETE_BEFORE_UPLOAD in cat.client.config.mutations:
+        attempt = OffloadInfo(uid=uid, url=url, complete=True, ms=cat.now_ms())
 
     def start(cur: LogMetadata) -> LogMetadata | None:
         s = cur.segment(seq)
@@ -88,9 +96,9 @@ async def _offload_one(cat: LogCatalog, seq: int, uid: str) -> None:
     path = store.base(cat.namespace, cat.name, seq, seg.ledger_id, uid)
     try:
         await _upload(cat, store, path, seg, md.config.offload_bytes_per_s)
-        await asyncio.to_thread(store.verify, path, seq, seg.ledger_id)
+        await store.verify(path, seq, seg.ledger_id)
     except BaseException:
-        await asyncio.to_thread(store.delete, path)
+        await store.delete(path)
         raise
     now = cat.now_ms()
 
@@ -105,7 +113,7 @@ async def _offload_one(cat: LogCatalog, seq: int, uid: str) -> None:
     try:
         await cat.update(complete)
     except MetadataVersionError:
-        await asyncio.to_thread(store.delete, path)
+        await store.delete(path)
         raise
 
 
@@ -132,7 +140,7 @@ class _Pace:
         self.read += n
 
 
-async def _upload(cat: LogCatalog, store: TierStore, path: str, seg: SegmentInfo,
+async def _upload(cat: LogCatalog, store: TierAccess, path: str, seg: SegmentInfo,
                   rate: int | None) -> None:
     rh = await cat.client.open_ledger(seg.ledger_id, recovery=False)
     try:
@@ -153,7 +161,7 @@ async def _upload(cat: LogCatalog, store: TierStore, path: str, seg: SegmentInfo
                 pos += 12 + len(e.data)
             chunks.append(frames)
         lmd = rh.metadata
-        length, crc = await asyncio.to_thread(store.write_data, path, chunks)
+        length, crc = await store.write_data(path, chunks)
         index = SegmentIndex(
             namespace=cat.namespace, log=cat.name, seq=seg.seq, ledger=seg.ledger_id,
             last_entry=seg.last_entry, ledger_length=seg.bytes, data_length=length,
@@ -163,7 +171,7 @@ async def _upload(cat: LogCatalog, store: TierStore, path: str, seg: SegmentInfo
                              "digest_type": lmd.digest_type,
                              "ensembles": {str(k): list(v) for k, v in lmd.ensembles.items()}},
         )
-        await asyncio.to_thread(store.write_index, path, index)
+        await store.write_index(path, index)
     finally:
         await rh.close()
 
@@ -200,8 +208,8 @@ async def delete_objects(cat: LogCatalog, md: LogMetadata, segments: list[Segmen
         o = s.offload
         if o is None:
             continue
-        store = await asyncio.to_thread(_store, o.url, md)
-        await asyncio.to_thread(store.delete, store.base(cat.namespace, cat.name, s.seq,
+        store = await _store(cat, o.url, md)
+        await store.delete(store.base(cat.namespace, cat.name, s.seq,
                                                          s.ledger_id, o.uid))
 
 
@@ -212,13 +220,13 @@ async def sweep_orphans(cat: LogCatalog) -> list[str]:
     url = md.config.offload_url
     if url is None:
         return []
-    store = await asyncio.to_thread(_store, url, md)
+    store = await _store(cat, url, md)
     known = {store.base(cat.namespace, cat.name, s.seq, s.ledger_id, s.offload.uid)
              for s in md.segments if s.offload is not None}
-    bases = await asyncio.to_thread(store.list_segments, cat.namespace, cat.name)
+    bases = await store.list_segments(cat.namespace, cat.name)
     gone = [b for b in bases if b not in known]
     for b in gone:
-        await asyncio.to_thread(store.delete, b)
+        await store.delete(b)
     return gone
 
 
@@ -227,7 +235,7 @@ class OffloadedHandle:
     ledger's ReadHandle): ranged reads of the data object with ``read_ahead`` bytes of
     read-ahead, one buffer per handle (concurrent readers do not share a stream)."""
 
-    def __init__(self, store: TierStore, path: str, index: SegmentIndex,
+    def __init__(self, store: TierAccess, path: str, index: SegmentIndex,
                  read_ahead: int = 1 << 20) -> None:
         self._store = store
         self._path = path
@@ -241,9 +249,9 @@ class OffloadedHandle:
         o = seg.offload
         if o is None or not o.complete:
             raise NoSuchLedgerError(f"segment {seg.seq} of log {cat.name!r} is not offloaded")
-        store = await asyncio.to_thread(_store, o.url, md)
+        store = await _store(cat, o.url, md)
         path = store.base(cat.namespace, cat.name, seg.seq, seg.ledger_id, o.uid)
-        index = await asyncio.to_thread(store.read_index, path)
+        index = await store.read_index(path)
         return cls(store, path, index)
 
     @property
@@ -267,8 +275,7 @@ class OffloadedHandle:
         start, end = self._index.span(first, last)
         if not (self._buf_start <= start and end <= self._buf_start + len(self._buf)):
             fetch_end = min(self._index.data_length, max(end, start + self._read_ahead))
-            self._buf = await asyncio.to_thread(self._store.read_range, self._path, start,
-                                                fetch_end)
+            self._buf = await self._store.read_range(self._path, start, fetch_end)
             self._buf_start = start
             if len(self._buf) < end - start:
                 raise CorruptRecordError(f"offloaded ledger {self.id}: data object too short")

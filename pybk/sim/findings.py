@@ -25,6 +25,7 @@ import traceback
 from collections.abc import Callable
 
 from pybk import errors
+from pybk.sim.tier import SimTierError
 
 __all__ = ["EXPECTED", "LogFindings", "is_expected"]
 
@@ -61,6 +62,8 @@ EXPECTED: tuple[type[BaseException], ...] = (
     errors.WriterConflictError,
     # bounded resources under slow bookies
     errors.TooManyRequestsError,
+    # the simulated object store's injected errors and lost answers (pybk.sim.tier)
+    SimTierError,
 )
 
 

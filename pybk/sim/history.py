@@ -278,6 +278,53 @@ class History:
                          f"{':'.join(map(str, before))} -> {outcome}", pos=before,
                          outcome=outcome, detail=log)
 
+    # -- durable cursors of the log (pybk.sim.cursors) -----------------------------------------
+    # ``value`` holds the consumer instance's number, ``detail`` the cursor's name
+
+    def cursor_open(self, process: str, cursor: str, instance: int, outcome: str,
+                    mark_delete: tuple[int, int, int] | None = None, why: str = "") -> Event:
+        """A consumer subscribed (instance ``instance``); ``mark_delete`` as it recovered."""
+        at = "-" if mark_delete is None else ":".join(map(str, mark_delete))
+        return self._add("cursor_open", process, f"{process} subscribes {cursor} #{instance} -> "
+                         f"{outcome} mark-delete={at} {why}".rstrip(), value=instance,
+                         outcome=outcome, pos=mark_delete, detail=cursor)
+
+    def cursor_deliver(self, process: str, cursor: str, instance: int,
+                       pos: tuple[int, int, int], payload: bytes) -> Event:
+        return self._add("cursor_deliver", process,
+                         f"{process} #{instance} got {':'.join(map(str, pos))} "
+                         f"{payload.decode(errors='replace')}", value=instance, pos=pos,
+                         payload=payload, detail=cursor)
+
+    def cursor_ack(self, process: str, cursor: str, instance: int, pos: tuple[int, int, int],
+                   how: str) -> Event:
+        """An acknowledgement asked for (``how``: ``ack``, ``cumulative`` or ``nack``)."""
+        return self._add("cursor_ack", process, f"{process} #{instance} {how} "
+                         f"{':'.join(map(str, pos))}", value=instance, pos=pos,
+                         outcome=how, detail=cursor)
+
+    def cursor_ack_done(self, process: str, cursor: str, instance: int,
+                        pos: tuple[int, int, int], how: str, outcome: str,
+                        mark_delete: tuple[int, int, int] | None = None,
+                        why: str = "") -> Event:
+        """An acknowledgement returned (ok: durable) or failed (info: it may be durable);
+        ``detail`` is ``<cursor>|<how>|<the mark-delete position after it, or ->``."""
+        at = "-" if mark_delete is None else ":".join(map(str, mark_delete))
+        return self._add("cursor_ack_done", process,
+                         f"{process} #{instance} {how} {':'.join(map(str, pos))} -> {outcome} "
+                         f"mark-delete={at} {why}".rstrip(), value=instance, pos=pos,
+                         outcome=outcome, detail=f"{cursor}|{how}|{at}")
+
+    def cursor_end(self, process: str, cursor: str, instance: int, why: str) -> Event:
+        return self._add("cursor_end", process, f"{process} #{instance} of {cursor} ends: "
+                         f"{why}", value=instance, outcome=why, detail=cursor)
+
+    def tier_check(self, invariant: str, ok: bool, detail: str) -> Event:
+        """A tiered-storage check made at its instant (pybk.sim.tier): ``invariant`` held
+        or not."""
+        return self._add("tier_check", "tier", f"tier {invariant} {'ok' if ok else 'FAILED'} "
+                         f"{detail}", outcome=OK if ok else FAIL, detail=f"{invariant}|{detail}")
+
     # -- failures nobody expected --------------------------------------------------------------
 
     def exception(self, process: str, where: str, exc: BaseException, trace: str = "") -> Event:

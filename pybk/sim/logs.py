@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from pybk.runtime.eventloop import gather, within
 from pybk.sim.checker import Violation
+from pybk.sim.cursors import CursorConsumerProc, check_cursors
 from pybk.sim.history import FAIL, INFO, OK, Event, History
 from pybk.sim.loop import sleep
+from pybk.sim.tier import SimObjectStore, TierWatch, check_tier
 from pybk.sim.workload import Process, ProcessEnv
 
 if TYPE_CHECKING:
@@ -49,6 +51,8 @@ class LogWorkload:
     """The log extension of a run (see the module docstring)."""
 
     name = "logs"
+    namespace = NAMESPACE
+    log_name = LOG_NAME
 
     @classmethod
     def for_run(cls, run: SimRun) -> LogWorkload | None:
@@ -60,6 +64,12 @@ class LogWorkload:
         self.active = ""
         self.readers = 0  # reader instances started (their numbers)
         self._last_tb: _Pos | None = None
+        self.consumers = 0  # cursor consumer instances started (pybk.sim.cursors)
+        #: the cursor's mark-delete position after its last acknowledgement that returned
+        self.cursor_floor: Any = None
+        #: the simulated object store the log offloads to (Workload.log_offload), its watch
+        self.tier: SimObjectStore | None = None
+        self.tier_watch: TierWatch | None = None
 
     async def start(self) -> None:
         run = self.run
@@ -69,18 +79,41 @@ class LogWorkload:
         run.cluster.on_meta_applied.append(self._meta_applied)
         rng = run.rng_for("log-config")
         e, qw, qa = run.topology
+        offload: dict[str, Any] = {}
+        if run.workload.log_offload:
+            offload = self._start_tier()
         admin = run.cluster.client("log-admin")
-        ns = admin.namespace(NAMESPACE, clock=run.wall_clock)
-        await ns.create_log(
-            LOG_NAME, ensemble_size=e, write_quorum=qw, ack_quorum=qa,
-            roll_entries=rng.choice((8, 20, 50)), roll_bytes=None,
-            compression=rng.choice(("none", "zstd")),
-            retention_seconds=rng.choice((None, None, 30.0)),
-        )
+        ns = admin.namespace(NAMESPACE, clock=run.wall_clock, tiers=run.env.tiers)
+        knobs: dict[str, Any] = {
+            "ensemble_size": e, "write_quorum": qw, "ack_quorum": qa,
+            "roll_entries": rng.choice((8, 20, 50)), "roll_bytes": None,
+            "compression": rng.choice(("none", "zstd")),
+            "retention_seconds": rng.choice((None, None, 30.0))}
+        await ns.create_log(LOG_NAME, **(knobs | offload))
         for _ in range(run.workload.log_writers):
             run.spawn(LogWriterProc, "lw", self)
         for _ in range(run.workload.log_readers):
             run.spawn(LogReaderProc, "lr", self)
+        if run.workload.log_cursors:
+            run.cover("workload_log_cursors")
+        for _ in range(run.workload.log_cursors):
+            run.spawn(CursorConsumerProc, "cc", self)
+
+    def _start_tier(self) -> dict[str, Any]:
+        """The simulated object store (pybk.sim.tier) every process's namespace opens, its
+        watch, and the log's offload settings (drawn from a stream of their own)."""
+        run = self.run
+        run.cover("workload_log_offload")
+        self.tier = store = SimObjectStore(run.rng_for("tier"), run.count_fault, run.cover)
+        run.on_liveness.append(store.disarm)
+        run.env.tiers = store.open
+        self.tier_watch = TierWatch(run, store, self._key, NAMESPACE, LOG_NAME)
+        run.cluster.on_meta_applied.append(self.tier_watch.meta_applied)
+        rng = run.rng_for("log-offload")
+        # (small segments: many of them complete, and go to the tier, in a run)
+        return {"roll_bytes": rng.choice((300, 1000)), "offload_url": "sim://tier",
+                "offload_threshold_bytes": rng.choice((1, 1, 2000)),
+                "offload_deletion_lag": rng.choice((0.0, 1.0, 5.0))}
 
     def _meta_applied(self, op: str, key: object) -> Any:
         if op == "write_value" and key == self._key:
@@ -144,9 +177,31 @@ class LogWorkload:
                                  f"{type(exc).__name__}: {exc}")
             return
         run.history.liveness("the whole log reads back", True, f"{loop.time() - start:.3f}s")
+        if run.workload.log_cursors:
+            await self._settle_cursor(proc.last, start)
+        if self.tier_watch is not None:
+            await self.tier_watch.final_check()
+
+    async def _settle_cursor(self, last: Any, start: float) -> None:
+        """Liveness: a last consumer takes the cursor over and reads to the log's end."""
+        run = self.run
+        loop = asyncio.get_running_loop()
+        client = run.cluster.client("log-final-c")
+        consumer = CursorConsumerProc("log-final-c", client, run.rng_for("log-final-c"),
+                                      run.env, self)
+        run.processes.append(consumer)
+        try:
+            await within(consumer.read_to(last), run.liveness_bound)
+        except Exception as exc:
+            consumer.expected(exc, "liveness: final cursor read")
+            run.history.liveness("the cursor reads to the end", False,
+                                 f"{type(exc).__name__}: {exc}")
+            return
+        run.history.liveness("the cursor reads to the end", True,
+                             f"{loop.time() - start:.3f}s")
 
     def check(self) -> list[Violation]:
-        return check_logs(self.run.history)
+        return check_logs(self.run.history) + check_tier(self.run.history)
 
     async def close(self) -> None:
         """Nothing to stop: the log's processes are the run's, cancelled with it."""
@@ -175,7 +230,7 @@ class LogWriterProc(Process):
         return f"log:{LOG_NAME}", list(lh.metadata.last_ensemble)
 
     async def _open(self) -> Any:
-        ns = self.client.namespace(NAMESPACE, clock=self.env.wall_clock)
+        ns = self.client.namespace(NAMESPACE, clock=self.env.wall_clock, tiers=self.env.tiers)
         log = await ns.open_log(LOG_NAME)
         w = await log.writer(label=self.name)
         self.h.log_writer_open(self.name, LOG_NAME, w.epoch, OK)
@@ -267,6 +322,11 @@ class LogWriterProc(Process):
 
     async def _truncate(self, w: Any) -> None:
         before = self.last if self.rng.random() < 0.5 else self.last.next_slot()
+        if self.w.log_cursors:  # (retention after consumption: not past the cursor)
+            floor = self.ext.cursor_floor
+            if floor is None:
+                return
+            before = min(before, floor.next_slot())
         try:
             await within(w.truncate(before), 10.0)
         except Exception as exc:
@@ -317,7 +377,7 @@ class LogReaderProc(Process):
     async def _follow(self, start: Any, stop_at: Any) -> Any:
         """One reader instance from ``start`` (None: the oldest), up to ``stop_at`` (None:
         following the tail); the position to start the next one from."""
-        ns = self.client.namespace(NAMESPACE, clock=self.env.wall_clock)
+        ns = self.client.namespace(NAMESPACE, clock=self.env.wall_clock, tiers=self.env.tiers)
         log = await ns.open_log(LOG_NAME)
         self.ext.readers += 1
         rid = self.ext.readers
@@ -492,6 +552,7 @@ def check_logs(history: History, max_per_invariant: int = 5) -> list[Violation]:
                     v("LG3", f"{key[0]} reader {key[1]}, started after the log was truncated "
                       f"before {tb}, returned {ev.pos}", start, ev)
                     break
+    out.extend(check_cursors(history, in_log, truncations, max_per_invariant))
     return out
 
 

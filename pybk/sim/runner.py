@@ -116,7 +116,9 @@ def scenario_of(seed: int, *, bookies: int | None = None, duration: float = 30.0
     plan = faults.swarm(derive_rng(seed, "swarm"), lambda name: derive_rng(seed, name))
     return Scenario(seed=seed, duration=duration, topology=topo, bookies=n,
                     config=SimConfig.draw(seed),
-                    workload=workload or Workload.draw(derive_rng(seed, "workload")), plan=plan,
+                    workload=workload or Workload.draw(derive_rng(seed, "workload"),
+                                                       lambda name: derive_rng(seed, name)),
+                    plan=plan,
                     events=draw_schedule(plan, seed, duration), faults_spec=faults.spec(),
                     mutations=tuple(mutations))
 

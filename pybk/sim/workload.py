@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from pybk.logs.tier_access import TierOpener
 from pybk.metadata.tenancy import NAMESPACE_KEY
 from pybk.runtime.eventloop import within
 from pybk.sim.findings import EXPECTED
@@ -66,6 +67,11 @@ class Workload:
     log_rate: float = 8.0
     #: the log writer truncates the log now and then
     log_truncates: bool = True
+    #: cursor consumers of the log (pybk.sim.cursors; drawn in a quarter of the log seeds)
+    log_cursors: int = 0
+    #: the log offloads its segments to a simulated object store (pybk.sim.tier; drawn in a
+    #: quarter of the log seeds)
+    log_offload: bool = False
     #: table servers with their clients on one range (pybk.sim.tables; drawn in one seed of 8)
     table_clients: int = 0
     #: a log mirrored into a second simulated cluster (pybk.sim.mirror; opt in, not drawn)
@@ -82,18 +88,25 @@ class Workload:
         return cls(entries_per_ledger=(4, 20), add_rate=10.0)
 
     @classmethod
-    def draw(cls, rng: random.Random) -> Workload:
+    def draw(cls, rng: random.Random,
+             extra: Callable[[str], random.Random] | None = None) -> Workload:
         """A seed's load when the caller gives none (swarm testing: light and heavy loads
         find different bugs): the writers' add rate and the log's append rate vary, and half
         of the seeds also run the log workload (pybk.sim.logs), one in eight table servers
         and their clients (pybk.sim.tables) and one in sixteen the bookies' tenancy gate
-        (pybk.sim.tenancy_gate; each drawn after the others, so the earlier draws stay put)."""
+        (pybk.sim.tenancy_gate; each drawn after the others, so the earlier draws stay put). A
+        quarter of the seeds with logs also run a cursor consumer (pybk.sim.cursors), and a
+        quarter offload to a simulated tier (pybk.sim.tier), each drawn from a stream of its
+        own (``extra(name)``): a seed that draws neither runs as before."""
         logs = 1 if rng.random() < 0.5 else 0
         add_rate, log_rate = rng.choice((6.0, 12.0, 25.0)), rng.choice((3.0, 8.0))
         tables = 3 if rng.random() < 1 / 8 else 0
         gate = rng.random() < 1 / 16
+        cursors = 1 if logs and extra is not None and extra("cursors").random() < 1 / 4 else 0
+        offload = bool(logs and extra is not None and extra("offload").random() < 1 / 4)
         return cls(add_rate=add_rate, log_rate=log_rate, log_writers=logs, log_readers=logs,
-                   table_clients=tables, tenancy_gate=gate)
+                   table_clients=tables, tenancy_gate=gate, log_cursors=cursors,
+                   log_offload=offload)
 
 
 @dataclass
@@ -129,6 +142,8 @@ class ProcessEnv:
     #: the exceptions the run's faults and configuration explain (pybk.sim.findings; a
     #: storage quota adds QuotaExceededError, pybk.sim.tenancy_gate)
     expected: tuple[type[BaseException], ...] = EXPECTED
+    #: opens the logs' offload tiers (``client.namespace(tiers=)``; None: the default)
+    tiers: TierOpener | None = None
 
 
 class Process:

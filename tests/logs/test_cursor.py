@@ -79,6 +79,28 @@ async def test_a_crashed_consumer_resumes_after_the_mark_delete_position_skippin
         await again.close()
 
 
+async def test_a_truncation_inside_an_acknowledged_range_redelivers_none_of_it() -> None:
+    """The log truncated into the middle of a range acknowledged beyond the mark-delete
+    position while no consumer held the cursor: the next one resumes at the truncation point
+    and skips the rest of the range (its acknowledgements returned)."""
+    async with mem_cluster() as cluster:
+        log = await cluster.client().namespace().create_log("l")
+        async with await log.writer() as w:
+            positions = [await w.append(b"r%d" % i) for i in range(10)]
+            cur = await log.subscribe("c")
+            await take(cur, 10)
+            for i in (3, 4, 5, 6):
+                await cur.ack(positions[i])
+            assert await cur.mark_delete_position() is None
+            await cur.abort()
+            await w.truncate(positions[5])
+        again = await log.subscribe("c")
+        got = [r.position for r in await take(again, 3)]
+        assert got == positions[7:]
+        assert await again.mark_delete_position() == positions[6]
+        await again.close()
+
+
 async def test_a_new_owner_fences_the_old_one_and_keeps_its_acks() -> None:
     async with mem_cluster() as cluster:
         log = await cluster.client().namespace().create_log("l")

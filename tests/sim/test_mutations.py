@@ -59,7 +59,14 @@ BY_TEST = {mutations.APPLY_BEFORE_ACK:
 #: so those seeds are pinned too. A tenancy gate that skips its quota check breaks only seeds
 #: that draw the gate with a quota (one in sixteen draw the gate): 12 is the first CI seed
 #: that does, pinned.
+#: A cursor's mark-delete position persisted past an unacknowledged record needs the cursor
+#: consumer (a quarter of the log seeds): CI seeds 5, 7, 9, 21, 34 and 53 of the first 60
+#: catch it (29 Nov); 9 is the quickest, pinned. An offload recorded complete before its
+#: upload needs the simulated tier (a quarter of the log seeds): CI seeds 0, 11, 17, 26 and 49
+#: catch it, 34 and 39 do not (29 Nov); 17 is the quickest, pinned.
 BY_SEED = {mutations.TABLES_CATCH_UP_UNCHECKED: 722,
+           mutations.OFFLOAD_COMPLETE_BEFORE_UPLOAD: 17,
+           mutations.MARK_DELETE_PAST_PENDING: 9,
            mutations.WATCH_BASELINE_AT_FIRST_POLL: 13,
            mutations.LEDGER_TAIL_SKIPS_ON_ERROR: 64,
            mutations.OVERLAP_ACK_BEFORE_SYNC: 46,

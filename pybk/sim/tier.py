@@ -1,0 +1,257 @@
+"""A simulated object store for tiered storage: objects by name on virtual time, with faults of
+its own, behind the offload seam (:class:`pybk.logs.tier_access.TierAccess`).
+
+An object appears whole when its upload completes (an object store's PUT) and is read,
+sized, listed and deleted by name. Until the liveness phase disarms them, the store's faults
+are: a latency on every call, errors (a call refused before anything happened), an upload
+that completed but whose answer was lost (the object is there, the caller gets an error) and
+a listing that lags behind the uploads. Its own generator (``derive_rng(seed, "tier")``)
+draws them, so other seeds' traces stay as they were.
+
+:meth:`SimObjectStore.verified` says whether a segment's objects are complete and match (the
+offload's own verification, done from outside for the invariants TS1/TS2 of
+:mod:`pybk.sim.logs`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import crc32c
+
+from pybk.errors import BKError, CorruptRecordError
+from pybk.logs.tier_access import TierAccess
+from pybk.logs.tier_store import SegmentIndex
+from pybk.sim.checker import Violation
+from pybk.sim.history import OK, History
+
+__all__ = ["SimObjectStore", "SimTierAccess", "SimTierError", "TierWatch", "check_tier"]
+
+_VERIFY_CHUNK = 4096
+
+
+class SimTierError(OSError):
+    """An injected object store failure (the call may or may not have taken effect)."""
+
+
+class SimObjectStore:
+    """The objects of one simulated run's tier (see the module docstring)."""
+
+    def __init__(self, rng: random.Random, count: Callable[[str], None] | None = None,
+                 cover: Callable[[str], None] | None = None) -> None:
+        self.rng = rng
+        self.objects: dict[str, tuple[bytes, float]] = {}  # name -> (bytes, when stored)
+        self.armed = True
+        self.error_rate = rng.choice((0.0, 0.02, 0.08))
+        self.lost_answer_rate = rng.choice((0.0, 0.05, 0.15))
+        self.latency = rng.choice(((0.001, 0.01), (0.01, 0.2), (0.05, 0.8)))
+        self.list_lag = rng.choice((0.0, 0.5, 3.0))
+        self._count = count or (lambda kind: None)
+        self._cover = cover or (lambda marker: None)
+
+    def disarm(self) -> None:
+        """Faults stop (the liveness phase)."""
+        self.armed = False
+
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def _call(self, what: str) -> None:
+        await asyncio.sleep(self.rng.uniform(*self.latency))
+        if self.armed and self.rng.random() < self.error_rate:
+            self._count("tier_error")
+            raise SimTierError(f"simulated object store: {what} failed")
+
+    async def put(self, name: str, data: bytes) -> None:
+        await self._call(f"put {name}")
+        self.objects[name] = (bytes(data), self._now())
+        self._cover("tier_objects_put")
+        if self.armed and self.rng.random() < self.lost_answer_rate:
+            self._count("tier_lost_answer")
+            raise SimTierError(f"simulated object store: put {name} answer lost")
+
+    async def get(self, name: str, start: int | None = None, end: int | None = None) -> bytes:
+        await self._call(f"get {name}")
+        found = self.objects.get(name)
+        if found is None:
+            raise FileNotFoundError(name)
+        return found[0][start:end]
+
+    async def size(self, name: str) -> int:
+        await self._call(f"size {name}")
+        found = self.objects.get(name)
+        if found is None:
+            raise FileNotFoundError(name)
+        return len(found[0])
+
+    async def delete(self, name: str) -> None:
+        await self._call(f"delete {name}")
+        self.objects.pop(name, None)
+
+    async def list(self, prefix: str) -> list[str]:
+        await self._call(f"list {prefix}")
+        seen_before = self._now() - (self.list_lag if self.armed else 0.0)
+        return sorted(n for n, (_, t) in self.objects.items()
+                      if n.startswith(prefix) and t <= seen_before)
+
+    def verified(self, base: str, seq: int, ledger: int) -> bool:
+        """Both objects of ``base`` are there, the index names ``seq``/``ledger`` and the
+        data object matches its length and CRC32C (no faults, no time: the checker's view)."""
+        index, data = self.objects.get(base + ".index"), self.objects.get(base + ".data")
+        if index is None or data is None:
+            return False
+        try:
+            idx = SegmentIndex.from_bytes(index[0])
+        except CorruptRecordError:
+            return False
+        return (idx.seq == seq and idx.ledger == ledger and len(data[0]) == idx.data_length
+                and crc32c.crc32c(data[0]) == idx.data_crc32c)
+
+    async def open(self, url: str, options: dict[str, Any]) -> TierAccess:
+        """The namespace's tier opener (``client.namespace(..., tiers=store.open)``)."""
+        return SimTierAccess(self, url)
+
+
+class SimTierAccess:
+    """:class:`pybk.logs.tier_access.TierAccess` on a :class:`SimObjectStore` (the same
+    object names, format and verification as :class:`pybk.logs.tier_store.TierStore`)."""
+
+    def __init__(self, store: SimObjectStore, url: str) -> None:
+        self.store = store
+        self.url = url.rstrip("/")
+
+    def base(self, namespace: str, log: str, seq: int, ledger: int, uid: str) -> str:
+        return f"{namespace}/{log}/{seq}-{ledger}-{uid}"
+
+    async def write_data(self, path: str, chunks: Iterable[list[bytes]]) -> tuple[int, int]:
+        data = b"".join(part for frames in chunks for part in frames)
+        await self.store.put(path + ".data", data)
+        return len(data), crc32c.crc32c(data)
+
+    async def write_index(self, path: str, index: SegmentIndex) -> None:
+        await self.store.put(path + ".index", index.to_bytes())
+
+    async def read_index(self, path: str) -> SegmentIndex:
+        return SegmentIndex.from_bytes(await self.store.get(path + ".index"))
+
+    async def verify(self, path: str, seq: int, ledger: int) -> SegmentIndex:
+        idx = await self.read_index(path)
+        if idx.seq != seq or idx.ledger != ledger:
+            raise CorruptRecordError(f"offload {path}: index names segment {idx.seq} "
+                                     f"ledger {idx.ledger}")
+        size = await self.store.size(path + ".data")
+        if size != idx.data_length:
+            raise CorruptRecordError(f"offload {path}: data object has {size} bytes, the "
+                                     f"index says {idx.data_length}")
+        crc, off = 0, 0
+        while off < size:
+            chunk = await self.store.get(path + ".data", off, min(size, off + _VERIFY_CHUNK))
+            if not chunk:
+                break
+            crc = crc32c.crc32c(chunk, crc)
+            off += len(chunk)
+        if crc != idx.data_crc32c:
+            raise CorruptRecordError(f"offload {path}: data object checksum mismatch")
+        return idx
+
+    async def read_range(self, path: str, start: int, end: int) -> bytes:
+        return await self.store.get(path + ".data", start, end)
+
+    async def delete(self, path: str) -> None:
+        for suffix in (".index", ".data"):
+            await self.store.delete(path + suffix)
+
+    async def list_segments(self, namespace: str, log: str) -> list[str]:
+        names = await self.store.list(f"{namespace}/{log}/")
+        return sorted({n.rsplit(".", 1)[0] for n in names if n.endswith((".data", ".index"))})
+
+
+# -- the tiered-storage invariants ------------------------------------------------------------
+
+
+class TierWatch:
+    """Checks, each at its instant, what tiered storage promises of the simulated log:
+
+    * **TS1** a segment's bookie copy is deleted only once its recorded offload's objects are
+      complete and match (checked when the ledger's deletion is applied);
+    * **TS2** every segment of the log not truncated is readable from at least one tier: its
+      ledger still exists, or its recorded offload is complete and its objects match (checked
+      at the end, after the last reader).
+    """
+
+    def __init__(self, run: Any, store: SimObjectStore, key: str, namespace: str,
+                 log: str) -> None:
+        self.run = run
+        self.store = store
+        self.key = key
+        self.namespace = namespace
+        self.log = log
+        self._checked: set[int] = set()
+
+    def base(self, seq: int, ledger: int, uid: str) -> str:
+        return f"{self.namespace}/{self.log}/{seq}-{ledger}-{uid}"
+
+    async def _metadata(self) -> Any:
+        from pybk.logs.meta import LogMetadata
+
+        value = await self.run.cluster.admin.read_value(self.key)
+        return LogMetadata.from_bytes(value.value, value.version)
+
+    def meta_applied(self, op: str, key: object) -> Any:
+        if op == "delete_ledger" and isinstance(key, int) and key not in self._checked:
+            return self._deleted(key)
+        return None
+
+    async def _deleted(self, ledger: int) -> None:
+        from pybk.logs.meta import TRUNCATED
+
+        try:
+            md = await self._metadata()
+        except Exception:  # (the log deleted: never here, it lives for the run)
+            return
+        seg = next((s for s in md.segments if s.ledger_id == ledger), None)
+        if seg is None or seg.state == TRUNCATED or seg.offload is None \
+                or not seg.offload.bk_deleted:
+            return  # not a bookie copy deleted for an offload (a cursor's, a truncation...)
+        self._checked.add(ledger)
+        self.run.cover("tier_bookie_copies_deleted")
+        ok = self.store.verified(self.base(seg.seq, ledger, seg.offload.uid), seg.seq, ledger)
+        self.run.history.tier_check("TS1", ok, f"segment {seg.seq} ledger L{ledger} bookie "
+                                    f"copy deleted, offload {seg.offload.uid} "
+                                    + ("verified" if ok else "NOT complete and verified"))
+
+    async def final_check(self) -> None:
+        """TS2 over the log as it ends."""
+        md = await self._metadata()
+        for seg in md.live_segments:
+            if seg.last_entry < 0:
+                continue
+            try:
+                self.run.cluster.store.peek_ledger(seg.ledger_id)
+                continue  # the bookies' copy
+            except (KeyError, BKError):
+                pass
+            o = seg.offload
+            ok = o is not None and o.complete and self.store.verified(
+                self.base(seg.seq, seg.ledger_id, o.uid), seg.seq, seg.ledger_id)
+            if ok:
+                self.run.cover("tier_segments_read_from_tier")
+            self.run.history.tier_check("TS2", ok, f"segment {seg.seq} (L{seg.ledger_id}) is "
+                                        + ("in the tier" if ok else "in NO tier"))
+
+
+def check_tier(history: History, max_per_invariant: int = 5) -> list[Violation]:
+    """TS1/TS2 (see :class:`TierWatch`): every check that failed."""
+    out: list[Violation] = []
+    counts: dict[str, int] = {}
+    for ev in history.of_kind("tier_check"):
+        if ev.outcome == OK:
+            continue
+        inv, _, detail = ev.detail.partition("|")
+        counts[inv] = counts.get(inv, 0) + 1
+        if counts[inv] <= max_per_invariant:
+            out.append(Violation(inv, -1, -1, detail, (ev.line,) if ev.line >= 0 else ()))
+    return out
