@@ -5,7 +5,9 @@ and the in-process transport ask before they start an add or a read:
 
 - a ledger's namespace comes from its metadata (``custom_metadata[NAMESPACE_KEY]``), read
   once per ledger (concurrent asks share the read; "no namespace" is cached too; the cache
-  is bounded, least recently used out);
+  is bounded, least recently used out); the read goes through the bookie's
+  :class:`~pybk.bookie.lookups.LedgerLookups`, so the unknown-ledger check that follows on
+  a new ledger's first add reuses it;
 - a namespace's policies come from its tenancy record, read once and then kept current by a
   watch (an update applies without a restart; a missing record means no limits);
 - a principal of another tenant is refused UNAUTHORIZED (ledgers without a namespace are
@@ -29,8 +31,9 @@ from typing import Any, Final
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from pybk.bookie.lookups import LedgerLookups
 from pybk.bookie.quota import StorageUsage
-from pybk.errors import NoSuchLedgerError, NoSuchNamespaceError
+from pybk.errors import NoSuchNamespaceError
 from pybk.metadata.base import MetadataStore, Watch
 from pybk.metadata.tenancy import NAMESPACE_KEY, NamespacePolicies, TenancyRecords
 from pybk.storage.engine import LedgerStorage
@@ -93,8 +96,11 @@ class TenancyEnforcer:
     """The bookie's tenancy gate (see the module doc)."""
 
     def __init__(self, store: MetadataStore, storage: Callable[[], LedgerStorage | None], *,
-                 authenticated: bool, ledger_cache: int = LEDGER_CACHE) -> None:
+                 authenticated: bool, ledger_cache: int = LEDGER_CACHE,
+                 lookups: LedgerLookups | None = None) -> None:
         self.store = store
+        #: the ledger metadata reads (the bookie's, shared with its unknown-ledger check)
+        self.lookups = lookups if lookups is not None else LedgerLookups(store)
         self.records = TenancyRecords(store)
         self.storage = storage
         #: are principals real (tokens, certificates)? Else everyone is ANONYMOUS and
@@ -143,12 +149,9 @@ class TenancyEnforcer:
             self._lookups[ledger_id] = pending
             try:
                 self.metadata_reads += 1
-                try:
-                    md = await self.store.read_ledger(ledger_id)
-                    raw = md.custom_metadata.get(NAMESPACE_KEY)
-                    ns = None if raw is None else bytes(raw).decode("utf-8", "replace")
-                except NoSuchLedgerError:
-                    ns = None
+                md = await self.lookups.read(ledger_id, remember=True)
+                raw = None if md is None else md.custom_metadata.get(NAMESPACE_KEY)
+                ns = None if raw is None else bytes(raw).decode("utf-8", "replace")
                 self._remember(ledger_id, ns)
                 pending.set_result(ns)
             except BaseException as exc:
@@ -358,8 +361,13 @@ def _log_failure(task: asyncio.Task[None]) -> None:
 async def enable_tenancy(bookie: Any, store: MetadataStore, *,
                          authenticated: bool) -> TenancyEnforcer:
     """Give ``bookie`` (started) a tenancy gate against ``store``: both transports ask it.
-    ``authenticated``: connections carry real principals (tenant tokens or certificates)."""
-    enforcer = TenancyEnforcer(store, lambda: bookie.store, authenticated=authenticated)
+    ``authenticated``: connections carry real principals (tenant tokens or certificates).
+    The gate reads ledger metadata through the bookie's ``ledger_lookups`` when they read
+    ``store`` (its unknown-ledger check then reuses the gate's read)."""
+    shared = getattr(bookie, "ledger_lookups", None)
+    enforcer = TenancyEnforcer(
+        store, lambda: bookie.store, authenticated=authenticated,
+        lookups=shared if shared is not None and shared.store is store else None)
     await enforcer.start()
     bookie.tenancy = enforcer
     return enforcer

@@ -15,7 +15,10 @@ pipelines thousands of adds before the first answer) wait for that one read: eac
 judged by its own key. The refusal for a ledger the metadata lacks is "unknown" (never
 "absent": a recovering client must not count a fence that did not happen as one that did).
 Each read costs the metadata store a request, so at most ``limit`` ledgers are looked up at
-once; a request that would start one more is refused TOO_MANY_REQUESTS.
+once; a request that would start one more is refused TOO_MANY_REQUESTS. The reads go through
+the bookie's :class:`~pybk.bookie.lookups.LedgerLookups`: a ledger the tenancy gate found
+an instant before (it reads the same metadata for the namespace, first) is judged by that
+read, with no second one.
 """
 
 from __future__ import annotations
@@ -26,8 +29,8 @@ import logging
 from collections.abc import Callable
 from typing import Final
 
+from pybk.bookie.lookups import LedgerLookups
 from pybk.errors import (
-    NoSuchLedgerError,
     TooManyRequestsError,
     UnauthorizedError,
     UnknownLedgerStateError,
@@ -58,20 +61,24 @@ class _Lookup:
 
     __slots__ = ("task", "waiters")
 
-    def __init__(self) -> None:
-        self.waiters: list[tuple[bytes, str, Vouched]] = []
+    def __init__(self, waiters: list[tuple[bytes, str, Vouched]] | None = None) -> None:
+        self.waiters: list[tuple[bytes, str, Vouched]] = waiters or []
         self.task: asyncio.Future[None] | None = None
 
 
 class UnknownLedgerCheck:
     """Checks requests about ledgers this bookie does not hold against ``store``: one
-    metadata read per ledger at a time, shared by every request that arrives meanwhile."""
+    metadata read per ledger at a time, shared by every request that arrives meanwhile
+    (and by the tenancy gate, through ``lookups``)."""
 
-    def __init__(self, store: MetadataStore, limit: int = UNKNOWN_LEDGER_CHECKS) -> None:
+    def __init__(self, store: MetadataStore, limit: int = UNKNOWN_LEDGER_CHECKS, *,
+                 lookups: LedgerLookups | None = None) -> None:
         self.store = store
         self.limit = limit
+        #: the reads (shared with the tenancy gate when the bookie gives its own)
+        self.ledger_lookups = lookups if lookups is not None else LedgerLookups(store)
         self._pending: dict[int, _Lookup] = {}
-        #: metadata reads made (tests, operators)
+        #: lookups started (each one metadata read, or two when a lagging store is synced)
         self.lookups = 0
         #: refused requests (tests, operators)
         self.refused = 0
@@ -89,6 +96,10 @@ class UnknownLedgerCheck:
         request in errors. ``then`` may run before this returns."""
         lookup = self._pending.get(ledger_id)
         if lookup is None:
+            found = self.ledger_lookups.recent(ledger_id)
+            if found is not None:  # (the tenancy gate's read, just now)
+                self._answer(ledger_id, _Lookup([(master_key, what, then)]), found.master_key)
+                return
             if len(self._pending) >= self.limit:
                 self.refused += 1
                 then(TooManyRequestsError(f"{what} of ledger {ledger_id}: {self.limit} ledgers "
@@ -139,11 +150,11 @@ class UnknownLedgerCheck:
         store whose reads may lag (ZooKeeper) is caught up and read again before "absent":
         the creator made the ledger there before its first add."""
         for last in (False, True):
-            try:
-                return (await self.store.read_ledger(ledger_id)).master_key
-            except NoSuchLedgerError:
-                if last or not await self.store.sync_reads():
-                    return None
+            md = await self.ledger_lookups.read(ledger_id)
+            if md is not None:
+                return md.master_key
+            if last or not await self.store.sync_reads():
+                return None
         return None
 
     def _answer(self, ledger_id: int, lookup: _Lookup, found: bytes | Exception | None) -> None:
