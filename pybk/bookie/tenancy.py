@@ -4,10 +4,8 @@
 and the in-process transport ask before they start an add or a read:
 
 - a ledger's namespace comes from its metadata (``custom_metadata[NAMESPACE_KEY]``), read
-  once per ledger (concurrent asks share the read; "no namespace" is cached too; the cache
-  is bounded, least recently used out); the read goes through the bookie's
-  :class:`~pybk.bookie.lookups.LedgerLookups`, so the unknown-ledger check that follows on
-  a new ledger's first add reuses it;
+  once per ledger (shared, with the unknown-ledger check too: :mod:`pybk.bookie.lookups`;
+  "no namespace" is cached; the cache is bounded, least recently used out);
 - a namespace's policies come from its tenancy record, read once and then kept current by a
   watch (an update applies without a restart; a missing record means no limits);
 - a principal of another tenant is refused UNAUTHORIZED (ledgers without a namespace are

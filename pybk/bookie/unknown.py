@@ -5,20 +5,17 @@ Ledger ids are handed out in ascending blocks, so the next ones are easy to gues
 an ADD (single, batched, recovery) for a ledger the bookie did not know used to create it
 under whatever master key it carried: a peer without the password could fence or write ids
 not yet handed out, and their creator's adds were then refused ("fenced", "master key does
-not match"). Such a request is now served only when the metadata holds the ledger (it is
-created there before any bookie hears of it) and, when the metadata keeps the ledger's master
-key, the keys match. Once the bookie holds the ledger, its own recorded key decides: no
-more metadata reads.
+not match"). Such a request is now served only when the metadata holds the ledger (made
+there first) and, when it keeps the ledger's master key, the keys match. Once the bookie
+holds the ledger, its own recorded key decides: no more metadata reads.
 
 Requests about one ledger that arrive while its metadata read is under way (a writer
 pipelines thousands of adds before the first answer) wait for that one read: each is then
 judged by its own key. The refusal for a ledger the metadata lacks is "unknown" (never
 "absent": a recovering client must not count a fence that did not happen as one that did).
 Each read costs the metadata store a request, so at most ``limit`` ledgers are looked up at
-once; a request that would start one more is refused TOO_MANY_REQUESTS. The reads go through
-the bookie's :class:`~pybk.bookie.lookups.LedgerLookups`: a ledger the tenancy gate found
-an instant before (it reads the same metadata for the namespace, first) is judged by that
-read, with no second one.
+once; one more is refused TOO_MANY_REQUESTS. A ledger the tenancy gate found just before is
+judged by the gate's read (:mod:`pybk.bookie.lookups`).
 """
 
 from __future__ import annotations
