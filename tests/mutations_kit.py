@@ -58,8 +58,9 @@ EXPECTED = {
     # then loses (the history is not linearizable)
     mutations.APPLY_BEFORE_ACK: {"X1"},
     # a polled watch whose baseline is its first poll misses the lost auditor host's
-    # registration lapsing just after the new auditor's first look: with the hourly
-    # periodic check nothing marks the bookie's ledgers in time
+    # registration lapsing just after the new auditor's first look: without the auditor's
+    # second look (sync_watches) and with the hourly periodic check nothing marks the
+    # bookie's ledgers in time (caught by a watch conformance test: BY_TEST)
     mutations.WATCH_BASELINE_AT_FIRST_POLL: {"R3"},
     # a bookie's tenancy gate that never checks the storage quota keeps admitting a
     # namespace's new entries past it

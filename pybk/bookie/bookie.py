@@ -27,6 +27,7 @@ from pybk.bookie.deferred import DeferredSyncs, force_reply
 from pybk.bookie.gc import GarbageCollector, metadata_liveness
 from pybk.bookie.gcremote import GcRemote
 from pybk.bookie.longpoll import LongPollWaiters
+from pybk.bookie.lookups import LedgerLookups
 from pybk.bookie.maintenance import BookieMaintenance
 from pybk.bookie.reads import NO_SUCH_ENTRY_ON_IO_ERROR, BookieReads
 from pybk.bookie.replies import state_message
@@ -100,10 +101,14 @@ class Bookie(BookieAdds, BookieReads, BookieMaintenance):
         self.fs = fs
         self.config = config
         self.cookie_store = cookie_store
+        #: the metadata reads of ledgers its checks share (the unknown-ledger check here,
+        #: the tenancy gate: pybk.bookie.lookups), None without a metadata store
+        self.ledger_lookups = (LedgerLookups(cookie_store) if cookie_store is not None
+                               else None)
         #: checks requests about ledgers not held here against the metadata (or None)
-        self.unknown_ledgers = (UnknownLedgerCheck(cookie_store)
-                                if cookie_store is not None and config.check_unknown_ledgers
-                                else None)
+        self.unknown_ledgers = (
+            UnknownLedgerCheck(cookie_store, lookups=self.ledger_lookups)
+            if cookie_store is not None and config.check_unknown_ledgers else None)
         self.rng = rng or random.Random()
         self.instance_id = ""
         self.store: LedgerStorage | None = None

@@ -4,8 +4,8 @@
 and the in-process transport ask before they start an add or a read:
 
 - a ledger's namespace comes from its metadata (``custom_metadata[NAMESPACE_KEY]``), read
-  once per ledger (concurrent asks share the read; "no namespace" is cached too; the cache
-  is bounded, least recently used out);
+  once per ledger (shared, with the unknown-ledger check too: :mod:`pybk.bookie.lookups`;
+  "no namespace" is cached; the cache is bounded, least recently used out);
 - a namespace's policies come from its tenancy record, read once and then kept current by a
   watch (an update applies without a restart; a missing record means no limits);
 - a principal of another tenant is refused UNAUTHORIZED (ledgers without a namespace are
@@ -29,8 +29,9 @@ from typing import Any, Final
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from pybk.bookie.lookups import LedgerLookups
 from pybk.bookie.quota import StorageUsage
-from pybk.errors import NoSuchLedgerError, NoSuchNamespaceError
+from pybk.errors import NoSuchNamespaceError
 from pybk.metadata.base import MetadataStore, Watch
 from pybk.metadata.tenancy import NAMESPACE_KEY, NamespacePolicies, TenancyRecords
 from pybk.storage.engine import LedgerStorage
@@ -98,8 +99,11 @@ class TenancyEnforcer:
 
     def __init__(self, store: MetadataStore, storage: Callable[[], LedgerStorage | None], *,
                  authenticated: bool, ledger_cache: int = LEDGER_CACHE,
-                 mutations: frozenset[str] = frozenset()) -> None:
+                 mutations: frozenset[str] = frozenset(),
+                 lookups: LedgerLookups | None = None) -> None:
         self.store = store
+        #: the ledger metadata reads (the bookie's, shared with its unknown-ledger check)
+        self.lookups = lookups if lookups is not None else LedgerLookups(store)
         self.records = TenancyRecords(store)
         self.storage = storage
         #: are principals real (tokens, certificates)? Else everyone is ANONYMOUS and
@@ -149,12 +153,9 @@ class TenancyEnforcer:
             self._lookups[ledger_id] = pending
             try:
                 self.metadata_reads += 1
-                try:
-                    md = await self.store.read_ledger(ledger_id)
-                    raw = md.custom_metadata.get(NAMESPACE_KEY)
-                    ns = None if raw is None else bytes(raw).decode("utf-8", "replace")
-                except NoSuchLedgerError:
-                    ns = None
+                md = await self.lookups.read(ledger_id, remember=True)
+                raw = None if md is None else md.custom_metadata.get(NAMESPACE_KEY)
+                ns = None if raw is None else bytes(raw).decode("utf-8", "replace")
                 self._remember(ledger_id, ns)
                 pending.set_result(ns)
             except BaseException as exc:
@@ -365,9 +366,13 @@ async def enable_tenancy(bookie: Any, store: MetadataStore, *, authenticated: bo
                          mutations: frozenset[str] = frozenset()) -> TenancyEnforcer:
     """Give ``bookie`` (started) a tenancy gate against ``store``: both transports ask it
     (and the simulator's network). ``authenticated``: connections carry real principals
-    (tenant tokens or certificates). ``mutations``: test-only broken behaviours."""
-    enforcer = TenancyEnforcer(store, lambda: bookie.store, authenticated=authenticated,
-                               mutations=mutations)
+    (tenant tokens or certificates). ``mutations``: test-only broken behaviours. The gate
+    reads ledger metadata through the bookie's ``ledger_lookups`` when they read ``store``
+    (its unknown-ledger check then reuses the gate's read)."""
+    shared = getattr(bookie, "ledger_lookups", None)
+    enforcer = TenancyEnforcer(
+        store, lambda: bookie.store, authenticated=authenticated, mutations=mutations,
+        lookups=shared if shared is not None and shared.store is store else None)
     await enforcer.start()
     bookie.tenancy = enforcer
     return enforcer

@@ -5,17 +5,17 @@ Ledger ids are handed out in ascending blocks, so the next ones are easy to gues
 an ADD (single, batched, recovery) for a ledger the bookie did not know used to create it
 under whatever master key it carried: a peer without the password could fence or write ids
 not yet handed out, and their creator's adds were then refused ("fenced", "master key does
-not match"). Such a request is now served only when the metadata holds the ledger (it is
-created there before any bookie hears of it) and, when the metadata keeps the ledger's master
-key, the keys match. Once the bookie holds the ledger, its own recorded key decides: no
-more metadata reads.
+not match"). Such a request is now served only when the metadata holds the ledger (made
+there first) and, when it keeps the ledger's master key, the keys match. Once the bookie
+holds the ledger, its own recorded key decides: no more metadata reads.
 
 Requests about one ledger that arrive while its metadata read is under way (a writer
 pipelines thousands of adds before the first answer) wait for that one read: each is then
 judged by its own key. The refusal for a ledger the metadata lacks is "unknown" (never
 "absent": a recovering client must not count a fence that did not happen as one that did).
 Each read costs the metadata store a request, so at most ``limit`` ledgers are looked up at
-once; a request that would start one more is refused TOO_MANY_REQUESTS.
+once; one more is refused TOO_MANY_REQUESTS. A ledger the tenancy gate found just before is
+judged by the gate's read (:mod:`pybk.bookie.lookups`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import logging
 from collections.abc import Callable
 from typing import Final
 
+from pybk.bookie.lookups import LedgerLookups
 from pybk.errors import (
-    NoSuchLedgerError,
     TooManyRequestsError,
     UnauthorizedError,
     UnknownLedgerStateError,
@@ -58,20 +58,24 @@ class _Lookup:
 
     __slots__ = ("task", "waiters")
 
-    def __init__(self) -> None:
-        self.waiters: list[tuple[bytes, str, Vouched]] = []
+    def __init__(self, waiters: list[tuple[bytes, str, Vouched]] | None = None) -> None:
+        self.waiters: list[tuple[bytes, str, Vouched]] = waiters or []
         self.task: asyncio.Future[None] | None = None
 
 
 class UnknownLedgerCheck:
     """Checks requests about ledgers this bookie does not hold against ``store``: one
-    metadata read per ledger at a time, shared by every request that arrives meanwhile."""
+    metadata read per ledger at a time, shared by every request that arrives meanwhile
+    (and by the tenancy gate, through ``lookups``)."""
 
-    def __init__(self, store: MetadataStore, limit: int = UNKNOWN_LEDGER_CHECKS) -> None:
+    def __init__(self, store: MetadataStore, limit: int = UNKNOWN_LEDGER_CHECKS, *,
+                 lookups: LedgerLookups | None = None) -> None:
         self.store = store
         self.limit = limit
+        #: the reads (shared with the tenancy gate when the bookie gives its own)
+        self.ledger_lookups = lookups if lookups is not None else LedgerLookups(store)
         self._pending: dict[int, _Lookup] = {}
-        #: metadata reads made (tests, operators)
+        #: lookups started (each one metadata read, or two when a lagging store is synced)
         self.lookups = 0
         #: refused requests (tests, operators)
         self.refused = 0
@@ -89,6 +93,10 @@ class UnknownLedgerCheck:
         request in errors. ``then`` may run before this returns."""
         lookup = self._pending.get(ledger_id)
         if lookup is None:
+            found = self.ledger_lookups.recent(ledger_id)
+            if found is not None:  # (the tenancy gate's read, just now)
+                self._answer(ledger_id, _Lookup([(master_key, what, then)]), found.master_key)
+                return
             if len(self._pending) >= self.limit:
                 self.refused += 1
                 then(TooManyRequestsError(f"{what} of ledger {ledger_id}: {self.limit} ledgers "
@@ -139,11 +147,11 @@ class UnknownLedgerCheck:
         store whose reads may lag (ZooKeeper) is caught up and read again before "absent":
         the creator made the ledger there before its first add."""
         for last in (False, True):
-            try:
-                return (await self.store.read_ledger(ledger_id)).master_key
-            except NoSuchLedgerError:
-                if last or not await self.store.sync_reads():
-                    return None
+            md = await self.ledger_lookups.read(ledger_id)
+            if md is not None:
+                return md.master_key
+            if last or not await self.store.sync_reads():
+                return None
         return None
 
     def _answer(self, ledger_id: int, lookup: _Lookup, found: bytes | Exception | None) -> None:

@@ -353,6 +353,20 @@ class MemoryMetadataStore(MetadataStore):
             w.fire()
         return w
 
+    async def sync_watches(self) -> bool:
+        """Return once every change made before the call has been delivered to this
+        session's watches. Fired at once: the fires already scheduled run first (False:
+        every watch was established when set). Polled: a poll after the call compares every
+        watch of this session (bounded by its establishment delay and 100 polls); True when
+        one had never been compared before."""
+        st = self._state
+        if st.poller is None or self._closed:
+            await yield_now  # (a fire is delivered on the loop's next turn)
+            return False
+        d = st.poller.delivery
+        bound = max(1.0, d.establish_delay + 100 * d.poll_interval)
+        return await st.poller.settle(self._my_watches, bound)
+
     # -- under-replication marks ---------------------------------------------------------------
 
     async def mark_under_replicated(self, ledger_id: int, missing_bookies: list[str]) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -62,6 +62,7 @@ class _Polled:
     current: Callable[[], object]  # the subject's version now
     baseline: object
     established_at: float
+    compared: int = 0  # the number of the last poll that compared it (0: none yet)
 
 
 class WatchPoller:
@@ -71,6 +72,8 @@ class WatchPoller:
         self.delivery = delivery
         self._watches: list[_Polled] = []
         self._task: asyncio.Task[None] | None = None
+        self._polls = 0  # polls made so far
+        self._polled: asyncio.Future[None] | None = None  # done after the next poll
 
     def add(self, w: CallbackWatch, current: Callable[[], object], returned: object) -> None:
         """Poll ``w``; ``returned`` is the version its session last returned, or UNKNOWN."""
@@ -96,6 +99,7 @@ class WatchPoller:
                 kept.append(p)
                 if now < p.established_at:
                     continue
+                p.compared = self._polls + 1
                 version = p.current()
                 if p.baseline is UNKNOWN:
                     p.baseline = version
@@ -103,3 +107,34 @@ class WatchPoller:
                     p.baseline = version
                     p.watch.fire()
             self._watches = kept
+            self._polls += 1
+            # (after the fires: a waiter resumes once their callbacks have run)
+            polled, self._polled = self._polled, None
+            if polled is not None and not polled.done():
+                polled.set_result(None)
+
+    async def settle(self, watches: Collection[CallbackWatch], bound: float) -> bool:
+        """Wait (at most ``bound`` seconds) for a poll after this call that compares each of
+        ``watches`` still set (established: its delay passed), its fires delivered. True when
+        one of them had never been compared before (a caller that read before may read
+        once more), False when all had been."""
+        mine = set(watches)
+        waiting = [p for p in self._watches if p.watch in mine and not p.watch.cancelled]
+        if not waiting:
+            return False
+        fresh = any(p.compared == 0 for p in waiting)
+        start = self._polls
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + bound
+        while any(p.compared <= start and not p.watch.cancelled for p in waiting):
+            left = deadline - loop.time()
+            if left <= 0 or self._task is None or self._task.done():
+                break
+            if self._polled is None:
+                self._polled = loop.create_future()
+            try:
+                async with asyncio.timeout(left):
+                    await asyncio.shield(self._polled)
+            except TimeoutError:
+                break
+        return fresh

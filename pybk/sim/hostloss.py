@@ -3,7 +3,8 @@
 The host's bookie and the elected auditor stop together; their metadata sessions lapse
 later, a little apart, in either order, and the bookie's registration may lapse just after
 the new auditor's first look at the registry, where only its registry watch can tell it
-(the watch the old backends missed: mutation ``watch_baseline_at_first_poll``).
+(the watch the old backends missed: mutation ``watch_baseline_at_first_poll``), or its
+second look once its watches are established (``sync_watches``).
 
 **R3**: within :data:`BOUND` virtual seconds of the loss plus the lost-bookie delay, the lost
 bookie's ledgers are marked under-replicated (or no longer name it). Metadata stalls, clock

@@ -62,6 +62,7 @@ from pybk.testing.metadata_value_checks import (
     check_values_update_loop_under_concurrent_updaters,
 )
 from pybk.testing.metadata_watch_checks import (
+    check_sync_watches_establishes_every_watch,
     check_values_watch,
     check_watch_bookies_fires_on_membership_change,
     check_watch_ledger_fires_on_change_and_delete,
@@ -87,6 +88,7 @@ __all__ = [
     "check_id_allocation_unique_under_concurrency",
     "check_read_only_flag",
     "check_registration_vanishes_with_its_owner",
+    "check_sync_watches_establishes_every_watch",
     "check_the_largest_ledger_id",
     "check_under_replication_marks",
     "check_update_loop_under_concurrent_updaters",
@@ -120,6 +122,7 @@ CHECKS: list[Callable[[MetadataBackend], Awaitable[None]]] = [
     check_values_create_read_cas, check_values_update_loop_under_concurrent_updaters,
     check_values_list_by_prefix, check_values_watch,
     check_watches_fire_for_changes_made_through_the_same_store, check_values_bad_arguments,
+    check_sync_watches_establishes_every_watch,
     *TENANCY_CHECKS,  # tenants and namespaces (pybk.testing.tenancy_conformance)
 ]
 

@@ -1,7 +1,8 @@
 """Watches on a metadata backend (part of :data:`pybk.testing.metadata_conformance.CHECKS`):
 a ledger, bookie membership or key/value watch fires after a change by another client and by
-the store's own client, a cancelled watch never fires. The adversarial section (no settling
-waits, races with the read) is :mod:`pybk.testing.watch_conformance`.
+the store's own client, a cancelled watch never fires, ``sync_watches`` establishes them. The
+adversarial section (no settling waits, races with the read) is
+:mod:`pybk.testing.watch_conformance`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pybk.testing.metadata_backends import MetadataBackend
 from pybk.testing.metadata_helpers import sample_metadata, wait_event
 
 __all__ = [
+    "check_sync_watches_establishes_every_watch",
     "check_values_watch",
     "check_watch_bookies_fires_on_membership_change",
     "check_watch_ledger_fires_on_change_and_delete",
@@ -114,3 +116,31 @@ async def check_watches_fire_for_changes_made_through_the_same_store(
     await wait_event(value_event, backend.bound, "a value watch after this store's own delete")
     lw.cancel()
     vw.cancel()
+
+
+async def check_sync_watches_establishes_every_watch(backend: MetadataBackend) -> None:
+    """Changes made between a read and the watch are reported once ``sync_watches`` returned
+    (a baseline taken at the first poll would lose them); a second call has nothing to wait
+    for (False), and a store with no watch has nothing either."""
+    watcher, writer = await backend.open(), await backend.open()
+    assert await watcher.sync_watches() is False, "sync_watches with no watch set"
+    lid = await writer.allocate_ledger_id()
+    md = await writer.create_ledger(sample_metadata(lid))
+    await writer.create_value("sync/k", b"0")
+    seen = await watcher.read_ledger(lid)
+    await watcher.read_value("sync/k")
+    await watcher.list_bookies()
+    await writer.write_ledger(md.with_changes(state=IN_RECOVERY), seen.version)
+    await writer.update_value("sync/k", lambda cur: b"1")
+    ledger_event, value_event, bookies_event = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    watches = [watcher.watch_ledger(lid, lambda _lid: ledger_event.set()),
+               watcher.watch_value("sync/k", lambda _key: value_event.set()),
+               watcher.watch_bookies(bookies_event.set)]
+    assert isinstance(await watcher.sync_watches(), bool)
+    await wait_event(ledger_event, backend.bound, "a ledger watch after sync_watches")
+    await wait_event(value_event, backend.bound, "a value watch after sync_watches")
+    assert await watcher.sync_watches() is False, "sync_watches again, every watch established"
+    await writer.register_bookie(BookieRegistration("bk-sync", "127.0.0.1:3181"))
+    await wait_event(bookies_event, backend.bound, "a bookie watch after sync_watches")
+    for w in watches:
+        w.cancel()

@@ -19,6 +19,7 @@ import pytest
 from logs_kit import FAST, until
 from prometheus_client import CollectorRegistry
 
+import pybk
 from pybk.client.context import ClientConfig
 from pybk.cluster import LocalCluster
 from pybk.errors import AlreadyTruncatedError, CorruptRecordError
@@ -103,6 +104,34 @@ def test_bad_options_are_refused() -> None:
         LogMirror(None, None, lag_interval=0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="backoff"):
         MirrorService(None, None, min_backoff=2, max_backoff=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("options", "error", "says"), [
+    ({"from_tls": "ca.pem"}, TypeError, "from_tls must be an ssl.SSLContext"),
+    ({"to_auth_token": "s3cret"}, TypeError, "to_auth_token must be bytes"),
+    ({"from_tls": "ctx", "from_tls_ca": "ca.pem"}, ValueError, "from_tls or from_tls_ca"),
+    ({"to_auth_token": b"t", "to_auth_token_file": "token"}, ValueError,
+     "to_auth_token or to_auth_token_file"),
+    ({"from_tls_key": "key.pem"}, ValueError, "from_tls_key without from_tls_cert"),
+    ({"to_auth_token_file": "empty"}, ValueError, "to_auth_token_file .*empty is empty"),
+    ({"from_auth_token": b""}, ValueError, "from_auth_token is empty"),
+    ({"from_tls_ca": "missing.pem"}, FileNotFoundError, "No such file"),
+    ({"to_auth_token_file": "missing"}, FileNotFoundError, "No such file"),
+], ids=["tls-not-a-context", "token-not-bytes", "tls-twice", "token-twice", "key-alone",
+        "empty-token-file", "empty-token", "missing-ca", "missing-token-file"])
+def test_the_sync_mirrors_bad_credentials_are_refused_before_it_connects(
+        tmp_path: Path, options: dict[str, object], error: type[Exception], says: str) -> None:
+    """(No cluster is reached: the URIs name nothing.)"""
+    import ssl
+
+    (tmp_path / "empty").write_bytes(b" \n")
+    (tmp_path / "token").write_bytes(b"s3cret")
+    files = ("_ca", "_cert", "_key", "_file")  # (options naming a file under tmp_path)
+    given = {k: (ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT) if v == "ctx"
+                 else tmp_path / v if k.endswith(files) else v) for k, v in options.items()}
+    with pytest.raises(error, match=says):
+        pybk.sync.LogMirror("sqlite:///nonexistent/a.db", "sqlite:///nonexistent/b.db",
+                            "orders", **given)  # type: ignore[arg-type]
 
 
 # -- mirroring -----------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from bug_replays import REPLAYS
+
 from pybk import sim
 from pybk.sim.faults import Faults
 from pybk.sim.runner import scenario_of
@@ -45,3 +47,14 @@ def test_the_default_sweep_polls_watches_in_a_share_of_seeds_drawn_on_their_own(
     assert abs(polled / 150 - POLLED_SHARE) < 0.1, polled
     assert 20 < unchanged < 100, unchanged
     assert not scenario_of(3, faults=Faults.none()).plan.polled_watches
+
+
+def test_the_auditors_second_look_covers_a_watch_baseline_taken_at_the_first_poll() -> None:
+    """The lost-auditor-host replay with ``watch_baseline_at_first_poll``: the registry watch
+    misses the lapse, but the new auditor looks again once ``sync_watches`` says its watches
+    are established (the memory store waits for their first poll), and R3 holds."""
+    replay = next(r for r in REPLAYS if r.name == "lost-auditor-host")
+    result = sim.run(replay.seed, scenario=replay.scenario(),
+                     mutations=("watch_baseline_at_first_poll",))
+    assert result.ok, result.report()
+    assert result.stats.coverage.get("auditor_host_lapse_aimed")

@@ -2,7 +2,9 @@
 line naming the side, the bookie and the option, instead of retrying forever; the library
 raises MirrorAccessError; a cluster whose bookies stop and come back still heals.
 
-Two clusters of bookie processes: ``secure`` (TLS with a trustme CA, a token) and ``plain``.
+Two clusters of bookie processes: ``secure`` (TLS with a trustme CA, a token) and ``plain``;
+``pybk.sync.LogMirror`` reaches each with its own TLS and token options (a third cluster wants
+client certificates).
 """
 
 from __future__ import annotations
@@ -244,3 +246,76 @@ async def test_only_a_completed_tls_handshake_says_a_peer_wants_tls(tmp_path: Pa
         for server in (plain, tls):
             server.close()
             await server.wait_closed()
+
+
+def _copied(metadata: str, name: str, **credentials: object) -> list[bytes]:
+    with pybk.sync.Client(metadata, **credentials) as client:
+        lg = client.namespace().open_log(name)
+        with lg.reader(stop_at=lg.last_position()) as r:
+            return [unframe(rec.data).data for rec in r]
+
+
+ORDERS = [b"order-%d" % i for i in range(10)]
+
+
+def test_the_sync_mirror_takes_each_sides_tls_and_token_files(clusters: Clusters) -> None:
+    """``pybk.sync.LogMirror`` with the options ``pybk log mirror`` has, as keywords: the
+    TLS-and-token source with the from_ ones, then back into it with the to_ ones."""
+    with pybk.sync.LogMirror(clusters.secure.metadata, clusters.plain.metadata, "orders",
+                             target_name="sync-from-files",
+                             from_tls_ca=clusters.opt("ca.pem"),
+                             from_auth_token_file=clusters.opt("token")) as m:
+        last = m.drain()
+    assert last is not None and _copied(clusters.plain.metadata, "sync-from-files") == ORDERS
+    with pybk.sync.LogMirror(clusters.plain.metadata, clusters.secure.metadata, "orders",
+                             target_name="sync-to-files", to_tls_ca=clusters.files / "ca.pem",
+                             to_auth_token_file=clusters.opt("token")) as m:
+        assert m.drain() is not None
+    tls = client_context(clusters.files / "ca.pem")
+    assert _copied(clusters.secure.metadata, "sync-to-files", tls=tls,
+                   auth_token=b"s3cret") == ORDERS
+
+
+def test_the_sync_mirror_takes_contexts_and_tokens_and_names_the_side_refused(
+        clusters: Clusters) -> None:
+    """The forms ``pybk.Client`` takes (an SSLContext, token bytes), per side; a side left
+    without them is the one MirrorAccessError names."""
+    tls = client_context(clusters.files / "ca.pem")
+    secure = clusters.secure.metadata
+    with pybk.sync.LogMirror(secure, secure, "orders", target_name="sync-objects",
+                             from_tls=tls, from_auth_token=b"s3cret", to_tls=tls,
+                             to_auth_token=b"s3cret") as m:
+        assert m.drain() is not None
+    assert _copied(secure, "sync-objects", tls=tls, auth_token=b"s3cret") == ORDERS
+    with pytest.raises(MirrorAccessError) as caught, pybk.sync.LogMirror(
+            clusters.plain.metadata, secure, "orders", target_name="sync-no-token",
+            to_tls=tls, max_backoff=0.5) as m:
+        m.drain()
+    assert caught.value.side == "target" and caught.value.kinds == ("needs-token",)
+
+
+def test_the_sync_mirror_presents_each_sides_client_certificate(
+        clusters: Clusters, tmp_path: Path) -> None:
+    """Bookies that require a client certificate (mutual TLS): ``to_tls_cert`` and
+    ``to_tls_key`` present one signed by their CA."""
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(tmp_path / "ca.pem")
+    ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(tmp_path / "s.pem")
+    client = ca.issue_cert("mirror")
+    client.cert_chain_pems[0].write_to_path(tmp_path / "client.pem")
+    client.private_key_pem.write_to_path(tmp_path / "client.key")
+    mutual = ProcCluster(tmp_path / "mutual", 2, extra_args=[
+        "--tls-cert", str(tmp_path / "s.pem"), "--tls-ca", str(tmp_path / "ca.pem"),
+        "--require-client-cert"])
+    try:
+        asyncio.run(mutual.start())
+        with pybk.sync.LogMirror(clusters.plain.metadata, mutual.metadata, "orders",
+                                 target_name="sync-mutual", to_tls_ca=tmp_path / "ca.pem",
+                                 to_tls_cert=tmp_path / "client.pem",
+                                 to_tls_key=tmp_path / "client.key") as m:
+            assert m.drain() is not None
+        tls = client_context(tmp_path / "ca.pem", certfile=tmp_path / "client.pem",
+                             keyfile=tmp_path / "client.key")
+        assert _copied(mutual.metadata, "sync-mutual", tls=tls) == ORDERS
+    finally:
+        mutual.stop_all()
