@@ -112,6 +112,8 @@ class TenancyEnforcer:
         self.ledger_cache = ledger_cache
         self._quota_checked = TENANCY_QUOTA_UNCHECKED not in mutations
         self._ns: collections.OrderedDict[int, str | None] = collections.OrderedDict()
+        #: ledgers the metadata lacked: did this bookie hold the ledger when it was read?
+        self._absent: collections.OrderedDict[int, bool] = collections.OrderedDict()
         self._lookups: dict[int, asyncio.Future[str | None]] = {}
         self._policies: dict[str, NamespacePolicies | None] = {}
         self._policy_reads: dict[str, asyncio.Future[None]] = {}
@@ -147,6 +149,8 @@ class TenancyEnforcer:
         if cached is not _UNKNOWN:
             self._ns.move_to_end(ledger_id)
             return cached  # type: ignore[return-value]
+        if self._still_absent(ledger_id, creates=False):
+            return None
         pending = self._lookups.get(ledger_id)
         if pending is None:
             pending = asyncio.get_running_loop().create_future()
@@ -156,7 +160,12 @@ class TenancyEnforcer:
                 md = await self.lookups.read(ledger_id, remember=True)
                 raw = None if md is None else md.custom_metadata.get(NAMESPACE_KEY)
                 ns = None if raw is None else bytes(raw).decode("utf-8", "replace")
-                self._remember(ledger_id, ns)
+                if md is None:
+                    self._absent[ledger_id] = self._holds(ledger_id)
+                    if len(self._absent) > self.ledger_cache:
+                        self._absent.popitem(last=False)
+                else:
+                    self._remember(ledger_id, ns)
                 pending.set_result(ns)
             except BaseException as exc:
                 pending.set_exception(exc)
@@ -168,6 +177,23 @@ class TenancyEnforcer:
                 await self._load_policies(ns)
             return ns
         return await asyncio.shield(pending)
+
+    def _holds(self, ledger_id: int) -> bool:
+        storage = self.storage()
+        return storage is not None and storage.find(ledger_id) is not None
+
+    def _still_absent(self, ledger_id: int, *, creates: bool) -> bool:
+        """Does "no such ledger", as read before, still stand without reading again? Only
+        while whether this bookie holds the ledger is unchanged, and, for a request that can
+        create it here (one with a master key), only for a ledger held then and now: a
+        ledger created in a namespace after someone asked about its id is guarded."""
+        held_then = self._absent.get(ledger_id)
+        if held_then is None:
+            return False
+        if held_then != self._holds(ledger_id) or (creates and not held_then):
+            del self._absent[ledger_id]
+            return False
+        return True
 
     def _remember(self, ledger_id: int, ns: str | None) -> None:
         self._ns[ledger_id] = ns
@@ -216,6 +242,9 @@ class TenancyEnforcer:
         if lid is None:
             return None
         ns = self._ns.get(lid, _UNKNOWN)
+        if ns is _UNKNOWN and self._still_absent(
+                lid, creates=bool(getattr(request, "master_key", b""))):
+            return None
         if ns is _UNKNOWN or (ns is not None and ns not in self._policies):
             return self._check_later(principal, request, lid)
         return self._decide(principal, request, ns)

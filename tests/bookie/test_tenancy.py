@@ -13,6 +13,8 @@ from pybk.bookie.tenancy import TenancyEnforcer, TokenBucket, enable_tenancy
 from pybk.errors import NoSuchLedgerError, QuotaExceededError, UnauthorizedError
 from pybk.metadata.tenancy import NAMESPACE_KEY, NamespacePolicies, TenancyRecords
 from pybk.transport.local import LocalTransport
+from pybk.wire import Status
+from pybk.wire.requests import AddRequest, ReadRequest
 
 ALL3 = {"ensemble_size": 3, "write_quorum": 3, "ack_quorum": 3}
 
@@ -195,6 +197,36 @@ async def test_metadata_reads_bounded_and_policy_update_applies(tmp_path):
         for _ in range(3):
             assert await e.namespace_of(987654321) is None
         assert e.metadata_reads == reads + 1
+    finally:
+        await cluster.close()
+
+
+async def _answer(enforcer: TenancyEnforcer, principal: str, request: object) -> object:
+    decision = enforcer.check(principal, request)  # type: ignore[arg-type]
+    return await decision if asyncio.iscoroutine(decision) else decision
+
+
+async def test_a_ledger_asked_about_before_it_exists_is_guarded_once_created(tmp_path):
+    """Asking a bookie about an id before its ledger exists must not leave the ledger
+    unguarded later: once created in a namespace, another tenant's adds and reads of it are
+    refused (the gate once remembered "no namespace" for it)."""
+    cluster = await _cluster(tmp_path, ("acme/orders", NamespacePolicies()))
+    try:
+        acme = _client(cluster, "acme")
+        lid = await cluster.store.allocate_ledger_id()
+        for e in _enforcers(cluster):
+            assert await e.namespace_of(lid) is None  # no such ledger yet
+            assert await _answer(e, "globex", ReadRequest(lid, 0)) is None
+        lh = await acme.create_ledger(custom_metadata={NAMESPACE_KEY: b"acme/orders"},
+                                      ledger_id=lid, **ALL3)
+        for e in _enforcers(cluster):
+            refused = await _answer(e, "globex", AddRequest(lid, 0, b"k" * 20, b"x"))
+            assert getattr(refused, "status", None) == Status.UNAUTHORIZED, refused
+        await lh.append(b"secret")
+        for e in _enforcers(cluster):
+            refused = await _answer(e, "globex", ReadRequest(lid, 0))
+            assert getattr(refused, "status", None) == Status.UNAUTHORIZED, refused
+            assert await _answer(e, "acme", ReadRequest(lid, 0)) is None
     finally:
         await cluster.close()
 
