@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -320,17 +321,20 @@ class AutoRecoverySim:
 
     def _victim(self, open_ledgers: Iterable[LedgerMetadata]) -> str | None:
         """An up, undamaged bookie whose loss leaves enough bookies for every ensemble and
-        is within every ledger's tolerance. A ledger still open (a log's in-progress
-        segment) with Qa=1 cannot lose a bookie of its last ensemble: its recovery must
-        fence Qw-Qa+1 = Qw bookies of each write set, as in BookKeeper, so losing one is
-        beyond tolerance for it."""
+        is within every ledger's tolerance, its isolation group's too (re-replication never
+        leaves a group). A ledger still open (a log's in-progress segment) with Qa=1 cannot
+        lose a bookie of its last ensemble: its recovery must fence Qw-Qa+1 = Qw bookies of
+        each write set, as in BookKeeper, so losing one is beyond tolerance for it."""
         run = self.run
         healthy = [b for b in run.cluster.up_bookies() if b not in run.faulty]
         if len(healthy) - 1 < run.topology[0]:  # (a damaged bookie's slots need spares too)
             return None
         pinned = {b for md in open_ledgers if md.ack_quorum < 2 and md.ensembles
                   for b in md.last_ensemble}
-        candidates = [b for b in healthy if b not in pinned]
+        groups = run.cluster.groups
+        in_group = Counter(groups[b] for b in healthy if b in groups)
+        candidates = [b for b in healthy if b not in pinned
+                      and (b not in groups or in_group[groups[b]] - 1 >= run.topology[0])]
         return self.rng.choice(sorted(candidates)) if candidates else None
 
     async def _open_ledgers(self) -> dict[int, LedgerMetadata]:

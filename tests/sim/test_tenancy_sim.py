@@ -10,7 +10,9 @@ TENANCY = sim.Workload(tenancy=True)
 
 
 def test_namespace_ledgers_stay_in_their_group_under_faults() -> None:
-    results = [sim.run(s, duration=15.0, workload=TENANCY) for s in range(4)]
+    # (seeds 4 and 7 once lost for good the one spare of the group: the decommission could
+    # never finish, I12; a bookie is lost for good only if its group keeps enough bookies)
+    results = [sim.run(s, duration=15.0, workload=TENANCY) for s in (0, 1, 2, 3, 4, 7)]
     assert all(r.ok for r in results), [r.violations for r in results if not r.ok]
     created = sum(r.stats.coverage.get("tenancy_ledger_created", 0) for r in results)
     changed = sum(r.stats.coverage.get("tenancy_ensemble_changed", 0) for r in results)
