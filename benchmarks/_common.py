@@ -49,6 +49,7 @@ __all__ = [
     "loops_to_run",
     "median",
     "open_loop",
+    "paired_cost",
     "pct",
     "percentile",
     "plain_group_commit",
@@ -59,6 +60,22 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+
+def paired_cost(ratios: list[float], worse: str = "dearer") -> tuple[float, str, str]:
+    """A cost from paired rounds (each ratio: one round's A/B, above 1 worse for A, the two
+    run back to back so a load that moves both moves their ratio less): (the median, the
+    rounds' range, the verdict). Unchanged within 5%; within noise when at least a quarter
+    of the rounds found A no worse; else ``worse``."""
+    ratios = sorted(ratios)
+    ratio = median(ratios)
+    if ratio <= 1.05:
+        say = "unchanged: met"
+    elif ratios[(len(ratios) - 1) // 4] <= 1.0:
+        say = "within noise: met"
+    else:
+        say = f"{ratio - 1:.0%} {worse}: not met"
+    return ratio, f"{ratios[0]:.2f}-{ratios[-1]:.2f}", say
 
 
 def pct(samples: list[float], q: float) -> float:

@@ -38,7 +38,7 @@ import textwrap
 import time
 from typing import Any
 
-from _common import closed_loop, median, pct
+from _common import closed_loop, median, paired_cost, pct
 
 import pybk
 from pybk.bookie import BookieConfig
@@ -149,20 +149,8 @@ def measure(row: str, collector: bool, root: str, args: argparse.Namespace
 
 
 def cost(on: list[float], off_: list[float], higher: bool) -> tuple[float, str, str]:
-    """What on costs against off (above 1: dearer), paired round by round (each pair ran
-    back to back, so a load that moves both moves their ratio less): (the median ratio, the
-    rounds' range, the verdict). Unchanged when the median is within 5%; within noise when
-    at least a quarter of the rounds found on no dearer; else dearer."""
-    ratios = sorted((b / a if higher else a / b) for a, b in zip(on, off_, strict=True))
-    ratio = median(ratios)
-    spread = f"{ratios[0]:.2f}-{ratios[-1]:.2f}"
-    if ratio <= 1.05:
-        say = "unchanged: met"
-    elif ratios[(len(ratios) - 1) // 4] <= 1.0:
-        say = "within noise: met"
-    else:
-        say = f"{ratio - 1:.0%} dearer: not met"
-    return ratio, spread, say
+    """What on costs against off, round by round (``paired_cost``)."""
+    return paired_cost([(b / a if higher else a / b) for a, b in zip(on, off_, strict=True)])
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ import tempfile
 import textwrap
 from collections.abc import Iterator
 
-from _common import median
+from _common import median, paired_cost
 
 CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPS = ("create", "read", "write", "list", "watch")
@@ -150,18 +150,11 @@ def main() -> None:
                 other = median([r[op] for r in got[(backend, "compare")]])
                 # above 1: this build is slower (a rate lower, a latency higher), paired
                 # round by round (the two builds ran back to back)
-                ratios = sorted((o[op] / t[op] if op != "watch" else t[op] / o[op])
-                                for t, o in zip(got[(backend, "this")],
-                                                got[(backend, "compare")], strict=True))
-                ratio = median(ratios)
-                if ratio <= 1.05:
-                    say = "unchanged: met"
-                elif ratios[(len(ratios) - 1) // 4] <= 1.0:
-                    say = "within noise: met"
-                else:
-                    say = f"{ratio - 1:.0%} slower: not met"
-                line += (f" {other:>10,.2f} {ratio:>6.2f}x {ratios[0]:.2f}-{ratios[-1]:.2f}"
-                         f"  {say}")
+                ratio, spread, say = paired_cost(
+                    [(o[op] / t[op] if op != "watch" else t[op] / o[op])
+                     for t, o in zip(got[(backend, "this")], got[(backend, "compare")],
+                                     strict=True)], "slower")
+                line += f" {other:>10,.2f} {ratio:>6.2f}x {spread:>9}  {say}"
             print(line)
 
 

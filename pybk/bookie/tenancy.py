@@ -49,7 +49,7 @@ from pybk.wire import (
 )
 
 __all__ = ["LEDGER_CACHE", "TENANCY_QUOTA_UNCHECKED", "TenancyEnforcer", "TokenBucket",
-           "enable_tenancy"]
+           "add_payload", "enable_tenancy"]
 
 log = logging.getLogger("pybk.bookie.tenancy")
 
@@ -85,8 +85,8 @@ class TokenBucket:
         return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
 
 
-def _payload(request: Request) -> tuple[int, int]:
-    """(bytes, records) an add carries."""
+def add_payload(request: Request) -> tuple[int, int]:
+    """(bytes, records) an add carries (0, 0 for any other request): what rates charge."""
     if isinstance(request, AddRequest):
         return len(request.body), 1
     if isinstance(request, AddBatchRequest):
@@ -269,7 +269,7 @@ class TenancyEnforcer:
             return error_response(request, Status.UNAUTHORIZED,
                                   f"tenant {principal!r} may not use namespace {ns!r}")
         policies = self._policies.get(ns)
-        nbytes, records = _payload(request)
+        nbytes, records = add_payload(request)
         now = asyncio.get_running_loop().time()
         delay = 0.0
         if records:

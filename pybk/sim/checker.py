@@ -36,6 +36,22 @@ class Violation:
         return "\n".join(out)
 
 
+class Collector:
+    """The violations of one check, at most ``max_per`` kept per invariant; calling it with
+    (invariant, message, events...) records one (events name the trace lines to show)."""
+
+    def __init__(self, max_per: int = 5) -> None:
+        self.max_per = max_per
+        self.out: list[Violation] = []
+        self.counts: dict[str, int] = defaultdict(int)
+
+    def __call__(self, inv: str, msg: str, *events: Event | None) -> None:
+        self.counts[inv] += 1
+        if self.counts[inv] <= self.max_per:
+            lines = tuple(e.line for e in events if e is not None and e.line >= 0)
+            self.out.append(Violation(inv, -1, -1, msg, lines))
+
+
 @dataclass
 class _Ledger:
     invoked: dict[int, Event] = field(default_factory=dict)  # entry -> add_invoke

@@ -25,7 +25,7 @@ from collections import defaultdict
 from typing import Any
 
 from pybk.runtime.eventloop import within
-from pybk.sim.checker import Violation
+from pybk.sim.checker import Collector, Violation
 from pybk.sim.history import INFO, OK, Event, History
 from pybk.sim.workload import Process, ProcessEnv
 
@@ -202,14 +202,8 @@ def check_cursors(history: History, in_log: dict[_Pos, Event],
     """CU1..CU3 (see the module docstring) over ``history``; ``in_log``: the records the
     log holds (acknowledged appends and whatever any reader returned) by position;
     ``truncations``: the stored truncation events."""
-    out: list[Violation] = []
-    counts: dict[str, int] = defaultdict(int)
-
-    def v(inv: str, msg: str, *events: Event | None) -> None:
-        counts[inv] += 1
-        if counts[inv] <= max_per_invariant:
-            lines = tuple(e.line for e in events if e is not None and e.line >= 0)
-            out.append(Violation(inv, -1, -1, msg, lines))
+    v = Collector(max_per_invariant)
+    out = v.out
 
     events = history.of_kind("cursor_open", "cursor_deliver", "cursor_ack", "cursor_ack_done")
     if not events:

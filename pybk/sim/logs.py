@@ -22,7 +22,7 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 from pybk.runtime.eventloop import gather, within
-from pybk.sim.checker import Violation
+from pybk.sim.checker import Collector, Violation
 from pybk.sim.cursors import CursorConsumerProc, check_cursors
 from pybk.sim.history import FAIL, INFO, OK, Event, History
 from pybk.sim.loop import sleep
@@ -415,14 +415,8 @@ class LogReaderProc(Process):
 
 def check_logs(history: History, max_per_invariant: int = 5) -> list[Violation]:
     """The log invariants LG1..LG5 (see the module docstring) over ``history``."""
-    out: list[Violation] = []
-    counts: dict[str, int] = defaultdict(int)
-
-    def v(inv: str, msg: str, *events: Event | None) -> None:
-        counts[inv] += 1
-        if counts[inv] <= max_per_invariant:
-            lines = tuple(e.line for e in events if e is not None and e.line >= 0)
-            out.append(Violation(inv, -1, -1, msg, lines))
+    v = Collector(max_per_invariant)
+    out = v.out
 
     appended: dict[bytes, Event] = {}
     done: dict[bytes, Event] = {}

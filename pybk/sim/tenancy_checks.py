@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from pybk.bookie.tenancy import BURST_SECONDS
+from pybk.bookie.tenancy import BURST_SECONDS, add_payload
 from pybk.sim.checker import Violation
 from pybk.sim.cluster import SimBookie
 from pybk.storage.records import RECORD_HEADER_SIZE
@@ -38,14 +38,6 @@ __all__ = ["T4_WINDOW", "GateChecks", "RateWindow"]
 T4_WINDOW = 5.0
 #: violations kept per invariant (a broken gate breaks its rule at every admission)
 MAX_PER_INVARIANT = 5
-
-
-def _bytes(request: Request) -> tuple[int, int]:
-    if isinstance(request, AddRequest):
-        return len(request.body), 1
-    if isinstance(request, AddBatchRequest):
-        return sum(map(len, request.bodies)), len(request.bodies)
-    return 0, 0
 
 
 class RateWindow:
@@ -140,7 +132,7 @@ class GateChecks:
         if refusal is not None:
             self._refused(bookie, client, principal, request, ns, refusal)
             return
-        nbytes, records = _bytes(request)
+        nbytes, records = add_payload(request)
         inc = self.bookies.get(bookie)
         if not records or ns != self.namespace or inc is None:
             return
