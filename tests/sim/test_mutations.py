@@ -86,7 +86,7 @@ def test_every_switch_has_its_expected_invariants() -> None:
 def test_every_switch_is_in_the_documented_table() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "simulation.md").read_text()
     rows = {line.split("`")[1] for line in doc.splitlines() if line.startswith("| `")}
-    assert mutations.KNOWN <= rows, sorted(mutations.KNOWN - rows)
+    assert rows >= mutations.KNOWN, sorted(mutations.KNOWN - rows)
 
 
 def test_the_switches_left_to_replays_have_one() -> None:
