@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections import defaultdict
+from collections.abc import Coroutine
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
@@ -151,32 +152,20 @@ class LogWorkload:
         whole log; both within the run's liveness bound."""
         run = self.run
         loop = asyncio.get_running_loop()
-        bound = run.liveness_bound
         client = run.cluster.client("log-final")
         env = run.env
         proc = LogWriterProc("log-final-w", client, run.rng_for("log-final-w"), env, self)
         run.processes.append(proc)
         self.claim(proc.name)
         start = loop.time()
-        try:
-            await within(proc.final_writes(), bound)
-        except Exception as exc:
-            proc.expected(exc, "liveness: log takeover")
-            run.history.liveness("log writer takes over and appends", False,
-                                 f"{type(exc).__name__}: {exc}")
+        if not await self._live("log writer takes over and appends", proc,
+                                proc.final_writes(), "liveness: log takeover", start):
             return
-        run.history.liveness("log writer takes over and appends", True,
-                             f"{loop.time() - start:.3f}s")
         reader = LogReaderProc("log-final-r", client, run.rng_for("log-final-r"), env, self)
         run.processes.append(reader)
-        try:
-            await within(reader.read_all(proc.last), bound)
-        except Exception as exc:
-            reader.expected(exc, "liveness: final log read")
-            run.history.liveness("the whole log reads back", False,
-                                 f"{type(exc).__name__}: {exc}")
+        if not await self._live("the whole log reads back", reader,
+                                reader.read_all(proc.last), "liveness: final log read", start):
             return
-        run.history.liveness("the whole log reads back", True, f"{loop.time() - start:.3f}s")
         if run.workload.log_cursors:
             await self._settle_cursor(proc.last, start)
         if self.tier_watch is not None:
@@ -185,20 +174,25 @@ class LogWorkload:
     async def _settle_cursor(self, last: Any, start: float) -> None:
         """Liveness: a last consumer takes the cursor over and reads to the log's end."""
         run = self.run
-        loop = asyncio.get_running_loop()
         client = run.cluster.client("log-final-c")
         consumer = CursorConsumerProc("log-final-c", client, run.rng_for("log-final-c"),
                                       run.env, self)
         run.processes.append(consumer)
+        await self._live("the cursor reads to the end", consumer, consumer.read_to(last),
+                         "liveness: final cursor read", start)
+
+    async def _live(self, what: str, proc: Any, work: Coroutine[Any, Any, Any], where: str,
+                    start: float) -> bool:
+        """Await ``work`` within the liveness bound and record ``what`` as met or not."""
+        history = self.run.history
         try:
-            await within(consumer.read_to(last), run.liveness_bound)
+            await within(work, self.run.liveness_bound)
         except Exception as exc:
-            consumer.expected(exc, "liveness: final cursor read")
-            run.history.liveness("the cursor reads to the end", False,
-                                 f"{type(exc).__name__}: {exc}")
-            return
-        run.history.liveness("the cursor reads to the end", True,
-                             f"{loop.time() - start:.3f}s")
+            proc.expected(exc, where)
+            history.liveness(what, False, f"{type(exc).__name__}: {exc}")
+            return False
+        history.liveness(what, True, f"{asyncio.get_running_loop().time() - start:.3f}s")
+        return True
 
     def check(self) -> list[Violation]:
         return check_logs(self.run.history) + check_tier(self.run.history)
