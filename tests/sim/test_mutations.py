@@ -41,8 +41,9 @@ BY_WORKLOAD = {mutations.REREPLICATION_LEAVES_GROUP:
 #: seed of eight). A polled watch's baseline taken at its first poll: since the memory store
 #: has sync_watches the auditor looks again once its watches are established, which finds
 #: the lapse the watch missed, so R3 holds (none of the first 500 CI seeds, was 13, 48 and
-#: 71 of the first 100; the lost-auditor-host replay passes with it, test_polled_watches.py);
-#: the adversarial watch conformance on the polled memory store catches it
+#: 71 of the first 100; the lost-auditor-host replay passes with it, test_polled_watches.py,
+#: where a default sweep with no second look finds it again); the adversarial watch
+#: conformance on the polled memory store catches it
 BY_TEST = {mutations.APPLY_BEFORE_ACK:
            "tests/tables/test_linearizability.py::test_applying_before_the_log_acknowledges_is"
            "_caught",

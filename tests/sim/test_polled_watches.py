@@ -58,3 +58,25 @@ def test_the_auditors_second_look_covers_a_watch_baseline_taken_at_the_first_pol
                      mutations=("watch_baseline_at_first_poll",))
     assert result.ok, result.report()
     assert result.stats.coverage.get("auditor_host_lapse_aimed")
+
+
+def test_the_old_watch_behaviour_put_back_is_found_by_a_default_sweep(monkeypatch) -> None:
+    """The world before the watch guarantee: a polled watch's baseline taken at its first poll
+    (the switch) and no ``sync_watches`` for the auditor to look again after (patched to
+    answer at once that nothing was left to establish, as a store without it). A default
+    sweep of the first 100 CI seeds finds the lost-auditor scenario (R3, the lapse aimed
+    just after the new auditor's first look), and the same seed passes with the watch
+    guarantee alone: the watch, not the second look, is what the switch breaks."""
+    from pybk.metadata.memory import MemoryMetadataStore
+    from pybk.sim.sweep import CI_DURATION, CI_FAULTS, CI_SEEDS, find_violation, run_seed
+
+    async def no_second_look(self: MemoryMetadataStore) -> bool:
+        return False
+
+    monkeypatch.setattr(MemoryMetadataStore, "sync_watches", no_second_look)
+    found = find_violation(list(CI_SEEDS)[:100], mutations=("watch_baseline_at_first_poll",),
+                           invariants={"R3"})
+    assert found is not None, "no seed of the first 100 found the lost auditor's bookie"
+    assert found.coverage.get("auditor_host_lapse_aimed"), found.report
+    clean = run_seed(found.seed, CI_FAULTS, CI_DURATION, None, ())
+    assert clean.ok, f"seed {found.seed} fails without the switch too: {clean.invariants}"
