@@ -8,7 +8,8 @@
 - **T4** (rate): the adds of one (principal, namespace) a bookie let through that were asked
   at ``x`` or later and started by ``y`` carry at most ``rate * (y - x)`` bytes (records) plus
   a burst (the token bucket's ``rate * BURST_SECONDS``), for windows up to
-  :data:`T4_WINDOW`. Over the rate adds wait; they are never refused (T5).
+  :data:`T4_WINDOW`. Over the rate adds wait; they are never refused (T5). The same for the
+  entries reads ask for, against a read rate of records (not read bytes: docs/tenancy.md).
 - **T5** (refusals): a gate refuses only a new add of a namespace at its storage quota
   (QUOTA_EXCEEDED): never a read, a recovery add, a namespace without a quota (the calm
   tenant's), nor anyone for another tenant's limits.
@@ -26,7 +27,16 @@ from pybk.sim.checker import Violation
 from pybk.sim.cluster import SimBookie
 from pybk.storage.records import RECORD_HEADER_SIZE
 from pybk.transport.identity import CLUSTER
-from pybk.wire import AddBatchRequest, AddOutcome, AddRequest, Request, Response, Status
+from pybk.wire import (
+    AddBatchRequest,
+    AddOutcome,
+    AddRequest,
+    ReadBatchRequest,
+    ReadRequest,
+    Request,
+    Response,
+    Status,
+)
 
 if TYPE_CHECKING:
     from pybk.sim.runner import SimRun
@@ -78,7 +88,7 @@ class _Incarnation:
         self.pending: dict[int, tuple[Request, int]] = {}  # admitted adds, unanswered
         self.in_flight = 0
         self.most_in_flight = 0
-        self.buckets: dict[tuple[str, str, str], RateWindow] = {}
+        self.buckets: dict[tuple[str, str], RateWindow] = {}  # (principal, what)
 
 
 class GateChecks:
@@ -134,26 +144,23 @@ class GateChecks:
             return
         nbytes, records = add_payload(request)
         inc = self.bookies.get(bookie)
-        if not records or ns != self.namespace or inc is None:
+        if ns != self.namespace or inc is None:
+            return
+        if isinstance(request, ReadRequest | ReadBatchRequest):
+            if principal != CLUSTER:
+                n = len(request.entry_ids) if isinstance(request, ReadBatchRequest) else 1
+                self._rate(bookie, inc, principal, lid, "read", "records", n, asked)
+            return
+        if not records:
             return
         if principal == CLUSTER:
             inc.cluster += nbytes
             return
         now = self.run.now()
+        self._rate(bookie, inc, principal, lid, "write", "bytes", nbytes, asked)
+        self._rate(bookie, inc, principal, lid, "write", "records", records, asked)
         gate = inc.sb.bookie.tenancy if inc.sb.bookie is not None else None
-        known = gate.policies(ns) if gate is not None else None  # (what the gate applies)
-        for kind, rate, n in (("bytes", self.limits.write_bytes_per_s, nbytes),
-                              ("records", self.limits.write_records_per_s, records)):
-            if rate is None or getattr(known, f"write_{kind}_per_s", None) != rate:
-                continue
-            bucket = inc.buckets.setdefault((principal, ns, kind), RateWindow(rate))
-            excess = bucket.admit(asked, now, n)
-            if excess > 0:
-                self._violation(Violation(
-                    "T4", lid, -1,
-                    f"{bookie} started adds of {principal!r} in {ns} past the rate: "
-                    f"{excess:.6f} {kind} over {rate}/s x the window + the burst, at "
-                    f"t={now:.6f}"))
+        known = gate.policies(self.namespace) if gate is not None else None
         quota = self.limits.max_storage_bytes
         if (quota is not None and not getattr(request, "recovery", False)
                 and getattr(known, "max_storage_bytes", None) == quota):
@@ -162,6 +169,27 @@ class GateChecks:
         inc.pending[id(request)] = (request, nbytes)
         inc.in_flight += nbytes
         inc.most_in_flight = max(inc.most_in_flight, inc.in_flight)
+
+    def _rate(self, bookie: str, inc: _Incarnation, principal: str, lid: int, op: str,
+              kind: str, n: int, asked: float) -> None:
+        """T4 for one started request: ``n`` of ``kind`` against the drawn ``op`` rate,
+        judged once the bookie's gate applies it."""
+        rate = getattr(self.limits, f"{op}_{kind}_per_s")
+        gate = inc.sb.bookie.tenancy if inc.sb.bookie is not None else None
+        known = gate.policies(self.namespace) if gate is not None else None
+        if rate is None or getattr(known, f"{op}_{kind}_per_s", None) != rate:
+            return
+        now = self.run.now()
+        bucket = inc.buckets.setdefault((principal, f"{op} {kind}"), RateWindow(rate))
+        excess = bucket.admit(asked, now, n)
+        if op == "read":
+            self.run.cover("tenancy_read_rate_judged")
+        if excess > 0:
+            self._violation(Violation(
+                "T4", lid, -1,
+                f"{bookie} started {op}s of {principal!r} in {self.namespace} past the "
+                f"rate: {excess:.6f} {kind} over {rate}/s x the window + the burst, at "
+                f"t={now:.6f}"))
 
     def _check_quota(self, bookie: str, inc: _Incarnation, lid: int, quota: int,
                      now: float) -> None:

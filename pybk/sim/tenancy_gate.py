@@ -8,7 +8,8 @@ asks it about every add and read (:mod:`pybk.sim.gated`). Clients have principal
 production derives them (:class:`pybk.transport.identity.Identities`, from the token each is
 configured with): the ledger workload's writers, readers, recoverers and deleter are tenant
 ``sim``, whose namespace ``sim/gold`` (every other ledger of theirs) gets drawn limits (a
-storage quota, a write rate of bytes or of records, or both; from a stream of their own); a
+storage quota, a write rate of bytes or of records, or both, and a read rate of records, of
+bytes, both or none; from streams of their own); a
 writer of tenant ``calm`` writes namespace ``calm/main`` (no limits) and plain ledgers, with
 a registry of its own; everything else (auto-recovery, the log and table workloads, the
 liveness phase's checks) has the cluster's token, as an operator's tools do. Invariants T3-T5:
@@ -54,22 +55,35 @@ class GatePolicies:
     max_storage_bytes: int | None = None
     write_bytes_per_s: int | None = None
     write_records_per_s: int | None = None
+    read_records_per_s: int | None = None
+    read_bytes_per_s: int | None = None
 
     @classmethod
-    def draw(cls, rng: random.Random) -> GatePolicies:
-        """A quota, a write rate (of bytes or of records), or both."""
+    def draw(cls, rng: random.Random, reads: random.Random | None = None) -> GatePolicies:
+        """A quota, a write rate (of bytes or of records), or both; and from ``reads`` (a
+        stream of its own, so the write limits a seed drew stay put) a read rate of
+        records, of bytes, both or none."""
         mode = rng.choice(("quota", "rate", "both"))
         quota = rng.choice((2000, 4000, 8000)) if mode != "rate" else None
         if mode == "quota":
-            return cls(max_storage_bytes=quota)
-        if rng.random() < 0.5:
-            return cls(quota, write_bytes_per_s=rng.choice((512, 1024, 2048)))
-        return cls(quota, write_records_per_s=rng.choice((8, 16, 32)))
+            drawn = cls(max_storage_bytes=quota)
+        elif rng.random() < 0.5:
+            drawn = cls(quota, write_bytes_per_s=rng.choice((512, 1024, 2048)))
+        else:
+            drawn = cls(quota, write_records_per_s=rng.choice((8, 16, 32)))
+        if reads is None:
+            return drawn
+        kind = reads.choice(("none", "records", "bytes", "both"))
+        records = reads.choice((16, 32, 64)) if kind in ("records", "both") else None
+        nbytes = reads.choice((2048, 4096, 8192)) if kind in ("bytes", "both") else None
+        return replace(drawn, read_records_per_s=records, read_bytes_per_s=nbytes)
 
     def apply(self, policies: NamespacePolicies) -> NamespacePolicies:
         return replace(policies, max_storage_bytes=self.max_storage_bytes,
                        write_bytes_per_s=self.write_bytes_per_s,
-                       write_records_per_s=self.write_records_per_s)
+                       write_records_per_s=self.write_records_per_s,
+                       read_records_per_s=self.read_records_per_s,
+                       read_bytes_per_s=self.read_bytes_per_s)
 
     def describe(self) -> str:
         return ",".join(f"{k}={v}" for k, v in vars(self).items() if v is not None)
@@ -115,7 +129,8 @@ class TenancyGateSim:
     def __init__(self, run: SimRun) -> None:
         self.run = run
         #: the noisy namespace's limits (a stream of their own: the other draws stay put)
-        self.limits = GatePolicies.draw(derive_rng(run.seed, "tenancy-gate"))
+        self.limits = GatePolicies.draw(derive_rng(run.seed, "tenancy-gate"),
+                                        derive_rng(run.seed, "tenancy-gate-reads"))
         #: ledger -> its namespace, for every ledger created in one
         self.ledger_namespace: dict[int, str] = {}
         self.checks = GateChecks(run, NAMESPACE, self.limits, self.ledger_namespace)

@@ -26,6 +26,8 @@ GATE = sim.Workload(tenancy_gate=True)
 QUOTA_SEED = 1
 #: a seed that draws a write rate only (512 bytes a second)
 RATE_SEED = 26
+#: a seed that draws a read rate of records and no write rate (32 entries a second)
+READ_RATE_SEED = 8
 
 
 class Recorder:
@@ -121,6 +123,14 @@ def test_limits_are_drawn_per_seed_from_a_stream_of_their_own() -> None:
     assert any(d.write_bytes_per_s for d in drawn) and any(d.write_records_per_s
                                                             for d in drawn)
     assert all(d.describe() for d in drawn)
+    with_reads = [GatePolicies.draw(derive_rng(s, "tenancy-gate"),
+                                    derive_rng(s, "tenancy-gate-reads")) for s in range(40)]
+    for plain, both in zip(drawn, with_reads, strict=True):  # (the write limits stay put)
+        assert (both.max_storage_bytes, both.write_bytes_per_s, both.write_records_per_s) \
+            == (plain.max_storage_bytes, plain.write_bytes_per_s, plain.write_records_per_s)
+    assert any(d.read_records_per_s for d in with_reads)
+    assert any(d.read_bytes_per_s for d in with_reads)
+    assert any(not (d.read_records_per_s or d.read_bytes_per_s) for d in with_reads)
 
 
 def test_rate_window_holds_a_token_bucket_to_its_rate() -> None:
@@ -167,3 +177,17 @@ def test_t5_catches_a_tenant_refused_for_another_tenant(monkeypatch: pytest.Monk
     monkeypatch.setattr(tenancy_gate, "_NOISY_CLIENTS", re.compile(r"(w|r|rc|d|cw)\d+"))
     r = sim.run(RATE_SEED, duration=10.0, workload=GATE)
     assert "T5" in {v.invariant for v in r.violations}, r.report()
+
+
+def test_t4_catches_a_gate_that_never_delays_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the seed's only rate is of read records; a test-side broken gate whose buckets take
+    # tokens but never make a request wait lets reads through past it. The same seed passes
+    # with the gate as it is.
+    clean = sim.run(READ_RATE_SEED, duration=12.0, workload=GATE)
+    assert clean.ok, clean.report()
+    assert clean.stats.coverage.get("tenancy_read_rate_judged", 0) > 0
+    take = TokenBucket.take
+    monkeypatch.setattr(TokenBucket, "take", lambda self, n, now: take(self, n, now) * 0.0)
+    r = sim.run(READ_RATE_SEED, duration=12.0, workload=GATE)
+    assert {v.invariant for v in r.violations} == {"T4"}, r.report()
+    assert all("started reads" in v.message for v in r.violations), r.report()
