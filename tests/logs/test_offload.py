@@ -134,7 +134,10 @@ async def test_a_damaged_upload_is_never_complete_and_orphans_are_swept(tmp_path
         assert seg.tier == BOOKIES and seg.offload is not None and not seg.offload.complete
         await client.open_ledger(seg.ledger_id, recovery=False)  # the bookies' copy stays
         assert sorted(p.name for p in folder.iterdir()) == ["1-99-dead.data"]
-        assert [b.rsplit("/", 1)[-1] for b in await log.sweep_tier()] == ["1-99-dead"]
+        assert await log.sweep_tier() == []  # younger than the default grace (an hour)
+        with pytest.raises(ValueError):
+            await log.sweep_tier(grace=-1.0)
+        assert [b.rsplit("/", 1)[-1] for b in await log.sweep_tier(grace=0)] == ["1-99-dead"]
         assert await log.offload() == [1]  # a new attempt succeeds
         assert [d for _, d in await _read_all(log, positions[-1])] == [b"rec-0", b"rec-1",
                                                                         b"rec-2"]
