@@ -259,6 +259,12 @@ async def sweep_orphans(cat: LogCatalog, grace: float) -> list[str]:
     return gone
 
 
+def _gone(ledger: int, path: str) -> NoSuchLedgerError:
+    """An offloaded segment's objects deleted (its truncation) under a reader: as for a
+    deleted ledger, the reader looks at the log again (AlreadyTruncatedError, or this)."""
+    return NoSuchLedgerError(f"offloaded ledger {ledger}: its objects are gone ({path})")
+
+
 class OffloadedHandle:
     """A read handle on an offloaded segment (what :class:`pybk.logs.LogReader` uses of a
     ledger's ReadHandle): ranged reads of the data object with ``read_ahead`` bytes of
@@ -280,7 +286,10 @@ class OffloadedHandle:
             raise NoSuchLedgerError(f"segment {seg.seq} of log {cat.name!r} is not offloaded")
         store = await _store(cat, o.url, md)
         path = store.base(cat.namespace, cat.name, seg.seq, seg.ledger_id, o.uid)
-        index = await store.read_index(path)
+        try:
+            index = await store.read_index(path)
+        except FileNotFoundError as exc:
+            raise _gone(seg.ledger_id, path) from exc
         return cls(store, path, index)
 
     @property
@@ -304,7 +313,10 @@ class OffloadedHandle:
         start, end = self._index.span(first, last)
         if not (self._buf_start <= start and end <= self._buf_start + len(self._buf)):
             fetch_end = min(self._index.data_length, max(end, start + self._read_ahead))
-            self._buf = await self._store.read_range(self._path, start, fetch_end)
+            try:
+                self._buf = await self._store.read_range(self._path, start, fetch_end)
+            except FileNotFoundError as exc:
+                raise _gone(self.id, self._path) from exc
             self._buf_start = start
             if len(self._buf) < end - start:
                 raise CorruptRecordError(f"offloaded ledger {self.id}: data object too short")

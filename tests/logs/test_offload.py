@@ -143,3 +143,15 @@ async def test_a_damaged_upload_is_never_complete_and_orphans_are_swept(tmp_path
                                                                         b"rec-2"]
         with pytest.raises(ValueError):
             await log.set_offload("not a url")
+
+
+async def test_a_segment_whose_objects_are_gone_reads_as_a_deleted_ledger(tmp_path: Path) -> None:
+    async with mem_cluster() as cluster:
+        log = await cluster.client().namespace().create_log("l", roll_entries=3)
+        positions = await _fill(log, 3)
+        await log.set_offload(f"file://{tmp_path}", deletion_lag=0)
+        assert await log.offload() == [1]
+        for f in (tmp_path / "default" / "l").iterdir():  # (what a truncation under it does)
+            f.unlink()
+        with pytest.raises(NoSuchLedgerError):  # not FileNotFoundError: readers handle this
+            await _read_all(log, positions[-1])
