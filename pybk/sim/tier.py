@@ -6,14 +6,11 @@ sized, listed and deleted by name. Until the liveness phase disarms them, the st
 are: a latency on every call, errors (a call refused before anything happened), an upload
 that completed but whose answer was lost (the object is there, the caller gets an error) and
 a listing that lags behind the uploads. Its own generator (``derive_rng(seed, "tier")``)
-draws them, so other seeds' traces stay as they were. With a generator for them (its own,
-``derive_rng(seed, "tier-torn")``: a store that draws none keeps its trace), uploads are also
-cut short: the caller gets an error and the store keeps a prefix of the object under its name
-(a local filesystem's half-written file), an abandoned multipart upload (parts no listing
-shows, :attr:`SimObjectStore.uploads`), or the whole object, landing a little later (a PUT
-whose connection broke after the store took it). An object's modification time is the
-run's wall clock when it landed (what :meth:`SimTierAccess.list_objects` reports to the
-orphan sweep).
+draws them, so other seeds' traces stay as they were. Given a generator of their own
+(``derive_rng(seed, "tier-torn")``), uploads are also cut short: the caller gets an error and
+the store keeps a prefix under the object's name, an abandoned multipart upload (no listing
+shows it), or the whole object, landing later (docs/internals.md). Objects are dated by the
+run's wall clock (what the orphan sweep lists).
 
 :meth:`SimObjectStore.verified` says whether a segment's objects are complete and match (the
 offload's own verification, done from outside for the invariants TS1/TS2 of
