@@ -6,6 +6,7 @@ ones; orphans swept."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,13 @@ async def test_offload_to_s3_compatible_server(monkeypatch: pytest.MonkeyPatch) 
         s3.invalidate_cache()
         left = s3.find("tier-bucket/logs")
         assert len(left) == 2 and all("/3-" in k for k in left)
+        from pybk.logs.tier_store import TierStore
+
+        dated = TierStore("s3://tier-bucket/logs", {"endpoint_url": endpoint,
+                                                    "skip_instance_cache": True}
+                          ).list_objects("default", "l")
+        assert sorted(n for n, _ in dated) == sorted(left)  # dated by S3's LastModified
+        assert all(abs(t - time.time()) < 600 for _, t in dated)
 
 
 async def test_the_bookies_copy_stays_for_the_deletion_lag(tmp_path: Path) -> None:
