@@ -311,10 +311,12 @@ class Log:
             raise TypeError(f"before must be a Position or None, not {type(before).__name__}")
         return await offload_segments(self._cat, self._rng, before=before)
 
-    async def sweep_tier(self) -> list[str]:
+    async def sweep_tier(self, grace: float = 3600.0) -> list[str]:
         """Delete objects in the log's tier folder that no segment refers to (left by an
-        offload that crashed); the object names deleted."""
-        return await sweep_orphans(self._cat)
+        offload cut short whose attempt was then replaced or truncated) and that were last
+        modified more than ``grace`` seconds ago (wall clock); the attempts (object names
+        without ``.data``/``.index``) deleted. Safe beside offloads and readers."""
+        return await sweep_orphans(self._cat, grace)
 
     def __repr__(self) -> str:
         return f"<Log {self.namespace}/{self.name}>"

@@ -21,15 +21,16 @@ from pybk.errors import (
 from pybk.logs.meta import COMPLETED, LogMetadata, OffloadInfo, SegmentInfo
 from pybk.logs.position import Position
 from pybk.logs.tier_access import TierAccess
-from pybk.logs.tier_store import SegmentIndex, frame_entries, parse_frames
+from pybk.logs.tier_store import SegmentIndex, attempt_base, frame_entries, parse_frames
 
 if TYPE_CHECKING:
     import random
 
     from pybk.logs.catalog import LogCatalog
 
-__all__ = ["OFFLOAD_COMPLETE_BEFORE_UPLOAD", "OffloadedHandle", "delete_bookie_copies",
-           "delete_objects", "offload_segments", "sweep_orphans"]
+__all__ = ["OFFLOAD_COMPLETE_BEFORE_UPLOAD", "SWEEP_IGNORES_ATTEMPTS_IN_PROGRESS",
+           "SWEEP_NEEDS_INDEX", "OffloadedHandle", "delete_bookie_copies", "delete_objects",
+           "offload_segments", "sweep_orphans"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,14 @@ log = logging.getLogger(__name__)
 #: an offload attempt is recorded complete when it starts, before its objects are uploaded
 #: and verified, so the bookies' copy may go first (the simulator's TS1 catches it)
 OFFLOAD_COMPLETE_BEFORE_UPLOAD: Final = "offload_complete_before_upload"
+
+#: mutation switch: the orphan sweep keeps only the objects of offloads recorded complete, so
+#: it deletes those of an attempt still uploading, or of a failed one still recorded (the
+#: simulator's TS3 catches it)
+SWEEP_IGNORES_ATTEMPTS_IN_PROGRESS: Final = "sweep_ignores_attempts_in_progress"
+#: mutation switch: the orphan sweep finds attempts by their index objects, so a data object
+#: whose index never landed (an upload cut short, then replaced) stays for good (TS4)
+SWEEP_NEEDS_INDEX: Final = "sweep_needs_index"
 
 _BATCH = 100  # entries read from the bookies per request (Pulsar's offloader: 100)
 
@@ -213,21 +222,47 @@ async def delete_objects(cat: LogCatalog, md: LogMetadata, segments: list[Segmen
                                                          s.ledger_id, o.uid))
 
 
-async def sweep_orphans(cat: LogCatalog) -> list[str]:
-    """Delete objects under the log's tier folder that no segment's recorded attempt names
-    (Pulsar has no such sweep); the object bases deleted."""
+async def sweep_orphans(cat: LogCatalog, grace: float) -> list[str]:
+    """Delete the objects under the log's tier folder that no segment's recorded attempt
+    names and that are older than ``grace`` seconds (by their modification time and the
+    log's clock); the attempts (object bases) deleted. Pulsar has no such sweep.
+
+    The listing comes first, the metadata after it: an offload records its attempt before
+    it uploads anything, so every object listed belongs to an attempt the metadata read
+    afterwards still names, or to one no longer recorded, which will never be again. The
+    grace spares what is younger still (a stale metadata replica, clocks apart)."""
+    if not (isinstance(grace, (int, float)) and 0 <= grace < float("inf")):
+        raise ValueError(f"grace must be a finite number of seconds >= 0, not {grace!r}")
     md = await cat.read()
     url = md.config.offload_url
     if url is None:
         return []
     store = await _store(cat, url, md)
+    objects = await store.list_objects(cat.namespace, cat.name)
+    md = await cat.read()
+    mutations = cat.client.config.mutations
     known = {store.base(cat.namespace, cat.name, s.seq, s.ledger_id, s.offload.uid)
-             for s in md.segments if s.offload is not None}
-    bases = await store.list_segments(cat.namespace, cat.name)
-    gone = [b for b in bases if b not in known]
+             for s in md.segments if s.offload is not None
+             and (s.offload.complete or SWEEP_IGNORES_ATTEMPTS_IN_PROGRESS not in mutations)}
+    newest: dict[str, float] = {}
+    for name, mtime in objects:
+        base = attempt_base(name)
+        if base is not None:
+            newest[base] = max(mtime, newest.get(base, mtime))
+    if SWEEP_NEEDS_INDEX in mutations:
+        indexed = {attempt_base(n) for n, _ in objects if n.endswith(".index")}
+        newest = {b: t for b, t in newest.items() if b in indexed}
+    cutoff = cat.now_ms() / 1000 - grace
+    gone = sorted(b for b, t in newest.items() if b not in known and t <= cutoff)
     for b in gone:
         await store.delete(b)
     return gone
+
+
+def _gone(ledger: int, path: str) -> NoSuchLedgerError:
+    """An offloaded segment's objects deleted (its truncation) under a reader: as for a
+    deleted ledger, the reader looks at the log again (AlreadyTruncatedError, or this)."""
+    return NoSuchLedgerError(f"offloaded ledger {ledger}: its objects are gone ({path})")
 
 
 class OffloadedHandle:
@@ -251,7 +286,10 @@ class OffloadedHandle:
             raise NoSuchLedgerError(f"segment {seg.seq} of log {cat.name!r} is not offloaded")
         store = await _store(cat, o.url, md)
         path = store.base(cat.namespace, cat.name, seg.seq, seg.ledger_id, o.uid)
-        index = await store.read_index(path)
+        try:
+            index = await store.read_index(path)
+        except FileNotFoundError as exc:
+            raise _gone(seg.ledger_id, path) from exc
         return cls(store, path, index)
 
     @property
@@ -275,7 +313,10 @@ class OffloadedHandle:
         start, end = self._index.span(first, last)
         if not (self._buf_start <= start and end <= self._buf_start + len(self._buf)):
             fetch_end = min(self._index.data_length, max(end, start + self._read_ahead))
-            self._buf = await self._store.read_range(self._path, start, fetch_end)
+            try:
+                self._buf = await self._store.read_range(self._path, start, fetch_end)
+            except FileNotFoundError as exc:
+                raise _gone(self.id, self._path) from exc
             self._buf_start = start
             if len(self._buf) < end - start:
                 raise CorruptRecordError(f"offloaded ledger {self.id}: data object too short")

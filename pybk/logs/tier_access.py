@@ -39,6 +39,8 @@ class TierAccess(Protocol):
 
     async def list_segments(self, namespace: str, log: str) -> list[str]: ...
 
+    async def list_objects(self, namespace: str, log: str) -> list[tuple[str, float]]: ...
+
 
 #: opens a tier: ``await opener(url, options)``
 TierOpener = Callable[[str, dict[str, Any]], Awaitable[TierAccess]]
@@ -74,6 +76,9 @@ class ThreadedTier:
 
     async def list_segments(self, namespace: str, log: str) -> list[str]:
         return await asyncio.to_thread(self.store.list_segments, namespace, log)
+
+    async def list_objects(self, namespace: str, log: str) -> list[tuple[str, float]]:
+        return await asyncio.to_thread(self.store.list_objects, namespace, log)
 
 
 async def open_threaded_tier(url: str, options: dict[str, Any]) -> TierAccess:

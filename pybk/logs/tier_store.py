@@ -21,10 +21,12 @@ worker thread, off the event loop.
 from __future__ import annotations
 
 import base64
+import datetime
 import json
+import math
 import struct
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -32,7 +34,7 @@ import crc32c
 
 from pybk.errors import CorruptRecordError
 
-__all__ = ["FRAME", "SegmentIndex", "TierStore", "frame_entries"]
+__all__ = ["FRAME", "SegmentIndex", "TierStore", "attempt_base", "frame_entries"]
 
 FRAME: Final = struct.Struct(">Iq")
 _IDX_MAGIC: Final = b"PYBKIDX"
@@ -101,6 +103,34 @@ class SegmentIndex:
         if len(idx.offsets) != idx.last_entry + 1:
             raise CorruptRecordError("offload index: offsets do not match the entry count")
         return idx
+
+
+def attempt_base(name: str) -> str | None:
+    """The attempt an object belongs to (its name without ``.data``/``.index``); None for
+    a name that is not an offload object."""
+    for suffix in (".data", ".index"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return None
+
+
+#: the fields fsspec filesystems date an object by (local and memory, s3fs, gcsfs...)
+_TIME_FIELDS: Final = ("mtime", "LastModified", "last_modified", "updated", "created")
+
+
+def _seconds(value: object) -> float | None:
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.UTC)
+        return value.timestamp()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return _seconds(datetime.datetime.fromisoformat(value.replace("Z", "+00:00")))
+        except ValueError:
+            return None
+    return None
 
 
 def frame_entries(entries: Iterable[tuple[int, bytes]]) -> list[bytes]:
@@ -205,3 +235,31 @@ class TierStore:
         bases = {str(n).rsplit(".", 1)[0] for n in names
                  if str(n).endswith((".data", ".index"))}
         return sorted(bases)
+
+    def list_objects(self, namespace: str, log: str) -> list[tuple[str, float]]:
+        """Every offload object under a log's folder (``.data``/``.index``, whole or not),
+        with when it was last modified (seconds since the epoch, by the store's clock; +inf
+        when the filesystem does not say: such an object never looks old)."""
+        folder = f"{self.root}/{namespace}/{log}"
+        try:
+            infos = self.fs.ls(folder, detail=True)
+        except FileNotFoundError:
+            return []
+        out: list[tuple[str, float]] = []
+        for info in infos:
+            name = str(info["name"])
+            if info.get("type", "file") != "file" or attempt_base(name) is None:
+                continue
+            out.append((name, self._mtime(name, info)))
+        return sorted(out)
+
+    def _mtime(self, name: str, info: Mapping[str, Any]) -> float:
+        for key in _TIME_FIELDS:
+            when = _seconds(info.get(key))
+            if when is not None:
+                return when
+        try:
+            when = _seconds(self.fs.modified(name))
+        except (NotImplementedError, OSError):
+            when = None
+        return when if when is not None else math.inf

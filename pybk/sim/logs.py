@@ -28,6 +28,7 @@ from pybk.sim.cursors import CursorConsumerProc, check_cursors
 from pybk.sim.history import FAIL, INFO, OK, Event, History
 from pybk.sim.loop import sleep
 from pybk.sim.tier import SimObjectStore, TierWatch, check_tier
+from pybk.sim.tier_sweep import SweepWatch, TierSweepProc
 from pybk.sim.workload import Process, ProcessEnv
 
 if TYPE_CHECKING:
@@ -71,6 +72,7 @@ class LogWorkload:
         #: the simulated object store the log offloads to (Workload.log_offload), its watch
         self.tier: SimObjectStore | None = None
         self.tier_watch: TierWatch | None = None
+        self.sweep_watch: SweepWatch | None = None  # (Workload.log_tier_sweep)
 
     async def start(self) -> None:
         run = self.run
@@ -99,17 +101,25 @@ class LogWorkload:
             run.cover("workload_log_cursors")
         for _ in range(run.workload.log_cursors):
             run.spawn(CursorConsumerProc, "cc", self)
+        if self.sweep_watch is not None:
+            run.spawn(TierSweepProc, "ts", self)
 
     def _start_tier(self) -> dict[str, Any]:
         """The simulated object store (pybk.sim.tier) every process's namespace opens, its
         watch, and the log's offload settings (drawn from a stream of their own)."""
         run = self.run
         run.cover("workload_log_offload")
-        self.tier = store = SimObjectStore(run.rng_for("tier"), run.count_fault, run.cover)
+        sweeps = run.workload.log_tier_sweep
+        self.tier = store = SimObjectStore(
+            run.rng_for("tier"), run.count_fault, run.cover, clock=run.wall_clock,
+            torn=run.rng_for("tier-torn") if sweeps else None)
         run.on_liveness.append(store.disarm)
         run.env.tiers = store.open
         self.tier_watch = TierWatch(run, store, self._key, NAMESPACE, LOG_NAME)
         run.cluster.on_meta_applied.append(self.tier_watch.meta_applied)
+        if sweeps:
+            run.cover("workload_log_tier_sweep")
+            self.sweep_watch = SweepWatch(run, store, self._key, NAMESPACE, LOG_NAME)
         rng = run.rng_for("log-offload")
         # (small segments: many of them complete, and go to the tier, in a run)
         return {"roll_bytes": rng.choice((300, 1000)), "offload_url": "sim://tier",
@@ -170,6 +180,10 @@ class LogWorkload:
             await self._settle_cursor(proc.last, start)
         if self.tier_watch is not None:
             await self.tier_watch.final_check()
+        if self.sweep_watch is not None:
+            await self._live("a last sweep of the tier", proc,
+                             self.sweep_watch.final_sweep(run.cluster.client("log-final-s")),
+                             "liveness: last tier sweep", start)
 
     async def _settle_cursor(self, last: Any, start: float) -> None:
         """Liveness: a last consumer takes the cursor over and reads to the log's end."""

@@ -6,7 +6,11 @@ sized, listed and deleted by name. Until the liveness phase disarms them, the st
 are: a latency on every call, errors (a call refused before anything happened), an upload
 that completed but whose answer was lost (the object is there, the caller gets an error) and
 a listing that lags behind the uploads. Its own generator (``derive_rng(seed, "tier")``)
-draws them, so other seeds' traces stay as they were.
+draws them, so other seeds' traces stay as they were. Given a generator of their own
+(``derive_rng(seed, "tier-torn")``), uploads are also cut short: the caller gets an error and
+the store keeps a prefix under the object's name, an abandoned multipart upload (no listing
+shows it), or the whole object, landing later (docs/internals.md). Objects are dated by the
+run's wall clock (what the orphan sweep lists).
 
 :meth:`SimObjectStore.verified` says whether a segment's objects are complete and match (the
 offload's own verification, done from outside for the invariants TS1/TS2 of
@@ -17,20 +21,22 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import crc32c
 
 from pybk.errors import BKError, CorruptRecordError
 from pybk.logs.tier_access import TierAccess
-from pybk.logs.tier_store import SegmentIndex
+from pybk.logs.tier_store import SegmentIndex, attempt_base
 from pybk.sim.checker import Violation
 from pybk.sim.history import OK, History
 
 __all__ = ["SimObjectStore", "SimTierAccess", "SimTierError", "TierWatch", "check_tier"]
 
 _VERIFY_CHUNK = 4096
+#: objects with their modification times (``list`` is also a method of the store)
+_Dated = list[tuple[str, float]]
 
 
 class SimTierError(OSError):
@@ -41,9 +47,19 @@ class SimObjectStore:
     """The objects of one simulated run's tier (see the module docstring)."""
 
     def __init__(self, rng: random.Random, count: Callable[[str], None] | None = None,
-                 cover: Callable[[str], None] | None = None) -> None:
+                 cover: Callable[[str], None] | None = None, *,
+                 clock: Callable[[], float] | None = None,
+                 torn: random.Random | None = None) -> None:
         self.rng = rng
         self.objects: dict[str, tuple[bytes, float]] = {}  # name -> (bytes, when stored)
+        self.mtimes: dict[str, float] = {}  # name -> the wall clock when it landed
+        #: abandoned multipart uploads: (object name, attempt number) -> (parts, when started)
+        self.uploads: dict[tuple[str, int], tuple[bytes, float]] = {}
+        self.clock = clock or self._now
+        self.torn = torn
+        self.torn_rate = 0.0 if torn is None else torn.choice((0.0, 0.05, 0.15))
+        #: awaited before a sweeping access deletes an object (the name; the TS3 watch)
+        self.before_sweep_delete: Callable[[str], Awaitable[None]] | None = None
         self.armed = True
         self.error_rate = rng.choice((0.0, 0.02, 0.08))
         self.lost_answer_rate = rng.choice((0.0, 0.05, 0.15))
@@ -65,13 +81,35 @@ class SimObjectStore:
             self._count("tier_error")
             raise SimTierError(f"simulated object store: {what} failed")
 
+    def _land(self, name: str, data: bytes) -> None:
+        self.objects[name] = (bytes(data), self._now())
+        self.mtimes[name] = self.clock()
+
     async def put(self, name: str, data: bytes) -> None:
         await self._call(f"put {name}")
-        self.objects[name] = (bytes(data), self._now())
+        if self.armed and self.torn is not None and self.torn_rate \
+                and self.torn.random() < self.torn_rate:
+            self._cut(name, bytes(data))
+        self._land(name, data)
         self._cover("tier_objects_put")
         if self.armed and self.rng.random() < self.lost_answer_rate:
             self._count("tier_lost_answer")
             raise SimTierError(f"simulated object store: put {name} answer lost")
+
+    def _cut(self, name: str, data: bytes) -> None:
+        """An upload cut short (see the module docstring); raises the caller's error."""
+        assert self.torn is not None
+        how = self.torn.choice(("partial", "abandoned", "late"))
+        self._count(f"tier_torn_{how}")
+        part = data[: self.torn.randrange(len(data))] if data else b""
+        if how == "partial":
+            self._land(name, part)
+        elif how == "abandoned":
+            self.uploads[(name, len(self.uploads))] = (part, self._now())
+        else:
+            asyncio.get_running_loop().call_later(self.torn.uniform(0.1, 4.0), self._land,
+                                                  name, data)
+        raise SimTierError(f"simulated object store: put {name} cut short ({how})")
 
     async def get(self, name: str, start: int | None = None, end: int | None = None) -> bytes:
         await self._call(f"get {name}")
@@ -87,14 +125,21 @@ class SimObjectStore:
             raise FileNotFoundError(name)
         return len(found[0])
 
-    async def delete(self, name: str) -> None:
+    async def delete(self, name: str, *, sweeping: bool = False) -> None:
         await self._call(f"delete {name}")
+        if sweeping and self.before_sweep_delete is not None and name in self.objects:
+            await self.before_sweep_delete(name)
         self.objects.pop(name, None)
+        self.mtimes.pop(name, None)
 
     async def list(self, prefix: str) -> list[str]:
+        return [n for n, _ in await self.list_dated(prefix)]
+
+    async def list_dated(self, prefix: str) -> _Dated:
+        """The objects under ``prefix`` with their modification times (lagging, armed)."""
         await self._call(f"list {prefix}")
         seen_before = self._now() - (self.list_lag if self.armed else 0.0)
-        return sorted(n for n, (_, t) in self.objects.items()
+        return sorted((n, self.mtimes[n]) for n, (_, t) in self.objects.items()
                       if n.startswith(prefix) and t <= seen_before)
 
     def verified(self, base: str, seq: int, ledger: int) -> bool:
@@ -114,14 +159,19 @@ class SimObjectStore:
         """The namespace's tier opener (``client.namespace(..., tiers=store.open)``)."""
         return SimTierAccess(self, url)
 
+    async def open_sweeping(self, url: str, options: dict[str, Any]) -> TierAccess:
+        """The opener of the orphan sweep's namespace: its deletions are watched (TS3)."""
+        return SimTierAccess(self, url, sweeping=True)
+
 
 class SimTierAccess:
     """:class:`pybk.logs.tier_access.TierAccess` on a :class:`SimObjectStore` (the same
     object names, format and verification as :class:`pybk.logs.tier_store.TierStore`)."""
 
-    def __init__(self, store: SimObjectStore, url: str) -> None:
+    def __init__(self, store: SimObjectStore, url: str, *, sweeping: bool = False) -> None:
         self.store = store
         self.url = url.rstrip("/")
+        self.sweeping = sweeping
 
     def base(self, namespace: str, log: str, seq: int, ledger: int, uid: str) -> str:
         return f"{namespace}/{log}/{seq}-{ledger}-{uid}"
@@ -162,11 +212,15 @@ class SimTierAccess:
 
     async def delete(self, path: str) -> None:
         for suffix in (".index", ".data"):
-            await self.store.delete(path + suffix)
+            await self.store.delete(path + suffix, sweeping=self.sweeping)
 
     async def list_segments(self, namespace: str, log: str) -> list[str]:
         names = await self.store.list(f"{namespace}/{log}/")
         return sorted({n.rsplit(".", 1)[0] for n in names if n.endswith((".data", ".index"))})
+
+    async def list_objects(self, namespace: str, log: str) -> list[tuple[str, float]]:
+        found = await self.store.list_dated(f"{namespace}/{log}/")
+        return [(n, t) for n, t in found if attempt_base(n) is not None]
 
 
 # -- the tiered-storage invariants ------------------------------------------------------------

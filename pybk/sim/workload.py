@@ -72,6 +72,9 @@ class Workload:
     #: the log offloads its segments to a simulated object store (pybk.sim.tier; drawn in a
     #: quarter of the log seeds)
     log_offload: bool = False
+    #: uploads to the simulated tier are cut short too, and a sweeper runs the orphan sweep
+    #: beside the offloads (pybk.sim.tier_sweep; drawn in half the seeds that offload)
+    log_tier_sweep: bool = False
     #: table servers with their clients on one range (pybk.sim.tables; drawn in one seed of 8)
     table_clients: int = 0
     #: a log mirrored into a second simulated cluster (pybk.sim.mirror; opt in, not drawn)
@@ -96,17 +99,19 @@ class Workload:
         and their clients (pybk.sim.tables) and one in sixteen the bookies' tenancy gate
         (pybk.sim.tenancy_gate; each drawn after the others, so the earlier draws stay put). A
         quarter of the seeds with logs also run a cursor consumer (pybk.sim.cursors), and a
-        quarter offload to a simulated tier (pybk.sim.tier), each drawn from a stream of its
-        own (``extra(name)``): a seed that draws neither runs as before."""
+        quarter offload to a simulated tier (pybk.sim.tier), half of those with torn uploads
+        and the orphan sweep (pybk.sim.tier_sweep), each drawn from a stream of its own
+        (``extra(name)``): a seed that draws none of them runs as before."""
         logs = 1 if rng.random() < 0.5 else 0
         add_rate, log_rate = rng.choice((6.0, 12.0, 25.0)), rng.choice((3.0, 8.0))
         tables = 3 if rng.random() < 1 / 8 else 0
         gate = rng.random() < 1 / 16
         cursors = 1 if logs and extra is not None and extra("cursors").random() < 1 / 4 else 0
         offload = bool(logs and extra is not None and extra("offload").random() < 1 / 4)
+        sweep = bool(offload and extra is not None and extra("tier-sweep").random() < 1 / 2)
         return cls(add_rate=add_rate, log_rate=log_rate, log_writers=logs, log_readers=logs,
                    table_clients=tables, tenancy_gate=gate, log_cursors=cursors,
-                   log_offload=offload)
+                   log_offload=offload, log_tier_sweep=sweep)
 
 
 @dataclass

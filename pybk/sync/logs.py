@@ -126,8 +126,8 @@ class SyncLog(_Bound):
     def offload(self, before: Position | None = None) -> list[int]:
         return self._run(self.log.offload(before))
 
-    def sweep_tier(self) -> list[str]:
-        return self._run(self.log.sweep_tier())
+    def sweep_tier(self, grace: float = 3600.0) -> list[str]:
+        return self._run(self.log.sweep_tier(grace))
 
 
 class SyncCursor(_Bound):

@@ -6,6 +6,7 @@ ones; orphans swept."""
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,13 @@ async def test_offload_to_s3_compatible_server(monkeypatch: pytest.MonkeyPatch) 
         s3.invalidate_cache()
         left = s3.find("tier-bucket/logs")
         assert len(left) == 2 and all("/3-" in k for k in left)
+        from pybk.logs.tier_store import TierStore
+
+        dated = TierStore("s3://tier-bucket/logs", {"endpoint_url": endpoint,
+                                                    "skip_instance_cache": True}
+                          ).list_objects("default", "l")
+        assert sorted(n for n, _ in dated) == sorted(left)  # dated by S3's LastModified
+        assert all(abs(t - time.time()) < 600 for _, t in dated)
 
 
 async def test_the_bookies_copy_stays_for_the_deletion_lag(tmp_path: Path) -> None:
@@ -134,9 +142,24 @@ async def test_a_damaged_upload_is_never_complete_and_orphans_are_swept(tmp_path
         assert seg.tier == BOOKIES and seg.offload is not None and not seg.offload.complete
         await client.open_ledger(seg.ledger_id, recovery=False)  # the bookies' copy stays
         assert sorted(p.name for p in folder.iterdir()) == ["1-99-dead.data"]
-        assert [b.rsplit("/", 1)[-1] for b in await log.sweep_tier()] == ["1-99-dead"]
+        assert await log.sweep_tier() == []  # younger than the default grace (an hour)
+        with pytest.raises(ValueError):
+            await log.sweep_tier(grace=-1.0)
+        assert [b.rsplit("/", 1)[-1] for b in await log.sweep_tier(grace=0)] == ["1-99-dead"]
         assert await log.offload() == [1]  # a new attempt succeeds
         assert [d for _, d in await _read_all(log, positions[-1])] == [b"rec-0", b"rec-1",
                                                                         b"rec-2"]
         with pytest.raises(ValueError):
             await log.set_offload("not a url")
+
+
+async def test_a_segment_whose_objects_are_gone_reads_as_a_deleted_ledger(tmp_path: Path) -> None:
+    async with mem_cluster() as cluster:
+        log = await cluster.client().namespace().create_log("l", roll_entries=3)
+        positions = await _fill(log, 3)
+        await log.set_offload(f"file://{tmp_path}", deletion_lag=0)
+        assert await log.offload() == [1]
+        for f in (tmp_path / "default" / "l").iterdir():  # (what a truncation under it does)
+            f.unlink()
+        with pytest.raises(NoSuchLedgerError):  # not FileNotFoundError: readers handle this
+            await _read_all(log, positions[-1])

@@ -49,7 +49,7 @@ CHILD = textwrap.dedent("""
                                              s.offload.complete] for s in segs]), flush=True)
                 done = await log.offload()
                 print("done", json.dumps(done), flush=True)
-                print("swept", json.dumps(await log.sweep_tier()), flush=True)
+                print("swept", json.dumps(await log.sweep_tier(grace=0)), flush=True)
                 last = await log.last_position()
                 async with log.reader(stop_at=last) as r:
                     data = [rec.data.decode() async for rec in r]

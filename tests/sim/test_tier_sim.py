@@ -1,12 +1,15 @@
-"""Offloading in the simulator (pybk.sim.tier): the simulated object store and its faults, the
-seam's production side (pybk.logs.tier_access), TS1/TS2, and runs with and without the
-offload_complete_before_upload switch."""
+"""Offloading in the simulator (pybk.sim.tier): the simulated object store and its faults (torn
+uploads too), the seam's production side (pybk.logs.tier_access), TS1..TS4, and runs with and
+without the offload_complete_before_upload switch and the orphan sweep's switches
+(pybk.sim.tier_sweep)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 from array import array
+from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,9 @@ from pybk.sim.tier import SimObjectStore, SimTierError, check_tier
 
 OFFLOAD_ONLY = Workload(writers=0, readers=0, recoverers=0, deletes=False, autorecovery=False,
                         log_offload=True)
+OFFLOAD_AND_SWEEP = replace(OFFLOAD_ONLY, log_tier_sweep=True)
+#: uploads cut short all three ways, an orphan swept, and both sweep switches caught (29 Nov)
+SWEEP_SEED = 11
 
 
 def _index(seq: int, ledger: int, data: bytes, offsets: list[int]) -> SegmentIndex:
@@ -128,3 +134,77 @@ def test_an_offload_recorded_complete_before_its_upload_is_caught() -> None:
     r = run(34, duration=15.0, faults=Faults.all(), workload=OFFLOAD_ONLY,
             mutations=("offload_complete_before_upload",))
     assert {v.invariant for v in r.violations} & {"TS1", "TS2"}, r.report()
+
+
+def test_uploads_cut_short_are_never_taken_for_complete() -> None:
+    async def go() -> None:
+        kinds: Counter[str] = Counter()
+        store = SimObjectStore(random.Random(3), lambda k: kinds.update([k]), clock=lambda: 7.0,
+                               torn=random.Random(4))
+        store.error_rate = store.lost_answer_rate = store.list_lag = 0.0
+        store.torn_rate = 1.0
+        tier = await store.open("sim://t", {})
+        frames = frame_entries([(0, b"x" * 40), (1, b"y" * 40)])
+        data = b"".join(frames)
+        for n in range(24):
+            path = tier.base("ns", "lg", n, 7, "u")
+            with pytest.raises(SimTierError):
+                await tier.write_data(path, [frames])
+            assert not store.verified(path, n, 7)
+            found = store.objects.get(path + ".data")
+            assert found is None or len(found[0]) < len(data)  # partial, or not there yet
+        assert set(kinds) == {"tier_torn_partial", "tier_torn_abandoned", "tier_torn_late"}
+        partial = [n for n in store.objects if len(store.objects[n][0]) < len(data)]
+        assert len(partial) == kinds["tier_torn_partial"]
+        assert len(store.uploads) == kinds["tier_torn_abandoned"]  # no listing shows them
+        assert {n for n, _ in await tier.list_objects("ns", "lg")} >= set(partial)
+        await asyncio.sleep(5.0)  # (virtual time) every late one has landed, whole
+        listed = await tier.list_objects("ns", "lg")
+        assert len(listed) == kinds["tier_torn_partial"] + kinds["tier_torn_late"]
+        assert {t for _, t in listed} == {7.0}  # dated by the store's clock
+        whole = [n for n, _ in listed if n not in partial]
+        assert all(store.objects[n][0] == data for n in whole)
+        index = _index(0, 7, data, [0, 52])
+        store.torn_rate = 0.0
+        await tier.write_index(tier.base("ns", "lg", 0, 7, "u"), index)
+        if "ns/lg/0-7-u.data" in whole:  # (a late one, whole: with its index it verifies)
+            assert store.verified(tier.base("ns", "lg", 0, 7, "u"), 0, 7)
+
+    _on_virtual_time(go)
+
+
+def test_a_store_without_torn_uploads_draws_nothing_more() -> None:
+    a, b = random.Random(5), random.Random(5)
+    SimObjectStore(a)
+    SimObjectStore(b, torn=random.Random(6))
+    assert a.random() == b.random()  # the store's own stream is untouched
+
+
+def test_the_production_tier_lists_objects_with_their_times(tmp_path: Path) -> None:
+    async def go() -> None:
+        tier = await open_threaded_tier(f"file://{tmp_path}", {})
+        path = tier.base("ns", "lg", 3, 9, "u")
+        await tier.write_data(path, [frame_entries([(0, b"payload")])])
+        (tmp_path / "ns" / "lg" / "notes.txt").write_text("not an offload object")
+        listed = await tier.list_objects("ns", "lg")
+        assert [n for n, _ in listed] == [path + ".data"]
+        assert abs(listed[0][1] - (tmp_path / "ns" / "lg" / "3-9-u.data").stat().st_mtime) < 1
+        assert await tier.list_objects("ns", "other") == []
+
+    asyncio.run(go())
+
+
+def test_a_log_offloading_beside_the_orphan_sweep_passes() -> None:
+    r = run(SWEEP_SEED, duration=15.0, faults=Faults.all(), workload=OFFLOAD_AND_SWEEP)
+    assert r.ok, r.report()
+    cov = r.stats.coverage
+    assert cov.get("workload_log_tier_sweep") == 1 and cov.get("tier_sweeps", 0) > 0
+    assert cov.get("tier_orphans_swept", 0) > 0
+
+
+@pytest.mark.parametrize(("switch", "invariant"), [
+    ("sweep_ignores_attempts_in_progress", "TS3"), ("sweep_needs_index", "TS4")])
+def test_the_orphan_sweeps_switches_are_caught(switch: str, invariant: str) -> None:
+    r = run(SWEEP_SEED, duration=15.0, faults=Faults.all(), workload=OFFLOAD_AND_SWEEP,
+            mutations=(switch,))
+    assert invariant in {v.invariant for v in r.violations}, r.report()
