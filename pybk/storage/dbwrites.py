@@ -73,6 +73,7 @@ class DbCompletions:
     def on_synced(self, seg: int, tags: list[Any], offsets: list[int]) -> None:
         """A journal batch is durable: its entries enter the write cache, their adds (and
         the identical adds waiting on them) are answered."""
+        t = self._t
         changed: set[int] = set()
         for tag in tags:
             if tag is None:
@@ -82,45 +83,47 @@ class DbCompletions:
                 changed.add(tag.ledger_id)
                 continue
             lid, eid, body, on_done = tag
-            self._t.pending.pop((lid, eid), None)
-            st = self._t.ledgers.get(lid)
-            if st is not None and lid not in self._t.deleted:
-                self._t.cached(lid, st, eid, body)
+            t.pending.pop((lid, eid), None)
+            st = t.ledgers.get(lid)
+            if st is not None and lid not in t.deleted:
+                t.cached(lid, st, eid, body)
                 changed.add(lid)
-            for waiter in [on_done, *self._t.waiting.pop((lid, eid), ())]:
+            for waiter in [on_done, *t.waiting.pop((lid, eid), ())]:
                 waiter(None)
         for lid in changed:
             self._on_change(lid)
-        if self._t.cache_bytes > self._cache_limit:
+        if t.cache_bytes > self._cache_limit:
             self._cache_full()
 
     def _batch_synced(self, tag: _Batch) -> None:
+        t = self._t
         lid = tag.ledger_id
-        st = self._t.ledgers.get(lid)
-        live = st is not None and lid not in self._t.deleted
+        st = t.ledgers.get(lid)
+        live = st is not None and lid not in t.deleted
         for eid, body in zip(tag.entry_ids, tag.bodies, strict=True):
-            self._t.pending.pop((lid, eid), None)
+            t.pending.pop((lid, eid), None)
             if live and st is not None:
-                self._t.cached(lid, st, eid, body)
-            for waiter in self._t.waiting.pop((lid, eid), ()):
+                t.cached(lid, st, eid, body)
+            for waiter in t.waiting.pop((lid, eid), ()):
                 waiter(None)
         tag.on_done(None)
 
     def on_failed(self, tags: list[Any], exc: BaseException) -> None:
         """A journal batch failed: each add in it (and each waiting on one) gets ``exc``."""
+        t = self._t
         for tag in tags:
             if tag is None:
                 continue
             if type(tag) is _Batch:
                 for eid in tag.entry_ids:
-                    self._t.pending.pop((tag.ledger_id, eid), None)
-                    for waiter in self._t.waiting.pop((tag.ledger_id, eid), ()):
+                    t.pending.pop((tag.ledger_id, eid), None)
+                    for waiter in t.waiting.pop((tag.ledger_id, eid), ()):
                         waiter(_bk(fresh_copy(exc)))
                 tag.on_done(_bk(exc))
                 continue
             lid, eid, _body, on_done = tag
-            self._t.pending.pop((lid, eid), None)
-            for waiter in [on_done, *self._t.waiting.pop((lid, eid), ())]:
+            t.pending.pop((lid, eid), None)
+            for waiter in [on_done, *t.waiting.pop((lid, eid), ())]:
                 waiter(_bk(fresh_copy(exc)))
 
 
@@ -136,11 +139,12 @@ class DbWrites:
 
     def _checked(self, lid: int, key: bytes, recovery: bool, *, create: bool = True,
                  deleted: type[BKError] = LedgerFencedError) -> DbLedger:
+        t = self._t
         if lid < 0:
             raise BadRequestError(f"ledger id {lid}: ledger ids are never negative")
-        if lid in self._t.deleted:
+        if lid in t.deleted:
             raise deleted(f"ledger {lid} was deleted on this bookie")
-        st = self._t.ledgers.get(lid)
+        st = t.ledgers.get(lid)
         if st is not None and st.master_key is not None and st.master_key != key:
             raise UnauthorizedError(f"ledger {lid}: master key does not match")
         if len(key) > MAX_MASTER_KEY_SIZE:
@@ -149,7 +153,7 @@ class DbWrites:
         if st is not None and st.fenced and not recovery:
             raise LedgerFencedError(f"ledger {lid} is fenced")
         if st is None:
-            st = self._t.ledgers[lid] = DbLedger()
+            st = t.ledgers[lid] = DbLedger()
         if st.master_key is None:
             st.master_key = key
             self._journal.append_nowait(encode_master_key(lid, key), None)
@@ -164,6 +168,7 @@ class DbWrites:
     def add_entry(self, ledger_id: int, entry_id: int, body: bytes, master_key: bytes,
                   recovery: bool, on_done: AddCallback) -> None:
         """Journal one framed entry; ``on_done(error)`` once (see LedgerStorage)."""
+        t = self._t
         if len(body) < ENTRY_HEADER_SIZE:
             raise BadRequestError(
                 f"ledger {ledger_id} entry {entry_id}: entry of {len(body)} bytes is shorter "
@@ -176,15 +181,15 @@ class DbWrites:
                                   f"as {_IDS.unpack_from(body)}")
         st = self._checked(ledger_id, master_key, recovery)
         key = (ledger_id, entry_id)
-        pending = self._t.pending.get(key)
+        pending = t.pending.get(key)
         if pending is not None:
             if pending != body:
                 raise EntryExistsError(
                     f"ledger {ledger_id} entry {entry_id} is being written with different bytes")
-            self._t.waiting.setdefault(key, []).append(on_done)
+            t.waiting.setdefault(key, []).append(on_done)
             return
         # (an id past the last durable one is not held: no lookup on the common path)
-        same = self._t.same_as_held(ledger_id, entry_id, body) if entry_id <= st.last else None
+        same = t.same_as_held(ledger_id, entry_id, body) if entry_id <= st.last else None
         if same is not None:
             if not same:
                 raise EntryExistsError(
@@ -192,7 +197,7 @@ class DbWrites:
             on_done(None)
             return
         self._journal.append_nowait(encode_entry(body), (ledger_id, entry_id, body, on_done))
-        self._t.pending[key] = body
+        t.pending[key] = body
         lac = piggyback_lac(body)
         if lac > st.arrived_lac:
             st.arrived_lac = lac
@@ -202,6 +207,7 @@ class DbWrites:
                   master_key: bytes, recovery: bool, on_done: BatchCallback) -> None:
         """Entries of one ledger: each checked like a single add, the new ones journaled as
         one append (their records back to back); ``on_done`` once for the lot."""
+        t = self._t
         st = self._checked(ledger_id, master_key, recovery)
         if len(entry_ids) != len(bodies) or not bodies:
             raise BadRequestError(f"ledger {ledger_id}: a batch of {len(bodies)} entries "
@@ -222,7 +228,7 @@ class DbWrites:
         #: a batch of 65,536 refusals holds one error object, not 65,536
         shared: dict[type, BKError] = {}
         for i, (eid, body) in enumerate(zip(entry_ids, bodies, strict=True)):
-            if (eid <= st.last or (ledger_id, eid) in self._t.pending
+            if (eid <= st.last or (ledger_id, eid) in t.pending
                     or len(body) < ENTRY_HEADER_SIZE or eid < 0
                     or _IDS.unpack_from(body) != (ledger_id, eid)):
                 try:  # the general path: a duplicate, a refusal
@@ -233,7 +239,7 @@ class DbWrites:
                 continue
             new_ids.append(eid)
             new_bodies.append(body)
-            self._t.pending[(ledger_id, eid)] = body
+            t.pending[(ledger_id, eid)] = body
         if new_ids:
             index = {eid: i for i, eid in enumerate(entry_ids)}
 
