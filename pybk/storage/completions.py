@@ -51,7 +51,7 @@ class StoreCompletions:
         # The hot path: once per entry, so the common case (the next entry of a held ledger)
         # is appended to the ledger's EntryIndex columns right here (what EntryIndex.put does
         # for it) rather than through put_entry, and the ledger's state comes with the tag
-        # (see _Tag) rather than from a lookup.
+        # (the tuple pybk.storage.writes appends) rather than from a lookup.
         index = self._index
         watched = self._watched
         live = 0
