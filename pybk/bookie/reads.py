@@ -1,10 +1,9 @@
 """The bookie's reads: entries, batches of them, LAC reads and long polls.
 
 A mixin of :class:`pybk.bookie.bookie.Bookie` (one object: the bookie's state, its store and
-its parked long polls), as :class:`pybk.storage.reads.ReadsMixin` is of the store: the read
-side of ``Bookie.handle`` kept apart from the bookie's life cycle, state and add paths. A
-damaged or unreadable entry is reported as such (never as absent: rule R2), logged at a
-bounded rate since a remote peer can repeat the read.
+its parked long polls): the read side of ``Bookie.handle`` kept apart from the bookie's life
+cycle, state and add paths. A damaged or unreadable entry is reported as such (never as
+absent: rule R2), logged at a bounded rate since a remote peer can repeat the read.
 """
 
 from __future__ import annotations

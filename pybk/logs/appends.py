@@ -42,6 +42,7 @@ from pybk.logs.tail import unregister_writer
 
 if TYPE_CHECKING:
     from pybk.logs.catalog import LogCatalog
+    from pybk.logs.housekeeping import Housekeeper
 
 __all__ = ["AppendsMixin"]
 
@@ -99,10 +100,9 @@ class AppendsMixin:
     _blocked: bool
     _ack_event: asyncio.Event | None
     backlog: BacklogStats
-    _backlog_refusal: str | None
-    # the writer's other sides (rolling, housekeeping)
+    # the writer's other sides (rolling; housekeeping, a part of its own)
     _maybe_roll: Callable[[], None]
-    _stop_housekeeping: Callable[[], None]
+    _housekeeper: Housekeeper
 
     # -- appending ---------------------------------------------------------------------------
 
@@ -113,10 +113,11 @@ class AppendsMixin:
             raise EndOfStreamError(f"log {self._cat.name!r} is marked ended; no more records")
         if self._closed or self._closing:
             raise LedgerClosedError(f"log {self._cat.name!r}: this writer is closed")
-        if self._backlog_refusal is not None:
+        refusal = self._housekeeper.refusal
+        if refusal is not None:
             self.backlog.refused_appends += 1
             raise BacklogQuotaExceededError(
-                f"log {self._cat.name!r}: its slowest cursor is {self._backlog_refusal}; "
+                f"log {self._cat.name!r}: its slowest cursor is {refusal}; "
                 "appends are refused until the cursors catch up (backlog_policy 'refuse')")
 
     def _check_txid(self, txid: object, floor: int) -> int:
@@ -395,7 +396,7 @@ class AppendsMixin:
             self._error = exc
             log.info("log %s: writer failed: %r", self._cat.name, exc)
             unregister_writer(self._cat, self)
-            self._stop_housekeeping()
+            self._housekeeper.stop()
             if self._ack_event is not None:
                 self._ack_event.set()
                 self._ack_event = None

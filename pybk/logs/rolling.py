@@ -3,7 +3,8 @@
 Once the segment holds ``roll_bytes`` / ``roll_entries`` or is ``roll_seconds`` old, a roll
 stops pushing to it, waits for its entries, closes its ledger, then completes it and adds the
 next segment in one compare-and-set; batches sealed meanwhile wait in order and go to the new
-segment. Retention runs after each roll and, with ``housekeeping_interval``, on loop time.
+segment. Retention runs after each roll (:class:`~pybk.logs.housekeeping.Housekeeper`, the
+writer's part that also runs it on loop time).
 
 :class:`RollingMixin` is :class:`pybk.logs.LogWriter`'s (a mixin over
 :class:`~pybk.logs.appends.AppendsMixin`: the writer's state is one, set up by
@@ -14,8 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pybk.client.writer import LedgerHandle
 from pybk.errors import (
@@ -27,12 +27,8 @@ from pybk.errors import (
     fresh_copy,
 )
 from pybk.logs.appends import AppendsMixin
-from pybk.logs.backlog import Backlog
+from pybk.logs.housekeeping import Housekeeper, retrieve
 from pybk.logs.meta import COMPLETED, LogMetadata, SegmentInfo
-from pybk.logs.offload import offload_segments
-from pybk.logs.offload_trigger import plan_offload
-from pybk.logs.position import Position
-from pybk.logs.retention import Eviction, housekeep
 
 if TYPE_CHECKING:
     from pybk.logs.catalog import LogCatalog
@@ -44,7 +40,8 @@ log = logging.getLogger("pybk.logs.writer")
 
 
 class RollingMixin(AppendsMixin):
-    """:class:`pybk.logs.LogWriter`'s segments, rolls, ledger made ahead and housekeeping."""
+    """:class:`pybk.logs.LogWriter`'s segments, rolls and ledger made ahead (the retention
+    after a roll is the writer's :class:`~pybk.logs.housekeeping.Housekeeper`'s)."""
 
     _md: LogMetadata
     _epoch: int
@@ -52,11 +49,7 @@ class RollingMixin(AppendsMixin):
     _next: asyncio.Task[LedgerHandle] | None
     _roll_task: asyncio.Task[None] | None
     _tasks: set[asyncio.Task[None]]
-    _keeper: asyncio.Task[None] | None
-    _backlog_task: asyncio.Task[None] | None
-    _retention_lock: asyncio.Lock
-    _offloading: asyncio.Task[None] | None
-    _offload_rng: random.Random
+    _housekeeper: Housekeeper
 
     # -- segments and their ledgers ----------------------------------------------------------
 
@@ -132,7 +125,7 @@ class RollingMixin(AppendsMixin):
             self._begin_roll()
         elif self._next is None and self._roll_due(0.5):
             self._next = self._loop.create_task(self._make_ahead())
-            self._next.add_done_callback(_retrieve)
+            self._next.add_done_callback(retrieve)
 
     def _begin_roll(self) -> None:
         self._rolling = True
@@ -156,7 +149,7 @@ class RollingMixin(AppendsMixin):
         self._rolling = False
         self._drain_queue()
         try:
-            await self._apply_retention()
+            await self._housekeeper.apply_retention()
         except BaseException as exc:
             self._fail(_as_failure(exc))
             if not isinstance(exc, Exception):
@@ -213,115 +206,6 @@ class RollingMixin(AppendsMixin):
         while self._tasks:
             await asyncio.wait([asyncio.shield(t) for t in list(self._tasks)])
 
-    async def _apply_retention(self) -> None:
-        async with self._retention_lock:  # one round at a time: each plans on the last one's
-            self._md, backlog, evicted = await housekeep(self._cat, epoch=self._epoch,
-                                                         current_bytes=self._seg_bytes)
-        self._note_backlog(backlog, evicted)
-        self._maybe_offload()
-
-    def _maybe_offload(self) -> None:
-        """Start an offload when the log's trigger says one is due (pybk.logs.offload_trigger;
-        one at a time, beside the appends)."""
-        if self._offloading is not None or self._stopped():
-            return
-        before = plan_offload(self._md, self._cat.now_ms())
-        if before is not None:
-            self._offloading = task = self._loop.create_task(self._offload(before))
-            task.add_done_callback(_retrieve)
-
-    async def _offload(self, before: Position | None) -> None:
-        """Offload what is due, then look again (segments completed meanwhile), until
-        nothing is due."""
-        try:
-            while before is not None and not self._stopped():
-                done = await offload_segments(self._cat, self._offload_rng, before=before)
-                log.info("log %s: segments %s offloaded", self._cat.name, done)
-                before = plan_offload(await self._cat.read(), self._cat.now_ms())
-        except Exception as exc:  # (the tier's own errors too): tried again next round
-            log.warning("log %s: offload failed, will retry: %r", self._cat.name, exc)
-        finally:
-            self._offloading = None
-
-    async def _check_backlog_at_open(self) -> None:
-        """A writer opened while the log is over its backlog quota refuses from the start
-        (a failed check is left to the next round: retention's own errors are not fatal)."""
-        try:
-            await self._apply_retention()
-        except (BKError, OSError) as exc:
-            log.info("log %s: the backlog check at open failed, will retry: %s",
-                     self._cat.name, exc)
-
-    def _note_backlog(self, backlog: Backlog, evicted: Eviction | None) -> None:
-        """Take a check's outcome: counts, and start or stop refusing appends."""
-        st = self.backlog
-        st.checks += 1
-        st.bytes, st.seconds = backlog.bytes, backlog.seconds
-        if evicted is not None:
-            st.evicted_segments += evicted.segments
-            st.evicted_bytes += evicted.bytes
-        refusal = backlog.over if self._md.config.backlog_policy == "refuse" else None
-        if refusal == self._backlog_refusal:
-            return
-        self._backlog_refusal = st.refusing = refusal
-        if refusal is not None:
-            log.warning("log %s: slowest cursor %s: appends refused until it catches up",
-                        self._cat.name, refusal)
-            self._blocked = True
-            if self._backlog_task is None:
-                self._backlog_task = self._loop.create_task(
-                    self._recheck_backlog(self._opts.backlog_check_interval))
-                self._backlog_task.add_done_callback(_retrieve)
-        else:
-            log.info("log %s: backlog under its quota again: appends resume", self._cat.name)
-            self._blocked = (self._error is not None or self._closing or self._closed
-                             or self._ended)
-
-    async def _recheck_backlog(self, interval: float) -> None:
-        """While appends are refused: check again every ``interval`` s of loop time."""
-        try:
-            while self._backlog_refusal is not None and not self._stopped():
-                await asyncio.sleep(interval)
-                try:
-                    await self._apply_retention()
-                except LedgerFencedError:
-                    return
-                except (BKError, OSError) as exc:
-                    log.info("log %s: backlog check failed, will retry: %s",
-                             self._cat.name, exc)
-        finally:
-            self._backlog_task = None
-
-    def _start_housekeeping(self) -> None:
-        """Retention on loop time every ``housekeeping_interval`` seconds (when set)."""
-        interval = self._opts.housekeeping_interval
-        if interval is not None:
-            self._keeper = self._loop.create_task(self._housekeeping(interval))
-            self._keeper.add_done_callback(_retrieve)
-
-    async def _housekeeping(self, interval: float) -> None:
-        """Retention and the tier's deletion lag on loop time, while the writer lives (a
-        failure is logged and tried again next time; a takeover ends it)."""
-        while True:
-            await asyncio.sleep(interval)
-            if self._stopped():
-                return
-            try:
-                await self._apply_retention()
-            except LedgerFencedError:
-                return
-            except (BKError, OSError) as exc:
-                log.info("log %s: housekeeping failed, will retry: %s", self._cat.name, exc)
-
-    def _stopped(self) -> bool:
-        return self._closed or self._error is not None
-
-    def _stop_housekeeping(self) -> None:
-        for task in (self._keeper, self._backlog_task, self._offloading):
-            if task is not None:
-                task.cancel()
-        self._keeper = None
-
     async def _release(self) -> None:
         """Give back the ledger made ahead (deleted, and dropped from ``allocated``)."""
         task, self._next = self._next, None
@@ -350,11 +234,6 @@ def _as_failure(exc: BaseException) -> BaseException:
     failure = ClientClosedError(f"the log writer was stopped while rolling ({type(exc).__name__})")
     failure.__cause__ = exc
     return failure
-
-
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 async def _abandon_ledger(cat: LogCatalog, lh: LedgerHandle) -> None:

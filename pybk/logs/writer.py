@@ -1,9 +1,10 @@
 """The single writer of a log: its state, opening, flush, truncation, end of stream, close.
 
 The writer's other sides are its mixins: the appending side (records into batches, batches
-into envelopes, acknowledgements) is :class:`pybk.logs.appends.AppendsMixin`; segments,
-rolls and retention are :class:`pybk.logs.rolling.RollingMixin`. The takeover that opening
-starts with is :mod:`pybk.logs.takeover`.
+into envelopes, acknowledgements) is :class:`pybk.logs.appends.AppendsMixin`; segments and
+rolls are :class:`pybk.logs.rolling.RollingMixin`. Retention, the backlog quota and offloads
+are a part of its own, :class:`pybk.logs.housekeeping.Housekeeper`, built here with what it
+needs. The takeover that opening starts with is :mod:`pybk.logs.takeover`.
 
 Design notes: docs/internals.md, "pybk/logs/writer.py".
 """
@@ -11,7 +12,6 @@ Design notes: docs/internals.md, "pybk/logs/writer.py".
 from __future__ import annotations
 
 import asyncio
-import random
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,7 @@ from pybk.logs import envelope
 from pybk.logs.backlog import BacklogStats, has_backlog_quota
 from pybk.logs.batch import Batch, Group, Sink
 from pybk.logs.config import WriterOptions
+from pybk.logs.housekeeping import Housekeeper
 from pybk.logs.meta import LogMetadata, SegmentInfo
 from pybk.logs.position import Position
 from pybk.logs.rolling import RollingMixin
@@ -101,16 +102,13 @@ class LogWriter(RollingMixin):
         self._blocked = self._ended
         #: set at the next acknowledgement (read-your-writes readers wait on it)
         self._ack_event: asyncio.Event | None = None
-        self._keeper: asyncio.Task[None] | None = None  # retention on loop time
-        self._retention_lock = asyncio.Lock()
-        #: the offload the log's trigger started (pybk.logs.offload_trigger), and the names
-        #: of its uploads (per writer: its label and epoch)
-        self._offloading: asyncio.Task[None] | None = None
-        self._offload_rng = random.Random(f"{label}/{self._epoch}")
+        #: retention, the backlog quota and offloads: a part of its own (pybk.logs.housekeeping)
+        self._housekeeper = Housekeeper(
+            catalog, self._epoch, options, self._loop, label,
+            set_metadata=self._set_metadata, current_bytes=self._current_bytes,
+            stopped=self._stopped, on_refusal=self._refusal_changed)
         #: the log's backlog quota as this writer last checked it (pybk.logs.backlog)
-        self.backlog = BacklogStats()
-        self._backlog_refusal: str | None = None
-        self._backlog_task: asyncio.Task[None] | None = None
+        self.backlog: BacklogStats = self._housekeeper.stats
 
     # -- opening (takeover) ------------------------------------------------------------------
 
@@ -120,20 +118,36 @@ class LogWriter(RollingMixin):
         md = await take_over(catalog, label, "while this one was opening")
         writer = cls(catalog, md, options, label)
         register_writer(catalog, writer)
-        writer._start_housekeeping()
+        writer._housekeeper.start()
         if has_backlog_quota(md.config) and not md.end_of_stream:
-            await writer._check_backlog_at_open()
+            await writer._housekeeper.check_at_open()
         if not md.end_of_stream:
             try:
                 await writer._start_segment(None)
             except LedgerFencedError as exc:
                 unregister_writer(catalog, writer)
-                writer._stop_housekeeping()
+                writer._housekeeper.stop()
                 raise WriterConflictError(
                     f"log {catalog.name!r}: another writer took it over while this one was "
                     f"opening ({exc})"
                 ) from exc
         return writer
+
+    # -- what the housekeeper is told and asks ------------------------------------------------
+
+    def _set_metadata(self, md: LogMetadata) -> None:
+        self._md = md
+
+    def _current_bytes(self) -> int:
+        return self._seg_bytes
+
+    def _stopped(self) -> bool:
+        return self._closed or self._error is not None
+
+    def _refusal_changed(self, refusal: str | None) -> None:
+        """Appends are refused (the backlog quota) or may resume: the checked path decides."""
+        self._blocked = (refusal is not None or self._error is not None or self._closing
+                         or self._closed or self._ended)
 
     # -- properties --------------------------------------------------------------------------
 
@@ -222,7 +236,7 @@ class LogWriter(RollingMixin):
         finally:
             self._closed = True
             unregister_writer(self._cat, self)
-            self._stop_housekeeping()
+            self._housekeeper.stop()
             await self._release()
 
     async def close(self) -> None:
@@ -240,7 +254,7 @@ class LogWriter(RollingMixin):
         finally:
             self._closed = True
             unregister_writer(self._cat, self)
-            self._stop_housekeeping()
+            self._housekeeper.stop()
             await self._release()
 
     async def _finish(self, *, end_of_stream: bool) -> None:
@@ -302,6 +316,6 @@ class LogWriter(RollingMixin):
             0 if self._buf_txids is None else envelope.TXID_OVERHEAD)
         assert self._buf_raw == sum(map(len, self._buf)) + per * len(self._buf)
         assert self._blocked == (self._error is not None or self._closing or self._closed
-                                 or self._ended or self._backlog_refusal is not None)
+                                 or self._ended or self._housekeeper.refusal is not None)
         assert self._acked_serial <= self._serial
         assert not self._queued or self._rolling or self._lh is None or self._error is not None

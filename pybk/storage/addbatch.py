@@ -1,7 +1,7 @@
 """Batched adds in the store: the common batch admitted whole, the tag of a batch's one
 journal append, and the answer of a batch whose entries fare differently.
 
-:meth:`pybk.storage.writes.WritesMixin.add_batch` admits a clean batch with a few C-level
+:meth:`pybk.storage.writes.StoreWrites.add_batch` admits a clean batch with a few C-level
 passes (:func:`admit_run`), else entry by entry into an :class:`Admitted`; either way its new
 records go to the journal as one append tagged with a :class:`BatchTag`, and
 :class:`BatchParts` answers once when some entries were refused, already held or waiting for
@@ -48,7 +48,7 @@ def admit_run(ledger_id: int, st: LedgerState, entry_ids: Sequence[int],
     """The common batch, admitted with a few C-level passes instead of a Python step per
     entry: ids strictly ascending from the index's dense end on (so none is held), none
     being written, every body's header naming its ledger and id. Returns what to journal
-    (the records back to back, exactly what :meth:`~pybk.storage.writes.WritesMixin._admit`
+    (the records back to back, exactly what :meth:`~pybk.storage.writes.StoreWrites._admit`
     makes), their ids, record sizes and highest piggybacked LAC (the caller keeps the
     batch's tag in ``LedgerState.runs`` while it is in flight: no dict entry per entry);
     None (and nothing changed) when any of that does not hold: the batch then takes the
@@ -107,7 +107,7 @@ def notify(on_done: Callable[[Any], None], error: Any, lid: int, eid: int) -> No
 
 
 class BatchTag:
-    """The journal tag of one :meth:`~pybk.storage.writes.WritesMixin.add_batch`'s records (one
+    """The journal tag of one :meth:`~pybk.storage.writes.StoreWrites.add_batch`'s records (one
     append)."""
 
     __slots__ = ("ascending", "bodies", "entry_ids", "lac", "ledger_id", "on_done", "sizes",

@@ -26,7 +26,9 @@ from pybk.errors import CorruptRecordError
 from pybk.stats import BookieStats
 from pybk.storage.compaction import CompactionResult
 from pybk.storage.config import JOURNAL_DIR, StoreConfig
-from pybk.storage.dbledgers import DbLedgersMixin
+from pybk.storage.dbledgers import DbLedgers
+from pybk.storage.dbreads import DbReads
+from pybk.storage.dbwrites import DbCompletions, DbWrites
 from pybk.storage.entrylogs import EntryLogs, summary_from_json, summary_to_json
 from pybk.storage.fs import FileSystem
 from pybk.storage.index import Position
@@ -48,8 +50,14 @@ DB_LOG_UNSYNCED: Final = "db_log_unsynced"
 DB_COMPACTION_COVERS_CACHE: Final = "db_compaction_covers_cache"
 
 
-class DbLedgerStore(DbLedgersMixin):
-    """See the module docstring; writes, reads and ledger state are :class:`DbLedgersMixin`'s."""
+class DbLedgerStore:
+    """See the module docstring. The store owns the journal, the entry logs, the checkpoint
+    state and the ledger table (:class:`~pybk.storage.dbledgers.DbLedgers`: per-ledger state
+    and the write cache), and three parts given that table: a
+    :class:`~pybk.storage.dbreads.DbReads`, a :class:`~pybk.storage.dbwrites.DbWrites` and the
+    journal's :class:`~pybk.storage.dbwrites.DbCompletions`. The reads and writes are the
+    parts' own methods, bound on the store once (as :class:`~pybk.storage.store.LedgerStore`
+    does)."""
 
     def __init__(
         self,
@@ -70,10 +78,13 @@ class DbLedgerStore(DbLedgersMixin):
         self.journal_dir = posixpath.join(data_dir, JOURNAL_DIR)
         self.instance_id = instance_id
         self.config = config or StoreConfig()
-        self._init_ledgers(on_ledger_change or (lambda lid: None))
+        on_change = on_ledger_change or (lambda lid: None)
         self.logs = EntryLogs(fs, posixpath.join(data_dir, ENTRY_LOG_DIR),
                               self.config.db_read_ahead_bytes,
                               skip_sync=DB_LOG_UNSYNCED in self.config.mutations)
+        table = self._table = DbLedgers(self.logs)
+        done = DbCompletions(table, on_change, self.config.db_write_cache_bytes,
+                             self._cache_full)
         self.report = ReplayReport()
         self.suspect: list[str] = []
         self.damaged: dict[tuple[int, int], str] = {}
@@ -88,7 +99,7 @@ class DbLedgerStore(DbLedgersMixin):
         c = self.config
         self.journal = Journal(
             fs, self.journal_dir, instance_id,
-            on_synced=self._on_synced, on_failed=self._on_failed,
+            on_synced=done.on_synced, on_failed=done.on_failed,
             on_fatal=on_fatal or (lambda exc: None),
             on_write_error=self._on_write_error,
             max_wait=c.journal_max_wait, max_batch_bytes=c.journal_max_batch_bytes,
@@ -98,6 +109,30 @@ class DbLedgerStore(DbLedgersMixin):
             overlap_split_min=c.journal_overlap_split_min, preallocate=c.journal_preallocate,
             zero_fill_below=c.journal_zero_fill_below, stats=stats,
         )
+        reads = DbReads(table)
+        writes = DbWrites(table, self.journal, on_change)
+        # the public surface: the parts' bound methods, set once (no delegating frame)
+        self.add = writes.add
+        self.add_entry = writes.add_entry
+        self.add_batch = writes.add_batch
+        self.fence = writes.fence
+        self.write_lac = writes.write_lac
+        self.delete_ledger = writes.delete_ledger
+        self.read = reads.read
+        self.read_many = reads.read_many
+        self.read_range = reads.read_range
+        self.state = reads.state
+        self.find = reads.find
+        self.is_deleted = reads.is_deleted
+        self.entry_size = reads.entry_size
+        self.lac = reads.lac
+        self.ranges = reads.ranges
+        self.ledger_ids = reads.ledger_ids
+
+    @property
+    def cache_bytes(self) -> int:
+        """The memory the write cache holds."""
+        return self._table.cache_bytes
 
     @property
     def checkpoint_path(self) -> str:
@@ -158,14 +193,14 @@ class DbLedgerStore(DbLedgersMixin):
         self._next_log = doc["next_log"]
         for log_id, summary in doc["logs"].items():
             self.logs.add(summary_from_json(int(log_id), summary))
-        self._load_ledgers(doc)
+        self._table.load(doc)
         if doc["pos"] is None:
             return None
         self._covered = Position(*doc["pos"])
         return self._covered
 
     def _replayed(self, rec: Record, seg: int) -> None:
-        self._apply(rec)
+        self._table.apply(rec)
 
     async def close(self) -> None:
         """Drain the journal, flush and checkpoint, close files."""
@@ -204,8 +239,8 @@ class DbLedgerStore(DbLedgersMixin):
         and the journal position it covers, then delete the journal segments before it."""
         async with self._cp_lock:
             pos = self.journal.position
-            flushing = self._take_cache()
-            meta = self._dump_ledgers()
+            flushing = self._table.take_cache()
+            meta = self._table.dump()
             if flushing:
                 log_id = self._next_log
                 self._next_log += 1
@@ -220,7 +255,7 @@ class DbLedgerStore(DbLedgersMixin):
                 self._cp_stats["entries_flushed"] += sum(map(len, flushing.values()))
             await self._write_checkpoint(pos, meta)
             self.logs.remove_unnamed()  # (logs of deleted ledgers, once no longer named)
-            self._flushed(flushing)
+            self._table.flushed(flushing)
             self._cp_stats["bases"] += 1
             self._drop_segments(pos.seg)
             return pos
@@ -274,7 +309,7 @@ class DbLedgerStore(DbLedgersMixin):
             covered = (self.journal.position if DB_COMPACTION_COVERS_CACHE in self.config.mutations
                        else self._covered)  # (not the journal's end: after it, the cache)
             try:
-                await self._write_checkpoint(covered, self._dump_ledgers())
+                await self._write_checkpoint(covered, self._table.dump())
             except BaseException:
                 self.logs.logs.update(old)
                 raise
@@ -294,4 +329,4 @@ class DbLedgerStore(DbLedgersMixin):
             for lid, run in info.ledgers.items():
                 assert not self.is_deleted(lid), (info.log_id, lid)
                 assert run.lo < run.hi and run.first <= run.last, (info.log_id, lid, run)
-        self._check_ledgers()
+        self._table.check()

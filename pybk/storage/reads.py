@@ -38,7 +38,7 @@ from pybk.storage.records import (
     decode_entry_in,
 )
 
-__all__ = ["READ_MAX_ABSENT", "Held", "ReadsMixin"]
+__all__ = ["READ_MAX_ABSENT", "Held", "StoreReads"]
 
 #: a batched read reads two records of one segment with one pread when at most this many
 #: bytes lie between them (what a syscall costs against reading a few KiB more)
@@ -64,37 +64,45 @@ class Held(enum.Enum):
     DAMAGED = "damaged"  # unreadable or failing its checksum: the add repairs it
 
 
-class ReadsMixin:
-    """:class:`pybk.storage.store.LedgerStore`'s reads (a mixin: the store's state is one)."""
+class StoreReads:
+    """:class:`pybk.storage.store.LedgerStore`'s read part. It is given what reads need and
+    nothing else: the filesystem, the journal's directory, the index, and the store's list
+    of suspect segments (the same list object: start-up extends it)."""
 
-    fs: FileSystem
-    index: Index
-    journal_dir: str
-    #: ``path@offset`` of each suspect segment the store started over
-    suspect: list[str]
+    def __init__(self, fs: FileSystem, journal_dir: str, index: Index,
+                 suspect: list[str]) -> None:
+        self.fs = fs
+        self.journal_dir = journal_dir
+        self._index = index
+        #: ``path@offset`` of each suspect segment the store started over
+        self.suspect = suspect
+
+    def adopt(self, index: Index) -> None:
+        """Answer from ``index`` from now on (start-up's, replacing the empty one)."""
+        self._index = index
 
     def journal_path(self, seq: int) -> str:
         return _segment_path(self.journal_dir, seq)
 
     def state(self, ledger_id: int) -> LedgerState:
         """The ledger's state; NoSuchLedgerError when unknown or deleted."""
-        st = self.index.get(ledger_id)
+        st = self._index.get(ledger_id)
         if st is None:
-            if self.index.is_deleted(ledger_id):
+            if self._index.is_deleted(ledger_id):
                 raise NoSuchLedgerError(f"ledger {ledger_id} was deleted on this bookie")
             self._absent(f"ledger {ledger_id} is not on this bookie", NoSuchLedgerError)
         return st
 
     def find(self, ledger_id: int) -> LedgerState | None:
         """The ledger's state, or None when unknown or deleted (each add asks: one lookup)."""
-        return self.index.ledgers.get(ledger_id)
+        return self._index.ledgers.get(ledger_id)
 
     def is_deleted(self, ledger_id: int) -> bool:
-        return self.index.is_deleted(ledger_id)
+        return self._index.is_deleted(ledger_id)
 
     def entry_size(self, ledger_id: int, entry_id: int) -> int | None:
         """The record size of a held entry (from the index, no disk access), else None."""
-        st = self.index.get(ledger_id)
+        st = self._index.get(ledger_id)
         loc = None if st is None or entry_id < 0 else st.entries.get(entry_id)
         return None if loc is None else loc[2]
 
@@ -345,7 +353,7 @@ class ReadsMixin:
                 for eid in st.entries.irange(first, last)]
 
     def lac(self, ledger_id: int) -> int:
-        st = self.index.get(ledger_id)
+        st = self._index.get(ledger_id)
         return -1 if st is None else st.lac
 
     def ranges(self, ledger_id: int) -> tuple[tuple[int, int], ...]:
@@ -365,4 +373,4 @@ class ReadsMixin:
 
     def ledger_ids(self) -> list[int]:
         """Ledgers held (not deleted), ascending."""
-        return sorted(self.index.ledgers)
+        return sorted(self._index.ledgers)

@@ -5,8 +5,8 @@ The store is put together from one module per concern:
 * :mod:`pybk.storage.config`: the knobs (:class:`StoreConfig`);
 * :mod:`pybk.storage.startup`: start-up (checkpoint chain, journal replay, leftovers);
 * :mod:`pybk.storage.writes`: adds (one entry or a batch), fences, explicit LACs,
-  deletions, and the journal callbacks that complete them (:mod:`pybk.storage.addbatch`:
-  a batch's admission, journal tag and answer);
+  deletions (:mod:`pybk.storage.addbatch`: a batch's admission, journal tag and answer);
+* :mod:`pybk.storage.completions`: the journal callbacks that complete them;
 * :mod:`pybk.storage.reads`: entries and ledger state answered from the index;
 * :mod:`pybk.storage.checkpointer`: the checkpoint chain (bases and deltas);
 * :mod:`pybk.storage.compaction`: rewriting mostly-dead segments.
@@ -20,7 +20,6 @@ segments after it.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import posixpath
 from collections.abc import Awaitable, Callable, Container
@@ -32,6 +31,7 @@ from pybk.storage import compaction
 from pybk.storage.checkpoint import CHECKPOINT_FILE
 from pybk.storage.checkpointer import DELTA_SKIPS_LEDGER_STATE, Checkpointer
 from pybk.storage.compaction import CompactionResult
+from pybk.storage.completions import StoreCompletions
 from pybk.storage.config import (
     INLINE_SYNC_ALWAYS,
     JOURNAL_DIR,
@@ -41,9 +41,10 @@ from pybk.storage.config import (
 from pybk.storage.fs import FileSystem
 from pybk.storage.index import Index, Position
 from pybk.storage.journal import Journal
+from pybk.storage.reads import StoreReads
 from pybk.storage.segments import SegmentTable
 from pybk.storage.startup import ReplayReport, replay
-from pybk.storage.writes import AddCallback, BatchCallback, ResolveFuture, WritesMixin
+from pybk.storage.writes import AddCallback, BatchCallback, ResolveFuture, StoreWrites
 from pybk.wire import parse_entry_header
 
 __all__ = [
@@ -67,9 +68,15 @@ INLINE_SYNC_SKIPS_FSYNC: Final = "inline_sync_skips_fsync"
 OVERLAP_ACK_BEFORE_SYNC: Final = "overlap_ack_before_sync"
 
 
-class LedgerStore(WritesMixin):
-    """See the module docstring. Writes and reads are :class:`WritesMixin`'s (and its base
-    :class:`~pybk.storage.reads.ReadsMixin`'s)."""
+class LedgerStore:
+    """See the module docstring. The store owns the state (index, segment table, journal,
+    checkpointer, config) and three parts, each given what its job needs: a
+    :class:`~pybk.storage.reads.StoreReads`, a :class:`~pybk.storage.writes.StoreWrites`
+    and the journal's :class:`~pybk.storage.completions.StoreCompletions`. The reads and
+    writes are the parts' own methods, bound on the store once (an add costs no extra call):
+    ``add``, ``add_entry``, ``add_batch``, ``fence``, ``write_lac``, ``delete_ledger``;
+    ``read``, ``read_many``, ``read_range``, ``compare_held``, ``state``, ``find``,
+    ``is_deleted``, ``entry_size``, ``lac``, ``ranges``, ``ledger_ids``, ``journal_path``."""
 
     def __init__(
         self,
@@ -90,33 +97,35 @@ class LedgerStore(WritesMixin):
         self.checkpoint_path = posixpath.join(data_dir, CHECKPOINT_FILE)
         self.instance_id = instance_id
         self.config = config or StoreConfig()
-        self._on_fatal = on_fatal or (lambda exc: None)
-        self._on_write_error = on_write_error or (lambda exc: None)
-        self._on_ledger_change = on_ledger_change or (lambda lid: None)
-        #: the ledgers whose new entries ``on_ledger_change`` must hear of (someone waits on
-        #: them), read live; None: every ledger. Fences, LAC writes and deletions always call.
-        self._watched = watched
+        on_change = on_ledger_change or (lambda lid: None)
         self.index = Index()
         self.report = ReplayReport()
-        #: (ledger, entry) -> callbacks of identical adds made while the first was pending
-        self._also_waiting: dict[tuple[int, int], list[AddCallback]] = {}
-        self._fence_futs: dict[int, asyncio.Future[None]] = {}
         self.segments = SegmentTable()
         self.checkpointer = Checkpointer(fs, data_dir)
+        #: ``path@offset`` of each suspect segment the store started over
         self.suspect: list[str] = []
         #: entries the scrubber found damaged: (ledger, entry) -> what (pybk.storage.scrub)
         self.damaged: dict[tuple[int, int], str] = {}
         #: set when the store opened read-only (disk full at start-up)
         self.read_only_reason = ""
+        #: (ledger, entry) -> callbacks of identical adds made while the first was pending:
+        #: the writes fill it, the completions answer them
+        also_waiting: dict[tuple[int, int], list[AddCallback]] = {}
+        # ``watched``: the ledgers whose new entries ``on_ledger_change`` must hear of
+        # (someone waits on them), read live; None: every ledger. Fences, LAC writes and
+        # deletions always call.
+        self._completions = StoreCompletions(self.index, self.segments, also_waiting,
+                                             watched, on_change)
+        done = self._completions
         self.journal = Journal(
             fs,
             self.journal_dir,
             instance_id,
-            on_synced=self._on_synced,
-            on_failed=self._on_batch_failed,
-            on_fatal=self._on_fatal,
-            on_write_error=self._on_write_error,
-            on_rotate=self._on_rotate,
+            on_synced=done.on_synced,
+            on_failed=done.on_failed,
+            on_fatal=on_fatal or (lambda exc: None),
+            on_write_error=on_write_error or (lambda exc: None),
+            on_rotate=done.on_rotate,
             max_wait=self.config.journal_max_wait,
             max_batch_bytes=self.config.journal_max_batch_bytes,
             max_batch_count=self.config.journal_max_batch_count,
@@ -132,6 +141,28 @@ class LedgerStore(WritesMixin):
             overlap_ack_before_sync=OVERLAP_ACK_BEFORE_SYNC in self.config.mutations,
             stats=stats,
         )
+        reads = self._reads = StoreReads(fs, self.journal_dir, self.index, self.suspect)
+        writes = self._writes = StoreWrites(self.index, self.journal, reads.compare_held,
+                                            also_waiting, on_change)
+        # the public surface: the parts' bound methods, set once (no delegating frame)
+        self.add = writes.add
+        self.add_entry = writes.add_entry
+        self.add_batch = writes.add_batch
+        self.fence = writes.fence
+        self.write_lac = writes.write_lac
+        self.delete_ledger = writes.delete_ledger
+        self.read = reads.read
+        self.read_many = reads.read_many
+        self.read_range = reads.read_range
+        self.compare_held = reads.compare_held
+        self.state = reads.state
+        self.find = reads.find
+        self.is_deleted = reads.is_deleted
+        self.entry_size = reads.entry_size
+        self.lac = reads.lac
+        self.ranges = reads.ranges
+        self.ledger_ids = reads.ledger_ids
+        self.journal_path = reads.journal_path
 
     # ================================================================== start-up / shut-down
 
@@ -139,7 +170,10 @@ class LedgerStore(WritesMixin):
         """Load the checkpoint, replay the journal after it, clean up, open a new segment."""
         done = await replay(self.fs, self.journal_dir, self.instance_id, self.config,
                             self.report, self.checkpointer)
-        self.index = done.index
+        self.index = done.index  # (before any write: each part is told)
+        self._reads.adopt(done.index)
+        self._writes.adopt(done.index)
+        self._completions.adopt(done.index)
         self.segments.opened(done.segments, done.dead)
         self.suspect.extend(done.suspect)
         try:

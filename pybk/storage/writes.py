@@ -1,27 +1,23 @@
-"""The store's write side: adds (one entry, or a batch), fences, explicit LACs, deletions,
-and the journal callbacks that complete them.
+"""The store's write side: adds (one entry, or a batch), fences, explicit LACs, deletions.
+The journal callbacks that complete them are :mod:`pybk.storage.completions`'.
 
 An entry enters the index only after the fsync that covers it, so the index never promises
-what the disk may not have; its caller is answered in the same step (no future, no loop
-callback per entry). Ledger metadata (master key, fence, explicit LAC, deletion) takes effect
+what the disk may not have. Ledger metadata (master key, fence, explicit LAC, deletion) takes effect
 in memory at once (a fence must stop later adds immediately) and its caller is answered after
 the covering fsync.
 
 Every write is one journal append whose *tag* comes back through ``on_synced`` (durable, with
 where it starts in the segment) or ``on_failed``: a tuple ``(ledger, entry, lac, size,
 on_done, state)`` for one entry or a metadata record (size 0), a
-:class:`~pybk.storage.addbatch.BatchTag` for the entries of one :meth:`WritesMixin.add_batch`
+:class:`~pybk.storage.addbatch.BatchTag` for the entries of one :meth:`StoreWrites.add_batch`
 (one append of their records, one index update, one answer for the lot).
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import struct
-from collections.abc import Awaitable, Callable, Container, Sequence
-from itertools import accumulate
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
 
 import crc32c
 
@@ -32,21 +28,19 @@ from pybk.errors import (
     LedgerFencedError,
     NoSuchLedgerError,
     UnauthorizedError,
-    fresh_copy,
 )
 from pybk.storage.addbatch import (
     Admitted,
     BatchTag,
     admit_run,
-    bk_error,
     forget_pending,
     notify,
     unpack_entry_ids_lac,
 )
 from pybk.storage.config import MAX_MASTER_KEY_SIZE
-from pybk.storage.index import LedgerState
+from pybk.storage.index import Index, LedgerState
 from pybk.storage.journal import Journal
-from pybk.storage.reads import Held, ReadsMixin
+from pybk.storage.reads import Held
 from pybk.storage.records import (
     ENTRY_CRC,
     ENTRY_TYPE,
@@ -58,143 +52,34 @@ from pybk.storage.records import (
     encode_fence,
     encode_master_key,
 )
-from pybk.storage.segments import SegmentTable
 from pybk.wire import ENTRY_HEADER_SIZE, AddOutcome
 
-__all__ = ["AddCallback", "BatchCallback", "ResolveFuture", "WritesMixin"]
-
-log = logging.getLogger(__name__)
+__all__ = ["AddCallback", "BatchCallback", "ResolveFuture", "StoreWrites"]
 
 
-class WritesMixin(ReadsMixin):
-    """:class:`pybk.storage.store.LedgerStore`'s writes and reads (mixins: the store's state
-    is one; an add of an entry already held reads it back to compare)."""
+class StoreWrites:
+    """:class:`pybk.storage.store.LedgerStore`'s write part. Given the index, the journal, the
+    read part's :meth:`~pybk.storage.reads.StoreReads.compare_held` (an add of an entry
+    already held reads it back to compare), the adds waiting on a pending identical add
+    (shared with :class:`~pybk.storage.completions.StoreCompletions`, which answers them) and
+    the store's ``on_ledger_change``."""
 
-    journal: Journal
-    segments: SegmentTable
-    _also_waiting: dict[tuple[int, int], list[AddCallback]]
-    _fence_futs: dict[int, asyncio.Future[None]]
-    _watched: Container[int] | None
-    _on_ledger_change: Callable[[int], None]
+    def __init__(self, index: Index, journal: Journal,
+                 compare_held: Callable[[int, LedgerState, int, bytes], Held],
+                 also_waiting: dict[tuple[int, int], list[AddCallback]],
+                 on_ledger_change: Callable[[int], None]) -> None:
+        self._journal = journal
+        self._append_nowait = journal.append_nowait  # (the add path's: bound once)
+        self._compare_held = compare_held
+        self._also_waiting = also_waiting
+        self._on_ledger_change = on_ledger_change
+        self._fence_futs: dict[int, asyncio.Future[None]] = {}
+        self.adopt(index)
 
-    # ================================================================== journal callbacks
-
-    def _on_synced(self, seg: int, tags: list[Any], offsets: list[int]) -> None:
-        # The hot path: once per entry, so the common case (the next entry of a held ledger)
-        # is appended to the ledger's EntryIndex columns right here (what EntryIndex.put does
-        # for it) rather than through put_entry, and the ledger's state comes with the tag
-        # (see _Tag) rather than from a lookup.
-        index = self.index
-        watched = self._watched
-        live = 0
-        last = None
-        done: list[Callable[[None], None]] = []
-        changed: list[int] = []
-        for tag, offset in zip(tags, offsets, strict=False):  # (offsets: one more, the end)
-            if tag is None:
-                continue
-            if type(tag) is BatchTag:
-                live += self._index_batch(tag, seg, offset)
-                done.append(tag.on_done)
-                lid = tag.ledger_id
-                if lid != last:
-                    last = lid
-                    if watched is None or lid in watched:
-                        changed.append(lid)
-                continue
-            lid, eid, lac, size, on_done, st = tag
-            if not size:
-                continue
-            if on_done is not None:
-                done.append(on_done)
-            if lid != last:
-                last = lid
-                if watched is None or lid in watched:  # wake long polls once per run
-                    changed.append(lid)
-            st.pending.pop(eid, None)
-            entries = st.entries
-            if eid != entries.end or entries.sparse is not None or st.deleted:
-                # rare paths (not the next id, re-added/compacted entry, deleted ledger): the
-                # general code
-                index.put_entry(lid, eid, (seg, offset, size), lac)
-                continue
-            entries.segs.append(seg)  # EntryIndex.put's append at the end, inlined
-            entries.offs.append(offset)
-            entries.sizes.append(size)
-            entries.end = eid + 1
-            live += size
-            if lac > st.max_piggyback_lac:
-                st.max_piggyback_lac = lac
-        if live:
-            index.seg_live[seg] = index.seg_live.get(seg, 0) + live
-        for lid in changed:
-            self._on_ledger_change(lid)
-        if self._also_waiting:
-            done.extend(self._waiters_of(tags))
-        # Answer only once the whole batch is in the index (a reader told "done" finds it).
-        for on_done in done:
-            try:
-                on_done(None)
-            except Exception:  # a listener's bug must not break the journal's completion
-                log.exception("add callback failed")
-
-    def _index_batch(self, tag: BatchTag, seg: int, start: int) -> int:
-        """Put the entries of a synced batch in the index; the live bytes added in ``seg``."""
-        st = tag.state
-        ids = tag.entry_ids
-        forget_pending(st, tag)
-        if st.deleted:
-            return 0  # deleted while in flight: its bytes are garbage
-        if tag.lac > st.max_piggyback_lac:
-            st.max_piggyback_lac = tag.lac
-        sizes = tag.sizes
-        offsets = list(accumulate(sizes, initial=start))
-        offsets.pop()
-        if tag.ascending and st.entries.append_run(ids, seg, offsets, sizes):
-            return sum(sizes)
-        put = self.index.put_entry  # (the general path: moves, sparse ids, big gaps)
-        lid = tag.ledger_id
-        for eid, off, size in zip(ids, offsets, sizes, strict=True):
-            put(lid, eid, (seg, off, size), -1)
-        return 0
-
-    def _waiters_of(self, tags: list[Any]) -> list[AddCallback]:
-        """The callbacks of duplicate adds that waited for entries of this batch."""
-        also = self._also_waiting
-        out: list[AddCallback] = []
-        for tag in tags:
-            if tag is None:
-                continue
-            if type(tag) is BatchTag:
-                for eid in tag.entry_ids:
-                    out.extend(also.pop((tag.ledger_id, eid), ()))
-            elif tag[3]:
-                out.extend(also.pop((tag[0], tag[1]), ()))
-        return out
-
-    def _on_rotate(self, old_seq: int, old_size: int, new_seq: int) -> None:
-        self.segments.rotated(old_seq, old_size, new_seq)
-
-    def _on_batch_failed(self, tags: list[Any], exc: BaseException) -> None:
-        for tag in tags:
-            if tag is None:
-                continue
-            if type(tag) is BatchTag:
-                lid, st = tag.ledger_id, tag.state
-                forget_pending(st, tag)
-                for eid in tag.entry_ids:
-                    for waiter in self._also_waiting.pop((lid, eid), ()):
-                        notify(waiter, bk_error(fresh_copy(exc)), lid, eid)
-                notify(tag.on_done, bk_error(exc), lid, tag.entry_ids[0])
-                continue
-            lid, eid, _lac, size, on_done, st = tag
-            if size:
-                st.pending.pop(eid, None)
-                for waiter in [on_done, *self._also_waiting.pop((lid, eid), ())]:
-                    if waiter is not None:
-                        notify(waiter, bk_error(fresh_copy(exc)), lid, eid)
-            else:  # a master-key record was lost: journal it again with the next write
-                st.master_key = None
+    def adopt(self, index: Index) -> None:
+        """Write into ``index`` from now on (start-up's, replacing the empty one)."""
+        self._index = index
+        self._ledgers = index.ledgers  # (the add path's lookup: bound once)
 
     def _check_key(self, lid: int, st: LedgerState | None, key: bytes) -> None:
         """A write's ledger id and key: a negative id or a key too long to record is a bad
@@ -251,7 +136,7 @@ class WritesMixin(ReadsMixin):
         if blid != ledger_id or beid != entry_id:
             raise BadRequestError(
                 f"add of ({ledger_id}, {entry_id}) carries an entry framed as ({blid}, {beid})")
-        st = self.index.ledgers.get(ledger_id)
+        st = self._ledgers.get(ledger_id)
         # The common case in one test: a held, unfenced ledger whose key matches. Anything
         # else (new or deleted ledger, no key yet, fenced, wrong key) takes the general checks.
         if st is None or st.fenced or st.master_key != master_key:
@@ -269,12 +154,12 @@ class WritesMixin(ReadsMixin):
         if (entry_id < entries.end or entries.sparse is not None) and entry_id in entries:
             self._add_existing(st, ledger_id, entry_id, body, lac, on_done)
             return
-        journal = self.journal
+        append_nowait = self._append_nowait
         if st.master_key is None:
-            journal.append_nowait(self._key_record(ledger_id, st, master_key),
-                                  (ledger_id, -1, -1, 0, None, st))
+            append_nowait(self._key_record(ledger_id, st, master_key),
+                          (ledger_id, -1, -1, 0, None, st))
         rec = encode_entry(body)
-        journal.append_nowait(rec, (ledger_id, entry_id, lac, len(rec), on_done, st))
+        append_nowait(rec, (ledger_id, entry_id, lac, len(rec), on_done, st))
         st.pending[entry_id] = body
         if lac > st.arrived_lac:
             self._lac_arrived(ledger_id, st, lac)
@@ -300,7 +185,7 @@ class WritesMixin(ReadsMixin):
         answers once. A refused entry fails alone; the others are stored."""
         if ledger_id < 0:
             raise BadRequestError(f"ledger id {ledger_id}: ledger ids are never negative")
-        st = self.index.ledgers.get(ledger_id)
+        st = self._ledgers.get(ledger_id)
         if st is None or st.fenced or st.master_key != master_key:
             st = self._add_checks(ledger_id, st, master_key, recovery)
         if len(entry_ids) != len(bodies) or not bodies:
@@ -313,9 +198,9 @@ class WritesMixin(ReadsMixin):
             st.runs.append(tag)  # (in flight: a second add of one of them finds it)
             try:
                 if st.master_key is None:
-                    self.journal.append_nowait(self._key_record(ledger_id, st, master_key),
+                    self._journal.append_nowait(self._key_record(ledger_id, st, master_key),
                                                (ledger_id, -1, -1, 0, None, st))
-                self.journal.append_nowait(data, tag, len(ids))
+                self._journal.append_nowait(data, tag, len(ids))
             except BaseException:  # nothing of this batch is on its way: forget it
                 forget_pending(st, tag)
                 raise
@@ -327,9 +212,9 @@ class WritesMixin(ReadsMixin):
             self._admit(batch, ledger_id, st, entry_ids, bodies)
             if batch.records:
                 if st.master_key is None:
-                    self.journal.append_nowait(self._key_record(ledger_id, st, master_key),
+                    self._journal.append_nowait(self._key_record(ledger_id, st, master_key),
                                                (ledger_id, -1, -1, 0, None, st))
-                self.journal.append_nowait(
+                self._journal.append_nowait(
                     b"".join(batch.records),
                     BatchTag(ledger_id, st, batch.ids, batch.sizes, batch.lac,
                               batch.ascending, batch.on_written()), len(batch.ids))
@@ -383,7 +268,7 @@ class WritesMixin(ReadsMixin):
                         batch.waiting(i))
                 continue
             if (eid < end or sparse) and eid in entries:
-                held = self.compare_held(ledger_id, st, eid, body)
+                held = self._compare_held(ledger_id, st, eid, body)
                 if held is not Held.DAMAGED:
                     if held is Held.DIFFERENT:
                         batch.refuse(i, shared.get("exists") or shared.setdefault(
@@ -416,19 +301,19 @@ class WritesMixin(ReadsMixin):
             if st.fenced and not recovery:
                 raise LedgerFencedError(f"ledger {ledger_id} is fenced")
             return st
-        if self.index.is_deleted(ledger_id):
+        if self._index.is_deleted(ledger_id):
             raise LedgerFencedError(f"ledger {ledger_id} was deleted on this bookie")
         self._check_key(ledger_id, None, master_key)
-        return self.index.ledger(ledger_id)
+        return self._index.ledger(ledger_id)
 
     def _add_existing(self, st: LedgerState, ledger_id: int, entry_id: int, body: bytes,
                       lac: int, on_done: AddCallback) -> None:
         """An add of an entry the index already holds: identical bytes are a durable no-op,
         different bytes an error; a damaged local copy is replaced (repair)."""
-        held = self.compare_held(ledger_id, st, entry_id, body)
+        held = self._compare_held(ledger_id, st, entry_id, body)
         if held is Held.DAMAGED:  # the local copy is damaged: store the new copy (repair)
             rec = encode_entry(body)
-            self.journal.append_nowait(rec, (ledger_id, entry_id, lac, len(rec), on_done, st))
+            self._journal.append_nowait(rec, (ledger_id, entry_id, lac, len(rec), on_done, st))
             st.pending[entry_id] = body
             return
         if held is Held.DIFFERENT:
@@ -439,12 +324,12 @@ class WritesMixin(ReadsMixin):
     def fence(self, ledger_id: int, master_key: bytes) -> Awaitable[None]:
         """Fence durably (creating the ledger, fenced, if unknown). Takes effect at once; the
         returned awaitable completes once the fence is synced."""
-        if self.index.is_deleted(ledger_id):
+        if self._index.is_deleted(ledger_id):
             raise NoSuchLedgerError(f"ledger {ledger_id} was deleted on this bookie")
-        st = self.index.get(ledger_id)
+        st = self._index.get(ledger_id)
         self._check_key(ledger_id, st, master_key)
         if st is None:
-            st = self.index.ledger(ledger_id)
+            st = self._index.ledger(ledger_id)
         prior = self._fence_futs.get(ledger_id)
         if st.fenced:
             if prior is None:  # the fence is durable
@@ -457,8 +342,8 @@ class WritesMixin(ReadsMixin):
         key_rec = self._key_record(ledger_id, st, master_key)
         st.fenced = True
         if key_rec:
-            self.journal.append(key_rec, (ledger_id, -1, -1, 0, None, st))
-        fut = self.journal.append(encode_fence(ledger_id))
+            self._journal.append(key_rec, (ledger_id, -1, -1, 0, None, st))
+        fut = self._journal.append(encode_fence(ledger_id))
         self._fence_futs[ledger_id] = fut
         fut.add_done_callback(lambda _f: self._fence_settled(ledger_id, fut))
         self._on_ledger_change(ledger_id)
@@ -477,16 +362,16 @@ class WritesMixin(ReadsMixin):
         once it is synced."""
         if lac < -1:
             raise BadRequestError(f"ledger {ledger_id}: explicit LAC {lac} (at least -1)")
-        if self.index.is_deleted(ledger_id):
+        if self._index.is_deleted(ledger_id):
             raise LedgerFencedError(f"ledger {ledger_id} was deleted on this bookie")
-        st = self.index.get(ledger_id)
+        st = self._index.get(ledger_id)
         self._check_key(ledger_id, st, master_key)
         if st is None:
-            st = self.index.ledger(ledger_id)
+            st = self._index.ledger(ledger_id)
         key_rec = self._key_record(ledger_id, st, master_key)
         if key_rec:
-            self.journal.append(key_rec, (ledger_id, -1, -1, 0, None, st))
-        fut = self.journal.append(encode_explicit_lac(ledger_id, lac, body))
+            self._journal.append(key_rec, (ledger_id, -1, -1, 0, None, st))
+        fut = self._journal.append(encode_explicit_lac(ledger_id, lac, body))
         if lac >= st.explicit_lac:
             st.explicit_lac, st.explicit_lac_body = lac, body
             self._on_ledger_change(ledger_id)
@@ -497,13 +382,13 @@ class WritesMixin(ReadsMixin):
         Deleting a ledger this bookie never held records the deletion all the same."""
         if ledger_id < 0:
             raise BadRequestError(f"ledger id {ledger_id}: ledger ids are never negative")
-        self.index.delete_ledger(ledger_id)
-        fut = self.journal.append(encode_delete(ledger_id))
+        self._index.delete_ledger(ledger_id)
+        fut = self._journal.append(encode_delete(ledger_id))
         self._on_ledger_change(ledger_id)
         return fut
 
 
-#: ``on_done(error)`` of :meth:`WritesMixin.add_entry`: None once durable, else the error (a
+#: ``on_done(error)`` of :meth:`StoreWrites.add_entry`: None once durable, else the error (a
 #: BKError: what refused the add or what the journal failed with)
 AddCallback = Callable[[BKError | None], None]
 #: The journal tag of a record the store writes: (ledger id, entry id, piggybacked LAC,
@@ -535,5 +420,5 @@ class ResolveFuture:
             fut.exception()  # the caller may never look; do not warn
 
 
-#: ``on_done(outcome)`` of :meth:`WritesMixin.add_batch` (an AddOutcome for the whole batch)
+#: ``on_done(outcome)`` of :meth:`StoreWrites.add_batch` (an AddOutcome for the whole batch)
 BatchCallback = Callable[[AddOutcome], None]

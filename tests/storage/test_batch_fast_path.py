@@ -12,7 +12,7 @@ import pytest
 
 from pybk.errors import BadRequestError, EntryExistsError
 from pybk.storage import MemFileSystem
-from pybk.storage.addbatch import Admitted, admit_run
+from pybk.storage.addbatch import admit_run
 from pybk.storage.records import encode_entry
 from pybk.wire import AddOutcome
 
@@ -53,11 +53,19 @@ def test_fast_path_records_equal_the_per_entry_records(s: Any) -> None:
     assert got_ids == ids and lac == max(e - 1 for e in ids)
     assert sizes == [len(encode_entry(b)) for b in bodies]
     assert not st.pending  # (the caller keeps the batch in st.runs while in flight)
-    # the per-entry path makes the same bytes
-    st2 = s.index.ledger(6)
-    batch = Admitted(len(ids), lambda _o: None)
-    s._admit(batch, 6, st2, ids, [body(6, e) for e in ids])
-    assert b"".join(batch.records) == b"".join(encode_entry(body(6, e)) for e in ids)
+    # the per-entry path makes the same bytes: a batch the fast path declines (one misframed
+    # entry at its end), whose good entries are stored record by record
+    ids6, bodies6 = [*ids, 13], [*(body(6, e) for e in ids), body(6, 99)]
+    assert admit_run(6, s.index.ledger(6), ids6, bodies6) is None
+    out = _add_batch(s, 6, ids6, bodies6)
+    assert isinstance(out, list) and isinstance(out[-1], BadRequestError)
+    assert out[:-1] == [None] * len(ids)
+    st6 = s.index.ledger(6)
+    for e in ids:
+        loc = st6.location(e)
+        assert loc is not None
+        assert s.fs.pread(s.journal_path(loc.seg), loc.offset, loc.size) == encode_entry(
+            body(6, e))
 
 
 def test_batches_the_fast_path_declines_change_nothing(s: Any) -> None:
