@@ -44,6 +44,7 @@ from pybk.errors import (
 )
 from pybk.metadata.base import MetadataStore
 from pybk.runtime.ratelog import RateLimitedLog
+from pybk.runtime.turnqueue import TurnQueue
 from pybk.stats import BookieStats
 from pybk.storage.engine import LedgerStorage
 from pybk.storage.engines import make_engine
@@ -140,6 +141,8 @@ class Bookie(BookieAdds, BookieReads, BookieMaintenance):
         self.gc: GarbageCollector | None = None
         #: batched adds of more entries are admitted over several loop turns (bookie/turns.py)
         self.admit_chunk = ADMIT_CHUNK
+        #: their chunks take turns here: one chunk per loop turn in all
+        self.admit_turns = TurnQueue()
         self._gc_remote: GcRemote | None = None
 
     def _remote_error(self, kind: str, detail: str, exc: BaseException | None = None) -> None:

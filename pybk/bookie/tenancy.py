@@ -35,6 +35,7 @@ from pybk.errors import NoSuchNamespaceError
 from pybk.metadata.base import MetadataStore, Watch
 from pybk.metadata.tenancy import NAMESPACE_KEY, NamespacePolicies, TenancyRecords
 from pybk.storage.engine import LedgerStorage
+from pybk.transport.batchbodies import BatchBodies
 from pybk.wire import (
     AddBatchRequest,
     AddRequest,
@@ -90,7 +91,10 @@ def add_payload(request: Request) -> tuple[int, int]:
     if isinstance(request, AddRequest):
         return len(request.body), 1
     if isinstance(request, AddBatchRequest):
-        return sum(map(len, request.bodies)), len(request.bodies)
+        bodies = request.bodies
+        if isinstance(bodies, BatchBodies):  # (left in its frame: its size is known)
+            return bodies.nbytes, len(bodies)
+        return sum(map(len, bodies)), len(bodies)
     return 0, 0
 
 

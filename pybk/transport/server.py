@@ -26,7 +26,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pybk.runtime.ratelog import RateLimitedLog
+from pybk.runtime.turnqueue import TurnQueue
 from pybk.transport.admission import Admission
+from pybk.transport.batchbodies import BatchBodies
 from pybk.transport.fairness import FairShare, Gate
 from pybk.transport.identity import Identities
 from pybk.transport.limits import REQUEST_OVERHEAD, ServerConfig
@@ -83,6 +85,8 @@ def _payload_bytes(request: Request) -> int:
         value = getattr(request, field.name)
         if isinstance(value, bytes | bytearray | memoryview):
             total += len(value)
+        elif isinstance(value, BatchBodies):
+            total += value.nbytes
         elif isinstance(value, list | tuple) and value and isinstance(value[0], bytes):
             total += sum(map(len, value))
     return total
@@ -160,6 +164,8 @@ class BookieServer:
         self.gate = gate
         #: adds in the add path at once across connections, handed out round-robin across
         #: tenants past that (``add`` only; None: no cap)
+        #: large batches' entry tables walked a step per loop turn, all connections' in turn
+        self.walks = TurnQueue()
         self.fair = FairShare(fair_share) if fair_share is not None and add is not None \
             else None
         self.handler = handler

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Final, cast
 
 from pybk.errors import BKError, ProtocolError, status_of
 from pybk.transport import codec
+from pybk.transport.batchbodies import BatchBodies
 from pybk.transport.identity import ANONYMOUS
 from pybk.transport.limits import REQUEST_OVERHEAD
 from pybk.transport.server_budgets import BudgetedConnection
@@ -96,6 +97,9 @@ class ServerConnection(BudgetedConnection):
             max_frame=self.cfg.max_frame if self.authenticated else self.cfg.pre_auth_max_frame,
         )
         self.codec.hold_after_auth = not self.authenticated
+        self.codec.lazy_batches = True  # (walked a step per loop turn: _walk)
+        #: the head request, a large batch whose entry table is being walked
+        self._walking: codec.RequestReceived | None = None
         self.queue: collections.deque[codec.Event] = collections.deque()
         self.queued_bytes = 0
         self.in_flight = 0
@@ -219,7 +223,8 @@ class ServerConnection(BudgetedConnection):
 
     def pump(self) -> None:
         """Start queued requests while the caps and budgets allow; then pause/resume reading."""
-        if self._pumping or self._gate_wait is not None:  # (re-entered; the head waits)
+        if self._pumping or self._gate_wait is not None or self._walking is not None:
+            # (re-entered; the head waits)
             return
         self._pumping = True
         try:
@@ -254,6 +259,10 @@ class ServerConnection(BudgetedConnection):
             if not self.authenticated:
                 self._dequeue(event)
                 self._refuse_unauthenticated(event.request_id, request.op)
+                return
+            if type(request) is AddBatchRequest and type(
+                    bodies := request.bodies) is BatchBodies and not bodies.walked:
+                self._walk(event, bodies)
                 return
             if self.in_flight >= self.cfg.max_in_flight:
                 self.blocked = "in_flight"
@@ -337,6 +346,31 @@ class ServerConnection(BudgetedConnection):
             self.tasks[task] = request
             self._costs[task] = (cost, long_poll)
             task.add_done_callback(self._task_done)
+
+    def _walk(self, event: codec.RequestReceived, bodies: BatchBodies) -> None:
+        """The head request, a large batch, has its entry table walked a step per loop turn
+        (the server's ``walks``); nothing starts meanwhile. A malformed table is refused as a
+        body that does not parse is."""
+        self.blocked = "walking"
+        self._walking = event
+
+        def step() -> bool:
+            if self.closing or not self.queue or self.queue[0] is not event:
+                self._walking = None
+                return True
+            try:
+                if not bodies.walk():
+                    return False
+            except ProtocolError as exc:
+                self._dequeue(event)
+                self.server.stats.incr("bad_message")
+                self._respond(event.request_id, codec.error_response_for_op(
+                    event.request.op, Status.PROTOCOL_ERROR, str(exc)))
+            self._walking = None
+            self.pump()
+            return True
+
+        self.server.walks.submit(step)
 
     def _wait_gate(self, event: codec.RequestReceived, verdict: Any) -> None:
         """The head request waits on the gate: nothing starts or is read meanwhile."""
