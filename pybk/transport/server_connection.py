@@ -20,6 +20,7 @@ from logging import ERROR, INFO
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from pybk.errors import BKError, ProtocolError, status_of
+from pybk.runtime.origin import REQUEST_ORIGIN
 from pybk.transport import codec
 from pybk.transport.batchbodies import BatchBodies
 from pybk.transport.identity import ANONYMOUS
@@ -227,9 +228,12 @@ class ServerConnection(BudgetedConnection):
             # (re-entered; the head waits)
             return
         self._pumping = True
+        # the bookie's per-connection shares see who asks (the tasks started inherit it)
+        origin = REQUEST_ORIGIN.set(self)
         try:
             self._pump_queue()
         finally:
+            REQUEST_ORIGIN.reset(origin)
             self._pumping = False
         self._set_reading()
 
