@@ -9,8 +9,15 @@ from typing import Any
 
 from pybk.errors import BKError
 from pybk.stats import BookieStats
-from pybk.transport.batchbodies import BatchBodies
-from pybk.wire import AddBatchRequest, AddCallback, AddOutcome, AddRequest, Response, add_response
+from pybk.wire import (
+    AddBatchRequest,
+    AddCallback,
+    AddOutcome,
+    AddRequest,
+    Response,
+    add_response,
+    batch_bytes,
+)
 
 __all__ = ["CountedAdd", "Respond"]
 
@@ -55,8 +62,7 @@ class CountedAdd:
         if outcome is None:
             n = len(bodies)
             stats.adds += n
-            stats.add_bytes += (bodies.nbytes if type(bodies) is BatchBodies
-                                else sum(map(len, bodies)))
+            stats.add_bytes += batch_bytes(bodies)
             if request.recovery:
                 stats.recovery_adds += n
             stats.add_latency.observe(self.clock() - self.started, n)

@@ -35,7 +35,6 @@ from pybk.errors import NoSuchNamespaceError
 from pybk.metadata.base import MetadataStore, Watch
 from pybk.metadata.tenancy import NAMESPACE_KEY, NamespacePolicies, TenancyRecords
 from pybk.storage.engine import LedgerStorage
-from pybk.transport.batchbodies import BatchBodies
 from pybk.wire import (
     AddBatchRequest,
     AddRequest,
@@ -46,6 +45,7 @@ from pybk.wire import (
     Request,
     Response,
     Status,
+    batch_bytes,
     error_response,
 )
 
@@ -91,10 +91,7 @@ def add_payload(request: Request) -> tuple[int, int]:
     if isinstance(request, AddRequest):
         return len(request.body), 1
     if isinstance(request, AddBatchRequest):
-        bodies = request.bodies
-        if isinstance(bodies, BatchBodies):  # (left in its frame: its size is known)
-            return bodies.nbytes, len(bodies)
-        return sum(map(len, bodies)), len(bodies)
+        return batch_bytes(request.bodies), len(request.bodies)
     return 0, 0
 
 

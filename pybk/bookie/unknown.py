@@ -3,24 +3,18 @@ they leave any state (issue: ledger-id squatting).
 
 Ledger ids are handed out in ascending blocks, so the next ones are easy to guess. A FENCE or
 an ADD (single, batched, recovery) for a ledger the bookie did not know used to create it
-under whatever master key it carried: a peer without the password could fence or write ids
-not yet handed out, and their creator's adds were then refused ("fenced", "master key does
-not match"). Such a request is now served only when the metadata holds the ledger (made
-there first) and, when it keeps the ledger's master key, the keys match. Once the bookie
-holds the ledger, its own recorded key decides: no more metadata reads.
+under whatever master key it carried. Such a request is now served only when the metadata
+holds the ledger (made there first) and, when it keeps the ledger's master key, the keys
+match. Once the bookie holds the ledger, its own recorded key decides: no more reads.
 
-Requests about one ledger that arrive while its metadata read is under way (a writer
-pipelines thousands of adds before the first answer) wait for that one read: each is then
-judged by its own key. The refusal for a ledger the metadata lacks is "unknown" (never
-"absent": a recovering client must not count a fence that did not happen as one that did).
-Each read costs the metadata store a request, so at most ``limit`` ledgers are looked up at
-once; one more is refused TOO_MANY_REQUESTS. The slots are shared fairly between the peers
-asking (the connection a request came from: :data:`pybk.runtime.origin.REQUEST_ORIGIN`): a
-peer starts a lookup while fewer than ``limit`` are under way and it holds less than its share
-(``limit`` over the peers holding some, itself counted), and a peer holding none may start one
-beyond ``limit``, up to twice it. So a peer keeping lookups of absent ids in flight cannot make
-another's first add of a real ledger be refused. A ledger the tenancy gate found just before
-is judged by the gate's read (:mod:`pybk.bookie.lookups`).
+Requests about one ledger that arrive while its metadata read is under way wait for that one
+read: each is then judged by its own key. The refusal for a ledger the metadata lacks is
+"unknown" (never "absent": a recovering client must not count a fence that did not happen).
+At most ``limit`` ledgers are looked up at once, shared per connection
+(:data:`pybk.runtime.origin.REQUEST_ORIGIN`): a peer holding some gets ``limit`` over the
+peers holding some, one holding none gets one beyond ``limit`` (up to twice it); one more is
+refused TOO_MANY_REQUESTS. Why and how: docs/internals.md, "pybk/bookie/unknown.py". A
+ledger the tenancy gate found just before is judged by its read (:mod:`pybk.bookie.lookups`).
 """
 
 from __future__ import annotations

@@ -204,8 +204,8 @@ class BookieProcess:
     async def start(self, *, tune_gc: bool = False) -> None:
         """Start the bookie, its server and endpoints, then register it. ``tune_gc``:
         :func:`tune_gc_for_server` just before registering (``pybk bookie``), and the loop
-        watch started after it: the start-up's one full collection held the loop tens of
-        milliseconds, once, and was counted as the longest stall of the bookie's life."""
+        watch started after it: the start-up's one full collection held the loop, once, and
+        was counted as the longest stall of the bookie's life."""
         from pybk.bookie import Bookie
         from pybk.metadata import open_store
         from pybk.metadata.uri import session_options

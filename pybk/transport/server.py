@@ -46,7 +46,7 @@ from pybk.transport.server_connection import (
     ServerConnection,
     is_long_poll,
 )
-from pybk.wire import AddRequest, ReadRequest, Request, Response
+from pybk.wire import AddRequest, ReadRequest, Request, Response, batch_bytes
 
 __all__ = [
     "AddNowait",
@@ -86,7 +86,7 @@ def _payload_bytes(request: Request) -> int:
         if isinstance(value, bytes | bytearray | memoryview):
             total += len(value)
         elif isinstance(value, BatchBodies):
-            total += value.nbytes
+            total += batch_bytes(value)
         elif isinstance(value, list | tuple) and value and isinstance(value[0], bytes):
             total += sum(map(len, value))
     return total

@@ -25,7 +25,6 @@ from pybk.transport import codec
 from pybk.transport.batchbodies import BatchBodies
 from pybk.transport.identity import ANONYMOUS
 from pybk.transport.limits import REQUEST_OVERHEAD
-from pybk.transport.server_budgets import BudgetedConnection
 from pybk.transport.server_parts import (
     GATED,
     FastAddReply,
@@ -36,6 +35,7 @@ from pybk.transport.server_parts import (
     is_long_poll,
     peer_closed,
 )
+from pybk.transport.server_walks import WalkingConnection
 from pybk.wire import (
     AddBatchRequest,
     AddCallback,
@@ -72,7 +72,7 @@ AddPath = Callable[[AddLike, AddCallback], None]
 AddNowait = Callable[[AddRequest, Callable[[Response], None]], None]
 
 
-class ServerConnection(BudgetedConnection):
+class ServerConnection(WalkingConnection):
     """One accepted connection (a protocol object: asyncio calls it back on the loop).
 
     Registered with the server from ``accept()`` on; :meth:`release` (exactly once) gives
@@ -98,9 +98,7 @@ class ServerConnection(BudgetedConnection):
             max_frame=self.cfg.max_frame if self.authenticated else self.cfg.pre_auth_max_frame,
         )
         self.codec.hold_after_auth = not self.authenticated
-        self.codec.lazy_batches = True  # (walked a step per loop turn: _walk)
-        #: the head request, a large batch whose entry table is being walked
-        self._walking: codec.RequestReceived | None = None
+        self.codec.lazy_batches = True  # (walked a step per loop turn: start_walk)
         self.queue: collections.deque[codec.Event] = collections.deque()
         self.queued_bytes = 0
         self.in_flight = 0
@@ -224,7 +222,7 @@ class ServerConnection(BudgetedConnection):
 
     def pump(self) -> None:
         """Start queued requests while the caps and budgets allow; then pause/resume reading."""
-        if self._pumping or self._gate_wait is not None or self._walking is not None:
+        if self._pumping or self._gate_wait is not None or self.walking is not None:
             # (re-entered; the head waits)
             return
         self._pumping = True
@@ -266,7 +264,7 @@ class ServerConnection(BudgetedConnection):
                 return
             if type(request) is AddBatchRequest and type(
                     bodies := request.bodies) is BatchBodies and not bodies.walked:
-                self._walk(event, bodies)
+                self.start_walk(event, bodies)
                 return
             if self.in_flight >= self.cfg.max_in_flight:
                 self.blocked = "in_flight"
@@ -350,31 +348,6 @@ class ServerConnection(BudgetedConnection):
             self.tasks[task] = request
             self._costs[task] = (cost, long_poll)
             task.add_done_callback(self._task_done)
-
-    def _walk(self, event: codec.RequestReceived, bodies: BatchBodies) -> None:
-        """The head request, a large batch, has its entry table walked a step per loop turn
-        (the server's ``walks``); nothing starts meanwhile. A malformed table is refused as a
-        body that does not parse is."""
-        self.blocked = "walking"
-        self._walking = event
-
-        def step() -> bool:
-            if self.closing or not self.queue or self.queue[0] is not event:
-                self._walking = None
-                return True
-            try:
-                if not bodies.walk():
-                    return False
-            except ProtocolError as exc:
-                self._dequeue(event)
-                self.server.stats.incr("bad_message")
-                self._respond(event.request_id, codec.error_response_for_op(
-                    event.request.op, Status.PROTOCOL_ERROR, str(exc)))
-            self._walking = None
-            self.pump()
-            return True
-
-        self.server.walks.submit(step)
 
     def _wait_gate(self, event: codec.RequestReceived, verdict: Any) -> None:
         """The head request waits on the gate: nothing starts or is read meanwhile."""

@@ -11,7 +11,7 @@ import crc32c
 import pytest
 
 from pybk.bookie import Bookie
-from pybk.errors import ProtocolError
+from pybk.errors import EntryExistsError, LedgerFencedError, ProtocolError
 from pybk.storage import MemFileSystem
 from pybk.transport import codec
 from pybk.transport.batchbodies import LAZY_ENTRIES, WALK_STEP, BatchBodies, BatchIds
@@ -24,6 +24,9 @@ from pybk.wire import (
     ReadLacRequest,
     ReadRequest,
     Status,
+    add_outcome,
+    add_response,
+    batch_bytes,
     master_key,
 )
 
@@ -163,3 +166,21 @@ async def test_a_server_walks_large_batches_in_steps_and_stores_them() -> None:
             writer.close()
     finally:
         bookie.crash()
+
+
+def test_a_batch_refused_by_one_shared_error_is_answered_without_a_status_per_entry() -> None:
+    request = _batch()
+    shared = EntryExistsError("held with other bytes")
+    whole = add_response(request, [shared] * N)
+    assert whole == AddBatchResponse(Status.ENTRY_EXISTS, 1, N, (), str(shared))
+    assert add_outcome(whole, N) is not None  # (the client sees every entry refused)
+    other = LedgerFencedError("fenced")
+    mixed = add_response(request, [None] * 10 + [shared] * (N - 20) + [other] * 10)
+    assert isinstance(mixed, AddBatchResponse) and mixed.status == Status.ENTRY_EXISTS
+    assert mixed.statuses == ((Status.OK,) * 10 + (Status.ENTRY_EXISTS,) * (N - 20)
+                              + (Status.FENCED,) * 10)
+    # the bytes of bodies left in their frame are known without making them
+    [event] = _server_events(codec.encode_request(7, request))
+    lazy = event.request.bodies  # type: ignore[union-attr]
+    assert not lazy.walked and batch_bytes(lazy) == batch_bytes(request.bodies) == sum(
+        map(len, request.bodies))
