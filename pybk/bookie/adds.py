@@ -50,6 +50,7 @@ class BookieAdds:
     stats: BookieStats | None
     deferred: DeferredSyncs
     admit_chunk: int
+    admit_step: int
     admit_turns: TurnQueue
     #: checks adds of ledgers not held here against the metadata (or None)
     unknown_ledgers: UnknownLedgerCheck | None
@@ -152,7 +153,7 @@ class BookieAdds:
                 admit_in_turns(self._put_batch, request.ledger_id, request.entry_ids,
                                request.bodies, request.master_key, on_done, request.recovery,
                                on_done.admitted if isinstance(on_done, DeferredAdd) else None,
-                               self.admit_chunk, self.admit_turns)
+                               min(self.admit_step, self.admit_chunk), self.admit_turns)
                 return
             self._put_batch(request.ledger_id, request.entry_ids, request.bodies,
                             request.master_key, on_done, request.recovery)

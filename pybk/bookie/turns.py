@@ -3,10 +3,10 @@
 Admitting an entry the bookie already holds, or refusing one, is work per entry (an index
 lookup, a comparison, an error), done on the event loop. A batch of up to 65,536 entries
 needing that work held the loop for a quarter of a second or more; every other connection
-waited. A batch of more than :data:`ADMIT_CHUNK` entries is therefore admitted a chunk per
-loop turn, each chunk checked as a batch of its own (the bookie's state, the ledger, every
-entry), and answered once, when every chunk has its outcome. The writer's default batches
-(1,024 entries) are never split.
+waited. A batch of more than :data:`ADMIT_CHUNK` entries is therefore admitted
+:data:`ADMIT_STEP` entries per loop turn, each chunk checked as a batch of its own (the
+bookie's state, the ledger, every entry), and answered once, when every chunk has its
+outcome. The writer's default batches (1,024 entries) are never split.
 
 The chunks of every batch being admitted take turns in one
 :class:`~pybk.runtime.turnqueue.TurnQueue` of the bookie: one chunk per loop turn in all,
@@ -24,10 +24,12 @@ from pybk.errors import BKError
 from pybk.runtime.turnqueue import TurnQueue
 from pybk.wire import AddCallback, AddOutcome
 
-__all__ = ["ADMIT_CHUNK", "admit_in_turns"]
+__all__ = ["ADMIT_CHUNK", "ADMIT_STEP", "admit_in_turns"]
 
-#: entries admitted per loop turn (about a millisecond of the slow path's checks)
+#: batches of more entries than this are admitted over several loop turns
 ADMIT_CHUNK = 1024
+#: entries admitted per loop turn then (about a millisecond of the slow path's checks)
+ADMIT_STEP = 512
 
 #: ``add_batch(ledger_id, entry_ids, bodies, master_key, on_done, recovery)``: never raises
 AddBatch = Callable[[int, Sequence[int], Sequence[bytes], bytes, AddCallback, bool], None]
@@ -68,7 +70,7 @@ class _Combined:
 def admit_in_turns(add_batch: AddBatch, ledger_id: int, entry_ids: Sequence[int],
                    bodies: Sequence[bytes], master_key: bytes, on_done: AddCallback,
                    recovery: bool, on_admitted: Callable[[], None] | None = None,
-                   chunk: int = ADMIT_CHUNK, turns: TurnQueue | None = None) -> None:
+                   chunk: int = ADMIT_STEP, turns: TurnQueue | None = None) -> None:
     """Admit the batch ``chunk`` entries per loop turn (the first one now, the others as
     ``turns`` gives them a turn: a queue of their own if None); ``on_done`` gets one outcome
     for the lot, ``on_admitted`` is called once the last chunk was handed over."""

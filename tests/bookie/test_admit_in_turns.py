@@ -11,7 +11,7 @@ from pybk.wire import AddBatchRequest, AddOutcome, FenceRequest, ReadRequest, St
 
 from .conftest import KEY, frame
 
-N = 5000  # five chunks of at most 1024 (ADMIT_CHUNK)
+N = 5000  # ten chunks of at most 512 (ADMIT_STEP)
 
 
 class Turns:
@@ -58,15 +58,15 @@ async def test_each_entry_of_a_chunked_batch_gets_its_own_outcome(harness):
     assert await _submit(bookie, AddBatchRequest(1, KEY, held, [frame(1, e) for e in held])) \
         is None
     ids = list(range(N + 1000))  # the held ones, some with other bytes, and 1000 new ones
-    bodies = [frame(1, e, b"other" if 2500 <= e < 2600 else None) for e in ids]
+    bodies = [frame(1, e, b"other" if 2600 <= e < 2700 else None) for e in ids]
     outcome = await _submit(bookie, AddBatchRequest(1, KEY, ids, bodies))
     assert isinstance(outcome, list) and len(outcome) == len(ids)
     refused = [i for i, o in enumerate(outcome) if o is not None]
-    assert refused == list(range(2500, 2600))
+    assert refused == list(range(2600, 2700))  # (within one chunk)
     assert all(isinstance(outcome[i], EntryExistsError) for i in refused)
     assert len({id(outcome[i]) for i in refused}) == 1  # one error for the lot, not 100
     assert await harness.read(1, N + 999) == (Status.OK, frame(1, N + 999))
-    assert await harness.read(1, 2550) == (Status.OK, frame(1, 2550))  # the first bytes stay
+    assert await harness.read(1, 2650) == (Status.OK, frame(1, 2650))  # the first bytes stay
 
 
 async def test_a_fence_between_chunks_refuses_the_chunks_after_it(harness):
@@ -118,5 +118,5 @@ async def test_the_chunks_of_batches_in_flight_take_one_loop_turn_each_in_all(ha
     turns.task.cancel()
     first, later = chunks_at[:8], chunks_at[8:]
     assert len(set(first)) == 1  # (the first chunk of each, as it was submitted)
-    assert len(later) == 8 * (-(-N // bookie.admit_chunk) - 1)
+    assert len(later) == 8 * (-(-N // bookie.admit_step) - 1)
     assert len(set(later)) == len(later), "two chunks ran in one loop turn"
