@@ -162,10 +162,10 @@ class BookieServer:
             self.identities.cluster_token = auth_token
         #: the tenancy gate asked before an add or a read starts (docs/tenancy.md)
         self.gate = gate
-        #: adds in the add path at once across connections, handed out round-robin across
-        #: tenants past that (``add`` only; None: no cap)
         #: large batches' entry tables walked a step per loop turn, all connections' in turn
         self.walks = TurnQueue()
+        #: adds in the add path at once across connections, handed out round-robin across
+        #: tenants past that (``add`` only; None: no cap)
         self.fair = FairShare(fair_share) if fair_share is not None and add is not None \
             else None
         self.handler = handler
