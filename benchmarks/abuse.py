@@ -28,8 +28,10 @@ descriptors and state at the end. ``--scale`` multiplies the attack sizes.
 second round's (duplicate batched adds of a held 1 MiB entry, batched reads of absent ids,
 fences of ledgers not created yet, 250 addresses reconnecting), while a normal client
 connects every 0.5 s to create a ledger, append and read; per attack it prints the bookie's
-peak RSS, its longest event-loop stall (``pybk_loop_stall_seconds_max``) and the normal
-client's success rate and latency beside the same client on an idle bookie.
+peak RSS, its longest event-loop stall (``pybk_loop_stall_seconds_max``), the normal
+client's success rate and latency beside the same client on an idle bookie, and the requests
+the bookie answered in all (how hard the attacker pressed: on a busy machine a niced attacker
+sends fewer).
 
 To measure another checkout of pybk (e.g. before a change), run this script with
 ``PYTHONPATH=/path/to/that/checkout`` from another directory: the bookie and the attacker run
@@ -364,10 +366,12 @@ async def _one_attack(root: Path, args: argparse.Namespace, attack: str) -> dict
         stop.set()
         took = await probe
         try:
-            stall = (await bookie.ametrics()).get("pybk_loop_stall_seconds_max", float("nan"))
+            metrics = await bookie.ametrics()
         except Exception:  # the metrics port is just another socket to starve
-            stall = float("nan")
-        return {"attack": attack, "peak_rss": bookie.peak_rss(), "stall": stall, "took": took}
+            metrics = {}
+        stall = metrics.get("pybk_loop_stall_seconds_max", float("nan"))
+        return {"attack": attack, "peak_rss": bookie.peak_rss(), "stall": stall, "took": took,
+                "answered": metrics.get("event:requests", float("nan"))}
     finally:
         if attacker is not None:
             if attacker.returncode is None:
@@ -384,7 +388,7 @@ def _print_per_attack(rows: list[dict[str, Any]], args: argparse.Namespace) -> N
           f"{args.attacker_nice}); normal client: a new connection every 0.5 s creating a "
           "ledger, appending and reading")
     print(f"{'attack':>10} {'peak RSS':>9} {'stall ms':>9} {'client ok':>10} {'p50 ms':>8} "
-          f"{'p99 ms':>8} {'p50 x idle':>10}")
+          f"{'p99 ms':>8} {'p50 x idle':>10} {'answered':>9}")
     idle_p50 = float("nan")
     for row in rows:
         ok = sorted(t for t in row["took"] if t is not None)
@@ -394,7 +398,8 @@ def _print_per_attack(rows: list[dict[str, Any]], args: argparse.Namespace) -> N
         if row["attack"] == "idle":
             idle_p50 = p50
         print(f"{row['attack']:>10} {row['peak_rss'] / MiB:>6.0f} MiB {row['stall'] * 1e3:>9.1f} "
-              f"{rate:>9.0%} {p50:>8.1f} {p99:>8.1f} {p50 / idle_p50:>10.2f}")
+              f"{rate:>9.0%} {p50:>8.1f} {p99:>8.1f} {p50 / idle_p50:>10.2f} "
+              f"{row['answered']:>9.0f}")
     sys.stdout.flush()
 
 

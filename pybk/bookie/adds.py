@@ -28,6 +28,7 @@ from pybk.errors import (
     ReadOnlyBookieError,
 )
 from pybk.runtime import sometimes
+from pybk.runtime.turnqueue import TurnQueue
 from pybk.stats import BookieStats
 from pybk.storage.engine import LedgerStorage
 from pybk.storage.store import AddCallback as EntryCallback
@@ -49,6 +50,8 @@ class BookieAdds:
     stats: BookieStats | None
     deferred: DeferredSyncs
     admit_chunk: int
+    admit_step: int
+    admit_turns: TurnQueue
     #: checks adds of ledgers not held here against the metadata (or None)
     unknown_ledgers: UnknownLedgerCheck | None
     _state: BookieState
@@ -150,7 +153,7 @@ class BookieAdds:
                 admit_in_turns(self._put_batch, request.ledger_id, request.entry_ids,
                                request.bodies, request.master_key, on_done, request.recovery,
                                on_done.admitted if isinstance(on_done, DeferredAdd) else None,
-                               self.admit_chunk)
+                               min(self.admit_step, self.admit_chunk), self.admit_turns)
                 return
             self._put_batch(request.ledger_id, request.entry_ids, request.bodies,
                             request.master_key, on_done, request.recovery)

@@ -32,7 +32,7 @@ from pybk.bookie.maintenance import BookieMaintenance
 from pybk.bookie.reads import NO_SUCH_ENTRY_ON_IO_ERROR, BookieReads
 from pybk.bookie.replies import state_message
 from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE, BookieState
-from pybk.bookie.turns import ADMIT_CHUNK
+from pybk.bookie.turns import ADMIT_CHUNK, ADMIT_STEP
 from pybk.bookie.unknown import UnknownLedgerCheck, fence_checked
 from pybk.errors import (
     BKError,
@@ -44,6 +44,7 @@ from pybk.errors import (
 )
 from pybk.metadata.base import MetadataStore
 from pybk.runtime.ratelog import RateLimitedLog
+from pybk.runtime.turnqueue import TurnQueue
 from pybk.stats import BookieStats
 from pybk.storage.engine import LedgerStorage
 from pybk.storage.engines import make_engine
@@ -140,6 +141,10 @@ class Bookie(BookieAdds, BookieReads, BookieMaintenance):
         self.gc: GarbageCollector | None = None
         #: batched adds of more entries are admitted over several loop turns (bookie/turns.py)
         self.admit_chunk = ADMIT_CHUNK
+        #: entries of such a batch admitted per turn (at most admit_chunk)
+        self.admit_step = ADMIT_STEP
+        #: their chunks take turns here: one chunk per loop turn in all
+        self.admit_turns = TurnQueue()
         self._gc_remote: GcRemote | None = None
 
     def _remote_error(self, kind: str, detail: str, exc: BaseException | None = None) -> None:

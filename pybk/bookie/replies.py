@@ -9,7 +9,15 @@ from typing import Any
 
 from pybk.errors import BKError
 from pybk.stats import BookieStats
-from pybk.wire import AddBatchRequest, AddCallback, AddOutcome, AddRequest, Response, add_response
+from pybk.wire import (
+    AddBatchRequest,
+    AddCallback,
+    AddOutcome,
+    AddRequest,
+    Response,
+    add_response,
+    batch_bytes,
+)
 
 __all__ = ["CountedAdd", "Respond"]
 
@@ -54,21 +62,23 @@ class CountedAdd:
         if outcome is None:
             n = len(bodies)
             stats.adds += n
-            stats.add_bytes += sum(map(len, bodies))
+            stats.add_bytes += batch_bytes(bodies)
             if request.recovery:
                 stats.recovery_adds += n
             stats.add_latency.observe(self.clock() - self.started, n)
         elif isinstance(outcome, BKError):
             stats.add_errors += len(bodies)
         else:  # one outcome per entry
-            good = [b for b, o in zip(bodies, outcome, strict=False) if o is None]
-            stats.adds += len(good)
-            stats.add_bytes += sum(map(len, good))
-            stats.add_errors += len(outcome) - len(good)
+            stored = outcome.count(None)  # (none, for a flood of refusals: no body looked at)
+            stats.adds += stored
+            if stored:
+                stats.add_bytes += sum(len(b) for b, o in zip(bodies, outcome, strict=False)
+                                       if o is None)
+            stats.add_errors += len(outcome) - stored
             if request.recovery:
-                stats.recovery_adds += len(good)
-            if good:
-                stats.add_latency.observe(self.clock() - self.started, len(good))
+                stats.recovery_adds += stored
+            if stored:
+                stats.add_latency.observe(self.clock() - self.started, stored)
         self.on_done(outcome)
 
 

@@ -45,6 +45,7 @@ from pybk.wire import (
     Request,
     Response,
     Status,
+    batch_bytes,
     error_response,
 )
 
@@ -90,7 +91,7 @@ def add_payload(request: Request) -> tuple[int, int]:
     if isinstance(request, AddRequest):
         return len(request.body), 1
     if isinstance(request, AddBatchRequest):
-        return sum(map(len, request.bodies)), len(request.bodies)
+        return batch_bytes(request.bodies), len(request.bodies)
     return 0, 0
 
 

@@ -3,19 +3,18 @@ they leave any state (issue: ledger-id squatting).
 
 Ledger ids are handed out in ascending blocks, so the next ones are easy to guess. A FENCE or
 an ADD (single, batched, recovery) for a ledger the bookie did not know used to create it
-under whatever master key it carried: a peer without the password could fence or write ids
-not yet handed out, and their creator's adds were then refused ("fenced", "master key does
-not match"). Such a request is now served only when the metadata holds the ledger (made
-there first) and, when it keeps the ledger's master key, the keys match. Once the bookie
-holds the ledger, its own recorded key decides: no more metadata reads.
+under whatever master key it carried. Such a request is now served only when the metadata
+holds the ledger (made there first) and, when it keeps the ledger's master key, the keys
+match. Once the bookie holds the ledger, its own recorded key decides: no more reads.
 
-Requests about one ledger that arrive while its metadata read is under way (a writer
-pipelines thousands of adds before the first answer) wait for that one read: each is then
-judged by its own key. The refusal for a ledger the metadata lacks is "unknown" (never
-"absent": a recovering client must not count a fence that did not happen as one that did).
-Each read costs the metadata store a request, so at most ``limit`` ledgers are looked up at
-once; one more is refused TOO_MANY_REQUESTS. A ledger the tenancy gate found just before is
-judged by the gate's read (:mod:`pybk.bookie.lookups`).
+Requests about one ledger that arrive while its metadata read is under way wait for that one
+read: each is then judged by its own key. The refusal for a ledger the metadata lacks is
+"unknown" (never "absent": a recovering client must not count a fence that did not happen).
+At most ``limit`` ledgers are looked up at once, shared per connection
+(:data:`pybk.runtime.origin.REQUEST_ORIGIN`): a peer holding some gets ``limit`` over the
+peers holding some, one holding none gets one beyond ``limit`` (up to twice it); one more is
+refused TOO_MANY_REQUESTS. Why and how: docs/internals.md, "pybk/bookie/unknown.py". A
+ledger the tenancy gate found just before is judged by its read (:mod:`pybk.bookie.lookups`).
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Final
 
 from pybk.bookie.lookups import LedgerLookups
@@ -35,6 +34,7 @@ from pybk.errors import (
 )
 from pybk.metadata.base import MetadataStore
 from pybk.runtime import sometimes
+from pybk.runtime.origin import REQUEST_ORIGIN
 from pybk.storage.engine import LedgerStorage
 
 __all__ = ["UNKNOWN_LEDGER_CHECKS", "UnknownLedgerCheck", "Vouched", "fence_checked"]
@@ -56,11 +56,14 @@ Vouched = Callable[[Exception | None], None]
 class _Lookup:
     """One metadata read of a ledger and the requests waiting for it."""
 
-    __slots__ = ("task", "waiters")
+    __slots__ = ("origin", "task", "waiters")
 
-    def __init__(self, waiters: list[tuple[bytes, str, Vouched]] | None = None) -> None:
+    def __init__(self, waiters: list[tuple[bytes, str, Vouched]] | None = None,
+                 origin: Hashable | None = None) -> None:
         self.waiters: list[tuple[bytes, str, Vouched]] = waiters or []
         self.task: asyncio.Future[None] | None = None
+        #: the peer whose request started it (its slot is counted against that peer)
+        self.origin = origin
 
 
 class UnknownLedgerCheck:
@@ -75,6 +78,8 @@ class UnknownLedgerCheck:
         #: the reads (shared with the tenancy gate when the bookie gives its own)
         self.ledger_lookups = lookups if lookups is not None else LedgerLookups(store)
         self._pending: dict[int, _Lookup] = {}
+        #: lookups under way per peer that started them
+        self._held: dict[Hashable | None, int] = {}
         #: lookups started (each one metadata read, or two when a lagging store is synced)
         self.lookups = 0
         #: refused requests (tests, operators)
@@ -97,17 +102,34 @@ class UnknownLedgerCheck:
             if found is not None:  # (the tenancy gate's read, just now)
                 self._answer(ledger_id, _Lookup([(master_key, what, then)]), found.master_key)
                 return
-            if len(self._pending) >= self.limit:
+            origin = REQUEST_ORIGIN.get()
+            if not self._may_start(origin):
                 self.refused += 1
                 then(TooManyRequestsError(f"{what} of ledger {ledger_id}: {self.limit} ledgers "
                                           "this bookie does not hold are being looked up"))
                 return
-            lookup = self._pending[ledger_id] = _Lookup()
+            lookup = self._pending[ledger_id] = _Lookup(origin=origin)
+            self._held[origin] = self._held.get(origin, 0) + 1
             self.lookups += 1
             lookup.task = asyncio.ensure_future(self._look_up(ledger_id, lookup))
         else:
             _SHARED()
         lookup.waiters.append((master_key, what, then))
+
+    def _may_start(self, origin: Hashable | None) -> bool:
+        """Whether ``origin`` may start one more lookup (the module doc's fair share)."""
+        total, held = len(self._pending), self._held.get(origin, 0)
+        if not held:
+            return total < 2 * self.limit
+        return total < self.limit and held < max(1, self.limit // len(self._held))
+
+    def _ended(self, lookup: _Lookup) -> None:
+        """``lookup``'s slot is free: its peer holds one less."""
+        left = self._held.get(lookup.origin, 0) - 1
+        if left > 0:
+            self._held[lookup.origin] = left
+        else:
+            self._held.pop(lookup.origin, None)
 
     async def check(self, ledger_id: int, master_key: bytes, what: str) -> None:
         """:meth:`vouch` awaited: return if allowed, else raise its error."""
@@ -125,6 +147,7 @@ class UnknownLedgerCheck:
     def abandon(self, error: Exception) -> None:
         """Stop every lookup under way; their requests get ``error`` (the bookie stopped)."""
         pending, self._pending = self._pending, {}
+        self._held.clear()
         for ledger_id, lookup in pending.items():
             if lookup.task is not None:
                 lookup.task.cancel()
@@ -140,6 +163,7 @@ class UnknownLedgerCheck:
             found = exc
         if self._pending.get(ledger_id) is lookup:
             del self._pending[ledger_id]
+            self._ended(lookup)
         self._answer(ledger_id, lookup, found)
 
     async def _read_key(self, ledger_id: int) -> bytes | None:

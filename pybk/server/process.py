@@ -201,7 +201,11 @@ class BookieProcess:
     def request_stop(self) -> None:
         self._stop.set()
 
-    async def start(self) -> None:
+    async def start(self, *, tune_gc: bool = False) -> None:
+        """Start the bookie, its server and endpoints, then register it. ``tune_gc``:
+        :func:`tune_gc_for_server` just before registering (``pybk bookie``), and the loop
+        watch started after it: the start-up's one full collection held the loop, once, and
+        was counted as the longest stall of the bookie's life."""
         from pybk.bookie import Bookie
         from pybk.metadata import open_store
         from pybk.metadata.uri import session_options
@@ -261,7 +265,6 @@ class BookieProcess:
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.registry = self.server.registry
         self._start_scrubber()
-        self.loop_watch.start()
         stall = Gauge("pybk_loop_stall_seconds_max", "the longest the event loop was held "
                       "(a timer's lateness, since start)", registry=self.registry)
         stall.set_function(lambda: self.loop_watch.max_stall)
@@ -276,6 +279,9 @@ class BookieProcess:
         if cfg.http_port is not None:
             self.http_address = await self._start_http(cfg.http_port, admin_paths=True)
         self.bookie.on_state_change = self._on_state_change
+        if tune_gc:  # (its one full collection before anyone can know of this bookie)
+            tune_gc_for_server()
+        self.loop_watch.start()  # (the stalls counted are those its clients can meet)
         await self._register()
         if self.autorecovery is not None:
             await self.autorecovery.start()
@@ -497,8 +503,7 @@ async def serve(config: BookieProcessConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
     try:
-        await process.start()
-        tune_gc_for_server()
+        await process.start(tune_gc=True)
         await process.wait()
     finally:
         await process.stop()

@@ -101,6 +101,9 @@ class Connection:
         self.hold_after_auth = False
         #: decoding stopped after an AUTH request with frames still buffered
         self._held = False
+        #: a large ADD_BATCH's entry table is left for the caller to walk in pieces
+        #: (:class:`~pybk.transport.batchbodies.BatchBodies`; a server sets this)
+        self.lazy_batches = False
 
     @property
     def broken(self) -> ProtocolError | None:
@@ -154,7 +157,7 @@ class Connection:
                     # decoded from a view of the buffer: each field is copied out once, and
                     # nothing keeps a view into ``buf`` (the decoders return bytes)
                     with view[pos + 4 : end] as frame:
-                        event = decode_frame(frame, self.role)
+                        event = decode_frame(frame, self.role, self.lazy_batches)
                     self.frames_received += 1
                     events.append(event)
                     pos = end

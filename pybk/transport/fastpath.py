@@ -15,6 +15,7 @@ import struct
 import crc32c
 
 from pybk.errors import ProtocolError
+from pybk.transport.batchbodies import LAZY_ENTRIES, BatchBodies, BatchIds
 from pybk.transport.wireformat import (
     BODY_OFFSET,
     FLAG_DEFERRED_SYNC,
@@ -145,9 +146,13 @@ def decode_add_request(f: bytes | memoryview, flags: int) -> AddRequest:
                       bool(flags & FLAG_DEFERRED_SYNC))
 
 
-def decode_batch_request(f: bytes | memoryview, flags: int) -> AddBatchRequest:
+def decode_batch_request(f: bytes | memoryview, flags: int,
+                         lazy: bool = False) -> AddBatchRequest:
     """ADD_BATCH request body, decoded straight from the frame (same refusals as the generic
-    decoder of :mod:`.messages`): each body is copied out once, nothing else per entry."""
+    decoder of :mod:`.messages`): each body is copied out once, nothing else per entry.
+    ``lazy``: a batch of more than :data:`~.batchbodies.LAZY_ENTRIES` entries keeps its
+    entries in a copy of the frame, its table walked later (:class:`~.batchbodies.BatchBodies`;
+    the header and the count are checked now)."""
     n, p = len(f), BODY_OFFSET
     if n - p < 12:
         raise ProtocolError(f"body truncated: need 12 bytes, {n - p} left")
@@ -166,6 +171,10 @@ def decode_batch_request(f: bytes | memoryview, flags: int) -> AddBatchRequest:
     if not 1 <= count <= MAX_BATCH_ENTRIES or count * 12 > n - p:
         raise ProtocolError(f"batch of {count} entries: 1 to {MAX_BATCH_ENTRIES}, "
                             f"each at least 12 bytes of the {n - p} left")
+    if lazy and count > LAZY_ENTRIES:
+        bodies_of = BatchBodies(bytes(f), p, count)
+        return AddBatchRequest(ledger_id, key, BatchIds(bodies_of), bodies_of,
+                               bool(flags & FLAG_RECOVERY), bool(flags & FLAG_DEFERRED_SYNC))
     ids: list[int] = []
     bodies: list[bytes] = []
     unpack = _QI.unpack_from

@@ -464,14 +464,16 @@ def _status(code: int) -> Status:
 # --------------------------------------------------------------------------- one frame
 
 
-def decode_frame(frame: bytes | memoryview, role: str) -> Event:
+def decode_frame(frame: bytes | memoryview, role: str, lazy_batches: bool = False) -> Event:
     """Decode one whole frame (``frame`` = crc + header + body, the length field already
     stripped) as received by ``role`` ("client": responses, "server": requests).
 
     Raises :class:`ProtocolError` when the framing is damaged (CRC, version, operation,
     direction: fatal to the connection); a body that does not parse is a
     :class:`MessageRejected` event (the connection can go on). Nothing returned or raised
-    keeps a view of ``frame`` (a connection's buffer is resized once the frame is done)."""
+    keeps a view of ``frame`` (a connection's buffer is resized once the frame is done).
+    ``lazy_batches``: a large ADD_BATCH's entry table is walked later, by its receiver
+    (:mod:`.batchbodies`)."""
     (crc,) = _I.unpack_from(frame, 0)
     if crc32c.crc32c(frame[4:]) != crc:
         raise ProtocolError("frame CRC mismatch")
@@ -500,7 +502,7 @@ def decode_frame(frame: bytes | memoryview, role: str) -> Event:
         if op is Op.ADD:
             return RequestReceived(request_id, decode_add_request(frame, flags))
         if op is Op.ADD_BATCH:
-            return RequestReceived(request_id, decode_batch_request(frame, flags))
+            return RequestReceived(request_id, decode_batch_request(frame, flags, lazy_batches))
         body = BodyReader(memoryview(bytes(frame[BODY_OFFSET:])))
         return RequestReceived(request_id, _decode_request(op, flags, body))
     except ProtocolError as exc:

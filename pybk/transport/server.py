@@ -26,7 +26,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pybk.runtime.ratelog import RateLimitedLog
+from pybk.runtime.turnqueue import TurnQueue
 from pybk.transport.admission import Admission
+from pybk.transport.batchbodies import BatchBodies
 from pybk.transport.fairness import FairShare, Gate
 from pybk.transport.identity import Identities
 from pybk.transport.limits import REQUEST_OVERHEAD, ServerConfig
@@ -44,7 +46,7 @@ from pybk.transport.server_connection import (
     ServerConnection,
     is_long_poll,
 )
-from pybk.wire import AddRequest, ReadRequest, Request, Response
+from pybk.wire import AddRequest, ReadRequest, Request, Response, batch_bytes
 
 __all__ = [
     "AddNowait",
@@ -83,6 +85,8 @@ def _payload_bytes(request: Request) -> int:
         value = getattr(request, field.name)
         if isinstance(value, bytes | bytearray | memoryview):
             total += len(value)
+        elif isinstance(value, BatchBodies):
+            total += batch_bytes(value)
         elif isinstance(value, list | tuple) and value and isinstance(value[0], bytes):
             total += sum(map(len, value))
     return total
@@ -158,6 +162,8 @@ class BookieServer:
             self.identities.cluster_token = auth_token
         #: the tenancy gate asked before an add or a read starts (docs/tenancy.md)
         self.gate = gate
+        #: large batches' entry tables walked a step per loop turn, all connections' in turn
+        self.walks = TurnQueue()
         #: adds in the add path at once across connections, handed out round-robin across
         #: tenants past that (``add`` only; None: no cap)
         self.fair = FairShare(fair_share) if fair_share is not None and add is not None \

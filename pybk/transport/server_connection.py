@@ -20,10 +20,11 @@ from logging import ERROR, INFO
 from typing import TYPE_CHECKING, Any, Final, cast
 
 from pybk.errors import BKError, ProtocolError, status_of
+from pybk.runtime.origin import REQUEST_ORIGIN
 from pybk.transport import codec
+from pybk.transport.batchbodies import BatchBodies
 from pybk.transport.identity import ANONYMOUS
 from pybk.transport.limits import REQUEST_OVERHEAD
-from pybk.transport.server_budgets import BudgetedConnection
 from pybk.transport.server_parts import (
     GATED,
     FastAddReply,
@@ -34,6 +35,7 @@ from pybk.transport.server_parts import (
     is_long_poll,
     peer_closed,
 )
+from pybk.transport.server_walks import WalkingConnection
 from pybk.wire import (
     AddBatchRequest,
     AddCallback,
@@ -70,7 +72,7 @@ AddPath = Callable[[AddLike, AddCallback], None]
 AddNowait = Callable[[AddRequest, Callable[[Response], None]], None]
 
 
-class ServerConnection(BudgetedConnection):
+class ServerConnection(WalkingConnection):
     """One accepted connection (a protocol object: asyncio calls it back on the loop).
 
     Registered with the server from ``accept()`` on; :meth:`release` (exactly once) gives
@@ -96,6 +98,7 @@ class ServerConnection(BudgetedConnection):
             max_frame=self.cfg.max_frame if self.authenticated else self.cfg.pre_auth_max_frame,
         )
         self.codec.hold_after_auth = not self.authenticated
+        self.codec.lazy_batches = True  # (walked a step per loop turn: start_walk)
         self.queue: collections.deque[codec.Event] = collections.deque()
         self.queued_bytes = 0
         self.in_flight = 0
@@ -219,12 +222,16 @@ class ServerConnection(BudgetedConnection):
 
     def pump(self) -> None:
         """Start queued requests while the caps and budgets allow; then pause/resume reading."""
-        if self._pumping or self._gate_wait is not None:  # (re-entered; the head waits)
+        if self._pumping or self._gate_wait is not None or self.walking is not None:
+            # (re-entered; the head waits)
             return
         self._pumping = True
+        # the bookie's per-connection shares see who asks (the tasks started inherit it)
+        origin = REQUEST_ORIGIN.set(self)
         try:
             self._pump_queue()
         finally:
+            REQUEST_ORIGIN.reset(origin)
             self._pumping = False
         self._set_reading()
 
@@ -254,6 +261,10 @@ class ServerConnection(BudgetedConnection):
             if not self.authenticated:
                 self._dequeue(event)
                 self._refuse_unauthenticated(event.request_id, request.op)
+                return
+            if type(request) is AddBatchRequest and type(
+                    bodies := request.bodies) is BatchBodies and not bodies.walked:
+                self.start_walk(event, bodies)
                 return
             if self.in_flight >= self.cfg.max_in_flight:
                 self.blocked = "in_flight"

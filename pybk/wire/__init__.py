@@ -34,6 +34,7 @@ from pybk.wire.requests import (
     ReadRequest,
     Request,
     WriteLacRequest,
+    batch_bytes,
 )
 from pybk.wire.responses import (
     AddBatchResponse,
@@ -101,6 +102,7 @@ __all__ = [
     "add_ok",
     "add_outcome",
     "add_response",
+    "batch_bytes",
     "error_response",
     "mac_key",
     "master_key",

@@ -165,6 +165,14 @@ class AddBatchRequest:
     op = Op.ADD_BATCH
 
 
+def batch_bytes(bodies: Sequence[bytes]) -> int:
+    """The bytes of a batch's bodies. A sequence that knows its total (``nbytes``: a
+    server's bodies left in their frame, :mod:`pybk.transport.batchbodies`) says it without
+    a body being made."""
+    total = getattr(bodies, "nbytes", None)
+    return total if isinstance(total, int) else sum(map(len, bodies))
+
+
 @dataclass(frozen=True, slots=True)
 class ReadBatchRequest:
     """Read the entries ``entry_ids`` of one ledger from one bookie (protocol version 2).

@@ -253,7 +253,12 @@ def add_response(request: AddLike, outcome: AddOutcome) -> AddResponse | AddBatc
     first = next((e for e in outcome if e is not None), None)
     if first is None:
         return AddBatchResponse(Status.OK, request.ledger_id, n)
-    statuses = tuple(Status.OK if e is None else status_of(e) for e in outcome)
+    if outcome.count(first) == len(outcome) == n:  # (one error shared by every entry)
+        return AddBatchResponse(status_of(first), request.ledger_id, n, (), str(first))
+    # refusals of one kind share an error: a status per distinct error, then C-level passes
+    status: dict[BKError | None, Status] = {e: status_of(e) for e in set(outcome) if e}
+    status[None] = Status.OK
+    statuses = tuple(map(status.__getitem__, outcome))
     return AddBatchResponse(status_of(first), request.ledger_id, n, statuses, str(first))
 
 

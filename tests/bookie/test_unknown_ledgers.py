@@ -17,6 +17,7 @@ from pybk.bookie import Bookie, BookieConfig
 from pybk.errors import MetadataStoreError, NoSuchLedgerError
 from pybk.metadata.base import LedgerMetadata
 from pybk.metadata.memory import MemoryMetadataStore
+from pybk.runtime.origin import REQUEST_ORIGIN
 from pybk.storage import MemFileSystem
 from pybk.wire import (
     AddBatchRequest,
@@ -275,5 +276,64 @@ async def test_a_lagging_metadata_session_is_caught_up_before_a_ledger_is_called
         assert replica.syncs == 1
         assert await send(bookie, add(6, 0)) == Status.UNKNOWN_LEDGER_STATE
         assert replica.syncs == 2  # (one catch-up per "absent", then the refusal)
+    finally:
+        await bookie.stop()
+
+
+async def test_one_peer_holding_every_slot_cannot_refuse_another_peers_first_add():
+    """A peer (a connection: REQUEST_ORIGIN) keeps lookups of absent ids in flight, as many
+    as it may: another peer's first add of a real ledger still gets a slot, and the slots
+    are then shared between them."""
+    bookie, _, gate = await make((5, KEY), (6, KEY))
+    check = bookie.unknown_ledgers
+    assert check is not None
+    check.limit = 8
+    gate.open.clear()
+
+    def as_peer(peer: str, request: AddRequest) -> asyncio.Future[Status]:
+        token = REQUEST_ORIGIN.set(peer)
+        try:
+            return send(bookie, request)
+        finally:
+            REQUEST_ORIGIN.reset(token)
+
+    try:
+        squats = [as_peer("squatter", add(1000 + i, 0)) for i in range(8)]
+        assert check.in_flight == 8  # alone, it may take every slot
+        assert await as_peer("squatter", add(2000, 0)) == Status.TOO_MANY_REQUESTS
+        writer = as_peer("writer", add(5, 0))  # holds none: gets one beyond the limit
+        assert check.in_flight == 9
+        # two peers now: the writer's share is 8 // 2, but the set is over the limit
+        assert await as_peer("writer", add(6, 0)) == Status.TOO_MANY_REQUESTS
+        assert await as_peer("squatter", add(2001, 0)) == Status.TOO_MANY_REQUESTS
+        gate.open.set()
+        assert await writer == Status.OK
+        assert set(await asyncio.gather(*squats)) == {Status.UNKNOWN_LEDGER_STATE}
+        assert check.in_flight == 0
+    finally:
+        await bookie.stop()
+
+
+async def test_the_slots_are_shared_between_the_peers_holding_some():
+    bookie, _, gate = await make()
+    check = bookie.unknown_ledgers
+    assert check is not None
+    check.limit = 8
+    gate.open.clear()
+    started: dict[str, int] = {"a": 0, "b": 0}
+    try:
+        answers = []
+        for i in range(12):  # in turn, as two busy peers would
+            for peer in ("a", "b"):
+                token = REQUEST_ORIGIN.set(peer)
+                try:
+                    before = check.lookups
+                    answers.append(send(bookie, add(100 * (peer == "b") + 1000 + i, 0)))
+                    started[peer] += check.lookups - before
+                finally:
+                    REQUEST_ORIGIN.reset(token)
+        assert started == {"a": 4, "b": 4}  # 8 // 2 each
+        gate.open.set()
+        await asyncio.gather(*answers)
     finally:
         await bookie.stop()

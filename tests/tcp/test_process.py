@@ -192,3 +192,31 @@ def test_a_bookie_process_tunes_its_garbage_collector() -> None:
         "assert gc.get_freeze_count() > 0\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+async def test_the_gc_is_tuned_before_the_bookie_is_registered_or_its_stalls_counted(
+        tmp_path, monkeypatch):
+    """``pybk bookie`` tunes the collector (one full collection: tens of milliseconds of a
+    held loop) before registering, and the loop watch starts after it: the start-up's
+    collection is neither met by a client nor counted as a stall."""
+    import pybk.server.process as process_module
+
+    store = MemoryMetadataStore()
+    seen: list[tuple[bool, bool]] = []
+    process: BookieProcess | None = None
+
+    def tune() -> None:
+        assert process is not None
+        seen.append((process.loop_watch._handle is not None, process._registered))
+
+    monkeypatch.setattr(process_module, "tune_gc_for_server", tune)
+    config = BookieProcessConfig(data_dir=str(tmp_path / "b1"), metadata="memory://", port=0,
+                                 bookie_id="b1", bookie_config=BookieConfig(
+                                     disk_check_interval=0))
+    process = BookieProcess(config, store=store)
+    await process.start(tune_gc=True)
+    try:
+        assert seen == [(False, False)]  # tuned with the watch not started, nobody registered
+        assert process.loop_watch._handle is not None and len(await store.list_bookies()) == 1
+    finally:
+        await process.stop()
