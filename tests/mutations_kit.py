@@ -11,6 +11,7 @@ SAFETY = frozenset({
     "L1", "L2", "L3", "L4", "L5", "L6", "L7", "L8", "L9", "I1", "I3", "I5", "I7", "I9",
     "I10", "I11", "I14", "I15", "P1", "L10", "R1", "R2", "X1", "LG1", "LG2", "LG3", "LG4", "LG5",
     "T1", "T2", "T3", "T4", "T5", "I16", "R3", "CU1", "CU2", "CU3", "TS1", "TS2",
+    "AV1", "AV2", "DS1", "DS2",
 })
 
 #: where each broken build must show up
@@ -71,4 +72,13 @@ EXPECTED = {
     # an offload recorded complete when it starts: the bookies' copy goes while the objects
     # are still being uploaded, or after an upload that failed and was cleaned up
     mutations.OFFLOAD_COMPLETE_BEFORE_UPLOAD: {"TS1", "TS2"},
+    # an id held ahead of a gap acknowledged before it is sent: lost when the gap stays
+    mutations.ADV_ACKS_HELD_ENTRIES: {"AV1"},
+    # the LAC told over a gap, to an id held (never sent): readers see ids no bookie holds
+    mutations.ADV_LAC_OVER_GAP: {"AV2"},
+    # force() that does not wait for the bookies: a "durable" entry a crash or a failed add
+    # takes back
+    mutations.FORCE_BEFORE_SYNC: {"DS1"},
+    # the written LAC told to the bookies: readers see entries no force made durable
+    mutations.DEFERRED_LAC_PAST_FORCE: {"DS2"},
 }

@@ -82,6 +82,10 @@ class Workload:
     #: the bookies' tenancy gate: principals, a namespace with drawn limits beside another
     #: tenant's (pybk.sim.tenancy_gate; drawn in one seed of sixteen; on with ``tenancy``)
     tenancy_gate: bool = False
+    #: writers of caller-chosen entry ids and of deferred-sync ledgers, with their readers and
+    #: recoverers (pybk.sim.ledger_modes; each drawn in one seed of eight)
+    adv_writers: int = 0
+    deferred_writers: int = 0
 
     @classmethod
     def small(cls) -> Workload:
@@ -97,16 +101,20 @@ class Workload:
         (pybk.sim.tenancy_gate; each drawn after the others, so the earlier draws stay put). A
         quarter of the seeds with logs also run a cursor consumer (pybk.sim.cursors), and a
         quarter offload to a simulated tier (pybk.sim.tier), each drawn from a stream of its
-        own (``extra(name)``): a seed that draws neither runs as before."""
+        own (``extra(name)``): a seed that draws neither runs as before. So are, in one seed
+        of eight each, a writer of caller-chosen entry ids and a writer of a deferred-sync
+        ledger (pybk.sim.ledger_modes)."""
         logs = 1 if rng.random() < 0.5 else 0
         add_rate, log_rate = rng.choice((6.0, 12.0, 25.0)), rng.choice((3.0, 8.0))
         tables = 3 if rng.random() < 1 / 8 else 0
         gate = rng.random() < 1 / 16
         cursors = 1 if logs and extra is not None and extra("cursors").random() < 1 / 4 else 0
         offload = bool(logs and extra is not None and extra("offload").random() < 1 / 4)
+        adv = 1 if extra is not None and extra("adv").random() < 1 / 8 else 0
+        deferred = 1 if extra is not None and extra("deferred").random() < 1 / 8 else 0
         return cls(add_rate=add_rate, log_rate=log_rate, log_writers=logs, log_readers=logs,
                    table_clients=tables, tenancy_gate=gate, log_cursors=cursors,
-                   log_offload=offload)
+                   log_offload=offload, adv_writers=adv, deferred_writers=deferred)
 
 
 @dataclass
