@@ -11,7 +11,7 @@ SAFETY = frozenset({
     "L1", "L2", "L3", "L4", "L5", "L6", "L7", "L8", "L9", "I1", "I3", "I5", "I7", "I9",
     "I10", "I11", "I14", "I15", "P1", "L10", "R1", "R2", "X1", "LG1", "LG2", "LG3", "LG4", "LG5",
     "T1", "T2", "T3", "T4", "T5", "I16", "R3", "CU1", "CU2", "CU3", "TS1", "TS2",
-    "TS3", "TS4",
+    "TS3", "TS4", "AV1", "AV2", "DS1", "DS2",
 })
 
 #: where each broken build must show up
@@ -72,11 +72,5 @@ EXPECTED = {
     # an offload recorded complete when it starts: the bookies' copy goes while the objects
     # are still being uploaded, or after an upload that failed and was cleaned up
     mutations.OFFLOAD_COMPLETE_BEFORE_UPLOAD: {"TS1", "TS2"},
-    # an orphan sweep that spares only complete offloads deletes the objects of an attempt
-    # still uploading (whose bookie copy may then go: TS1, TS2), or of a failed one the log
-    # still records
-    mutations.SWEEP_IGNORES_ATTEMPTS_IN_PROGRESS: {"TS3", "TS1", "TS2"},
-    # an orphan sweep that finds attempts by their index never removes a data object whose
-    # index never landed (an upload cut short, its attempt replaced since)
-    mutations.SWEEP_NEEDS_INDEX: {"TS4"},
+    "TS3", "TS4", "AV1", "AV2", "DS1", "DS2",
 }

@@ -136,6 +136,6 @@ async def force_reply(syncs: DeferredSyncs, store: Any, request: ForceRequest) -
     """Answer a FORCE: once the ledger's early-answered adds are durable, with the last entry
     of the ledger this bookie holds (-1: none)."""
     await syncs.force(request.ledger_id)
-    st = store.index.get(request.ledger_id)
-    last = st.last_entry if st is not None and st.entries else -1
+    st = store.find(request.ledger_id)  # (any engine: the journal's or the db's)
+    last = st.last_entry if st is not None else -1
     return ForceResponse(Status.OK, request.ledger_id, last)

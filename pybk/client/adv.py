@@ -13,12 +13,21 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Final
 
 from pybk.client.writer import LedgerHandle
 from pybk.errors import BadRequestError, DuplicateEntryIdError, LedgerClosedError, fresh_copy
+from pybk.wire import WriteLacRequest
 
-__all__ = ["AdvOrder", "LedgerHandleAdv"]
+__all__ = ["ADV_ACKS_HELD_ENTRIES", "ADV_LAC_OVER_GAP", "AdvOrder", "LedgerHandleAdv"]
+
+#: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``): an
+#: entry held ahead of a missing id is answered at once, as if it and every id before it were
+#: durable (it was never sent: a writer that never fills the gap loses an acknowledged entry)
+ADV_ACKS_HELD_ENTRIES: Final = "adv_acks_held_entries"
+#: mutation switch: an entry held ahead of a missing id moves the LAC told to the bookies to
+#: it, over the gap (readers see ids no bookie holds)
+ADV_LAC_OVER_GAP: Final = "adv_lac_over_gap"
 
 
 class AdvOrder:
@@ -72,6 +81,8 @@ class LedgerHandleAdv(LedgerHandle):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._order = AdvOrder(self.last_add_pushed + 1)
+        self._acks_held = ADV_ACKS_HELD_ENTRIES in self._ctx.config.mutations
+        self._lac_over_gap = ADV_LAC_OVER_GAP in self._ctx.config.mutations
 
     @property
     def held(self) -> int:
@@ -102,7 +113,18 @@ class LedgerHandleAdv(LedgerHandle):
         for _eid, payload, waiter in self._order.offer(entry_id, data, fut):
             inner = self._pipeline.push(payload)
             inner.add_done_callback(functools.partial(self._settle, waiter))
+        if self._acks_held and entry_id in self._order.ahead:
+            fut.set_result(entry_id)  # (the broken build: answered before it was even sent)
+        if self._lac_over_gap and entry_id in self._order.ahead:
+            self._tell_lac(max(self._order.ahead))
         return fut
+
+    def _tell_lac(self, lac: int) -> None:
+        """(Mutation ADV_LAC_OVER_GAP only: a broken build's explicit LAC.)"""
+        p = self._pipeline
+        request = WriteLacRequest(self.id, lac, p.master_key, p.digest.frame_lac(lac))
+        for bookie in p.core.ensemble:
+            p.ctx.transport.send(bookie, request, 2.0).add_done_callback(_ignore)
 
     def append_many_nowait(self, items: Sequence[bytes | bytearray | memoryview],
                            ) -> asyncio.Future[list[int]]:
@@ -142,3 +164,8 @@ class LedgerHandleAdv(LedgerHandle):
     def __repr__(self) -> str:
         return (f"<LedgerHandleAdv {self.id} lac={self.last_add_confirmed} "
                 f"lap={self.last_add_pushed} held={self.held} closed={self.is_closed}>")
+
+
+def _ignore(fut: asyncio.Future[Any]) -> None:
+    if not fut.cancelled():
+        fut.exception()

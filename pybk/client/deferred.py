@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import enum
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Final
 
 from pybk.client.writer import AddPipeline, AddReply, LedgerHandle
 from pybk.errors import (
@@ -38,7 +38,16 @@ from pybk.wire import (
     WriteLacRequest,
 )
 
-__all__ = ["DeferredSyncLedgerHandle", "DeferredSyncPipeline", "WriteFlag", "check_write_flags"]
+__all__ = ["DEFERRED_LAC_PAST_FORCE", "FORCE_BEFORE_SYNC", "DeferredSyncLedgerHandle",
+           "DeferredSyncPipeline", "WriteFlag", "check_write_flags"]
+
+#: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``): the
+#: bookies are told the written LAC, not the durable one (readers see entries a crash may
+#: still take back)
+DEFERRED_LAC_PAST_FORCE: Final = "deferred_lac_past_force"
+#: mutation switch: ``force()`` returns at once, without the bookies' FORCE answers (what it
+#: calls durable may still be in their journals' buffers)
+FORCE_BEFORE_SYNC: Final = "force_before_sync"
 
 
 class WriteFlag(enum.StrEnum):
@@ -75,6 +84,9 @@ class DeferredSyncPipeline(AddPipeline):
         self.durable_lac = self.core.lac
         self._told = self.core.lac
         self._last: asyncio.Future[int] | None = None
+        mutations = self.ctx.config.mutations
+        self._lac_past_force = DEFERRED_LAC_PAST_FORCE in mutations
+        self._force_before_sync = FORCE_BEFORE_SYNC in mutations
 
     def push(self, payload: bytes) -> asyncio.Future[int]:
         core = self.core
@@ -82,7 +94,8 @@ class DeferredSyncPipeline(AddPipeline):
             raise fresh_copy(core.error)
         length = core.length + len(payload)
         fut: asyncio.Future[int] = self._loop.create_future()
-        core.push(self._frame(core.lap + 1, self.durable_lac, length, payload), length, fut)
+        told = core.lac if self._lac_past_force else self.durable_lac
+        core.push(self._frame(core.lap + 1, told, length, payload), length, fut)
         self._last = fut
         self._schedule()
         return fut
@@ -100,7 +113,7 @@ class DeferredSyncPipeline(AddPipeline):
 
     def _send_lac(self, action: Any) -> None:
         """Never tell the bookies more than the durable LAC."""
-        self._tell(self.durable_lac)
+        self._tell(self.core.lac if self._lac_past_force else self.durable_lac)
 
     def _tell(self, lac: int) -> None:
         if lac <= self._told:
@@ -134,6 +147,9 @@ class DeferredSyncPipeline(AddPipeline):
         target = core.lap
         if target <= self.durable_lac:
             return self.durable_lac
+        if self._force_before_sync:  # (the broken build: nothing asked, nothing waited for)
+            self.durable_lac = target
+            return target
         last = self._last
         if last is not None:
             await asyncio.wait([last])

@@ -93,7 +93,11 @@ class RunObserver:
 
     def _observe_add(self, bookie: str, client: str, req: AddLike, outcome: AddOutcome) -> None:
         """A bookie answered an add (a batch: entry by entry, as the single adds it is made
-        of): an OK is a durability promise, even if the answer is lost on its way."""
+        of): an OK is a durability promise, even if the answer is lost on its way. A
+        deferred-sync add's OK is none (it becomes durable on a FORCE: pybk.sim.ledger_modes
+        checks those)."""
+        if req.deferred_sync:
+            return
         lid = req.ledger_id
         ids = (req.entry_id,) if type(req) is AddRequest else req.entry_ids  # type: ignore[union-attr]
         whole = outcome is None or isinstance(outcome, BaseException)

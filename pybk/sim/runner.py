@@ -31,6 +31,7 @@ from pybk.sim.faults import Faults
 from pybk.sim.findings import LogFindings, is_expected
 from pybk.sim.history import History
 from pybk.sim.injectors import HANDLERS
+from pybk.sim.ledger_modes import LedgerModes
 from pybk.sim.liveness import liveness_phase
 from pybk.sim.logs import LogWorkload
 from pybk.sim.loop import SimDeadlock, SimLoop, SimTimeLimit
@@ -97,6 +98,7 @@ class Extension(Protocol):
 #: extensions by name: a factory that returns None when the run's workload has no use for it
 EXTENSIONS: dict[str, Callable[[SimRun], Extension | None]] = {
     "autorecovery": AutoRecoverySim.for_run,
+    "ledger_modes": LedgerModes.for_run,
     "logs": LogWorkload.for_run,
     "racks": RackPlacementSim.for_run,
     "tables": TableWorkload.for_run, "tenancy": TenancySim.for_run, "app": UserApp.for_run,

@@ -151,7 +151,8 @@ def shrink(
             zero: dict[str, Any] = {rate: 0.0}
             try_change(f"{rate} rate -> 0", plan=dataclasses.replace(result.scenario.plan, **zero))
     wl = result.scenario.workload
-    for name in ("readers", "recoverers", "log_readers", "writers", "log_writers"):
+    for name in ("readers", "recoverers", "log_readers", "writers", "log_writers",
+                 "adv_writers", "deferred_writers"):
         while getattr(result.scenario.workload, name) > 0:
             fewer: dict[str, Any] = {name: getattr(result.scenario.workload, name) - 1}
             if not try_change(f"{name} -> {fewer[name]}", workload=dataclasses.replace(

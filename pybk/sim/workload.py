@@ -85,6 +85,10 @@ class Workload:
     #: the bookies' tenancy gate: principals, a namespace with drawn limits beside another
     #: tenant's (pybk.sim.tenancy_gate; drawn in one seed of sixteen; on with ``tenancy``)
     tenancy_gate: bool = False
+    #: writers of caller-chosen entry ids and of deferred-sync ledgers, with their readers and
+    #: recoverers (pybk.sim.ledger_modes; each drawn in one seed of eight)
+    adv_writers: int = 0
+    deferred_writers: int = 0
 
     @classmethod
     def small(cls) -> Workload:
@@ -101,7 +105,9 @@ class Workload:
         quarter of the seeds with logs also run a cursor consumer (pybk.sim.cursors), and a
         quarter offload to a simulated tier (pybk.sim.tier), half of those with torn uploads
         and the orphan sweep (pybk.sim.tier_sweep), each drawn from a stream of its own
-        (``extra(name)``): a seed that draws none of them runs as before."""
+        (``extra(name)``): a seed that draws none of them runs as before. So are, in one seed
+        of eight each, a writer of caller-chosen entry ids and a writer of a deferred-sync
+        ledger (pybk.sim.ledger_modes)."""
         logs = 1 if rng.random() < 0.5 else 0
         add_rate, log_rate = rng.choice((6.0, 12.0, 25.0)), rng.choice((3.0, 8.0))
         tables = 3 if rng.random() < 1 / 8 else 0
@@ -109,9 +115,12 @@ class Workload:
         cursors = 1 if logs and extra is not None and extra("cursors").random() < 1 / 4 else 0
         offload = bool(logs and extra is not None and extra("offload").random() < 1 / 4)
         sweep = bool(offload and extra is not None and extra("tier-sweep").random() < 1 / 2)
+        adv = 1 if extra is not None and extra("adv").random() < 1 / 8 else 0
+        deferred = 1 if extra is not None and extra("deferred").random() < 1 / 8 else 0
         return cls(add_rate=add_rate, log_rate=log_rate, log_writers=logs, log_readers=logs,
                    table_clients=tables, tenancy_gate=gate, log_cursors=cursors,
-                   log_offload=offload, log_tier_sweep=sweep)
+                   log_offload=offload, log_tier_sweep=sweep, adv_writers=adv,
+                   deferred_writers=deferred)
 
 
 @dataclass

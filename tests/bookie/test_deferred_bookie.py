@@ -88,3 +88,23 @@ async def test_a_failed_sync_fails_the_force() -> None:
         assert force.status != Status.OK
     finally:
         await bookie.stop()
+
+
+async def test_force_answers_on_the_db_storage_engine_too() -> None:
+    from pybk.bookie.config import BookieConfig
+
+    fs = MemFileSystem()
+    fs.makedirs("/b")
+    bookie = Bookie("b1", "/b", fs=fs, config=BookieConfig(storage="db"))
+    await bookie.start()
+    try:
+        got, on_done = _collect()
+        bookie.add_request(_add(0), on_done)
+        bookie.add_request(_add(1), on_done)
+        force = await bookie.handle(ForceRequest(1, KEY))
+        assert isinstance(force, ForceResponse) and force.status == Status.OK
+        assert force.lac == 1 and got == [None, None]
+        unknown = await bookie.handle(ForceRequest(99, KEY))
+        assert isinstance(unknown, ForceResponse) and unknown.lac == -1
+    finally:
+        await bookie.stop()

@@ -66,6 +66,15 @@ MUST_RUN = (
     "journal_segments_rotations",
     "checkpoint_deltas",
     "checkpoint_deltas_loaded",
+    # the caller-chosen-id and deferred-sync writers (pybk.sim.ledger_modes): drawn, an id
+    # refused as a duplicate, an id left out, a force completed, both recovered while written
+    "workload_adv_ledgers",
+    "workload_deferred_ledgers",
+    "adv_duplicate_refused",
+    "adv_gap_left",
+    "deferred_force_completed",
+    "adv_ledger_recovered_while_written",
+    "deferred_ledger_recovered_while_written",
 )
 
 
