@@ -10,7 +10,7 @@ from pybk.testing import mutations
 SAFETY = frozenset({
     "L1", "L2", "L3", "L4", "L5", "L6", "L7", "L8", "L9", "I1", "I3", "I5", "I7", "I9",
     "I10", "I11", "I14", "I15", "P1", "L10", "R1", "R2", "X1", "LG1", "LG2", "LG3", "LG4", "LG5",
-    "T1", "T2", "T3", "T4", "T5", "I16", "R3", "CU1", "CU2", "CU3", "TS1", "TS2",
+    "T1", "T2", "T3", "T4", "T5", "I16", "R3", "CU1", "CU2", "CU3", "TS1", "TS2", "TB1", "TB2",
     "TS3", "TS4", "AV1", "AV2", "DS1", "DS2",
 })
 
@@ -55,9 +55,9 @@ EXPECTED = {
     # a range owner overtaken while it caught up serves an old state: its next revision is
     # below the command log's last txid, the log writer refuses it, the table server dies
     mutations.TABLES_CATCH_UP_UNCHECKED: {"X1"},
-    # a table command applied before the log acknowledged it: a read sees a put that a crash
-    # then loses (the history is not linearizable)
-    mutations.APPLY_BEFORE_ACK: {"X1"},
+    # a table command applied before the log acknowledged it: a read sees a write that a
+    # crash of the table server then loses (the key's history is not linearizable)
+    mutations.APPLY_BEFORE_ACK: {"TB1"},
     # a polled watch whose baseline is its first poll misses the lost auditor host's
     # registration lapsing just after the new auditor's first look: without the auditor's
     # second look (sync_watches) and with the hourly periodic check nothing marks the

@@ -19,6 +19,7 @@ __all__ = [
     "LATER_KINDS",
     "NET_KINDS",
     "POLLED_SHARE",
+    "WORKLOAD_KINDS",
     "FaultPlan",
     "Faults",
 ]
@@ -50,7 +51,13 @@ EVENT_KINDS = (
     "clock_jump",  # the monotonic clock jumps ahead (every timer late), the wall clock +/-
     "lose_auditor_host",  # the auditor's host goes: its bookie and auditor, sessions lapse later
 )
-ALL_KINDS = NET_KINDS + EVENT_KINDS
+#: Kinds a workload schedules for itself, from its own stream, in the seeds that draw it (the
+#: swarm never draws them: a seed without the workload keeps its plan and schedule). The spec
+#: allows or forbids them as any kind.
+WORKLOAD_KINDS = (
+    "crash_table_server",  # a table server dies, aimed at a read beside a write in flight
+)
+ALL_KINDS = NET_KINDS + EVENT_KINDS + WORKLOAD_KINDS
 #: Kinds added after the swarm's draws were settled: each is enabled from a stream of its own
 #: (``Faults.swarm``'s ``draws``), so that a seed that does not draw it keeps its plan.
 LATER_KINDS = ("lose_auditor_host",)
@@ -110,7 +117,7 @@ class Faults:
     @classmethod
     def process(cls) -> Faults:
         return cls(("crash", "wipe", "pause_writer", "crash_writer", "meta_stall", "meta_cas",
-                    "meta_expire", "clock_jump", "lose_auditor_host"))
+                    "meta_expire", "clock_jump", "lose_auditor_host", "crash_table_server"))
 
     @classmethod
     def disk(cls) -> Faults:
@@ -156,7 +163,7 @@ class Faults:
         plan = FaultPlan(beyond_tolerance=self.beyond_tolerance,
                          mean_interval=self.mean_interval * rng.choice((0.5, 1.0, 2.0)),
                          polled_watches=self.polled_watches)
-        settled = [k for k in self.kinds if k not in LATER_KINDS]
+        settled = [k for k in self.kinds if k not in LATER_KINDS and k not in WORKLOAD_KINDS]
         enabled = [k for k in settled if rng.random() < 0.7]
         focus = [m for m in FOCUS_MIXES if set(m) <= set(self.kinds)]
         if focus and rng.random() < 0.5:

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 from pybk.sim.cluster import DATA_DIR
 from pybk.sim.hostloss import lose_auditor_host
 from pybk.sim.scenario import FaultEvent
+from pybk.sim.tablefaults import KIND as TABLE_CRASH
+from pybk.sim.tablefaults import crash_table_server
 from pybk.sim.workload import Reader
 from pybk.storage.records import BATCH_HEADER_SIZE, SEGMENT_HEADER_SIZE, batch_at
 
@@ -501,3 +503,4 @@ async def clock_jump(run: SimRun, ev: FaultEvent) -> None:
 
 
 HANDLERS["lose_auditor_host"] = lose_auditor_host  # (pybk.sim.hostloss)
+HANDLERS[TABLE_CRASH] = crash_table_server  # (pybk.sim.tablefaults)

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from pybk.client.context import ClientConfig
 from pybk.metadata.memory_watches import PolledDelivery
 from pybk.runtime import sometimes
+from pybk.sim import tablefaults
 from pybk.sim.autorecovery import AutoRecoverySim
 from pybk.sim.checker import Checker, Violation
 from pybk.sim.cluster import SimBookie, SimCluster, derive_rng
@@ -116,13 +117,14 @@ def scenario_of(seed: int, *, bookies: int | None = None, duration: float = 30.0
     topo = topology or rng.choice([t for t in TOPOLOGIES if bookies is None or t[0] <= bookies])
     n = bookies if bookies is not None else topo[0] + rng.choice((0, 1, 1, 2))
     plan = faults.swarm(derive_rng(seed, "swarm"), lambda name: derive_rng(seed, name))
+    wl = workload or Workload.draw(derive_rng(seed, "workload"),
+                                   lambda name: derive_rng(seed, name))
+    events = draw_schedule(plan, seed, duration)
+    if wl.table_clients and tablefaults.KIND in faults.kinds:  # (the tables' own stream)
+        events = tablefaults.merge(events, tablefaults.table_events(seed, duration))
     return Scenario(seed=seed, duration=duration, topology=topo, bookies=n,
-                    config=SimConfig.draw(seed),
-                    workload=workload or Workload.draw(derive_rng(seed, "workload"),
-                                                       lambda name: derive_rng(seed, name)),
-                    plan=plan,
-                    events=draw_schedule(plan, seed, duration), faults_spec=faults.spec(),
-                    mutations=tuple(mutations))
+                    config=SimConfig.draw(seed), workload=wl, plan=plan, events=events,
+                    faults_spec=faults.spec(), mutations=tuple(mutations))
 
 
 class SimRun:

@@ -99,6 +99,13 @@ class TablesEngine:
     async def execute(self, table: TableInfo, cmd: Command) -> Any:
         """Check ``cmd``, append it to its range's log, return its applied result. A txn's
         keys must all be in one range (as in BookKeeper, where a txn is per routing key)."""
+        return await (await self.submit(table, cmd))
+
+    async def submit(self, table: TableInfo, cmd: Command) -> asyncio.Future[Any]:
+        """:meth:`execute` in two steps: ``cmd`` checked and appended to its range's log (its
+        range taken over first if need be), and the future of its applied result. When this
+        raises the command was not appended: it did not apply, and will not; once the future
+        exists, a failure of it leaves that unknown (the append may be in the log)."""
         if self.follower:
             raise TableError("a follower serves reads only")
         cmd = check_command(cmd)
@@ -110,7 +117,7 @@ class TablesEngine:
                 if range_for(table.ranges, k).range_id != rid:
                     raise TableBadRequestError(
                         f"txn keys {key!r} and {k!r} are in different ranges of the table")
-        return await owner.submit(cmd)
+        return owner.submit(cmd)
 
     async def get(self, table: TableInfo, key: bytes, *,
                   stale: bool = False) -> tuple[KeyValue | None, int]:

@@ -43,17 +43,17 @@ __all__ = [
     "log_names", "open_or_create",
 ]
 
-#: mutation switch, read from ``ClientConfig.mutations``: a command is applied (visible to
+#: mutation switch (registry: ``pybk.testing.mutations``): a command is applied (visible to
 #: reads) when it is appended, before the log acknowledges it; a crash then loses what readers
-#: saw. (Not in pybk.testing.mutations.KNOWN: the CI seeds run the table workload in one seed
-#: of eight, but none of the first 60 with it forced on catches this switch: their faults do
-#: not crash a table server between an append and its acknowledgement.)
+#: saw. The simulator's table servers serve several clients at once and die, aimed, just after
+#: answering a read of a key beside a write of it in flight (pybk.sim.tablefaults): TB1 at CI
+#: seed 19 (regression_seeds.txt)
 APPLY_BEFORE_ACK: Final = "tables_apply_before_ack"
 
 #: mutation switch (registry: ``pybk.testing.mutations``): a new owner serves once it has
 #: replayed, without checking that no other owner took the range over while it caught up;
 #: one that did may have truncated the logs past what this owner read, which then numbers
-#: its commands below the log's last txid (simulator seed 226)
+#: its commands below the log's last txid (simulator seed 226; now regression seed 459)
 TABLES_CATCH_UP_UNCHECKED: Final = "tables_catch_up_unchecked"
 
 log = logging.getLogger(__name__)
@@ -320,6 +320,11 @@ class RangeOwner:
     @property
     def revision(self) -> int:
         return self.store.revision
+
+    @property
+    def in_flight(self) -> int:
+        """Commands appended to the log and not acknowledged (or failed) yet."""
+        return len(self._pending)
 
     # -- checkpoints -------------------------------------------------------------------------
 

@@ -293,3 +293,37 @@ async def test_a_follower_reads_behind_the_owner_never_ahead_and_across_truncati
         assert [kv.key async for kv in ft.scan()] == [b"k"]
         await follower.close()
         await owner.close()
+
+
+async def test_submit_appends_then_gives_the_result_and_raises_only_before_appending() -> None:
+    """``TablesEngine.submit``: the command appended (``in_flight`` counts it until the log
+    acknowledges it), then its result; refused commands raise before anything is appended."""
+    from pybk.testing.hooks import is_normal_add
+
+    async with mem_cluster() as cluster:
+        engine = _engine(cluster)
+        t = await _table(engine, ranges=1)
+        await t.put(b"k", b"v")
+        owner = engine.owned()[0]
+        hold = cluster.transport.hooks.hold(predicate=is_normal_add)
+        applied = await engine.submit(t.info, ("incr", b"n", 2))
+        await hold.wait_held()
+        assert (owner.in_flight, owner.revision) == (1, 1)
+        hold.remove(release=True)
+        assert await applied == 2
+        assert (owner.in_flight, owner.revision) == (0, 2)
+        with pytest.raises(pybk.TableBadRequestError):
+            await engine.submit(t.info, ("put", b"", b"x"))  # an empty key
+        with pytest.raises(pybk.TableBadRequestError):
+            await engine.submit(t.info, ("frob", b"k"))
+        with pytest.raises(TypeError):
+            await engine.submit(t.info, ("put", 7, b"x"))
+        follower = TablesEngine(cluster.client(), follower=True)
+        with pytest.raises(pybk.TableError, match="reads only"):
+            await follower.submit(t.info, ("put", b"k", b"w"))
+        assert (owner.in_flight, owner.revision) == (0, 2)  # nothing else was appended
+        bad = await engine.submit(t.info, ("incr", b"k", 1))  # appended; applying fails
+        with pytest.raises(pybk.TableBadRequestError):
+            await bad
+        assert owner.revision == 3  # (its revision is spent, as on replay)
+        await engine.close()
