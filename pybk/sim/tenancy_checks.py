@@ -146,10 +146,12 @@ class GateChecks:
         inc = self.bookies.get(bookie)
         if ns != self.namespace or inc is None:
             return
+        gate = inc.sb.bookie.tenancy if inc.sb.bookie is not None else None
+        known = gate.policies(self.namespace) if gate is not None else None  # (it applies)
         if isinstance(request, ReadRequest | ReadBatchRequest):
             if principal != CLUSTER:
                 n = len(request.entry_ids) if isinstance(request, ReadBatchRequest) else 1
-                self._rate(bookie, inc, principal, lid, "read", "records", n, asked)
+                self._rate(bookie, inc, known, principal, lid, "read", "records", n, asked)
             return
         if not records:
             return
@@ -157,10 +159,8 @@ class GateChecks:
             inc.cluster += nbytes
             return
         now = self.run.now()
-        self._rate(bookie, inc, principal, lid, "write", "bytes", nbytes, asked)
-        self._rate(bookie, inc, principal, lid, "write", "records", records, asked)
-        gate = inc.sb.bookie.tenancy if inc.sb.bookie is not None else None
-        known = gate.policies(self.namespace) if gate is not None else None
+        self._rate(bookie, inc, known, principal, lid, "write", "bytes", nbytes, asked)
+        self._rate(bookie, inc, known, principal, lid, "write", "records", records, asked)
         quota = self.limits.max_storage_bytes
         if (quota is not None and not getattr(request, "recovery", False)
                 and getattr(known, "max_storage_bytes", None) == quota):
@@ -170,13 +170,11 @@ class GateChecks:
         inc.in_flight += nbytes
         inc.most_in_flight = max(inc.most_in_flight, inc.in_flight)
 
-    def _rate(self, bookie: str, inc: _Incarnation, principal: str, lid: int, op: str,
-              kind: str, n: int, asked: float) -> None:
+    def _rate(self, bookie: str, inc: _Incarnation, known: Any, principal: str, lid: int,
+              op: str, kind: str, n: int, asked: float) -> None:
         """T4 for one started request: ``n`` of ``kind`` against the drawn ``op`` rate,
-        judged once the bookie's gate applies it."""
+        judged once the bookie's gate applies it (``known``: the policies it applies)."""
         rate = getattr(self.limits, f"{op}_{kind}_per_s")
-        gate = inc.sb.bookie.tenancy if inc.sb.bookie is not None else None
-        known = gate.policies(self.namespace) if gate is not None else None
         if rate is None or getattr(known, f"{op}_{kind}_per_s", None) != rate:
             return
         now = self.run.now()
