@@ -314,8 +314,9 @@ class Log:
     async def sweep_tier(self, grace: float = 3600.0) -> list[str]:
         """Delete objects in the log's tier folder that no segment refers to (left by an
         offload cut short whose attempt was then replaced or truncated) and that were last
-        modified more than ``grace`` seconds ago (wall clock); the attempts (object names
-        without ``.data``/``.index``) deleted. Safe beside offloads and readers."""
+        modified more than ``grace`` seconds ago (wall clock), and abort such attempts'
+        multipart uploads begun before that; the attempts (object names without
+        ``.data``/``.index``) swept. Safe beside offloads and readers."""
         return await sweep_orphans(self._cat, grace)
 
     def __repr__(self) -> str:

@@ -225,7 +225,8 @@ async def delete_objects(cat: LogCatalog, md: LogMetadata, segments: list[Segmen
 async def sweep_orphans(cat: LogCatalog, grace: float) -> list[str]:
     """Delete the objects under the log's tier folder that no segment's recorded attempt
     names and that are older than ``grace`` seconds (by their modification time and the
-    log's clock); the attempts (object bases) deleted. Pulsar has no such sweep.
+    log's clock), and abort such attempts' unfinished multipart uploads (by when they
+    began); the attempts (object bases) swept. Pulsar has no such sweep.
 
     The listing comes first, the metadata after it: an offload records its attempt before
     it uploads anything, so every object listed belongs to an attempt the metadata read
@@ -239,6 +240,7 @@ async def sweep_orphans(cat: LogCatalog, grace: float) -> list[str]:
         return []
     store = await _store(cat, url, md)
     objects = await store.list_objects(cat.namespace, cat.name)
+    uploads = await store.list_uploads(cat.namespace, cat.name)
     md = await cat.read()
     mutations = cat.client.config.mutations
     known = {store.base(cat.namespace, cat.name, s.seq, s.ledger_id, s.offload.uid)
@@ -256,7 +258,11 @@ async def sweep_orphans(cat: LogCatalog, grace: float) -> list[str]:
     gone = sorted(b for b, t in newest.items() if b not in known and t <= cutoff)
     for b in gone:
         await store.delete(b)
-    return gone
+    stale = [(n, u) for n, u, t in uploads if attempt_base(n) not in known and t <= cutoff]
+    for name, upload in stale:
+        await store.abort_upload(name, upload)
+    aborted = {attempt_base(name) for name, _ in stale}
+    return sorted(set(gone).union(a for a in aborted if a is not None))
 
 
 def _gone(ledger: int, path: str) -> NoSuchLedgerError:

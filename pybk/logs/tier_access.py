@@ -41,6 +41,10 @@ class TierAccess(Protocol):
 
     async def list_objects(self, namespace: str, log: str) -> list[tuple[str, float]]: ...
 
+    async def list_uploads(self, namespace: str, log: str) -> list[tuple[str, str, float]]: ...
+
+    async def abort_upload(self, name: str, upload_id: str) -> None: ...
+
 
 #: opens a tier: ``await opener(url, options)``
 TierOpener = Callable[[str, dict[str, Any]], Awaitable[TierAccess]]
@@ -79,6 +83,12 @@ class ThreadedTier:
 
     async def list_objects(self, namespace: str, log: str) -> list[tuple[str, float]]:
         return await asyncio.to_thread(self.store.list_objects, namespace, log)
+
+    async def list_uploads(self, namespace: str, log: str) -> list[tuple[str, str, float]]:
+        return await asyncio.to_thread(self.store.list_uploads, namespace, log)
+
+    async def abort_upload(self, name: str, upload_id: str) -> None:
+        await asyncio.to_thread(self.store.abort_upload, name, upload_id)
 
 
 async def open_threaded_tier(url: str, options: dict[str, Any]) -> TierAccess:

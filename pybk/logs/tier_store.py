@@ -40,6 +40,8 @@ FRAME: Final = struct.Struct(">Iq")
 _IDX_MAGIC: Final = b"PYBKIDX"
 _CRC = struct.Struct(">I")
 _VERIFY_CHUNK: Final = 8 << 20
+#: a sweep lists at most this many pages of a log's unfinished uploads (1,000 per page)
+_MAX_UPLOAD_PAGES: Final = 100
 
 
 @dataclass(frozen=True)
@@ -252,6 +254,40 @@ class TierStore:
                 continue
             out.append((name, self._mtime(name, info)))
         return sorted(out)
+
+    def list_uploads(self, namespace: str, log: str) -> list[tuple[str, str, float]]:
+        """Multipart uploads begun under a log's folder and never completed nor aborted (an
+        offload whose process died mid-upload on S3: no listing of objects shows them, and
+        the store keeps their parts until they are aborted): (object name, upload id, when
+        begun, +inf when the store does not say). Empty where the filesystem has none."""
+        call = getattr(self.fs, "call_s3", None)
+        if call is None:  # (only S3-like stores keep uploads apart from objects)
+            return []
+        bucket, _, prefix = f"{self.root}/{namespace}/{log}/".partition("/")
+        out: list[tuple[str, str, float]] = []
+        args: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+        for _ in range(_MAX_UPLOAD_PAGES):
+            page = call("list_multipart_uploads", **args)
+            for up in page.get("Uploads") or ():
+                name = f"{bucket}/{up['Key']}"
+                if attempt_base(name) is not None:
+                    when = _seconds(up.get("Initiated"))
+                    out.append((name, str(up["UploadId"]),
+                                when if when is not None else math.inf))
+            if not page.get("IsTruncated"):
+                break
+            args.update(KeyMarker=page.get("NextKeyMarker", ""),
+                        UploadIdMarker=page.get("NextUploadIdMarker", ""))
+        return sorted(out)
+
+    def abort_upload(self, name: str, upload_id: str) -> None:
+        """Abort one multipart upload (its parts freed); one already gone is no error."""
+        bucket, _, key = name.partition("/")
+        try:
+            self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key,
+                            UploadId=upload_id)
+        except FileNotFoundError:
+            pass
 
     def _mtime(self, name: str, info: Mapping[str, Any]) -> float:
         for key in _TIME_FIELDS:

@@ -9,7 +9,8 @@ a listing that lags behind the uploads. Its own generator (``derive_rng(seed, "t
 draws them, so other seeds' traces stay as they were. Given a generator of their own
 (``derive_rng(seed, "tier-torn")``), uploads are also cut short: the caller gets an error and
 the store keeps a prefix under the object's name, an abandoned multipart upload (no listing
-shows it), or the whole object, landing later (docs/internals.md). Objects are dated by the
+of objects shows it; the orphan sweep lists and aborts them), or the whole object, landing
+later (docs/internals.md). Objects are dated by the
 run's wall clock (what the orphan sweep lists).
 
 :meth:`SimObjectStore.verified` says whether a segment's objects are complete and match (the
@@ -37,6 +38,8 @@ __all__ = ["SimObjectStore", "SimTierAccess", "SimTierError", "TierWatch", "chec
 _VERIFY_CHUNK = 4096
 #: objects with their modification times (``list`` is also a method of the store)
 _Dated = list[tuple[str, float]]
+#: unfinished uploads: (object name, upload id, when begun)
+_Uploads = list[tuple[str, str, float]]
 
 
 class SimTierError(OSError):
@@ -53,8 +56,10 @@ class SimObjectStore:
         self.rng = rng
         self.objects: dict[str, tuple[bytes, float]] = {}  # name -> (bytes, when stored)
         self.mtimes: dict[str, float] = {}  # name -> the wall clock when it landed
-        #: abandoned multipart uploads: (object name, attempt number) -> (parts, when started)
-        self.uploads: dict[tuple[str, int], tuple[bytes, float]] = {}
+        #: abandoned multipart uploads: (object name, upload id) -> (parts, when begun, by
+        #: the run's wall clock as objects are dated)
+        self.uploads: dict[tuple[str, str], tuple[bytes, float]] = {}
+        self._upload_ids = 0
         self.clock = clock or self._now
         self.torn = torn
         self.torn_rate = 0.0 if torn is None else torn.choice((0.0, 0.05, 0.15))
@@ -105,7 +110,8 @@ class SimObjectStore:
         if how == "partial":
             self._land(name, part)
         elif how == "abandoned":
-            self.uploads[(name, len(self.uploads))] = (part, self._now())
+            self._upload_ids += 1
+            self.uploads[(name, str(self._upload_ids))] = (part, self.clock())
         else:
             asyncio.get_running_loop().call_later(self.torn.uniform(0.1, 4.0), self._land,
                                                   name, data)
@@ -141,6 +147,33 @@ class SimObjectStore:
         seen_before = self._now() - (self.list_lag if self.armed else 0.0)
         return sorted((n, self.mtimes[n]) for n, (_, t) in self.objects.items()
                       if n.startswith(prefix) and t <= seen_before)
+
+    async def list_uploads(self, prefix: str) -> _Uploads:
+        """The abandoned uploads under ``prefix``: (object name, upload id, when begun). A
+        store that never cuts uploads short has none, and answers at once (its generator
+        is left as it was); otherwise the call's latency and errors come from the torn
+        uploads' generator."""
+        if self.torn is None:
+            return []
+        await asyncio.sleep(self.torn.uniform(*self.latency))
+        if self.armed and self.torn.random() < self.error_rate:
+            self._count("tier_error")
+            raise SimTierError(f"simulated object store: list uploads {prefix} failed")
+        return sorted((n, u, t) for (n, u), (_, t) in self.uploads.items()
+                      if n.startswith(prefix))
+
+    async def abort_upload(self, name: str, upload_id: str, *, sweeping: bool = False) -> None:
+        """Abort one abandoned upload (one already gone is no error)."""
+        assert self.torn is not None  # (only listed uploads are aborted)
+        await asyncio.sleep(self.torn.uniform(*self.latency))
+        if self.armed and self.torn.random() < self.error_rate:
+            self._count("tier_error")
+            raise SimTierError(f"simulated object store: abort {name} failed")
+        if sweeping and self.before_sweep_delete is not None \
+                and (name, upload_id) in self.uploads:
+            await self.before_sweep_delete(name)
+        if self.uploads.pop((name, upload_id), None) is not None:
+            self._cover("tier_uploads_aborted")
 
     def verified(self, base: str, seq: int, ledger: int) -> bool:
         """Both objects of ``base`` are there, the index names ``seq``/``ledger`` and the
@@ -221,6 +254,13 @@ class SimTierAccess:
     async def list_objects(self, namespace: str, log: str) -> list[tuple[str, float]]:
         found = await self.store.list_dated(f"{namespace}/{log}/")
         return [(n, t) for n, t in found if attempt_base(n) is not None]
+
+    async def list_uploads(self, namespace: str, log: str) -> list[tuple[str, str, float]]:
+        found = await self.store.list_uploads(f"{namespace}/{log}/")
+        return [(n, u, t) for n, u, t in found if attempt_base(n) is not None]
+
+    async def abort_upload(self, name: str, upload_id: str) -> None:
+        await self.store.abort_upload(name, upload_id, sweeping=self.sweeping)
 
 
 # -- the tiered-storage invariants ------------------------------------------------------------

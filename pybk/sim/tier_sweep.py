@@ -12,8 +12,8 @@ What the sweep promises, checked at its instant (``tier_check`` events, as TS1/T
   read of an offloaded segment can fail because the sweep removed its objects);
 * **TS4** after the last sweep no orphan older than the grace remains: no object the
   metadata (read just before it) names no attempt of, last modified a grace or more before
-  it started. Abandoned multipart uploads are not objects (no listing shows them; an object
-  store's lifecycle rule aborts them), so they are not counted.
+  it started, and no abandoned multipart upload of such an attempt begun a grace or more
+  before it (the sweep aborts them; an abort is checked as TS3 checks a deletion).
 """
 
 from __future__ import annotations
@@ -89,6 +89,8 @@ class SweepWatch:
                                        f"names attempt {o.uid}, whose objects a sweep deleted")
         left = sorted(n for n, t in self.store.mtimes.items()
                       if attempt_base(n) not in before and t <= start - self.grace - 0.01)
+        left += sorted(f"{n} (upload {u})" for (n, u), (_, t) in self.store.uploads.items()
+                       if attempt_base(n) not in before and t <= start - self.grace - 0.01)
         for name in left[:5]:
             run.history.tier_check("TS4", False, f"{name} is an orphan older than the grace "
                                    f"({self.grace}s) after the last sweep")

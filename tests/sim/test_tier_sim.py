@@ -24,8 +24,9 @@ from pybk.sim.tier import SimObjectStore, SimTierError, check_tier
 OFFLOAD_ONLY = Workload(writers=0, readers=0, recoverers=0, deletes=False, autorecovery=False,
                         log_offload=True)
 OFFLOAD_AND_SWEEP = replace(OFFLOAD_ONLY, log_tier_sweep=True)
-#: uploads cut short all three ways, an orphan swept, and both sweep switches caught (29 Nov)
-SWEEP_SEED = 11
+#: uploads cut short all three ways, an orphan swept, an abandoned upload aborted, and both
+#: sweep switches caught (29 Nov; 11 was pinned until the sweep listed uploads too)
+SWEEP_SEED = 9
 
 
 def _index(seq: int, ledger: int, data: bytes, offsets: list[int]) -> SegmentIndex:
@@ -200,6 +201,7 @@ def test_a_log_offloading_beside_the_orphan_sweep_passes() -> None:
     cov = r.stats.coverage
     assert cov.get("workload_log_tier_sweep") == 1 and cov.get("tier_sweeps", 0) > 0
     assert cov.get("tier_orphans_swept", 0) > 0
+    assert cov.get("tier_uploads_aborted", 0) > 0  # abandoned multipart uploads too (TS4)
 
 
 @pytest.mark.parametrize(("switch", "invariant"), [
