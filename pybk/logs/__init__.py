@@ -12,6 +12,7 @@ from pybk.logs.backlog import Backlog, BacklogStats
 from pybk.logs.builder import BuiltSegment, SegmentBuilder
 from pybk.logs.config import CursorOptions, LogConfig, ReaderOptions, WriterOptions
 from pybk.logs.cursor import Cursor
+from pybk.logs.cursor_consumer import CursorConsumer
 from pybk.logs.log import Log
 from pybk.logs.meta import (
     BOOKIES,
@@ -48,6 +49,7 @@ __all__ = [
     "BacklogStats",
     "BuiltSegment",
     "Cursor",
+    "CursorConsumer",
     "CursorOptions",
     "Log",
     "LogConfig",

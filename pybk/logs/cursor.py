@@ -44,6 +44,7 @@ from pybk.logs.tail import last_position
 if TYPE_CHECKING:
     from pybk.client.writer import LedgerHandle
     from pybk.logs.catalog import LogCatalog
+    from pybk.logs.cursor_consumer import CursorConsumer
     from pybk.metadata.base import VersionedValue
 
 __all__ = ["MARK_DELETE_PAST_PENDING", "Cursor", "check_cursor_name", "delete_cursor",
@@ -86,6 +87,9 @@ class Cursor:
         #: (due loop time, position): nacked or timed-out records to hand out again
         self._redeliver: list[tuple[float, Position]] = []
         self._redeliver_wake = asyncio.Event()
+        #: receivers take turns (each record handed out to one)
+        self._dispatch = asyncio.Lock()
+        self._consumers = 0  # consumers made (their default names)
         self._want = 0  # state changes made
         self._written = 0  # state changes durable
         self._writing: asyncio.Task[None] | None = None
@@ -149,7 +153,23 @@ class Cursor:
 
     async def receive(self) -> LogRecord | None:
         """The next record to process: a redelivery that is due, else the next new one
-        (waiting for the writer); None once the log is ended and everything was handed out."""
+        (waiting for the writer); None once the log is ended and everything was handed out.
+        Callers waiting at once (the consumers of :meth:`consumer`, threads of the sync
+        facade) are served in turn, each record to one of them."""
+        async with self._dispatch:
+            return await self._receive()
+
+    def consumer(self, name: str | None = None) -> CursorConsumer:
+        """A consumer sharing this cursor with others (Pulsar's shared subscription, within
+        this process): each record goes to one consumer; what a consumer received and did
+        not acknowledge goes to the others when it closes."""
+        from pybk.logs.cursor_consumer import CursorConsumer
+
+        self._check()
+        self._consumers += 1
+        return CursorConsumer(self, name or f"{self.name}-{self._consumers}")
+
+    async def _receive(self) -> LogRecord | None:
         while True:
             self._check()
             due = await self._take_due()
@@ -171,9 +191,11 @@ class Cursor:
             finally:
                 waker.cancel()
             self._redeliver_wake.clear()
-            if not self._next.done():
-                continue
+            if self._next is None or not self._next.done():
+                continue  # (None: the cursor closed meanwhile; _check says so)
             task, self._next = self._next, None
+            if task.cancelled():
+                continue  # (the cursor closing stopped its reader; _check says so)
             try:
                 rec = task.result()
             except StopAsyncIteration:

@@ -57,16 +57,28 @@ class CursorConsumerProc(Process):
         self.instance = -1
         #: positions handed out by the current instance and not yet acked or nacked
         self.held: list[Any] = []
+        #: whether each instance shares its cursor between two consumers, drawn from a
+        #: stream of its own (the consumer's own draws stay as they were)
+        self._shared = ext.run.rng_for(f"{name}-shared") if hasattr(ext, "run") else None
+        #: the shared consumers of the current instance (none: the cursor alone), and which
+        #: one received each position held
+        self.parts: list[Any] = []
+        self.holder: dict[Any, Any] = {}
 
     async def subscribe(self) -> Any:
         ns = self.client.namespace(self.ext.namespace, clock=self.env.wall_clock,
-                                   tiers=self.env.tiers)
+                                   tiers=self.tiers())
         log = await ns.open_log(self.ext.log_name)
         cur = await log.subscribe(CURSOR, start="earliest", label=self.name,
                                   redelivery_delay=self.rng.choice((0.2, 1.0)))
         self.ext.consumers += 1
         self.instance = self.ext.consumers
         self.held = []
+        self.holder = {}
+        self.parts = []
+        if self._shared is not None and self._shared.random() < 0.5:
+            self.parts = [cur.consumer(f"{self.name}-a"), cur.consumer(f"{self.name}-b")]
+            self.cover("cursor_shared_consumers")
         md = await cur.mark_delete_position()
         self.h.cursor_open(self.name, CURSOR, self.instance, OK,
                            None if md is None else _pos(md))
@@ -105,9 +117,12 @@ class CursorConsumerProc(Process):
     async def _consume(self, cur: Any) -> str:
         """Receive and acknowledge until a restart is drawn: ``crash`` or ``close``."""
         batch = self.rng.randint(1, 4)
+        turn = 0
         while not self.stopping:
+            part = self.parts[turn % len(self.parts)] if self.parts else None
+            turn += 1
             try:
-                rec = await within(cur.receive(), _BOUND)
+                rec = await within((part or cur).receive(), _BOUND)
             except TimeoutError:
                 continue
             if rec is None:
@@ -118,9 +133,13 @@ class CursorConsumerProc(Process):
             roll = self.rng.random()
             if roll < 0.1:
                 self.h.cursor_ack(self.name, CURSOR, self.instance, _pos(rec.position), "nack")
-                cur.nack(rec.position)
+                (part or cur).nack(rec.position)
             elif roll >= 0.2:  # (0.1..0.2: left unacknowledged until the next restart)
                 self.held.append(rec.position)
+                if part is not None:
+                    self.holder[rec.position] = part
+            if part is not None and turn % 7 == 0:
+                self._replace(cur, part)
             if len(self.held) >= batch:
                 await self._ack(cur)
                 batch = self.rng.randint(1, 4)
@@ -131,6 +150,18 @@ class CursorConsumerProc(Process):
                 return "close"
         return "stopped"
 
+    def _replace(self, cur: Any, part: Any) -> None:
+        """A shared consumer closes (its unsettled records go back to the cursor, for the
+        other) and a new one takes its place."""
+        back = [p for p in self.held if self.holder.get(p) is part]
+        part.close()
+        for pos in back:
+            self.held.remove(pos)
+            del self.holder[pos]
+            self.h.cursor_ack(self.name, CURSOR, self.instance, _pos(pos), "nack")
+        self.parts[self.parts.index(part)] = cur.consumer(f"{part.name}+")
+        self.cover("cursor_shared_consumer_closed")
+
     async def _ack(self, cur: Any) -> None:
         held, self.held = self.held, []
         if self.rng.random() < 0.25:
@@ -140,7 +171,8 @@ class CursorConsumerProc(Process):
             todo = [(p, "ack") for p in held]
         for pos, how in todo:
             self.h.cursor_ack(self.name, CURSOR, self.instance, _pos(pos), how)
-            call = cur.ack(pos) if how == "ack" else cur.ack_cumulative(pos)
+            part = self.holder.pop(pos, None) if how == "ack" else None
+            call = (part or cur).ack(pos) if how == "ack" else cur.ack_cumulative(pos)
             try:
                 await within(call, _BOUND)
             except BaseException as exc:

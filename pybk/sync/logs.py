@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pybk.logs.backlog import Backlog
 from pybk.logs.config import WriterOptions
 from pybk.logs.cursor import Cursor
+from pybk.logs.cursor_consumer import CursorConsumer
 from pybk.logs.log import Log
 from pybk.logs.meta import LogMetadata, SegmentInfo
 from pybk.logs.namespace import Namespace
@@ -25,7 +26,8 @@ from pybk.logs.writer import LogWriter
 if TYPE_CHECKING:
     from pybk.sync.runner import LoopThread
 
-__all__ = ["SyncCursor", "SyncLog", "SyncLogReader", "SyncLogWriter", "SyncNamespace"]
+__all__ = ["SyncCursor", "SyncCursorConsumer", "SyncLog", "SyncLogReader", "SyncLogWriter",
+           "SyncNamespace"]
 
 T = TypeVar("T")
 
@@ -158,11 +160,52 @@ class SyncCursor(_Bound):
     def mark_delete_position(self) -> Position | None:
         return self._run(self.cursor.mark_delete_position())
 
+    def consumer(self, name: str | None = None) -> SyncCursorConsumer:
+        """A consumer sharing this cursor (one per worker thread; see
+        :meth:`pybk.logs.Cursor.consumer`)."""
+        return SyncCursorConsumer(self._runner, self._run(_consumer(self.cursor, name)))
+
     def close(self) -> None:
         with contextlib.suppress(RuntimeError):
             self._run(self.cursor.close())
 
     def __enter__(self) -> SyncCursor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class SyncCursorConsumer(_Bound):
+    """Synchronous :class:`pybk.logs.CursorConsumer`: a worker thread's share of a cursor."""
+
+    def __init__(self, runner: LoopThread, consumer: CursorConsumer) -> None:
+        super().__init__(runner)
+        self.consumer = consumer
+
+    def receive(self, timeout: float | None = None) -> LogRecord | None:
+        """The next record for this consumer (None at the end of stream); TimeoutError
+        after ``timeout``."""
+        return self._run(_receive(self.consumer, timeout))
+
+    def __iter__(self) -> Iterator[LogRecord]:
+        while (rec := self.receive()) is not None:
+            yield rec
+
+    def ack(self, position: Position | LogRecord) -> None:
+        self._run(self.consumer.ack(position))
+
+    def nack(self, position: Position | LogRecord, delay: float | None = None) -> None:
+        self._run(_nack(self.consumer, position, delay))
+
+    def pending(self) -> list[Position]:
+        return self.consumer.pending()
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._run(_close_consumer(self.consumer))
+
+    def __enter__(self) -> SyncCursorConsumer:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -242,12 +285,21 @@ class SyncLogReader(_Bound):
         self.close()
 
 
-async def _receive(cursor: Cursor, timeout: float | None) -> LogRecord | None:
+async def _receive(cursor: Cursor | CursorConsumer,
+                   timeout: float | None) -> LogRecord | None:
     return await asyncio.wait_for(cursor.receive(), timeout)
 
 
-async def _nack(cursor: Cursor, position: Position, delay: float | None) -> None:
+async def _nack(cursor: Cursor | CursorConsumer, position: Any, delay: float | None) -> None:
     cursor.nack(position, delay)
+
+
+async def _consumer(cursor: Cursor, name: str | None) -> CursorConsumer:
+    return cursor.consumer(name)
+
+
+async def _close_consumer(consumer: CursorConsumer) -> None:
+    consumer.close()
 
 
 async def _append(writer: LogWriter, data: bytes, txid: int | None) -> Position:
