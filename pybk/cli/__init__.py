@@ -25,6 +25,7 @@ from pybk.cli.bookie import bookie
 from pybk.cli.cluster import cluster
 from pybk.cli.ledger import ledger
 from pybk.cli.log import log
+from pybk.cli.log_consume import log_consume  # noqa: F401 - registers `pybk log consume`
 from pybk.cli.log_mirror import log_mirror  # noqa: F401 - registers `pybk log mirror`
 from pybk.cli.log_tier import log_cursors  # noqa: F401 - registers the data-life commands
 from pybk.cli.simulate import simulate

@@ -46,7 +46,7 @@ from pybk.logs.config import LogConfig, WriterOptions
 from pybk.logs.namespace import check_name
 from pybk.logs.position import LogRecord, Position
 
-__all__ = ["log", "parse_position"]
+__all__ = ["RECORD_FORMAT", "emit_records", "log", "parse_position"]
 
 T = TypeVar("T")
 
@@ -92,7 +92,7 @@ _NAMESPACE = click.option(
     "--namespace", "-n", default="default", show_default=True,
     callback=_checked_name("namespace"), help="The namespace the log lives in.",
 )  # fmt: skip
-_FORMAT = click.option(
+RECORD_FORMAT = click.option(
     "--format", "fmt", type=click.Choice(["text", "hex", "json", "raw"]), default="text",
     show_default=True,
     help="text: 'POSITION<TAB>DATA', DATA as text when it is printable UTF-8, else 'hex:' and "
@@ -414,7 +414,7 @@ def _printable(data: bytes) -> str | None:
     return text if text.isprintable() else None
 
 
-def _emit(records: list[LogRecord], fmt: str) -> None:
+def emit_records(records: list[LogRecord], fmt: str) -> None:
     """Print a batch of records at once (one write and flush per batch)."""
     if fmt == "raw":
         _out_bytes(b"".join(r.data + b"\n" for r in records))
@@ -444,7 +444,7 @@ def _emit(records: list[LogRecord], fmt: str) -> None:
 @click.option("--txid", type=click.IntRange(0),
               help="Start at the first record whose txid is at least this.")
 @click.option("--count", type=click.IntRange(1), help="Stop after this many records.")
-@_FORMAT
+@RECORD_FORMAT
 def log_read(
     conn: Conn,
     name: str,
@@ -480,7 +480,7 @@ def log_read(
                     batch = await _bounded(conn, reader.read_batch(want))
                     if not batch:
                         return
-                    _emit(batch, fmt)
+                    emit_records(batch, fmt)
                     if left is not None:
                         left -= len(batch)
 
@@ -493,7 +493,7 @@ def log_read(
 @_NAMESPACE
 @click.option("--from", "start", metavar="POSITION", callback=parse_position,
               help="First position to print (default: the oldest record kept).")
-@_FORMAT
+@RECORD_FORMAT
 def log_tail(conn: Conn, name: str, namespace: str, start: Position | None, fmt: str) -> None:
     """Follow NAME, printing records as they are acknowledged, until the log is marked
     ended (`pybk log append --end-of-stream`).
@@ -514,7 +514,7 @@ def log_tail(conn: Conn, name: str, namespace: str, start: Position | None, fmt:
                         batch = await reader.read_batch(_READ_BATCH)
                     if not batch:
                         return
-                    _emit(batch, fmt)
+                    emit_records(batch, fmt)
 
     _run(go())
     click.echo(f"log {name!r} ended", err=True)

@@ -17,8 +17,8 @@ from pybk.logs.cursor import check_cursor_name
 from pybk.logs.namespace import check_name
 from pybk.logs.position import Position
 
-__all__ = ["log_cursors", "log_delete_cursor", "log_offload", "log_reset_cursor",
-           "log_retention"]
+__all__ = ["cursor_argument", "log_cursors", "log_delete_cursor", "log_name_argument",
+           "log_offload", "log_reset_cursor", "log_retention", "namespace_option"]
 
 
 def _name(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -42,9 +42,11 @@ def _namespace(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
 
 
-_NAME = click.argument("name", callback=_name)
-_NAMESPACE = click.option("--namespace", "-n", default="default", show_default=True,
-                          callback=_namespace, help="The namespace the log lives in.")
+_NAME = log_name_argument = click.argument("name", callback=_name)
+_NAMESPACE = namespace_option = click.option(
+    "--namespace", "-n", default="default", show_default=True, callback=_namespace,
+    help="The namespace the log lives in.")
+cursor_argument = click.argument("cursor", callback=_cursor)
 
 
 @log.command("cursors")

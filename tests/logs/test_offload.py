@@ -6,6 +6,7 @@ ones; orphans swept."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -163,3 +164,50 @@ async def test_a_segment_whose_objects_are_gone_reads_as_a_deleted_ledger(tmp_pa
             f.unlink()
         with pytest.raises(NoSuchLedgerError):  # not FileNotFoundError: readers handle this
             await _read_all(log, positions[-1])
+
+
+async def test_an_aborted_writer_stops_its_offload_as_a_dead_process_would(
+        tmp_path: Path) -> None:
+    from pybk.logs.tier_access import open_threaded_tier
+
+    entered, release = asyncio.Event(), asyncio.Event()
+    calls: list[str] = []
+
+    class Gated:  # the production tier, its data uploads held until released
+        def __init__(self, inner) -> None:  # type: ignore[no-untyped-def]
+            self.inner = inner
+
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return getattr(self.inner, name)
+
+        async def write_data(self, path, chunks):  # type: ignore[no-untyped-def]
+            calls.append("data")
+            entered.set()
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                calls.append("cancelled")
+                raise
+            return await self.inner.write_data(path, chunks)
+
+        async def write_index(self, path, index):  # type: ignore[no-untyped-def]
+            calls.append("index")
+            return await self.inner.write_index(path, index)
+
+    async def opener(url, options):  # type: ignore[no-untyped-def]
+        return Gated(await open_threaded_tier(url, options))
+
+    async with mem_cluster() as cluster:
+        log = await cluster.client().namespace(tiers=opener).create_log("l", roll_entries=2)
+        await log.set_offload(f"file://{tmp_path}", threshold_bytes=1)
+        w = await log.writer(housekeeping_interval=0.02)
+        for i in range(4):
+            await w.append(b"rec-%d" % i)
+        await asyncio.wait_for(entered.wait(), 10)  # an offload is uploading
+        await w.abort()
+        release.set()
+        for _ in range(20):  # (an offload left running would go on to its index now)
+            await asyncio.sleep(0.01)
+        assert calls == ["data", "cancelled"]
+        assert not [f for _, _, files in os.walk(tmp_path) for f in files
+                    if f.endswith(".index")]
