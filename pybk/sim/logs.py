@@ -114,6 +114,7 @@ class LogWorkload:
             run.rng_for("tier"), run.count_fault, run.cover, clock=run.wall_clock,
             torn=run.rng_for("tier-torn") if sweeps else None)
         run.on_liveness.append(store.disarm)
+        store.dead = run.cluster.network.is_dead
         run.env.tiers = store.open
         self.tier_watch = TierWatch(run, store, self._key, NAMESPACE, LOG_NAME)
         run.cluster.on_meta_applied.append(self.tier_watch.meta_applied)
@@ -238,7 +239,7 @@ class LogWriterProc(Process):
         return f"log:{LOG_NAME}", list(lh.metadata.last_ensemble)
 
     async def _open(self) -> Any:
-        ns = self.client.namespace(NAMESPACE, clock=self.env.wall_clock, tiers=self.env.tiers)
+        ns = self.client.namespace(NAMESPACE, clock=self.env.wall_clock, tiers=self.tiers())
         log = await ns.open_log(LOG_NAME)
         w = await log.writer(label=self.name)
         self.h.log_writer_open(self.name, LOG_NAME, w.epoch, OK)
@@ -385,7 +386,7 @@ class LogReaderProc(Process):
     async def _follow(self, start: Any, stop_at: Any) -> Any:
         """One reader instance from ``start`` (None: the oldest), up to ``stop_at`` (None:
         following the tail); the position to start the next one from."""
-        ns = self.client.namespace(NAMESPACE, clock=self.env.wall_clock, tiers=self.env.tiers)
+        ns = self.client.namespace(NAMESPACE, clock=self.env.wall_clock, tiers=self.tiers())
         log = await ns.open_log(LOG_NAME)
         self.ext.readers += 1
         rid = self.ext.readers

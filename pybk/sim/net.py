@@ -220,6 +220,10 @@ class SimNetwork:
             if c == client:
                 self._reset(c, bid, "client crashed")
 
+    def is_dead(self, client: str) -> bool:
+        """Whether ``client``'s process died (:meth:`kill_client`)."""
+        return bool(self._dead_clients.get(client))
+
     # -- sending -----------------------------------------------------------------------------
 
     def _conn(self, client: str, bookie_id: str) -> Conn:

@@ -72,6 +72,12 @@ class SimObjectStore:
         self.list_lag = rng.choice((0.0, 0.5, 3.0))
         self._count = count or (lambda kind: None)
         self._cover = cover or (lambda marker: None)
+        #: whether a process (a client's name) died: its calls stop where they are
+        self.dead: Callable[[str], bool] = lambda owner: False
+
+    def cover(self, marker: str) -> None:
+        """Count a coverage marker of the run."""
+        self._cover(marker)
 
     def disarm(self) -> None:
         """Faults stop (the liveness phase)."""
@@ -90,8 +96,11 @@ class SimObjectStore:
         self.objects[name] = (bytes(data), self._now())
         self.mtimes[name] = self.clock()
 
-    async def put(self, name: str, data: bytes) -> None:
+    async def put(self, name: str, data: bytes, owner: str | None = None) -> None:
         await self._call(f"put {name}")
+        if owner is not None and self.dead(owner):
+            self._cover("tier_uploads_of_dead_processes")
+            await _never()  # (its process died before the upload completed: nothing lands)
         if self.armed and self.torn is not None and self.torn_rate \
                 and self.torn.random() < self.torn_rate:
             self._cut(name, bytes(data))
@@ -188,9 +197,11 @@ class SimObjectStore:
         return (idx.seq == seq and idx.ledger == ledger and len(data[0]) == idx.data_length
                 and crc32c.crc32c(data[0]) == idx.data_crc32c)
 
-    async def open(self, url: str, options: dict[str, Any]) -> TierAccess:
-        """The namespace's tier opener (``client.namespace(..., tiers=store.open)``)."""
-        return SimTierAccess(self, url)
+    async def open(self, url: str, options: dict[str, Any], *,
+                   owner: str | None = None) -> TierAccess:
+        """The namespace's tier opener (``client.namespace(..., tiers=store.open)``); with
+        ``owner`` (a process's name) its calls stop where they are once that process dies."""
+        return SimTierAccess(self, url, owner=owner)
 
     async def open_sweeping(self, url: str, options: dict[str, Any]) -> TierAccess:
         """The opener of the orphan sweep's namespace: its deletions are watched (TS3)."""
@@ -201,30 +212,44 @@ class SimTierAccess:
     """:class:`pybk.logs.tier_access.TierAccess` on a :class:`SimObjectStore` (the same
     object names, format and verification as :class:`pybk.logs.tier_store.TierStore`)."""
 
-    def __init__(self, store: SimObjectStore, url: str, *, sweeping: bool = False) -> None:
+    def __init__(self, store: SimObjectStore, url: str, *, sweeping: bool = False,
+                 owner: str | None = None) -> None:
         self.store = store
         self.url = url.rstrip("/")
         self.sweeping = sweeping
+        self.owner = owner
+
+    async def _alive(self) -> None:
+        """A dead process's call never goes on (nor does its caller hear back)."""
+        if self.owner is not None and self.store.dead(self.owner):
+            self.store.cover("tier_calls_of_dead_processes")
+            await _never()
 
     def base(self, namespace: str, log: str, seq: int, ledger: int, uid: str) -> str:
         return f"{namespace}/{log}/{seq}-{ledger}-{uid}"
 
     async def write_data(self, path: str, chunks: Iterable[list[bytes]]) -> tuple[int, int]:
+        await self._alive()
         data = b"".join(part for frames in chunks for part in frames)
-        await self.store.put(path + ".data", data)
+        await self.store.put(path + ".data", data, self.owner)
         return len(data), crc32c.crc32c(data)
 
     async def write_index(self, path: str, index: SegmentIndex) -> None:
-        await self.store.put(path + ".index", index.to_bytes())
+        await self._alive()
+        await self.store.put(path + ".index", index.to_bytes(), self.owner)
 
     async def read_index(self, path: str) -> SegmentIndex:
-        return SegmentIndex.from_bytes(await self.store.get(path + ".index"))
+        await self._alive()
+        found = await self.store.get(path + ".index")
+        await self._alive()
+        return SegmentIndex.from_bytes(found)
 
     async def verify(self, path: str, seq: int, ledger: int) -> SegmentIndex:
         idx = await self.read_index(path)
         if idx.seq != seq or idx.ledger != ledger:
             raise CorruptRecordError(f"offload {path}: index names segment {idx.seq} "
                                      f"ledger {idx.ledger}")
+        await self._alive()
         size = await self.store.size(path + ".data")
         if size != idx.data_length:
             raise CorruptRecordError(f"offload {path}: data object has {size} bytes, the "
@@ -241,26 +266,38 @@ class SimTierAccess:
         return idx
 
     async def read_range(self, path: str, start: int, end: int) -> bytes:
-        return await self.store.get(path + ".data", start, end)
+        await self._alive()
+        found = await self.store.get(path + ".data", start, end)
+        await self._alive()
+        return found
 
     async def delete(self, path: str) -> None:
         for suffix in (".index", ".data"):
+            await self._alive()
             await self.store.delete(path + suffix, sweeping=self.sweeping)
 
     async def list_segments(self, namespace: str, log: str) -> list[str]:
+        await self._alive()
         names = await self.store.list(f"{namespace}/{log}/")
         return sorted({n.rsplit(".", 1)[0] for n in names if n.endswith((".data", ".index"))})
 
     async def list_objects(self, namespace: str, log: str) -> list[tuple[str, float]]:
+        await self._alive()
         found = await self.store.list_dated(f"{namespace}/{log}/")
         return [(n, t) for n, t in found if attempt_base(n) is not None]
 
     async def list_uploads(self, namespace: str, log: str) -> list[tuple[str, str, float]]:
+        await self._alive()
         found = await self.store.list_uploads(f"{namespace}/{log}/")
         return [(n, u, t) for n, u, t in found if attempt_base(n) is not None]
 
     async def abort_upload(self, name: str, upload_id: str) -> None:
+        await self._alive()
         await self.store.abort_upload(name, upload_id, sweeping=self.sweeping)
+
+
+async def _never() -> None:
+    await asyncio.get_running_loop().create_future()
 
 
 # -- the tiered-storage invariants ------------------------------------------------------------

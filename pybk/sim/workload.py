@@ -16,6 +16,7 @@ The log workload (writers and tailing readers of a :mod:`pybk.logs` log) lives i
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -180,6 +181,11 @@ class Process:
 
     def stop(self) -> None:
         self.stopping = True
+
+    def tiers(self) -> TierOpener | None:
+        """The logs' tier opener for this process: its calls stop when the process dies."""
+        opener: Any = self.env.tiers  # (the simulated store's, which takes an owner)
+        return None if opener is None else functools.partial(opener, owner=self.name)
 
     def stopped(self) -> bool:
         """The stop flag (a method, so checks after an await are not "unreachable")."""

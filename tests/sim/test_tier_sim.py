@@ -210,3 +210,24 @@ def test_the_orphan_sweeps_switches_are_caught(switch: str, invariant: str) -> N
     r = run(SWEEP_SEED, duration=15.0, faults=Faults.all(), workload=OFFLOAD_AND_SWEEP,
             mutations=(switch,))
     assert invariant in {v.invariant for v in r.violations}, r.report()
+
+
+def test_a_dead_processs_tier_calls_stop_where_they_are() -> None:
+    async def go() -> None:
+        store = _quiet(random.Random(3))
+        dead: set[str] = set()
+        store.dead = dead.__contains__
+        tier = await store.open("sim://tier", {}, owner="lw1")
+        upload = asyncio.ensure_future(tier.write_data("ns/lg/1-1-u", [[b"data"]]))
+        await asyncio.sleep(0)  # (the upload is under way, in its latency)
+        dead.add("lw1")
+        await asyncio.sleep(5.0)
+        assert not upload.done() and store.objects == {}  # nothing landed, no answer
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(tier.list_objects("ns", "lg"), 5.0)
+        other = await store.open("sim://tier", {}, owner="lw2")  # a live one is served
+        await other.write_data("ns/lg/1-1-v", [[b"data"]])
+        assert list(store.objects) == ["ns/lg/1-1-v.data"]
+        upload.cancel()
+
+    _on_virtual_time(go)
