@@ -27,6 +27,9 @@ from pybk.cli.ledger import ledger
 from pybk.cli.log import log
 from pybk.cli.log_consume import log_consume  # noqa: F401 - registers `pybk log consume`
 from pybk.cli.log_mirror import log_mirror  # noqa: F401 - registers `pybk log mirror`
+from pybk.cli.log_offload_service import (  # noqa: F401 - registers `pybk log offload-service`
+    log_offload_service,
+)
 from pybk.cli.log_tier import log_cursors  # noqa: F401 - registers the data-life commands
 from pybk.cli.simulate import simulate
 from pybk.cli.table import table

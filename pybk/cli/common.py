@@ -19,6 +19,7 @@ import functools
 import logging
 import os
 import signal
+import socket
 import ssl
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -43,6 +44,7 @@ __all__ = [
     "read_token",
     "require_existing_store",
     "run_async",
+    "serve_metrics",
     "stderr_console",
     "with_client",
     "write_data",
@@ -352,3 +354,28 @@ def _quiet_libraries() -> None:
     it cannot reach ZooKeeper are noise there (``PYBK_LOG_LEVEL`` brings them back)."""
     if "PYBK_LOG_LEVEL" not in os.environ:
         logging.getLogger("kazoo").setLevel(logging.CRITICAL)
+
+
+async def serve_metrics(collector: Any, host: str, port: int) -> tuple[Any, int]:
+    """Serve ``collector``'s metrics at ``http://host:port/metrics`` (Prometheus' text
+    format; port 0: any free one): the aiohttp runner (``await runner.cleanup()`` stops it)
+    and the port bound."""
+    from aiohttp import web
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry()
+    registry.register(collector)
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    await web.SockSite(runner, sock).start()
+    return runner, sock.getsockname()[1]

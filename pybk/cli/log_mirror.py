@@ -197,24 +197,8 @@ async def _serve(src: Conn, dst: Conn, name: str, namespace: str, to_namespace: 
 
 
 async def _metrics_server(service: Any, host: str, port: int) -> tuple[Any, int]:
-    from aiohttp import web
-    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-
+    from pybk.cli.common import serve_metrics
     from pybk.ops.mirror import MirrorCollector
 
-    registry = CollectorRegistry()
-    registry.register(MirrorCollector(lambda: [(service.name, service.stats)]))
-
-    async def metrics(request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    await web.SockSite(runner, sock).start()
-    return runner, sock.getsockname()[1]
+    return await serve_metrics(MirrorCollector(lambda: [(service.name, service.stats)]),
+                               host, port)

@@ -17,8 +17,9 @@ from pybk.logs.cursor import check_cursor_name
 from pybk.logs.namespace import check_name
 from pybk.logs.position import Position
 
-__all__ = ["cursor_argument", "log_cursors", "log_delete_cursor", "log_name_argument",
-           "log_offload", "log_reset_cursor", "log_retention", "namespace_option"]
+__all__ = ["check_namespace", "cursor_argument", "log_cursors", "log_delete_cursor",
+           "log_name_argument", "log_offload", "log_reset_cursor", "log_retention",
+           "namespace_option"]
 
 
 def _name(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
@@ -40,6 +41,13 @@ def _namespace(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         return check_name("namespace", value)
     except (TypeError, ValueError) as exc:
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
+def check_namespace(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A click callback: a namespace name (or a tuple of them, for a repeated option)."""
+    if isinstance(value, tuple):
+        return tuple(_namespace(ctx, param, v) for v in value)
+    return _namespace(ctx, param, value)
 
 
 _NAME = log_name_argument = click.argument("name", callback=_name)

@@ -20,6 +20,7 @@ from pybk.logs.cursor_meta import read_cursor_states
 from pybk.logs.cursor_reset import reset_cursor
 from pybk.logs.meta import LogMetadata, SegmentInfo
 from pybk.logs.offload import offload_segments, sweep_orphans
+from pybk.logs.offload_trigger import plan_offload
 from pybk.logs.position import Position
 from pybk.logs.publish import PublishResult, publish_segments
 from pybk.logs.reader import LogReader
@@ -310,6 +311,12 @@ class Log:
         if before is not None and not isinstance(before, Position):
             raise TypeError(f"before must be a Position or None, not {type(before).__name__}")
         return await offload_segments(self._cat, self._rng, before=before)
+
+    async def offload_due(self) -> Position | None:
+        """What the log's offload triggers (``threshold_bytes``/``threshold_seconds``) say is
+        due now: offload every completed segment before the position returned; None when
+        nothing is (or the log has no trigger)."""
+        return plan_offload(await self._cat.read(), self._cat.now_ms())
 
     async def sweep_tier(self, grace: float = 3600.0) -> list[str]:
         """Delete objects in the log's tier folder that no segment refers to (left by an

@@ -8,7 +8,8 @@ endpoint and Prometheus metrics.
   and who repairs them; :mod:`.settings`: the cluster-wide switches in the metadata store;
 * :mod:`.admin`: ``client.admin()``; :mod:`.http`: the bookie's HTTP admin endpoint;
 * :mod:`.metrics`: Prometheus collectors for the bookie, the client and auto-recovery;
-* :mod:`.mirror`: a log mirror run as a service (restarted after failures) and its metrics.
+* :mod:`.mirror`: a log mirror run as a service (restarted after failures) and its metrics;
+* :mod:`.offloader`: tiered storage run as a service over namespaces' logs, and its metrics.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pybk.ops.admin import Admin, BookieInfo, RecoveryReport
 from pybk.ops.autorecovery import AutoRecovery
 from pybk.ops.config import AutoRecoveryConfig, AutoRecoveryStats
 from pybk.ops.mirror import MirrorCollector, MirrorService
+from pybk.ops.offloader import OffloadCollector, OffloadService
 from pybk.ops.settings import AutoRecoverySettings
 
 __all__ = [
@@ -28,5 +30,7 @@ __all__ = [
     "BookieInfo",
     "MirrorCollector",
     "MirrorService",
+    "OffloadCollector",
+    "OffloadService",
     "RecoveryReport",
 ]
