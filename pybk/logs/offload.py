@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
     from pybk.logs.catalog import LogCatalog
 
-__all__ = ["OFFLOAD_COMPLETE_BEFORE_UPLOAD", "SWEEP_IGNORES_ATTEMPTS_IN_PROGRESS",
+__all__ = ["OFFLOAD_COMPLETE_BEFORE_UPLOAD", "OFFLOAD_DELETES_BEFORE_REPLACING",
+           "SWEEP_IGNORES_ATTEMPTS_IN_PROGRESS",
            "SWEEP_NEEDS_INDEX", "OffloadedHandle", "delete_bookie_copies", "delete_objects",
            "offload_segments", "sweep_orphans"]
 
@@ -38,6 +39,12 @@ log = logging.getLogger(__name__)
 #: an offload attempt is recorded complete when it starts, before its objects are uploaded
 #: and verified, so the bookies' copy may go first (the simulator's TS1 catches it)
 OFFLOAD_COMPLETE_BEFORE_UPLOAD: Final = "offload_complete_before_upload"
+
+#: mutation switch: an offload deletes the objects of an earlier attempt it found incomplete
+#: before it replaces that attempt by compare-and-set, so when another offloader completes
+#: the attempt in between, the completed offload's objects are gone (and then the bookies'
+#: copy: the simulator's TS1 catches it, with the offload service beside the writer)
+OFFLOAD_DELETES_BEFORE_REPLACING: Final = "offload_deletes_before_replacing"
 
 #: mutation switch: the orphan sweep keeps only the objects of offloads recorded complete, so
 #: it deletes those of an attempt still uploading, or of a failed one still recorded (the
@@ -86,22 +93,32 @@ async def _offload_one(cat: LogCatalog, seq: int, uid: str) -> None:
     seg = md.segment(seq)
     if seg is None or seg.tier != "bookies":
         return
-    if seg.offload is not None:  # an earlier attempt that never completed
+    if seg.offload is not None and OFFLOAD_DELETES_BEFORE_REPLACING in cat.client.config.mutations:
         await delete_objects(cat, md, [seg])
     attempt = OffloadInfo(uid=uid, url=url)
     if OFFLOAD_COMPLETE_BEFORE_UPLOAD in cat.client.config.mutations:
         attempt = OffloadInfo(uid=uid, url=url, complete=True, ms=cat.now_ms())
+    replaced: list[OffloadInfo | None] = [None]
 
     def start(cur: LogMetadata) -> LogMetadata | None:
         s = cur.segment(seq)
         if s is None or s.state != COMPLETED or s.tier != "bookies":
             return None
+        replaced[0] = s.offload
         return cur.replace_segment(s.with_changes(offload=attempt))
 
     md = await cat.update(start)
     seg2 = md.segment(seq)
     if seg2 is None or seg2.offload != attempt:
         return  # truncated or offloaded meanwhile
+    old = replaced[0]
+    if old is not None:
+        # an earlier attempt that had not completed when this one replaced it, by CAS: it can
+        # no longer complete (its completion checks its uid), so its objects are deleted
+        # now, never before (another offloader may have been about to complete it)
+        old_store = await _store(cat, old.url, md)
+        await old_store.delete(old_store.base(cat.namespace, cat.name, seq, seg.ledger_id,
+                                              old.uid))
     path = store.base(cat.namespace, cat.name, seq, seg.ledger_id, uid)
     try:
         await _upload(cat, store, path, seg, md.config.offload_bytes_per_s)

@@ -24,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from pybk.errors import BKError
 from pybk.logs.meta import BOOKIES, BOTH, COMPLETED
+from pybk.logs.tier_access import TierOpener
 
 __all__ = ["LogOffloadStats", "OffloadCollector", "OffloadService"]
 
@@ -50,10 +51,12 @@ class LogOffloadStats:
 class OffloadService:
     """Offloads the logs of ``namespaces`` of ``client`` every ``interval`` seconds (see the
     module docstring). ``run_once()`` is one round; ``run()`` goes on until cancelled.
-    ``clock`` is the wall clock the logs' ages and deletion lags are judged by."""
+    ``clock`` is the wall clock the logs' ages and deletion lags are judged by; ``tiers``
+    opens the logs' tiers (``client.namespace(tiers=)``; None: fsspec)."""
 
     def __init__(self, client: Any, namespaces: Sequence[str], *, interval: float = 60.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 tiers: TierOpener | None = None) -> None:
         if not namespaces:
             raise ValueError("give at least one namespace")
         if not interval > 0:
@@ -62,6 +65,7 @@ class OffloadService:
         self.namespaces = list(namespaces)
         self.interval = interval
         self.clock = clock
+        self.tiers = tiers
         #: (namespace, log) -> its stats
         self.logs: dict[tuple[str, str], LogOffloadStats] = {}
         self.rounds = 0
@@ -82,7 +86,7 @@ class OffloadService:
         began = asyncio.get_running_loop().time()
         total = 0
         for ns_name in self.namespaces:
-            ns = self.client.namespace(ns_name, clock=self.clock)
+            ns = self.client.namespace(ns_name, clock=self.clock, tiers=self.tiers)
             for name in await ns.list_logs():
                 total += await self._one(ns, ns_name, name)
         self.rounds += 1

@@ -27,6 +27,7 @@ from pybk.sim.checker import Collector, Violation
 from pybk.sim.cursors import CursorConsumerProc, check_cursors
 from pybk.sim.history import FAIL, INFO, OK, Event, History
 from pybk.sim.loop import sleep
+from pybk.sim.offload_service import OffloadServiceProc
 from pybk.sim.tier import SimObjectStore, TierWatch, check_tier
 from pybk.sim.tier_sweep import SweepWatch, TierSweepProc
 from pybk.sim.workload import Process, ProcessEnv
@@ -73,6 +74,9 @@ class LogWorkload:
         self.tier: SimObjectStore | None = None
         self.tier_watch: TierWatch | None = None
         self.sweep_watch: SweepWatch | None = None  # (Workload.log_tier_sweep)
+        #: an offload service runs beside the writer (half the offload seeds, pybk.sim.
+        #: offload_service)
+        self.offload_service = False
 
     async def start(self) -> None:
         run = self.run
@@ -103,6 +107,8 @@ class LogWorkload:
             run.spawn(CursorConsumerProc, "cc", self)
         if self.sweep_watch is not None:
             run.spawn(TierSweepProc, "ts", self)
+        if self.offload_service:
+            run.spawn(OffloadServiceProc, "os", self)
 
     def _start_tier(self) -> dict[str, Any]:
         """The simulated object store (pybk.sim.tier) every process's namespace opens, its
@@ -121,6 +127,9 @@ class LogWorkload:
         if sweeps:
             run.cover("workload_log_tier_sweep")
             self.sweep_watch = SweepWatch(run, store, self._key, NAMESPACE, LOG_NAME)
+        self.offload_service = run.rng_for("offload-service").random() < 0.5
+        if self.offload_service:
+            run.cover("workload_offload_service")
         rng = run.rng_for("log-offload")
         # (small segments: many of them complete, and go to the tier, in a run)
         return {"roll_bytes": rng.choice((300, 1000)), "offload_url": "sim://tier",

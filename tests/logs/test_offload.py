@@ -211,3 +211,53 @@ async def test_an_aborted_writer_stops_its_offload_as_a_dead_process_would(
         assert calls == ["data", "cancelled"]
         assert not [f for _, _, files in os.walk(tmp_path) for f in files
                     if f.endswith(".index")]
+
+
+async def test_two_offloaders_of_one_log_never_delete_a_completed_offload(
+        tmp_path: Path) -> None:
+    """B found A's attempt incomplete and deleted its objects before recording its own, while
+    A completed in between: A's record said complete, its objects were gone, and the bookie
+    copy went too (found by the simulator with the offload service beside the writer)."""
+    from pybk.logs.tier_access import open_threaded_tier
+
+    def gated(method: str, entered: asyncio.Event, release: asyncio.Event):  # type: ignore[no-untyped-def]
+        class Gated:
+            def __init__(self, inner) -> None:  # type: ignore[no-untyped-def]
+                self.inner = inner
+
+            def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+                return getattr(self.inner, name)
+
+        async def held(self, *args):  # type: ignore[no-untyped-def]
+            entered.set()
+            await release.wait()
+            return await getattr(self.inner, method)(*args)
+
+        setattr(Gated, method, held)
+
+        async def opener(url, options):  # type: ignore[no-untyped-def]
+            return Gated(await open_threaded_tier(url, options))
+
+        return opener
+
+    a_in, a_go, b_in, b_go = (asyncio.Event() for _ in range(4))
+    async with mem_cluster() as cluster:
+        client = cluster.client()
+        log = await client.namespace().create_log("l")
+        async with await log.writer() as w:
+            last = [await w.append(b"rec-%d" % i) for i in range(3)][-1]
+        await log.set_offload(f"file://{tmp_path}", deletion_lag=0)
+        log_a = await client.namespace(tiers=gated("write_data", a_in, a_go)).open_log("l")
+        log_b = await client.namespace(tiers=gated("delete", b_in, b_go)).open_log("l")
+        task_a = asyncio.ensure_future(log_a.offload())
+        await asyncio.wait_for(a_in.wait(), 10)  # A recorded its attempt, is uploading
+        task_b = asyncio.ensure_future(log_b.offload())
+        await asyncio.wait_for(b_in.wait(), 10)  # B is about to delete A's objects
+        a_go.set()
+        await asyncio.wait([task_a], timeout=10)  # A finishes (completes, or is refused)
+        b_go.set()
+        await asyncio.wait_for(asyncio.gather(task_a, task_b, return_exceptions=True), 10)
+        (seg,) = await log.segments()
+        assert seg.tier in (BOTH, OFFLOADED) and seg.offload is not None
+        async with log.reader(stop_at=last) as r:  # from the tier if the bookies' copy went
+            assert [rec.data async for rec in r] == [b"rec-0", b"rec-1", b"rec-2"]

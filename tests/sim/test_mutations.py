@@ -68,7 +68,10 @@ BY_TEST = {mutations.WATCH_BASELINE_AT_FIRST_POLL:
 #: sweep and stopped meeting it: 11 (unchanged by the sweep) is pinned now. The orphan sweep's
 #: two switches need a seed that draws the sweep (half the offload seeds: 0, 17, 26, 34, 52
 #: and 58 of the first 60): the first to catch each is pinned, 17 (TS3) and 58 (TS4) since
-#: the sweep lists abandoned uploads too (0 and 52 were, before).
+#: the sweep lists abandoned uploads too (0 and 52 were, before). An offload that deletes
+#: an incomplete attempt's objects before replacing it needs a second offloader (the offload
+#: service, half the offload seeds): CI seeds 34 and 52 of the first 60 catch it (29 Nov);
+#: 34, the first, is pinned.
 #: Six more were searched for in every CI run and first caught at seeds 5-13 (29 Nov, 20-35 s
 #: each in CI, 152 s together): pinned at those seeds, each 2 runs instead of up to 14.
 #: The caller-chosen-id and deferred-sync writers (pybk.sim.ledger_modes) are drawn in one seed
@@ -90,6 +93,7 @@ BY_SEED = {mutations.ADV_ACKS_HELD_ENTRIES: 2,
            mutations.RACK_PLAN_IGNORES_WRAP: 8,
            mutations.DB_LOG_UNSYNCED: 5,
            mutations.OFFLOAD_COMPLETE_BEFORE_UPLOAD: 11,
+           mutations.OFFLOAD_DELETES_BEFORE_REPLACING: 34,
            mutations.SWEEP_IGNORES_ATTEMPTS_IN_PROGRESS: 17,
            mutations.SWEEP_NEEDS_INDEX: 58,
            mutations.MARK_DELETE_PAST_PENDING: 9,
