@@ -333,6 +333,36 @@ async def test_re_registration_never_steals_from_a_newer_incarnation(
         await s.close()
 
 
+async def test_a_restarted_bookie_takes_its_id_over_and_keeps_it_through_a_session_expiry(
+    zk_server: ZooKeeperServer, root: str
+) -> None:
+    """A bookie restarted while its previous incarnation's session still holds the
+    registration takes the id over, and its store keeps owning it: after this store's own
+    session expires, the registration comes back by itself. (A store used to report its
+    first session as a new one; the re-registration that started raced the bookie's first
+    registration, saw the previous incarnation's node and gave the id up for good.)"""
+    observer = _store(zk_server, root)
+    for trial in range(5):  # the race was lost in 4 of 5 trials
+        bookie_id = f"bk-{trial}"
+        old = _store(zk_server, root)
+        await old.register_bookie(BookieRegistration(bookie_id, "old:1"))
+        new = _store(zk_server, root)
+        await new.register_bookie(BookieRegistration(bookie_id, "new:1"))  # its first call
+        cid = new.client_id
+        assert cid is not None
+        await asyncio.to_thread(force_session_expiry, zk_server.hosts, cid)
+        await wait_until(lambda s=new: _flag(s, 1), BOUND, "the new store to notice the loss")
+
+        async def back(bookie_id: str = bookie_id) -> bool:
+            return [(r.bookie_id, r.address) for r in await observer.list_bookies()
+                    if r.bookie_id == bookie_id] == [(bookie_id, "new:1")]
+
+        await wait_until(back, BOUND, f"{bookie_id} back after the expiry (trial {trial})")
+        await old.close()
+        await new.close()
+    await observer.close()
+
+
 async def test_sync_reads_catches_a_session_up_and_a_bookie_checks_through_it(
     zk_server: ZooKeeperServer, root: str
 ) -> None:
