@@ -190,7 +190,18 @@ async def test_server_restart_in_the_middle_of_cas_writes_loses_nothing_acknowle
         await task
         final = (await writer.read_ledger(lid)).length
         assert acked <= final <= acked + unknown, (acked, unknown, final)
-        assert await writer.writable_bookies() == ["bk-1"]
+
+        async def registered() -> bool:
+            return await writer.writable_bookies() == ["bk-1"]
+
+        # The registration may be briefly absent here, and must come back by itself: a
+        # reconnect that reaches the restarting server before it has loaded its data can
+        # hang (ZooKeeper 3.8.0 leaves that socket open, ZOOKEEPER-5051), kazoo waits the
+        # session timeout (4 s) for a reply and backs off up to ~1.4 s, and meanwhile the
+        # restarted server expires the session 4 s after it started and deletes the node;
+        # the bookie's store re-creates it in its new session. BOUND (20 s) covers those
+        # ~6 s and the restart itself several times over on a loaded 2-core machine.
+        await wait_until(registered, BOUND, "the registration after the restart")
         await writer.close()
         await bookie.close()
 
