@@ -171,6 +171,11 @@ class KazooBridge:
         self.connected = self.zk.state == KazooState.CONNECTED
         if self.connected:
             self._connected_event.set()
+        if not self.started:
+            # the first session (ensure_started records its id): nothing of ours lived in an
+            # earlier one, so there is nothing to restore; reporting it as new would start a
+            # re-registration racing the caller's own first registration
+            return
         if session_id == self.session_id:
             return
         self.session_id = session_id

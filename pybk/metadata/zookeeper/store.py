@@ -108,6 +108,9 @@ class ZooKeeperMetadataStore(MetadataStore):
         self._id_pool: list[int] = []  # claimed ids, next one last
         self._id_lock = asyncio.Lock()  # one block claim at a time per store
         self._own: dict[str, BookieRegistration] = {}
+        #: one registration change at a time per store: a re-registration after a new
+        #: session and an explicit (un)registration never interleave their ZooKeeper steps
+        self._reg_lock = asyncio.Lock()
         self._ledger_watchers: DataWatches[int] = DataWatches(self._bridge, self._layout.ledger)
         self._kv = ZkKeyValues(self._bridge, self._layout)
         self._locks = ZkLocks(self._bridge, self._layout, hosts)
@@ -154,8 +157,11 @@ class ZooKeeperMetadataStore(MetadataStore):
         attempt = 0
         while self._own and not self._bridge.closed:  # until it worked or nobody wants it
             try:
-                for reg in list(self._own.values()):
-                    await self._create_registration(reg, steal=False)
+                async with self._reg_lock:  # reads _own as it is now, not as it was
+                    for bookie_id in list(self._own):
+                        reg = self._own.get(bookie_id)
+                        if reg is not None:
+                            await self._create_registration(reg, steal=False)
                 log.info("re-registered %s after a new ZooKeeper session", sorted(self._own))
                 return
             except MetadataStoreError as exc:
@@ -340,18 +346,20 @@ class ZooKeeperMetadataStore(MetadataStore):
 
     async def register_bookie(self, registration: BookieRegistration) -> None:
         check_registration(registration)
-        self._own[registration.bookie_id] = registration
-        await self._create_registration(registration)
+        async with self._reg_lock:
+            self._own[registration.bookie_id] = registration
+            await self._create_registration(registration)
 
     async def unregister_bookie(self, bookie_id: str) -> None:
         check_bookie_id(bookie_id)
-        self._own.pop(bookie_id, None)
-        for ro in (False, True):
-            with contextlib.suppress(NoNodeError):
-                await self._bridge.call(
-                    "unregister_bookie", "delete", self._layout.bookie(bookie_id, ro),
-                    expect=(NoNodeError,),
-                )
+        async with self._reg_lock:
+            self._own.pop(bookie_id, None)
+            for ro in (False, True):
+                with contextlib.suppress(NoNodeError):
+                    await self._bridge.call(
+                        "unregister_bookie", "delete", self._layout.bookie(bookie_id, ro),
+                        expect=(NoNodeError,),
+                    )
 
     async def list_bookies(self) -> list[BookieRegistration]:
         found: dict[str, BookieRegistration] = {}
