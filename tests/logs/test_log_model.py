@@ -2,8 +2,10 @@
 against a list model.
 
 Rules: appends (awaited one by one, in batches, or left in flight), flushes, rolls, writer
-crashes followed by a takeover, readers from arbitrary positions, truncation, and crash
-restarts of bookies (one down at a time: E=3 of 4 bookies keeps writing). After every step:
+crashes followed by a takeover, readers from arbitrary positions, truncation, offloading the
+completed segments to a tier (fsspec's memory filesystem; the bookies' copies deleted at
+once, so readers read them from the tier), retention by size, and crash restarts of bookies
+(one down at a time: E=3 of 4 bookies keeps writing). After every step:
 positions handed out strictly increase; a reader from any position returns exactly the model's
 records from there (every acknowledged record once, in order, nothing before the truncation
 point); a tailing reader started at the beginning has seen every acknowledged record once, in
@@ -27,7 +29,7 @@ from logs_kit import FAST
 
 from pybk import AlreadyTruncatedError, LogRecord, Position
 from pybk.cluster import LocalCluster
-from pybk.logs import LogWriter
+from pybk.logs import OFFLOADED, LogWriter
 from pybk.metadata.memory import MemoryMetadataStore
 from pybk.storage.memfs import MemFileSystem
 
@@ -38,6 +40,8 @@ CONFIG = dataclasses.replace(FAST, explicit_lac_interval=0.02)
 
 
 class LogMachine(RuleBasedStateMachine):
+    tiers = 0  # machines made (each offloads under a folder of its own)
+
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
@@ -58,6 +62,10 @@ class LogMachine(RuleBasedStateMachine):
         self.seen: list[LogRecord] = []
         self.tail = self.loop.create_task(self._tail())
         self.takeovers = 0
+        LogMachine.tiers += 1
+        self.tier = f"memory://pybk-model-{LogMachine.tiers}"
+        self.run(self.log.set_offload(self.tier, deletion_lag=0))
+        self.offloaded: set[int] = set()  # segments read from the tier from now on
 
     def run(self, coro: Any) -> Any:
         return self.loop.run_until_complete(asyncio.wait_for(coro, 30))
@@ -154,6 +162,7 @@ class LogMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def read_from_anywhere(self, data: st.DataObject) -> None:
         self._settle_inflight()
+        self._sync_truncation()
         if not self.model:
             return
         i = data.draw(st.integers(0, len(self.model) - 1))
@@ -179,6 +188,35 @@ class LogMachine(RuleBasedStateMachine):
         if Position(1, 0, 0) < self.truncated:
             with pytest.raises(AlreadyTruncatedError):
                 self.run(self.log.reader(Position(1, 0, 0)).__anext__())
+
+    @rule()
+    def offload(self) -> None:
+        self._settle_inflight()
+        done = self.run(self.log.offload())
+        segments = {s.seq: s for s in self.run(self.log.segments())}
+        for seq in done:
+            assert segments[seq].tier == OFFLOADED, segments[seq]
+        self.offloaded.update(done)
+
+    @rule(max_bytes=st.integers(1, 120))
+    def retention_by_size(self, max_bytes: int) -> None:
+        self._settle_inflight()
+        self._catch_up_tail()
+        self.run(self.log.set_retention(max_bytes=max_bytes))
+        self.run(self.log.apply_retention())
+        self.run(self.log.set_retention(max_bytes=None))
+        self._sync_truncation()
+
+    def _sync_truncation(self) -> None:
+        """Take a truncation retention made (here, or a roll's round that ran meanwhile)."""
+        cut = self.run(self.log.metadata()).truncated_before
+        if cut is None or (self.truncated is not None and cut <= self.truncated):
+            return
+        assert cut.entry == 0 and cut.slot == 0, "retention cut inside a segment"
+        current = self.writer.segment
+        assert current is None or cut.segment <= current.seq, "the open segment was cut"
+        self.truncated = cut
+        self.model = [(p, d) for p, d in self.model if p >= cut]
 
     @precondition(lambda self: self.down is None)
     @rule(which=st.sampled_from(BOOKIES))
@@ -245,6 +283,11 @@ class LogMachine(RuleBasedStateMachine):
             self.loop.run_until_complete(asyncio.wait_for(close(), 30))
         finally:
             self.loop.close()
+            import fsspec
+
+            fs = fsspec.filesystem("memory")
+            if fs.exists(self.tier):
+                fs.rm(self.tier, recursive=True)
 
 
 LogMachine.TestCase.settings = settings(
