@@ -72,7 +72,7 @@ EXPECTED = {
     # an offload recorded complete when it starts: the bookies' copy goes while the objects
     # are still being uploaded, or after an upload that failed and was cleaned up
     mutations.OFFLOAD_COMPLETE_BEFORE_UPLOAD: {"TS1", "TS2"},
-    mutations.OFFLOAD_DELETES_BEFORE_REPLACING: {"TS1", "TS2"},
+    mutations.OFFLOAD_DELETES_BEFORE_REPLACING: {"TS1", "TS2", "LG1"},
     # an orphan sweep that spares only complete offloads deletes the objects of an attempt
     # still uploading (whose bookie copy may then go: TS1, TS2), or of a failed one the log
     # still records

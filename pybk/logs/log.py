@@ -303,14 +303,18 @@ class Log:
 
         await self._cat.update(change)
 
-    async def offload(self, before: Position | None = None) -> list[int]:
+    async def offload(self, before: Position | None = None, *,
+                      take_over_after: float | None = None) -> list[int]:
         """Copy completed segments (those wholly before ``before``, or all) to the log's
         tier, verified, oldest first; their sequence numbers. The bookies' copies go after
         the deletion lag (at once with a lag of 0). Readers read offloaded segments from the
-        tier transparently; ``SegmentInfo.tier`` says where each segment is."""
+        tier transparently; ``SegmentInfo.tier`` says where each segment is. A segment whose
+        offload another offloader started less than ``take_over_after`` seconds ago is left
+        to it (None: taken over at once, as after a crash)."""
         if before is not None and not isinstance(before, Position):
             raise TypeError(f"before must be a Position or None, not {type(before).__name__}")
-        return await offload_segments(self._cat, self._rng, before=before)
+        return await offload_segments(self._cat, self._rng, before=before,
+                                      take_over_after=take_over_after)
 
     async def offload_due(self) -> Position | None:
         """What the log's offload triggers (``threshold_bytes``/``threshold_seconds``) say is

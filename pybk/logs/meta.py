@@ -56,7 +56,8 @@ class OffloadInfo:
     """A segment's copy in object storage (:mod:`pybk.logs.offload`): ``uid`` names this
     attempt's objects under ``url``; ``complete`` once both objects are written and verified;
     ``bk_deleted`` once the bookies' copy is being deleted (set before the deletion);
-    ``ms`` when it completed (wall clock)."""
+    ``ms`` when it started, then when it completed (wall clock; 0 in records older than
+    start times)."""
 
     uid: str
     url: str

@@ -21,6 +21,7 @@ from pybk.errors import (
 from pybk.logs.meta import COMPLETED, LogMetadata, OffloadInfo, SegmentInfo
 from pybk.logs.position import Position
 from pybk.logs.tier_access import TierAccess
+from pybk.logs.tier_cache import TierReadCache
 from pybk.logs.tier_store import SegmentIndex, attempt_base, frame_entries, parse_frames
 
 if TYPE_CHECKING:
@@ -62,11 +63,14 @@ async def _store(cat: LogCatalog, url: str, md: LogMetadata) -> TierAccess:
 
 
 async def offload_segments(
-    cat: LogCatalog, rng: random.Random, *, before: Position | None = None
+    cat: LogCatalog, rng: random.Random, *, before: Position | None = None,
+    take_over_after: float | None = None,
 ) -> list[int]:
     """Offload every completed segment (wholly before ``before``, when given) not offloaded
     yet, oldest first; the sequence numbers offloaded. ValueError when the log has no
-    ``offload_url``."""
+    ``offload_url``. An attempt another offloader started and has not completed is taken
+    over (replaced, its objects deleted), unless ``take_over_after`` is given and it
+    started less than that many seconds ago: then that segment is left to it."""
     md = await cat.read()
     if md.config.offload_url is None:
         raise ValueError(f"log {cat.name!r} has no offload_url (Log.set_offload)")
@@ -77,40 +81,58 @@ async def offload_segments(
         last = seg.last_position
         if before is not None and last is not None and last >= before:
             break
-        await _offload_one(cat, seg.seq, f"{rng.getrandbits(64):016x}")
-        done.append(seg.seq)
+        if await _offload_one(cat, seg.seq, f"{rng.getrandbits(64):016x}", take_over_after):
+            done.append(seg.seq)
     md = await cat.read()
     if md.config.offload_deletion_lag == 0:
         await delete_bookie_copies(cat)
     return done
 
 
-async def _offload_one(cat: LogCatalog, seq: int, uid: str) -> None:
+async def _offload_one(cat: LogCatalog, seq: int, uid: str,
+                       take_over_after: float | None) -> bool:
+    """Offload segment ``seq``; False when it was left to another offloader's recent
+    attempt (``take_over_after``)."""
     md = await cat.read()
     url = md.config.offload_url
     assert url is not None
     store = await _store(cat, url, md)
     seg = md.segment(seq)
     if seg is None or seg.tier != "bookies":
-        return
+        return True
+    now = cat.now_ms()
+
+    def left_to_another(s: SegmentInfo) -> bool:
+        o = s.offload
+        return (take_over_after is not None and o is not None and not o.complete
+                and now - o.ms < take_over_after * 1000)
+
+    if left_to_another(seg):
+        return False
     if seg.offload is not None and OFFLOAD_DELETES_BEFORE_REPLACING in cat.client.config.mutations:
         await delete_objects(cat, md, [seg])
-    attempt = OffloadInfo(uid=uid, url=url)
+    attempt = OffloadInfo(uid=uid, url=url, ms=now)
     if OFFLOAD_COMPLETE_BEFORE_UPLOAD in cat.client.config.mutations:
-        attempt = OffloadInfo(uid=uid, url=url, complete=True, ms=cat.now_ms())
+        attempt = OffloadInfo(uid=uid, url=url, complete=True, ms=now)
     replaced: list[OffloadInfo | None] = [None]
+    deferred = [False]
 
     def start(cur: LogMetadata) -> LogMetadata | None:
         s = cur.segment(seq)
         if s is None or s.state != COMPLETED or s.tier != "bookies":
             return None
+        deferred[0] = left_to_another(s)
+        if deferred[0]:
+            return None
         replaced[0] = s.offload
         return cur.replace_segment(s.with_changes(offload=attempt))
 
     md = await cat.update(start)
+    if deferred[0]:
+        return False
     seg2 = md.segment(seq)
     if seg2 is None or seg2.offload != attempt:
-        return  # truncated or offloaded meanwhile
+        return True  # truncated or offloaded meanwhile
     old = replaced[0]
     if old is not None:
         # an earlier attempt that had not completed when this one replaced it, by CAS: it can
@@ -141,6 +163,7 @@ async def _offload_one(cat: LogCatalog, seq: int, uid: str) -> None:
     except MetadataVersionError:
         await store.delete(path)
         raise
+    return True
 
 
 class _Pace:
@@ -290,17 +313,16 @@ def _gone(ledger: int, path: str) -> NoSuchLedgerError:
 
 class OffloadedHandle:
     """A read handle on an offloaded segment (what :class:`pybk.logs.LogReader` uses of a
-    ledger's ReadHandle): ranged reads of the data object with ``read_ahead`` bytes of
-    read-ahead, one buffer per handle (concurrent readers do not share a stream)."""
+    ledger's ReadHandle): its entries' spans of the data object, read through the client's
+    :class:`pybk.logs.tier_cache.TierReadCache` (aligned 1 MiB blocks, shared by the client's
+    readers, bounded in bytes)."""
 
     def __init__(self, store: TierAccess, path: str, index: SegmentIndex,
-                 read_ahead: int = 1 << 20) -> None:
+                 cache: TierReadCache | None = None) -> None:
         self._store = store
         self._path = path
         self._index = index
-        self._read_ahead = read_ahead
-        self._buf = b""
-        self._buf_start = 0
+        self._cache = cache if cache is not None else TierReadCache()
 
     @classmethod
     async def open(cls, cat: LogCatalog, md: LogMetadata, seg: SegmentInfo) -> OffloadedHandle:
@@ -313,7 +335,7 @@ class OffloadedHandle:
             index = await store.read_index(path)
         except FileNotFoundError as exc:
             raise _gone(seg.ledger_id, path) from exc
-        return cls(store, path, index)
+        return cls(store, path, index, TierReadCache.of(cat.client))
 
     @property
     def id(self) -> int:
@@ -334,17 +356,13 @@ class OffloadedHandle:
         if first < 0 or last > self._index.last_entry or first > last:
             raise ValueError(f"offloaded ledger {self.id}: bad range {first}..{last}")
         start, end = self._index.span(first, last)
-        if not (self._buf_start <= start and end <= self._buf_start + len(self._buf)):
-            fetch_end = min(self._index.data_length, max(end, start + self._read_ahead))
-            try:
-                self._buf = await self._store.read_range(self._path, start, fetch_end)
-            except FileNotFoundError as exc:
-                raise _gone(self.id, self._path) from exc
-            self._buf_start = start
-            if len(self._buf) < end - start:
-                raise CorruptRecordError(f"offloaded ledger {self.id}: data object too short")
-        lo = start - self._buf_start
-        view = self._buf[lo:lo + (end - start)]
+        try:
+            view = await self._cache.read(self._store, self._path, start, end,
+                                          self._index.data_length)
+        except FileNotFoundError as exc:
+            raise _gone(self.id, self._path) from exc
+        if len(view) < end - start:
+            raise CorruptRecordError(f"offloaded ledger {self.id}: data object too short")
         lid = self._index.ledger
         return [LedgerEntry(lid, eid, data) for eid, data in parse_frames(view, first, last)]
 
@@ -354,4 +372,4 @@ class OffloadedHandle:
         raise BKError(f"offloaded ledger {self.id} is closed at {self._index.last_entry}")
 
     async def close(self) -> None:
-        self._buf = b""
+        pass  # (its blocks stay in the client's cache for other readers)

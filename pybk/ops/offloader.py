@@ -5,9 +5,9 @@ whether or not a writer holds them; with per-log progress and Prometheus metrics
 A log's writer offloads its own log on its housekeeping rounds; a log nobody writes to (the
 usual fate of an old log) has no such rounds, so its closed segments would stay on the bookies
 for good. Pulsar's broker offloads topics it owns; pybk has no broker, so this service plays
-that part: ``pybk log offload-service`` runs one. Running beside a live writer is safe: both
-go through the same offload path, whose attempts are recorded by compare-and-set, so at worst
-one of them uploads a segment twice and the loser's objects are deleted.
+that part: ``pybk log offload-service`` runs one. Beside a live writer it defers: a segment
+whose offload another offloader started recently is left to it, so two offloaders never
+keep replacing each other's attempts; attempts are recorded by compare-and-set either way.
 """
 
 from __future__ import annotations
@@ -52,11 +52,14 @@ class OffloadService:
     """Offloads the logs of ``namespaces`` of ``client`` every ``interval`` seconds (see the
     module docstring). ``run_once()`` is one round; ``run()`` goes on until cancelled.
     ``clock`` is the wall clock the logs' ages and deletion lags are judged by; ``tiers``
-    opens the logs' tiers (``client.namespace(tiers=)``; None: fsspec)."""
+    opens the logs' tiers (``client.namespace(tiers=)``; None: fsspec). A segment whose
+    offload someone else (the log's writer) started less than ``take_over_after`` seconds
+    ago is left to them: the service never preempts a live offloader, and takes over an
+    abandoned attempt after that long."""
 
     def __init__(self, client: Any, namespaces: Sequence[str], *, interval: float = 60.0,
                  clock: Callable[[], float] = time.time,
-                 tiers: TierOpener | None = None) -> None:
+                 tiers: TierOpener | None = None, take_over_after: float = 600.0) -> None:
         if not namespaces:
             raise ValueError("give at least one namespace")
         if not interval > 0:
@@ -66,6 +69,7 @@ class OffloadService:
         self.interval = interval
         self.clock = clock
         self.tiers = tiers
+        self.take_over_after = take_over_after
         #: (namespace, log) -> its stats
         self.logs: dict[tuple[str, str], LogOffloadStats] = {}
         self.rounds = 0
@@ -104,7 +108,7 @@ class OffloadService:
                 return 0
             due = await lg.offload_due()
             if due is not None:
-                done = await lg.offload(due)
+                done = await lg.offload(due, take_over_after=self.take_over_after)
             md = await lg.metadata()
             if any(s.tier == BOTH for s in md.live_segments):
                 await lg.apply_retention()  # (the deletion lag; the log's retention too)

@@ -2,7 +2,9 @@
 own, ``offload-service``), a process runs production's :class:`pybk.ops.OffloadService`
 rounds over the simulated log now and then, beside its writer's own offloads, the readers,
 the cursor and the sweep. The writer faults aim at it too (a paused service is a zombie
-offloader; a crashed one stops its tier calls where they are). What it must keep is what
+offloader; a crashed one stops its tier calls where they are). A third of them take over
+other offloaders' attempts at once, as an offload by hand does; the others leave recent ones
+to the writer. What it must keep is what
 every offload keeps, TS1 and TS2 (:mod:`pybk.sim.tier`)."""
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ class OffloadServiceProc(Process):
     async def run(self) -> None:
         from pybk.ops.offloader import OffloadService
 
+        # (0: it takes over at once, as `pybk log offload` by hand does, racing the writer)
         service = OffloadService(self.client, [self.ext.namespace], interval=1.0,
-                                 clock=self.env.wall_clock, tiers=self.tiers())
+                                 clock=self.env.wall_clock, tiers=self.tiers(),
+                                 take_over_after=self.rng.choice((0.0, 5.0, 5.0)))
         while not self.stopping:
             await asyncio.sleep(self.rng.uniform(0.5, 4.0))
             try:
