@@ -60,9 +60,9 @@ BY_TEST = {mutations.WATCH_BASELINE_AT_FIRST_POLL:
 #: An ack before the overlapped sync and recovery reads that do not fence were first caught at
 #: CI seeds 46 and 20 once the traces moved (29 Nov): the searches took 104 s and 55 s of CI,
 #: so those seeds are pinned too (the ack before the overlapped sync at 53 since the
-#: lone-writer work of issue 41, the first overlapped-journal seed from 42 to catch it). A tenancy gate that skips its quota check breaks only seeds
-#: that draw the gate with a quota (one in sixteen draw the gate): 12 is the first CI seed
-#: that does, pinned.
+#: lone-writer work of issue 41, the first overlapped-journal seed from 42 to catch it). A
+#: tenancy gate that skips its quota check breaks only seeds that draw the gate with a quota
+#: (one in sixteen draw the gate): 12 is the first CI seed that does, pinned.
 #: A cursor's mark-delete position persisted past an unacknowledged record needs the cursor
 #: consumer (a quarter of the log seeds): CI seeds 5, 7, 9, 21, 34 and 53 of the first 60
 #: catch it (29 Nov); 9 is the quickest, pinned. An offload recorded complete before its
