@@ -195,6 +195,7 @@ bench: $(STAMP) bench-deps
 	$(PY) benchmarks/table_ops.py
 	$(PY) benchmarks/tail_latency.py
 	$(PY) benchmarks/lone_commit.py
+	$(PY) benchmarks/lone_cpu.py
 	$(PY) benchmarks/deferred_sync.py
 	$(PY) benchmarks/metrics_overhead.py
 	$(PY) benchmarks/spark_write.py --rows 200000 --rounds 2 --seeds 20 --duration 5

@@ -18,10 +18,10 @@ Design notes: docs/internals.md, "pybk/wal.py".
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import pathlib
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -30,26 +30,35 @@ from pybk.client.context import ClientConfig
 from pybk.cluster import LocalCluster
 from pybk.errors import LogExistsError, LogNotFoundError
 from pybk.logs import Log, LogWriter, Position, ReaderOptions, WriterOptions
+from pybk.logs.follow import follow_batches, pairs
 from pybk.runtime.dirlock import DirectoryLock
 from pybk.sync.runner import LoopThread
 
 __all__ = ["WAL", "AsyncWAL", "AsyncWALFollower", "WALFollower"]
 
-#: records a follower reads ahead of its consumer (in batches of what the reader has ready)
-_FOLLOW_AHEAD = 4
 
-def embedded_bookie_config() -> Any:
+#: a lone bookie's journal syncs batches of up to this many records on the loop's thread
+#: (a lone writer's entry and the LAC record riding with it): nothing else could overlap them
+LONE_INLINE_SYNC_MAX = 8
+#: seconds the synchronous facade's writer waits for the caller's next append to carry its
+#: LAC before sending it on its own (the caller comes back from another thread)
+SYNC_LAC_DELAY = 0.0005
+
+
+def embedded_bookie_config(bookies: int = 3) -> Any:
     """The embedded WAL's bookies (a ``pybk.bookie.BookieConfig``): journal segments made
     ahead and written in place (each fdatasync then flushes data only: about a fifth more
     appends per second here, and what ``pybk bookie`` does), up to 4 MiB each: they start
     at 128 KiB and double with use (a WAL of one record takes under 1 MB). Each bookie's
     garbage collector gives back what truncation deleted every 5 s (the metadata is a local
     SQLite file: listing it is cheap), so a WAL that truncates stays within a bound
-    (docs/operations.md, benchmarks/gc_soak.py)."""
+    (docs/operations.md, benchmarks/gc_soak.py). One bookie alone syncs a small batch on
+    the loop's thread (no hand-off to its sync helper: no other journal's sync to overlap)."""
     from pybk.bookie import BookieConfig
 
     return BookieConfig(journal_preallocate=True, segment_size=4 << 20, gc_interval=5.0,
-                        gc_min_ledger_age=5.0)
+                        gc_min_ledger_age=5.0,
+                        journal_inline_sync_max=LONE_INLINE_SYNC_MAX if bookies == 1 else 0)
 
 
 class AsyncWAL:
@@ -118,6 +127,8 @@ class AsyncWAL:
         #: not a coroutine, so many appends can be in flight without a task each; the open
         #: writer's own method (no wrapper: it runs once per record)
         self.append: Callable[[bytes], asyncio.Future[Position]] = self._append_closed
+        #: the synchronous facade's: the record sent at once when nothing else is in flight
+        self._append_now: Callable[[bytes], asyncio.Future[Position]] = self._append_closed
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -129,7 +140,7 @@ class AsyncWAL:
                 self._lock = DirectoryLock(self.path, "WAL directory")
                 self._lock.acquire()
                 options = dict(self._cluster_options)
-                options.setdefault("bookie_config", embedded_bookie_config())
+                options.setdefault("bookie_config", embedded_bookie_config(self._bookies))
                 dirs = settle_replica_dirs(self.path, self.replica_dirs, self._bookies)
                 if dirs is not None:
                     self.replica_dirs = dirs
@@ -162,6 +173,7 @@ class AsyncWAL:
                 self._writer_options, label=f"pid {os.getpid()}"
             )
             self.append = self._writer.append
+            self._append_now = self._writer.append_now
         except BaseException:
             await self._shutdown()
             raise
@@ -170,7 +182,7 @@ class AsyncWAL:
     async def close(self) -> None:
         """Complete the log's segment, stop the bookies (embedded), release the lock."""
         writer, self._writer = self._writer, None
-        self.append = self._append_closed
+        self.append = self._append_now = self._append_closed
         try:
             if writer is not None:
                 await writer.close()
@@ -246,7 +258,7 @@ class AsyncWAL:
 
     def _replay(self, start: Position | None) -> AsyncIterator[tuple[Position, bytes]]:
         last = self._w().last_position
-        return _pairs(self.log, start, last, self._reader_options)
+        return pairs(self.log, start, last, self._reader_options)
 
     async def follow(self, start: Position | None = None, timeout: float | None = None,
                      ) -> AsyncIterator[tuple[Position, bytes]]:
@@ -322,65 +334,6 @@ def settle_replica_dirs(path: pathlib.Path, dirs: list[pathlib.Path] | None,
             os.fsync(f.fileno())
         os.replace(tmp, record)
     return dirs
-
-
-async def _pairs(
-    log: Log, start: Position | None, last: Position | None, options: ReaderOptions | None
-) -> AsyncIterator[tuple[Position, bytes]]:
-    if last is None or (start is not None and start > last):
-        return
-    async with log.reader(start, stop_at=last, stop_at_acknowledged=True,
-                          options=options) as reader:
-        while True:
-            batch = await reader.read_batch(1024)
-            if not batch:
-                return
-            for rec in batch:
-                yield rec.position, rec.data
-
-
-async def follow_batches(log: Log, start: Position | None, timeout: float | None,
-                         options: ReaderOptions | None,
-                         ) -> AsyncIterator[list[tuple[Position, bytes]]]:
-    """What a tailing reader of ``log`` has ready, a list at a time, until ``timeout`` seconds
-    pass with nothing new. The reader runs in a task of its own that reads ahead into a
-    bounded queue: waiting with a timeout never cancels a read in the middle."""
-    if timeout is not None and timeout < 0:
-        raise ValueError(f"timeout must be >= 0 or None, got {timeout!r}")
-    if start is not None and not isinstance(start, Position):
-        raise TypeError(f"start must be a Position or None, not {type(start).__name__}")
-    queue: asyncio.Queue[list[tuple[Position, bytes]] | BaseException | None] = \
-        asyncio.Queue(_FOLLOW_AHEAD)
-    reader = log.reader(start, options=options)
-
-    async def pump() -> None:
-        try:
-            while batch := await reader.read_batch(1024):
-                await queue.put([(rec.position, rec.data) for rec in batch])
-            await queue.put(None)  # the log ended (end of stream)
-        except Exception as exc:  # handed to the consumer, raised there
-            await queue.put(exc)
-
-    task = asyncio.ensure_future(pump())
-    try:
-        while True:
-            if timeout is None:
-                item = await queue.get()
-            else:
-                try:
-                    item = await asyncio.wait_for(queue.get(), timeout)
-                except TimeoutError:
-                    return
-            if item is None:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        await reader.aclose()
 
 
 class AsyncWALFollower:
@@ -467,6 +420,10 @@ class WAL:
 
     def __init__(self, path: str | os.PathLike[str] | None = None, *,
                  loop: str | None = None, **options: Any) -> None:
+        if options.get("client") is None:  # (the caller's next append carries the LAC)
+            cfg = options.get("client_config") or ClientConfig()
+            if not cfg.immediate_lac_delay:
+                options["client_config"] = replace(cfg, immediate_lac_delay=SYNC_LAC_DELAY)
         self._runner = LoopThread(loop)
         try:
             self._wal = self._runner.run(_open(AsyncWAL(path, **options)))
@@ -489,8 +446,8 @@ class WAL:
 
     def append(self, data: bytes) -> Position:
         """Append one record; returns its position once it is durable (one hop to the
-        loop's thread and one back)."""
-        return self._runner.resolve(partial(self._wal.append, data))
+        loop's thread and one back; sent at once when nothing else is in flight)."""
+        return self._runner.resolve(partial(self._wal._append_now, data))
 
     def append_many(self, items: Sequence[bytes]) -> list[Position]:
         """Append several records; their positions once all are durable."""

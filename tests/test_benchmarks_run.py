@@ -69,6 +69,8 @@ CASES = {
                         r"wal 1 replica \(sync\)\s+[\d.]+", r"async wal default\s+[\d.]+",
                         r"1 replica p50 / sqlite p50\s+[\d.]+x  <= 1.3x  (met|NOT MET)",
                         r"default p50 / quorum floor\s+[\d.]+x", r"sync p50 / async p50"]),
+    "lone_cpu.py": (["--rounds", "1", "--count", "50", "--shapes", "sync 1 replica"],
+                    [r"sync 1 replica\s+this\s+[\d.]+\s+\d+-\d+\s+[\d.]+\s+\d+"]),
     "checkpoint.py": (["--entries", "20000", "--ledgers", "20", "--changed", "1000",
                        "--active", "5", "--rounds", "1"], [r"delta vs base"]),
     "metrics_overhead.py": (["--duration", "0.1", "--rounds", "1", "--writers", "4",

@@ -52,6 +52,10 @@ class ClientConfig:
     #: none). False: only the periodic ``explicit_lac_interval`` (fewer messages from a
     #: writer adding now and then; its entries become visible with the next add or tick).
     immediate_lac: bool = True
+    #: Seconds the immediate LAC waits for an add to carry it before it is sent on its own
+    #: (0: three loop passes, time enough for a caller on the loop who appends again at once).
+    #: ``pybk.WAL``, whose caller comes back from another thread, waits half a millisecond.
+    immediate_lac_delay: float = 0.0
     #: Entries read ahead during recovery (BookKeeper ``recoveryReadBatchSize``).
     recovery_read_batch_size: int = 1
     #: Entries read concurrently by ``read(first, last)``.
@@ -98,7 +102,7 @@ class ClientConfig:
         for name in ("add_timeout", "read_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
-        for name in ("speculative_read_delay", "explicit_lac_interval"):
+        for name in ("speculative_read_delay", "explicit_lac_interval", "immediate_lac_delay"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)!r}")
         for name in ("recovery_read_batch_size", "read_batch_size", "connections_per_bookie"):

@@ -58,6 +58,9 @@ __all__ = ["ACK_OUT_OF_ORDER", "COUNTS_REPLACED_BOOKIES_ACKS", "LAC_BEFORE_QUORU
 
 log = logging.getLogger(__name__)
 
+#: loop passes the immediate LAC waits for an add to carry it (see ``_run_actions``)
+QUIET_PASSES = 3
+
 #: mutation switch (a name in ``config.mutations``; registry: ``pybk.testing.mutations``):
 #: the writer acknowledges adds as soon as they reach Qa, not in entry-id order
 ACK_OUT_OF_ORDER: Final = "ack_out_of_order"
@@ -129,11 +132,14 @@ class AddPipeline:
         self._new_future = future_maker(self._loop)
         self._flush_scheduled = False
         self._quiet_scheduled = False
+        self._quiet_passes = 0
+        self._quiet_mark = -1  # (the LAC the last add carried when a delayed one was armed)
         self._running = False
         self._change_task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._idle: asyncio.Future[None] | None = None
         self._timeout = cfg.add_timeout
+        self._lac_delay = cfg.immediate_lac_delay
         #: the writer's add latency, errors and ensemble changes, when the client keeps
         #: metrics (never a recovery's write-back)
         self._stats: ClientStats | None = None if recovery else ctx.stats
@@ -280,11 +286,31 @@ class AddPipeline:
             actions = core.actions()
         if not self._quiet_scheduled and core.lac_due:
             # after the callers answered now had their turn: one who appends again at once
-            # carries the LAC on that add, and then there is nothing to send
+            # carries the LAC on that add, and then there is nothing to send. Three loop
+            # passes: a caller behind a log writer's record future wakes in the second and
+            # its record leaves as an add at the end of that pass, framed with the LAC
             self._quiet_scheduled = True
-            self._loop.call_soon(self._quiet)
+            if self._lac_delay:
+                self._quiet_mark = core.lac_flush.piggybacked
+                self._loop.call_later(self._lac_delay, self._quiet_delayed)
+            else:
+                self._quiet_passes = QUIET_PASSES
+                self._loop.call_soon(self._quiet_later)
         if self._idle is not None and core.idle and not self._idle.done():
             self._idle.set_result(None)
+
+    def _quiet_later(self) -> None:
+        self._quiet_passes -= 1
+        self._loop.call_soon(self._quiet_later if self._quiet_passes > 1 else self._quiet)
+
+    def _quiet_delayed(self) -> None:
+        if self.core.lac_flush.piggybacked != self._quiet_mark:
+            # adds went out meanwhile, framed with a newer LAC: the writer is busy; look
+            # again after the delay (what they left unconfirmed is due then, if still so)
+            self._quiet_scheduled = False
+            self._run()
+            return
+        self._quiet()
 
     def _quiet(self) -> None:
         self._quiet_scheduled = False

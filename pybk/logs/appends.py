@@ -2,7 +2,8 @@
 
 How a record travels: ``append`` puts it in the open batch and returns a future; the batch is
 sealed into an envelope (one ledger entry) when it reaches the size or count limit, or at the
-end of the current pass of the event loop (``flush_delay`` later if set), and pushed to the
+end of the current pass of the event loop (``flush_delay`` later if set; at once for
+``append_now``'s lone record), and pushed to the
 current segment's ledger; when the ledger acknowledges the entry (Qa bookies, in entry order)
 every record's future gets its ``Position(segment, entry, slot)``. Per record the writer keeps
 a reference and a future; lengths are packed as one array per envelope.
@@ -156,6 +157,16 @@ class AppendsMixin:
                     self._schedule_flush()
                 return fut
         return self._append_checked(data, txid)
+
+    def append_now(self, data: bytes) -> asyncio.Future[Position]:
+        """:meth:`append`, for a caller that appends one record and waits for it (the
+        synchronous WAL): with nothing else in flight or in the open batch the record is
+        sent at once, not at the end of the loop pass (a batch that can hold only it)."""
+        fut = self.append(data)
+        if self._flush_handle is not None and not self._pending_bytes and len(self._buf) == 1:
+            self.stats["lone_sends"] += 1
+            self._seal()
+        return fut
 
     def _append_checked(self, data: bytes, txid: int | None) -> asyncio.Future[Position]:
         if data.__class__ is not bytes:

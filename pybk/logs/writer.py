@@ -93,8 +93,10 @@ class LogWriter(RollingMixin):
         self._last_acked: Position | None = md.last_position()
         self._error: BaseException | None = None
         #: what this writer pushed: entries (envelopes), records, their raw bytes (with the
-        #: 4-12 bytes of length/txid each) and the bytes stored (envelopes, compressed)
-        self.stats = {"entries": 0, "records": 0, "raw_bytes": 0, "stored_bytes": 0}
+        #: 4-12 bytes of length/txid each), the bytes stored (envelopes, compressed), and the
+        #: records ``append_now`` sent at once (nothing else in flight: no batching delay)
+        self.stats = {"entries": 0, "records": 0, "raw_bytes": 0, "stored_bytes": 0,
+                      "lone_sends": 0}
         self._closed = False
         self._closing = False
         self._ended = md.end_of_stream

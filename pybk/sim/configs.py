@@ -58,6 +58,9 @@ class SimConfig:
     #: immediate_lac``, production's default), else only piggybacked and every explicit
     #: interval; drawn off in one seed of four
     immediate_lac: bool = True
+    #: seconds that immediate LAC waits for an add to carry it (``ClientConfig.
+    #: immediate_lac_delay``, as ``pybk.WAL`` sets it): 0, production's, in three seeds of four
+    lac_delay: float = 0.0
     #: seconds between the simulated auditor's periodic bookie checks (it also checks on every
     #: registry change its watch reports): 5, or production's hour in half the seeds
     auditor_bookie_check: float = 5.0
@@ -85,6 +88,7 @@ class SimConfig:
             parallel_long_polls=derive_rng(seed, "long_polls").random() < 1 / 3,
             storage="db" if derive_rng(seed, "storage").random() < 0.25 else "journal",
             immediate_lac=derive_rng(seed, "lac").random() >= 0.25,
+            lac_delay=derive_rng(seed, "lac_delay").choice((0.0, 0.0, 0.0, 0.001)),
             auditor_bookie_check=3600.0 if derive_rng(seed, "auditor_check").random() < 0.5
             else 5.0,
         )
@@ -128,6 +132,7 @@ class SimConfig:
                 f" long_polls={'parallel' if self.parallel_long_polls else 'sequential'}"
                 f"{' storage=db' if self.storage == 'db' else ''}"
                 f"{'' if self.immediate_lac else ' lac=interval'}"
+                f"{f' lac_delay={self.lac_delay:g}' if self.lac_delay else ''}"
                 f"{f' auditor_check={self.auditor_bookie_check:g}s' if self.long_audits else ''}")
 
     @property
@@ -141,6 +146,8 @@ class SimConfig:
                f"config_adds_{'batched' if self.batched_adds else 'single'}",
                f"config_long_polls_{'parallel' if self.parallel_long_polls else 'sequential'}",
                f"config_lac_{'immediate' if self.immediate_lac else 'interval'}"]
+        if self.immediate_lac and self.lac_delay:
+            out.append("config_lac_delayed")
         if self.preallocate:
             out.append("config_preallocated_segments")
         if self.checkpoints:

@@ -105,7 +105,8 @@ def _count_store_coverage(run: SimRun) -> None:
                              ("splits", "batches_splits"),
                              ("inline_syncs", "inline_syncs"),
                              ("preallocated", "segments_preallocated"),
-                             ("rotations", "segments_rotations")):
+                             ("rotations", "segments_rotations"),
+                             ("lazy", "records_held_lazily")):
             if store.journal.stats[stat]:
                 run.coverage[f"journal_{marker}"] += store.journal.stats[stat]
         for kind in ("bases", "deltas"):  # index checkpoints, and chains loaded

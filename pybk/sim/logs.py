@@ -272,6 +272,9 @@ class LogWriterProc(Process):
                 if not self.expected(exc, "log writer"):
                     return
                 self.log(f"log writer failed: {type(exc).__name__}: {exc}")
+            finally:  # (records appended with nothing in flight: sent at once, unbatched)
+                if w.stats["lone_sends"]:
+                    self.ext.run.coverage["log_records_sent_alone"] += w.stats["lone_sends"]
             if w.error is not None and not self.stopping:
                 self.log(f"log writer failed: {type(w.error).__name__}: {w.error}")
                 await w.abort()
@@ -286,7 +289,10 @@ class LogWriterProc(Process):
             self.h.log_append(self.name, LOG_NAME, p)
             self.ops += 1
         try:
-            fut = w.append(payloads[0]) if len(payloads) == 1 else w.append_many(payloads)
+            if len(payloads) > 1:
+                fut = w.append_many(payloads)
+            else:  # (one in three as the synchronous WAL appends: sent at once when alone)
+                fut = w.append_now(payloads[0]) if self.seq % 3 == 0 else w.append(payloads[0])
         except Exception as exc:  # refused before anything was queued: it did not happen
             self.expected(exc, "log append")
             for p in payloads:

@@ -231,7 +231,8 @@ class SimRun:
         return ClientConfig(add_timeout=2.0, read_timeout=2.0, speculative_read_delay=0.5,
                             long_poll_timeout=1.0, explicit_lac_interval=0.5,
                             long_poll_parallel=self.config.parallel_long_polls,
-                            immediate_lac=self.config.immediate_lac, mutations=self.mutations)
+                            immediate_lac=self.config.immediate_lac,
+                            immediate_lac_delay=self.config.lac_delay, mutations=self.mutations)
 
     # -- observing from the outside (errors; the bookies' answers: pybk.sim.observer) --------
 

@@ -64,6 +64,10 @@ class StoreConfig:
     #: synced batch of fewer is answered before the next write (see pybk.storage.journal;
     #: entries, not records: a batched add is one record of many entries)
     journal_overlap_split_min: int = 100
+    #: an explicit LAC's journal record waits for the next batch (it is a hint for readers,
+    #: learnt again from the entries after a crash), at most this long (seconds) before it is
+    #: written on its own: a lone writer's journal syncs once per entry, not twice
+    journal_lazy_wait: float = 0.005
     #: rotate the active journal segment past this size (bytes)
     segment_size: int = 64 << 20
     #: ... but the first segment after a start is only this long and each next one twice
@@ -108,6 +112,7 @@ class StoreConfig:
         _at_least(self, "journal_max_batch_count", 1)
         _at_least(self, "journal_inline_sync_max", 0)
         _at_least(self, "journal_overlap_split_min", 1)
+        _at_least(self, "journal_lazy_wait", 0.0)
         _at_least(self, "segment_size", 1)
         _at_least(self, "segment_initial_size", 0)
         _at_least(self, "journal_zero_fill_below", 0.0)

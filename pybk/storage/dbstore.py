@@ -107,7 +107,8 @@ class DbLedgerStore:
             initial_segment_size=c.segment_initial_size,
             inline_sync_max=c.journal_inline_sync_max, overlap_syncs=c.journal_overlap_syncs,
             overlap_split_min=c.journal_overlap_split_min, preallocate=c.journal_preallocate,
-            zero_fill_below=c.journal_zero_fill_below, stats=stats,
+            zero_fill_below=c.journal_zero_fill_below, lazy_wait=c.journal_lazy_wait,
+            stats=stats,
         )
         reads = DbReads(table)
         writes = DbWrites(table, self.journal, on_change)

@@ -267,7 +267,7 @@ class DbWrites:
         if lac < -1:
             raise BadRequestError(f"ledger {ledger_id}: explicit LAC {lac} (at least -1)")
         st = self._checked(ledger_id, master_key, True)
-        fut = self._journal.append(encode_explicit_lac(ledger_id, lac, body))
+        fut = self._journal.append_lazy(encode_explicit_lac(ledger_id, lac, body))
         if lac >= st.explicit_lac:
             st.explicit_lac, st.explicit_lac_body = lac, body
             self._on_change(ledger_id)

@@ -98,7 +98,8 @@ class LedgerStorage(Protocol):
 
     def write_lac(self, ledger_id: int, lac: int, body: bytes,
                   master_key: bytes) -> Awaitable[None]:
-        """Record an explicit LAC and its body durably."""
+        """Record an explicit LAC and its body durably (the journal may hold its record for
+        the next batch, ``journal_lazy_wait`` at most); readers see it at once."""
         ...
 
     def delete_ledger(self, ledger_id: int) -> Awaitable[None]:

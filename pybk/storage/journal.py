@@ -26,14 +26,16 @@ from pybk.runtime.eventloop import yield_now
 from pybk.stats import BookieStats
 from pybk.storage.fs import FileHandle, FileSystem
 from pybk.storage.index import Position
-from pybk.storage.journalbatch import JournalBatch, fail_futures
-from pybk.storage.prealloc import PREP_SUFFIX, SegmentPreparer, drop_partial
+from pybk.storage.journalbatch import JournalBatch, fail_futures, not_open
+from pybk.storage.journallazy import LazyRecords
+from pybk.storage.prealloc import PREP_SUFFIX, SegmentPreparer, drop_partial, rotation_can_wait
 from pybk.storage.records import (
     BATCH_HEADER_SIZE,
     SEGMENT_HEADER_SIZE,
     encode_batch,
     encode_segment_header,
 )
+from pybk.storage.segments import SEGMENT_SUFFIX, parse_segment_name, segment_name
 
 __all__ = ["SEGMENT_SUFFIX", "FailedCallback", "Journal", "SyncedCallback",
            "parse_segment_name", "segment_name"]
@@ -44,22 +46,6 @@ __all__ = ["SEGMENT_SUFFIX", "FailedCallback", "Journal", "SyncedCallback",
 #: lists rather than a pair per item: the hot path, no object per record.
 SyncedCallback = Callable[[int, list[Any], list[int]], None]
 FailedCallback = Callable[[list[Any], BaseException], None]
-
-SEGMENT_SUFFIX = ".seg"
-
-def segment_name(seq: int) -> str:
-    return f"{seq:016x}{SEGMENT_SUFFIX}"
-
-
-def parse_segment_name(name: str) -> int | None:
-    """The sequence number of a segment file name, None for any other file."""
-    if not name.endswith(SEGMENT_SUFFIX) or len(name) != 16 + len(SEGMENT_SUFFIX):
-        return None
-    try:
-        return int(name[:16], 16)
-    except ValueError:
-        return None
-
 
 class Journal:
     """Appends records to the active segment with serial group commit. See module docstring."""
@@ -87,6 +73,7 @@ class Journal:
         ack_before_fsync: bool = False,
         inline_sync_skips_fsync: bool = False,
         overlap_ack_before_sync: bool = False,
+        lazy_wait: float = 0.005,
         stats: BookieStats | None = None,
     ) -> None:
         self.fs = fs
@@ -118,6 +105,8 @@ class Journal:
         #: each buffered record's weight (the entries it holds: a batched add's record holds
         #: all of its batch's) and their sum, for the overlapped journal's thresholds
         self._weights: list[int] = []
+        #: records held for the next batch (:meth:`append_lazy`), at most ``lazy_wait`` s
+        self.lazy = LazyRecords(lazy_wait, self._release_lazy)
         self._entries = 0
         self._bytes = 0
         self._fh: FileHandle | None = None
@@ -141,7 +130,7 @@ class Journal:
         #: complete meanwhile, is written in two halves; a synced batch of fewer entries is
         #: completed before the next batch is written (its cohort merges with the other)
         self.overlap_split_min = max(1, overlap_split_min)
-        self._new_future: Callable[[], asyncio.Future[None]] = _no_loop
+        self._new_future: Callable[[], asyncio.Future[None]] = not_open
         self.preallocate = preallocate
         #: the active segment is a preallocated one written in place (its file is
         #: ``segment_size`` long, or longer once a batch crossed that), not appended to
@@ -149,7 +138,7 @@ class Journal:
         self._opened_at = 0.0  # loop time the active segment was opened
         self.stats = {"batches": 0, "records": 0, "bytes": 0, "rotations": 0, "write_errors": 0,
                       "inline_syncs": 0, "overlapped": 0, "splits": 0, "preallocated": 0,
-                      "zero_filled": 0, "allocated": 0, "prealloc_failures": 0}
+                      "zero_filled": 0, "allocated": 0, "prealloc_failures": 0, "lazy": 0}
         #: makes preallocated segments ahead of use (``preallocate``)
         self.preparer = SegmentPreparer(fs, directory, instance_id,
                                         segment_path=self.segment_path, size_of=self.size_of,
@@ -214,6 +203,8 @@ class Journal:
 
     async def close(self) -> None:
         """Write and sync everything appended so far, then stop and close the segment."""
+        if self.lazy.data:
+            self._release_lazy()
         self._closing = True
         if self._wake is not None:
             self._wake.set()
@@ -257,6 +248,22 @@ class Journal:
         self._futs[-1] = fut
         return fut
 
+    def append_lazy(self, data: bytes) -> asyncio.Future[None]:
+        """:meth:`append`, held for the next batch (:mod:`pybk.storage.journallazy`)."""
+        if self._data or self.failed is not None or self._closing or self._task is None:
+            return self.append(data)
+        fut = self._new_future()
+        self.stats["lazy"] += 1
+        self.lazy.hold(asyncio.get_running_loop(), data, fut)
+        return fut
+
+    def _release_lazy(self) -> None:
+        """Put the held records in the buffer, ahead of anything appended after them."""
+        data, futs = self.lazy.take()
+        for d, fut in zip(data, futs, strict=True):
+            self.append_nowait(d, None)
+            self._futs[-1] = fut
+
     def append_nowait(self, data: bytes, tag: Any, weight: int = 1) -> None:
         """Queue framed record bytes whose outcome comes only through the tag (``on_synced``
         or ``on_failed``): the hot path, no future per record. ``weight``: the entries the
@@ -265,6 +272,8 @@ class Journal:
         writes (then the tag is never handed back)."""
         if self.failed is not None or self._closing or self._task is None:
             raise self._refusal()
+        if self.lazy.data:  # (held records go first)
+            self._release_lazy()
         if not self._data:
             assert self._wake is not None and self._idle is not None
             self._wake.set()
@@ -286,6 +295,8 @@ class Journal:
 
     async def drain(self) -> None:
         """Wait until everything appended so far has been written and synced (or failed)."""
+        if self.lazy.data:
+            self._release_lazy()
         if self._idle is not None and self._task is not None:
             await self._idle.wait()
 
@@ -352,7 +363,7 @@ class Journal:
                 try:
                     await self._new_segment(old_seq + 1)
                 except OSError as exc:
-                    if (_rotation_can_wait(exc)
+                    if (rotation_can_wait(exc)
                             and drop_partial(self.fs, self.segment_path(old_seq + 1))):
                         # no room (or no descriptor) for a new segment: keep appending to
                         # this one (rotation is retried after the next batch); the owner
@@ -566,7 +577,7 @@ class Journal:
         self._weights, self._entries = [], 0
         if tags:
             self._on_failed(tags, exc)
-        fail_futures(futs, exc)
+        fail_futures([*futs, *self.lazy.take()[1]], exc)
         if self._idle is not None:
             self._idle.set()
 
@@ -575,6 +586,7 @@ class Journal:
         assert len(self._data) == len(self._tags) == len(self._futs) == len(self._weights)
         assert self._bytes == sum(len(d) for d in self._data)
         assert self._entries == sum(self._weights)
+        self.lazy._check(self._data)
         if self._done is not None:  # a synced batch awaiting its answers: overlapped only
             assert self.overlap_syncs and not self._done.completed
         if self._fh is not None and self.failed is None:
@@ -586,13 +598,3 @@ class Journal:
                 assert self.fs.file_size(self._fh.path) == want
         if self.preparer.task is not None:  # only ever the next segment is made ahead
             assert self.preallocate and self.preparer.seq == self._seq + 1
-
-
-def _rotation_can_wait(exc: OSError) -> bool:
-    """Can a failed rotation wait (the active segment taking the writes)? Yes for a full disk
-    and for no descriptor left (both pass): a flood of connections must not end a bookie."""
-    return exc.errno in (errno.ENOSPC, errno.EMFILE, errno.ENFILE)
-
-
-def _no_loop() -> asyncio.Future[None]:
-    raise RuntimeError("journal is not open")

@@ -13,7 +13,7 @@ from typing import Any
 from pybk.errors import fresh_copy
 from pybk.storage.index import Position
 
-__all__ = ["JournalBatch", "fail_futures"]
+__all__ = ["JournalBatch", "fail_futures", "not_open"]
 
 
 class JournalBatch:
@@ -45,3 +45,8 @@ def fail_futures(futs: list[asyncio.Future[None] | None], exc: BaseException) ->
         if not fut.done():
             fut.set_exception(fresh_copy(exc))
             fut.exception()
+
+
+def not_open() -> asyncio.Future[None]:
+    """A journal's future maker before it opened (no loop yet): refuses."""
+    raise RuntimeError("journal is not open")

@@ -21,7 +21,7 @@ from pybk.runtime.eventloop import gather
 from pybk.storage.fs import FileHandle, FileSystem
 from pybk.storage.records import SEGMENT_HEADER_SIZE, encode_segment_header
 
-__all__ = ["PREP_CHUNK", "PREP_SUFFIX", "SegmentPreparer", "drop_partial"]
+__all__ = ["PREP_CHUNK", "PREP_SUFFIX", "SegmentPreparer", "drop_partial", "rotation_can_wait"]
 
 #: a segment file being made ahead of use (preallocated), not yet renamed into place
 PREP_SUFFIX = ".prep"
@@ -165,3 +165,9 @@ def drop_partial(fs: FileSystem, path: str) -> bool:
     except OSError:
         return False
     return True
+
+
+def rotation_can_wait(exc: OSError) -> bool:
+    """Can a failed rotation wait (the active segment taking the writes)? Yes for a full disk
+    and for no descriptor left (both pass): a flood of connections must not end a bookie."""
+    return exc.errno in (errno.ENOSPC, errno.EMFILE, errno.ENFILE)

@@ -1,5 +1,5 @@
-"""The journal segments a :class:`~pybk.storage.store.LedgerStore` holds: what compaction
-reads and changes, and what the store's checkpoints name.
+"""The journal segments a :class:`~pybk.storage.store.LedgerStore` holds: their file names,
+what compaction reads and changes, and what the store's checkpoints name.
 
 Each sealed segment's size is known (the active one's is not: -1). Segments compaction
 retired stay named in every checkpoint until their files are known deleted, so a crash
@@ -10,7 +10,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 
-__all__ = ["SegmentTable"]
+__all__ = ["SEGMENT_SUFFIX", "SegmentTable", "parse_segment_name", "segment_name"]
+
+SEGMENT_SUFFIX = ".seg"
+
+
+def segment_name(seq: int) -> str:
+    """A journal segment's file name."""
+    return f"{seq:016x}{SEGMENT_SUFFIX}"
+
+
+def parse_segment_name(name: str) -> int | None:
+    """The sequence number of a segment file name, None for any other file."""
+    if not name.endswith(SEGMENT_SUFFIX) or len(name) != 16 + len(SEGMENT_SUFFIX):
+        return None
+    try:
+        return int(name[:16], 16)
+    except ValueError:
+        return None
 
 
 class SegmentTable:

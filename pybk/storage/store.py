@@ -134,6 +134,7 @@ class LedgerStore:
             inline_sync_max=self.config.journal_inline_sync_max,
             overlap_syncs=self.config.journal_overlap_syncs,
             overlap_split_min=self.config.journal_overlap_split_min,
+            lazy_wait=self.config.journal_lazy_wait,
             preallocate=self.config.journal_preallocate,
             zero_fill_below=self.config.journal_zero_fill_below,
             ack_before_fsync=ACK_BEFORE_FSYNC in self.config.mutations,

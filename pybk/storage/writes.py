@@ -359,7 +359,8 @@ class StoreWrites:
     def write_lac(self, ledger_id: int, lac: int, body: bytes,
                   master_key: bytes) -> Awaitable[None]:
         """Record an explicit LAC (and its digested body) durably; the awaitable completes
-        once it is synced."""
+        once it is synced. Its record makes no journal batch of its own: it rides the next
+        one (``journal_lazy_wait`` at most), so it never holds the next entry behind a sync."""
         if lac < -1:
             raise BadRequestError(f"ledger {ledger_id}: explicit LAC {lac} (at least -1)")
         if self._index.is_deleted(ledger_id):
@@ -371,7 +372,7 @@ class StoreWrites:
         key_rec = self._key_record(ledger_id, st, master_key)
         if key_rec:
             self._journal.append(key_rec, (ledger_id, -1, -1, 0, None, st))
-        fut = self._journal.append(encode_explicit_lac(ledger_id, lac, body))
+        fut = self._journal.append_lazy(encode_explicit_lac(ledger_id, lac, body))
         if lac >= st.explicit_lac:
             st.explicit_lac, st.explicit_lac_body = lac, body
             self._on_ledger_change(ledger_id)

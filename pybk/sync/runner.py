@@ -13,7 +13,6 @@ import concurrent.futures
 import contextlib
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from functools import partial
 from typing import Any, TypeVar
 
 from pybk.runtime.eventloop import new_event_loop
@@ -50,22 +49,21 @@ class LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def resolve(self, start: Callable[[], asyncio.Future[T]]) -> T:
-        """Call ``start()`` on the loop and wait for the future it returns: no task, its
-        result chained straight to a thread-safe future (a lone append's hops are most of
-        its latency)."""
+        """Call ``start()`` on the loop and wait for the future it returns: no task, no
+        thread-safe future; the loop releases a lock this thread waits on once the future is
+        done, and this thread reads the outcome (a lone append's hops are most of its
+        latency: one wake-up of this thread, no condition variable)."""
         self._refuse_own_thread()
-        done: concurrent.futures.Future[T] = concurrent.futures.Future()
-
-        def begin() -> None:
-            try:
-                fut = start()
-            except BaseException as exc:
-                done.set_exception(exc)
-                return
-            fut.add_done_callback(partial(_chain, done))
-
-        self.loop.call_soon_threadsafe(begin)
-        return done.result()
+        hand = _Handoff()
+        self.loop.call_soon_threadsafe(hand.begin, start)
+        hand.lock.acquire()
+        if hand.error is not None:
+            raise hand.error
+        fut: asyncio.Future[T] | None = hand.fut
+        assert fut is not None
+        if fut.cancelled():
+            raise concurrent.futures.CancelledError()
+        return fut.result()
 
     def iterate(self, agen: AsyncIterator[T], batch: int = 1024) -> Iterator[T]:
         """The items of ``agen``, fetched ``batch`` per hop; closes it when done or abandoned."""
@@ -88,13 +86,30 @@ class LoopThread:
         self.loop.close()
 
 
-def _chain(done: concurrent.futures.Future[T], fut: asyncio.Future[T]) -> None:
-    if fut.cancelled():
-        done.cancel()
-    elif (exc := fut.exception()) is not None:
-        done.set_exception(exc)
-    else:
-        done.set_result(fut.result())
+class _Handoff:
+    """One :meth:`LoopThread.resolve`: the lock its caller waits on (held until the outcome
+    is in), and the outcome: the done future, or what ``start()`` raised."""
+
+    __slots__ = ("error", "fut", "lock")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.lock.acquire()
+        self.fut: asyncio.Future[Any] | None = None
+        self.error: BaseException | None = None
+
+    def begin(self, start: Callable[[], asyncio.Future[Any]]) -> None:
+        try:
+            fut = start()
+        except BaseException as exc:
+            self.error = exc
+            self.lock.release()
+            return
+        fut.add_done_callback(self.done)
+
+    def done(self, fut: asyncio.Future[Any]) -> None:
+        self.fut = fut
+        self.lock.release()
 
 
 async def _take(agen: AsyncIterator[T], n: int) -> list[T]:

@@ -53,7 +53,7 @@ APPLY_BEFORE_ACK: Final = "tables_apply_before_ack"
 #: mutation switch (registry: ``pybk.testing.mutations``): a new owner serves once it has
 #: replayed, without checking that no other owner took the range over while it caught up;
 #: one that did may have truncated the logs past what this owner read, which then numbers
-#: its commands below the log's last txid (simulator seed 226; now regression seed 459)
+#: its commands below the log's last txid (simulator seed 226; now regression seed 4282)
 TABLES_CATCH_UP_UNCHECKED: Final = "tables_catch_up_unchecked"
 
 log = logging.getLogger(__name__)

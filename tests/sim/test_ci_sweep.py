@@ -52,6 +52,11 @@ MUST_RUN = (
     "config_storage_db",
     "config_lac_immediate",
     "config_lac_interval",
+    # issue 41's lone-writer paths: the immediate LAC after a delay, explicit LAC records held
+    # for the next journal batch, log records sent at once by append_now
+    "config_lac_delayed",
+    "journal_records_held_lazily",
+    "log_records_sent_alone",
     "workload_tables",
     # the bookies' tenancy gate (pybk.sim.tenancy_gate), and a quota that refused adds
     "config_tenancy_gate",

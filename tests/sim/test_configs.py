@@ -90,3 +90,21 @@ def test_the_auditor_s_periodic_check_is_drawn_short_or_production_s_hour() -> N
     for bad in (0.0, -1.0, float("inf")):
         with pytest.raises(ValueError, match="auditor_bookie_check"):
             SimConfig(auditor_bookie_check=bad)
+
+
+def test_the_lone_writer_paths_run() -> None:
+    """Issue 41's paths in a simulated run: the immediate LAC after a delay (as the
+    synchronous WAL's), explicit LAC records held for the next journal batch, and a log
+    writer's records sent at once by ``append_now``."""
+    load = sim.Workload(readers=0, recoverers=0, deletes=False, log_writers=1, log_readers=0,
+                        add_rate=40.0)
+    sc = Scenario(seed=3, duration=6.0, topology=(3, 3, 2), bookies=3,
+                  config=SimConfig(lac_delay=0.001), workload=load, plan=sim.FaultPlan(),
+                  events=[], faults_spec="none")
+    r = run(3, scenario=sc)
+    assert r.ok, r.report()
+    cov = r.stats.coverage
+    assert cov.get("config_lac_delayed") == 1, cov
+    assert cov.get("journal_records_held_lazily", 0) > 0, cov
+    assert cov.get("log_records_sent_alone", 0) > 0, cov
+    assert "lac_delay=0.001" in r.trace[0]
