@@ -6,11 +6,10 @@ confirmation. Two rules send it on its own (a ``WriteLac`` to the bookies of the
 
 * immediate (``ClientConfig.immediate_lac``, on by default): the LAC moved, nothing follows it
   in the pipeline and no entry framed since carries it. The driver asks :meth:`LacFlush.due`
-  after each round of actions and, when it is due, comes back with :meth:`LacFlush.take`
-  once three loop iterations after have run (a caller answered in this iteration, directly
-  or through a log writer's record future, who appends again at once carries the LAC on that
-  add instead: a writer at saturation sends none, a burst of confirmations costs one message,
-  an idle writer's last record one; ``ClientConfig.immediate_lac_delay``: a time instead);
+  after each round of actions and comes back with :meth:`LacFlush.take` three loop
+  iterations later (``immediate_lac_delay``: a time instead), so a caller who appends again
+  at once carries the LAC on that add: a writer at saturation sends none, an idle writer's
+  last record one (docs/internals.md);
 * periodic (``ClientConfig.explicit_lac_interval``, BookKeeper's ExplicitLacFlushPolicy): at
   a tick, when idle with entries confirmed past what the bookies were told, and no add since
   the last tick carried a newer LAC. With the immediate rule it is the fallback for a lost
