@@ -82,6 +82,7 @@ from pybk.wire import (
     WriteLacRequest,
     WriteLacResponse,
 )
+from pybk.wire.fastinit import fast_init
 
 __all__ = [
     "DEFAULT_MAX_FRAME",
@@ -142,6 +143,7 @@ _OP_OF_VERSION: Final = {(version, int(op)): op
 # --------------------------------------------------------------------------- events
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class RequestReceived:
     """A complete, valid request (server side)."""
@@ -150,6 +152,7 @@ class RequestReceived:
     request: Request
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ResponseReceived:
     """A complete, valid response (client side)."""
@@ -158,6 +161,7 @@ class ResponseReceived:
     response: Response
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class MessageRejected:
     """A frame with intact framing (length, CRC, version, known op) whose body did not parse.

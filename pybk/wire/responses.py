@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pybk.errors import BKError, Status, error_for_status, status_of
+from pybk.wire.fastinit import fast_init
 from pybk.wire.requests import (
     AddBatchRequest,
     AddRequest,
@@ -30,6 +31,7 @@ from pybk.wire.requests import (
 # metaclass's ``__getattr__`` takes every class attribute off the fast path)
 _OK = Status.OK
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AddResponse:
     status: Status
@@ -39,6 +41,7 @@ class AddResponse:
     op = Op.ADD
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ReadResponse:
     """``body`` is the stored framed entry (None when absent). ``lac`` is the bookie's LAC for
@@ -53,6 +56,7 @@ class ReadResponse:
     op = Op.READ
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ReadLacResponse:
     status: Status
@@ -63,6 +67,7 @@ class ReadLacResponse:
     op = Op.READ_LAC
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class WriteLacResponse:
     status: Status
@@ -71,6 +76,7 @@ class WriteLacResponse:
     op = Op.WRITE_LAC
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class FenceResponse:
     """``lac`` is the bookie's LAC for the ledger at fencing time."""
@@ -82,6 +88,7 @@ class FenceResponse:
     op = Op.FENCE
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ForceResponse:
     """``lac``: the last entry of the ledger the bookie holds durably once forced (-1: none),
@@ -94,6 +101,7 @@ class ForceResponse:
     op = Op.FORCE
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ListEntriesResponse:
     """``ranges`` are inclusive (first, last) entry-id runs the bookie holds, ascending."""
@@ -118,6 +126,7 @@ class BookieState(enum.StrEnum):
     STOPPED = "stopped"
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class BookieInfoResponse:
     status: Status
@@ -131,6 +140,7 @@ class BookieInfoResponse:
     op = Op.BOOKIE_INFO
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AuthResponse:
     status: Status
@@ -138,6 +148,7 @@ class AuthResponse:
     op = Op.AUTH
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AddBatchResponse:
     """The answer to an :class:`AddBatchRequest` of ``count`` entries. ``statuses`` is empty
@@ -152,6 +163,7 @@ class AddBatchResponse:
     op = Op.ADD_BATCH
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ReadBatchResponse:
     """The answer to a :class:`ReadBatchRequest`: ``entries`` holds ``(entry_id, status,
