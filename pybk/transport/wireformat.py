@@ -91,7 +91,6 @@ MAX_TIMEOUT: Final = 24 * 3600.0  # long-poll timeouts beyond a day are refused
 BODY_OFFSET: Final = PREFIX_SIZE - 4 + HEADER_SIZE
 STATUS_BY_CODE: Final = {int(s): s for s in Status}
 
-_STATUSES: Final = frozenset(int(s) for s in Status)
 _Q = struct.Struct(">q")
 _H = struct.Struct(">H")
 _I = struct.Struct(">I")
@@ -136,38 +135,48 @@ class BodyWriter:
 
 
 class BodyReader:
-    """Reads a body strictly: every length is checked against the bytes left before use."""
+    """Reads a body strictly: every length is checked against the bytes left before use.
 
-    __slots__ = ("data", "pos")
+    ``start``: where the body begins in ``data`` (a whole frame can be read in place; every
+    byte string read is a copy, so nothing read keeps a view of ``data``)."""
 
-    def __init__(self, data: memoryview) -> None:
+    __slots__ = ("data", "end", "pos")
+
+    def __init__(self, data: memoryview | bytes, start: int = 0) -> None:
         self.data = data
-        self.pos = 0
+        self.pos = start
+        self.end = len(data)
 
     def left(self) -> int:
-        return len(self.data) - self.pos
+        return self.end - self.pos
 
     def take(self, st: struct.Struct) -> tuple[Any, ...]:
-        if st.size > self.left():
-            raise ProtocolError(f"body truncated: need {st.size} bytes, {self.left()} left")
-        values = st.unpack_from(self.data, self.pos)
-        self.pos += st.size
-        return values
+        pos = self.pos
+        size = st.size
+        if pos + size > self.end:
+            raise ProtocolError(f"body truncated: need {size} bytes, {self.end - pos} left")
+        self.pos = pos + size
+        return st.unpack_from(self.data, pos)
 
     def i64(self) -> int:
         return int(self.take(_Q)[0])
 
     def blob(self, limit: int | None = None) -> bytes | None:
-        (n,) = self.take(_I)
+        pos = self.pos
+        left = self.end - pos
+        if left < 4:
+            raise ProtocolError(f"body truncated: need 4 bytes, {left} left")
+        (n,) = _I.unpack_from(self.data, pos)
+        pos += 4
         if n == NONE_LEN:
+            self.pos = pos
             return None
-        if n > self.left():
-            raise ProtocolError(f"byte string of {n} bytes exceeds the {self.left()} bytes left")
+        if n > left - 4:
+            raise ProtocolError(f"byte string of {n} bytes exceeds the {left - 4} bytes left")
         if limit is not None and n > limit:
             raise ProtocolError(f"string of {n} bytes exceeds its {limit}-byte cap")
-        out = bytes(self.data[self.pos : self.pos + n])
-        self.pos += n
-        return out
+        self.pos = pos + n
+        return bytes(self.data[pos : pos + n])
 
     def required_blob(self, what: str, limit: int | None = None) -> bytes:
         data = self.blob(limit)
@@ -184,11 +193,12 @@ class BodyReader:
 
     def status(self) -> Status:
         (code,) = self.take(_H)
-        if code not in _STATUSES:
+        status = STATUS_BY_CODE.get(code)
+        if status is None:
             raise ProtocolError(f"unknown status code {code}")
-        return Status(code)
+        return status
 
     def done(self) -> None:
-        if self.left():
-            raise ProtocolError(f"{self.left()} trailing bytes after the message body")
+        if self.pos != self.end:
+            raise ProtocolError(f"{self.end - self.pos} trailing bytes after the message body")
 

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from pybk.wire.fastinit import fast_init
+
 # --------------------------------------------------------------------------- operations
 
 #: ``Status`` (the wire status codes) lives in :mod:`pybk.errors` with the error classes it
@@ -42,6 +44,7 @@ class Op(enum.IntEnum):
 LAST_ENTRY: Final = -1
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AddRequest:
     """Store one framed entry. ``body`` is the whole digested entry (see module doc).
@@ -60,6 +63,7 @@ class AddRequest:
     op = Op.ADD
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ReadRequest:
     """Read one entry.
@@ -81,6 +85,7 @@ class ReadRequest:
     op = Op.READ
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ReadLacRequest:
     """Ask for the explicit LAC body and the last entry the bookie holds."""
@@ -89,6 +94,7 @@ class ReadLacRequest:
     op = Op.READ_LAC
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class WriteLacRequest:
     """Store an explicit LAC (``body`` = digested (ledger_id, lac), see :func:`frame_lac`)."""
@@ -100,6 +106,7 @@ class WriteLacRequest:
     op = Op.WRITE_LAC
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class FenceRequest:
     """Fence a ledger (durably) without reading an entry."""
@@ -109,6 +116,7 @@ class FenceRequest:
     op = Op.FENCE
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ForceRequest:
     """Answer once every deferred-sync add of the ledger this bookie acknowledged before is
@@ -119,6 +127,7 @@ class ForceRequest:
     op = Op.FORCE
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ListEntriesRequest:
     """Which entries of a ledger does this bookie hold?"""
@@ -127,6 +136,7 @@ class ListEntriesRequest:
     op = Op.LIST_ENTRIES
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class BookieInfoRequest:
     """Free space, total space and state of the bookie. ``versions=True`` also asks for the
@@ -137,6 +147,7 @@ class BookieInfoRequest:
     op = Op.BOOKIE_INFO
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AuthRequest:
     """Authenticate a connection with a token (TCP transport only)."""
@@ -145,6 +156,7 @@ class AuthRequest:
     op = Op.AUTH
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class AddBatchRequest:
     """Store several framed entries of one ledger: ``bodies[i]`` is entry ``entry_ids[i]``
@@ -173,6 +185,7 @@ def batch_bytes(bodies: Sequence[bytes]) -> int:
     return total if isinstance(total, int) else sum(map(len, bodies))
 
 
+@fast_init
 @dataclass(frozen=True, slots=True)
 class ReadBatchRequest:
     """Read the entries ``entry_ids`` of one ledger from one bookie (protocol version 2).
