@@ -5,12 +5,17 @@
 An add is journaled; once the fsync that covers it returns, the entry enters the write cache
 of the ledger table (:class:`~pybk.storage.dbledgers.DbLedgers`) and its caller is answered.
 Ledger metadata takes effect in memory at once and is answered after the covering fsync.
+
+Backpressure: while a flush of the write cache is in flight and the cache filling beside it
+has passed its bound too (both caches full), adds are held, in order, and run when the flush
+ends (:meth:`DbWrites.release`): their callers wait, as BookKeeper's throttled adds do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import struct
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -128,14 +133,46 @@ class DbCompletions:
 
 
 class DbWrites:
-    """The db engine's write part. Given the ledger table, the journal and the store's
-    ``on_ledger_change``."""
+    """The db engine's write part. Given the ledger table, the journal, the store's
+    ``on_ledger_change`` and ``full()``: whether both write caches are full (adds are then
+    held until :meth:`release`)."""
 
     def __init__(self, table: DbLedgers, journal: Journal,
-                 on_change: Callable[[int], None]) -> None:
+                 on_change: Callable[[int], None],
+                 full: Callable[[], bool] = lambda: False) -> None:
         self._t = table
         self._journal = journal
         self._on_change = on_change
+        self._full = full
+        #: adds held while both caches are full: (the add, how to fail it), oldest first
+        self.held: deque[tuple[Callable[[], None], Callable[[BKError], None]]] = deque()
+        #: adds ever held
+        self.held_count = 0
+
+    def _hold(self, call: Callable[[], None], fail: Callable[[BKError], None]) -> bool:
+        """Hold an add (True) when both caches are full or adds are held already (adds stay
+        in order)."""
+        if not self.held and not self._full():
+            return False
+        self.held.append((call, fail))
+        self.held_count += 1
+        return True
+
+    def release(self) -> None:
+        """The flush ended: run the held adds, in order (an add refused now, e.g. its ledger
+        fenced meanwhile, is answered with the refusal)."""
+        held, self.held = self.held, deque()
+        for call, fail in held:
+            try:
+                call()
+            except BKError as exc:
+                fail(exc)
+
+    def fail_held(self, exc: BaseException) -> None:
+        """A crash: every held add fails with ``exc``."""
+        held, self.held = self.held, deque()
+        for _call, fail in held:
+            fail(_bk(fresh_copy(exc)))
 
     def _checked(self, lid: int, key: bytes, recovery: bool, *, create: bool = True,
                  deleted: type[BKError] = LedgerFencedError) -> DbLedger:
@@ -168,6 +205,9 @@ class DbWrites:
     def add_entry(self, ledger_id: int, entry_id: int, body: bytes, master_key: bytes,
                   recovery: bool, on_done: AddCallback) -> None:
         """Journal one framed entry; ``on_done(error)`` once (see LedgerStorage)."""
+        if self._hold(lambda: self.add_entry(ledger_id, entry_id, body, master_key, recovery,
+                                             on_done), on_done):
+            return
         t = self._t
         if len(body) < ENTRY_HEADER_SIZE:
             raise BadRequestError(
@@ -207,6 +247,10 @@ class DbWrites:
                   master_key: bytes, recovery: bool, on_done: BatchCallback) -> None:
         """Entries of one ledger: each checked like a single add, the new ones journaled as
         one append (their records back to back); ``on_done`` once for the lot."""
+        if self._hold(lambda: self.add_batch(ledger_id, entry_ids, bodies, master_key,
+                                             recovery, on_done),
+                      lambda exc: on_done([exc] * len(bodies))):
+            return
         t = self._t
         st = self._checked(ledger_id, master_key, recovery)
         if len(entry_ids) != len(bodies) or not bodies:

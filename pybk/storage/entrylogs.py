@@ -125,8 +125,18 @@ class EntryLogs:
 
     async def write(self, log_id: int,
                     items: Iterable[tuple[int, int, bytes]]) -> LogInfo:
-        """Write log ``log_id`` of ``items`` (ascending (ledger, entry)) and sync it."""
+        """Write log ``log_id`` of ``items`` (ascending (ledger, entry)) and sync it: the
+        writes and syncs off the event loop (:meth:`FileSystem.offload`), so ``items`` must
+        not change meanwhile; then the directory's fsync."""
         self.fs.makedirs(self.dir)
+        info = await self.fs.offload(lambda: self.write_now(log_id, items))
+        await self.fs.fsync_dir(self.dir)
+        return info
+
+    def write_now(self, log_id: int, items: Iterable[tuple[int, int, bytes]]) -> LogInfo:
+        """:meth:`write`'s file work, blocking (no directory fsync): the log and its index
+        written and synced (``FileHandle.sync_now``). Touches nothing of ``self`` but the
+        two new files, so it may run on another thread."""
         data = self.fs.open_append(self.path(log_id, "log"), bulk=True)
         idx = self.fs.open_append(self.path(log_id, "idx"), bulk=True)
         info = LogInfo(log_id, 0)
@@ -153,12 +163,11 @@ class EntryLogs:
             data.write(chunk)
             idx.write(rows)
             if not self.skip_sync:
-                await data.sync()
-                await idx.sync()
+                data.sync_now()
+                idx.sync_now()
         finally:
             data.close()
             idx.close()
-        await self.fs.fsync_dir(self.dir)
         info.size = offset
         return info
 
