@@ -27,6 +27,8 @@ import asyncio
 import json
 import posixpath
 from collections.abc import Awaitable, Callable, Container
+from itertools import groupby
+from operator import itemgetter
 from typing import Any, Final
 
 from pybk.errors import CorruptRecordError
@@ -36,7 +38,7 @@ from pybk.storage.config import JOURNAL_DIR, StoreConfig
 from pybk.storage.dbledgers import DbLedgers
 from pybk.storage.dbreads import DbReads
 from pybk.storage.dbwrites import DbCompletions, DbWrites
-from pybk.storage.entrylogs import EntryLogs, summary_from_json, summary_to_json
+from pybk.storage.entrylogs import EntryLogs, Run, summary_from_json, summary_to_json
 from pybk.storage.fs import FileSystem
 from pybk.storage.index import Position
 from pybk.storage.journal import Journal, parse_segment_name, segment_name
@@ -55,6 +57,17 @@ DB_LOG_UNSYNCED: Final = "db_log_unsynced"
 #: mutation switch: a compaction's checkpoint names the journal's end, as if the write cache
 #: were in the entry logs (the journal before it is trimmed at the next start: lost at a crash)
 DB_COMPACTION_COVERS_CACHE: Final = "db_compaction_covers_cache"
+
+
+def _sorted_run(item: tuple[int, dict[int, bytes]]) -> Run:
+    """One ledger's cached entries as an entry log run, ids ascending (they were cached in
+    that order unless a writer sent them out of it)."""
+    lid, entries = item
+    eids = list(entries)
+    ordered = sorted(eids)  # (linear on ids already in order)
+    if ordered != eids:
+        return lid, ordered, list(map(entries.__getitem__, ordered))
+    return lid, eids, list(entries.values())
 
 
 class DbLedgerStore:
@@ -287,9 +300,7 @@ class DbLedgerStore:
             # (the ledgers listed here, on the loop: a deletion meanwhile drops one from
             # ``flushing``, never changes one's entries, which the write reads off it)
             runs = [(lid, flushing[lid]) for lid in sorted(flushing)]
-            info = await self.logs.write(log_id, (
-                (lid, eid, body) for lid, entries in runs
-                for eid, body in sorted(entries.items())))
+            info = await self.logs.write(log_id, map(_sorted_run, runs))
             for lid in list(info.ledgers):
                 if self.is_deleted(lid):  # deleted while it was being flushed
                     del info.ledgers[lid]
@@ -342,7 +353,10 @@ class DbLedgerStore:
             log_id = self._next_log
             self._next_log += 1
             if items:
-                info = await self.logs.write(log_id, iter(items))
+                info = await self.logs.write(log_id, [
+                    (lid, [eid for _, eid, _ in run], [body for _, _, body in run])
+                    for lid, run in ((lid, list(group))
+                                     for lid, group in groupby(items, key=itemgetter(0)))])
                 self.logs.add(info)
                 result.entries_moved = len(items)
                 result.bytes_moved = info.size

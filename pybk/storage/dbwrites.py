@@ -57,6 +57,8 @@ class _Batch:
     entry_ids: list[int]
     bodies: list[bytes]
     on_done: Callable[[BKError | None], None]
+    #: the highest LAC the bodies carry
+    lac: int
 
 
 def _bk(exc: BaseException) -> BKError:
@@ -103,14 +105,16 @@ class DbCompletions:
     def _batch_synced(self, tag: _Batch) -> None:
         t = self._t
         lid = tag.ledger_id
+        pending = t.pending
+        for eid in tag.entry_ids:
+            pending.pop((lid, eid), None)
         st = t.ledgers.get(lid)
-        live = st is not None and lid not in t.deleted
-        for eid, body in zip(tag.entry_ids, tag.bodies, strict=True):
-            t.pending.pop((lid, eid), None)
-            if live and st is not None:
-                t.cached(lid, st, eid, body)
-            for waiter in t.waiting.pop((lid, eid), ()):
-                waiter(None)
+        if st is not None and lid not in t.deleted:
+            t.cached_run(lid, st, tag.entry_ids, tag.bodies, tag.lac)
+        if t.waiting:
+            for eid in tag.entry_ids:
+                for waiter in t.waiting.pop((lid, eid), ()):
+                    waiter(None)
         tag.on_done(None)
 
     def on_failed(self, tags: list[Any], exc: BaseException) -> None:
@@ -291,10 +295,10 @@ class DbWrites:
                 for eid in new_ids:
                     settle(index[eid], error)
 
-            self._journal.append_nowait(b"".join(map(encode_entry, new_bodies)),
-                                       _Batch(ledger_id, new_ids, new_bodies, batch_done),
-                                       len(new_ids))
             lac = max(map(piggyback_lac, new_bodies))
+            self._journal.append_nowait(b"".join(map(encode_entry, new_bodies)),
+                                       _Batch(ledger_id, new_ids, new_bodies, batch_done, lac),
+                                       len(new_ids))
             if lac > st.arrived_lac:
                 st.arrived_lac = lac
                 self._on_change(ledger_id)
