@@ -140,7 +140,7 @@ class DbLedgers:
         entries = self.cache.get(lid)
         if entries is None:
             entries = self.cache[lid] = {}
-        if entries:  # (some held already: only the others count)
+        if not entries.keys().isdisjoint(eids):  # (some held already: only the others count)
             fresh = [(eid, body) for eid, body in zip(eids, bodies, strict=True)
                      if eid not in entries]
             entries.update(fresh)
