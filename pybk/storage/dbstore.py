@@ -280,9 +280,7 @@ class DbLedgerStore:
             self._in_flush = settled = True
             try:
                 return await self._flush_cache()
-            except OSError:
-                raise
-            except BaseException:  # (a crash: the adds held have failed already)
+            except asyncio.CancelledError:  # (a crash: the adds held have failed already)
                 settled = False
                 raise
             finally:
