@@ -153,14 +153,13 @@ class DbWrites:
         #: adds ever held
         self.held_count = 0
 
-    def _hold(self, call: Callable[[], None], fail: Callable[[BKError], None]) -> bool:
-        """Hold an add (True) when both caches are full or adds are held already (adds stay
-        in order)."""
-        if not self.held and not self._full():
-            return False
+    def _must_hold(self) -> bool:
+        """Both caches are full, or adds are held already (adds stay in order)."""
+        return bool(self.held) or self._full()
+
+    def _hold(self, call: Callable[[], None], fail: Callable[[BKError], None]) -> None:
         self.held.append((call, fail))
         self.held_count += 1
-        return True
 
     def release(self) -> None:
         """The flush ended: run the held adds, in order (an add refused now, e.g. its ledger
@@ -209,8 +208,9 @@ class DbWrites:
     def add_entry(self, ledger_id: int, entry_id: int, body: bytes, master_key: bytes,
                   recovery: bool, on_done: AddCallback) -> None:
         """Journal one framed entry; ``on_done(error)`` once (see LedgerStorage)."""
-        if self._hold(lambda: self.add_entry(ledger_id, entry_id, body, master_key, recovery,
-                                             on_done), on_done):
+        if self._must_hold():
+            self._hold(lambda: self.add_entry(ledger_id, entry_id, body, master_key, recovery,
+                                              on_done), on_done)
             return
         t = self._t
         if len(body) < ENTRY_HEADER_SIZE:
@@ -251,9 +251,10 @@ class DbWrites:
                   master_key: bytes, recovery: bool, on_done: BatchCallback) -> None:
         """Entries of one ledger: each checked like a single add, the new ones journaled as
         one append (their records back to back); ``on_done`` once for the lot."""
-        if self._hold(lambda: self.add_batch(ledger_id, entry_ids, bodies, master_key,
-                                             recovery, on_done),
-                      lambda exc: on_done([exc] * len(bodies))):
+        if self._must_hold():
+            self._hold(lambda: self.add_batch(ledger_id, entry_ids, bodies, master_key,
+                                              recovery, on_done),
+                       lambda exc: on_done([exc] * len(bodies)))
             return
         t = self._t
         st = self._checked(ledger_id, master_key, recovery)
