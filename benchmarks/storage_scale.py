@@ -10,6 +10,8 @@ Each engine runs in a child process of its own (so its RSS is its own), on real 
 * catch-up: after the restart, one interleaved ledger read from its start in batched reads,
   then the ledger written alone, each cold (the engine's caches empty, and the run's files
   evicted from the OS page cache with ``posix_fadvise(DONTNEED)``);
+* writes per CPU second: the same writes over the process's CPU time (all its threads), a
+  figure less moved than wall time by other work on a shared machine;
 * RSS: the peak, and the growth per entry over the start, extrapolated linearly to 100 M
   entries (an extrapolation, printed as one).
 
@@ -90,6 +92,7 @@ async def child(engine: str, entries: int, size: int, batch: int, root: str) -> 
             await room.wait()
 
     t0 = time.perf_counter()
+    cpu0 = time.process_time()
     half_rss = base_rss
     for first in range(0, per, batch):
         if first <= per // 2 < first + batch:
@@ -98,6 +101,7 @@ async def child(engine: str, entries: int, size: int, batch: int, root: str) -> 
             await write(lid, first, min(batch, per - first))
     await drain()
     write_s = time.perf_counter() - t0
+    write_cpu = time.process_time() - cpu0
     for first in range(0, per, batch):  # the ledger written alone
         await write(LEDGERS, first, min(batch, per - first))
     await drain()
@@ -126,7 +130,8 @@ async def child(engine: str, entries: int, size: int, batch: int, root: str) -> 
     await store.close()
     fs.close()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"write_eps": entries / write_s, "restart_s": restart_s, "peak_rss": peak,
+    return {"write_eps": entries / write_s, "write_cpu_eps": entries / write_cpu,
+            "restart_s": restart_s, "peak_rss": peak,
             "base_rss": base_rss, "half_rss": half_rss, "written_rss": written_rss,
             "read_interleaved": interleaved, "read_alone": alone}
 
@@ -164,6 +169,7 @@ def main() -> None:
           f"interleaved ledgers (+1 alone), batches of {args.batch}")
     print(f"{'':28}{'journal':>14}{'db':>14}{'db / journal':>14}")
     rows = [("writes (entries/s)", "write_eps", "{:,.0f}"),
+            ("writes per CPU s (entries)", "write_cpu_eps", "{:,.0f}"),
             ("restart (s)", "restart_s", "{:.3f}"),
             ("peak RSS (MB)", "peak_rss", "{:.0f}"),
             ("catch-up interleaved (e/s)", "read_interleaved", "{:,.0f}"),

@@ -190,6 +190,7 @@ async def crash(run: SimRun, ev: FaultEvent) -> None:
     aim = 0.8 if live is not None and live.store is not None \
         and live.store.journal.overlap_syncs else 0.5
     if not ev.draw("timed", lambda r: r.random() < aim):
+        _cover_flush(run, live)
         run.fault(b, "crash", mode)
         await c.crash_bookie(b, mode)
         run.later(restart_after, run.restart, b)
@@ -205,6 +206,8 @@ async def crash(run: SimRun, ev: FaultEvent) -> None:
     store = sb.bookie.store if sb.bookie is not None else None
     journal = store.journal if store is not None else None
     overlapped = journal is not None and journal.overlap_syncs
+    # the db engine: half its timed crashes aim at a background flush of its write cache
+    at_flush = where >= 0.5 and hasattr(store, "flushing_now")
 
     def overlaps() -> int:
         return journal.stats["overlapped"] + journal.stats["splits"] if journal else 0
@@ -221,10 +224,16 @@ async def crash(run: SimRun, ev: FaultEvent) -> None:
             return
         run.fault(b, "crash", f"{mode} {how}")
         run.cover(f"crash_{how}")
+        _cover_flush(run, sb.bookie)
         c.crash_now(b, mode)
         run.later(restart_after, run.restart, b)
 
     def hook(op: str, path: str) -> None:
+        if at_flush:
+            if op == "write" and "/entrylogs/" in path:  # (the flush's window: its offload)
+                fs.fault_hook = None
+                loop.call_later(fs.sync_delay * (where - 0.5) * 2, fire, "in_flush_window")
+            return
         if op == "write" and "/journal/" in path and not path.endswith(".prep"):
             if overlapped:
                 loop.call_soon(check)  # (the journal counts an overlap after its write)
@@ -247,6 +256,13 @@ async def crash(run: SimRun, ev: FaultEvent) -> None:
     fallback = loop.call_later(5.0 if overlapped else 2.0, fire, "untimed")
     fs.fault_hook = hook
     run.on_liveness.append(disarm)
+
+
+def _cover_flush(run: SimRun, bookie: Any) -> None:
+    """Count a crash that comes while the db engine flushes its write cache."""
+    store = bookie.store if bookie is not None else None
+    if getattr(store, "flushing_now", False):
+        run.cover("crash_during_db_flush")
 
 
 @handles("wipe")

@@ -114,6 +114,9 @@ def _count_store_coverage(run: SimRun) -> None:
                 run.coverage[f"checkpoint_{kind}"] += store.checkpoint_stats[kind]
         if store.report.checkpoint_deltas:
             run.coverage["checkpoint_deltas_loaded"] += store.report.checkpoint_deltas
+        held = getattr(store, "adds_held", 0)  # (the db engine: both write caches full)
+        if held:
+            run.coverage["db_adds_held"] += held
 
 async def _ledgers_live(run: SimRun, start: float) -> None:
     """Every ledger recovers and reads back; a new ledger takes writes."""

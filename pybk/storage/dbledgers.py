@@ -133,6 +133,24 @@ class DbLedgers:
         st.last = max(st.last, eid)
         st.max_piggyback_lac = max(st.max_piggyback_lac, piggyback_lac(body))
 
+    def cached_run(self, lid: int, st: DbLedger, eids: list[int], bodies: list[bytes],
+                   lac: int) -> None:
+        """Durable entries of one ledger (a batched add) enter the write cache at once;
+        ``lac`` is the highest LAC their bodies carry."""
+        entries = self.cache.get(lid)
+        if entries is None:
+            entries = self.cache[lid] = {}
+        if not entries.keys().isdisjoint(eids):  # (some held already: only the others count)
+            fresh = [(eid, body) for eid, body in zip(eids, bodies, strict=True)
+                     if eid not in entries]
+            entries.update(fresh)
+            self.cache_bytes += sum(len(body) + ENTRY_OVERHEAD for _, body in fresh)
+        else:
+            entries.update(zip(eids, bodies, strict=True))
+            self.cache_bytes += sum(map(len, bodies)) + ENTRY_OVERHEAD * len(bodies)
+        st.last = max(st.last, max(eids))
+        st.max_piggyback_lac = max(st.max_piggyback_lac, lac)
+
     def forget(self, ledger_id: int) -> None:
         """Delete a ledger: its state, cached entries and entry-log runs go."""
         self.deleted.add(ledger_id)

@@ -10,6 +10,13 @@ the journal from its mark, so nothing acknowledged is lost at a crash. Memory ho
 cache (flushed when it passes ``db_write_cache_bytes``), the read-ahead cache, and per-ledger
 (not per-entry) state.
 
+Two write caches, as BookKeeper's: a flush takes the cache (it becomes the cache *being
+flushed*, still read from) and adds fill a new one meanwhile; the flush's file work (sort,
+write, fsync of the entry log) runs off the event loop through :meth:`FileSystem.offload`
+(a thread on real files, virtual time in the simulator). When the new cache passes its bound
+too before the flush ends, adds are held until it does (:mod:`pybk.storage.dbwrites`). The
+checkpoint names only the journal position the flushed cache covers, never what came after.
+
 Deleting a ledger drops it from every log's summary; a log left with nothing live is deleted,
 and :meth:`DbLedgerStore.compact` rewrites logs whose live fraction is low.
 """
@@ -20,6 +27,8 @@ import asyncio
 import json
 import posixpath
 from collections.abc import Awaitable, Callable, Container
+from itertools import groupby
+from operator import itemgetter
 from typing import Any, Final
 
 from pybk.errors import CorruptRecordError
@@ -29,7 +38,7 @@ from pybk.storage.config import JOURNAL_DIR, StoreConfig
 from pybk.storage.dbledgers import DbLedgers
 from pybk.storage.dbreads import DbReads
 from pybk.storage.dbwrites import DbCompletions, DbWrites
-from pybk.storage.entrylogs import EntryLogs, summary_from_json, summary_to_json
+from pybk.storage.entrylogs import EntryLogs, Run, summary_from_json, summary_to_json
 from pybk.storage.fs import FileSystem
 from pybk.storage.index import Position
 from pybk.storage.journal import Journal, parse_segment_name, segment_name
@@ -48,6 +57,17 @@ DB_LOG_UNSYNCED: Final = "db_log_unsynced"
 #: mutation switch: a compaction's checkpoint names the journal's end, as if the write cache
 #: were in the entry logs (the journal before it is trimmed at the next start: lost at a crash)
 DB_COMPACTION_COVERS_CACHE: Final = "db_compaction_covers_cache"
+
+
+def _sorted_run(item: tuple[int, dict[int, bytes]]) -> Run:
+    """One ledger's cached entries as an entry log run, ids ascending (they were cached in
+    that order unless a writer sent them out of it)."""
+    lid, entries = item
+    eids = list(entries)
+    ordered = sorted(eids)  # (linear on ids already in order)
+    if ordered != eids:
+        return lid, ordered, list(map(entries.__getitem__, ordered))
+    return lid, eids, list(entries.values())
 
 
 class DbLedgerStore:
@@ -93,6 +113,7 @@ class DbLedgerStore:
         self._next_log = 0
         self._cp_stats = {"bases": 0, "deltas": 0, "flushes": 0, "entries_flushed": 0}
         self._flush_task: asyncio.Task[object] | None = None
+        self._in_flush = False
         #: the journal position the entry logs cover (the last checkpoint's): what is after
         #: it may be only in the write cache, so a checkpoint that flushes nothing names it
         self._covered = Position(0, 0, 0)
@@ -111,7 +132,7 @@ class DbLedgerStore:
             stats=stats,
         )
         reads = DbReads(table)
-        writes = DbWrites(table, self.journal, on_change)
+        writes = self._writes = DbWrites(table, self.journal, on_change, self._both_full)
         # the public surface: the parts' bound methods, set once (no delegating frame)
         self.add = writes.add
         self.add_entry = writes.add_entry
@@ -134,6 +155,20 @@ class DbLedgerStore:
     def cache_bytes(self) -> int:
         """The memory the write cache holds."""
         return self._table.cache_bytes
+
+    @property
+    def flushing_now(self) -> bool:
+        """A flush of the write cache is in flight (its checkpoint not yet written): a
+        background one (the cache passed its bound) or a checkpoint's."""
+        return self._in_flush
+
+    @property
+    def adds_held(self) -> int:
+        """Adds ever held because both write caches were full."""
+        return self._writes.held_count
+
+    def _both_full(self) -> bool:
+        return self.flushing_now and self._table.cache_bytes > self.config.db_write_cache_bytes
 
     @property
     def checkpoint_path(self) -> str:
@@ -204,7 +239,9 @@ class DbLedgerStore:
         self._table.apply(rec)
 
     async def close(self) -> None:
-        """Drain the journal, flush and checkpoint, close files."""
+        """Let a background flush end, drain the journal, flush and checkpoint, close files."""
+        while self._flush_task is not None and not self._flush_task.done():
+            await asyncio.wait([self._flush_task])
         await self.journal.drain()
         try:
             if self.journal.failed is None:
@@ -218,6 +255,7 @@ class DbLedgerStore:
         """Crash: no sync, every pending write fails with ``exc``."""
         if self._flush_task is not None:
             self._flush_task.cancel()
+        self._writes.fail_held(exc)
         self.journal.abandon(exc)
 
     # ================================================================== checkpoints
@@ -237,29 +275,43 @@ class DbLedgerStore:
 
     async def checkpoint(self) -> Position:
         """Flush the write cache into a new entry log, write the checkpoint file naming it
-        and the journal position it covers, then delete the journal segments before it."""
+        and the journal position it covers, then delete the journal segments before it.
+        Adds held meanwhile (both caches full) run once it ends, also when it fails."""
         async with self._cp_lock:
-            pos = self.journal.position
-            flushing = self._table.take_cache()
-            meta = self._table.dump()
-            if flushing:
-                log_id = self._next_log
-                self._next_log += 1
-                info = await self.logs.write(log_id, (
-                    (lid, eid, body) for lid in sorted(flushing)
-                    for eid, body in sorted(flushing[lid].items())))
-                for lid in list(info.ledgers):
-                    if self.is_deleted(lid):  # deleted while it was being flushed
-                        del info.ledgers[lid]
-                self.logs.add(info)
-                self._cp_stats["flushes"] += 1
-                self._cp_stats["entries_flushed"] += sum(map(len, flushing.values()))
-            await self._write_checkpoint(pos, meta)
-            self.logs.remove_unnamed()  # (logs of deleted ledgers, once no longer named)
-            self._table.flushed(flushing)
-            self._cp_stats["bases"] += 1
-            self._drop_segments(pos.seg)
-            return pos
+            self._in_flush = settled = True
+            try:
+                return await self._flush_cache()
+            except asyncio.CancelledError:  # (a crash: the adds held have failed already)
+                settled = False
+                raise
+            finally:
+                self._in_flush = False
+                if settled:
+                    self._writes.release()
+
+    async def _flush_cache(self) -> Position:
+        pos = self.journal.position
+        flushing = self._table.take_cache()
+        meta = self._table.dump()
+        if flushing:
+            log_id = self._next_log
+            self._next_log += 1
+            # (the ledgers listed here, on the loop: a deletion meanwhile drops one from
+            # ``flushing``, never changes one's entries, which the write reads off it)
+            runs = [(lid, flushing[lid]) for lid in sorted(flushing)]
+            info = await self.logs.write(log_id, map(_sorted_run, runs))
+            for lid in list(info.ledgers):
+                if self.is_deleted(lid):  # deleted while it was being flushed
+                    del info.ledgers[lid]
+            self.logs.add(info)
+            self._cp_stats["flushes"] += 1
+            self._cp_stats["entries_flushed"] += sum(map(len, flushing.values()))
+        await self._write_checkpoint(pos, meta)
+        self.logs.remove_unnamed()  # (logs of deleted ledgers, once no longer named)
+        self._table.flushed(flushing)
+        self._cp_stats["bases"] += 1
+        self._drop_segments(pos.seg)
+        return pos
 
     async def _write_checkpoint(self, pos: Position, meta: dict[str, Any]) -> None:
         doc = {"pos": list(pos), "next_log": self._next_log,
@@ -300,7 +352,10 @@ class DbLedgerStore:
             log_id = self._next_log
             self._next_log += 1
             if items:
-                info = await self.logs.write(log_id, iter(items))
+                info = await self.logs.write(log_id, [
+                    (lid, [eid for _, eid, _ in run], [body for _, _, body in run])
+                    for lid, run in ((lid, list(group))
+                                     for lid, group in groupby(items, key=itemgetter(0)))])
                 self.logs.add(info)
                 result.entries_moved = len(items)
                 result.bytes_moved = info.size

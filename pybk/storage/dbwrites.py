@@ -5,14 +5,20 @@
 An add is journaled; once the fsync that covers it returns, the entry enters the write cache
 of the ledger table (:class:`~pybk.storage.dbledgers.DbLedgers`) and its caller is answered.
 Ledger metadata takes effect in memory at once and is answered after the covering fsync.
+
+Backpressure: while a flush of the write cache is in flight and the cache filling beside it
+has passed its bound too (both caches full), adds are held, in order, and run when the flush
+ends (:meth:`DbWrites.release`): their callers wait, as BookKeeper's throttled adds do.
 """
 
 from __future__ import annotations
 
 import asyncio
 import struct
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 from pybk.errors import (
@@ -25,6 +31,7 @@ from pybk.errors import (
     UnauthorizedError,
     fresh_copy,
 )
+from pybk.storage.addbatch import checked_run, encode_run
 from pybk.storage.config import MAX_MASTER_KEY_SIZE
 from pybk.storage.dbledgers import DbLedger, DbLedgers
 from pybk.storage.journal import Journal
@@ -52,6 +59,8 @@ class _Batch:
     entry_ids: list[int]
     bodies: list[bytes]
     on_done: Callable[[BKError | None], None]
+    #: the highest LAC the bodies carry
+    lac: int
 
 
 def _bk(exc: BaseException) -> BKError:
@@ -98,14 +107,14 @@ class DbCompletions:
     def _batch_synced(self, tag: _Batch) -> None:
         t = self._t
         lid = tag.ledger_id
+        deque(map(t.pending.pop, zip(repeat(lid), tag.entry_ids), repeat(None)), maxlen=0)
         st = t.ledgers.get(lid)
-        live = st is not None and lid not in t.deleted
-        for eid, body in zip(tag.entry_ids, tag.bodies, strict=True):
-            t.pending.pop((lid, eid), None)
-            if live and st is not None:
-                t.cached(lid, st, eid, body)
-            for waiter in t.waiting.pop((lid, eid), ()):
-                waiter(None)
+        if st is not None and lid not in t.deleted:
+            t.cached_run(lid, st, tag.entry_ids, tag.bodies, tag.lac)
+        if t.waiting:
+            for eid in tag.entry_ids:
+                for waiter in t.waiting.pop((lid, eid), ()):
+                    waiter(None)
         tag.on_done(None)
 
     def on_failed(self, tags: list[Any], exc: BaseException) -> None:
@@ -128,14 +137,45 @@ class DbCompletions:
 
 
 class DbWrites:
-    """The db engine's write part. Given the ledger table, the journal and the store's
-    ``on_ledger_change``."""
+    """The db engine's write part. Given the ledger table, the journal, the store's
+    ``on_ledger_change`` and ``full()``: whether both write caches are full (adds are then
+    held until :meth:`release`)."""
 
     def __init__(self, table: DbLedgers, journal: Journal,
-                 on_change: Callable[[int], None]) -> None:
+                 on_change: Callable[[int], None],
+                 full: Callable[[], bool] = lambda: False) -> None:
         self._t = table
         self._journal = journal
         self._on_change = on_change
+        self._full = full
+        #: adds held while both caches are full: (the add, how to fail it), oldest first
+        self.held: deque[tuple[Callable[[], None], Callable[[BKError], None]]] = deque()
+        #: adds ever held
+        self.held_count = 0
+
+    def _must_hold(self) -> bool:
+        """Both caches are full, or adds are held already (adds stay in order)."""
+        return bool(self.held) or self._full()
+
+    def _hold(self, call: Callable[[], None], fail: Callable[[BKError], None]) -> None:
+        self.held.append((call, fail))
+        self.held_count += 1
+
+    def release(self) -> None:
+        """The flush ended: run the held adds, in order (an add refused now, e.g. its ledger
+        fenced meanwhile, is answered with the refusal)."""
+        held, self.held = self.held, deque()
+        for call, fail in held:
+            try:
+                call()
+            except BKError as exc:
+                fail(exc)
+
+    def fail_held(self, exc: BaseException) -> None:
+        """A crash: every held add fails with ``exc``."""
+        held, self.held = self.held, deque()
+        for _call, fail in held:
+            fail(_bk(fresh_copy(exc)))
 
     def _checked(self, lid: int, key: bytes, recovery: bool, *, create: bool = True,
                  deleted: type[BKError] = LedgerFencedError) -> DbLedger:
@@ -168,6 +208,10 @@ class DbWrites:
     def add_entry(self, ledger_id: int, entry_id: int, body: bytes, master_key: bytes,
                   recovery: bool, on_done: AddCallback) -> None:
         """Journal one framed entry; ``on_done(error)`` once (see LedgerStorage)."""
+        if self._must_hold():
+            self._hold(lambda: self.add_entry(ledger_id, entry_id, body, master_key, recovery,
+                                              on_done), on_done)
+            return
         t = self._t
         if len(body) < ENTRY_HEADER_SIZE:
             raise BadRequestError(
@@ -207,11 +251,29 @@ class DbWrites:
                   master_key: bytes, recovery: bool, on_done: BatchCallback) -> None:
         """Entries of one ledger: each checked like a single add, the new ones journaled as
         one append (their records back to back); ``on_done`` once for the lot."""
+        if self._must_hold():
+            self._hold(lambda: self.add_batch(ledger_id, entry_ids, bodies, master_key,
+                                              recovery, on_done),
+                       lambda exc: on_done([exc] * len(bodies)))
+            return
         t = self._t
         st = self._checked(ledger_id, master_key, recovery)
         if len(entry_ids) != len(bodies) or not bodies:
             raise BadRequestError(f"ledger {ledger_id}: a batch of {len(bodies)} entries "
                                   f"and {len(entry_ids)} ids")
+        run = checked_run(ledger_id, entry_ids, bodies)
+        if run is not None and run[0][0] > st.last:  # the common batch: C-level passes
+            ids, lac = run
+            keys = list(zip(repeat(ledger_id), ids))
+            if t.pending.keys().isdisjoint(keys):  # (none being written; none held)
+                t.pending.update(zip(keys, bodies, strict=True))
+                self._journal.append_nowait(encode_run(bodies),
+                                            _Batch(ledger_id, ids, list(bodies), on_done, lac),
+                                            len(ids))
+                if lac > st.arrived_lac:
+                    st.arrived_lac = lac
+                    self._on_change(ledger_id)
+                return
         outcomes: list[BKError | None] = [None] * len(bodies)
         left = [len(bodies) + 1]  # (+1: the setup below, settled last)
 
@@ -247,10 +309,10 @@ class DbWrites:
                 for eid in new_ids:
                     settle(index[eid], error)
 
-            self._journal.append_nowait(b"".join(map(encode_entry, new_bodies)),
-                                       _Batch(ledger_id, new_ids, new_bodies, batch_done),
-                                       len(new_ids))
             lac = max(map(piggyback_lac, new_bodies))
+            self._journal.append_nowait(b"".join(map(encode_entry, new_bodies)),
+                                       _Batch(ledger_id, new_ids, new_bodies, batch_done, lac),
+                                       len(new_ids))
             if lac > st.arrived_lac:
                 st.arrived_lac = lac
                 self._on_change(ledger_id)

@@ -17,16 +17,20 @@ from __future__ import annotations
 import posixpath
 import struct
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate, repeat
 
 from pybk.errors import IOBookieError
 from pybk.storage.fs import FileSystem
 
-__all__ = ["ROW", "EntryLogs", "LedgerRun", "LogInfo", "ReadAheadCache"]
+__all__ = ["ROW", "EntryLogs", "LedgerRun", "LogInfo", "ReadAheadCache", "Run"]
 
 #: one location row: ledger, entry, offset in the .log, size
 ROW = struct.Struct(">qqQI")
+
+#: what an entry log is written of, per ledger: (ledger, entry ids, bodies)
+Run = tuple[int, Sequence[int], Sequence[bytes]]
 
 
 @dataclass
@@ -123,42 +127,53 @@ class EntryLogs:
                 gone.append(name)
         return gone
 
-    async def write(self, log_id: int,
-                    items: Iterable[tuple[int, int, bytes]]) -> LogInfo:
-        """Write log ``log_id`` of ``items`` (ascending (ledger, entry)) and sync it."""
+    async def write(self, log_id: int, runs: Iterable[Run]) -> LogInfo:
+        """Write log ``log_id`` of ``runs`` and sync it: the writes and syncs off the event
+        loop (:meth:`FileSystem.offload`), so ``runs`` must not change meanwhile; then the
+        directory's fsync."""
         self.fs.makedirs(self.dir)
+        info = await self.fs.offload(lambda: self.write_now(log_id, runs))
+        await self.fs.fsync_dir(self.dir)
+        return info
+
+    def write_now(self, log_id: int, runs: Iterable[Run]) -> LogInfo:
+        """:meth:`write`'s file work, blocking (no directory fsync): the log and its index
+        written and synced (``FileHandle.sync_now``). ``runs``: (ledger, entry ids, bodies)
+        in ascending ledger order, each ledger once, its ids ascending. Touches nothing of
+        ``self`` but the two new files, so it may run on another thread. Per ledger, not
+        per entry, in Python: a row of each entry is packed by ``map`` in C."""
         data = self.fs.open_append(self.path(log_id, "log"), bulk=True)
         idx = self.fs.open_append(self.path(log_id, "idx"), bulk=True)
         info = LogInfo(log_id, 0)
-        rows = bytearray()
-        chunk = bytearray()
-        offset = n = 0
+        rows: list[bytes] = []
+        chunk: list[bytes] = []
+        pending = offset = n = 0
         pack = ROW.pack
         try:
-            for lid, eid, body in items:
-                run = info.ledgers.get(lid)
-                if run is None:
-                    run = info.ledgers[lid] = LedgerRun(n, n, eid, eid, 0)
-                n += 1
-                run.hi, run.last, run.nbytes = n, eid, run.nbytes + len(body)
-                rows += pack(lid, eid, offset, len(body))
-                chunk += body
-                offset += len(body)
-                if len(chunk) >= 1 << 20:  # (written in chunks: one call per MiB)
-                    data.write(chunk)
-                    chunk = bytearray()
-                if len(rows) >= 1 << 20:
-                    idx.write(rows)
-                    rows = bytearray()
-            data.write(chunk)
-            idx.write(rows)
+            for lid, eids, bodies in runs:
+                if not eids:
+                    continue
+                sizes = list(map(len, bodies))
+                nbytes = sum(sizes)
+                info.ledgers[lid] = LedgerRun(n, n + len(eids), eids[0], eids[-1], nbytes)
+                n += len(eids)
+                rows.append(b"".join(map(pack, repeat(lid), eids,
+                                         accumulate(sizes, initial=offset), sizes)))
+                chunk.extend(bodies)
+                offset += nbytes
+                pending += nbytes
+                if pending >= 1 << 20:  # (written in chunks: one call per MiB or so)
+                    data.write(b"".join(chunk))
+                    idx.write(b"".join(rows))
+                    chunk, rows, pending = [], [], 0
+            data.write(b"".join(chunk))
+            idx.write(b"".join(rows))
             if not self.skip_sync:
-                await data.sync()
-                await idx.sync()
+                data.sync_now()
+                idx.sync_now()
         finally:
             data.close()
             idx.close()
-        await self.fs.fsync_dir(self.dir)
         info.size = offset
         return info
 

@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import abc
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class FileHandle(abc.ABC):
@@ -59,6 +62,12 @@ class FileHandle(abc.ABC):
         batch of one or two records the caller is better off blocking for the sync itself.
         The default declines."""
         return False
+
+    def sync_now(self) -> None:
+        """Make every byte written so far durable, blocking the caller: for work handed to
+        :meth:`FileSystem.offload` (it runs off the event loop, where nothing may be awaited).
+        Same effects and ``OSError`` as :meth:`sync`."""
+        raise NotImplementedError(f"{type(self).__name__} cannot sync outside the event loop")
 
     def allocate(self, size: int) -> None:
         """Make the file at least ``size`` bytes long, the new bytes reading as zeros (not
@@ -162,6 +171,14 @@ class FileSystem(abc.ABC):
             fh.close()
         self.rename(tmp, path)
         await self.fsync_dir(posixpath.dirname(path) or ".")
+
+    async def offload(self, work: Callable[[], T]) -> T:
+        """Run ``work`` (blocking file work: writes, :meth:`FileHandle.sync_now`) off the
+        event loop and return its result (or raise its exception). Why: the db engine's flush
+        of its write cache writes and syncs megabytes while adds go on. ``work`` must touch
+        only files nobody else writes meanwhile. The default runs it at once, on the caller's
+        thread."""
+        return work()
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources (threads, cached descriptors)."""

@@ -15,8 +15,11 @@ import posixpath
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from pybk.storage.fs import FileHandle, FileSystem
+
+T = TypeVar("T")
 
 __all__ = [
     "CRASH_MODES",
@@ -160,6 +163,13 @@ class _MemFileHandle(FileHandle):
         fs = self._fs
         fs._hook("sync", self.path)
         await fs.wait(fs.sync_delay)
+        self._finish_sync()
+
+    def sync_now(self) -> None:
+        """The sync of work run through :meth:`MemFileSystem.offload`: at once (the offload
+        as a whole waits out the disk's time)."""
+        self._check_open()
+        self._fs._hook("sync", self.path)
         self._finish_sync()
 
     def sync_inline(self) -> bool:
@@ -366,6 +376,15 @@ class MemFileSystem(FileSystem):
         if size < len(inode.durable):
             inode.truncated = True
         self.counters["truncate"] += 1
+
+    async def offload(self, work: Callable[[], T]) -> T:
+        """Deterministic: ``work`` runs at once on the loop, then its result arrives
+        ``sync_delay`` later (virtual time in the simulator), the time a flush thread would
+        take: the caller's flush is in flight over that window, adds go on, and a crash can
+        come in it (the work's files written and synced, the caller not yet told)."""
+        result = work()
+        await self.wait(self.sync_delay)
+        return result
 
     async def fsync_dir(self, path: str) -> None:
         d = self._norm(path)

@@ -26,7 +26,7 @@ import errno
 import os
 import shutil
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from pybk.storage.fs import FileHandle, FileSystem
 from pybk.storage.syncer import SyncProcess, start_sync_process
@@ -36,6 +36,8 @@ from pybk.storage.syncthread import SyncThread
 #: journal records and checkpoints, are not for other local users (docs/operations.md)
 FILE_MODE = 0o600
 DIR_MODE = 0o700
+
+T = TypeVar("T")
 
 __all__ = [
     "OsFileSystem",
@@ -90,6 +92,9 @@ class _OsFileHandle(FileHandle):
             return syncer.sync(self._sync_key, self.path)
         return self._fs._on_sync_thread(os.fdatasync, self._fd)
 
+    def sync_now(self) -> None:
+        os.fdatasync(self._fd)
+
     def sync_inline(self) -> bool:
         if not self._fs.inline_syncs or self._bulk:
             return False
@@ -112,6 +117,10 @@ class _OsFileHandle(FileHandle):
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _call(work: Callable[[], T]) -> T:
+    return work()
 
 
 def _fsync_dir(path: str) -> None:
@@ -139,6 +148,8 @@ class OsFileSystem(FileSystem):
         self._sync_thread = SyncThread("pybk-fsync") if sync_executor is None else None
         self._read_fds: dict[str, int] = {}
         self._bulk_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        #: the thread :meth:`offload` runs work on (a flush of the db engine's write cache)
+        self._flush_thread = SyncThread("pybk-flush")
 
     def _bulk_executor(self) -> concurrent.futures.Executor:
         """The thread for bulk syncs, started on first use."""
@@ -208,6 +219,11 @@ class OsFileSystem(FileSystem):
     async def fsync_dir(self, path: str) -> None:
         await self._on_sync_thread(_fsync_dir, path)
 
+    async def offload(self, work: Callable[[], T]) -> T:
+        """``work`` on this file system's flush thread (one job at a time, in order)."""
+        result: T = await self._flush_thread.run(_call, work)
+        return result
+
     def _on_sync_thread(self, call: Callable[[Any], object], arg: Any) -> asyncio.Future[Any]:
         """``call(arg)`` on the sync thread (or the given executor): syncs of data and of
         directories in the order they were asked for, as one worker thread runs them."""
@@ -223,6 +239,7 @@ class OsFileSystem(FileSystem):
             self.sync_process = None
         if self._sync_thread is not None:
             self._sync_thread.close()
+        self._flush_thread.close()
         if self._bulk_pool is not None:
             self._bulk_pool.shutdown(wait=True)
             self._bulk_pool = None

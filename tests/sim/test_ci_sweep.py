@@ -29,6 +29,8 @@ MUST_REACH = (
     "damaged_bookie_refused_start",
     "crash_in_sync_window",
     "crash_in_overlapped_sync_window",
+    # a db-engine bookie crashing while it flushes its write cache (pybk.sim.injectors)
+    "crash_during_db_flush",
     "add_failed_unsent",
     "ledger_recovery_error",
     # the auditor's host lost, the registration lapsing just after the new auditor's first
