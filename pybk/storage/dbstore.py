@@ -6,19 +6,14 @@ entry), and each checkpoint flushes the cache, sorted by (ledger, entry), into a
 log (:mod:`pybk.storage.entrylogs`) with its on-disk location index, then writes the
 checkpoint file (ledger metadata, the logs' summaries, the journal position it covers) and
 deletes the journal segments before that position. Start-up loads the checkpoint and replays
-the journal from its mark, so nothing acknowledged is lost at a crash. Memory holds the write
-cache (flushed when it passes ``db_write_cache_bytes``), the read-ahead cache, and per-ledger
-(not per-entry) state.
+the journal from its mark, so nothing acknowledged is lost at a crash.
 
-Two write caches, as BookKeeper's: a flush takes the cache (it becomes the cache *being
-flushed*, still read from) and adds fill a new one meanwhile; the flush's file work (sort,
-write, fsync of the entry log) runs off the event loop through :meth:`FileSystem.offload`
-(a thread on real files, virtual time in the simulator). When the new cache passes its bound
-too before the flush ends, adds are held until it does (:mod:`pybk.storage.dbwrites`). The
-checkpoint names only the journal position the flushed cache covers, never what came after.
-
-Deleting a ledger drops it from every log's summary; a log left with nothing live is deleted,
-and :meth:`DbLedgerStore.compact` rewrites logs whose live fraction is low.
+Two write caches, as BookKeeper's: a flush takes the cache (still read from while flushed)
+and adds fill a new one; the flush's file work runs off the event loop
+(:meth:`FileSystem.offload`), adds are held when the new cache fills too
+(:mod:`pybk.storage.dbwrites`), and the checkpoint names only the journal position the
+flushed cache covers. Deleting a ledger drops it from every log's summary;
+:meth:`DbLedgerStore.compact` rewrites logs whose live fraction is low (docs/internals.md).
 """
 
 from __future__ import annotations
