@@ -309,7 +309,8 @@ def test_bad_records_fail_in_one_line_after_the_good_ones_are_acknowledged(uri):
 def test_log_commands_are_listed_by_the_cli():
     assert set(main.commands["log"].commands) == {  # type: ignore[attr-defined]
         "create", "list", "show", "append", "read", "tail", "truncate", "delete",
-        "cursors", "delete-cursor", "reset-cursor", "retention", "offload", "mirror"}
+        "cursors", "delete-cursor", "reset-cursor", "retention", "offload", "mirror",
+        "consume", "offload-service"}
 
 
 def test_a_tail_whose_reader_goes_away_ends_quietly(uri):
