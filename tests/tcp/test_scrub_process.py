@@ -85,10 +85,20 @@ async def test_damage_under_a_running_cluster_is_repaired_with_nothing_lost(
             lh = await client.create_ledger(3, 3, 2)
             await lh.append_many(data)
             await lh.close()
-            victim = lh.metadata.ensembles[0][0]
-            journal = tmp_path / "bookies" / victim / "journal"
-            first = sorted(n for n in os.listdir(journal) if n.endswith(".seg"))[0]
-            _flip(journal / first, 200 << 10)  # while the bookie runs
+            # the victim: a bookie of the first fragment only (an ensemble change under
+            # load may have replaced one part-way), its first segment holding 200 KiB
+            ensembles = list(lh.metadata.ensembles.values())
+            later = {b for ens in ensembles[1:] for b in ens}
+
+            def first_segment(bookie: str) -> Path:
+                journal = tmp_path / "bookies" / bookie / "journal"
+                return journal / sorted(n for n in os.listdir(journal) if n.endswith(".seg"))[0]
+
+            candidates = sorted((first_segment(b).stat().st_size, b) for b in ensembles[0]
+                                if b not in later)
+            assert candidates and candidates[-1][0] > 200 << 10, (ensembles, candidates)
+            victim = candidates[-1][1]
+            _flip(first_segment(victim), 200 << 10)  # while the bookie runs
             store = open_store(cluster.metadata)
             try:
                 async def repaired() -> bool:
