@@ -111,10 +111,12 @@ def scan_segment(
                 scan.zero_tail = size - pos
                 break
             later = find_valid_batch_after(data, pos, expect)
-            if (later is None and is_last) or damage_as_torn_tail:
+            stale = _stale_batch(data, pos, found) if later is None and is_last else None
+            if (later is None and is_last and stale is None) or damage_as_torn_tail:
                 scan.torn_bytes = size - pos
                 break
             what = (f"followed by a valid batch at offset {later}" if later is not None
+                    else stale if stale is not None
                     else "in a segment that is not the last one")
             err = CorruptRecordError(
                 f"{path}: corrupt journal batch at offset {pos} ({what}); this is not a torn "
@@ -145,6 +147,20 @@ def scan_segment(
     scan.end = pos
     scan.next_batch_seq = expect
     return scan
+
+
+def _stale_batch(data: bytes, pos: int, found: tuple[int, int] | None) -> str | None:
+    """What marks the bad end of the last segment as damage, not a torn tail: a complete,
+    checksum-valid batch of another sequence number at or after ``pos``. A torn write leaves
+    a prefix of the batch being written, never a whole batch numbered otherwise; a write that
+    landed over the journal's last batch (misdirected I/O) does. None if there is none."""
+    if found is not None:
+        return f"a complete batch numbered {found[0]} stands there"
+    hit = find_valid_batch_after(data, pos, 0)
+    stale = batch_at(data, hit) if hit is not None else None
+    if stale is None:
+        return None
+    return f"a complete batch numbered {stale[0]} follows at offset {hit}"
 
 
 def apply_record(index: Index, rec: Record, seg: int) -> None:

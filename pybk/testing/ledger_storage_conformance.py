@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable
 
 from pybk.errors import (
     BadRequestError,
+    CorruptRecordError,
     EntryExistsError,
     LedgerFencedError,
     NoSuchEntryError,
@@ -28,6 +29,7 @@ from pybk.errors import (
 )
 from pybk.storage import FileSystem, MemFileSystem
 from pybk.storage.engine import LedgerStorage
+from pybk.storage.records import BATCH_HEADER_SIZE, SEGMENT_HEADER_SIZE, batch_at
 from pybk.storage.writes import ResolveFuture
 from pybk.wire import DigestManager, Status
 
@@ -231,6 +233,36 @@ async def check_crash_keeps_acked(make: EngineFactory) -> None:
             await s.close()
 
 
+async def check_misdirected_last_batch(make: EngineFactory) -> None:
+    """A synced batch written over the journal's last one (misdirected I/O) is damage, not a
+    torn tail: the engine refuses to start rather than drop the last batch's acknowledged
+    entry. With a checkpoint between the two batches, too (a checkpoint's mark may be past
+    the batch the misdirected bytes came from)."""
+    for checkpoint_between in (False, True):
+        fs = MemFileSystem()
+        s = await _opened(make, fs)
+        await _fill(s, 70, range(5))
+        if checkpoint_between:
+            await s.checkpoint()
+        await _fill(s, 70, range(5, 6))
+        s.abandon(OSError("power cut"))
+        jdir = f"{DATA}/journal"
+        path = f"{jdir}/{max(n for n in fs.listdir(jdir) if n.endswith('.seg'))}"
+        data = fs.read_file(path)
+        batches, pos = [], SEGMENT_HEADER_SIZE
+        while (found := batch_at(data, pos)) is not None:
+            batches.append((pos, BATCH_HEADER_SIZE + found[1]))
+            pos += BATCH_HEADER_SIZE + found[1]
+        (prev, size), (last, _) = batches[-2], batches[-1]
+        fs.misdirect_write(path, prev, size, last)
+        try:
+            await _opened(make, fs)
+        except CorruptRecordError:
+            continue
+        raise AssertionError(f"a misdirected write over the last batch went undetected "
+                             f"(checkpoint between: {checkpoint_between})")
+
+
 async def check_maintenance(make: EngineFactory) -> None:
     """Checkpoints, usage and compaction keep every live entry readable."""
     fs = MemFileSystem()
@@ -271,6 +303,7 @@ CHECKS: dict[str, Check] = {
     "delete": check_delete,
     "restart": check_restart,
     "crash_keeps_acked": check_crash_keeps_acked,
+    "misdirected_last_batch": check_misdirected_last_batch,
     "maintenance": check_maintenance,
     "callbacks": check_callbacks,
 }

@@ -92,15 +92,6 @@ MUST_RUN = (
 KNOWN_BUGS: dict[str, str] = {
     # Example of the form, from the bug this sweep found in the journal (fixed in 04bc3d6):
     # "bookie-torn-segment-header": "will not start: CorruptRecordError: /bookie/j",
-    # Found 29 Nov in the last CI run of the sitting, not yet understood: seed 62, a
-    # db-engine bookie (b2) acknowledged an entry, crashed with a misdirected write to its
-    # journal (a 106-byte batch at offset 332 of segment 1 landed 4096 bytes further), started
-    # again without refusing, and said the entry was absent. Its start replays only after
-    # its checkpoint's mark, so the mark may have covered a batch the entry logs lack. It
-    # came with the merge of the journal's lazy LAC records (issue 41) into main; neither
-    # branch failed this seed alone, but their traces differ, so that does not locate it.
-    "db-misdirected-batch-undetected": "ledger 3 entry 24: bookie b2 acknowledged this entry, "
-                                       "later said absent (restart audit list)",
 }
 
 

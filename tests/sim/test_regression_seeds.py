@@ -28,10 +28,7 @@ def load() -> list[tuple[int, str, float, str]]:
 
 #: Seeds blocked by an open bug in another layer (strict: the test fails once it is fixed,
 #: so the marker gets removed). See KNOWN_BUGS in test_ci_sweep.py.
-BLOCKED: dict[int, str] = {
-    62: "db engine: a misdirected last journal batch goes undetected at restart "
-        "(KNOWN_BUGS db-misdirected-batch-undetected)",
-}
+BLOCKED: dict[int, str] = {}
 
 
 def params() -> list[object]:
