@@ -47,6 +47,7 @@ EXPECTED = {
     # auditor host, whose bookie dies with its unsynced data)
     mutations.DB_LOG_UNSYNCED: {"I9", "I10", "I11", "L1", "LG1"},
     mutations.DB_COMPACTION_COVERS_CACHE: {"I9", "I10", "L1"},
+    mutations.DB_READS_UNCHECKED: {"I9", "I10"},
     # re-replication that forgets the namespace's isolation group moves a fragment out of it
     mutations.REREPLICATION_LEAVES_GROUP: {"T1"},
     # a collector without its age guard deletes a ledger its metadata replica has not

@@ -31,7 +31,7 @@ from pybk.runtime.dirlock import DirectoryLock
 from pybk.runtime.gctune import SERVER_GC_THRESHOLD, tune_gc_for_server
 from pybk.runtime.loopwatch import LoopWatch
 from pybk.storage.scrub import Scrubber
-from pybk.storage.store import INLINE_SYNC_ALWAYS, LedgerStore
+from pybk.storage.store import INLINE_SYNC_ALWAYS
 from pybk.transport.listener import raise_open_file_limit
 from pybk.transport.server import BookieServer, ServerConfig
 from pybk.transport.tls import server_context
@@ -357,8 +357,8 @@ class BookieProcess:
         """Verify every stored record in the background; damage is reported by the bookie's
         info and metrics and marks the ledger under-replicated (auto-recovery copies it)."""
         store = self.bookie.store
-        if not self.config.scrub_rate or not isinstance(store, LedgerStore):
-            return  # (the scrubber walks the journal engine's segments; the db engine: none)
+        if not self.config.scrub_rate:
+            return
         self.scrubber = Scrubber(store, rate=self.config.scrub_rate,
                                  interval=self.config.scrub_interval, on_damage=self._damaged)
         self.scrubber.start()

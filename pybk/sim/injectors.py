@@ -14,22 +14,22 @@ that time out, a slow writer link together with a lost fence and a recovery.
 from __future__ import annotations
 
 import asyncio
-import posixpath
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from pybk.sim.cluster import DATA_DIR
+from pybk.sim.disktargets import damage_targets
 from pybk.sim.hostloss import lose_auditor_host
 from pybk.sim.scenario import FaultEvent
 from pybk.sim.tablefaults import KIND as TABLE_CRASH
 from pybk.sim.tablefaults import crash_table_server
 from pybk.sim.workload import Reader
-from pybk.storage.records import BATCH_HEADER_SIZE, SEGMENT_HEADER_SIZE, batch_at
+from pybk.storage.records import BATCH_HEADER_SIZE
 
 if TYPE_CHECKING:
     from pybk.sim.runner import SimRun
 
-__all__ = ["CRASH_MODES", "HANDLERS", "FaultHandler", "journal_batches"]
+__all__ = ["CRASH_MODES", "HANDLERS", "FaultHandler"]
 
 CRASH_MODES = ("drop", "torn", "reorder")
 
@@ -287,36 +287,6 @@ async def wipe(run: SimRun, ev: FaultEvent) -> None:
 # -- disks -----------------------------------------------------------------------------------
 
 
-def journal_batches(fs: Any) -> list[tuple[str, int, int, int]]:
-    """Every journal batch followed by at least 1 KiB of later data in its file (damage
-    there is mid-log corruption, never mistakable for a torn tail): (path, offset, length of
-    the batch with its header, where the file's data ends)."""
-    jdir = posixpath.join(DATA_DIR, "journal")
-    if not fs.exists(jdir):
-        return []
-    out = []
-    for name in fs.listdir(jdir):
-        if not name.endswith(".seg"):
-            continue
-        path = posixpath.join(jdir, name)
-        try:
-            data = fs.read_file(path)
-        except OSError:
-            continue  # (already damaged: a latent read error)
-        # where the data ends: a preallocated segment's zero tail is not data
-        end = len(data.rstrip(b"\0"))
-        pos = SEGMENT_HEADER_SIZE
-        while pos < end:
-            found = batch_at(data, pos)
-            if found is None:
-                break
-            size = BATCH_HEADER_SIZE + found[1]
-            if pos + size + 1024 <= end:
-                out.append((path, pos, size, end))
-            pos += size
-    return out
-
-
 async def _quiet_disk(run: SimRun, b: str) -> bool:
     """Wait (briefly) until bookie ``b`` has nothing unsynced: damage goes to synced data."""
     fs = run.cluster.bookies[b].fs
@@ -348,7 +318,7 @@ async def _damage_bookie(run: SimRun, ev: FaultEvent,
     else:
         await c.crash_bookie(b, "drop")
     sb = c.bookies[b]
-    detail = damage(sb.fs, journal_batches(sb.fs))
+    detail = damage(sb.fs, damage_targets(sb.fs))
     if detail is not None:
         sb.damaged.append(ev.kind)
         run.fault(b, ev.kind, detail)

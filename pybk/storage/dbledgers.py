@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pybk.errors import BKError
+from pybk.errors import BKError, CorruptRecordError
 from pybk.storage.entrylogs import EntryLogs
 from pybk.storage.idranges import IdRanges
 from pybk.storage.records import Record, RecordType
@@ -171,12 +171,15 @@ class DbLedgers:
             held = self.flushing.get(lid, {}).get(eid)
         if held is not None:
             return held == body
-        size = self.logs.size_of(lid, eid)
-        if size is None:
-            return None
-        if size != len(body):
-            return False
-        stored = self.logs.read(lid, eid)
+        try:
+            size = self.logs.size_of(lid, eid)
+            if size is None:
+                return None
+            if size != len(body):
+                return False
+            stored = self.logs.read(lid, eid)
+        except CorruptRecordError:
+            return None  # the flushed copy is damaged: the add stores a new one (repair)
         return None if stored is None else stored == body
 
     def held(self, lid: int, eid: int) -> bytes | None:

@@ -7,7 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pybk.errors import BKError, IOBookieError, NoSuchEntryError, NoSuchLedgerError
+from pybk.errors import (
+    BKError,
+    CorruptRecordError,
+    IOBookieError,
+    NoSuchEntryError,
+    NoSuchLedgerError,
+    UnknownLedgerStateError,
+)
 from pybk.storage.dbledgers import DbLedger, DbLedgers
 from pybk.storage.idranges import IdRanges
 from pybk.storage.reads import READ_MAX_ABSENT
@@ -18,10 +25,19 @@ __all__ = ["DbReads"]
 
 
 class DbReads:
-    """The db engine's read part; given the ledger table and nothing else."""
+    """The db engine's read part; given the ledger table and the store's suspect journal
+    segments (while there are any, "absent" is "unknown": rule R4, as the journal engine)."""
 
-    def __init__(self, table: DbLedgers) -> None:
+    def __init__(self, table: DbLedgers, suspect: list[str]) -> None:
         self._t = table
+        self._suspect = suspect
+
+    def _absent(self, what: str, cls: type[BKError]) -> BKError:
+        if self._suspect:
+            return UnknownLedgerStateError(
+                f"{what}, but this bookie started with suspect journal segments "
+                f"({', '.join(self._suspect)}) and may have lost it: unknown, not absent")
+        return cls(what)
 
     def find(self, ledger_id: int) -> DbLedger | None:
         return self._t.ledgers.get(ledger_id)
@@ -34,7 +50,7 @@ class DbReads:
         if st is None:
             if ledger_id in self._t.deleted:
                 raise NoSuchLedgerError(f"ledger {ledger_id} was deleted on this bookie")
-            raise NoSuchLedgerError(f"ledger {ledger_id} is not on this bookie")
+            raise self._absent(f"ledger {ledger_id} is not on this bookie", NoSuchLedgerError)
         return st
 
     def read(self, ledger_id: int, entry_id: int) -> bytes:
@@ -43,7 +59,8 @@ class DbReads:
             entry_id = st.last
         body = self._t.held(ledger_id, entry_id) if entry_id >= 0 else None
         if body is None:
-            raise NoSuchEntryError(f"ledger {ledger_id} entry {entry_id} is not on this bookie")
+            raise self._absent(f"ledger {ledger_id} entry {entry_id} is not on this bookie",
+                               NoSuchEntryError)
         return body
 
     def read_many(self, ledger_id: int, entry_ids: Sequence[int], max_bytes: int,
@@ -67,6 +84,8 @@ class DbReads:
                         run = self._t.logs.read_run(ledger_id, eid, n, max_bytes - total)
                     except OSError as exc:
                         raise IOBookieError(f"ledger {ledger_id}: {exc}") from None
+                    except CorruptRecordError:
+                        run = []  # (a damaged row: each read below says which entry)
                     ahead = dict(zip(range(eid, eid + len(run)), run, strict=True))
             try:
                 body = ahead.get(eid) or self.read(ledger_id, eid)

@@ -14,8 +14,8 @@ behind a write cache) and how it indexes them is its own business.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from pybk.errors import BKError
 from pybk.storage.compaction import CompactionResult
@@ -169,6 +169,15 @@ class LedgerStorage(Protocol):
                       pace: Callable[[int], Awaitable[None]] | None = None,
                       ) -> CompactionResult:
         """Reclaim sealed files whose live fraction is below ``threshold``."""
+        ...
+
+    def scrub_items(self) -> Iterator[tuple[int, int, int, object]]:
+        """(ledger, entry, bytes, where) of every entry on disk: the scrubber's walk."""
+        ...
+
+    def scrub_check(self, ledger_id: int, entry_id: int, where: Any) -> int | None:
+        """Verify one entry where :meth:`scrub_items` found it: bytes read, None if gone
+        since; damage raises CorruptRecordError or OSError."""
         ...
 
     def _check(self) -> None:

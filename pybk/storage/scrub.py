@@ -2,8 +2,9 @@
 rate, so damage to a sealed segment (truncated, zeroed, a flipped bit, a deleted file) is
 found before a reader needs the entry, as BookKeeper's local scrubber does.
 
-A pass walks every ledger's entries in index order, reading each record (``pread``) and
-checking it like a read does (CRC, ids). It reads at most ``rate`` bytes a second, in slices
+A pass walks every entry the engine keeps on disk (``scrub_items``: the journal engine's
+index, the db engine's entry logs) and verifies each like a read does (``scrub_check``: CRC,
+ids; the db engine's location rows too). It reads at most ``rate`` bytes a second, in slices
 of at most ``slice_bytes`` (the loop is held for one slice, then the next waits for the rate),
 over the store's file system seam and the running loop's clock. A damaged entry is recorded
 in ``store.damaged`` (``(ledger, entry) -> what``: the bookie's info reports it) and handed to
@@ -15,22 +16,24 @@ repair wrote a new copy) leaves ``damaged``.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterator
 
-from pybk.errors import CorruptRecordError
-from pybk.storage.records import decode_entry_at
-from pybk.storage.store import LedgerStore
+from pybk.errors import BKError
+from pybk.storage.engine import LedgerStorage
 
 __all__ = ["Scrubber"]
 
 DamageCallback = Callable[[int, int, str], None]
+
+log = logging.getLogger(__name__)
 
 
 class Scrubber:
     """Verifies ``store``'s records: :meth:`run_once` (on demand) or :meth:`start` (passes
     every ``interval`` seconds, at most ``rate`` bytes a second)."""
 
-    def __init__(self, store: LedgerStore, *, rate: float = 8 << 20,
+    def __init__(self, store: LedgerStorage, *, rate: float = 8 << 20,
                  slice_bytes: int = 1 << 20, interval: float = 3600.0,
                  on_damage: DamageCallback | None = None) -> None:
         if rate <= 0 or slice_bytes <= 0 or interval <= 0:
@@ -46,34 +49,22 @@ class Scrubber:
         self.checked_bytes = 0
         self._task: asyncio.Task[None] | None = None
 
-    def _locations(self) -> Iterator[tuple[int, int, int, int, int]]:
-        """(ledger, entry, segment, offset, size) of every entry held now."""
-        for lid in self.store.ledger_ids():
-            st = self.store.index.get(lid)
-            if st is None:
-                continue
-            for eid, (seg, off, size) in st.entries.items():
-                yield lid, int(eid), seg, off, size
-
     async def run_once(self) -> dict[tuple[int, int], str]:
         """One pass over every entry held; the damage found in it."""
         found: dict[tuple[int, int], str] = {}
         budget = count = 0
-        for lid, eid, seg, off, size in self._locations():
+        for lid, eid, size, where in self._walk():
             count += 1
             if budget >= self.slice_bytes:  # a slice done: wait out the rate, then go on
                 await asyncio.sleep(budget / self.rate)
                 budget = 0
             elif count % 512 == 0:  # (many small records: let the loop breathe)
                 await asyncio.sleep(0)
-            st = self.store.index.get(lid)
-            if st is None or st.entries.get(eid) != (seg, off, size):
-                continue  # deleted or moved (compaction, repair) since the pass began
-            path = self.store.journal_path(seg)
             try:
-                decode_entry_at(self.store.fs.pread(path, off, size), path, off, lid, eid)
+                if self.store.scrub_check(lid, eid, where) is None:
+                    continue  # deleted or moved (compaction, repair) since the pass began
                 self.store.damaged.pop((lid, eid), None)
-            except (OSError, CorruptRecordError) as exc:
+            except (OSError, BKError) as exc:
                 what = f"{type(exc).__name__}: {exc}"
                 found[(lid, eid)] = what
                 if (lid, eid) not in self.store.damaged:
@@ -85,6 +76,14 @@ class Scrubber:
             self.checked_bytes += size
         self.passes += 1
         return found
+
+    def _walk(self) -> Iterator[tuple[int, int, int, object]]:
+        """The engine's walk. One that fails (a file gone under it) ends this pass early,
+        logged; the next pass walks again."""
+        try:
+            yield from self.store.scrub_items()
+        except (OSError, BKError) as exc:
+            log.error("scrubber: the walk over the stored entries stopped: %s", exc)
 
     def start(self) -> None:
         """Passes in the background until :meth:`stop`, the first at once."""

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import errno
 import posixpath
-from collections.abc import Awaitable, Callable, Container
-from typing import Final
+from collections.abc import Awaitable, Callable, Container, Iterator
+from typing import Any, Final
 
 from pybk.errors import BKError, ReadOnlyBookieError
 from pybk.stats import BookieStats
@@ -42,6 +42,7 @@ from pybk.storage.fs import FileSystem
 from pybk.storage.index import Index, Position
 from pybk.storage.journal import Journal
 from pybk.storage.reads import StoreReads
+from pybk.storage.records import decode_entry_at
 from pybk.storage.segments import SegmentTable
 from pybk.storage.startup import ReplayReport, replay
 from pybk.storage.writes import AddCallback, BatchCallback, ResolveFuture, StoreWrites
@@ -246,6 +247,30 @@ class LedgerStore:
         :mod:`pybk.storage.compaction`. Safe against a crash at any step."""
         return await compaction.compact(
             self, self.config.compaction_threshold if threshold is None else threshold, pace)
+
+    # ================================================================== scrubbing
+
+    def scrub_items(self) -> Iterator[tuple[int, int, int, object]]:
+        """(ledger, entry, bytes, where) of every entry held now, in index order (the
+        scrubber's walk: :class:`pybk.storage.scrub.Scrubber`)."""
+        for lid in self.ledger_ids():
+            st = self.index.get(lid)
+            if st is None:
+                continue
+            for eid, loc in st.entries.items():
+                yield lid, int(eid), loc[2], loc
+
+    def scrub_check(self, ledger_id: int, entry_id: int, where: Any) -> int | None:
+        """Verify one entry where :meth:`scrub_items` found it: the bytes read, or None when
+        it is gone or moved since (deleted, compacted, repaired). Damage raises
+        CorruptRecordError (or OSError: a latent read error)."""
+        st = self.index.get(ledger_id)
+        if st is None or st.entries.get(entry_id) != where:
+            return None
+        seg, off, size = where
+        path = self.journal_path(seg)
+        decode_entry_at(self.fs.pread(path, off, size), path, off, ledger_id, entry_id)
+        return int(size)
 
     # ================================================================== invariants
 

@@ -83,6 +83,9 @@ BY_TEST = {mutations.WATCH_BASELINE_AT_FIRST_POLL:
 #: A table command applied before its append is acknowledged needs a table seed (one in
 #: eight) whose aimed table server crash meets a read beside a write in flight: CI seeds 19
 #: and 49 of the first 60 catch it (29 Nov); 19, the first, is pinned (a search is 20 runs).
+#: Reads of the db engine's entry logs that trust rows and bodies unchecked need a disk fault
+#: on a db bookie's entry logs: CI seeds 43 and 48 of the first 60 catch it (I10; 29 Nov), 43
+#: is pinned.
 BY_SEED = {mutations.ADV_ACKS_HELD_ENTRIES: 2,
            mutations.ADV_LAC_OVER_GAP: 2,
            mutations.DEFERRED_LAC_PAST_FORCE: 2,
@@ -95,6 +98,7 @@ BY_SEED = {mutations.ADV_ACKS_HELD_ENTRIES: 2,
            mutations.TAIL_READER_SKIPS_ON_ERROR: 7,
            mutations.RACK_PLAN_IGNORES_WRAP: 8,
            mutations.DB_LOG_UNSYNCED: 5,
+           mutations.DB_READS_UNCHECKED: 43,
            mutations.OFFLOAD_COMPLETE_BEFORE_UPLOAD: 11,
            mutations.OFFLOAD_DELETES_BEFORE_REPLACING: 34,
            mutations.SWEEP_IGNORES_ATTEMPTS_IN_PROGRESS: 17,

@@ -13,6 +13,7 @@ from abuse_kit import BookieUnderTest, wait_for
 from ops_kit import RECOVERY_ARGS
 
 from pybk.client import Client
+from pybk.errors import BKError
 from pybk.metadata import open_store
 from pybk.testing.replicas import replication_problems
 from pybk.transport.tcp import TcpTransport
@@ -68,6 +69,44 @@ async def test_a_flipped_byte_in_a_sealed_segment_is_reported_and_marked(tmp_pat
         assert "scrubber: ledger" in bookie.log()
     finally:
         bookie.stop()  # (by PID: the second start is this test's to stop)
+
+
+async def test_a_db_bookie_scrubs_its_entry_logs(tmp_path: Path) -> None:
+    """The same on the db engine: a byte flipped in an entry log (a clean stop flushed the
+    write cache into it) is found by the scrubber at the next start, and reads of the entry
+    answer CORRUPT, not the damaged bytes."""
+    bookie = await BookieUnderTest(tmp_path / "r", "--storage", "db").astart()
+    async with Client(bookie.metadata) as client:
+        lh = await client.create_ledger(1, 1, 1)
+        await lh.append_many([bytes([i % 251]) * 4096 for i in range(32)])
+        await lh.close()
+    bookie.stop()
+    logs = bookie.root / "bookies" / "b1" / "entrylogs"
+    log = logs / sorted(n for n in os.listdir(logs) if n.endswith(".log"))[-1]
+    assert log.stat().st_size > 64 << 10
+    _flip(log, 64 << 10)
+    await bookie.astart()
+    try:
+        async def damaged() -> bool:
+            return (await bookie.ametrics()).get("pybk_bookie_damaged_entries", 0) >= 1
+
+        await wait_for(damaged, 30, "the scrubber finds the damage")
+        store = open_store(bookie.metadata)
+        try:
+            async def marked() -> bool:
+                return lh.id in await store.list_under_replicated()
+
+            await wait_for(marked, 10, "the ledger marked under-replicated")
+        finally:
+            await store.close()
+        async with Client(bookie.metadata) as client:
+            rh = await client.open_ledger(lh.id)
+            with pytest.raises(BKError):  # (the only replica is damaged: an error, no bytes)
+                await rh.read(0, 31)
+            await rh.close()
+        assert "scrubber: ledger" in bookie.log()
+    finally:
+        bookie.stop()
 
 
 async def test_damage_under_a_running_cluster_is_repaired_with_nothing_lost(
