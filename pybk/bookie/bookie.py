@@ -31,6 +31,7 @@ from pybk.bookie.lookups import LedgerLookups
 from pybk.bookie.maintenance import BookieMaintenance
 from pybk.bookie.reads import NO_SUCH_ENTRY_ON_IO_ERROR, BookieReads
 from pybk.bookie.replies import state_message
+from pybk.bookie.scrubbing import start_scrubber
 from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE, BookieState
 from pybk.bookie.turns import ADMIT_CHUNK, ADMIT_STEP
 from pybk.bookie.unknown import UnknownLedgerCheck, fence_checked
@@ -49,6 +50,7 @@ from pybk.stats import BookieStats
 from pybk.storage.engine import LedgerStorage
 from pybk.storage.engines import make_engine
 from pybk.storage.fs import FileSystem
+from pybk.storage.scrub import Scrubber
 from pybk.wire import (
     AddBatchRequest,
     AddOutcome,
@@ -150,6 +152,8 @@ class Bookie(BookieAdds, BookieReads, BookieMaintenance):
         #: their chunks take turns here: one chunk per loop turn in all
         self.admit_turns = TurnQueue()
         self._gc_remote: GcRemote | None = None
+        #: the local scrubber (pybk.bookie.scrubbing), while started with a scrub rate
+        self.scrubber: Scrubber | None = None
 
     def _remote_error(self, kind: str, detail: str, exc: BaseException | None = None) -> None:
         """Log an error a remote request caused (a damaged entry read, an unexpected
@@ -239,6 +243,7 @@ class Bookie(BookieAdds, BookieReads, BookieMaintenance):
             self.gc.start()
             self._gc_remote = GcRemote(self.gc, meta)
             await self._gc_remote.start()
+        self.scrubber = start_scrubber(self)
         self._check_disk()
         loop = asyncio.get_running_loop()
         if self.config.disk_check_interval > 0:
@@ -258,6 +263,9 @@ class Bookie(BookieAdds, BookieReads, BookieMaintenance):
             if self._gc_remote is not None:
                 await self._gc_remote.drain()
             await self.gc.drain()
+        if self.scrubber is not None:
+            await self.scrubber.stop()
+            self.scrubber = None
         self._cancel_background()
         store = self.store
         try:
@@ -292,6 +300,9 @@ class Bookie(BookieAdds, BookieReads, BookieMaintenance):
             self._gc_remote = None
         if self.gc is not None:
             self.gc.abandon()
+        if self.scrubber is not None:
+            self.scrubber.abandon()
+            self.scrubber = None
         for t in self._timers:
             t.cancel()
         self._timers.clear()

@@ -47,12 +47,18 @@ class BookieConfig(StoreConfig):
     gc_disk_pressure: float = 0.85
     #: compaction re-appends live data at most this many bytes/s (0: unpaced)
     gc_compaction_rate: float = 16 << 20
+    #: the local scrubber (pybk.bookie.scrubbing) verifies every stored entry at most this
+    #: many bytes a second, damage marking its ledger under-replicated; 0: no scrubber
+    scrub_rate: float = 8 << 20
+    #: seconds between the scrubber's passes (the first one runs at start)
+    scrub_interval: float = 3600.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in ("gc_interval", "gc_min_ledger_age", "gc_minor_interval",
-                     "gc_major_interval", "gc_compaction_rate"):
+                     "gc_major_interval", "gc_compaction_rate", "scrub_rate"):
             _number(self, name, 0.0 if name != "gc_interval" else -math.inf, math.inf)
+        _number(self, "scrub_interval", 1e-3, math.inf)
         for name in ("gc_minor_threshold", "gc_major_threshold", "gc_disk_pressure"):
             _number(self, name, 0.0, 1.0)
         if not 0.0 <= self.disk_usage_low_water <= self.disk_usage_threshold <= 1.0:

@@ -12,6 +12,7 @@ clean shutdown on SIGTERM (listed in docs/internals.md, "pybk/server/process.py"
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -30,7 +31,6 @@ from pybk.metadata.base import BookieRegistration, MetadataStore
 from pybk.runtime.dirlock import DirectoryLock
 from pybk.runtime.gctune import SERVER_GC_THRESHOLD, tune_gc_for_server
 from pybk.runtime.loopwatch import LoopWatch
-from pybk.storage.scrub import Scrubber
 from pybk.storage.store import INLINE_SYNC_ALWAYS
 from pybk.transport.listener import raise_open_file_limit
 from pybk.transport.server import BookieServer, ServerConfig
@@ -72,7 +72,7 @@ class BookieProcessConfig:
     bookie_config: Any = None  # pybk.bookie.BookieConfig
     metrics_port: int | None = None  # serve /metrics (and /heartbeat) only, on host:port
     #: the local scrubber verifies every stored record at most this many bytes a second
-    #: (pybk.storage.scrub; damage marks the ledger under-replicated); 0: no scrubber
+    #: (pybk.bookie.scrubbing; damage marks the ledger under-replicated); 0: no scrubber
     scrub_rate: float = 8 << 20
     #: seconds between the scrubber's passes (the first one runs at start)
     scrub_interval: float = 3600.0
@@ -192,7 +192,6 @@ class BookieProcess:
         self._client: Any = None  # the pybk.Client of the admin endpoint and auto-recovery
         self.registry: Any = None
         self.loop_watch = LoopWatch()
-        self.scrubber: Scrubber | None = None
         self._marks: set[asyncio.Task[None]] = set()
         self._lock = DirectoryLock(config.data_dir, "bookie data directory")
         #: this process put the bookie in the registry (only then does it take it out)
@@ -225,6 +224,8 @@ class BookieProcess:
             bookie_config = process_bookie_config(preallocate=cfg.preallocate,
                                                   segment_size=cfg.segment_size,
                                                   storage=cfg.storage)
+        bookie_config = dataclasses.replace(bookie_config, scrub_rate=cfg.scrub_rate,
+                                            scrub_interval=cfg.scrub_interval)
         stats = None
         if cfg.http_port is not None or cfg.metrics_port is not None:
             from pybk.stats import BookieStats
@@ -264,7 +265,7 @@ class BookieProcess:
         host = cfg.advertise()
         self.address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         self.registry = self.server.registry
-        self._start_scrubber()
+        self._damage_gauge()
         stall = Gauge("pybk_loop_stall_seconds_max", "the longest the event loop was held "
                       "(a timer's lateness, since start)", registry=self.registry)
         stall.set_function(lambda: self.loop_watch.max_stall)
@@ -353,28 +354,13 @@ class BookieProcess:
             self.registry.register(AutoRecoveryCollector(
                 lambda: [(self.bookie_id, recovery.stats)]))
 
-    def _start_scrubber(self) -> None:
-        """Verify every stored record in the background; damage is reported by the bookie's
-        info and metrics and marks the ledger under-replicated (auto-recovery copies it)."""
-        store = self.bookie.store
-        if not self.config.scrub_rate:
-            return
-        self.scrubber = Scrubber(store, rate=self.config.scrub_rate,
-                                 interval=self.config.scrub_interval, on_damage=self._damaged)
-        self.scrubber.start()
+    def _damage_gauge(self) -> None:
+        """The bookie's scrubber (pybk.bookie.scrubbing) reports damage in its info and
+        marks the ledger under-replicated; the metrics count what is not repaired yet."""
+        bookie = self.bookie
         damaged = Gauge("pybk_bookie_damaged_entries", "entries the scrubber found damaged "
                         "(not repaired yet)", registry=self.registry)
-        damaged.set_function(lambda: len(store.damaged))
-
-    def _damaged(self, ledger_id: int, entry_id: int, what: str) -> None:
-        log.error("bookie %s: scrubber: ledger %d entry %d is damaged (%s): marking the ledger "
-                  "under-replicated", self.bookie_id, ledger_id, entry_id, what)
-        if self.store is None:
-            return
-        task = asyncio.get_running_loop().create_task(
-            self.store.mark_under_replicated(ledger_id, [self.bookie_id]))
-        self._marks.add(task)
-        task.add_done_callback(self._marks.discard)
+        damaged.set_function(lambda: len(bookie.store.damaged) if bookie.store else 0)
 
     async def _start_http(self, port: int, *, admin_paths: bool) -> str:
         from dataclasses import replace
@@ -456,8 +442,6 @@ class BookieProcess:
         """Clean shutdown (see the module doc for the order)."""
         self._stop.set()
         self.loop_watch.stop()
-        if self.scrubber is not None:
-            await self.scrubber.stop()
         if self.autorecovery is not None:
             await self.autorecovery.stop()
         for http in self._http:

@@ -15,6 +15,7 @@ import asyncio
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from pybk.bookie.state import READ_ONLY, STOPPED, WRITABLE
@@ -211,6 +212,9 @@ class SimCluster:
             bookie.gc.is_live = metadata_liveness(view)
             bookie.gc.list_ledgers = view.list_ledgers
             bookie.gc.on_collect = lambda lid, b=bookie_id: self._gc_collected(b, lid)
+        if bookie.scrubber is not None:  # (the production scrubber: seen, then as it is)
+            bookie.scrubber.on_damage = partial(self._scrub_damage, bookie_id,
+                                                bookie.scrubber.on_damage)
         for hook in self.on_bookie_started:
             await hook(sb)
         bookie.on_state_change = lambda state, b=bookie_id: self._state_changed(b, state)
@@ -224,6 +228,13 @@ class SimCluster:
         """What a bookie registers: in-process (no address), with its rack if it has one."""
         return BookieRegistration(bookie_id, "", read_only, self.racks.get(bookie_id, ""),
                                   self.groups.get(bookie_id, ""))
+
+    def _scrub_damage(self, bookie_id: str, then: Any, ledger_id: int, entry_id: int,
+                      what: str) -> None:
+        self._log(f"{bookie_id} scrubber: L{ledger_id}:{entry_id} damaged ({what})")
+        self._count("scrubber_found_damage")
+        if then is not None:
+            then(ledger_id, entry_id, what)
 
     def _gc_collected(self, bookie_id: str, ledger_id: int) -> None:
         for listener in self.on_gc_collect:

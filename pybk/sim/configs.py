@@ -106,10 +106,12 @@ class SimConfig:
         from pybk.bookie import BookieConfig
         from pybk.storage.store import INLINE_SYNC_ALWAYS
 
-        # the garbage collector on a scale the runs reach (production: 30 s, 10 s, 60 s, 1 h)
+        # the garbage collector and the scrubber on a scale the runs reach (production: 30 s,
+        # 10 s, 60 s, 1 h; a scrub pass an hour at 8 MiB/s)
         knobs: dict[str, Any] = {"mutations": mutations, "gc_interval": 2.0,
                                  "gc_min_ledger_age": 1.0, "gc_minor_interval": 4.0,
-                                 "gc_major_interval": 12.0, "gc_compaction_rate": 1 << 20}
+                                 "gc_major_interval": 12.0, "gc_compaction_rate": 1 << 20,
+                                 "scrub_interval": 4.0, "scrub_rate": 1 << 20}
         if self.inline_syncs:
             knobs["journal_inline_sync_max"] = INLINE_SYNC_ALWAYS
         if self.overlapped:

@@ -100,3 +100,9 @@ class Scrubber:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+    def abandon(self) -> None:
+        """Stop at once, not waiting (a crash: the store goes with it)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
