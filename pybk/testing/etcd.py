@@ -113,7 +113,8 @@ class EtcdCluster:
         """Start member ``i`` (all members when None) and wait until each serves."""
         which = range(len(self.names)) if i is None else [i]
         if self._peer_links and self.links is None:
-            self.links = PeerLinks(self.peer_ports, self._listen_ports)
+            self.links = PeerLinks(self.peer_ports, self._listen_ports,
+                                   lambda: [self.pid(j) for j in range(len(self.names))])
         for j in which:
             if self.pid(j) is None:
                 self._procs[j] = self._spawn(j)
@@ -145,24 +146,16 @@ class EtcdCluster:
         status = self._post(i, "/v3/maintenance/status", {})
         return bool(status and str(status.get("leader", "0")) != "0")
 
-    def member_id(self, i: int) -> str:
-        """Member ``i``'s etcd id in hex (as etcd's peers and logs write it)."""
-        status = self._post(i, "/v3/maintenance/status", {})
-        header = status.get("header") if status else None
-        if not isinstance(header, dict) or not header.get("member_id"):
-            raise EtcdUnavailable(f"etcd member {i} did not say its id")
-        return format(int(str(header["member_id"])), "x")
-
     def isolate(self, i: int) -> None:
         """Partition member ``i`` from every other member (it stays alive; needs
         ``peer_links=True``)."""
         if self.links is None:
             raise RuntimeError("isolate() needs EtcdCluster(..., peer_links=True)")
-        self.links.isolate(i, self.member_id(i))
+        self.links.isolate(i)
 
     def heal(self, i: int) -> None:
         if self.links is not None:
-            self.links.heal(i, self.member_id(i))
+            self.links.heal(i)
 
     def kill(self, i: int) -> None:
         """SIGKILL member ``i`` (its data stays)."""

@@ -108,8 +108,10 @@ class EtcdClient:
         if rev and not self.first_revision:
             self.first_revision = rev
 
-    async def call(self, path: str, body: Json, *, idempotent: bool) -> Json:
-        """POST ``body`` to ``/v3/<path>`` of a member; the decoded answer."""
+    async def call(self, path: str, body: Json, *, idempotent: bool,
+                   attempt: float | None = None) -> Json:
+        """POST ``body`` to ``/v3/<path>`` of a member; the decoded answer. ``attempt``
+        bounds the wait on one member (idempotent calls: then the next one is tried)."""
         http = self._http()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.op_timeout
@@ -120,8 +122,9 @@ class EtcdClient:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
-            timeout = aiohttp.ClientTimeout(total=remaining,
-                                            sock_connect=min(remaining, self.connect_timeout))
+            per = remaining if attempt is None else min(remaining, attempt)
+            timeout = aiohttp.ClientTimeout(total=per,
+                                            sock_connect=min(per, self.connect_timeout))
             sent = False
             try:
                 async with http.post(url, json=body, timeout=timeout) as resp:
@@ -199,9 +202,12 @@ class EtcdClient:
             raise MetadataStoreError(f"etcd lease grant: {answer.get('error') or answer}")
         return int(answer["ID"]), int(answer.get("TTL", 0))
 
-    async def keepalive(self, lease: int) -> int:
-        """Renew ``lease`` once; its remaining TTL (0 when it is gone)."""
-        answer = await self.call("lease/keepalive", {"ID": str(lease)}, idempotent=True)
+    async def keepalive(self, lease: int, attempt: float | None = None) -> int:
+        """Renew ``lease`` once; its remaining TTL (0 when it is gone). ``attempt``: how
+        long one member may keep the renewal (a member that just lost its leader holds it
+        until etcd cancels it, seconds later) before the next member is asked."""
+        answer = await self.call("lease/keepalive", {"ID": str(lease)}, idempotent=True,
+                                 attempt=attempt)
         return int(answer.get("result", answer).get("TTL", 0))
 
     async def revoke(self, lease: int) -> None:

@@ -64,7 +64,9 @@ class EtcdLease:
             lease = self.id
             sent = loop.time()
             try:
-                left = await self._client.keepalive(lease)
+                # a member that holds a renewal for a third of the TTL is given up for
+                # the next one, in time to renew before the lease runs out
+                left = await self._client.keepalive(lease, attempt=self.ttl / 3)
             except ClientClosedError:
                 return
             except MetadataStoreError as exc:
