@@ -79,6 +79,9 @@ class PeerLinks:
         return None
 
     def _cut(self, dest: int, sender: int | None) -> bool:
+        """(A sender not found is refused while any member is cut: nothing may leak.)"""
+        if sender is None:
+            return bool(self._isolated)
         return dest in self._isolated or sender in self._isolated
 
     async def _serve(self, dest: int, reader: asyncio.StreamReader,
@@ -136,9 +139,10 @@ class PeerLinks:
         async def stop() -> None:
             for s in self._servers:
                 s.close()
-            for task in list(self._conns):
+            tasks = list(self._conns)
+            for task in tasks:
                 task.cancel()
-            await asyncio.sleep(0)
+            await asyncio.gather(*tasks, return_exceptions=True)
         if self._loop.is_running():
             self._call(stop())
             self._loop.call_soon_threadsafe(self._loop.stop)
