@@ -5,6 +5,9 @@ a temporary directory (on ``/dev/shm`` when there is one: the tests measure pybk
 disk), waits until every member answers ``/health``, and stops them by PID. ``kill(i)``
 SIGKILLs one member, ``start(i)`` brings it back on its ports and data; ``leader()`` says
 which member leads. Short heartbeat and election timeouts keep a failover under a second.
+With ``peer_links=True`` the members talk to each other through cuttable proxies
+(:mod:`.etcd_links`): ``isolate(i)`` partitions a live member from the others, ``heal(i)``
+joins it again; client traffic goes straight to each member.
 
 :class:`EtcdBackend` runs the metadata conformance suite on a cluster, each check under its
 own root. A missing ``etcd`` is an error, never a skip: ``make system-deps`` installs it.
@@ -27,6 +30,7 @@ from pathlib import Path
 from types import TracebackType
 
 from pybk.metadata.base import MetadataStore
+from pybk.testing.etcd_links import PeerLinks
 from pybk.testing.metadata_backends import MetadataBackend
 from pybk.testing.zookeeper import free_port
 
@@ -41,7 +45,7 @@ class EtcdCluster:
     """``members`` etcd processes forming one cluster on loopback."""
 
     def __init__(self, members: int = 1, *, heartbeat_ms: int = 50,
-                 election_ms: int = 500) -> None:
+                 election_ms: int = 500, peer_links: bool = False) -> None:
         binary = shutil.which("etcd")
         if binary is None:
             raise EtcdUnavailable("etcd is not installed (apt-get install etcd-server, "
@@ -53,7 +57,11 @@ class EtcdCluster:
         self.dir = Path(tempfile.mkdtemp(prefix="pybk-etcd-", dir=base))
         self.names = [f"m{i}" for i in range(members)]
         self.client_ports = [free_port() for _ in range(members)]
-        self.peer_ports = [free_port() for _ in range(members)]
+        self.peer_ports = [free_port() for _ in range(members)]  # advertised
+        self._listen_ports = ([free_port() for _ in range(members)] if peer_links
+                              else self.peer_ports)
+        self.links: PeerLinks | None = None
+        self._peer_links = peer_links
         self._timing = [f"--heartbeat-interval={heartbeat_ms}",
                         f"--election-timeout={election_ms}"]
         self._procs: list[subprocess.Popen[bytes] | None] = [None] * members
@@ -75,11 +83,12 @@ class EtcdCluster:
                            for n, p in zip(self.names, self.peer_ports, strict=True))
         client = f"http://127.0.0.1:{self.client_ports[i]}"
         peer = f"http://127.0.0.1:{self.peer_ports[i]}"
+        listen = f"http://127.0.0.1:{self._listen_ports[i]}"
         with open(self.dir / f"{name}.log", "ab") as log:
             return subprocess.Popen(
                 [self._binary, "--name", name, "--data-dir", str(self.dir / name),
                  "--listen-client-urls", client, "--advertise-client-urls", client,
-                 "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                 "--listen-peer-urls", listen, "--initial-advertise-peer-urls", peer,
                  "--initial-cluster", cluster, "--initial-cluster-state", "new",
                  "--initial-cluster-token", self.dir.name, *self._timing],
                 stdout=log, stderr=subprocess.STDOUT)
@@ -103,6 +112,9 @@ class EtcdCluster:
     def start(self, i: int | None = None, timeout: float = 30.0) -> None:
         """Start member ``i`` (all members when None) and wait until each serves."""
         which = range(len(self.names)) if i is None else [i]
+        if self._peer_links and self.links is None:
+            self.links = PeerLinks(self.peer_ports, self._listen_ports,
+                                   lambda: [self.pid(j) for j in range(len(self.names))])
         for j in which:
             if self.pid(j) is None:
                 self._procs[j] = self._spawn(j)
@@ -129,6 +141,22 @@ class EtcdCluster:
                 return i
         return None
 
+    def has_leader(self, i: int) -> bool:
+        """Whether member ``i`` knows a leader now (its own view; False when it is down)."""
+        status = self._post(i, "/v3/maintenance/status", {})
+        return bool(status and str(status.get("leader", "0")) != "0")
+
+    def isolate(self, i: int) -> None:
+        """Partition member ``i`` from every other member (it stays alive; needs
+        ``peer_links=True``)."""
+        if self.links is None:
+            raise RuntimeError("isolate() needs EtcdCluster(..., peer_links=True)")
+        self.links.isolate(i)
+
+    def heal(self, i: int) -> None:
+        if self.links is not None:
+            self.links.heal(i)
+
     def kill(self, i: int) -> None:
         """SIGKILL member ``i`` (its data stays)."""
         proc = self._procs[i]
@@ -150,6 +178,9 @@ class EtcdCluster:
 
     def close(self) -> None:
         self.stop()
+        if self.links is not None:
+            self.links.close()
+            self.links = None
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> EtcdCluster:

@@ -8,9 +8,14 @@ JSON-encoded), served on every member's client URL.
 
 Several endpoints: a call goes to the endpoint that answered last; one that cannot be
 reached is skipped for the next. A read is retried on another member whatever went wrong;
-a write only when its request never left (the connection was refused), because a write
-whose answer was lost may have been applied: it fails with ``MetadataStoreError`` (outcome
-unknown) and the caller's compare-and-set loop decides.
+a write only when its request never left (the connection was refused, or the member had no
+leader), because a write whose answer was lost may have been applied: it fails with
+``MetadataStoreError`` (outcome unknown) and the caller's compare-and-set loop decides.
+
+Every request requires a leader (etcd's ``WithRequireLeader``, gRPC metadata ``hasleader``):
+a member cut off from its cluster answers "no leader" at once instead of timing out, and
+cancels the watch streams it serves after three election timeouts without one. A watch
+stream that ends for any reason moves on to the next member (``docs/operations.md``).
 """
 
 from __future__ import annotations
@@ -31,6 +36,11 @@ __all__ = ["EtcdClient", "b64", "prefix_end", "unb64"]
 log = logging.getLogger("pybk.metadata.etcd")
 
 Json = dict[str, Any]
+
+#: grpc-gateway turns ``Grpc-Metadata-<key>`` headers into gRPC metadata; etcd's interceptors
+#: refuse (unary) or cancel (streams) a request carrying ``hasleader: true`` on a member
+#: without a leader (``rpctypes.MetadataRequireLeaderKey``)
+REQUIRE_LEADER = {"Grpc-Metadata-hasleader": "true"}
 
 
 def b64(data: bytes) -> str:
@@ -87,7 +97,8 @@ class EtcdClient:
             raise ClientClosedError("etcd metadata store is closed")
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=64, force_close=False))
+                connector=aiohttp.TCPConnector(limit=64, force_close=False),
+                headers=REQUIRE_LEADER)
         return self._session
 
     def _seen(self, answer: Json) -> None:
@@ -97,8 +108,10 @@ class EtcdClient:
         if rev and not self.first_revision:
             self.first_revision = rev
 
-    async def call(self, path: str, body: Json, *, idempotent: bool) -> Json:
-        """POST ``body`` to ``/v3/<path>`` of a member; the decoded answer."""
+    async def call(self, path: str, body: Json, *, idempotent: bool,
+                   attempt: float | None = None) -> Json:
+        """POST ``body`` to ``/v3/<path>`` of a member; the decoded answer. ``attempt``
+        bounds the wait on one member (idempotent calls: then the next one is tried)."""
         http = self._http()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.op_timeout
@@ -109,15 +122,17 @@ class EtcdClient:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 break
-            timeout = aiohttp.ClientTimeout(total=remaining,
-                                            sock_connect=min(remaining, self.connect_timeout))
+            per = remaining if attempt is None else min(remaining, attempt)
+            timeout = aiohttp.ClientTimeout(total=per,
+                                            sock_connect=min(per, self.connect_timeout))
             sent = False
             try:
                 async with http.post(url, json=body, timeout=timeout) as resp:
                     sent = True
                     text = await resp.read()
                     answer = json.loads(text) if text else {}
-                    if resp.status == 200:
+                    # (a streamed call, lease/keepalive, may carry its error in a 200)
+                    if resp.status == 200 and "error" not in answer:
                         self._seen(answer)
                         return answer
                     last = f"{url}: HTTP {resp.status} {answer.get('error') or text[:200]!r}"
@@ -187,9 +202,12 @@ class EtcdClient:
             raise MetadataStoreError(f"etcd lease grant: {answer.get('error') or answer}")
         return int(answer["ID"]), int(answer.get("TTL", 0))
 
-    async def keepalive(self, lease: int) -> int:
-        """Renew ``lease`` once; its remaining TTL (0 when it is gone)."""
-        answer = await self.call("lease/keepalive", {"ID": str(lease)}, idempotent=True)
+    async def keepalive(self, lease: int, attempt: float | None = None) -> int:
+        """Renew ``lease`` once; its remaining TTL (0 when it is gone). ``attempt``: how
+        long one member may keep the renewal (a member that just lost its leader holds it
+        until etcd cancels it, seconds later) before the next member is asked."""
+        answer = await self.call("lease/keepalive", {"ID": str(lease)}, idempotent=True,
+                                 attempt=attempt)
         return int(answer.get("result", answer).get("TTL", 0))
 
     async def revoke(self, lease: int) -> None:
@@ -199,10 +217,12 @@ class EtcdClient:
 
     async def watch(self, prefix: bytes, start_revision: int) -> AsyncIterator[Json]:
         """The results of one watch stream over ``prefix`` from ``start_revision`` on (the
-        creation notice first). Ends (or raises) when the connection does; the caller
-        reconnects from the revision it reached."""
+        creation notice first). Ends (or raises) when the connection does, or when the member
+        cancels it (it lost its leader: "etcdserver: no leader"); either way the next stream
+        goes to the next member, and the caller resumes from the revision it reached."""
         http = self._http()
-        url = self.endpoints[self._current] + "/v3/watch"
+        used = self._current
+        url = self.endpoints[used] + "/v3/watch"
         body = {"create_request": {
             "key": b64(prefix), "range_end": b64(prefix_end(prefix)),
             "start_revision": str(start_revision), "progress_notify": True,
@@ -211,7 +231,9 @@ class EtcdClient:
         try:
             async with http.post(url, json=body, timeout=timeout) as resp:
                 if resp.status != 200:
-                    raise MetadataStoreError(f"etcd watch {url}: HTTP {resp.status}")
+                    text = await resp.read()
+                    raise MetadataStoreError(f"etcd watch {url}: HTTP {resp.status} "
+                                             f"{text[:200]!r}")
                 while True:
                     line = await resp.content.readline()
                     if not line:
@@ -224,12 +246,9 @@ class EtcdClient:
                     result = doc.get("result", {})
                     self._seen(result)
                     yield result
-        except aiohttp.ClientConnectorError:
-            self._current = (self._current + 1) % len(self.endpoints)
-            raise
-        except (aiohttp.ClientError, ValueError):
-            self._current = (self._current + 1) % len(self.endpoints)
-            raise
+        finally:
+            if self._current == used:  # (unary calls may have moved on already)
+                self._current = (used + 1) % len(self.endpoints)
 
     async def close(self) -> None:
         self._closed = True

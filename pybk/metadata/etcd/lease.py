@@ -3,7 +3,9 @@
 Granted on first need, renewed every third of its TTL. Each renewal remembers when it was
 sent: the lease is trusted until that moment plus the TTL etcd answered (etcd counts from
 the renewal's arrival, later). TTLs are whole seconds: a fraction is dropped, so the lease
-never outlives what the caller asked for by more than etcd's own minimum. When a renewal
+never outlives what the caller asked for by more than etcd's own minimum. A renewal one
+member holds for a third of the TTL (it just lost its leader and waits for one) is given up
+for the next member, in time to renew before the lease runs out. When a renewal
 finds the lease gone (it expired during a pause or an outage), the store is told
 (``on_lost``) and a new lease is granted at the next need; the store re-creates its
 registrations under it, as the ZooKeeper store does after a new session.
@@ -64,7 +66,9 @@ class EtcdLease:
             lease = self.id
             sent = loop.time()
             try:
-                left = await self._client.keepalive(lease)
+                # a member that holds a renewal for a third of the TTL is given up for
+                # the next one, in time to renew before the lease runs out
+                left = await self._client.keepalive(lease, attempt=self.ttl / 3)
             except ClientClosedError:
                 return
             except MetadataStoreError as exc:

@@ -133,6 +133,11 @@ class EtcdMetadataStore(MetadataStore):
         return self._lease.losses
 
     @property
+    def watch_resumes(self) -> int:
+        """Watch streams opened again after one was lost or cancelled (tests read it)."""
+        return self._watcher.resumes
+
+    @property
     def lease_id(self) -> int:
         return self._lease.id
 

@@ -12,6 +12,8 @@ when the stream already delivered a change after the baseline, and for every cha
 delivers from then on. A subject never returned gets the store's latest revision as baseline (at or
 before the moment the watch was set). If etcd compacted the history the stream needed,
 every watch fires (extra fires are allowed) and the stream resumes at the compaction point.
+A stream on a member cut off from its cluster is cancelled by it ("no leader": the client
+requires one) and resumes on the next member, so a partition cannot silence it.
 """
 
 from __future__ import annotations
