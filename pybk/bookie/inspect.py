@@ -2,7 +2,9 @@
 
 For an operator with a stopped bookie (or a copy of its directory): the cookie, every journal
 segment verified record by record, the index checkpoint chain, and a check that the chain
-plus the journal after it gives the same index as a rebuild from every segment. It only
+plus the journal after it gives the same index as a rebuild from every segment; on a db
+bookie its checkpoint, every entry log's rows and bodies, and the journal after the
+checkpoint's mark (:mod:`pybk.bookie.inspect_db`). It only
 reads: a bookie's start-up cuts torn tails and rewrites checkpoints, this does not, so it is
 safe on a directory a bookie may still need to recover (BookKeeper's shell has the same kind
 of tools: ``readjournal``, ``bookiesanity``, ``ledger``).
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 from pybk.bookie import COOKIE_FILE, decode_cookie
 from pybk.errors import BKError, CorruptRecordError
 from pybk.storage.checkpoint import CHECKPOINT_FILE, CheckpointChain, load_checkpoint_chain
+from pybk.storage.dbstore import DB_CHECKPOINT, ENTRY_LOG_DIR
 from pybk.storage.fs import FileSystem
 from pybk.storage.index import Index, LedgerState, Position
 from pybk.storage.journal import parse_segment_name, segment_name
@@ -35,6 +38,7 @@ from pybk.storage.store import JOURNAL_DIR
 __all__ = [
     "CheckpointReport",
     "DataDirReport",
+    "EntryLogReport",
     "SegmentReport",
     "inspect_data_dir",
 ]
@@ -76,13 +80,33 @@ class CheckpointReport:
 
 
 @dataclass
+class EntryLogReport:
+    """One entry log of a db bookie, verified row by row and body by body."""
+
+    log_id: int
+    #: bytes of its .log file
+    size: int = 0
+    rows: int = 0
+    ledgers: int = 0
+    live_bytes: int = 0
+    #: rows or bodies that fail their checksums (a newer log's repair excepted)
+    damaged: int = 0
+    #: ok | damaged | unnamed (no checkpoint names it: a start-up deletes it) | missing
+    state: str = "ok"
+    detail: str = ""
+
+
+@dataclass
 class DataDirReport:
     """Everything :func:`inspect_data_dir` found."""
 
     data_dir: str
     bookie_id: str = ""
     instance_id: str = ""
+    #: the storage engine the directory is laid out for: journal | db
+    storage: str = "journal"
     segments: list[SegmentReport] = field(default_factory=list)
+    entry_logs: list[EntryLogReport] = field(default_factory=list)
     checkpoint: CheckpointReport = field(default_factory=CheckpointReport)
     #: from the rebuild out of every segment
     ledgers: int = 0
@@ -101,8 +125,14 @@ def inspect_data_dir(fs: FileSystem, data_dir: str) -> DataDirReport:
     """Read ``data_dir`` (a bookie's ``--data``) and report; writes nothing."""
     report = DataDirReport(data_dir)
     _read_cookie(fs, data_dir, report)
+    if fs.exists(posixpath.join(data_dir, DB_CHECKPOINT)) or fs.exists(
+            posixpath.join(data_dir, ENTRY_LOG_DIR)):
+        from pybk.bookie.inspect_db import inspect_db_dir
+
+        inspect_db_dir(fs, data_dir, report)
+        return report
     journal_dir = posixpath.join(data_dir, JOURNAL_DIR)
-    seqs = sorted(s for s in map(parse_segment_name, _listdir(fs, journal_dir, report))
+    seqs = sorted(s for s in map(parse_segment_name, listdir_reported(fs, journal_dir, report))
                   if s is not None)
     chain = _load_chain(fs, data_dir, report)
     # one pass over the journal feeds both indexes: the rebuild from every record, and the
@@ -110,7 +140,7 @@ def inspect_data_dir(fs: FileSystem, data_dir: str) -> DataDirReport:
     rebuilt = Index()
     replay = None if chain is None else (chain.index, chain.last.position)
     for seq in seqs:
-        report.segments.append(_scan(fs, journal_dir, seq, seq == seqs[-1], report, rebuilt,
+        report.segments.append(scan_report(fs, journal_dir, seq, seq == seqs[-1], report, rebuilt,
                                      replay))
     for seg in report.segments:
         seg.live_bytes = rebuilt.seg_live.get(seg.seq, 0)
@@ -123,7 +153,7 @@ def inspect_data_dir(fs: FileSystem, data_dir: str) -> DataDirReport:
     return report
 
 
-def _listdir(fs: FileSystem, path: str, report: DataDirReport) -> list[str]:
+def listdir_reported(fs: FileSystem, path: str, report: DataDirReport) -> list[str]:
     try:
         return fs.listdir(path)
     except OSError as exc:
@@ -145,11 +175,13 @@ def _read_cookie(fs: FileSystem, data_dir: str, report: DataDirReport) -> None:
     report.bookie_id, report.instance_id = cookie["bookie_id"], cookie["instance_id"]
 
 
-def _scan(fs: FileSystem, journal_dir: str, seq: int, is_last: bool, report: DataDirReport,
-          rebuilt: Index, replay: tuple[Index, Position] | None) -> SegmentReport:
+def scan_report(fs: FileSystem, journal_dir: str, seq: int, is_last: bool, report: DataDirReport,
+          rebuilt: Index, replay: tuple[Index, Position] | None,
+          start: Position | None = None) -> SegmentReport:
     """Verify one segment and apply its records to ``rebuilt`` (as a start-up that lost its
     checkpoint would) and, past the chain's position, to the chain's index (``replay``: as a
-    start-up that loaded it would)."""
+    start-up that loaded it would). From ``start`` on only, in its segment (a db bookie's
+    checkpoint mark: what is before it, its start-up never reads)."""
     path = posixpath.join(journal_dir, segment_name(seq))
     seg = SegmentReport(seq, 0)
     by_type: dict[RecordType, int] = {}  # (named in the report once the scan is over)
@@ -188,7 +220,10 @@ def _scan(fs: FileSystem, journal_dir: str, seq: int, is_last: bool, report: Dat
                 chain_index.put_entry(ledger_id, entry_id, loc, lac)
 
         try:
-            scan = scan_segment(fs, path, seq, instance_id, start=None, batch_seq=0,
+            at = start is not None and start.seg == seq
+            scan = scan_segment(fs, path, seq, instance_id,
+                                start=start.offset if at and start else None,
+                                batch_seq=start.batch_seq if at and start else 0,
                                 is_last=is_last, allow_suspect=True, apply=apply,
                                 put_entry=put_entry)
         finally:

@@ -336,6 +336,29 @@ def bookie_inspect(data_dir: str, as_json: bool) -> None:
         fail(f"{len(report.problems)} problem(s) in {data_dir}: {report.problems[0]}")
 
 
+def _print_db_inspection(console: Any, report: Any) -> None:
+    """A db bookie's part: its entry logs and checkpoint (the journal after its mark above)."""
+    from rich.table import Table
+
+    table = Table("entry log", "bytes", "live", "rows", "ledgers", "damaged", "state")
+    for lg in report.entry_logs:
+        state = lg.state + (f": {lg.detail}" if lg.detail else "")
+        table.add_row(f"{lg.log_id:016d}", f"{lg.size:,}", f"{lg.live_bytes:,}",
+                      f"{lg.rows:,}", str(lg.ledgers), str(lg.damaged), state)
+    console.print(table)
+    cp = report.checkpoint
+    where = (f" at segment {cp.position.seg} offset {cp.position.offset}"
+             if cp.position is not None else "")
+    console.print(f"db checkpoint: {cp.state}{where}, {cp.ledgers} ledgers "
+                  f"({report.fenced} fenced), {report.deleted} deleted, {cp.entries:,} entries "
+                  f"in entry logs" + (f" ({cp.detail})" if cp.detail else ""))
+    console.print(f"entries: {report.entries:,} (entry logs and the journal after the mark)")
+    for problem in report.problems:
+        console.print(f"problem: {problem}")
+    if report.ok:
+        console.print("sound")
+
+
 def _print_inspection(report: Any) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -351,6 +374,9 @@ def _print_inspection(report: Any) -> None:
         table.add_row(f"{seg.seq:016x}", f"{seg.size:,}", live, f"{seg.dead_bytes:,}",
                       str(seg.batches), records, state)
     console.print(table)
+    if report.storage == "db":
+        _print_db_inspection(console, report)
+        return
     live = sum(seg.live_bytes for seg in report.segments)
     total = sum(seg.size for seg in report.segments)
     console.print(f"journal: {total:,} bytes, {live:,} live, {total - live:,} dead "
