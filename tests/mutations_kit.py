@@ -45,7 +45,7 @@ EXPECTED = {
     # compaction's checkpoint that covers what is only in the write cache (a crash loses both)
     # (a log's record among the lost entries: LG1, as seed 5 shows since it draws a lost
     # auditor host, whose bookie dies with its unsynced data)
-    mutations.DB_LOG_UNSYNCED: {"I9", "I10", "I11", "L1", "LG1"},
+    mutations.DB_LOG_UNSYNCED: {"I9", "I10", "I11", "I14", "L1", "LG1"},
     mutations.DB_COMPACTION_COVERS_CACHE: {"I9", "I10", "L1"},
     mutations.DB_READS_UNCHECKED: {"I9", "I10"},
     # re-replication that forgets the namespace's isolation group moves a fragment out of it

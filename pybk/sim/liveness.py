@@ -14,6 +14,7 @@ from pybk.bookie.inspect import inspect_data_dir
 from pybk.runtime.eventloop import gather, within
 from pybk.sim.cluster import DATA_DIR, SimBookie, derive_rng
 from pybk.sim.workload import PASSWORD, Recoverer, Writer
+from pybk.storage.dbstore import DbLedgerStore
 from pybk.storage.store import LedgerStore
 
 if TYPE_CHECKING:
@@ -165,8 +166,12 @@ async def _ledgers_live(run: SimRun, start: float) -> None:
 
 def _inspect(run: SimRun, sb: SimBookie) -> None:
     """I14: the bookie's checkpoint chain and journal agree with its segments (a bookie
-    that never wrote nor loaded a checkpoint has no chain to compare: skipped)."""
+    that never wrote nor loaded a checkpoint has no chain to compare: skipped); a db
+    bookie's checkpoint names only entry logs that are there and sound."""
     store = sb.bookie.store if sb.bookie is not None else None  # (the journal engine's)
+    if isinstance(store, DbLedgerStore):
+        _inspect_db(run, sb)
+        return
     if not isinstance(store, LedgerStore) or not (
             store.report.checkpoint_loaded or any(store.checkpoint_stats.values())):
         return
@@ -181,3 +186,15 @@ def _inspect(run: SimRun, sb: SimBookie) -> None:
         run.cover("data_dir_inspected_with_deltas")
     if report.checkpoint.detail.startswith(("disagrees", "replay after", "its entries live")):
         run.history.index_mismatch(sb.bookie_id, report.checkpoint.detail)
+
+
+def _inspect_db(run: SimRun, sb: SimBookie) -> None:
+    """I14 on a db bookie (one no damage was injected into): its directory, read offline as
+    ``pybk bookie inspect`` does, is sound: the checkpoint readable, every entry log it names
+    there and intact (a flush syncs its log before the checkpoint names it), the journal
+    after its mark clean."""
+    report = inspect_data_dir(sb.fs, DATA_DIR)
+    run.cover("data_dir_inspected_db")
+    if report.problems:
+        run.history.index_mismatch(sb.bookie_id, f"disagrees with its entry logs: "
+                                                 f"{report.problems[0]}")

@@ -31,6 +31,10 @@ MUST_REACH = (
     "crash_in_overlapped_sync_window",
     # a db-engine bookie crashing while it flushes its write cache (pybk.sim.injectors)
     "crash_during_db_flush",
+    # the production scrubber of a bookie finding damage (pybk.bookie.scrubbing), and a db
+    # bookie's directory read offline at the end (pybk.bookie.inspect_db, I14)
+    "scrubber_found_damage",
+    "data_dir_inspected_db",
     "add_failed_unsent",
     "ledger_recovery_error",
     # the auditor's host lost, the registration lapsing just after the new auditor's first
