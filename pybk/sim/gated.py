@@ -39,11 +39,13 @@ if TYPE_CHECKING:
     from pybk.sim.links import Conn
     from pybk.sim.net import SimNetwork
 
-__all__ = ["GateKeeper", "GateWatcher"]
+__all__ = ["GateKeeper", "GateWatcher", "ReadWatcher"]
 
 #: ``watch(bookie, client, principal, request, refusal, asked)``, for each gated request as
 #: its gate decides (``refusal`` None: it starts now; ``asked``: when the gate was asked)
 GateWatcher = Callable[[str, str, str, Request, Response | None, float], None]
+#: ``watch(bookie, principal, request, response)``, for each gated read as it is answered
+ReadWatcher = Callable[[str, str, Request, Response], None]
 _Held = collections.deque[tuple["Conn", int, int, Request]]
 
 
@@ -55,6 +57,7 @@ class GateKeeper:
         self._held: dict[tuple[str, str], _Held] = {}
         self._principals: dict[str, str] = {}
         self.watchers: list[GateWatcher] = []
+        self.read_watchers: list[ReadWatcher] = []
         #: requests that waited on their gate (a rate's delay or a lookup), and refusals
         self.held = 0
         self.refused = 0
@@ -138,7 +141,8 @@ class GateKeeper:
         elif isinstance(request, ReadRequest | ReadBatchRequest):
             # (the gate counts what the read's answer carried; no handler: the bookie is down)
             handler = net.handler_of(bookie_id)
-            serve = None if handler is None else partial(_read, handler, gate, principal)
+            serve = None if handler is None else partial(
+                _read, handler, gate, principal, bookie_id, self.read_watchers)
             net.start_request(client, bookie_id, conn, gen, seq, request, serve=serve)
         else:
             net.start_request(client, bookie_id, conn, gen, seq, request)
@@ -152,7 +156,10 @@ def _refuse_add(refusal: Response, request: AddLike, on_done: AddCallback) -> No
     on_done(error_for_status(refusal.status, refusal.message))
 
 
-async def _read(handler: Any, gate: Gate, principal: str, request: Request) -> Response:
+async def _read(handler: Any, gate: Gate, principal: str, bookie_id: str,
+                watchers: list[ReadWatcher], request: Request) -> Response:
     response: Response = await handler(request)
     gate.answered(principal, request, response)
+    for watch in watchers:
+        watch(bookie_id, principal, request, response)
     return response

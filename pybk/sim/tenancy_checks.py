@@ -9,7 +9,11 @@
   at ``x`` or later and started by ``y`` carry at most ``rate * (y - x)`` bytes (records) plus
   a burst (the token bucket's ``rate * BURST_SECONDS``), for windows up to
   :data:`T4_WINDOW`. Over the rate adds wait; they are never refused (T5). The same for the
-  entries reads ask for, against a read rate of records (not read bytes: docs/tenancy.md).
+  entries reads ask for, against a read rate of records. Read bytes are charged once a read
+  is answered (its size is not known before), so reads asked at ``x`` or later and answered
+  by ``y`` carry at most that bound plus what reads in flight at once can carry (the most
+  ever in flight at once, from asked to answered, times the largest answer): each is let
+  through on what the bucket held when it was asked, the others' charges not yet in it.
 - **T5** (refusals): a gate refuses only a new add of a namespace at its storage quota
   (QUOTA_EXCEEDED): never a read, a recovery add, a namespace without a quota (the calm
   tenant's), nor anyone for another tenant's limits.
@@ -33,6 +37,7 @@ from pybk.wire import (
     AddRequest,
     ReadBatchRequest,
     ReadRequest,
+    ReadResponse,
     Request,
     Response,
     Status,
@@ -89,6 +94,10 @@ class _Incarnation:
         self.in_flight = 0
         self.most_in_flight = 0
         self.buckets: dict[tuple[str, str], RateWindow] = {}  # (principal, what)
+        self.reads: dict[int, float] = {}  # started reads of a read-bytes rate: when asked
+        self.answers: list[float] = []  # when such reads were answered, recent ones
+        self.most_reads = 0  # the most such reads in flight at once (asked to answered)
+        self.largest_read = 0  # the largest answer's bytes
 
 
 class GateChecks:
@@ -107,6 +116,7 @@ class GateChecks:
         net = run.cluster.network
         net.gatekeeper.watchers.append(self._decided)
         net.add_observers.append(self._answered)
+        net.gatekeeper.read_watchers.append(self._read_answered)
 
     def _violation(self, violation: Violation) -> None:
         n = self.found[violation.invariant] = self.found.get(violation.invariant, 0) + 1
@@ -152,6 +162,9 @@ class GateChecks:
             if principal != CLUSTER:
                 n = len(request.entry_ids) if isinstance(request, ReadBatchRequest) else 1
                 self._rate(bookie, inc, known, principal, lid, "read", "records", n, asked)
+                rate = self.limits.read_bytes_per_s
+                if rate is not None and getattr(known, "read_bytes_per_s", None) == rate:
+                    inc.reads[id(request)] = asked
             return
         if not records:
             return
@@ -203,6 +216,41 @@ class GateChecks:
                 f"storing {stored} payload bytes of it: over its quota {quota} by more than "
                 f"the slack (cluster writes {inc.cluster}, at most {inc.most_in_flight} "
                 f"in flight)"))
+
+    def _read_answered(self, bookie: str, principal: str, request: Request,
+                       response: Response) -> None:
+        """T4 for read bytes, judged as each read of a read-bytes rate is answered."""
+        inc = self.bookies.get(bookie)
+        asked = None if inc is None else inc.reads.pop(id(request), None)
+        if inc is None or asked is None:
+            return
+        if isinstance(response, ReadResponse):
+            nbytes = len(response.body) if response.body is not None else 0
+        else:
+            nbytes = sum(len(e[2]) for e in getattr(response, "entries", ())
+                         if len(e) > 2 and e[2] is not None)
+        inc.largest_read = max(inc.largest_read, nbytes)
+        now = self.run.now()
+        # in flight beside this one since it was asked: those answered meanwhile and those
+        # started and unanswered (the last of a set in flight at once counts all the others)
+        answers = inc.answers
+        if answers and answers[0] < now - 2 * T4_WINDOW:
+            answers[:] = [t for t in answers if t >= now - 2 * T4_WINDOW]
+        beside = sum(1 for t in answers if t >= asked) + len(inc.reads)
+        answers.append(now)
+        inc.most_reads = max(inc.most_reads, 1 + beside)
+        rate = self.limits.read_bytes_per_s
+        assert rate is not None
+        bucket = inc.buckets.setdefault((principal, "read bytes"), RateWindow(rate))
+        excess = bucket.admit(asked, now, nbytes) - inc.most_reads * inc.largest_read
+        self.run.cover("tenancy_read_bytes_judged")
+        if excess > 0:
+            self._violation(Violation(
+                "T4", getattr(request, "ledger_id", -1), -1,
+                f"{bookie} answered reads of {principal!r} in {self.namespace} past the rate: "
+                f"{excess:.6f} bytes over {rate}/s x the window + the burst + "
+                f"{inc.most_reads} reads in flight of at most {inc.largest_read} bytes, at "
+                f"t={now:.6f}"))
 
     def _answered(self, bookie: str, client: str, request: Any, outcome: AddOutcome) -> None:
         inc = self.bookies.get(bookie)

@@ -12,7 +12,7 @@ from collections.abc import Awaitable
 import pytest
 
 from pybk import sim
-from pybk.bookie.tenancy import TENANCY_QUOTA_UNCHECKED, TokenBucket
+from pybk.bookie.tenancy import TENANCY_QUOTA_UNCHECKED, TenancyEnforcer, TokenBucket
 from pybk.sim import tenancy_gate
 from pybk.sim.loop import run
 from pybk.sim.net import SimNetwork
@@ -28,6 +28,8 @@ QUOTA_SEED = 1
 RATE_SEED = 26
 #: a seed that draws a read rate of records and no write rate (32 entries a second)
 READ_RATE_SEED = 8
+#: a seed that draws a read rate of bytes (4,096 a second) whose readers go past it
+READ_BYTES_SEED = 10
 
 
 class Recorder:
@@ -191,3 +193,17 @@ def test_t4_catches_a_gate_that_never_delays_reads(monkeypatch: pytest.MonkeyPat
     r = sim.run(READ_RATE_SEED, duration=12.0, workload=GATE)
     assert {v.invariant for v in r.violations} == {"T4"}, r.report()
     assert all("started reads" in v.message for v in r.violations), r.report()
+
+
+def test_t4_catches_a_gate_that_never_charges_read_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # read bytes are charged once a read is answered; a test-side broken gate that charges
+    # nothing lets reads through past the seed's rate of read bytes. The same seed passes
+    # with the gate as it is (reads let through on one bucket state counted as the slack).
+    clean = sim.run(READ_BYTES_SEED, duration=12.0, workload=GATE)
+    assert clean.ok, clean.report()
+    assert clean.stats.coverage.get("tenancy_read_bytes_judged", 0) > 0
+    monkeypatch.setattr(TenancyEnforcer, "answered", lambda self, principal, request,
+                        response: None)
+    r = sim.run(READ_BYTES_SEED, duration=12.0, workload=GATE)
+    assert {v.invariant for v in r.violations} == {"T4"}, r.report()
+    assert all("answered reads" in v.message for v in r.violations), r.report()
