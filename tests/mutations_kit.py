@@ -11,7 +11,7 @@ SAFETY = frozenset({
     "L1", "L2", "L3", "L4", "L5", "L6", "L7", "L8", "L9", "I1", "I3", "I5", "I7", "I9",
     "I10", "I11", "I14", "I15", "P1", "L10", "R1", "R2", "X1", "LG1", "LG2", "LG3", "LG4", "LG5",
     "T1", "T2", "T3", "T4", "T5", "I16", "R3", "CU1", "CU2", "CU3", "TS1", "TS2", "TB1", "TB2",
-    "TS3", "TS4", "AV1", "AV2", "DS1", "DS2",
+    "TS3", "TS4", "AV1", "AV2", "DS1", "DS2", "MR1", "MR2",
 })
 
 #: where each broken build must show up
@@ -48,6 +48,7 @@ EXPECTED = {
     mutations.DB_LOG_UNSYNCED: {"I9", "I10", "I11", "I14", "L1", "LG1"},
     mutations.DB_COMPACTION_COVERS_CACHE: {"I9", "I10", "L1"},
     mutations.DB_READS_UNCHECKED: {"I9", "I10"},
+    mutations.MIRROR_RESUMES_FROM_MEMORY: {"MR1", "MR2"},
     # re-replication that forgets the namespace's isolation group moves a fragment out of it
     mutations.REREPLICATION_LEAVES_GROUP: {"T1"},
     # a collector without its age guard deletes a ledger its metadata replica has not

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FRAME_MAGIC",
+    "MIRROR_RESUMES_FROM_MEMORY",
     "LogMirror",
     "MirrorAccessError",
     "MirrorError",
@@ -74,6 +75,12 @@ class MirrorError(CorruptRecordError):
 
 SOURCE: Final = "source"
 TARGET: Final = "target"
+
+#: mutation switch (a name in the target client's ``ClientConfig.mutations``; registry:
+#: ``pybk.testing.mutations``): a restarted run resumes after the last position this mirror
+#: saw acknowledged, not after the target's last record (copies acknowledged to the target's
+#: bookies but not yet to the mirror are made twice)
+MIRROR_RESUMES_FROM_MEMORY: Final = "mirror_resumes_from_memory"
 
 
 class MirrorAccessError(UnauthorizedError):
@@ -235,6 +242,7 @@ class LogMirror:
         self._reading: asyncio.Task[object] | None = None  # the run, while it reads the source
         self._append_failed = False
         self._copies = 0  # runs' copies started (an append's callback knows its own)
+        self._from_memory = MIRROR_RESUMES_FROM_MEMORY in target.client.config.mutations
 
     def _now(self) -> float:
         if self._clock is not None:
@@ -272,6 +280,8 @@ class LogMirror:
         return await self._resume_position(writer)
 
     async def _resume_position(self, writer: LogWriter | None) -> Position | None:
+        if self._from_memory and writer is not None and self.stats.starts > 1:
+            return self.stats.position  # (the broken build: what this mirror last saw)
         last = writer.last_position if writer is not None else await self.target.last_position()
         if last is None:
             return None

@@ -9,17 +9,13 @@
   at ``x`` or later and started by ``y`` carry at most ``rate * (y - x)`` bytes (records) plus
   a burst (the token bucket's ``rate * BURST_SECONDS``), for windows up to
   :data:`T4_WINDOW`. Over the rate adds wait; they are never refused (T5). The same for the
-  entries reads ask for, against a read rate of records. Read bytes are charged once a read
-  is answered (its size is not known before), so reads asked at ``x`` or later and answered
-  by ``y`` carry at most that bound plus what reads in flight at once can carry (the most
-  ever in flight at once, from asked to answered, times the largest answer): each is let
-  through on what the bucket held when it was asked, the others' charges not yet in it.
+  entries reads ask for, and for read bytes (charged once answered) with the slack of reads
+  in flight at once (docs/tenancy.md).
 - **T5** (refusals): a gate refuses only a new add of a namespace at its storage quota
   (QUOTA_EXCEEDED): never a read, a recovery add, a namespace without a quota (the calm
   tenant's), nor anyone for another tenant's limits.
 
-T3 and T4 judge a bookie once it knows the namespace's limits; that nothing refused or
-acknowledged is lost is the run's checker's (a refusal is an ordinary error answer).
+T3 and T4 judge a bookie once it knows the namespace's limits (losses are the run checker's).
 """
 
 from __future__ import annotations

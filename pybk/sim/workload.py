@@ -78,7 +78,8 @@ class Workload:
     log_tier_sweep: bool = False
     #: table servers with their clients on one range (pybk.sim.tables; drawn in one seed of 8)
     table_clients: int = 0
-    #: a log mirrored into a second simulated cluster (pybk.sim.mirror; opt in, not drawn)
+    #: a log mirrored into a second simulated cluster (pybk.sim.mirror; drawn in one seed
+    #: of eight)
     mirror: bool = False
     #: bookies in isolation groups and regions; half the writers' ledgers belong to a
     #: namespace bound to a group, placed region-aware (pybk.sim.tenancy; opt in, not drawn)
@@ -107,8 +108,9 @@ class Workload:
         quarter offload to a simulated tier (pybk.sim.tier), half of those with torn uploads
         and the orphan sweep (pybk.sim.tier_sweep), each drawn from a stream of its own
         (``extra(name)``): a seed that draws none of them runs as before. So are, in one seed
-        of eight each, a writer of caller-chosen entry ids and a writer of a deferred-sync
-        ledger (pybk.sim.ledger_modes)."""
+        of eight each, a writer of caller-chosen entry ids, a writer of a deferred-sync
+        ledger (pybk.sim.ledger_modes) and a log mirrored into a second cluster
+        (pybk.sim.mirror)."""
         logs = 1 if rng.random() < 0.5 else 0
         add_rate, log_rate = rng.choice((6.0, 12.0, 25.0)), rng.choice((3.0, 8.0))
         tables = 3 if rng.random() < 1 / 8 else 0
@@ -118,10 +120,11 @@ class Workload:
         sweep = bool(offload and extra is not None and extra("tier-sweep").random() < 1 / 2)
         adv = 1 if extra is not None and extra("adv").random() < 1 / 8 else 0
         deferred = 1 if extra is not None and extra("deferred").random() < 1 / 8 else 0
+        mirror = extra is not None and extra("mirror").random() < 1 / 8
         return cls(add_rate=add_rate, log_rate=log_rate, log_writers=logs, log_readers=logs,
                    table_clients=tables, tenancy_gate=gate, log_cursors=cursors,
                    log_offload=offload, log_tier_sweep=sweep, adv_writers=adv,
-                   deferred_writers=deferred)
+                   deferred_writers=deferred, mirror=mirror)
 
 
 @dataclass

@@ -85,7 +85,9 @@ BY_TEST = {mutations.WATCH_BASELINE_AT_FIRST_POLL:
 #: and 49 of the first 60 catch it (29 Nov); 19, the first, is pinned (a search is 20 runs).
 #: Reads of the db engine's entry logs that trust rows and bodies unchecked need a disk fault
 #: on a db bookie's entry logs: CI seeds 43 and 48 of the first 60 catch it (I10; 29 Nov), 43
-#: is pinned.
+#: is pinned. A mirror that resumes from its memory instead of the target's last record needs
+#: the mirror (drawn in one seed of eight since 29 Nov: 8, 14, 17 and 54 of the first 60): 14
+#: and 17 catch it (MR1, MR2), 14 is pinned.
 BY_SEED = {mutations.ADV_ACKS_HELD_ENTRIES: 2,
            mutations.ADV_LAC_OVER_GAP: 2,
            mutations.DEFERRED_LAC_PAST_FORCE: 2,
@@ -99,6 +101,7 @@ BY_SEED = {mutations.ADV_ACKS_HELD_ENTRIES: 2,
            mutations.RACK_PLAN_IGNORES_WRAP: 8,
            mutations.DB_LOG_UNSYNCED: 5,
            mutations.DB_READS_UNCHECKED: 43,
+           mutations.MIRROR_RESUMES_FROM_MEMORY: 14,
            mutations.OFFLOAD_COMPLETE_BEFORE_UPLOAD: 11,
            mutations.OFFLOAD_DELETES_BEFORE_REPLACING: 34,
            mutations.SWEEP_IGNORES_ATTEMPTS_IN_PROGRESS: 17,

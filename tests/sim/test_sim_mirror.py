@@ -6,6 +6,7 @@ last record is caught."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -53,9 +54,16 @@ def test_the_checks_catch_a_mirror_resuming_from_memory(
     raise AssertionError("no seed of 16 caught a mirror resuming from its memory")
 
 
-def test_the_mirror_workload_is_off_unless_asked_for() -> None:
+def test_the_mirror_workload_is_drawn_from_a_stream_of_its_own() -> None:
     assert not Workload().mirror
-    assert not Workload.draw(random.Random(1)).mirror
+    assert not Workload.draw(random.Random(1)).mirror  # (no streams: none of the extras)
+    drawn = [Workload.draw(random.Random(s), lambda name, s=s: random.Random(f"{s}:{name}"))
+             for s in range(400)]
+    assert 20 < sum(w.mirror for w in drawn) < 80  # (one in eight)
+    without = [Workload.draw(random.Random(s)) for s in range(400)]
+    assert [dataclasses.replace(w, mirror=False, log_cursors=0, log_offload=False,
+                                log_tier_sweep=False, adv_writers=0, deferred_writers=0)
+            for w in drawn] == without  # (the other draws stay where they were)
 
 
 def test_a_mirror_run_is_deterministic() -> None:
