@@ -24,6 +24,18 @@ from .proc_cluster import ProcCluster
 pytestmark = pytest.mark.integration
 
 
+async def _wait_marked(bookie: BookieUnderTest, ledger_id: int) -> None:
+    """Wait (bounded) until the bookie's scrubber has marked the ledger under-replicated."""
+    store = open_store(bookie.metadata)
+    try:
+        async def marked() -> bool:
+            return ledger_id in await store.list_under_replicated()
+
+        await wait_for(marked, 10, "the ledger marked under-replicated")
+    finally:
+        await store.close()
+
+
 def _flip(path: Path, offset: int) -> None:
     with open(path, "r+b") as f:
         f.seek(offset)
@@ -58,14 +70,7 @@ async def test_a_flipped_byte_in_a_sealed_segment_is_reported_and_marked(tmp_pat
             assert info.status == Status.OK and "damaged entries" in info.message, info
         finally:
             await transport.close()
-        store = open_store(bookie.metadata)
-        try:
-            async def marked() -> bool:
-                return lh.id in await store.list_under_replicated()
-
-            await wait_for(marked, 10, "the ledger marked under-replicated")
-        finally:
-            await store.close()
+        await _wait_marked(bookie, lh.id)
         assert "scrubber: ledger" in bookie.log()
     finally:
         bookie.stop()  # (by PID: the second start is this test's to stop)
@@ -91,14 +96,7 @@ async def test_a_db_bookie_scrubs_its_entry_logs(tmp_path: Path) -> None:
             return (await bookie.ametrics()).get("pybk_bookie_damaged_entries", 0) >= 1
 
         await wait_for(damaged, 30, "the scrubber finds the damage")
-        store = open_store(bookie.metadata)
-        try:
-            async def marked() -> bool:
-                return lh.id in await store.list_under_replicated()
-
-            await wait_for(marked, 10, "the ledger marked under-replicated")
-        finally:
-            await store.close()
+        await _wait_marked(bookie, lh.id)
         async with Client(bookie.metadata) as client:
             rh = await client.open_ledger(lh.id)
             with pytest.raises(BKError):  # (the only replica is damaged: an error, no bytes)
