@@ -116,7 +116,10 @@ class DbReads:
             body = self._t.flushing.get(ledger_id, {}).get(entry_id)
         if body is not None:
             return RECORD_HEADER_SIZE + len(body)
-        size = self._t.logs.size_of(ledger_id, entry_id) if entry_id >= 0 else None
+        try:
+            size = self._t.logs.size_of(ledger_id, entry_id) if entry_id >= 0 else None
+        except BKError:  # (a damaged location row: a size hint has none; a read says why)
+            return None
         return None if size is None else RECORD_HEADER_SIZE + size
 
     def _ids(self, ledger_id: int) -> list[int]:
