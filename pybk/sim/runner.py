@@ -61,6 +61,9 @@ from pybk.wire import Request
 __all__ = ["EXTENSIONS", "PROCESSES", "SOMETIMES", "TOPOLOGIES", "Extension", "SimResult",
            "SimRun", "Stats", "run", "scenario_of"]
 
+#: what the cluster counts that is coverage (a path run), not a fault injected
+_CLUSTER_COVERAGE = frozenset({"bookie_refused_start", "scrubber_found_damage"})
+
 #: the prefix of coverage markers that count protocol code's sometimes points
 SOMETIMES = "sometimes:"
 
@@ -213,7 +216,7 @@ class SimRun:
         return self.history.trace_line(text)
 
     def count_fault(self, kind: str) -> None:
-        if kind.startswith("bookie_state_") or kind == "bookie_refused_start":
+        if kind.startswith("bookie_state_") or kind in _CLUSTER_COVERAGE:
             self.coverage[kind] += 1
         else:
             self.fault_counts[kind] += 1
