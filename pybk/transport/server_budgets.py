@@ -56,6 +56,8 @@ class BudgetedConnection(asyncio.Protocol):
         self.sent_seen = 0  # of those, how many had left its buffer at the last look
         #: when the peer last took some of our answers (the write deadline counts from it)
         self.progress_at = now
+        #: entries in the requests this connection started and has not answered yet
+        self.entries = 0
 
     @property
     def held(self) -> int:
@@ -100,6 +102,30 @@ class BudgetedConnection(asyncio.Protocol):
                     and held + cost <= self.cfg.bookie_budget // max(1, server.holders)):
                 return None
             return "bookie"
+        return None
+
+    def _charge_entries(self, n: int) -> None:
+        before = self.entries
+        self.entries = before + n
+        self.server._entries_changed(before, before + n)
+
+    def _entries_blocked(self, n: int) -> str | None:
+        """None if a request of ``n`` entries may start now, else whose cap is reached. A
+        request always starts on a connection holding none; past the bookie's cap, one
+        holding less than its fair share (the cap over the connections holding some) still
+        starts, up to twice the cap in all, so connections already holding much cannot keep
+        one holding little waiting."""
+        held = self.entries
+        cfg = self.cfg
+        if held and held + n > cfg.max_entries_in_flight:
+            return "connection_entries"
+        server = self.server
+        total = server.entries
+        cap = cfg.bookie_entries_in_flight
+        if total and total + n > cap and not (
+                total + n <= 2 * cap
+                and held + n <= cap // (server.entry_holders + (0 if held else 1))):
+            return "bookie_entries"
         return None
 
     def _respond(self, request_id: int, response: Response, release: int = 0) -> None:
