@@ -9,7 +9,10 @@ a well-behaved client never does. docs/protocol.md ("Limits") says what each run
 * :class:`SilentConnections`: open connections and say nothing (on a TLS port: never start
   the handshake) - they hold descriptors and slots until the bookie's deadlines close them;
 * :class:`ReconnectFlood`: keep N unauthenticated connections open, reopening each as soon
-  as the bookie closes it (it must still let authenticated clients in).
+  as the bookie closes it (it must still let authenticated clients in);
+* :class:`TinyBatchFlood`: pipeline ADD_BATCH requests of tens of thousands of the smallest
+  valid entries (new ones, on ledgers the attacker may write) as fast as the bookie reads
+  them (each entry costs the bookie work and memory however few bytes it carries).
 
 Attacks run on the caller's event loop; ``await attack.start()`` opens what it opens,
 ``await attack.stop()`` closes everything it holds. ``attack.stats`` counts connections
@@ -23,17 +26,20 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import struct
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from pybk.transport import codec
-from pybk.wire import ReadRequest
+from pybk.transport.fastpath import encode_batch_request
+from pybk.wire import AddBatchRequest, ReadRequest, Status
 
 __all__ = [
     "Attack",
     "LongPollFlood",
     "ReconnectFlood",
     "SilentConnections",
+    "TinyBatchFlood",
     "UnreadReads",
 ]
 
@@ -220,3 +226,70 @@ class ReconnectFlood(Attack):
             with contextlib.suppress(asyncio.CancelledError):
                 await proto.closed
             self.held = [p for p in self.held if not p.closed.done()]
+
+
+class TinyBatchFlood(Attack):
+    """``connections`` connections (connection i writes ``ledger_ids[i % len]`` under
+    ``master_key``), each keeping ``depth`` ADD_BATCH requests of ``entries`` new entries in
+    flight: 44 bytes an entry on the wire (a 32-byte header, a 4-byte digest: the smallest a
+    bookie stores), ids ascending. Counts ``batches`` sent and ``answered.<STATUS>``."""
+
+    def __init__(self, host: str, port: int, *, ledger_ids: Sequence[int], master_key: bytes,
+                 connections: int = 1, entries: int = 65536, depth: int = 4,
+                 local_addresses: Sequence[str | None] = (None,)) -> None:
+        super().__init__(host, port, local_addresses=local_addresses)
+        self.ledger_ids = list(ledger_ids)
+        self.master_key = master_key
+        self.connections = connections
+        self.entries = entries
+        self.depth = depth
+        self._next = collections.Counter[int]()  # ledger -> its next entry id
+
+    def _frame(self, request_id: int, ledger_id: int) -> bytes:
+        first = self._next[ledger_id]
+        self._next[ledger_id] += self.entries
+        ids = range(first, first + self.entries)
+        head = struct.Struct(">qqqq4x").pack
+        bodies = [head(ledger_id, e, -1, 0) for e in ids]
+        return encode_batch_request(request_id, AddBatchRequest(
+            ledger_id, self.master_key, list(ids), bodies))
+
+    async def start(self) -> None:
+        for i in range(self.connections):
+            self._spawn(self._run(self.ledger_ids[i % len(self.ledger_ids)]))
+
+    async def _run(self, ledger_id: int) -> None:
+        local = next(self._locals)
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(
+                self.host, self.port, local_addr=(local, 0) if local else None),
+                self.connect_timeout)
+        except OSError:
+            self.stats["refused"] += 1
+            return
+        self.stats["opened"] += 1
+        slots = asyncio.Semaphore(self.depth)
+        client = codec.Connection("client")
+
+        async def answers() -> None:
+            while data := await reader.read(1 << 20):
+                for event in client.receive_data(data):
+                    status = getattr(getattr(event, "response", None), "status", None)
+                    name = Status(status).name if status is not None else "unreadable"
+                    self.stats[f"answered.{name}"] += 1
+                    slots.release()
+            if not self.stopping:
+                self.stats["closed_by_bookie"] += 1
+
+        reading = asyncio.ensure_future(answers())
+        try:
+            for request_id in itertools.count(1):
+                await slots.acquire()
+                writer.write(self._frame(request_id, ledger_id))
+                self.stats["batches"] += 1
+                await writer.drain()
+        except OSError:
+            self.stats["send_failed"] += 1
+        finally:
+            reading.cancel()
+            writer.transport.abort()
