@@ -10,9 +10,7 @@ a well-behaved client never does. docs/protocol.md ("Limits") says what each run
   the handshake) - they hold descriptors and slots until the bookie's deadlines close them;
 * :class:`ReconnectFlood`: keep N unauthenticated connections open, reopening each as soon
   as the bookie closes it (it must still let authenticated clients in);
-* :class:`TinyBatchFlood`: pipeline ADD_BATCH requests of tens of thousands of the smallest
-  valid entries (new ones, on ledgers the attacker may write) as fast as the bookie reads
-  them (each entry costs the bookie work and memory however few bytes it carries).
+* :class:`TinyBatchFlood`: pipeline ADD_BATCH requests of 65,536 of the smallest entries.
 
 Attacks run on the caller's event loop; ``await attack.start()`` opens what it opens,
 ``await attack.stop()`` closes everything it holds. ``attack.stats`` counts connections
