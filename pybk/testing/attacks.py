@@ -10,7 +10,8 @@ a well-behaved client never does. docs/protocol.md ("Limits") says what each run
   the handshake) - they hold descriptors and slots until the bookie's deadlines close them;
 * :class:`ReconnectFlood`: keep N unauthenticated connections open, reopening each as soon
   as the bookie closes it (it must still let authenticated clients in);
-* :class:`TinyBatchFlood`: pipeline ADD_BATCH requests of 65,536 of the smallest entries.
+* :class:`TinyBatchFlood`: pipeline ADD_BATCH requests of 65,536 of the smallest entries;
+* :class:`FenceFlood`: FENCE ids no ledger has, from many connections (metadata lookups).
 
 Attacks run on the caller's event loop; ``await attack.start()`` opens what it opens,
 ``await attack.stop()`` closes everything it holds. ``attack.stats`` counts connections
@@ -23,17 +24,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import itertools
 import struct
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from pybk.transport import codec
 from pybk.transport.fastpath import encode_batch_request
-from pybk.wire import AddBatchRequest, ReadRequest, Status
+from pybk.wire import AddBatchRequest, FenceRequest, ReadRequest, Status, master_key
 
 __all__ = [
     "Attack",
+    "FenceFlood",
     "LongPollFlood",
     "ReconnectFlood",
     "SilentConnections",
@@ -230,7 +233,7 @@ class TinyBatchFlood(Attack):
     """``connections`` connections (connection i writes ``ledger_ids[i % len]`` under
     ``master_key``), each keeping ``depth`` ADD_BATCH requests of ``entries`` new entries in
     flight: 44 bytes an entry on the wire (a 32-byte header, a 4-byte digest: the smallest a
-    bookie stores), ids ascending. Counts ``batches`` sent and ``answered.<STATUS>``."""
+    bookie stores), ids ascending. Counts ``sent`` and ``answered.<STATUS>``."""
 
     def __init__(self, host: str, port: int, *, ledger_ids: Sequence[int], master_key: bytes,
                  connections: int = 1, entries: int = 65536, depth: int = 4,
@@ -254,40 +257,63 @@ class TinyBatchFlood(Attack):
 
     async def start(self) -> None:
         for i in range(self.connections):
-            self._spawn(self._run(self.ledger_ids[i % len(self.ledger_ids)]))
+            self._spawn(_pipelined(self, self.depth, functools.partial(
+                self._frame, ledger_id=self.ledger_ids[i % len(self.ledger_ids)])))
 
-    async def _run(self, ledger_id: int) -> None:
-        local = next(self._locals)
-        try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(
-                self.host, self.port, local_addr=(local, 0) if local else None),
-                self.connect_timeout)
-        except OSError:
-            self.stats["refused"] += 1
-            return
-        self.stats["opened"] += 1
-        slots = asyncio.Semaphore(self.depth)
-        client = codec.Connection("client")
 
-        async def answers() -> None:
-            while data := await reader.read(1 << 20):
-                for event in client.receive_data(data):
-                    status = getattr(getattr(event, "response", None), "status", None)
-                    name = Status(status).name if status is not None else "unreadable"
-                    self.stats[f"answered.{name}"] += 1
-                    slots.release()
-            if not self.stopping:
-                self.stats["closed_by_bookie"] += 1
+async def _pipelined(attack: Attack, depth: int, frame: Callable[[int], bytes]) -> None:
+    """One connection of ``attack`` keeping ``depth`` requests (``frame(request_id)``) in
+    flight until stopped; counts ``sent`` and ``answered.<STATUS>`` in its stats."""
+    local = next(attack._locals)
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(
+            attack.host, attack.port, local_addr=(local, 0) if local else None),
+            attack.connect_timeout)
+    except OSError:
+        attack.stats["refused"] += 1
+        return
+    attack.stats["opened"] += 1
+    slots = asyncio.Semaphore(depth)
+    client = codec.Connection("client")
 
-        reading = asyncio.ensure_future(answers())
-        try:
-            for request_id in itertools.count(1):
-                await slots.acquire()
-                writer.write(self._frame(request_id, ledger_id))
-                self.stats["batches"] += 1
-                await writer.drain()
-        except OSError:
-            self.stats["send_failed"] += 1
-        finally:
-            reading.cancel()
-            writer.transport.abort()
+    async def answers() -> None:
+        while data := await reader.read(1 << 20):
+            for event in client.receive_data(data):
+                status = getattr(getattr(event, "response", None), "status", None)
+                name = Status(status).name if status is not None else "unreadable"
+                attack.stats[f"answered.{name}"] += 1
+                slots.release()
+        if not attack.stopping:
+            attack.stats["closed_by_bookie"] += 1
+
+    reading = asyncio.ensure_future(answers())
+    try:
+        for request_id in itertools.count(1):
+            await slots.acquire()
+            writer.write(frame(request_id))
+            attack.stats["sent"] += 1
+            await writer.drain()
+    except OSError:
+        attack.stats["send_failed"] += 1
+    finally:
+        reading.cancel()
+        writer.transport.abort()
+
+
+class FenceFlood(Attack):
+    """``connections`` connections, each keeping ``depth`` FENCEs of ids no ledger has (a
+    wrong key) in flight: every one makes the bookie look the ledger up in its metadata."""
+
+    def __init__(self, host: str, port: int, *, connections: int, depth: int = 4,
+                 first_id: int = 1 << 40,
+                 local_addresses: Sequence[str | None] = (None,)) -> None:
+        super().__init__(host, port, local_addresses=local_addresses)
+        self.connections = connections
+        self.depth = depth
+        self._ids = itertools.count(first_id)
+        self._key = master_key(b"guess")
+
+    async def start(self) -> None:
+        for _ in range(self.connections):
+            self._spawn(_pipelined(self, self.depth, lambda rid: codec.encode_request(
+                rid, FenceRequest(next(self._ids), self._key))))
