@@ -1,0 +1,135 @@
+"""The server's entry caps on their own (pybk.transport.server_budgets): a request starts
+only when its entries fit its connection's cap and the bookie's (or its fair share past
+the bookie's), a blocked connection is read no further once its read-ahead is full, and
+everything held is given back. The add path here holds every add until the test ends it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from pybk.transport import codec
+from pybk.transport.fastpath import encode_batch_request
+from pybk.transport.limits import ServerConfig
+from pybk.transport.server import BookieServer
+from pybk.wire import AddBatchRequest, AddBatchResponse, Status, master_key
+
+KEY = master_key(b"k")
+pytestmark = pytest.mark.timeout(60)
+
+
+def _batch(request_id: int, n: int, ledger_id: int = 1) -> bytes:
+    return encode_batch_request(request_id, AddBatchRequest(
+        ledger_id, KEY, list(range(n)), [b"e" * 36] * n))
+
+
+async def _until(cond: Any, what: str) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 10
+    while not cond():
+        assert loop.time() < deadline, what
+        await asyncio.sleep(0.005)
+
+
+class _Peer:
+    """A raw connection: sends frames, collects answers."""
+
+    def __init__(self, server: BookieServer) -> None:
+        self.server = server
+        self.answers: dict[int, Any] = {}
+
+    async def open(self) -> _Peer:
+        self.reader, self.writer = await asyncio.open_connection(*self.server.address)
+        self._task = asyncio.ensure_future(self._read())
+        return self
+
+    async def _read(self) -> None:
+        conn = codec.Connection("client")
+        while data := await self.reader.read(1 << 16):
+            for event in conn.receive_data(data):
+                self.answers[event.request_id] = event.response  # type: ignore[union-attr]
+
+    def send(self, *frames: bytes) -> None:
+        self.writer.write(b"".join(frames))
+
+    def close(self) -> None:
+        self._task.cancel()
+        self.writer.close()
+
+
+async def test_entries_in_flight_are_capped_per_connection_and_per_bookie() -> None:
+    held: list[tuple[AddBatchRequest, Any]] = []
+
+    def add(request: AddBatchRequest, on_done: Any) -> None:
+        held.append((request, on_done))
+
+    async def handler(request: Any) -> Any:
+        raise AssertionError(request)
+
+    cfg = ServerConfig(max_entries_in_flight=100, bookie_entries_in_flight=150,
+                       max_queued_bytes=4096)
+    async with BookieServer(handler, add=add, config=cfg) as server:  # type: ignore[arg-type]
+        a, b, c, d = [await _Peer(server).open() for _ in range(4)]
+        try:
+            # a: five batches of 60; one runs (a second would hold 120 > 100)
+            a.send(*(_batch(i, 60) for i in range(1, 6)))
+            await _until(lambda: len(held) == 1 and server.entries == 60, "a's first")
+            [conn_a] = [x for x in server.connections if x.entries]
+            await _until(lambda: conn_a.read_paused, "a not read once its read-ahead is full")
+            assert conn_a.blocked == "connection_entries"
+            # b: one batch of 60 fits the bookie (120 <= 150)
+            b.send(_batch(1, 60, ledger_id=2))
+            await _until(lambda: len(held) == 2, "b's batch")
+            # c: 60 more would pass the bookie's 150 and its share (150 / 3 = 50): waits
+            c.send(_batch(1, 60, ledger_id=3))
+            await _until(lambda: server.stats["bookie_entries_full"] > 0, "c blocked")
+            # d: 10 fits its share (<= 50), up to twice the cap: starts at once
+            d.send(_batch(1, 10, ledger_id=4))
+            await _until(lambda: len(held) == 3 and held[-1][0].ledger_id == 4, "d's batch")
+            assert server.entries == 130 and server.entry_holders == 3
+            assert server.peak_connection_entries == 60
+            # answering a's batch: a's next one starts (c still beyond the bookie's cap)
+            held.pop(0)[1](None)
+            await _until(lambda: 1 in a.answers and len(held) == 3, "a's second")
+            assert [r.ledger_id for r, _ in held] == [2, 4, 1]
+            # answering b's and d's: c starts too (60 + 60 <= 150)
+            for _ in range(2):
+                held.pop(0)[1](None)
+            await _until(lambda: any(r.ledger_id == 3 for r, _ in held), "c's batch")
+
+            def answer_all() -> bool:  # (answer what runs; done once every answer is in)
+                while held:
+                    held.pop(0)[1](None)
+                return len(a.answers) == 5 and 1 in c.answers
+
+            await _until(answer_all, "the rest answered")
+            await _until(lambda: server.entries == 0 and not held, "all given back")
+            assert server.entry_holders == 0 and not conn_a.read_paused
+            assert all(r == AddBatchResponse(Status.OK, 1, 60) for r in a.answers.values())
+        finally:
+            for peer in (a, b, c, d):
+                peer.close()
+
+
+async def test_a_request_larger_than_the_cap_still_starts_on_an_idle_connection() -> None:
+    held: list[Any] = []
+    cfg = ServerConfig(max_entries_in_flight=10, bookie_entries_in_flight=10)
+
+    async def handler(request: Any) -> Any:
+        raise AssertionError(request)
+
+    async with BookieServer(handler, add=lambda r, done: held.append(done),  # type: ignore[arg-type]
+                            config=cfg) as server:
+        peer = await _Peer(server).open()
+        try:
+            peer.send(_batch(1, 50), _batch(2, 50))
+            await _until(lambda: len(held) == 1, "the first")
+            assert server.entries == 50  # (alone on the connection and the bookie)
+            held.pop()(None)
+            await _until(lambda: len(held) == 1 and 1 in peer.answers, "the second")
+            held.pop()(None)
+            await _until(lambda: 2 in peer.answers and server.entries == 0, "both answered")
+        finally:
+            peer.close()
