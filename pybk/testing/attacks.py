@@ -10,13 +10,12 @@ a well-behaved client never does. docs/protocol.md ("Limits") says what each run
   the handshake) - they hold descriptors and slots until the bookie's deadlines close them;
 * :class:`ReconnectFlood`: keep N unauthenticated connections open, reopening each as soon
   as the bookie closes it (it must still let authenticated clients in);
-* :class:`TinyBatchFlood`: pipeline ADD_BATCH requests of 65,536 of the smallest entries;
-* :class:`FenceFlood`: FENCE ids no ledger has, from many connections (metadata lookups).
+* :class:`TinyBatchFlood` (ADD_BATCH of 65,536 tiny entries), :class:`FenceFlood` (FENCE
+  ids no ledger has): keep such requests in flight on many connections.
 
 Attacks run on the caller's event loop; ``await attack.start()`` opens what it opens,
 ``await attack.stop()`` closes everything it holds. ``attack.stats`` counts connections
-opened, refused (connect failed or closed by the bookie before anything came back) and
-closed by the bookie.
+opened, refused (at connect, or closed before any answer) and closed by the bookie.
 """
 
 from __future__ import annotations

@@ -62,12 +62,14 @@ def event_size(event: codec.Event) -> int:
 
 def request_entries(request: Request) -> int:
     """Entries a request is counted as against the entry caps: an ADD_BATCH's entries, a
-    READ_BATCH's ids, one for anything else (at least one: an empty batch still runs)."""
+    READ_BATCH's ids, one for anything else (at least one: an empty batch still runs), none
+    for a long poll (it only waits, bounded by ``max_long_polls``: a tailing reader's poll
+    must not hold its connection's writes back for a minute)."""
     if isinstance(request, AddBatchRequest):
         return max(1, len(request.bodies))
     if isinstance(request, ReadBatchRequest):
         return max(1, len(request.entry_ids))
-    return 1
+    return 0 if is_long_poll(request) else 1
 
 
 def is_long_poll(request: Request) -> bool:

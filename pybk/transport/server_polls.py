@@ -80,13 +80,13 @@ class PollingConnection(WalkingConnection):
             self.server.stats.incr("long_polls_started")
             task = self.loop.create_task(self._serve(request_id, request, True))
             self.tasks[task] = request
-            self._costs[task] = (cost, True, 1)
+            self._costs[task] = (cost, True, 0)
             task.add_done_callback(self._task_done)
 
     def _settle_long_poll(self, cost: int) -> None:
-        """Give back what a long poll that never started held (its bytes, its one entry)."""
+        """Give back what a long poll that never started held (its bytes; it counts no
+        entries)."""
         self.in_flight -= 1
         self._charge(reserved=-cost)
-        self._charge_entries(-1)
         self.long_polls -= 1
         self.server._long_poll_ended()

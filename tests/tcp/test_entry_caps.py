@@ -133,3 +133,15 @@ async def test_a_request_larger_than_the_cap_still_starts_on_an_idle_connection(
             await _until(lambda: 2 in peer.answers and server.entries == 0, "both answered")
         finally:
             peer.close()
+
+
+def test_what_a_request_counts() -> None:
+    from pybk.transport.server_parts import request_entries
+    from pybk.wire import AddRequest, ReadBatchRequest, ReadRequest
+
+    assert request_entries(AddBatchRequest(1, KEY, [0, 1, 2], [b"e" * 36] * 3)) == 3
+    assert request_entries(ReadBatchRequest(1, list(range(100)))) == 100
+    assert request_entries(AddRequest(1, 0, KEY, b"e" * 36)) == 1
+    assert request_entries(ReadRequest(1, 0)) == 1
+    # a long poll only waits (max_long_polls bounds those): it holds no entries
+    assert request_entries(ReadRequest(1, 5, previous_lac=4, timeout=10.0)) == 0
