@@ -38,6 +38,7 @@ from pybk.transport.listener import (
     open_file_limit,
     set_keepalive,
 )
+from pybk.transport.server_budgets import BudgetedConnection
 from pybk.transport.server_connection import (
     AddNowait,
     AddPath,
@@ -165,6 +166,9 @@ class BookieServer:
         self.entries = 0
         self.entry_holders = 0
         self.peak_connection_entries = 0
+        #: connections waiting for the bookie's entries, in the order they began to wait,
+        #: with the entries of the request each waits to start
+        self.entry_waiters: dict[BudgetedConnection, int] = {}
         self._budget_waiters: dict[ServerConnection, None] = {}
         self._wake_scheduled = False
         self.long_polls = 0
@@ -356,6 +360,7 @@ class BookieServer:
             self.admission.remove(conn.peer_ip, conn.unproven)
             self.stats.set_open(len(self._conns))
         self._budget_waiters.pop(conn, None)
+        self.entry_waiters.pop(conn, None)
 
     # -- descriptors -------------------------------------------------------------------------
 

@@ -264,7 +264,7 @@ class ServerConnection(PollingConnection):
             else:
                 cost = server.request_cost(request)
                 n = request_entries(request)
-            if (self.entries + n > self.cfg.max_entries_in_flight
+            if (self.entries + n > self.cfg.max_entries_in_flight or server.entry_waiters
                     or server.entries + n > self.cfg.bookie_entries_in_flight) and (
                     blocked := self._entries_blocked(n)) is not None:
                 self.blocked = blocked
@@ -336,6 +336,8 @@ class ServerConnection(PollingConnection):
             self.tasks[task] = request
             self._costs[task] = (cost, long_poll, n)
             task.add_done_callback(self._task_done)
+        if server.entry_waiters:  # (nothing left to wait with: its place goes)
+            server.entry_waiters.pop(self, None)
 
     def _wait_gate(self, event: codec.RequestReceived, verdict: Any) -> None:
         """The head request waits on the gate: nothing starts or is read meanwhile."""

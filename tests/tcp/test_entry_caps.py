@@ -25,11 +25,11 @@ def _batch(request_id: int, n: int, ledger_id: int = 1) -> bytes:
         ledger_id, KEY, list(range(n)), [b"e" * 36] * n))
 
 
-async def _until(cond: Any, what: str) -> None:
+async def _until(cond: Any, what: Any) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + 10
     while not cond():
-        assert loop.time() < deadline, what
+        assert loop.time() < deadline, what() if callable(what) else what
         await asyncio.sleep(0.005)
 
 
@@ -84,20 +84,19 @@ async def test_entries_in_flight_are_capped_per_connection_and_per_bookie() -> N
             await _until(lambda: len(held) == 2, "b's batch")
             # c: 60 more would pass the bookie's 150 and its share (150 / 3 = 50): waits
             c.send(_batch(1, 60, ledger_id=3))
-            await _until(lambda: server.stats["bookie_entries_full"] > 0, "c blocked")
-            # d: 10 fits its share (<= 50), up to twice the cap: starts at once
+            await _until(lambda: server.stats["bookie_entries_full"] == 1, "c blocked")
+            assert list(server.entry_waiters.values()) == [60] and len(held) == 2
+            # d: 10 fits its share and leaves c's 60 free within twice the cap: starts
             d.send(_batch(1, 10, ledger_id=4))
-            await _until(lambda: len(held) == 3 and held[-1][0].ledger_id == 4, "d's batch")
+            await _until(lambda: len(held) == 3, "d's batch")
             assert server.entries == 130 and server.entry_holders == 3
             assert server.peak_connection_entries == 60
-            # answering a's batch: a's next one starts (c still beyond the bookie's cap)
+            # answering a's batch: a's next one waits in line behind c; c, first in line,
+            # starts (70 held: at most the cap), then a's, first in turn (130)
             held.pop(0)[1](None)
-            await _until(lambda: 1 in a.answers and len(held) == 3, "a's second")
-            assert [r.ledger_id for r, _ in held] == [2, 4, 1]
-            # answering b's and d's: c starts too (60 + 60 <= 150)
-            for _ in range(2):
-                held.pop(0)[1](None)
-            await _until(lambda: any(r.ledger_id == 3 for r, _ in held), "c's batch")
+            await _until(lambda: len(held) == 4 and 1 in a.answers, "c's and a's second")
+            assert [r.ledger_id for r, _ in held] == [2, 4, 3, 1] and server.entries == 190
+            assert not server.entry_waiters
 
             def answer_all() -> bool:  # (answer what runs; done once every answer is in)
                 while held:
@@ -145,3 +144,41 @@ def test_what_a_request_counts() -> None:
     assert request_entries(ReadRequest(1, 0)) == 1
     # a long poll only waits (max_long_polls bounds those): it holds no entries
     assert request_entries(ReadRequest(1, 5, previous_lac=4, timeout=10.0)) == 0
+
+
+async def test_small_requests_do_not_keep_a_larger_one_waiting() -> None:
+    """Four connections keep 10-entry batches coming, each at its cap of 30; a fifth asks for
+    60, more than its share (100 / 5). Once it waits, the others' next batches wait behind it
+    (its 60 are kept free): it starts after a few of theirs end, not never."""
+    held: list[tuple[AddBatchRequest, Any]] = []
+
+    async def handler(request: Any) -> Any:
+        raise AssertionError(request)
+
+    cfg = ServerConfig(max_entries_in_flight=30, bookie_entries_in_flight=100)
+    async with BookieServer(handler, add=lambda r, done: held.append((r, done)),  # type: ignore[arg-type]
+                            config=cfg) as server:
+        small = [await _Peer(server).open() for _ in range(4)]
+        big = await _Peer(server).open()
+
+        def big_waits() -> bool:
+            return any(c.queue and c.blocked == "bookie_entries" and not c.entries
+                       and c.queue[0].request.ledger_id == 1  # type: ignore[union-attr]
+                       for c in server.connections)
+
+        try:
+            for i, peer in enumerate(small):
+                peer.send(*(_batch(k, 10, ledger_id=10 + i) for k in range(1, 200)))
+            await _until(lambda: server.stats["bookie_entries_full"], "the bookie full")
+            big.send(_batch(1, 60, ledger_id=1))
+            await _until(lambda: big_waits(), "the large one waits")
+            for _ in range(12):  # end the oldest small batches, one at a time
+                if any(r.ledger_id == 1 for r, _ in held):
+                    break
+                held.pop(0)[1](None)
+                await asyncio.sleep(0.01)
+            assert any(r.ledger_id == 1 for r, _ in held), server.entries
+            assert server.entries <= 2 * 100
+        finally:
+            for peer in (*small, big):
+                peer.close()
