@@ -51,6 +51,10 @@ _LIMITS: list[tuple[str, str, Any]] = [
     ("auth_timeout", "Seconds an unauthenticated connection has to authenticate.", float),
     ("tls_handshake_timeout", "Seconds a TLS handshake may take.", float),
     ("max_in_flight", "Requests running at once per connection.", int),
+    ("max_entries_in_flight", "Entries in requests running at once per connection (an "
+     "ADD_BATCH counts its entries): past it the bookie stops reading the connection.", int),
+    ("bookie_entries_in_flight", "Entries in flight over all connections (past it: each "
+     "connection gets a fair share).", int),
     ("max_queued_bytes", "Bytes of requests read ahead of them (the bookie keeps reading "
      "to notice a peer that closes).", ByteSize()),
     ("connection_budget", "Bytes in flight per connection: add bodies being stored and "

@@ -9,12 +9,13 @@ a well-behaved client never does. docs/protocol.md ("Limits") says what each run
 * :class:`SilentConnections`: open connections and say nothing (on a TLS port: never start
   the handshake) - they hold descriptors and slots until the bookie's deadlines close them;
 * :class:`ReconnectFlood`: keep N unauthenticated connections open, reopening each as soon
-  as the bookie closes it (it must still let authenticated clients in).
+  as the bookie closes it (it must still let authenticated clients in);
+* :class:`TinyBatchFlood` (ADD_BATCH of 65,536 tiny entries), :class:`FenceFlood` (FENCE
+  ids no ledger has): keep such requests in flight on many connections.
 
 Attacks run on the caller's event loop; ``await attack.start()`` opens what it opens,
 ``await attack.stop()`` closes everything it holds. ``attack.stats`` counts connections
-opened, refused (connect failed or closed by the bookie before anything came back) and
-closed by the bookie.
+opened, refused (at connect, or closed before any answer) and closed by the bookie.
 """
 
 from __future__ import annotations
@@ -22,18 +23,23 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import itertools
-from collections.abc import Coroutine, Sequence
+import struct
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from pybk.transport import codec
-from pybk.wire import ReadRequest
+from pybk.transport.fastpath import encode_batch_request
+from pybk.wire import AddBatchRequest, FenceRequest, ReadRequest, Status, master_key
 
 __all__ = [
     "Attack",
+    "FenceFlood",
     "LongPollFlood",
     "ReconnectFlood",
     "SilentConnections",
+    "TinyBatchFlood",
     "UnreadReads",
 ]
 
@@ -220,3 +226,93 @@ class ReconnectFlood(Attack):
             with contextlib.suppress(asyncio.CancelledError):
                 await proto.closed
             self.held = [p for p in self.held if not p.closed.done()]
+
+
+class TinyBatchFlood(Attack):
+    """``connections`` connections (connection i writes ``ledger_ids[i % len]`` under
+    ``master_key``), each keeping ``depth`` ADD_BATCH requests of ``entries`` new entries in
+    flight: 44 bytes an entry on the wire (a 32-byte header, a 4-byte digest: the smallest a
+    bookie stores), ids ascending. Counts ``sent`` and ``answered.<STATUS>``."""
+
+    def __init__(self, host: str, port: int, *, ledger_ids: Sequence[int], master_key: bytes,
+                 connections: int = 1, entries: int = 65536, depth: int = 4,
+                 local_addresses: Sequence[str | None] = (None,)) -> None:
+        super().__init__(host, port, local_addresses=local_addresses)
+        self.ledger_ids = list(ledger_ids)
+        self.master_key = master_key
+        self.connections = connections
+        self.entries = entries
+        self.depth = depth
+        self._next = collections.Counter[int]()  # ledger -> its next entry id
+
+    def _frame(self, request_id: int, ledger_id: int) -> bytes:
+        first = self._next[ledger_id]
+        self._next[ledger_id] += self.entries
+        ids = range(first, first + self.entries)
+        head = struct.Struct(">qqqq4x").pack
+        bodies = [head(ledger_id, e, -1, 0) for e in ids]
+        return encode_batch_request(request_id, AddBatchRequest(
+            ledger_id, self.master_key, list(ids), bodies))
+
+    async def start(self) -> None:
+        for i in range(self.connections):
+            self._spawn(_pipelined(self, self.depth, functools.partial(
+                self._frame, ledger_id=self.ledger_ids[i % len(self.ledger_ids)])))
+
+
+async def _pipelined(attack: Attack, depth: int, frame: Callable[[int], bytes]) -> None:
+    """One connection of ``attack`` keeping ``depth`` requests (``frame(request_id)``) in
+    flight until stopped; counts ``sent`` and ``answered.<STATUS>`` in its stats."""
+    local = next(attack._locals)
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(
+            attack.host, attack.port, local_addr=(local, 0) if local else None),
+            attack.connect_timeout)
+    except OSError:
+        attack.stats["refused"] += 1
+        return
+    attack.stats["opened"] += 1
+    slots = asyncio.Semaphore(depth)
+    client = codec.Connection("client")
+
+    async def answers() -> None:
+        while data := await reader.read(1 << 20):
+            for event in client.receive_data(data):
+                status = getattr(getattr(event, "response", None), "status", None)
+                name = Status(status).name if status is not None else "unreadable"
+                attack.stats[f"answered.{name}"] += 1
+                slots.release()
+        if not attack.stopping:
+            attack.stats["closed_by_bookie"] += 1
+
+    reading = asyncio.ensure_future(answers())
+    try:
+        for request_id in itertools.count(1):
+            await slots.acquire()
+            writer.write(frame(request_id))
+            attack.stats["sent"] += 1
+            await writer.drain()
+    except OSError:
+        attack.stats["send_failed"] += 1
+    finally:
+        reading.cancel()
+        writer.transport.abort()
+
+
+class FenceFlood(Attack):
+    """``connections`` connections, each keeping ``depth`` FENCEs of ids no ledger has (a
+    wrong key) in flight: every one makes the bookie look the ledger up in its metadata."""
+
+    def __init__(self, host: str, port: int, *, connections: int, depth: int = 4,
+                 first_id: int = 1 << 40,
+                 local_addresses: Sequence[str | None] = (None,)) -> None:
+        super().__init__(host, port, local_addresses=local_addresses)
+        self.connections = connections
+        self.depth = depth
+        self._ids = itertools.count(first_id)
+        self._key = master_key(b"guess")
+
+    async def start(self) -> None:
+        for _ in range(self.connections):
+            self._spawn(_pipelined(self, self.depth, lambda rid: codec.encode_request(
+                rid, FenceRequest(next(self._ids), self._key))))

@@ -31,6 +31,12 @@ class ServerConfig:
     pre_auth_max_frame: int = codec.PRE_AUTH_MAX_FRAME
     #: requests started (not yet answered) per connection
     max_in_flight: int = 1024
+    #: entries in requests started per connection (an ADD_BATCH counts its entries, a
+    #: READ_BATCH its ids, anything else one): each costs Python work and memory however
+    #: small its bytes; past it the connection starts nothing and soon stops being read
+    max_entries_in_flight: int = 65536
+    #: entries in flight over all connections (past it: a fair share per connection)
+    bookie_entries_in_flight: int = 262144
     #: bytes of requests read ahead while none can start (more: the server stops reading)
     max_queued_bytes: int = 256 << 10
     #: connections in all, handshaking and unauthenticated ones included
@@ -73,7 +79,7 @@ class ServerConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"ServerConfig.{name} must be > 0, not {getattr(self, name)!r}")
         for name in ("max_in_flight", "connection_budget", "bookie_budget", "backlog",
-                     "max_queued_bytes"):
+                     "max_queued_bytes", "max_entries_in_flight", "bookie_entries_in_flight"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ServerConfig.{name} must be >= 1, not {getattr(self, name)!r}")
         for name in ("max_frame", "pre_auth_max_frame"):

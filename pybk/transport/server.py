@@ -12,18 +12,16 @@ Design notes: docs/internals.md, "pybk/transport/server.py".
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import errno
 import functools
 import logging
 import socket
 import ssl
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from pybk.runtime.ratelog import RateLimitedLog
 from pybk.runtime.turnqueue import TurnQueue
@@ -40,12 +38,14 @@ from pybk.transport.listener import (
     open_file_limit,
     set_keepalive,
 )
+from pybk.transport.server_budgets import BudgetedConnection
 from pybk.transport.server_connection import (
     AddNowait,
     AddPath,
     ServerConnection,
     is_long_poll,
 )
+from pybk.transport.server_stats import ServerStats
 from pybk.wire import AddRequest, ReadRequest, Request, Response, batch_bytes
 
 __all__ = [
@@ -90,48 +90,6 @@ def _payload_bytes(request: Request) -> int:
         elif isinstance(value, list | tuple) and value and isinstance(value[0], bytes):
             total += sum(map(len, value))
     return total
-
-
-class ServerStats:
-    """Event counters (``stats["frame_too_large"]``...), exported to prometheus at scrape time.
-
-    Counting is a dict increment (it happens per request on the hot path); the prometheus
-    view is a collector registered in the server's registry that reads the dict when scraped:
-    ``pybk_server_events_total{event=...}``, ``pybk_server_connections``,
-    ``pybk_server_unauthenticated_connections``, ``pybk_server_bytes_in_flight`` and
-    ``pybk_server_long_polls``.
-    """
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.counts: collections.Counter[str] = collections.Counter()
-        self.open_connections = 0
-        self.gauges: Callable[[], dict[str, float]] = dict
-        registry.register(self)
-
-    def incr(self, event: str, n: int = 1) -> None:
-        self.counts[event] += n
-
-    def set_open(self, n: int) -> None:
-        self.open_connections = n
-
-    def __getitem__(self, event: str) -> int:
-        return self.counts[event]
-
-    def as_dict(self) -> dict[str, int]:
-        return dict(sorted(self.counts.items()))
-
-    def collect(self) -> Iterator[Metric]:
-        events = CounterMetricFamily(
-            "pybk_server_events", "Connection and frame events", labels=["event"]
-        )
-        for event, count in sorted(self.counts.items()):
-            events.add_metric([event], count)
-        yield events
-        yield GaugeMetricFamily(
-            "pybk_server_connections", "Open connections", value=self.open_connections
-        )
-        for name, value in sorted(self.gauges().items()):
-            yield GaugeMetricFamily(f"pybk_server_{name}", name.replace("_", " "), value=value)
 
 
 class BookieServer:
@@ -204,6 +162,13 @@ class BookieServer:
         #: bytes charged to the budgets by every connection, and how many hold some
         self.held = 0
         self.holders = 0
+        #: entries in flight over every connection, how many hold some, the most one held
+        self.entries = 0
+        self.entry_holders = 0
+        self.peak_connection_entries = 0
+        #: connections waiting for the bookie's entries, in the order they began to wait,
+        #: with the entries of the request each waits to start
+        self.entry_waiters: dict[BudgetedConnection, int] = {}
         self._budget_waiters: dict[ServerConnection, None] = {}
         self._wake_scheduled = False
         self.long_polls = 0
@@ -231,6 +196,8 @@ class BookieServer:
         return {
             "unauthenticated_connections": self.admission.unproven,
             "bytes_in_flight": self.held,
+            "entries_in_flight": self.entries,
+            "peak_connection_entries": self.peak_connection_entries,
             "long_polls": self.long_polls,
             "connection_cap": self.admission.max_total,
         }
@@ -393,6 +360,7 @@ class BookieServer:
             self.admission.remove(conn.peer_ip, conn.unproven)
             self.stats.set_open(len(self._conns))
         self._budget_waiters.pop(conn, None)
+        self.entry_waiters.pop(conn, None)
 
     # -- descriptors -------------------------------------------------------------------------
 
@@ -465,6 +433,20 @@ class BookieServer:
             self.holders += 1
         elif before and after == 0:
             self.holders -= 1
+        if after < before and self._budget_waiters and not self._wake_scheduled:
+            self._wake_scheduled = True
+            self.loop.call_soon(self._wake_budget_waiters)
+
+    def _entries_changed(self, before: int, after: int) -> None:
+        self.entries += after - before
+        if before == 0 and after:
+            self.entry_holders += 1
+            if after > self.peak_connection_entries:
+                self.peak_connection_entries = after
+        elif before and after == 0:
+            self.entry_holders -= 1
+        elif after > self.peak_connection_entries:
+            self.peak_connection_entries = after
         if after < before and self._budget_waiters and not self._wake_scheduled:
             self._wake_scheduled = True
             self.loop.call_soon(self._wake_budget_waiters)

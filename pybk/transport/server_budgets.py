@@ -22,13 +22,16 @@ from pybk.wire import Response, Status
 if TYPE_CHECKING:
     from pybk.transport.server import BookieServer
 
-__all__ = ["SMALL", "SMALL_FLOOR", "BudgetedConnection"]
+__all__ = ["OVER_CAP", "SMALL", "SMALL_FLOOR", "BudgetedConnection"]
 
 #: a request whose bytes are at most this is "small": it still starts when the bookie's
 #: budget is spent, as long as its connection holds at most SMALL_FLOOR (adds of a writer
 #: keep flowing while hostile connections sit on the budget)
 SMALL: Final = 64 << 10
 SMALL_FLOOR: Final = 256 << 10
+#: past the bookie's entry cap, fair shares start up to the cap and this fraction of it
+#: (1/4), the first in line up to half of that
+OVER_CAP: Final = 4
 
 
 class BudgetedConnection(asyncio.Protocol):
@@ -56,6 +59,8 @@ class BudgetedConnection(asyncio.Protocol):
         self.sent_seen = 0  # of those, how many had left its buffer at the last look
         #: when the peer last took some of our answers (the write deadline counts from it)
         self.progress_at = now
+        #: entries in the requests this connection started and has not answered yet
+        self.entries = 0
 
     @property
     def held(self) -> int:
@@ -101,6 +106,46 @@ class BudgetedConnection(asyncio.Protocol):
                 return None
             return "bookie"
         return None
+
+    def _charge_entries(self, n: int) -> None:
+        before = self.entries
+        self.entries = before + n
+        self.server._entries_changed(before, before + n)
+
+    def _entries_blocked(self, n: int) -> str | None:
+        """None if a request of ``n`` entries may start now, else whose cap is reached. A
+        request always starts on a connection holding none, and one that keeps its
+        connection within a fair share (the cap over the connections holding some) up to
+        the cap and a quarter (OVER_CAP) in all. Others wait in line; the first in line has
+        its entries kept free below the cap and starts once the bookie is back at its cap
+        (the shares add up to the cap), or within an eighth over it (the last eighth stays
+        for fair shares: a writer within its share never waits in line behind large
+        requests), so smaller requests cannot keep a larger one waiting for ever."""
+        held = self.entries
+        cfg = self.cfg
+        if held and held + n > cfg.max_entries_in_flight:
+            return "connection_entries"
+        server = self.server
+        total = server.entries
+        cap = cfg.bookie_entries_in_flight
+        over = cap + cap // OVER_CAP
+        waiters = server.entry_waiters
+        reserve = 0
+        if waiters:
+            first = next(iter(waiters))
+            if first is self:
+                if total <= cap or total + n <= cap + cap // (2 * OVER_CAP):
+                    del waiters[self]
+                    return None
+            else:
+                reserve = waiters[first]
+        if not total or total + n + reserve <= cap or (
+                total + n <= over
+                and held + n <= cap // (server.entry_holders + (0 if held else 1))):
+            waiters.pop(self, None)
+            return None
+        waiters[self] = n  # (a connection already waiting keeps its place)
+        return "bookie_entries"
 
     def _respond(self, request_id: int, response: Response, release: int = 0) -> None:
         """Queue ``response`` for the next flush; ``release``: bytes its request held, given

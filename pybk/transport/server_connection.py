@@ -34,8 +34,9 @@ from pybk.transport.server_parts import (
     event_size,
     is_long_poll,
     peer_closed,
+    request_entries,
 )
-from pybk.transport.server_walks import WalkingConnection
+from pybk.transport.server_polls import LONG_POLLS_AT_ONCE, PollingConnection
 from pybk.wire import (
     AddBatchRequest,
     AddCallback,
@@ -60,10 +61,6 @@ __all__ = ["AddNowait", "AddPath", "ServerConnection", "is_long_poll"]
 #: a read bringing this many bytes at once first asks the kernel whether the peer has
 #: already closed (one getsockopt): a flood that sends and hangs up costs no decoding
 EOF_CHECK_BYTES: Final = 4096
-#: long polls one pump starts at once; more in the same burst start a moment later
-#: (LONG_POLL_START_DELAY): if the peer hangs up right behind its burst, they never start
-LONG_POLLS_AT_ONCE: Final = 16
-LONG_POLL_START_DELAY: Final = 0.005
 
 #: ``add(request, on_done)``: the bookie's add path (``Bookie.add_request``)
 AddPath = Callable[[AddLike, AddCallback], None]
@@ -72,7 +69,7 @@ AddPath = Callable[[AddLike, AddCallback], None]
 AddNowait = Callable[[AddRequest, Callable[[Response], None]], None]
 
 
-class ServerConnection(WalkingConnection):
+class ServerConnection(PollingConnection):
     """One accepted connection (a protocol object: asyncio calls it back on the loop).
 
     Registered with the server from ``accept()`` on; :meth:`release` (exactly once) gives
@@ -104,10 +101,7 @@ class ServerConnection(WalkingConnection):
         self.in_flight = 0
         self.long_polls = 0  # of those, long polls waiting
         self.tasks: dict[asyncio.Task[None], Request] = {}
-        #: what each running task holds (bytes charged, long poll?) until settled
-        self._costs: dict[asyncio.Task[None], tuple[int, bool]] = {}
-        #: long polls of a burst admitted (counted, charged) but not started yet:
-        #: (request id, request, bytes charged)
+        self._costs: dict[asyncio.Task[None], tuple[int, bool, int]] = {}
         self._deferred: list[tuple[int, Request, int]] = []
         self._deferred_timer: asyncio.TimerHandle | None = None
         #: the task wrapping the socket in a transport (TLS handshake included), until done
@@ -162,23 +156,6 @@ class ServerConnection(WalkingConnection):
             self.server.fair.forget(self, self._fair_ticket)
             self._fair_ticket = False
         self.cancel_long_polls()
-
-    def cancel_long_polls(self) -> None:
-        """Long polls only wait, so they are cancelled when nobody will read the answer.
-        Other requests are left to finish: cancelling a handler could interrupt the bookie
-        half way (its outcome is indeterminate for the client either way)."""
-        for task, request in list(self.tasks.items()):
-            if is_long_poll(request):
-                task.cancel()
-        deferred, self._deferred = self._deferred, []
-        if self._deferred_timer is not None:
-            self._deferred_timer.cancel()
-            self._deferred_timer = None
-        for request_id, request, cost in deferred:  # never started: nothing to interrupt
-            if self.server.stopping:
-                self._respond(request_id,
-                              error_response(request, Status.UNAVAILABLE, "bookie stopping"))
-            self._settle_long_poll(cost)
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
@@ -283,8 +260,18 @@ class ServerConnection(WalkingConnection):
                 self._gated = event  # (not asked again when it waits below for a budget)
             if isinstance(request, AddRequest):  # (the hot path: request_cost inlined)
                 cost = REQUEST_OVERHEAD + len(request.body)
+                n = 1
             else:
                 cost = server.request_cost(request)
+                n = request_entries(request)
+            if (self.entries + n > self.cfg.max_entries_in_flight or server.entry_waiters
+                    or server.entries + n > self.cfg.bookie_entries_in_flight) and (
+                    blocked := self._entries_blocked(n)) is not None:
+                self.blocked = blocked
+                server.stats.incr(f"{blocked}_full")
+                if blocked == "bookie_entries":
+                    server._wait_for_budget(self)
+                return
             held = self.reserved + self.unsent
             if (held + cost <= self.cfg.connection_budget
                     and server.held + cost <= self.cfg.bookie_budget):
@@ -318,6 +305,7 @@ class ServerConnection(WalkingConnection):
             self._dequeue(event)
             self.in_flight += 1
             self._charge(reserved=cost)
+            self._charge_entries(n)
             if kind is AddRequest or kind is AddBatchRequest:
                 adder = server.add
                 if adder is not None:
@@ -326,7 +314,7 @@ class ServerConnection(WalkingConnection):
                     self.fast_adds += 1
                     self.fast_adds_idle.clear()
                     adder(request,  # type: ignore[arg-type]
-                          FastAddReply(self, event.request_id, request, cost))  # type: ignore[arg-type]
+                          FastAddReply(self, event.request_id, request, cost, n))  # type: ignore[arg-type]
                     continue
                 add_nowait = server.add_nowait
                 if add_nowait is not None and kind is AddRequest:
@@ -346,8 +334,10 @@ class ServerConnection(WalkingConnection):
             task = self.loop.create_task(
                 self._serve(event.request_id, request, entry_uncharged))
             self.tasks[task] = request
-            self._costs[task] = (cost, long_poll)
+            self._costs[task] = (cost, long_poll, n)
             task.add_done_callback(self._task_done)
+        if server.entry_waiters:  # (nothing left to wait with: its place goes)
+            server.entry_waiters.pop(self, None)
 
     def _wait_gate(self, event: codec.RequestReceived, verdict: Any) -> None:
         """The head request waits on the gate: nothing starts or is read meanwhile."""
@@ -367,33 +357,6 @@ class ServerConnection(WalkingConnection):
             self._respond(event.request_id, task.result())
         self.pump()
 
-    def _defer(self, request_id: int, request: Request, cost: int) -> None:
-        self._deferred.append((request_id, request, cost))
-        if self._deferred_timer is None:
-            self._deferred_timer = self.loop.call_later(LONG_POLL_START_DELAY,
-                                                        self._start_deferred)
-
-    def _start_deferred(self) -> None:
-        """Start the long polls of a burst, unless the peer went away meanwhile."""
-        self._deferred_timer = None
-        deferred, self._deferred = self._deferred, []
-        for request_id, request, cost in deferred:
-            if self.closing:
-                self._settle_long_poll(cost)
-                continue
-            self.server.stats.incr("long_polls_started")
-            task = self.loop.create_task(self._serve(request_id, request, True))
-            self.tasks[task] = request
-            self._costs[task] = (cost, True)
-            task.add_done_callback(self._task_done)
-
-    def _settle_long_poll(self, cost: int) -> None:
-        """Give back what a long poll that never started held."""
-        self.in_flight -= 1
-        self._charge(reserved=-cost)
-        self.long_polls -= 1
-        self.server._long_poll_ended()
-
     def _dequeue(self, event: codec.Event) -> None:
         """Take the head of the queue; its share of the read-ahead bytes goes with it (each
         event's own size is counted once, on arrival, in bulk)."""
@@ -407,13 +370,15 @@ class ServerConnection(WalkingConnection):
         self._fair_ticket = True
         self.loop.call_soon(self.pump)
 
-    def fast_add_done(self, request_id: int, response: Response, cost: int) -> None:
+    def fast_add_done(self, request_id: int, response: Response, cost: int,
+                      entries: int = 1) -> None:
         if self.server.fair is not None:
             self.server.fair.release()
         self.in_flight -= 1
         self.fast_adds -= 1
         if not self.fast_adds:
             self.fast_adds_idle.set()
+        self._charge_entries(-entries)
         self._answered(request_id, response, cost)
 
     def _answered(self, request_id: int, response: Response, release: int = 0) -> None:
@@ -429,9 +394,10 @@ class ServerConnection(WalkingConnection):
         entry = self._costs.pop(task, None) if task is not None else None
         if entry is None:
             return False
-        cost, long_poll = entry
+        cost, long_poll, entries = entry
         self.in_flight -= 1
         self._charge(reserved=-cost)
+        self._charge_entries(-entries)
         if long_poll:
             self.long_polls -= 1
             self.server._long_poll_ended()

@@ -24,7 +24,7 @@ from pybk.wire import (
 )
 
 __all__ = ["GATED", "FastAddReply", "NowaitReply", "await_verdict", "classify_error",
-           "event_size", "is_long_poll", "peer_closed"]
+           "event_size", "is_long_poll", "peer_closed", "request_entries"]
 
 #: TCP_INFO's first byte is the socket's state; CLOSE-WAIT: the peer closed its side
 _TCP_CLOSE_WAIT: Final = 8
@@ -34,7 +34,8 @@ GATED: Final = (AddRequest, AddBatchRequest, ReadRequest, ReadBatchRequest)
 
 
 class _Conn(Protocol):
-    def fast_add_done(self, request_id: int, response: Response, cost: int) -> None: ...
+    def fast_add_done(self, request_id: int, response: Response, cost: int,
+                      entries: int = 1) -> None: ...
 
 
 def classify_error(exc: ProtocolError) -> str:
@@ -57,6 +58,18 @@ def event_size(event: codec.Event) -> int:
         body = getattr(event.request, "body", None)
         return REQUEST_OVERHEAD + (len(body) if isinstance(body, bytes) else 0)
     return REQUEST_OVERHEAD
+
+
+def request_entries(request: Request) -> int:
+    """Entries a request is counted as against the entry caps: an ADD_BATCH's entries, a
+    READ_BATCH's ids, one for anything else (at least one: an empty batch still runs), none
+    for a long poll (it only waits, bounded by ``max_long_polls``: a tailing reader's poll
+    must not hold its connection's writes back for a minute)."""
+    if isinstance(request, AddBatchRequest):
+        return max(1, len(request.bodies))
+    if isinstance(request, ReadBatchRequest):
+        return max(1, len(request.entry_ids))
+    return 0 if is_long_poll(request) else 1
 
 
 def is_long_poll(request: Request) -> bool:
@@ -92,17 +105,19 @@ class FastAddReply:
     """The ``on_done`` of one add on the bookie's add path: the outcome becomes the answer
     frame, and the bytes it held are given back (a slotted object, not a closure)."""
 
-    __slots__ = ("conn", "cost", "request", "request_id")
+    __slots__ = ("conn", "cost", "entries", "request", "request_id")
 
-    def __init__(self, conn: _Conn, request_id: int, request: AddLike, cost: int) -> None:
+    def __init__(self, conn: _Conn, request_id: int, request: AddLike, cost: int,
+                 entries: int = 1) -> None:
         self.conn = conn
         self.request_id = request_id
         self.request = request
         self.cost = cost
+        self.entries = entries
 
     def __call__(self, outcome: AddOutcome) -> None:
         self.conn.fast_add_done(self.request_id, add_response(self.request, outcome),
-                                self.cost)
+                                self.cost, self.entries)
 
 
 class NowaitReply:
