@@ -115,7 +115,7 @@ def test_the_swarm_draws_cursors_from_a_stream_of_its_own() -> None:
         assert (drawn.log_cursors == 0 and not drawn.log_offload) or drawn.log_writers == 1
         assert drawn.log_offload or not drawn.log_tier_sweep  # (sweeps only where it offloads)
         assert replace(drawn, log_cursors=0, log_offload=False, log_tier_sweep=False,
-                       adv_writers=0, deferred_writers=0) == plain
+                       adv_writers=0, deferred_writers=0, mirror=False) == plain
     drawn_seeds = [s for s in range(200) if scenario_of(s).workload.log_cursors]
     assert 10 <= len(drawn_seeds) <= 45, drawn_seeds
     assert Workload.draw(random.Random(1), None).log_cursors == 0
